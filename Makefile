@@ -1,0 +1,32 @@
+# Two front doors: `make demo` runs the Router with the demo agents, `make test` runs the suite.
+# Each one sets up what it needs (venv, package, apt tools) and is fast when that is done.
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
+
+.PHONY: demo test check bench install clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	@rm -f $(VENV)/.installed-* && touch $@
+
+install: $(STAMP)
+
+demo: install
+	$(BIN)/reach demo
+
+test: install
+	$(BIN)/python -m pytest -q
+
+check: install
+	scripts/check
+
+bench: install
+	scripts/bench-deps
+	$(BIN)/python bench/router_overhead.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

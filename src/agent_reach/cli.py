@@ -1,0 +1,247 @@
+"""The ``reach`` command: run a Router, an agent or the demo; look at the registry; make a call."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from agent_reach import __version__
+from agent_reach.exceptions import ConfigError, RouterUnavailable
+
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, help="Agent-Reach: the Router, agents and tools around them."
+)
+out = Console()
+err = Console(stderr=True)
+
+RouterOpt = Annotated[
+    str | None,
+    typer.Option("--router", help="Router URL [env REACH_ROUTER_URL, default http://127.0.0.1:7200]"),
+]
+
+
+def _fail(message: str, code: int = 2) -> None:
+    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+def _default_port() -> int:
+    raw = os.environ.get("REACH_ROUTER_PORT", "7200")
+    if not raw.isdigit() or not 0 < int(raw) < 65536:
+        _fail(f"REACH_ROUTER_PORT must be a port number, got {raw!r}")
+    return int(raw)
+
+
+@app.command()
+def router(
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    port: Annotated[int | None, typer.Option(help="Port [env REACH_ROUTER_PORT, default 7200].")] = None,
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="Policy file [env REACH_CONFIG].")
+    ] = None,
+    log_level: Annotated[str | None, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = None,
+) -> None:
+    """Run the Router."""
+    import uvicorn
+
+    from agent_reach.config import RouterConfig
+    from agent_reach.observability.logging import configure
+    from agent_reach.server import RouterApp
+
+    try:
+        policy = RouterConfig.load(config)
+    except ConfigError as exc:
+        _fail(exc.message)
+    configure(log_level or policy.logging.level, policy.logging.format)
+    bind_port = port if port is not None else _default_port()
+    app_ = RouterApp(policy)
+    err.print(
+        f"[reach-router] listening on http://{host}:{bind_port} "
+        f"(registry: memory, lease ttl {policy.registry.lease_ttl_seconds:g}s)",
+        markup=False,
+        highlight=False,
+    )
+    uvicorn.run(
+        app_,
+        host=host,
+        port=bind_port,
+        lifespan="on",
+        access_log=False,
+        log_level="warning",
+        http="httptools",
+        loop="uvloop",
+        server_header=False,
+    )
+
+
+@app.command()
+def agent(
+    app_spec: Annotated[
+        str, typer.Option("--app", help="module:attribute or file.py:attribute of a ReachAgent.")
+    ],
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="reach_config.yaml [default ./reach_config.yaml].")
+    ] = None,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+) -> None:
+    """Run an agent: register, serve its capabilities, deregister on SIGTERM."""
+    from agent_reach.observability.logging import configure
+    from agent_reach.sdk.agent import load_app
+    from agent_reach.sdk.config import AgentConfig, find_config
+
+    configure(log_level)
+    try:
+        reach_agent = load_app(app_spec)
+        reach_agent.use_config(AgentConfig.load(find_config(config)))
+        reach_agent.run()
+    except ConfigError as exc:
+        _fail(exc.message)
+
+
+@app.command()
+def demo(
+    port: Annotated[
+        int | None, typer.Option(help="Router port [env REACH_ROUTER_PORT, default 7200].")
+    ] = None,
+    examples: Annotated[Path, typer.Option(help="The examples folder of the repository.")] = Path("examples"),
+) -> None:
+    """Start the Router and the two demo agents; Ctrl-C stops them all."""
+    from agent_reach.demo import run_demo
+
+    run_demo(port if port is not None else _default_port(), examples)
+
+
+@app.command("agents")
+def list_agents(
+    router_url: RouterOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the raw JSON.")] = False,
+) -> None:
+    """Print the registry as a table."""
+    import httpx
+
+    from agent_reach.sdk.client import router_url_from_env
+
+    url = router_url_from_env(router_url)
+    try:
+        resp = httpx.get(f"{url}/admin/agents", timeout=5)
+        rows: list[dict[str, Any]] = resp.json()
+    except (httpx.HTTPError, ValueError) as exc:
+        _fail(f"cannot read {url}/admin/agents: {exc}", code=1)
+    if as_json:
+        out.print_json(data=rows)
+        return
+    if not rows:
+        out.print(f"no agents registered at {url}")
+        return
+    table = Table(title=f"agents at {url}", title_justify="left")
+    for column in (
+        "ID",
+        "STATUS",
+        "CAPABILITIES",
+        "ENDPOINT",
+        "LAST HEARTBEAT",
+        "CIRCUIT",
+        "REQUESTS",
+        "SUCCESS",
+        "P50 MS",
+        "INFLIGHT",
+    ):
+        table.add_column(column, overflow="fold")
+    colour = {"available": "green", "suspect": "yellow", "unhealthy": "red", "offline": "dim"}
+    for row in rows:
+        stats = row.get("stats") or {}
+        p50 = stats.get("p50LatencyMs")
+        status = row.get("status", "?")
+        table.add_row(
+            row.get("id", "?"),
+            f"[{colour.get(status, 'white')}]{status}[/]",
+            ", ".join(row.get("capabilities", [])),
+            row.get("endpoint", ""),
+            row.get("lastHeartbeat", ""),
+            row.get("circuit", ""),
+            str(stats.get("requests", 0)),
+            f"{stats.get('successRate', 1.0) * 100:.1f}%",
+            "-" if p50 is None else f"{p50:.1f}",
+            str(stats.get("inflight", 0)),
+        )
+    out.print(table)
+
+
+@app.command()
+def call(
+    task: Annotated[str, typer.Argument(help="targetTask")],
+    payload: Annotated[str, typer.Option(help="The payload as a JSON object.")] = "{}",
+    agent_id: Annotated[str | None, typer.Option("--agent", help="targetAgent")] = None,
+    timeout_ms: Annotated[int | None, typer.Option(help="Overall budget in ms.")] = None,
+    only: Annotated[str | None, typer.Option("--only", help="filterAgentIds, comma-separated.")] = None,
+    strategy: Annotated[
+        str | None, typer.Option(help="exact_match, semantic_route or weighted_round_robin.")
+    ] = None,
+    conversation: Annotated[str | None, typer.Option(help="conversationId")] = None,
+    trace_id: Annotated[str | None, typer.Option(help="traceId")] = None,
+    router_url: RouterOpt = None,
+) -> None:
+    """Send one ReachRequest and print the ReachResponse (exit 0 on SUCCESS, 1 otherwise)."""
+    from agent_reach.sdk.client import SyncReachClient
+
+    try:
+        body = json.loads(payload)
+    except json.JSONDecodeError as exc:
+        _fail(f"--payload is not JSON: {exc}")
+    if not isinstance(body, dict):
+        _fail("--payload must be a JSON object")
+    filters = [a.strip() for a in only.split(",") if a.strip()] if only else None
+    try:
+        with SyncReachClient(router_url, source_agent="reach-cli") as client:
+            response = client.call(
+                task,
+                body,
+                target_agent=agent_id,
+                timeout_ms=timeout_ms,
+                filter_agent_ids=filters,
+                strategy=strategy,
+                conversation_id=conversation,
+                trace_id=trace_id,
+            )
+    except RouterUnavailable as exc:
+        _fail(exc.message, code=1)
+    out.print_json(response.model_dump_json(by_alias=True))
+    raise typer.Exit(0 if response.ok else 1)
+
+
+@app.command()
+def schema(
+    out_dir: Annotated[Path | None, typer.Option("--out", help="Write one file per model here.")] = None,
+) -> None:
+    """Export the JSON Schema of every wire model."""
+    from agent_reach.protocol import json_schemas
+
+    schemas = json_schemas()
+    if out_dir is None:
+        out.print_json(data=schemas)
+        return
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name, body in schemas.items():
+        (out_dir / f"{name}.schema.json").write_text(json.dumps(body, indent=2, ensure_ascii=False) + "\n")
+    out.print(f"wrote {len(schemas)} schemas to {out_dir}")
+
+
+@app.command()
+def version() -> None:
+    """Print the version."""
+    out.print(__version__)
+
+
+def main() -> None:
+    """Console entry point."""
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)

@@ -1,0 +1,123 @@
+"""``reach demo``: the Router and the two demo agents as real processes, with one merged log."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO
+
+import httpx
+
+from agent_reach.exceptions import ConfigError
+
+AGENTS = [("price-query-agent", "price_agent"), ("promotion-agent", "promotion_agent")]
+COLOURS = {"router": "\033[36m", "price-query-agent": "\033[32m", "promotion-agent": "\033[35m"}
+RESET = "\033[0m"
+SAMPLE_PAYLOAD = '{"product_id": "SKU-88231", "currency": "CNY"}'
+
+
+def _pump(name: str, stream: IO[str], lock: threading.Lock) -> None:
+    colour = COLOURS.get(name, "") if sys.stdout.isatty() else ""
+    reset = RESET if colour else ""
+    for line in stream:
+        with lock:
+            sys.stdout.write(f"{colour}{name:>18} |{reset} {line}")
+            sys.stdout.flush()
+
+
+def _spawn(name: str, args: list[str], env: dict[str, str], lock: threading.Lock) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agent_reach", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None
+    threading.Thread(target=_pump, args=(name, proc.stdout, lock), daemon=True).start()
+    return proc
+
+
+def _wait_ready(url: str, want: set[str], procs: list[subprocess.Popen[str]], limit_s: float = 30) -> bool:
+    """Poll the registry until every agent in ``want`` is available, or a process dies."""
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        if any(p.poll() is not None for p in procs):
+            return False
+        try:
+            rows = httpx.get(f"{url}/admin/agents", timeout=1).json()
+            if want <= {r["id"] for r in rows if r.get("status") == "available"}:
+                return True
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            pass
+        time.sleep(0.2)
+    return False
+
+
+def run_demo(port: int, examples: Path) -> None:
+    """Start everything, print how to try it, and stop everything on Ctrl-C or SIGTERM."""
+    configs = {name: examples / folder / "reach_config.yaml" for name, folder in AGENTS}
+    missing = [str(p) for p in configs.values() if not p.is_file()]
+    if missing:
+        raise ConfigError(
+            f"demo files not found: {', '.join(missing)} (run from the repository root, or pass --examples)"
+        )
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "REACH_ROUTER_URL": url, "PYTHONUNBUFFERED": "1"}
+    lock = threading.Lock()
+    router_args = ["router", "--port", str(port)]
+    if (examples / "router.yaml").is_file():
+        router_args += ["--config", str(examples / "router.yaml")]
+    procs = [_spawn("router", router_args, env, lock)]
+    for name, folder in AGENTS:
+        procs.append(
+            _spawn(
+                name,
+                [
+                    "agent",
+                    "--config",
+                    str(configs[name]),
+                    "--app",
+                    str(examples / folder / "agent.py") + ":agent",
+                ],
+                env,
+                lock,
+            )
+        )
+
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        if _wait_ready(url, {name for name, _ in AGENTS}, procs):
+            with lock:
+                print(
+                    f"\n  Agent-Reach demo is up: Router at {url} with {len(AGENTS)} agents.\n"
+                    f"  Try:  curl -s {url}/admin/agents\n"
+                    f"        reach call query_product_price --payload '{SAMPLE_PAYLOAD}'\n"
+                    f"        reach agents\n"
+                    "  Ctrl-C stops everything.\n",
+                    flush=True,
+                )
+        else:
+            with lock:
+                print("\n  the demo did not come up; see the log above\n", flush=True)
+            stop.set()
+        while not stop.is_set() and all(p.poll() is None for p in procs):
+            stop.wait(0.5)
+    finally:
+        # Agents first, so they deregister while the Router still listens.
+        for proc in procs[1:] + procs[:1]:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    proc.kill()

@@ -1,0 +1,195 @@
+"""The one error tree of Agent-Reach.
+
+Every error the package raises on purpose is a :class:`ReachError`. Third-party errors (the HTTP
+client, YAML, a backend) are mapped to one of these at the edge with ``raise ... from exc``, so a
+caller never has to know which library sat underneath.
+
+::
+
+    ReachError
+    ├── ConfigError                  a policy file or reach_config.yaml that does not validate
+    ├── RequestError                 INVALID_REQUEST: the envelope or the payload is wrong
+    │   ├── PayloadTooLarge          the body is over the configured limit (413)
+    │   └── UnsupportedMediaType     the body is not JSON (415)
+    ├── RegistryError                the registry refused a write
+    │   ├── InvalidProfile           422 INVALID_PROFILE, with the field paths at fault
+    │   ├── AgentIdConflict          409 AGENT_ID_CONFLICT: the id's lease is live and not yours
+    │   ├── LeaseNotFound            404 LEASE_NOT_FOUND: the lease expired or never existed
+    │   ├── LeaseMismatch            403 FORBIDDEN: the lease belongs to another registration
+    │   └── AgentNotFound            404 AGENT_NOT_FOUND
+    ├── RoutingError                 no agent may take the request
+    │   └── NoAvailableHandler       503 NO_AVAILABLE_HANDLER, with error.candidates
+    ├── AttemptError                 one upstream attempt failed (internal to the dispatcher)
+    │   ├── ConnectFailed            refused, reset, unreachable or connect timeout
+    │   ├── AttemptTimeout           the agent did not answer in time
+    │   ├── BadAgentResponse         5xx, or an answer that is not a valid agent reply
+    │   └── AgentRejected            the agent answered AGENT_ERROR, or a 4xx
+    └── ClientError                  the SDK could not talk to the Router
+        └── RouterUnavailable        connection refused, timeout, or a non-JSON answer
+
+``AttemptError`` carries ``retryable`` so that the dispatcher decides failover from one flag.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ReachError(Exception):
+    """Base class of every error Agent-Reach raises on purpose."""
+
+    code: str = "REACH_ERROR"
+
+    def __init__(self, message: str, *, details: list[dict[str, Any]] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+    def to_error(self) -> dict[str, Any]:
+        """The wire ``error`` object: ``{"code", "message", "details"?}``."""
+        error: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.details:
+            error["details"] = self.details
+        return error
+
+
+class ConfigError(ReachError):
+    """A configuration file is missing, unreadable or invalid; the message names the field."""
+
+    code = "INVALID_CONFIG"
+
+
+class RequestError(ReachError):
+    """The caller sent an envelope or payload that cannot be served (INVALID_REQUEST)."""
+
+    code = "INVALID_REQUEST"
+    http_status = 400
+
+
+class PayloadTooLarge(RequestError):
+    """The request body exceeds the configured limit."""
+
+    code = "PAYLOAD_TOO_LARGE"
+    http_status = 413
+
+
+class UnsupportedMediaType(RequestError):
+    """The request declares a content type that is not JSON."""
+
+    code = "UNSUPPORTED_MEDIA_TYPE"
+    http_status = 415
+
+
+class RegistryError(ReachError):
+    """The registry refused a write."""
+
+    http_status = 400
+
+
+class InvalidProfile(RegistryError):
+    """The agent profile does not validate."""
+
+    code = "INVALID_PROFILE"
+    http_status = 422
+
+
+class AgentIdConflict(RegistryError):
+    """Another registration holds a live lease on this agent id."""
+
+    code = "AGENT_ID_CONFLICT"
+    http_status = 409
+
+
+class LeaseNotFound(RegistryError):
+    """The lease expired or never existed; the agent should register again."""
+
+    code = "LEASE_NOT_FOUND"
+    http_status = 404
+
+
+class LeaseMismatch(RegistryError):
+    """The caller presented a lease that is not the one this agent holds."""
+
+    code = "FORBIDDEN"
+    http_status = 403
+
+
+class AgentNotFound(RegistryError):
+    """No agent is registered under this id."""
+
+    code = "AGENT_NOT_FOUND"
+    http_status = 404
+
+
+class RoutingError(ReachError):
+    """No agent may take the request."""
+
+
+class NoAvailableHandler(RoutingError):
+    """No candidate is left; ``candidates`` says why, one reason per agent."""
+
+    code = "NO_AVAILABLE_HANDLER"
+
+    def __init__(self, message: str, candidates: list[dict[str, Any]]) -> None:
+        super().__init__(message)
+        self.candidates = candidates
+
+    def to_error(self) -> dict[str, Any]:
+        error = super().to_error()
+        error["candidates"] = self.candidates
+        return error
+
+
+class AttemptError(ReachError):
+    """One upstream attempt failed. ``reason`` is the candidate reason it maps to."""
+
+    reason = "agent_error"
+    retryable = True
+
+
+class ConnectFailed(AttemptError):
+    """The agent could not be reached: refused, reset, unreachable, or connect timeout."""
+
+    code = "CONNECT_ERROR"
+    reason = "connect_error"
+
+
+class AttemptTimeout(AttemptError):
+    """The agent did not answer within the attempt's read timeout or the deadline."""
+
+    code = "TIMEOUT"
+    reason = "timeout"
+
+
+class BadAgentResponse(AttemptError):
+    """The agent answered 5xx, or something that is not a valid agent reply."""
+
+    code = "BAD_AGENT_RESPONSE"
+    reason = "agent_error"
+
+
+class AgentRejected(AttemptError):
+    """The agent answered ``AGENT_ERROR`` (or a 4xx); ``retryable`` is the agent's word."""
+
+    code = "AGENT_ERROR"
+    reason = "agent_error"
+
+    def __init__(self, error: dict[str, Any], *, retryable: bool) -> None:
+        super().__init__(str(error.get("message") or "the agent reported an error"))
+        self.error = error
+        self.retryable = retryable
+
+    def to_error(self) -> dict[str, Any]:
+        return self.error
+
+
+class ClientError(ReachError):
+    """The SDK could not complete a call to the Router."""
+
+    code = "CLIENT_ERROR"
+
+
+class RouterUnavailable(ClientError):
+    """The Router refused the connection, timed out, or answered something that is not JSON."""
+
+    code = "ROUTER_UNAVAILABLE"

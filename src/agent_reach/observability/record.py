@@ -1,0 +1,65 @@
+"""The decision record: one per request, written by the pipeline, read by every observer.
+
+The pipeline stages never log or count on their own. They write here, and observers (the trace
+log, metrics, the trace store) read the finished record, so adding an observer never touches the
+pipeline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent_reach.protocol import Status
+
+
+@dataclass(slots=True)
+class AttemptRecord:
+    """One upstream attempt."""
+
+    agent_id: str
+    outcome: str  # SUCCESS, or the reason it failed (connect_error, timeout, agent_error)
+    duration_ms: float
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"agentId": self.agent_id, "outcome": self.outcome, "durationMs": self.duration_ms}
+
+
+@dataclass(slots=True)
+class DecisionRecord:
+    """Everything decided about one request, in order."""
+
+    trace_id: str
+    task: str
+    source: str
+    started: float  # monotonic
+    conversation_id: str | None = None
+    rule: str | None = None  # what picked the pool: target_agent or the strategy
+    strategy: str | None = None
+    candidates: list[str] = field(default_factory=list)
+    rejected: list[dict[str, Any]] = field(default_factory=list)
+    selected: str | None = None
+    score: float | None = None
+    attempts: list[AttemptRecord] = field(default_factory=list)
+    # Ordered (kind, text) notes beyond the four fixed lines: retry, failover, no handler...
+    events: list[tuple[str, str]] = field(default_factory=list)
+    status: Status | None = None
+    http_status: int = 0
+    error_code: str | None = None
+    handler: str | None = None
+    duration_ms: float = 0.0
+
+    def note(self, kind: str, text: str) -> None:
+        """Add an ordered event line, e.g. ``note("retry", "price-agent, attempt=2")``."""
+        self.events.append((kind, text))
+
+    def reject(self, agent_id: str, reason: str, score: float | None = None) -> None:
+        """Record a candidate that will not handle the request, and why."""
+        item: dict[str, Any] = {"agentId": agent_id, "reason": reason}
+        if score is not None:
+            item["score"] = score
+        self.rejected.append(item)
+
+
+Observer = Callable[[DecisionRecord], None]

@@ -1,0 +1,42 @@
+"""Trace ids and W3C ``traceparent``.
+
+A Router-made ``traceId`` is 32 lowercase hex digits, so it *is* the W3C trace id and one id
+names the request in logs, traces and spans. A caller's own ``traceId`` may be any safe string;
+its W3C trace id is then derived from it deterministically, so every hop derives the same one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+
+_HEX32 = re.compile(r"^[0-9a-f]{32}$")
+_TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
+
+
+def new_trace_id() -> str:
+    """A fresh trace id: 128 random bits as 32 hex digits."""
+    return secrets.token_hex(16)
+
+
+def w3c_trace_id(trace_id: str) -> str:
+    """The W3C trace id for ``trace_id``: itself when it already is one, else a stable hash."""
+    if _HEX32.match(trace_id) and trace_id != "0" * 32:
+        return trace_id
+    return hashlib.blake2b(trace_id.encode(), digest_size=16).hexdigest()
+
+
+def parse_traceparent(header: str | None) -> str | None:
+    """The trace id of a valid version-00 ``traceparent`` header, else ``None``."""
+    if not header:
+        return None
+    match = _TRACEPARENT.match(header.strip().lower())
+    if match is None or match.group(1) == "0" * 32 or match.group(2) == "0" * 16:
+        return None
+    return match.group(1)
+
+
+def make_traceparent(trace_id: str) -> str:
+    """A ``traceparent`` for a new span (one hop) of ``trace_id``."""
+    return f"00-{w3c_trace_id(trace_id)}-{secrets.token_hex(8)}-01"

@@ -1,0 +1,131 @@
+"""The registry contract.
+
+Writes (register, renew, deregister) are async: a remote backend needs a round trip. Reads are
+synchronous and come from a local snapshot, because the Router reads on every request and must
+not wait on I/O to choose an agent.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from agent_reach.clock import iso_utc
+from agent_reach.protocol import AgentProfile, AgentStatusValue, Capability
+from agent_reach.schema import PayloadValidator
+
+
+class RegistryEvent(StrEnum):
+    """What happened to an entry; listeners (metrics, logs, routing state) subscribe to these."""
+
+    REGISTERED = "registered"
+    REPLACED = "replaced"
+    SUSPECT = "suspect"
+    AVAILABLE = "available"
+    OFFLINE = "offline"
+    DEREGISTERED = "deregistered"
+    REMOVED = "removed"
+
+
+@dataclass(slots=True, eq=False)
+class AgentEntry:
+    """One registered agent as the Router sees it."""
+
+    profile: AgentProfile
+    lease_id: str
+    ttl_seconds: float
+    last_heartbeat: float  # monotonic, to decide with
+    last_heartbeat_wall: float  # epoch seconds, to show
+    expires_at: float  # monotonic
+    status: AgentStatusValue = AgentStatusValue.AVAILABLE
+    offline_since: float | None = None
+    capabilities: dict[str, Capability] = field(default_factory=dict)
+    validators: dict[str, PayloadValidator | None] = field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        return self.profile.id
+
+    @property
+    def endpoint(self) -> str:
+        return self.profile.network.endpoint
+
+    @property
+    def routable(self) -> bool:
+        """Available or suspect: suspect agents are kept as a last resort."""
+        return self.status is AgentStatusValue.AVAILABLE or self.status is AgentStatusValue.SUSPECT
+
+    @property
+    def last_heartbeat_iso(self) -> str:
+        return iso_utc(self.last_heartbeat_wall)
+
+
+Listener = Callable[[RegistryEvent, AgentEntry], None]
+
+
+def compile_capabilities(
+    profile: AgentProfile,
+) -> tuple[dict[str, Capability], dict[str, PayloadValidator | None]]:
+    """Index a profile's capabilities by task and compile their input schemas once."""
+    caps = {cap.task: cap for cap in profile.capabilities}
+    validators = {
+        cap.task: PayloadValidator(cap.input_schema) if cap.input_schema else None
+        for cap in profile.capabilities
+    }
+    return caps, validators
+
+
+class Registry(abc.ABC):
+    """The async contract every registry backend implements."""
+
+    def __init__(self) -> None:
+        self._listeners: list[Listener] = []
+
+    def subscribe(self, listener: Listener) -> None:
+        """Call ``listener(event, entry)`` on every change, synchronously and in order."""
+        self._listeners.append(listener)
+
+    def _emit(self, event: RegistryEvent, entry: AgentEntry) -> None:
+        for listener in self._listeners:
+            listener(event, entry)
+
+    async def start(self) -> None:  # noqa: B027 - optional hook
+        """Start background work (sweeps, watches)."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Stop background work and release connections."""
+
+    def ready(self) -> str | None:
+        """``None`` when the backend can serve, else the reason it cannot (for /readyz)."""
+        return None
+
+    @abc.abstractmethod
+    async def register(
+        self, profile: AgentProfile, *, lease_id: str | None = None
+    ) -> tuple[AgentEntry, bool]:
+        """Register or replace ``profile``; returns the entry and whether it is new.
+
+        Raises ``AgentIdConflict`` when the id's lease is live and ``lease_id`` is not it.
+        """
+
+    @abc.abstractmethod
+    async def renew(self, agent_id: str, lease_id: str) -> AgentEntry:
+        """Extend the lease. Raises ``LeaseNotFound`` (expired or unknown) or ``LeaseMismatch``."""
+
+    @abc.abstractmethod
+    async def deregister(self, agent_id: str, lease_id: str) -> None:
+        """Remove the agent. Raises ``AgentNotFound`` or ``LeaseMismatch``."""
+
+    @abc.abstractmethod
+    def get(self, agent_id: str) -> AgentEntry | None:
+        """The entry for ``agent_id`` from the local snapshot."""
+
+    @abc.abstractmethod
+    def agents(self) -> list[AgentEntry]:
+        """Every entry, offline ones included until their grace period ends."""
+
+    @abc.abstractmethod
+    def by_task(self, task: str) -> Collection[AgentEntry]:
+        """The entries that declare ``task``, from the task index (no scan)."""

@@ -1,0 +1,163 @@
+"""The in-memory registry: the embedded default, one process, zero set-up."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import Collection
+
+from agent_reach.clock import SYSTEM_CLOCK, Clock
+from agent_reach.config import RegistryPolicy
+from agent_reach.exceptions import AgentIdConflict, AgentNotFound, LeaseMismatch, LeaseNotFound
+from agent_reach.protocol import AgentProfile, AgentStatusValue
+from agent_reach.registry.base import AgentEntry, Registry, RegistryEvent, compile_capabilities
+
+log = logging.getLogger("agent_reach.registry")
+
+_EMPTY: dict[str, AgentEntry] = {}
+
+
+def new_lease_id() -> str:
+    """An opaque, unguessable lease id, printed as hex like the reference (``0x6e2d1a...``)."""
+    return "0x" + secrets.token_hex(8)
+
+
+class MemoryRegistry(Registry):
+    """Leases on a :class:`Clock`, a task index, and a background sweep that expires leases."""
+
+    def __init__(self, policy: RegistryPolicy | None = None, *, clock: Clock = SYSTEM_CLOCK) -> None:
+        super().__init__()
+        self.policy = policy or RegistryPolicy()
+        self._clock = clock
+        self._entries: dict[str, AgentEntry] = {}
+        self._by_task: dict[str, dict[str, AgentEntry]] = {}
+        self._sweeper: asyncio.Task[None] | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._sweeper is None:
+            self._sweeper = asyncio.create_task(self._sweep_forever(), name="reach-lease-sweep")
+
+    async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+            self._sweeper = None
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.policy.sweep_interval_seconds)
+            try:
+                self.sweep()
+            except Exception:  # a listener's bug must not stop lease expiry
+                log.exception("lease sweep failed")
+
+    # -- writes ------------------------------------------------------------------------------
+
+    async def register(
+        self, profile: AgentProfile, *, lease_id: str | None = None
+    ) -> tuple[AgentEntry, bool]:
+        now = self._clock.monotonic()
+        current = self._entries.get(profile.id)
+        live = current is not None and current.status is not AgentStatusValue.OFFLINE
+        if current is not None and live and lease_id != current.lease_id:
+            raise AgentIdConflict(
+                f"agent id {profile.id!r} is held by a live lease; register with its leaseId "
+                "to replace the profile, or wait for the lease to expire"
+            )
+        caps, validators = compile_capabilities(profile)
+        ttl = self.policy.lease_ttl_seconds
+        replacing = current is not None and live
+        entry = AgentEntry(
+            profile=profile,
+            lease_id=current.lease_id if replacing and current else new_lease_id(),
+            ttl_seconds=ttl,
+            last_heartbeat=now,
+            last_heartbeat_wall=self._clock.time(),
+            expires_at=now + ttl,
+            capabilities=caps,
+            validators=validators,
+        )
+        if current is not None:
+            self._unindex(current)
+        self._entries[profile.id] = entry
+        for task in caps:
+            self._by_task.setdefault(task, {})[profile.id] = entry
+        self._emit(RegistryEvent.REPLACED if replacing else RegistryEvent.REGISTERED, entry)
+        return entry, not replacing
+
+    async def renew(self, agent_id: str, lease_id: str) -> AgentEntry:
+        entry = self._entries.get(agent_id)
+        if entry is None or entry.status is AgentStatusValue.OFFLINE:
+            raise LeaseNotFound(f"no live lease for agent {agent_id!r}; register again")
+        if entry.lease_id != lease_id:
+            raise LeaseMismatch(f"leaseId does not match the lease agent {agent_id!r} holds")
+        now = self._clock.monotonic()
+        entry.last_heartbeat = now
+        entry.last_heartbeat_wall = self._clock.time()
+        entry.expires_at = now + entry.ttl_seconds
+        if entry.status is AgentStatusValue.SUSPECT:
+            entry.status = AgentStatusValue.AVAILABLE
+            self._emit(RegistryEvent.AVAILABLE, entry)
+        return entry
+
+    async def deregister(self, agent_id: str, lease_id: str) -> None:
+        entry = self._entries.get(agent_id)
+        if entry is None:
+            raise AgentNotFound(f"no agent {agent_id!r} is registered")
+        if entry.lease_id != lease_id:
+            raise LeaseMismatch(f"leaseId does not match the lease agent {agent_id!r} holds")
+        self._remove(entry)
+        self._emit(RegistryEvent.DEREGISTERED, entry)
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def get(self, agent_id: str) -> AgentEntry | None:
+        return self._entries.get(agent_id)
+
+    def agents(self) -> list[AgentEntry]:
+        return list(self._entries.values())
+
+    def by_task(self, task: str) -> Collection[AgentEntry]:
+        return self._by_task.get(task, _EMPTY).values()
+
+    def tasks(self) -> Collection[str]:
+        """Every task some entry declares."""
+        return self._by_task.keys()
+
+    # -- expiry ------------------------------------------------------------------------------
+
+    def sweep(self) -> None:
+        """Advance every lease to what the clock says: suspect, offline, or dropped."""
+        now = self._clock.monotonic()
+        suspect_after = self.policy.suspect_after
+        grace = self.policy.offline_grace_seconds
+        for entry in list(self._entries.values()):
+            if entry.status is AgentStatusValue.OFFLINE:
+                if entry.offline_since is not None and now - entry.offline_since >= grace:
+                    self._remove(entry)
+                    self._emit(RegistryEvent.REMOVED, entry)
+            elif now >= entry.expires_at:
+                entry.status = AgentStatusValue.OFFLINE
+                entry.offline_since = now
+                self._emit(RegistryEvent.OFFLINE, entry)
+            elif entry.status is AgentStatusValue.AVAILABLE and now - entry.last_heartbeat >= suspect_after:
+                entry.status = AgentStatusValue.SUSPECT
+                self._emit(RegistryEvent.SUSPECT, entry)
+
+    def _remove(self, entry: AgentEntry) -> None:
+        if self._entries.get(entry.id) is entry:
+            del self._entries[entry.id]
+        self._unindex(entry)
+
+    def _unindex(self, entry: AgentEntry) -> None:
+        for task in entry.capabilities:
+            holders = self._by_task.get(task)
+            if holders is not None and holders.get(entry.id) is entry:
+                del holders[entry.id]
+                if not holders:
+                    del self._by_task[task]

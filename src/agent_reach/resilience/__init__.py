@@ -1,0 +1,1 @@
+"""Failure handling: timeouts and deadlines now; retry budgets, breakers and health next."""

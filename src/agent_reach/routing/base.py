@@ -1,0 +1,32 @@
+"""The ranking contract shared by every strategy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from agent_reach.protocol import Capability
+from agent_reach.registry.base import AgentEntry
+from agent_reach.schema import PayloadValidator
+
+
+@dataclass(slots=True, frozen=True)
+class Choice:
+    """One ranked candidate: the agent, the capability it serves the task with, and its score."""
+
+    entry: AgentEntry
+    capability: Capability
+    validator: PayloadValidator | None
+    score: float | None = None
+
+    @classmethod
+    def of(cls, entry: AgentEntry, task: str, score: float | None = None) -> Choice:
+        return cls(entry, entry.capabilities[task], entry.validators[task], score)
+
+
+class Ranker(Protocol):
+    """Orders the eligible agents for a task, best first. Must not drop any of them."""
+
+    name: str
+
+    def rank(self, task: str, entries: list[AgentEntry]) -> list[Choice]: ...

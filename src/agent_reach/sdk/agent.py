@@ -1,0 +1,453 @@
+"""The agent runtime: register, keep the lease, serve the callback, leave cleanly.
+
+```python
+agent = ReachAgent("reach_config.yaml")
+
+@agent.capability("query_product_price")
+async def price(payload: dict, ctx: ReachContext) -> dict:
+    return {"price": 199.9, "currency": payload["currency"], "updated_at": "..."}
+
+agent.run()   # or: reach agent --config reach_config.yaml --app module:agent
+```
+
+Handlers may be ``async def`` or plain ``def`` (run in a worker thread, so a CPU-bound handler
+does not stall the callback server), and take ``(payload)`` or ``(payload, ctx)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import os
+import random
+import signal
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from agent_reach.clock import SYSTEM_CLOCK
+from agent_reach.exceptions import ConfigError, ReachError
+from agent_reach.observability.tracecontext import make_traceparent, new_trace_id
+from agent_reach.protocol import ReachResponse
+from agent_reach.resilience.timeouts import Deadline
+from agent_reach.sdk.client import ReachClient
+from agent_reach.sdk.config import AgentConfig, find_config
+from agent_reach.sdk.health import HealthServer
+
+log = logging.getLogger("agent_reach.sdk")
+
+Handler = Callable[..., Any]
+ConversationHook = Callable[[str], Any]
+
+
+class AgentError(Exception):
+    """Raise from a handler to answer ``AGENT_ERROR``; ``retryable=True`` allows failover."""
+
+    def __init__(
+        self, message: str, *, code: str = "AGENT_ERROR", retryable: bool = False, details: Any = None
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.retryable = retryable
+        self.details = details
+
+    def to_error(self) -> dict[str, Any]:
+        error: dict[str, Any] = {"code": self.code, "message": str(self), "retryable": self.retryable}
+        if self.details is not None:
+            error["details"] = self.details
+        return error
+
+
+@dataclass(slots=True)
+class ReachContext:
+    """What a handler knows about the request it serves, and how it calls other agents."""
+
+    trace_id: str
+    task: str
+    source_agent: str | None
+    conversation_id: str | None
+    deadline: Deadline | None
+    agent: ReachAgent
+
+    @property
+    def remaining_ms(self) -> float | None:
+        return None if self.deadline is None else self.deadline.remaining_ms()
+
+    async def call(self, task: str, payload: dict[str, Any] | None = None, **options: Any) -> ReachResponse:
+        """Call another agent through the Router, in this request's trace and budget."""
+        remaining = self.remaining_ms
+        if remaining is not None:
+            wanted = options.get("timeout_ms")
+            options["timeout_ms"] = max(1, int(min(remaining, wanted) if wanted else remaining))
+        options.setdefault("trace_id", self.trace_id)
+        options.setdefault("conversation_id", self.conversation_id)
+        headers = {"X-Reach-Trace-Id": self.trace_id, "traceparent": make_traceparent(self.trace_id)}
+        return await self.agent.client.call(task, payload, headers=headers, **options)
+
+
+def _wants_context(handler: Handler) -> bool:
+    try:
+        params = inspect.signature(handler).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in params)
+
+
+class ReachAgent:
+    """One agent process: its handlers, its lease, its callback and health servers."""
+
+    def __init__(self, config: AgentConfig | str | os.PathLike[str] | None = None) -> None:
+        self._config: AgentConfig | None = None
+        self._config_source = config
+        self._handlers: dict[str, tuple[Handler, bool, bool]] = {}
+        self._conversation_hook: ConversationHook | None = None
+        self.lease_id: str | None = None
+        self.ttl_seconds: float = 60.0
+        self._runner: web.AppRunner | None = None
+        self._health: HealthServer | None = None
+        self._http: aiohttp.ClientSession | None = None
+        self._lease_task: asyncio.Task[None] | None = None
+        self._client: ReachClient | None = None
+        self.port: int | None = None
+
+    # -- configuration -----------------------------------------------------------------------
+
+    @property
+    def config(self) -> AgentConfig:
+        if self._config is None:
+            source = self._config_source
+            self._config = (
+                source if isinstance(source, AgentConfig) else AgentConfig.load(find_config(source))
+            )
+        return self._config
+
+    def use_config(self, config: AgentConfig | str | os.PathLike[str]) -> None:
+        """Set the configuration before start (what ``reach agent --config`` does)."""
+        self._config_source = config
+        self._config = None
+
+    @property
+    def id(self) -> str:
+        return self.config.profile.id
+
+    @property
+    def client(self) -> ReachClient:
+        """A client for calling other agents through the Router, as this agent."""
+        if self._client is None:
+            self._client = ReachClient(self.config.router_url, source_agent=self.id)
+        return self._client
+
+    def capability(self, task: str) -> Callable[[Handler], Handler]:
+        """Bind the decorated function to the capability ``task``."""
+
+        def bind(handler: Handler) -> Handler:
+            if task in self._handlers:
+                raise ConfigError(f"capability {task!r} already has a handler")
+            is_async = inspect.iscoroutinefunction(handler)
+            self._handlers[task] = (handler, is_async, _wants_context(handler))
+            return handler
+
+        return bind
+
+    def conversation_holder(self, hook: ConversationHook) -> ConversationHook:
+        """Decorate ``hook(conversation_id) -> bool``: does this agent hold that conversation?"""
+        self._conversation_hook = hook
+        return hook
+
+    def _check_handlers(self) -> None:
+        declared = set(self.config.profile.tasks)
+        bound = set(self._handlers)
+        if bound - declared:
+            raise ConfigError(
+                f"handlers for undeclared capabilities: {', '.join(sorted(bound - declared))}; "
+                "declare them under agent.capabilities in reach_config.yaml"
+            )
+        if declared - bound:
+            raise ConfigError(
+                f"declared capabilities without a handler: {', '.join(sorted(declared - bound))}; "
+                "bind one with @agent.capability(task)"
+            )
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Serve the callback and health endpoints, then register with the Router."""
+        config = self.config
+        self._check_handlers()
+        self._http = aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar())
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        path = config.callback_path.rstrip("/") or "/"
+        app.router.add_post(path, self._on_reach)
+        app.router.add_get(path.rstrip("/") + "/conversations/{conversation_id}", self._on_conversation)
+        health = config.profile.health_check
+        if config.health_port is None:
+            app.router.add_get(health.path, self._on_health)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, config.host, config.port)
+        await site.start()
+        server = getattr(site, "_server", None)
+        sockets = getattr(server, "sockets", None) or []
+        self.port = sockets[0].getsockname()[1] if sockets else config.port
+        if config.health_port is not None:
+            self._health = HealthServer(self.id, config.host, config.health_port, health.path)
+            self._health.start()
+        await self._register_until_done()
+        self._lease_task = asyncio.create_task(self._keep_lease(), name="reach-lease")
+
+    async def stop(self) -> None:
+        """Deregister, then stop serving."""
+        if self._lease_task is not None:
+            self._lease_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._lease_task
+            self._lease_task = None
+        if self.lease_id is not None and self._http is not None:
+            try:
+                async with self._http.delete(
+                    f"{self.config.router_url}/agents/{self.id}",
+                    headers={"X-Reach-Lease": self.lease_id},
+                    timeout=aiohttp.ClientTimeout(total=2),
+                ) as resp:
+                    if resp.status == 204:
+                        log.info("[reach-client] deregistered agent: %s", self.id)
+                    else:
+                        log.warning("[reach-client] deregistration answered HTTP %s", resp.status)
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                log.warning("[reach-client] could not deregister (%s); the lease will expire", exc)
+            self.lease_id = None
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        if self._health is not None:
+            self._health.stop()
+            self._health = None
+        if self._client is not None:
+            await self._client.aclose()
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+    async def serve_forever(self) -> None:
+        """Start, run until SIGTERM or SIGINT, then deregister and stop."""
+        loop = asyncio.get_running_loop()
+        stopping = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stopping.set)
+        try:
+            await self.start()
+            await stopping.wait()
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+            await self.stop()
+
+    def run(self) -> None:
+        """Blocking entry point: :meth:`serve_forever` in a fresh event loop."""
+        asyncio.run(self.serve_forever())
+
+    # -- registration and lease --------------------------------------------------------------
+
+    async def _register(self) -> None:
+        assert self._http is not None
+        profile = self.config.profile
+        body = profile.model_dump(mode="json")
+        if self.lease_id:
+            body["leaseId"] = self.lease_id
+        log.info("[reach-client] registering agent: %s", profile.id)
+        log.info("[reach-client] capabilities: %s", ", ".join(profile.tasks))
+        log.info("[reach-client] callback endpoint: %s", profile.network.endpoint)
+        async with self._http.post(
+            f"{self.config.router_url}/agents", json=body, timeout=aiohttp.ClientTimeout(total=5)
+        ) as resp:
+            answer = await resp.json(content_type=None, loads=orjson.loads)
+            if resp.status not in (200, 201):
+                error = answer.get("error", {}) if isinstance(answer, dict) else {}
+                raise _RegistrationRefused(resp.status, error)
+        self.lease_id = answer["leaseId"]
+        self.ttl_seconds = float(answer["ttlSeconds"])
+        log.info("[reach-client] registration successful, lease id: %s", self.lease_id)
+
+    async def _register_until_done(self) -> None:
+        """Register, retrying with backoff while the Router is away or the id is still held."""
+        delay = 0.1
+        while True:
+            try:
+                await self._register()
+                return
+            except _RegistrationRefused as exc:
+                if exc.status == 422 or exc.status == 400:
+                    raise ConfigError(f"the Router refused the profile: {exc}") from exc
+                log.warning("[reach-client] registration refused (%s); retrying in %.1fs", exc, delay)
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                log.warning(
+                    "[reach-client] Router at %s unreachable (%s); retrying in %.1fs",
+                    self.config.router_url,
+                    type(exc).__name__,
+                    delay,
+                )
+            await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+            delay = min(delay * 2, 2.0)
+
+    async def _keep_lease(self) -> None:
+        assert self._http is not None
+        while True:
+            # Renew three times per TTL, so one lost renewal never costs the lease.
+            await asyncio.sleep(max(self.ttl_seconds / 3, 0.05))
+            try:
+                async with self._http.put(
+                    f"{self.config.router_url}/agents/{self.id}/lease",
+                    json={"leaseId": self.lease_id},
+                    timeout=aiohttp.ClientTimeout(total=max(self.ttl_seconds / 3, 0.5)),
+                ) as resp:
+                    status = resp.status
+                if status == 200:
+                    continue
+                if status in (403, 404):
+                    log.warning(
+                        "[reach-client] lease %s is gone (HTTP %s); registering again", self.lease_id, status
+                    )
+                    self.lease_id = None
+                    await self._register_until_done()
+                else:
+                    log.warning("[reach-client] lease renewal answered HTTP %s", status)
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                log.warning("[reach-client] lease renewal failed (%s)", type(exc).__name__)
+
+    # -- serving -----------------------------------------------------------------------------
+
+    async def _on_health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "agent": self.id})
+
+    async def _on_conversation(self, request: web.Request) -> web.Response:
+        conversation_id = request.match_info["conversation_id"]
+        holds = False
+        if self._conversation_hook is not None:
+            try:
+                answer = self._conversation_hook(conversation_id)
+                if inspect.isawaitable(answer):
+                    answer = await answer
+                holds = answer is True
+            except Exception:
+                log.exception("conversation hook failed for %s", conversation_id)
+        return web.json_response({"holds": holds})
+
+    async def _on_reach(self, request: web.Request) -> web.Response:
+        try:
+            data = orjson.loads(await request.read())
+        except orjson.JSONDecodeError:
+            return _answer_error("INVALID_REQUEST", "body is not JSON", retryable=False, status=400)
+        if not isinstance(data, dict) or not isinstance(data.get("targetTask"), str):
+            return _answer_error("INVALID_REQUEST", "body is not a ReachRequest", retryable=False, status=400)
+        task = data["targetTask"]
+        trace_id = str(data.get("traceId") or request.headers.get("X-Reach-Trace-Id") or new_trace_id())
+        bound = self._handlers.get(task)
+        if bound is None:
+            # A stale registration, say: let the Router try another agent.
+            return _answer_error(
+                "UNKNOWN_TASK", f"agent {self.id} has no handler for {task!r}", retryable=True
+            )
+        deadline = _deadline_from(request.headers.get("X-Reach-Deadline-Ms"))
+        ctx = ReachContext(
+            trace_id=trace_id,
+            task=task,
+            source_agent=data.get("sourceAgent"),
+            conversation_id=data.get("conversationId"),
+            deadline=deadline,
+            agent=self,
+        )
+        payload = data.get("payload") if isinstance(data.get("payload"), dict) else {}
+        log.info("[%s] handle: %s from %s", trace_id, task, ctx.source_agent or "-")
+        handler, is_async, wants_ctx = bound
+        args = (payload, ctx) if wants_ctx else (payload,)
+        work: Awaitable[Any] = handler(*args) if is_async else asyncio.to_thread(handler, *args)
+        try:
+            if deadline is None:
+                result = await work
+            else:
+                async with asyncio.timeout(max(deadline.remaining_ms(), 0) / 1000):
+                    result = await work
+        except TimeoutError:
+            log.warning("[%s] handler for %s ran past the deadline", trace_id, task)
+            return _answer_error(
+                "DEADLINE_EXCEEDED", "the handler ran past the request's deadline", retryable=False
+            )
+        except AgentError as exc:
+            return web.Response(
+                body=orjson.dumps({"status": "AGENT_ERROR", "error": exc.to_error()}),
+                content_type="application/json",
+            )
+        except ReachError as exc:
+            return _answer_error(exc.code, exc.message, retryable=False)
+        except Exception as exc:
+            log.exception("[%s] handler for %s failed", trace_id, task)
+            return _answer_error("HANDLER_FAILED", f"{type(exc).__name__}: {exc}"[:500], retryable=False)
+        try:
+            body = orjson.dumps({"status": "SUCCESS", "result": result})
+        except TypeError as exc:
+            log.error("[%s] handler for %s returned something that is not JSON: %s", trace_id, task, exc)
+            return _answer_error(
+                "HANDLER_FAILED", "the handler's result is not JSON-serialisable", retryable=False
+            )
+        return web.Response(body=body, content_type="application/json")
+
+
+class _RegistrationRefused(Exception):
+    def __init__(self, status: int, error: dict[str, Any]) -> None:
+        super().__init__(f"HTTP {status} {error.get('code', '')}: {error.get('message', '')}")
+        self.status = status
+        self.error = error
+
+
+def _answer_error(code: str, message: str, *, retryable: bool, status: int = 200) -> web.Response:
+    body = {"status": "AGENT_ERROR", "error": {"code": code, "message": message, "retryable": retryable}}
+    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
+
+
+def _deadline_from(header: str | None) -> Deadline | None:
+    if not header:
+        return None
+    try:
+        millis = float(header)
+    except ValueError:
+        return None
+    return Deadline(SYSTEM_CLOCK, max(millis, 0.0))
+
+
+def load_app(spec: str) -> ReachAgent:
+    """Import ``module:attribute`` (a :class:`ReachAgent`), the way ``reach agent --app`` does."""
+    import importlib
+    import importlib.util
+    import sys
+
+    module_name, _, attr = spec.rpartition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"--app must look like module:attribute or path/to/file.py:attribute, got {spec!r}")
+    if str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        if module_name.endswith(".py"):
+            file = Path(module_name)
+            if not file.is_file():
+                raise ConfigError(f"--app: no such file {module_name!r}")
+            loader_spec = importlib.util.spec_from_file_location(f"reach_app_{file.stem}", file)
+            if loader_spec is None or loader_spec.loader is None:
+                raise ConfigError(f"--app: cannot load {module_name!r}")
+            module = importlib.util.module_from_spec(loader_spec)
+            loader_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"cannot import {module_name!r}: {exc}") from exc
+    agent = getattr(module, attr, None)
+    if not isinstance(agent, ReachAgent):
+        raise ConfigError(f"{spec} is not a ReachAgent (got {type(agent).__name__})")
+    return agent

@@ -1,0 +1,53 @@
+"""The agent's health endpoint, on its own port and its own thread.
+
+A handler that holds the CPU or blocks the event loop must not make a live agent look dead, so
+the health check never shares the loop with handlers: a small threaded HTTP server answers it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+class HealthServer:
+    """Serves ``GET {path}`` → ``200 {"status": "ok", "agent": id}`` on ``host:port``."""
+
+    def __init__(self, agent_id: str, host: str, port: int, path: str) -> None:
+        body = json.dumps({"status": "ok", "agent": agent_id}).encode()
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self) -> None:
+                if self.path.split("?", 1)[0] == path:
+                    self._answer(200, body)
+                else:
+                    self._answer(404, b'{"error": {"code": "NOT_FOUND", "message": "no such path"}}')
+
+            def _answer(self, status: int, payload: bytes) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return  # probes every few seconds would drown the agent's own log
+
+        self._server = ThreadingHTTPServer((host, port), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="reach-health", daemon=True)
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

@@ -1,0 +1,93 @@
+"""Small raw-ASGI helpers shared by the hot path and the admin surface."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from agent_reach.exceptions import PayloadTooLarge, RequestError, UnsupportedMediaType
+
+Scope = dict[str, Any]
+Receive = Any
+Send = Any
+
+JSON_HEADERS = [(b"content-type", b"application/json")]
+
+
+class ClientGone(Exception):
+    """The client disconnected before its body arrived; there is no one left to answer."""
+
+
+def header_map(scope: Scope) -> dict[bytes, bytes]:
+    """The request headers by lower-case name (the last one wins)."""
+    return dict(scope["headers"])
+
+
+def check_json_content_type(headers: dict[bytes, bytes]) -> None:
+    """Refuse a body that declares itself as something other than JSON.
+
+    A missing Content-Type is read as JSON, so a bare ``curl -d`` works; ``curl -d`` without
+    ``-H`` sends form encoding, which is refused with a hint.
+    """
+    ctype = headers.get(b"content-type")
+    if ctype is None:
+        return
+    media = ctype.split(b";", 1)[0].strip().lower()
+    if media == b"application/json" or (media.startswith(b"application/") and media.endswith(b"+json")):
+        return
+    raise UnsupportedMediaType(
+        f"Content-Type must be application/json, got {media.decode('latin-1')[:64]!r} "
+        "(with curl, add -H 'Content-Type: application/json')"
+    )
+
+
+async def read_body(receive: Receive, headers: dict[bytes, bytes], limit: int) -> bytes:
+    """The whole request body, refusing (413) anything over ``limit`` bytes before reading it."""
+    declared = headers.get(b"content-length")
+    if declared is not None:
+        try:
+            size = int(declared)
+        except ValueError as exc:
+            raise RequestError("Content-Length is not a number") from exc
+        if size > limit:
+            raise PayloadTooLarge(f"body of {size} bytes is over the {limit}-byte limit")
+    message = await receive()
+    if message["type"] == "http.disconnect":
+        raise ClientGone
+    body: bytes = message.get("body", b"")
+    if not message.get("more_body"):
+        if len(body) > limit:
+            raise PayloadTooLarge(f"body is over the {limit}-byte limit")
+        return body
+    chunks = [body]
+    received = len(body)
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunk = message.get("body", b"")
+        received += len(chunk)
+        if received > limit:
+            raise PayloadTooLarge(f"body is over the {limit}-byte limit")
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+async def send_json(
+    send: Send, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    """Send a complete JSON response."""
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if extra:
+        headers.extend(extra)
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def error_body(code: str, message: str, **extra: Any) -> bytes:
+    """The error shape of the registry and admin endpoints: ``{"error": {...}}``."""
+    error: dict[str, Any] = {"code": code, "message": message}
+    error.update({k: v for k, v in extra.items() if v is not None})
+    return orjson.dumps({"error": error})
