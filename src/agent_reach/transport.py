@@ -111,6 +111,9 @@ class Transport:
             return answer.get("result")
         if outcome == "AGENT_ERROR":
             error = _normalise_error(answer.get("error"), "the agent reported an error")
+            if error["code"] == "DEADLINE_EXCEEDED":
+                # The SDK gave up at the deadline we sent it: that is this attempt timing out.
+                raise AttemptTimeout(error["message"])
             raise AgentRejected(error, retryable=error.get("retryable") is True)
         raise BadAgentResponse(f"agent answered an unknown status {str(outcome)[:64]!r}")
 

@@ -1,0 +1,427 @@
+"""What the Router costs per request, against the same fast agent, in one run.
+
+Three paths are driven by wrk against one agent process (bench/fast_agent.py):
+
+* direct:   wrk -> agent
+* baseline: wrk -> bench/passthrough_proxy.py -> agent   (the floor for a Python forwarder)
+* router:   wrk -> Agent-Reach Router -> agent            (every default feature on, INFO logs)
+
+For each it reports requests/s at c32, p50/p99 latency at c1 and c32, and the forwarder's CPU
+time per request; then the Router's RSS across a long run, and PASS/MISS against the targets.
+
+Run (after ``scripts/bench-deps``, which installs wrk)::
+
+    .venv/bin/python bench/router_overhead.py
+    .venv/bin/python bench/router_overhead.py --duration 10 --json bench-results.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
+
+import wrk_runner
+from servers import Server, answers_success, free_port, http, pinned
+from wrk_runner import WrkResult
+
+BENCH_DIR = Path(__file__).resolve().parent
+AGENT_ID = "bench-agent"
+REQUEST = {"targetTask": "echo", "payload": {"n": 1}}
+PROFILE_CAPABILITIES = [{"task": "echo", "input_schema": {"n": "integer"}}]
+# Long enough that no lease renewal happens during the run: renewal is not what is measured.
+LEASE_TTL_S = 3600
+MIB = 1024 * 1024
+
+# Targets the Router is held to.
+MIN_THROUGHPUT_RATIO = 0.7
+MAX_ADDED_P50_MS = 0.3
+
+
+@dataclass
+class PathResult:
+    name: str
+    url: str
+    c1: WrkResult | None = None
+    c32: WrkResult | None = None
+    forwarder_cpu_us: float | None = None  # per request, c32 run; None for direct
+    agent_cpu_us: float | None = None  # per request, c32 run
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "c1": self.c1.to_json() if self.c1 else None,
+            "c32": self.c32.to_json() if self.c32 else None,
+            "forwarder_cpu_us_per_request": self.forwarder_cpu_us,
+            "agent_cpu_us_per_request": self.agent_cpu_us,
+        }
+
+
+@dataclass
+class MemoryResult:
+    target_requests: int
+    requests: int = 0
+    rss_before: int = 0
+    samples: list[tuple[int, int]] = field(default_factory=list)  # (requests so far, RSS bytes)
+
+    @property
+    def rss_after(self) -> int:
+        return self.samples[-1][1] if self.samples else self.rss_before
+
+    @property
+    def growth(self) -> int:
+        return self.rss_after - self.rss_before
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "target_requests": self.target_requests,
+            "requests": self.requests,
+            "rss_before_bytes": self.rss_before,
+            "rss_after_bytes": self.rss_after,
+            "rss_growth_bytes": self.growth,
+            "samples": [{"requests": n, "rss_bytes": rss} for n, rss in self.samples],
+        }
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per measured run (default 5)")
+    parser.add_argument("--warmup", type=float, default=1.0, help="seconds of warm-up before each run")
+    parser.add_argument("--connections", type=int, default=32, help="connections of the loaded run")
+    parser.add_argument("--wrk-threads", type=int, default=1, help="wrk threads of the loaded run")
+    parser.add_argument("--server-core", type=int, default=0, help="core for the Router and the proxy")
+    parser.add_argument("--agent-core", type=int, default=1, help="core for the agent")
+    parser.add_argument("--wrk-core", type=int, default=1, help="core for wrk")
+    parser.add_argument("--no-pin", action="store_true", help="do not pin processes with taskset")
+    parser.add_argument(
+        "--memory-requests", type=int, default=100_000, help="requests of the Router RSS run (0: skip)"
+    )
+    parser.add_argument("--memory-chunks", type=int, default=5, help="RSS samples across that run")
+    parser.add_argument(
+        "--memory-tolerance-mib", type=float, default=2.0, help="RSS growth still counted as flat"
+    )
+    parser.add_argument("--json", type=Path, help="also write the figures as JSON here")
+    parser.add_argument("--keep-logs", action="store_true", help="keep the work dir with the server logs")
+    return parser.parse_args(argv)
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.workdir = Path(tempfile.mkdtemp(prefix="reach-bench-"))
+        self.script = wrk_runner.write_post_script(self.workdir / "post.lua", REQUEST)
+        self.started: list[Server] = []
+        pin = not args.no_pin
+        self.server_core = args.server_core if pin else None
+        self.agent_core = args.agent_core if pin else None
+        self.wrk_core = args.wrk_core if pin else None
+
+    # -- processes ---------------------------------------------------------------------------
+
+    def _start(self, server: Server) -> Server:
+        self.started.append(server)
+        server.start()
+        return server
+
+    def start_agent(self) -> tuple[Server, str]:
+        port = free_port()
+        url = f"http://127.0.0.1:{port}/reach"
+        argv = pinned(self.agent_core, [sys.executable, str(BENCH_DIR / "fast_agent.py"), str(port)])
+        agent = self._start(Server("agent", argv, self.workdir / "agent.log"))
+        agent.wait_ready(lambda: answers_success(url, REQUEST))
+        return agent, url
+
+    def start_proxy(self, agent_url: str) -> tuple[Server, str]:
+        port = free_port()
+        url = f"http://127.0.0.1:{port}/reach"
+        argv = pinned(self.server_core, [sys.executable, str(BENCH_DIR / "passthrough_proxy.py"), str(port)])
+        proxy = self._start(
+            Server("baseline proxy", argv, self.workdir / "proxy.log", env={"BENCH_AGENT_URL": agent_url})
+        )
+        proxy.wait_ready(lambda: answers_success(url, REQUEST))
+        return proxy, url
+
+    def start_router(self, agent_url: str) -> tuple[Server, str]:
+        config = self.workdir / "router.yaml"
+        config.write_text(f"registry:\n  lease_ttl_seconds: {LEASE_TTL_S}\n")
+        port = free_port()
+        base = f"http://127.0.0.1:{port}"
+        argv = pinned(
+            self.server_core,
+            [sys.executable, "-m", "agent_reach", "router", "--port", str(port), "--config", str(config)],
+        )
+        # Default log level (INFO): the trace lines are a default feature, so they are measured.
+        router = self._start(Server("router", argv, self.workdir / "router.log"))
+        router.wait_ready(lambda: http("GET", f"{base}/healthz")[0] == 200)
+        profile = {
+            "id": AGENT_ID,
+            "network": {"endpoint": agent_url},
+            "capabilities": PROFILE_CAPABILITIES,
+        }
+        status, answer = http("POST", f"{base}/agents", profile)
+        if status != 201:
+            raise RuntimeError(f"registering {AGENT_ID} failed: HTTP {status} {answer}")
+        if not answers_success(f"{base}/reach", REQUEST):
+            raise RuntimeError(f"the Router does not answer SUCCESS; see {router.log_path}")
+        return router, f"{base}/reach"
+
+    def stop_all(self) -> None:
+        for server in reversed(self.started):
+            try:
+                server.stop()
+            except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+                # Keep stopping the others whatever one of them does.
+                print(f"warning: stopping {server.name}: {exc}", file=sys.stderr)
+
+    # -- measuring ---------------------------------------------------------------------------
+
+    def wrk(self, url: str, connections: int, threads: int, duration_s: float) -> WrkResult:
+        return wrk_runner.run(
+            url,
+            self.script,
+            connections=connections,
+            threads=threads,
+            duration_s=duration_s,
+            core=self.wrk_core,
+        )
+
+    def measure(self, path: PathResult, forwarder: Server | None, agent: Server) -> None:
+        args = self.args
+        progress(f"{path.name}: c1")
+        self.wrk(path.url, 1, 1, args.warmup)
+        path.c1 = self.wrk(path.url, 1, 1, args.duration)
+        progress(f"{path.name}: c{args.connections}")
+        self.wrk(path.url, args.connections, args.wrk_threads, args.warmup)
+        agent_cpu = agent.cpu_seconds()
+        fwd_cpu = forwarder.cpu_seconds() if forwarder else 0.0
+        path.c32 = self.wrk(path.url, args.connections, args.wrk_threads, args.duration)
+        # wrk may count a few more answers than it finished timing; both ends of CPU bracket the run.
+        path.agent_cpu_us = (agent.cpu_seconds() - agent_cpu) / path.c32.requests * 1e6
+        if forwarder is not None:
+            path.forwarder_cpu_us = (forwarder.cpu_seconds() - fwd_cpu) / path.c32.requests * 1e6
+        for server in (agent, forwarder):
+            if server is not None:
+                server.check_alive()
+
+    def memory(self, router: Server, url: str, rps: float) -> MemoryResult:
+        """RSS across ``--memory-requests`` requests at full load, sampled ``--memory-chunks`` times.
+
+        wrk stops on time, not on a count, so each chunk's duration comes from the measured
+        throughput, and chunks go on until the count is reached.
+        """
+        args = self.args
+        result = MemoryResult(args.memory_requests)
+        result.rss_before = router.rss_bytes()
+        chunk = math.ceil(args.memory_requests / max(1, args.memory_chunks))
+        while result.requests < args.memory_requests:
+            wanted = min(chunk, args.memory_requests - result.requests)
+            seconds = max(1, math.ceil(wanted / rps))
+            progress(f"router RSS run: {result.requests:,}/{args.memory_requests:,} requests")
+            run = self.wrk(url, args.connections, args.wrk_threads, seconds)
+            result.requests += run.requests
+            router.check_alive()
+            result.samples.append((result.requests, router.rss_bytes()))
+        return result
+
+    def run(self) -> dict[str, Any]:
+        agent, agent_url = self.start_agent()
+        proxy, proxy_url = self.start_proxy(agent_url)
+        router, router_url = self.start_router(agent_url)
+        paths = {
+            "direct": (PathResult("direct", agent_url), None),
+            "baseline": (PathResult("baseline", proxy_url), proxy),
+            "router": (PathResult("router", router_url), router),
+        }
+        for path, forwarder in paths.values():
+            self.measure(path, forwarder, agent)
+        results = {name: path for name, (path, _) in paths.items()}
+        memory = None
+        if self.args.memory_requests > 0:
+            rps = results["router"].c32.rps if results["router"].c32 else 1000.0
+            memory = self.memory(router, router_url, rps)
+        log = router.log_path
+        with log.open("rb") as fh:
+            log_lines = sum(1 for _ in fh)
+        return self.report(results, memory, log, log_lines)
+
+    # -- output ------------------------------------------------------------------------------
+
+    def layout(self) -> dict[str, Any]:
+        if self.args.no_pin:
+            return {"pinned": False}
+        return {
+            "pinned": True,
+            "router_and_proxy_core": self.server_core,
+            "agent_core": self.agent_core,
+            "wrk_core": self.wrk_core,
+        }
+
+    def report(
+        self, results: dict[str, PathResult], memory: MemoryResult | None, log: Path, log_lines: int
+    ) -> dict[str, Any]:
+        args = self.args
+        direct, baseline, router = results["direct"], results["baseline"], results["router"]
+        assert direct.c1 and direct.c32 and baseline.c1 and baseline.c32 and router.c1 and router.c32
+        ratio = router.c32.rps / baseline.c32.rps
+        added_router = router.c1.p50_ms - direct.c1.p50_ms
+        added_baseline = baseline.c1.p50_ms - direct.c1.p50_ms
+        targets: dict[str, dict[str, Any]] = {
+            "throughput_ratio_c32": {
+                "value": round(ratio, 3),
+                "target": f">= {MIN_THROUGHPUT_RATIO}",
+                "pass": ratio >= MIN_THROUGHPUT_RATIO,
+            },
+            "added_p50_c1_ms": {
+                "value": round(added_router, 3),
+                "target": f"<= {MAX_ADDED_P50_MS}",
+                "pass": added_router <= MAX_ADDED_P50_MS,
+            },
+        }
+        if memory is not None:
+            targets["rss_growth_mib"] = {
+                "value": round(memory.growth / MIB, 2),
+                "target": f"<= {args.memory_tolerance_mib:g} over {memory.requests} requests",
+                "pass": memory.growth <= args.memory_tolerance_mib * MIB,
+            }
+
+        c = args.connections
+        lines = [
+            "",
+            "Agent-Reach Router overhead",
+            f"  wrk {wrk_version()}: {args.duration:g} s per run after {args.warmup:g} s warm-up; "
+            f"c1 = -t1 -c1, c{c} = -t{args.wrk_threads} -c{c}; body {json.dumps(REQUEST)}",
+            "  layout: "
+            + (
+                f"Router / proxy on core {self.server_core}, agent on core {self.agent_core}, "
+                f"wrk on core {self.wrk_core} (taskset); all on 127.0.0.1"
+                if not args.no_pin
+                else "not pinned; all on 127.0.0.1"
+            ),
+            f"  Router log: INFO level (default), stderr to {log} "
+            f"({log_lines:,} lines{'' if args.keep_logs else ', deleted at exit; --keep-logs keeps it'})",
+            "",
+            f"{'path':<9} {f'req/s c{c}':>11} {'p50 c1':>9} {'p99 c1':>9} {f'p50 c{c}':>9} {f'p99 c{c}':>9}"
+            f" {'fwd CPU/req':>12} {'agent CPU/req':>14}",
+        ]
+        for path in (direct, baseline, router):
+            assert path.c1 and path.c32
+            fwd = "-" if path.forwarder_cpu_us is None else f"{path.forwarder_cpu_us:.0f} µs"
+            agent_cpu = "-" if path.agent_cpu_us is None else f"{path.agent_cpu_us:.0f} µs"
+            lines.append(
+                f"{path.name:<9} {path.c32.rps:>11,.0f} {ms(path.c1.p50_ms):>9} {ms(path.c1.p99_ms):>9}"
+                f" {ms(path.c32.p50_ms):>9} {ms(path.c32.p99_ms):>9} {fwd:>12} {agent_cpu:>14}"
+            )
+        assert router.forwarder_cpu_us is not None and baseline.forwarder_cpu_us is not None
+        lines += [
+            "",
+            f"Router CPU per request (c{c}):   {router.forwarder_cpu_us:.0f} µs "
+            f"(baseline proxy {baseline.forwarder_cpu_us:.0f} µs; "
+            f"Router extra {router.forwarder_cpu_us - baseline.forwarder_cpu_us:.0f} µs, "
+            f"x{router.forwarder_cpu_us / baseline.forwarder_cpu_us:.2f})",
+            f"added p50 at c1 over direct:    router {added_router:+.3f} ms, "
+            f"baseline {added_baseline:+.3f} ms",
+            "",
+            "Targets",
+            f"  Router/baseline req/s at c{c}: {ratio:.2f}  (target >= {MIN_THROUGHPUT_RATIO})"
+            f"  {verdict(targets['throughput_ratio_c32']['pass'])}",
+            f"  added p50 at c1 (router - direct): {added_router:.3f} ms  (target <= {MAX_ADDED_P50_MS} ms)"
+            f"  {verdict(targets['added_p50_c1_ms']['pass'])}",
+        ]
+        if memory is not None:
+            per_request = memory.growth / max(1, memory.requests)
+            lines.append(
+                f"  Router RSS over {memory.requests:,} requests at c{c}: "
+                f"{memory.rss_before / MIB:.1f} MiB -> {memory.rss_after / MIB:.1f} MiB "
+                f"({memory.growth / MIB:+.2f} MiB, {per_request:+.1f} B/request; "
+                f"flat = within {args.memory_tolerance_mib:g} MiB)  "
+                f"{verdict(targets['rss_growth_mib']['pass'])}"
+            )
+            lines.append(
+                "    samples: " + ", ".join(f"{n // 1000}k: {rss / MIB:.1f} MiB" for n, rss in memory.samples)
+            )
+        print("\n".join(lines))
+        return {
+            "settings": {
+                "duration_s": args.duration,
+                "warmup_s": args.warmup,
+                "connections": c,
+                "wrk_threads": args.wrk_threads,
+                "request": REQUEST,
+                "wrk": wrk_version(),
+                "router_log": {"level": "INFO", "file": str(log), "lines": log_lines},
+            },
+            "layout": self.layout(),
+            "paths": {name: path.to_json() for name, path in results.items()},
+            "router_cpu_us_per_request": router.forwarder_cpu_us,
+            "baseline_cpu_us_per_request": baseline.forwarder_cpu_us,
+            "added_p50_c1_ms": {"router": added_router, "baseline": added_baseline},
+            "memory": memory.to_json() if memory else None,
+            "targets": targets,
+        }
+
+
+def ms(value: float) -> str:
+    return f"{value:.3f} ms" if value < 10 else f"{value:.1f} ms"
+
+
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
+def wrk_version() -> str:
+    done = subprocess.run(["wrk", "--version"], capture_output=True, text=True, check=False)
+    first = (done.stdout or done.stderr).splitlines()[:1]
+    return first[0].split(" [")[0].removeprefix("wrk ").strip() if first else "?"
+
+
+def progress(message: str) -> None:
+    print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+def _terminated(signum: int, frame: Any) -> NoReturn:
+    # SIGTERM goes down the same path as Ctrl-C, so the servers are stopped in `finally`.
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if shutil.which("wrk") is None:
+        print("wrk is not installed: run scripts/bench-deps", file=sys.stderr)
+        return 2
+    if not args.no_pin and shutil.which("taskset") is None:
+        print("taskset is missing (util-linux); use --no-pin", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, _terminated)
+    bench = Bench(args)
+    started = time.monotonic()
+    try:
+        figures = bench.run()
+    except KeyboardInterrupt:
+        print("\ninterrupted; stopping the servers", file=sys.stderr)
+        return 130
+    finally:
+        bench.stop_all()
+        if not args.keep_logs:
+            shutil.rmtree(bench.workdir, ignore_errors=True)
+    figures["settings"]["wall_s"] = round(time.monotonic() - started, 1)
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+        print(f"\nfigures written to {args.json}")
+    if args.keep_logs:
+        print(f"logs kept in {bench.workdir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

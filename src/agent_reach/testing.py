@@ -1,0 +1,144 @@
+"""Test helpers for Agent-Reach users and for this project's own suite.
+
+- :class:`RouterServer`: a real Router on a loopback port, inside the current event loop.
+- :class:`FakeAgent`: a real HTTP agent on loopback whose behaviour a test sets on command:
+  answer, delay, error (retryable or not), HTTP 500, reset the connection, or refuse (stopped).
+- :class:`~agent_reach.clock.ManualClock` is re-exported for timed decisions without sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import aiohttp
+import orjson
+import uvicorn
+from aiohttp import web
+
+from agent_reach.clock import ManualClock
+from agent_reach.config import RouterConfig
+from agent_reach.server.app import RouterApp
+
+__all__ = ["FakeAgent", "ManualClock", "RouterServer", "free_port"]
+
+Mode = Literal["ok", "error", "retryable_error", "http500", "reset", "garbage"]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class RouterServer:
+    """Serve a :class:`RouterApp` on ``127.0.0.1`` in the running loop (``async with``)."""
+
+    def __init__(self, config: RouterConfig | None = None, **app_kwargs: Any) -> None:
+        self.app = RouterApp(config or RouterConfig(), **app_kwargs)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._server = uvicorn.Server(
+            uvicorn.Config(self.app, host="127.0.0.1", port=self.port, lifespan="on",
+                           log_level="warning", access_log=False)
+        )
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> RouterServer:
+        self._server.config.setup_event_loop = lambda: None  # type: ignore[method-assign]
+        self._task = asyncio.create_task(self._server.serve())
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()
+                raise RuntimeError("the Router did not start")
+            await asyncio.sleep(0.01)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._server.should_exit = True
+        if self._task is not None:
+            await self._task
+
+
+@dataclass
+class FakeAgent:
+    """A real agent on loopback for tests; set ``mode`` and ``delay_s`` at any time."""
+
+    agent_id: str
+    tasks: tuple[str, ...] = ("echo",)
+    mode: Mode = "ok"
+    delay_s: float = 0.0
+    weight: float = 1.0
+    input_schema: dict[str, Any] | None = None
+    result: Any = None
+    received: list[dict[str, Any]] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
+    port: int = field(default_factory=free_port)
+    lease_id: str | None = None
+    _runner: web.AppRunner | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}/reach"
+
+    def profile(self) -> dict[str, Any]:
+        """The registration body for this agent."""
+        caps = []
+        for task in self.tasks:
+            cap: dict[str, Any] = {"task": task, "routing_weight": self.weight}
+            if self.input_schema is not None:
+                cap["input_schema"] = self.input_schema
+            caps.append(cap)
+        return {"id": self.agent_id, "network": {"endpoint": self.endpoint}, "capabilities": caps}
+
+    async def start(self) -> FakeAgent:
+        app = web.Application()
+        app.router.add_post("/reach", self._handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+        return self
+
+    async def stop(self) -> None:
+        """Stop listening: from now on connections are refused."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def register(self, router_url: str) -> str:
+        """Register with the Router; returns the lease id."""
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(f"{router_url}/agents", json=self.profile()) as resp,
+        ):
+            answer = await resp.json()
+            if resp.status not in (200, 201):
+                raise RuntimeError(f"registration failed: {resp.status} {answer}")
+        self.lease_id = str(answer["leaseId"])
+        return self.lease_id
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        envelope = orjson.loads(await request.read())
+        self.received.append(envelope)
+        self.headers.append(dict(request.headers))
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        mode = self.mode
+        if mode == "reset":
+            assert request.transport is not None
+            request.transport.abort()
+            return web.Response(status=200)
+        if mode == "http500":
+            return web.Response(status=500, text="boom")
+        if mode == "garbage":
+            return web.Response(status=200, text="<html>not json</html>")
+        if mode in ("error", "retryable_error"):
+            error = {"code": "FAKE_FAILURE", "message": f"{self.agent_id} failed on purpose",
+                     "retryable": mode == "retryable_error"}
+            return web.json_response({"status": "AGENT_ERROR", "error": error})
+        result = self.result if self.result is not None else {"agent": self.agent_id,
+                                                              "echo": envelope.get("payload")}
+        return web.json_response({"status": "SUCCESS", "result": result})

@@ -1,0 +1,146 @@
+"""The in-memory registry: leases on a manual clock, the task index, conflicts."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent_reach.clock import ManualClock
+from agent_reach.config import RegistryPolicy
+from agent_reach.exceptions import AgentIdConflict, AgentNotFound, LeaseMismatch, LeaseNotFound
+from agent_reach.protocol import AgentProfile, AgentStatusValue
+from agent_reach.registry import MemoryRegistry, RegistryEvent
+
+
+def profile(agent_id: str, *tasks: str) -> AgentProfile:
+    return AgentProfile.model_validate(
+        {
+            "id": agent_id,
+            "network": {"endpoint": f"http://127.0.0.1:9/{agent_id}"},
+            "capabilities": [{"task": t} for t in tasks or ("echo",)],
+        }
+    )
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def registry(clock: ManualClock) -> MemoryRegistry:
+    return MemoryRegistry(RegistryPolicy(lease_ttl_seconds=2, offline_grace_seconds=5), clock=clock)
+
+
+async def test_register_starts_available_with_a_lease(registry: MemoryRegistry) -> None:
+    """A new registration is available, holds a hex lease and the configured TTL."""
+    entry, created = await registry.register(profile("a"))
+    assert created
+    assert entry.status is AgentStatusValue.AVAILABLE
+    assert entry.lease_id.startswith("0x")
+    assert entry.ttl_seconds == 2
+    assert registry.get("a") is entry
+
+
+async def test_task_index_answers_without_scanning(registry: MemoryRegistry) -> None:
+    """by_task returns exactly the agents declaring the task, and forgets removed ones."""
+    await registry.register(profile("a", "t1", "t2"))
+    entry_b, _ = await registry.register(profile("b", "t2"))
+    assert {e.id for e in registry.by_task("t2")} == {"a", "b"}
+    assert {e.id for e in registry.by_task("t1")} == {"a"}
+    assert list(registry.by_task("unknown")) == []
+    await registry.deregister("b", entry_b.lease_id)
+    assert {e.id for e in registry.by_task("t2")} == {"a"}
+
+
+async def test_missed_renewal_then_expiry(registry: MemoryRegistry, clock: ManualClock) -> None:
+    """No renewal: suspect after half the TTL, offline at the TTL, dropped after the grace."""
+    events: list[tuple[RegistryEvent, str]] = []
+    registry.subscribe(lambda ev, e: events.append((ev, e.id)))
+    await registry.register(profile("a"))
+    clock.advance(0.9)
+    registry.sweep()
+    assert registry.get("a").status is AgentStatusValue.AVAILABLE
+    clock.advance(0.2)
+    registry.sweep()
+    assert registry.get("a").status is AgentStatusValue.SUSPECT
+    clock.advance(1.0)
+    registry.sweep()
+    assert registry.get("a").status is AgentStatusValue.OFFLINE
+    clock.advance(5.0)
+    registry.sweep()
+    assert registry.get("a") is None
+    assert [ev for ev, _ in events] == [
+        RegistryEvent.REGISTERED,
+        RegistryEvent.SUSPECT,
+        RegistryEvent.OFFLINE,
+        RegistryEvent.REMOVED,
+    ]
+
+
+async def test_renewal_keeps_the_lease_alive(registry: MemoryRegistry, clock: ManualClock) -> None:
+    """Renewals within the TTL keep the agent available indefinitely; a suspect one recovers."""
+    entry, _ = await registry.register(profile("a"))
+    for _ in range(10):
+        clock.advance(1.5)
+        registry.sweep()
+        await registry.renew("a", entry.lease_id)
+        assert registry.get("a").status is AgentStatusValue.AVAILABLE
+
+
+async def test_expired_lease_answers_lease_not_found(registry: MemoryRegistry, clock: ManualClock) -> None:
+    """Renewing an expired lease raises LeaseNotFound; the agent may then register anew."""
+    entry, _ = await registry.register(profile("a"))
+    clock.advance(2.5)
+    registry.sweep()
+    with pytest.raises(LeaseNotFound):
+        await registry.renew("a", entry.lease_id)
+    fresh, created = await registry.register(profile("a"))
+    assert created and fresh.lease_id != entry.lease_id
+    assert fresh.status is AgentStatusValue.AVAILABLE
+
+
+async def test_conflicting_registration(registry: MemoryRegistry) -> None:
+    """A live id cannot be taken without its lease; with the lease the profile is replaced."""
+    entry, _ = await registry.register(profile("a", "old"))
+    with pytest.raises(AgentIdConflict):
+        await registry.register(profile("a", "new"))
+    with pytest.raises(AgentIdConflict):
+        await registry.register(profile("a", "new"), lease_id="0xwrong")
+    replaced, created = await registry.register(profile("a", "new"), lease_id=entry.lease_id)
+    assert not created
+    assert replaced.lease_id == entry.lease_id
+    assert list(registry.by_task("old")) == []
+    assert [e.id for e in registry.by_task("new")] == ["a"]
+
+
+async def test_lease_holder_rules(registry: MemoryRegistry) -> None:
+    """Renewing or deregistering with another lease is refused; unknown agents are not found."""
+    entry, _ = await registry.register(profile("a"))
+    with pytest.raises(LeaseMismatch):
+        await registry.renew("a", "0xnotmine")
+    with pytest.raises(LeaseMismatch):
+        await registry.deregister("a", "0xnotmine")
+    with pytest.raises(AgentNotFound):
+        await registry.deregister("ghost", "0x1")
+    with pytest.raises(LeaseNotFound):
+        await registry.renew("ghost", "0x1")
+    await registry.deregister("a", entry.lease_id)
+    assert registry.get("a") is None
+
+
+async def test_sweep_runs_in_the_background(clock: ManualClock) -> None:
+    """start() runs the sweep on its interval; close() stops it."""
+    registry = MemoryRegistry(RegistryPolicy(lease_ttl_seconds=1, sweep_interval_seconds=0.01), clock=clock)
+    await registry.register(profile("a"))
+    await registry.start()
+    try:
+        clock.advance(1.5)
+        import asyncio
+
+        for _ in range(100):
+            if registry.get("a").status is AgentStatusValue.OFFLINE:
+                break
+            await asyncio.sleep(0.01)
+        assert registry.get("a").status is AgentStatusValue.OFFLINE
+    finally:
+        await registry.close()

@@ -1,0 +1,111 @@
+"""exact_match: weighted rotation and the pipeline's filters."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from agent_reach.clock import ManualClock
+from agent_reach.config import RegistryPolicy
+from agent_reach.exceptions import NoAvailableHandler
+from agent_reach.observability.record import DecisionRecord
+from agent_reach.protocol import AgentProfile, AgentStatusValue, ReachRequest
+from agent_reach.registry import MemoryRegistry
+from agent_reach.routing import Pipeline
+from agent_reach.routing.exact import SmoothWeighted
+
+
+def test_smooth_weighted_shares_match_weights() -> None:
+    """Over many picks each agent leads in proportion to its weight, interleaved."""
+    rotation = SmoothWeighted()
+    weighted = [("a", 5.0), ("b", 3.0), ("c", 2.0)]
+    picks = [weighted[rotation.pick("t", weighted)][0] for _ in range(10_000)]
+    shares = Counter(picks)
+    assert shares == {"a": 5000, "b": 3000, "c": 2000}
+    # Smooth: the heaviest never leads more than its share in a row.
+    assert "aaaa" not in "".join(picks[:10])
+
+
+def test_rotation_prunes_departed_agents() -> None:
+    """State for agents that left is dropped, so memory follows the registry."""
+    rotation = SmoothWeighted()
+    rotation.pick("t", [("a", 1.0), ("b", 1.0), ("c", 1.0)])
+    rotation.pick("t", [("a", 1.0)])
+    assert set(rotation._tables["t"]) == {"a"}
+
+
+def agent(agent_id: str, task: str = "echo", weight: float = 1) -> AgentProfile:
+    return AgentProfile.model_validate(
+        {
+            "id": agent_id,
+            "network": {"endpoint": f"http://127.0.0.1:9/{agent_id}"},
+            "capabilities": [{"task": task, "routing_weight": weight}],
+        }
+    )
+
+
+def record() -> DecisionRecord:
+    return DecisionRecord(trace_id="t", task="echo", source="-", started=0.0)
+
+
+@pytest.fixture
+async def registry() -> MemoryRegistry:
+    registry = MemoryRegistry(RegistryPolicy(lease_ttl_seconds=10), clock=ManualClock())
+    for agent_id, weight in (("a", 3), ("b", 1), ("c", 1)):
+        await registry.register(agent(agent_id, weight=weight))
+    return registry
+
+
+async def test_all_declaring_agents_are_ranked(registry: MemoryRegistry) -> None:
+    """Every agent declaring the task is a candidate; the order spreads by weight."""
+    pipeline = Pipeline(registry)
+    leaders = Counter()
+    for _ in range(500):
+        rec = record()
+        choices = pipeline.decide(ReachRequest(target_task="echo"), rec)
+        assert {c.entry.id for c in choices} == {"a", "b", "c"}
+        leaders[choices[0].entry.id] += 1
+        assert rec.candidates == ["a", "b", "c"]
+    assert leaders == {"a": 300, "b": 100, "c": 100}
+
+
+async def test_filter_allowlist_and_reasons(registry: MemoryRegistry) -> None:
+    """filterAgentIds keeps only the listed agents and records the rest as filtered."""
+    rec = record()
+    request = ReachRequest.model_validate({"targetTask": "echo", "preferences": {"filterAgentIds": ["b"]}})
+    choices = Pipeline(registry).decide(request, rec)
+    assert [c.entry.id for c in choices] == ["b"]
+    assert {"agentId": "a", "reason": "filtered"} in rec.rejected
+
+
+async def test_target_agent(registry: MemoryRegistry) -> None:
+    """targetAgent picks only that agent; unknown or incapable targets are refused with reasons."""
+    assert [
+        c.entry.id
+        for c in Pipeline(registry).decide(ReachRequest(target_task="echo", target_agent="c"), record())
+    ] == ["c"]
+    with pytest.raises(NoAvailableHandler) as info:
+        Pipeline(registry).decide(ReachRequest(target_task="echo", target_agent="zz"), record())
+    assert info.value.candidates == [{"agentId": "zz", "reason": "unknown_agent"}]
+    await registry.register(agent("d", task="other"))
+    with pytest.raises(NoAvailableHandler) as info:
+        Pipeline(registry).decide(ReachRequest(target_task="echo", target_agent="d"), record())
+    assert info.value.candidates == [{"agentId": "d", "reason": "no_capability"}]
+
+
+async def test_status_filters(registry: MemoryRegistry) -> None:
+    """Offline agents are out with a reason; suspect agents go last, as a last resort."""
+    registry.get("a").status = AgentStatusValue.SUSPECT
+    registry.get("b").status = AgentStatusValue.OFFLINE
+    rec = record()
+    choices = Pipeline(registry).decide(ReachRequest(target_task="echo"), rec)
+    assert [c.entry.id for c in choices] == ["c", "a"]
+    assert {"agentId": "b", "reason": "offline"} in rec.rejected
+
+
+async def test_unknown_task_has_no_candidates(registry: MemoryRegistry) -> None:
+    """A task nobody declares answers NoAvailableHandler with an empty candidate list."""
+    with pytest.raises(NoAvailableHandler, match="no agent declares task 'nope'") as info:
+        Pipeline(registry).decide(ReachRequest(target_task="nope"), record())
+    assert info.value.candidates == []

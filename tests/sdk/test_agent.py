@@ -1,0 +1,260 @@
+"""ReachAgent and ReachClient against a real Router on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+
+from agent_reach.config import RouterConfig
+from agent_reach.exceptions import ConfigError, RouterUnavailable
+from agent_reach.sdk import AgentConfig, AgentError, ReachAgent, ReachClient, ReachContext, SyncReachClient
+from agent_reach.testing import RouterServer, free_port
+
+
+def agent_config(
+    router_url: str,
+    agent_id: str = "sdk-agent",
+    tasks: tuple[str, ...] = ("echo",),
+    health_port: int | None = None,
+) -> AgentConfig:
+    port = free_port()
+    health = {"port": health_port} if health_port else {}
+    return AgentConfig.from_mapping(
+        {
+            "agent": {
+                "id": agent_id,
+                "network": {"endpoint": f"http://127.0.0.1:{port}/reach"},
+                "capabilities": [{"task": t} for t in tasks],
+                "health_check": health,
+            },
+            "router": {"url": router_url},
+        },
+        env={},
+    )
+
+
+@pytest.fixture
+async def short_router() -> AsyncIterator[RouterServer]:
+    """A Router with a 0.6 s lease, so renewals happen every 0.2 s."""
+    config = RouterConfig.from_mapping(
+        {"registry": {"lease_ttl_seconds": 0.6, "sweep_interval_seconds": 0.05}}
+    )
+    async with RouterServer(config) as server:
+        yield server
+
+
+async def test_registers_with_the_four_log_lines(
+    router: RouterServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """start() registers and logs the four [reach-client] lines of §8; stop() deregisters."""
+    caplog.set_level(logging.INFO, logger="agent_reach.sdk")
+    agent = ReachAgent(agent_config(router.url, tasks=("echo", "other")))
+    agent.capability("echo")(lambda payload: payload)
+    agent.capability("other")(lambda payload: payload)
+    await agent.start()
+    try:
+        lines = [r.getMessage() for r in caplog.records if "[reach-client]" in r.getMessage()]
+        assert lines[:4] == [
+            "[reach-client] registering agent: sdk-agent",
+            "[reach-client] capabilities: echo, other",
+            f"[reach-client] callback endpoint: {agent.config.profile.network.endpoint}",
+            f"[reach-client] registration successful, lease id: {agent.lease_id}",
+        ]
+        assert router.app.registry.get("sdk-agent") is not None
+    finally:
+        await agent.stop()
+    assert router.app.registry.get("sdk-agent") is None
+
+
+async def test_handlers_get_payload_and_context(router: RouterServer) -> None:
+    """Async and sync handlers answer through the Router; ctx carries traceId and the deadline."""
+    agent = ReachAgent(agent_config(router.url, tasks=("async_task", "sync_task")))
+    seen: dict[str, Any] = {}
+
+    @agent.capability("async_task")
+    async def handle(payload: dict, ctx: ReachContext) -> dict:
+        seen.update(trace=ctx.trace_id, remaining=ctx.remaining_ms, source=ctx.source_agent)
+        return {"doubled": payload["n"] * 2}
+
+    @agent.capability("sync_task")
+    def handle_sync(payload: dict) -> dict:
+        return {"thread": threading.current_thread().name != "MainThread"}
+
+    await agent.start()
+    try:
+        async with ReachClient(router.url, source_agent="tester") as client:
+            resp = await client.call("async_task", {"n": 21}, timeout_ms=3000, trace_id="sdk-trace-1")
+            assert resp.ok and resp.result == {"doubled": 42}
+            assert seen["trace"] == "sdk-trace-1"
+            assert seen["source"] == "tester"
+            assert 2000 < seen["remaining"] <= 3000
+            resp = await client.call("sync_task", {})
+            assert resp.result == {"thread": True}
+    finally:
+        await agent.stop()
+
+
+async def test_handler_errors_become_agent_errors(router: RouterServer) -> None:
+    """AgentError keeps its code and retryable flag; other exceptions are HANDLER_FAILED."""
+    agent = ReachAgent(agent_config(router.url, tasks=("refuse", "crash", "slow")))
+
+    @agent.capability("refuse")
+    async def refuse(payload: dict) -> dict:
+        raise AgentError("out of stock", code="OUT_OF_STOCK")
+
+    @agent.capability("crash")
+    async def crash(payload: dict) -> dict:
+        raise ValueError("bug")
+
+    @agent.capability("slow")
+    async def slow(payload: dict) -> dict:
+        await asyncio.sleep(5)
+        return {}
+
+    await agent.start()
+    try:
+        async with ReachClient(router.url) as client:
+            resp = await client.call("refuse", {})
+            assert resp.status == "AGENT_ERROR"
+            assert resp.error is not None and resp.error.code == "OUT_OF_STOCK"
+            resp = await client.call("crash", {})
+            assert resp.error is not None and resp.error.code == "HANDLER_FAILED"
+            assert "ValueError" in resp.error.message
+            started = time.monotonic()
+            resp = await client.call("slow", {}, timeout_ms=300)
+            assert resp.status == "TIMEOUT"
+            assert time.monotonic() - started < 1.0
+    finally:
+        await agent.stop()
+
+
+async def test_registers_again_when_the_router_forgets(short_router: RouterServer) -> None:
+    """When renewal answers 404 LEASE_NOT_FOUND, the agent registers again by itself."""
+    agent = ReachAgent(agent_config(short_router.url))
+    agent.capability("echo")(lambda payload: payload)
+    await agent.start()
+    try:
+        first = agent.lease_id
+        assert first is not None
+        await short_router.app.registry.deregister("sdk-agent", first)  # the Router forgets
+        for _ in range(100):
+            entry = short_router.app.registry.get("sdk-agent")
+            if entry is not None and entry.lease_id != first:
+                break
+            await asyncio.sleep(0.02)
+        entry = short_router.app.registry.get("sdk-agent")
+        assert entry is not None and entry.lease_id == agent.lease_id != first
+        # And keeps it: a few TTLs later it is still available.
+        await asyncio.sleep(1.0)
+        assert short_router.app.registry.get("sdk-agent").status.value == "available"
+    finally:
+        await agent.stop()
+
+
+async def test_waits_for_a_router_that_is_not_up_yet() -> None:
+    """An agent started before its Router keeps trying and registers once the Router is up."""
+    config = RouterConfig()
+    server = RouterServer(config)
+    agent = ReachAgent(agent_config(server.url))
+    agent.capability("echo")(lambda payload: payload)
+    starting = asyncio.create_task(agent.start())
+    await asyncio.sleep(0.3)
+    assert not starting.done()
+    async with server:
+        await asyncio.wait_for(starting, 5)
+        assert server.app.registry.get("sdk-agent") is not None
+        await agent.stop()
+
+
+async def test_handlers_must_match_capabilities(router: RouterServer) -> None:
+    """A declared capability without a handler, or a handler for an undeclared one, is refused."""
+    agent = ReachAgent(agent_config(router.url, tasks=("a", "b")))
+    agent.capability("a")(lambda payload: payload)
+    with pytest.raises(ConfigError, match="without a handler: b"):
+        await agent.start()
+    agent2 = ReachAgent(agent_config(router.url, tasks=("a",)))
+    agent2.capability("a")(lambda payload: payload)
+    agent2.capability("zzz")(lambda payload: payload)
+    with pytest.raises(ConfigError, match="undeclared capabilities: zzz"):
+        await agent2.start()
+
+
+async def test_health_port_answers_while_a_handler_hogs_the_cpu(router: RouterServer) -> None:
+    """The dedicated health port answers while a handler holds the CPU and blocks the loop."""
+    health_port = free_port()
+    agent = ReachAgent(agent_config(router.url, tasks=("busy",), health_port=health_port))
+
+    @agent.capability("busy")
+    async def busy(payload: dict) -> dict:
+        end = time.monotonic() + 1.5
+        while time.monotonic() < end:  # holds the event loop, not just a thread
+            pass
+        return {"done": True}
+
+    await agent.start()
+    try:
+        async with ReachClient(router.url) as client:
+            call = asyncio.create_task(client.call("busy", {}, timeout_ms=5000))
+            await asyncio.sleep(0.3)
+
+            def probe() -> list[float]:
+                timings = []
+                for _ in range(3):
+                    t0 = time.monotonic()
+                    r = httpx.get(f"http://127.0.0.1:{health_port}/healthz", timeout=1)
+                    assert r.status_code == 200 and r.json()["agent"] == "sdk-agent"
+                    timings.append(time.monotonic() - t0)
+                return timings
+
+            timings = await asyncio.to_thread(probe)
+            assert max(timings) < 0.5
+            assert (await call).result == {"done": True}
+    finally:
+        await agent.stop()
+
+
+async def test_conversation_hook(router: RouterServer) -> None:
+    """GET {endpoint}/conversations/{id} answers the agent's hook as {"holds": bool}."""
+    agent = ReachAgent(agent_config(router.url))
+    agent.capability("echo")(lambda payload: payload)
+    agent.conversation_holder(lambda conversation_id: conversation_id == "conv-1")
+    await agent.start()
+    try:
+        base = agent.config.profile.network.endpoint
+        async with httpx.AsyncClient() as http:
+            assert (await http.get(f"{base}/conversations/conv-1")).json() == {"holds": True}
+            assert (await http.get(f"{base}/conversations/conv-2")).json() == {"holds": False}
+    finally:
+        await agent.stop()
+
+
+async def test_sync_client(router: RouterServer) -> None:
+    """SyncReachClient returns the same ReachResponse as the async client."""
+    agent = ReachAgent(agent_config(router.url))
+    agent.capability("echo")(lambda payload: {"got": payload})
+    await agent.start()
+    try:
+
+        def call() -> Any:
+            with SyncReachClient(router.url) as client:
+                return client.call("echo", {"a": 1}), client.call("missing_task", {})
+
+        ok, missing = await asyncio.to_thread(call)
+        assert ok.ok and ok.result == {"got": {"a": 1}}
+        assert missing.status == "NO_AVAILABLE_HANDLER"
+    finally:
+        await agent.stop()
+
+
+async def test_client_reports_an_unreachable_router() -> None:
+    """With no Router listening, the client raises RouterUnavailable, not a library error."""
+    async with ReachClient(f"http://127.0.0.1:{free_port()}") as client:
+        with pytest.raises(RouterUnavailable):
+            await client.call("echo", {})

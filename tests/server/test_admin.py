@@ -1,0 +1,152 @@
+"""The registry API and admin endpoints of PROTOCOL.md §2 and §4."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import pytest
+
+PROFILE = {
+    "id": "price-query-agent",
+    "display_name": "价格查询Agent",
+    "network": {"protocol": "http", "endpoint": "http://127.0.0.1:9/reach"},
+    "capabilities": [{"task": "query_product_price", "input_schema": {"product_id": "string"}}],
+}
+ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
+
+
+async def test_register_and_list(http: httpx.AsyncClient) -> None:
+    """POST /agents answers 201 with a lease; the agent is listed as available with an ISO heartbeat."""
+    resp = await http.post("/agents", json=PROFILE)
+    assert resp.status_code == 201
+    reg = resp.json()
+    assert reg["agentId"] == "price-query-agent"
+    assert reg["leaseId"].startswith("0x")
+    assert reg["ttlSeconds"] == 60
+    assert reg["status"] == "available"
+
+    rows = (await http.get("/admin/agents")).json()
+    assert len(rows) == 1
+    row = rows[0]
+    assert row["status"] == "available"
+    assert ISO.match(row["lastHeartbeat"])
+    assert row["capabilities"] == ["query_product_price"]
+    assert row["circuit"] == "closed"
+    assert set(row["stats"]) == {"requests", "successRate", "p50LatencyMs", "inflight"}
+    assert (await http.get("/admin/agents/price-query-agent")).json()["id"] == "price-query-agent"
+
+
+async def test_unknown_agent_is_404(http: httpx.AsyncClient) -> None:
+    """GET /admin/agents/{id} of an unknown id is a JSON 404."""
+    resp = await http.get("/admin/agents/nobody")
+    assert resp.status_code == 404
+    assert resp.json()["error"]["code"] == "AGENT_NOT_FOUND"
+
+
+async def test_conflict_and_replace(http: httpx.AsyncClient) -> None:
+    """A live id without its lease is 409; with the leaseId the profile is replaced in place."""
+    lease = (await http.post("/agents", json=PROFILE)).json()["leaseId"]
+    resp = await http.post("/agents", json=PROFILE)
+    assert resp.status_code == 409
+    assert resp.json()["error"]["code"] == "AGENT_ID_CONFLICT"
+    new_profile = {**PROFILE, "capabilities": [{"task": "query_promotion"}], "leaseId": lease}
+    resp = await http.post("/agents", json=new_profile)
+    assert resp.status_code == 200
+    assert resp.json()["leaseId"] == lease
+    row = (await http.get("/admin/agents/price-query-agent")).json()
+    assert row["capabilities"] == ["query_promotion"]
+
+
+async def test_lease_renewal_and_deregistration(http: httpx.AsyncClient) -> None:
+    """PUT renews (200); a foreign lease is 403; DELETE with the header removes the agent (204)."""
+    lease = (await http.post("/agents", json=PROFILE)).json()["leaseId"]
+    resp = await http.put("/agents/price-query-agent/lease", json={"leaseId": lease})
+    assert resp.status_code == 200
+    assert resp.json() == {"agentId": "price-query-agent", "leaseId": lease, "ttlSeconds": 60}
+    resp = await http.put("/agents/price-query-agent/lease", json={"leaseId": "0xnope"})
+    assert resp.status_code == 403
+    resp = await http.request("DELETE", "/agents/price-query-agent", json={"leaseId": "0xnope"})
+    assert resp.status_code == 403
+    resp = await http.delete("/agents/price-query-agent", headers={"X-Reach-Lease": lease})
+    assert resp.status_code == 204
+    assert (await http.get("/admin/agents")).json() == []
+    resp = await http.put("/agents/price-query-agent/lease", json={"leaseId": lease})
+    assert resp.status_code == 404
+    assert resp.json()["error"]["code"] == "LEASE_NOT_FOUND"
+
+
+async def test_delete_with_body(http: httpx.AsyncClient) -> None:
+    """DELETE accepts the lease in the body too."""
+    lease = (await http.post("/agents", json=PROFILE)).json()["leaseId"]
+    resp = await http.request("DELETE", "/agents/price-query-agent", json={"leaseId": lease})
+    assert resp.status_code == 204
+
+
+@pytest.mark.parametrize(
+    ("body", "fields"),
+    [
+        ({**PROFILE, "id": "UPPER"}, {"id"}),
+        ({**PROFILE, "network": {"endpoint": "not a url"}}, {"network.endpoint"}),
+        ({k: v for k, v in PROFILE.items() if k != "capabilities"}, {"capabilities"}),
+        (
+            {**PROFILE, "capabilities": [{"task": "t", "input_schema": {"a": "str"}}]},
+            {"capabilities.0.input_schema"},
+        ),
+        ([1, 2], {"(body)"}),
+    ],
+)
+async def test_invalid_profile_is_422_with_field_paths(http: httpx.AsyncClient, body, fields) -> None:
+    """An invalid profile is 422 INVALID_PROFILE listing the field paths at fault."""
+    resp = await http.post("/agents", json=body)
+    assert resp.status_code == 422
+    error = resp.json()["error"]
+    assert error["code"] == "INVALID_PROFILE"
+    assert {d["field"] for d in error["details"]} == fields
+
+
+async def test_registry_refuses_non_json(http: httpx.AsyncClient) -> None:
+    """Non-JSON bodies and wrong content types on registry calls are structured 4xx errors."""
+    resp = await http.post("/agents", content=b"{oops", headers={"Content-Type": "application/json"})
+    assert resp.status_code == 400
+    assert resp.json()["error"]["code"] == "INVALID_REQUEST"
+    resp = await http.post("/agents", content=b"id=x", headers={"Content-Type": "text/plain"})
+    assert resp.status_code == 415
+    resp = await http.put("/agents/x/lease", json={})
+    assert resp.status_code == 400
+
+
+async def test_unknown_path_and_method_are_json(http: httpx.AsyncClient) -> None:
+    """Unknown paths and methods answer JSON errors, not HTML."""
+    resp = await http.get("/nowhere")
+    assert resp.status_code == 404
+    assert resp.json()["error"]["code"] == "NOT_FOUND"
+    resp = await http.delete("/admin/agents")
+    assert resp.status_code == 405
+    assert resp.json()["error"]["code"] == "METHOD_NOT_ALLOWED"
+
+
+async def test_health_ready_and_openapi(http: httpx.AsyncClient) -> None:
+    """/healthz and /readyz answer 200; /openapi.json documents every endpoint."""
+    assert (await http.get("/healthz")).json() == {"status": "ok"}
+    assert (await http.get("/readyz")).status_code == 200
+    doc = (await http.get("/openapi.json")).json()
+    assert doc["openapi"].startswith("3.")
+    for path, method in [
+        ("/reach", "post"),
+        ("/agents", "post"),
+        ("/agents/{agent_id}/lease", "put"),
+        ("/agents/{agent_id}", "delete"),
+        ("/admin/agents", "get"),
+        ("/admin/agents/{agent_id}", "get"),
+        ("/healthz", "get"),
+    ]:
+        assert method in doc["paths"][path]
+    refs = re.findall(r'"\$ref": ?"#/components/schemas/(\w+)"', resp_text(doc))
+    assert set(refs) <= set(doc["components"]["schemas"])
+
+
+def resp_text(doc: dict) -> str:
+    import json
+
+    return json.dumps(doc)

@@ -1,0 +1,63 @@
+"""The Router's policy file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agent_reach.config import RouterConfig
+from agent_reach.exceptions import ConfigError
+
+
+def test_defaults_match_the_protocol() -> None:
+    """No file means PROTOCOL.md §5's defaults."""
+    config = RouterConfig.load(None)
+    assert config.registry.lease_ttl_seconds == 60
+    assert config.retries.max_per_request == 2
+    assert config.retries.same_agent == 1
+    assert config.timeouts.connect_ms == 1000
+    assert config.server.body_limit_bytes == 1024 * 1024
+
+
+def test_file_is_read(tmp_path: Path) -> None:
+    """Keys in the file override the defaults; suspect_after defaults to half the TTL."""
+    path = tmp_path / "router.yaml"
+    path.write_text("registry:\n  lease_ttl_seconds: 2\n")
+    config = RouterConfig.load(path)
+    assert config.registry.lease_ttl_seconds == 2
+    assert config.registry.suspect_after == 1
+
+
+def test_env_names_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """REACH_CONFIG is used when no path is given."""
+    path = tmp_path / "r.yaml"
+    path.write_text("timeouts: {read_ms: 1234}\n")
+    monkeypatch.setenv("REACH_CONFIG", str(path))
+    assert RouterConfig.load().timeouts.read_ms == 1234
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("registry:\n  lease_ttl_seconds: -1\n", "registry.lease_ttl_seconds"),
+        ("registry:\n  lease_ttl: 5\n", "registry.lease_ttl"),
+        ("timeouts: [1, 2]\n", "timeouts"),
+        ("- just a list\n", "top level must be a mapping"),
+        ("registry: {lease_ttl_seconds: 2, suspect_after_seconds: 3}\n", "suspect_after_seconds"),
+        ("a: [unclosed\n", "not valid YAML (line"),
+    ],
+)
+def test_bad_files_name_the_field(tmp_path: Path, text: str, needle: str) -> None:
+    """A bad policy file is refused with a message naming the field or the YAML position."""
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        RouterConfig.load(path)
+    assert needle in info.value.message
+
+
+def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
+    """A missing file names itself."""
+    with pytest.raises(ConfigError, match="cannot read"):
+        RouterConfig.load(tmp_path / "nope.yaml")

@@ -1,0 +1,53 @@
+"""Input schemas: the shorthand, full JSON Schema, and payload validation."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent_reach.schema import PayloadValidator, check_schema, is_full_schema, to_json_schema
+
+
+def test_shorthand_expands_with_optional_fields() -> None:
+    """`{field: type}` becomes an object schema; a trailing ? makes a field optional."""
+    schema = to_json_schema({"product_id": "string", "currency": "string?", "n": "integer"})
+    assert schema["properties"]["currency"] == {"type": "string"}
+    assert schema["required"] == ["product_id", "n"]
+
+
+def test_full_schema_is_kept_as_is() -> None:
+    """A mapping with properties or type: object is JSON Schema, not shorthand."""
+    full = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 3}}}
+    assert is_full_schema(full)
+    assert to_json_schema(full) is full
+    assert PayloadValidator(full).errors({"a": 1})[0]["field"] == "payload.a"
+
+
+def test_validator_names_missing_and_wrong_fields() -> None:
+    """Each fault names its field: missing required ones and wrong types alike."""
+    validator = PayloadValidator({"product_id": "string", "currency": "string?"})
+    assert validator.errors({"product_id": "x"}) == []
+    assert validator.errors({"product_id": "x", "extra": 1}) == []
+    fields = {d["field"] for d in validator.errors({"currency": 5})}
+    assert fields == {"payload.product_id", "payload.currency"}
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"a": "text"},
+        {"a": 3},
+        {"type": "object", "properties": {"a": {"type": "nonsense"}}},
+        {"type": "object", "properties": {"a": {"$ref": "https://example.invalid/s.json"}}},
+    ],
+)
+def test_unusable_schemas_are_refused(schema: dict) -> None:
+    """Unknown shorthand types, invalid JSON Schema and remote $ref are refused."""
+    with pytest.raises(ValueError):
+        check_schema(schema)
+
+
+def test_local_refs_are_allowed() -> None:
+    """A local $ref into the same schema is fine."""
+    check_schema(
+        {"type": "object", "$defs": {"id": {"type": "string"}}, "properties": {"a": {"$ref": "#/$defs/id"}}}
+    )
