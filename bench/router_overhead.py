@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import wrk_runner
-from servers import Server, answers_success, free_port, http, pinned
+from servers import CpuSnapshot, Server, answers_success, free_port, http, pinned
 from wrk_runner import WrkResult
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -45,6 +45,8 @@ MIB = 1024 * 1024
 # Targets the Router is held to.
 MIN_THROUGHPUT_RATIO = 0.7
 MAX_ADDED_P50_MS = 0.3
+# Above this share of a core used by strangers during a run, the figures are flagged as noisy.
+NOISE_WARNING = 0.05
 
 
 @dataclass
@@ -55,6 +57,9 @@ class PathResult:
     c32: WrkResult | None = None
     forwarder_cpu_us: float | None = None  # per request, c32 run; None for direct
     agent_cpu_us: float | None = None  # per request, c32 run
+    # Mean share of one core taken by processes the bench did not start, during each run.
+    foreign_core_c1: float = 0.0
+    foreign_core_c32: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -63,6 +68,7 @@ class PathResult:
             "c32": self.c32.to_json() if self.c32 else None,
             "forwarder_cpu_us_per_request": self.forwarder_cpu_us,
             "agent_cpu_us_per_request": self.agent_cpu_us,
+            "foreign_cpu_core_share": {"c1": self.foreign_core_c1, "c32": self.foreign_core_c32},
         }
 
 
@@ -200,19 +206,23 @@ class Bench:
         args = self.args
         progress(f"{path.name}: c1")
         self.wrk(path.url, 1, 1, args.warmup)
-        path.c1 = self.wrk(path.url, 1, 1, args.duration)
+        path.c1, spent = self.bracketed(path.url, 1, 1)
+        path.foreign_core_c1 = spent["foreign_core"]
         progress(f"{path.name}: c{args.connections}")
         self.wrk(path.url, args.connections, args.wrk_threads, args.warmup)
-        agent_cpu = agent.cpu_seconds()
-        fwd_cpu = forwarder.cpu_seconds() if forwarder else 0.0
-        path.c32 = self.wrk(path.url, args.connections, args.wrk_threads, args.duration)
-        # wrk may count a few more answers than it finished timing; both ends of CPU bracket the run.
-        path.agent_cpu_us = (agent.cpu_seconds() - agent_cpu) / path.c32.requests * 1e6
+        path.c32, spent = self.bracketed(path.url, args.connections, args.wrk_threads)
+        path.foreign_core_c32 = spent["foreign_core"]
+        path.agent_cpu_us = spent[agent.name] / path.c32.requests * 1e6
         if forwarder is not None:
-            path.forwarder_cpu_us = (forwarder.cpu_seconds() - fwd_cpu) / path.c32.requests * 1e6
-        for server in (agent, forwarder):
-            if server is not None:
-                server.check_alive()
+            path.forwarder_cpu_us = spent[forwarder.name] / path.c32.requests * 1e6
+        for server in self.started:
+            server.check_alive()
+
+    def bracketed(self, url: str, connections: int, threads: int) -> tuple[WrkResult, dict[str, float]]:
+        """One measured run, with the CPU each process (and everyone else) used during it."""
+        before = CpuSnapshot.take(self.started)
+        result = self.wrk(url, connections, threads, self.args.duration)
+        return result, before.until(CpuSnapshot.take(self.started))
 
     def memory(self, router: Server, url: str, rps: float) -> MemoryResult:
         """RSS across ``--memory-requests`` requests at full load, sampled ``--memory-chunks`` times.
@@ -312,15 +322,26 @@ class Bench:
             f"({log_lines:,} lines{'' if args.keep_logs else ', deleted at exit; --keep-logs keeps it'})",
             "",
             f"{'path':<9} {f'req/s c{c}':>11} {'p50 c1':>9} {'p99 c1':>9} {f'p50 c{c}':>9} {f'p99 c{c}':>9}"
-            f" {'fwd CPU/req':>12} {'agent CPU/req':>14}",
+            f" {'fwd CPU/req':>12} {'agent CPU/req':>14} {'other CPU':>10}",
         ]
         for path in (direct, baseline, router):
             assert path.c1 and path.c32
             fwd = "-" if path.forwarder_cpu_us is None else f"{path.forwarder_cpu_us:.0f} µs"
             agent_cpu = "-" if path.agent_cpu_us is None else f"{path.agent_cpu_us:.0f} µs"
+            other = f"{max(path.foreign_core_c1, path.foreign_core_c32) * 100:.0f}%"
             lines.append(
                 f"{path.name:<9} {path.c32.rps:>11,.0f} {ms(path.c1.p50_ms):>9} {ms(path.c1.p99_ms):>9}"
-                f" {ms(path.c32.p50_ms):>9} {ms(path.c32.p99_ms):>9} {fwd:>12} {agent_cpu:>14}"
+                f" {ms(path.c32.p50_ms):>9} {ms(path.c32.p99_ms):>9} {fwd:>12} {agent_cpu:>14} {other:>10}"
+            )
+        lines.append(
+            "  fwd = the Router or proxy process; CPU/req = user+system CPU over the c32 run / requests;"
+            " other CPU = share of a core used by processes the bench did not start (max of the runs)"
+        )
+        noisiest = max(max(p.foreign_core_c1, p.foreign_core_c32) for p in results.values())
+        if noisiest > NOISE_WARNING:
+            lines.append(
+                f"  WARNING: other processes took up to {noisiest * 100:.0f}% of a core during a run; "
+                "the figures are disturbed: rerun on a quiet machine"
             )
         assert router.forwarder_cpu_us is not None and baseline.forwarder_cpu_us is not None
         lines += [

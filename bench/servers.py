@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import socket
 import subprocess
 import time
@@ -116,3 +117,38 @@ def answers_success(url: str, body: Any) -> bool:
     """Whether a POST of ``body`` to ``url`` comes back 200 with status SUCCESS."""
     status, answer = http("POST", url, body)
     return status == 200 and isinstance(answer, dict) and answer.get("status") == "SUCCESS"
+
+
+@dataclass
+class CpuSnapshot:
+    """CPU used so far by the whole machine and by each known process, to tell noise from signal.
+
+    The machine is shared: anything else running during a measurement (a test suite, say) takes
+    cycles from the paths under test, so the bench reports how much CPU went to processes it did
+    not start. wrk's share is read from RUSAGE_CHILDREN once subprocess.run has reaped it.
+    """
+
+    wall: float
+    machine_busy: float
+    ours: dict[str, float]
+    children: float
+
+    @classmethod
+    def take(cls, known: Sequence[Server]) -> CpuSnapshot:
+        times = psutil.cpu_times()
+        # guest time is already inside user time on Linux, so it is not added again.
+        busy = sum(getattr(times, f, 0.0) for f in ("user", "nice", "system", "irq", "softirq", "steal"))
+        me = resource.getrusage(resource.RUSAGE_SELF)
+        kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+        ours = {s.name: s.cpu_seconds() for s in known}
+        ours["harness"] = me.ru_utime + me.ru_stime
+        return cls(time.monotonic(), busy, ours, kids.ru_utime + kids.ru_stime)
+
+    def until(self, later: CpuSnapshot) -> dict[str, float]:
+        """CPU seconds per process between the two snapshots, plus `foreign_core`: the mean
+        fraction of one core that went to processes the bench did not start."""
+        spent = {name: later.ours[name] - before for name, before in self.ours.items()}
+        spent["wrk"] = later.children - self.children
+        foreign = (later.machine_busy - self.machine_busy) - sum(spent.values())
+        spent["foreign_core"] = max(0.0, foreign) / max(1e-9, later.wall - self.wall)
+        return spent

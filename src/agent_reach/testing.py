@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -22,7 +24,7 @@ from agent_reach.clock import ManualClock
 from agent_reach.config import RouterConfig
 from agent_reach.server.app import RouterApp
 
-__all__ = ["FakeAgent", "ManualClock", "RouterServer", "free_port"]
+__all__ = ["BackgroundLoop", "FakeAgent", "ManualClock", "RouterServer", "free_port"]
 
 Mode = Literal["ok", "error", "retryable_error", "http500", "reset", "garbage"]
 
@@ -42,8 +44,14 @@ class RouterServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._server = uvicorn.Server(
-            uvicorn.Config(self.app, host="127.0.0.1", port=self.port, lifespan="on",
-                           log_level="warning", access_log=False)
+            uvicorn.Config(
+                self.app,
+                host="127.0.0.1",
+                port=self.port,
+                lifespan="on",
+                log_level="warning",
+                access_log=False,
+            )
         )
         self._task: asyncio.Task[None] | None = None
 
@@ -136,9 +144,53 @@ class FakeAgent:
         if mode == "garbage":
             return web.Response(status=200, text="<html>not json</html>")
         if mode in ("error", "retryable_error"):
-            error = {"code": "FAKE_FAILURE", "message": f"{self.agent_id} failed on purpose",
-                     "retryable": mode == "retryable_error"}
+            error = {
+                "code": "FAKE_FAILURE",
+                "message": f"{self.agent_id} failed on purpose",
+                "retryable": mode == "retryable_error",
+            }
             return web.json_response({"status": "AGENT_ERROR", "error": error})
-        result = self.result if self.result is not None else {"agent": self.agent_id,
-                                                              "echo": envelope.get("payload")}
+        result = (
+            self.result
+            if self.result is not None
+            else {"agent": self.agent_id, "echo": envelope.get("payload")}
+        )
         return web.json_response({"status": "SUCCESS", "result": result})
+
+
+class BackgroundLoop:
+    """An event loop on its own thread, for driving async servers from synchronous tests.
+
+    ``with BackgroundLoop() as bg: router = bg.run(RouterServer().__aenter__())``; everything
+    started on it is torn down by :meth:`close` in reverse order of :meth:`on_close`.
+    """
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="reach-bg-loop", daemon=True)
+        self._closers: list[Callable[[], Awaitable[object]]] = []
+        self._thread.start()
+
+    def run(self, coro: Awaitable[Any], timeout: float = 30) -> Any:
+        """Run ``coro`` on the background loop and return its result."""
+
+        async def wrap() -> Any:
+            return await coro
+
+        return asyncio.run_coroutine_threadsafe(wrap(), self.loop).result(timeout)
+
+    def on_close(self, closer: Callable[[], Awaitable[object]]) -> None:
+        self._closers.append(closer)
+
+    def __enter__(self) -> BackgroundLoop:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for closer in reversed(self._closers):
+            self.run(closer())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)
+        self.loop.close()

@@ -1,0 +1,133 @@
+"""The reach command line: agents, call, schema, and its errors."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from agent_reach.cli import app
+from agent_reach.testing import BackgroundLoop, FakeAgent, RouterServer, free_port
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def router_url() -> Iterator[str]:
+    """A Router with two fake agents, one of them slow to answer nothing in particular."""
+    with BackgroundLoop() as bg:
+        server = bg.run(RouterServer().__aenter__())
+        bg.on_close(lambda: server.__aexit__(None, None, None))
+        for agent in (
+            FakeAgent(
+                "price-query-agent",
+                tasks=("query_product_price",),
+                weight=10,
+                input_schema={"product_id": "string"},
+            ),
+            FakeAgent("promotion-agent", tasks=("query_promotion",)),
+        ):
+            bg.run(agent.start())
+            bg.on_close(agent.stop)
+            bg.run(agent.register(server.url))
+        yield server.url
+
+
+def test_agents_prints_a_table(router_url: str) -> None:
+    """`reach agents` prints each agent with its status, capabilities and endpoint."""
+    result = runner.invoke(app, ["agents", "--router", router_url], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "price-query-agent" in out and "promotion-agent" in out
+    assert "available" in out
+    assert "query_product_price" in out
+    for header in ("ID", "STATUS", "CAPABILITIES", "LAST HEARTBEAT", "CIRCUIT"):
+        assert header in out
+
+
+def test_agents_json(router_url: str) -> None:
+    """`reach agents --json` prints the raw AgentStatus list."""
+    result = runner.invoke(app, ["agents", "--router", router_url, "--json"])
+    rows = json.loads(result.output)
+    assert sorted(r["id"] for r in rows) == ["price-query-agent", "promotion-agent"]
+
+
+def test_call_prints_the_response(router_url: str) -> None:
+    """`reach call TASK --payload JSON` prints the ReachResponse and exits 0 on SUCCESS."""
+    result = runner.invoke(
+        app,
+        [
+            "call",
+            "query_product_price",
+            "--payload",
+            '{"product_id": "SKU-1"}',
+            "--router",
+            router_url,
+            "--trace-id",
+            "cli-1",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    body = json.loads(result.output)
+    assert body["status"] == "SUCCESS"
+    assert body["traceId"] == "cli-1"
+    assert body["handlerAgentId"] == "price-query-agent"
+
+
+def test_call_failure_exits_1(router_url: str) -> None:
+    """A call that does not succeed prints its ReachResponse and exits 1."""
+    result = runner.invoke(app, ["call", "query_product_price", "--payload", "{}", "--router", router_url])
+    assert result.exit_code == 1
+    assert json.loads(result.output)["status"] == "INVALID_REQUEST"
+
+
+@pytest.mark.parametrize("payload", ["{not json", "[1]"])
+def test_call_bad_payload(router_url: str, payload: str) -> None:
+    """A --payload that is not a JSON object is a clear usage error (exit 2)."""
+    result = runner.invoke(app, ["call", "x", "--payload", payload, "--router", router_url])
+    assert result.exit_code == 2
+    assert "--payload" in result.output
+
+
+def test_unreachable_router() -> None:
+    """Without a Router the commands say so in one line and exit 1."""
+    url = f"http://127.0.0.1:{free_port()}"
+    for args in (["agents", "--router", url], ["call", "x", "--router", url]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 1
+        assert "error:" in result.output
+        assert "Traceback" not in result.output
+
+
+def test_schema_export(tmp_path: Path) -> None:
+    """`reach schema --out DIR` writes one JSON Schema file per wire model."""
+    result = runner.invoke(app, ["schema", "--out", str(tmp_path)])
+    assert result.exit_code == 0
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert "ReachRequest.schema.json" in names and "AgentProfile.schema.json" in names
+    assert json.loads((tmp_path / "ReachResponse.schema.json").read_text())["title"] == "ReachResponse"
+
+
+def test_router_refuses_a_bad_policy(tmp_path: Path) -> None:
+    """`reach router --config` with an invalid file names the field and exits 2."""
+    bad = tmp_path / "router.yaml"
+    bad.write_text("registry: {lease_ttl_seconds: zero}\n")
+    result = runner.invoke(app, ["router", "--config", str(bad)])
+    assert result.exit_code == 2
+    assert "registry.lease_ttl_seconds" in result.output
+
+
+def test_agent_refuses_a_bad_config(tmp_path: Path) -> None:
+    """`reach agent` with a broken reach_config.yaml names the field and exits 2."""
+    bad = tmp_path / "reach_config.yaml"
+    bad.write_text(
+        "agent:\n  id: Bad Id\n  network: {endpoint: http://127.0.0.1:1/r}\n  capabilities: [{task: t}]\n"
+    )
+    app_file = tmp_path / "app.py"
+    app_file.write_text("from agent_reach.sdk import ReachAgent\nagent = ReachAgent()\n")
+    result = runner.invoke(app, ["agent", "--config", str(bad), "--app", f"{app_file}:agent"])
+    assert result.exit_code == 2
+    assert "agent.id" in result.output

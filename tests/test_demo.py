@@ -1,0 +1,62 @@
+"""`reach demo` from the repository: the Router and both demo agents in one command."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from agent_reach.testing import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.e2e
+def test_demo_runs_the_reference_session(tmp_path: Path) -> None:
+    """The demo comes up, answers the §3 call, and stops cleanly on Ctrl-C with agents deregistered."""
+    port = free_port()
+    log = tmp_path / "demo.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agent_reach", "demo", "--port", str(port)],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        try:
+            end = time.monotonic() + 30
+            while "demo is up" not in log.read_text() and time.monotonic() < end:
+                assert proc.poll() is None, log.read_text()
+                time.sleep(0.1)
+            assert "demo is up" in log.read_text(), log.read_text()
+            url = f"http://127.0.0.1:{port}"
+            rows = httpx.get(f"{url}/admin/agents").json()
+            assert {r["id"]: r["status"] for r in rows} == {
+                "price-query-agent": "available",
+                "promotion-agent": "available",
+            }
+            body = httpx.post(
+                f"{url}/reach",
+                json={
+                    "traceId": "trace-demo-001",
+                    "sourceAgent": "user-proxy",
+                    "targetTask": "query_product_price",
+                    "payload": {"product_id": "SKU-88231", "currency": "CNY"},
+                },
+            ).json()
+            assert body["status"] == "SUCCESS"
+            assert body["result"]["price"] == 199.9
+        finally:
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(20) == 0
+    text = log.read_text()
+    assert "[trace-demo-001] select price-query-agent by exact_match" in text
+    assert "[reach-client] deregistered agent: price-query-agent" in text
+    assert "[reach-client] deregistered agent: promotion-agent" in text

@@ -1,0 +1,241 @@
+"""End to end with real processes on loopback: a Router and the two demo agents (SDK)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from agent_reach.testing import free_port
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
+
+
+class Proc:
+    """A child process whose combined output goes to a file we can read at any time."""
+
+    def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None) -> None:
+        self.log = log
+        self._file = log.open("ab")
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "agent_reach", *args],
+            stdout=self._file,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+            cwd=ROOT,
+        )
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def signal(self, sig: int) -> None:
+        self.popen.send_signal(sig)
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.terminate()
+            try:
+                self.popen.wait(5)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+        self._file.close()
+
+
+def wait_for(check: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05) -> Any:
+    end = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < end:
+        try:
+            last = check()
+            if last:
+                return last
+        except (httpx.HTTPError, ValueError, KeyError):
+            pass
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s; last value {last!r}")
+
+
+class Cluster:
+    """The Router and the demo agents, each on free ports, with a 2 s lease."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.policy = tmp / "router.yaml"
+        self.policy.write_text(
+            yaml.safe_dump(
+                {
+                    "registry": {
+                        "lease_ttl_seconds": 2,
+                        "sweep_interval_seconds": 0.05,
+                        "offline_grace_seconds": 30,
+                    },
+                }
+            )
+        )
+        self.router: Proc | None = None
+        self.agents: dict[str, Proc] = {}
+        self.http = httpx.Client(base_url=self.url, timeout=5)
+
+    def start_router(self) -> Proc:
+        self.router = Proc(
+            ["router", "--port", str(self.port), "--config", str(self.policy)], self.tmp / "router.log"
+        )
+        wait_for(lambda: self.http.get("/healthz").status_code == 200)
+        return self.router
+
+    def start_agent(self, name: str, folder: str) -> Proc:
+        config = yaml.safe_load((EXAMPLES / folder / "reach_config.yaml").read_text())
+        config["agent"]["network"]["endpoint"] = f"http://127.0.0.1:{free_port()}/reach"
+        config["agent"]["health_check"]["port"] = free_port()
+        config["router"] = {"url": self.url}
+        path = self.tmp / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(config, allow_unicode=True))
+        proc = Proc(
+            ["agent", "--config", str(path), "--app", f"examples/{folder}/agent.py:agent"],
+            self.tmp / f"{name}.log",
+        )
+        self.agents[name] = proc
+        return proc
+
+    def statuses(self) -> dict[str, str]:
+        return {row["id"]: row["status"] for row in self.http.get("/admin/agents").json()}
+
+    def reach(self, body: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self.http.post("/reach", json=body).json()
+        return result
+
+    def stop(self) -> None:
+        for proc in self.agents.values():
+            proc.stop()
+        if self.router is not None:
+            self.router.stop()
+        self.http.close()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    """A running Router plus price-query-agent and promotion-agent, all registered."""
+    c = Cluster(tmp_path)
+    try:
+        c.start_router()
+        c.start_agent("price-query-agent", "price_agent")
+        c.start_agent("promotion-agent", "promotion_agent")
+        wait_for(lambda: c.statuses() == {"price-query-agent": "available", "promotion-agent": "available"})
+        yield c
+    finally:
+        c.stop()
+
+
+PRICE_CALL = {
+    "traceId": "trace-demo-001",
+    "sourceAgent": "user-proxy",
+    "targetTask": "query_product_price",
+    "payload": {"product_id": "SKU-88231", "currency": "CNY"},
+}
+
+
+def test_register_list_and_call(cluster: Cluster) -> None:
+    """Registration, /admin/agents, calls by task, by targetAgent and with filterAgentIds all work."""
+    rows = cluster.http.get("/admin/agents").json()
+    assert {r["id"] for r in rows} == {"price-query-agent", "promotion-agent"}
+    for row in rows:
+        assert row["status"] == "available"
+        assert ISO.match(row["lastHeartbeat"])
+
+    body = cluster.reach(PRICE_CALL)
+    assert body["status"] == "SUCCESS"
+    assert body["handlerAgentId"] == "price-query-agent"
+    assert body["result"]["price"] == 199.9
+    assert body["result"]["currency"] == "CNY"
+    assert ISO.match(body["result"]["updated_at"])
+
+    # Both agents declare query_promotion; targetAgent and filterAgentIds pin the choice.
+    promo = {"targetTask": "query_promotion", "payload": {"product_id": "SKU-88231"}}
+    by_target = cluster.reach({**promo, "targetAgent": "price-query-agent"})
+    assert by_target["handlerAgentId"] == "price-query-agent"
+    filtered = cluster.reach({**promo, "preferences": {"filterAgentIds": ["promotion-agent"]}})
+    assert filtered["handlerAgentId"] == "promotion-agent"
+    assert filtered["result"]["promotions"]
+
+    router_log = cluster.router.text()
+    assert "[trace-demo-001] route: user-proxy -> query_product_price" in router_log
+    assert "[trace-demo-001] candidate agents: price-query-agent" in router_log
+    assert "[trace-demo-001] select price-query-agent by exact_match" in router_log
+    assert re.search(r"\[trace-demo-001\] forward: price-query-agent, duration=\d+ms", router_log)
+    agent_log = cluster.agents["price-query-agent"].text()
+    for line in (
+        "[reach-client] registering agent: price-query-agent",
+        "[reach-client] capabilities: query_product_price, query_promotion",
+        "[reach-client] callback endpoint: http://127.0.0.1:",
+        "[reach-client] registration successful, lease id: 0x",
+    ):
+        assert line in agent_log
+    assert "[trace-demo-001] handle: query_product_price from user-proxy" in agent_log
+
+
+def test_sigterm_removes_the_agent_within_a_second(cluster: Cluster) -> None:
+    """After SIGTERM the agent deregisters and is out of routing within 1 s."""
+    promo = {"targetTask": "query_promotion", "payload": {"product_id": "SKU-1"}}
+    cluster.agents["promotion-agent"].signal(signal.SIGTERM)
+    started = time.monotonic()
+    wait_for(lambda: "promotion-agent" not in cluster.statuses(), timeout=1.0, interval=0.02)
+    took = time.monotonic() - started
+    print(f"\nSIGTERM -> out of the registry in {took * 1000:.0f} ms")
+    assert took < 1.0
+    for _ in range(5):
+        assert cluster.reach(promo)["handlerAgentId"] == "price-query-agent"
+    assert cluster.agents["promotion-agent"].popen.wait(5) == 0
+    assert "[reach-client] deregistered agent: promotion-agent" in cluster.agents["promotion-agent"].text()
+
+
+def test_kill_9_turns_suspect_then_offline(cluster: Cluster) -> None:
+    """After kill -9 the agent turns suspect, then offline when its 2 s lease runs out."""
+    cluster.agents["promotion-agent"].signal(signal.SIGKILL)
+    killed = time.monotonic()
+    wait_for(lambda: cluster.statuses()["promotion-agent"] == "suspect", timeout=3)
+    suspect_at = time.monotonic() - killed
+    wait_for(lambda: cluster.statuses()["promotion-agent"] == "offline", timeout=4)
+    offline_at = time.monotonic() - killed
+    print(f"\nkill -9 -> suspect after {suspect_at:.2f}s, offline after {offline_at:.2f}s (ttl 2s)")
+    assert offline_at <= 2.0 + 0.5
+    promo = {
+        "targetTask": "query_promotion",
+        "payload": {"product_id": "SKU-1"},
+        "preferences": {"filterAgentIds": ["promotion-agent"]},
+    }
+    body = cluster.reach(promo)
+    assert body["status"] == "NO_AVAILABLE_HANDLER"
+    reasons = {c["agentId"]: c["reason"] for c in body["error"]["candidates"]}
+    assert reasons == {"promotion-agent": "offline", "price-query-agent": "filtered"}
+
+
+def test_agents_come_back_after_a_router_restart(cluster: Cluster) -> None:
+    """After the Router restarts with an empty registry, the agents register again by themselves."""
+    assert cluster.router is not None
+    cluster.router.stop()
+    cluster.start_router()
+    restarted = time.monotonic()
+    wait_for(
+        lambda: cluster.statuses() == {"price-query-agent": "available", "promotion-agent": "available"},
+        timeout=6,
+    )
+    print(f"\nagents back {time.monotonic() - restarted:.2f}s after the Router restarted")
+    assert cluster.reach(PRICE_CALL)["status"] == "SUCCESS"
+    assert "registering again" in cluster.agents["price-query-agent"].text()
