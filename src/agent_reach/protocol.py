@@ -257,7 +257,6 @@ class Attempt(_Envelope):
     agent_id: str
     outcome: str
     duration_ms: float
-    reason: str | None = None
 
 
 class ReachResponse(_Envelope):
