@@ -52,14 +52,6 @@ class RegistryPolicy(_Section):
         return self.suspect_after_seconds or self.lease_ttl_seconds / 2
 
 
-class TimeoutOverride(_Section):
-    """Per-task timeout overrides; an absent key keeps the default."""
-
-    connect_ms: PositiveMs | None = None
-    read_ms: PositiveMs | None = None
-    overall_ms: PositiveMs | None = None
-
-
 class TimeoutPolicy(_Section):
     """The layered timeouts: connect, read (per attempt) and the overall budget."""
 
@@ -67,7 +59,6 @@ class TimeoutPolicy(_Section):
     read_ms: PositiveMs = 3000
     # The overall budget when the caller gives none: default connect + read + retry allowance.
     overall_ms: PositiveMs | None = None
-    per_task: dict[str, TimeoutOverride] = {}
 
 
 class RetryPolicy(_Section):
@@ -83,6 +74,82 @@ class RetryPolicy(_Section):
     allowance_ms: Annotated[int, Field(ge=0, le=600_000)] = 1000
 
 
+class RetryBudgetPolicy(_Section):
+    """The Router-wide retry budget that stops retry storms.
+
+    Over a sliding window, retries (failovers included) may be at most
+    ``ratio`` x requests + ``min_per_second`` x ``window_seconds``.
+    """
+
+    enabled: bool = True
+    ratio: Annotated[float, Field(ge=0, le=10)] = 0.2
+    min_per_second: Annotated[float, Field(ge=0)] = 10
+    window_seconds: Annotated[int, Field(ge=1, le=600)] = 10
+
+
+class BreakerPolicy(_Section):
+    """Circuit breakers: per agent, or per (agent, task) with ``scope: agent_task``."""
+
+    enabled: bool = True
+    failure_threshold: Annotated[int, Field(ge=1, le=10_000)] = 5
+    # While open, one half-open probe request is let through every this many seconds.
+    open_seconds: Positive = 10
+    scope: Literal["agent", "agent_task"] = "agent"
+
+
+class TaskOverride(_Section):
+    """Per-task policy; an absent key keeps the global value."""
+
+    connect_ms: PositiveMs | None = None
+    read_ms: PositiveMs | None = None
+    overall_ms: PositiveMs | None = None
+    max_retries: Annotated[int, Field(ge=0, le=10)] | None = None
+    breaker_scope: Literal["agent", "agent_task"] | None = None
+    breaker_failure_threshold: Annotated[int, Field(ge=1, le=10_000)] | None = None
+
+
+class LimitsPolicy(_Section):
+    """Load shedding: what the Router refuses at once rather than queue."""
+
+    # Requests in flight at once; the excess is answered 429 OVERLOADED.
+    max_inflight: Annotated[int, Field(ge=1, le=1_000_000)] = 1024
+    # The global breaker: when the event loop lags this much, new requests are shed.
+    loop_lag_ms: Annotated[float, Field(gt=0)] = 250
+    retry_after_seconds: Annotated[int, Field(ge=1, le=3600)] = 1
+
+
+class HealthPolicy(_Section):
+    """Active health checks of each agent's ``health_check`` path."""
+
+    enabled: bool = True
+    # Consecutive failures that make an agent `unhealthy` (one makes it `suspect`).
+    unhealthy_after: Annotated[int, Field(ge=1, le=100)] = 3
+    # Probes are spread by +/- this fraction of the interval, so agents are not probed at once.
+    jitter: Annotated[float, Field(ge=0, le=0.9)] = 0.2
+    # Most probes in flight at once.
+    concurrency: Annotated[int, Field(ge=1, le=10_000)] = 64
+    # Overrides of the profiles' interval_seconds / timeout_ms (e.g. to probe faster in tests).
+    interval_seconds: Positive | None = None
+    timeout_ms: PositiveMs | None = None
+
+
+class AffinityPolicy(_Section):
+    """Conversation affinity: conversationId -> the agent that handled it."""
+
+    ttl_seconds: Positive = 600
+    max_conversations: Annotated[int, Field(ge=1, le=10_000_000)] = 100_000
+
+
+class AsyncPolicy(_Section):
+    """``mode: async`` requests: how long results are kept, how replyTo is retried."""
+
+    result_ttl_seconds: Positive = 300
+    max_results: Annotated[int, Field(ge=1, le=10_000_000)] = 10_000
+    reply_attempts: Annotated[int, Field(ge=1, le=20)] = 3
+    reply_backoff_ms: Annotated[int, Field(ge=0, le=60_000)] = 200
+    reply_timeout_ms: PositiveMs = 5000
+
+
 class RoutingPolicy(_Section):
     """How candidates are chosen and ranked."""
 
@@ -91,11 +158,22 @@ class RoutingPolicy(_Section):
     allow_caller_strategy: bool = True
 
 
+class TracingPolicy(_Section):
+    """The in-memory trace store."""
+
+    store_size: Annotated[int, Field(ge=0, le=1_000_000)] = 10_000
+
+
 class LoggingPolicy(_Section):
     """Router log output."""
 
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     format: Literal["text", "json"] = "text"
+    # A level per logger, e.g. {agent_reach.trace: WARNING}.
+    levels: dict[str, Literal["DEBUG", "INFO", "WARNING", "ERROR"]] = {}
+    # Payloads may hold user data: logged only when this is on, with `redact` fields masked.
+    log_payloads: bool = False
+    redact: list[str] = ["password", "token", "secret", "authorization", "api_key"]
 
 
 class RouterConfig(_Section):
@@ -105,8 +183,17 @@ class RouterConfig(_Section):
     registry: RegistryPolicy = RegistryPolicy()
     timeouts: TimeoutPolicy = TimeoutPolicy()
     retries: RetryPolicy = RetryPolicy()
+    retry_budget: RetryBudgetPolicy = RetryBudgetPolicy()
+    breaker: BreakerPolicy = BreakerPolicy()
+    limits: LimitsPolicy = LimitsPolicy()
+    health: HealthPolicy = HealthPolicy()
+    affinity: AffinityPolicy = AffinityPolicy()
+    async_mode: AsyncPolicy = AsyncPolicy()
     routing: RoutingPolicy = RoutingPolicy()
+    tracing: TracingPolicy = TracingPolicy()
     logging: LoggingPolicy = LoggingPolicy()
+    # Per-task overrides of timeouts, retries and breakers, by task name.
+    tasks: dict[str, TaskOverride] = {}
 
     @classmethod
     def from_mapping(cls, data: Any, *, source: str = "config") -> RouterConfig:

@@ -101,6 +101,7 @@ class CandidateReason(StrEnum):
     UNKNOWN_AGENT = "unknown_agent"  # targetAgent names no registered agent
     NO_CAPABILITY = "no_capability"  # targetAgent does not declare targetTask
     INVALID_PAYLOAD = "invalid_payload"  # a failover target's input_schema rejects the payload
+    NO_CONTEXT = "no_context"  # contextBound: the agent did not confirm it holds the conversation
 
 
 class Strategy(StrEnum):

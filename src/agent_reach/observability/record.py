@@ -21,6 +21,9 @@ class AttemptRecord:
     agent_id: str
     outcome: str  # SUCCESS, or the reason it failed (connect_error, timeout, agent_error)
     duration_ms: float
+    span_id: str = ""  # the W3C span id sent to the agent in `traceparent`
+    offset_ms: float = 0.0  # when the attempt started, from the start of the request
+    score: float | None = None
 
     def to_wire(self) -> dict[str, Any]:
         return {"agentId": self.agent_id, "outcome": self.outcome, "durationMs": self.duration_ms}
@@ -35,6 +38,11 @@ class DecisionRecord:
     source: str
     started: float  # monotonic
     conversation_id: str | None = None
+    started_wall: float = 0.0  # epoch seconds, for display
+    parent_span_id: str | None = None  # from the caller's traceparent: links hops into a tree
+    matched_task: str | None = None  # the declared task that supplied candidates (safe as a label)
+    mode: str = "sync"
+    affinity: str | None = None  # the agent the conversation was bound to, when one was
     rule: str | None = None  # what picked the pool: target_agent or the strategy
     strategy: str | None = None
     candidates: list[str] = field(default_factory=list)
@@ -44,6 +52,10 @@ class DecisionRecord:
     attempts: list[AttemptRecord] = field(default_factory=list)
     # Ordered (kind, text) notes beyond the four fixed lines: retry, failover, no handler...
     events: list[tuple[str, str]] = field(default_factory=list)
+    retries: list[str] = field(default_factory=list)  # reasons of same-agent retries
+    failovers: list[str] = field(default_factory=list)  # reasons of failovers
+    circuit_trips: list[str] = field(default_factory=list)  # agents whose breaker opened
+    payload: Any = None  # only kept when payload logging is switched on
     status: Status | None = None
     http_status: int = 0
     error_code: str | None = None

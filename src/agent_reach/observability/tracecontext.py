@@ -27,16 +27,21 @@ def w3c_trace_id(trace_id: str) -> str:
     return hashlib.blake2b(trace_id.encode(), digest_size=16).hexdigest()
 
 
-def parse_traceparent(header: str | None) -> str | None:
-    """The trace id of a valid version-00 ``traceparent`` header, else ``None``."""
+def new_span_id() -> str:
+    """A fresh W3C span id: 64 random bits as 16 hex digits."""
+    return secrets.token_hex(8)
+
+
+def parse_traceparent(header: str | None) -> tuple[str, str] | None:
+    """``(trace id, parent span id)`` of a valid version-00 ``traceparent``, else ``None``."""
     if not header:
         return None
     match = _TRACEPARENT.match(header.strip().lower())
     if match is None or match.group(1) == "0" * 32 or match.group(2) == "0" * 16:
         return None
-    return match.group(1)
+    return match.group(1), match.group(2)
 
 
-def make_traceparent(trace_id: str) -> str:
-    """A ``traceparent`` for a new span (one hop) of ``trace_id``."""
-    return f"00-{w3c_trace_id(trace_id)}-{secrets.token_hex(8)}-01"
+def make_traceparent(trace_id: str, span_id: str | None = None) -> str:
+    """A ``traceparent`` in ``trace_id`` whose parent is ``span_id`` (default: a new span)."""
+    return f"00-{w3c_trace_id(trace_id)}-{span_id or new_span_id()}-01"

@@ -23,6 +23,7 @@ class RegistryEvent(StrEnum):
     REGISTERED = "registered"
     REPLACED = "replaced"
     SUSPECT = "suspect"
+    UNHEALTHY = "unhealthy"
     AVAILABLE = "available"
     OFFLINE = "offline"
     DEREGISTERED = "deregistered"
@@ -39,7 +40,11 @@ class AgentEntry:
     last_heartbeat: float  # monotonic, to decide with
     last_heartbeat_wall: float  # epoch seconds, to show
     expires_at: float  # monotonic
+    # Two sources of truth, one status: the lease (available, suspect, offline) and the health
+    # checks (available, suspect, unhealthy). `status` is derived by refresh_status().
     status: AgentStatusValue = AgentStatusValue.AVAILABLE
+    lease_status: AgentStatusValue = AgentStatusValue.AVAILABLE
+    health_status: AgentStatusValue = AgentStatusValue.AVAILABLE
     offline_since: float | None = None
     capabilities: dict[str, Capability] = field(default_factory=dict)
     validators: dict[str, PayloadValidator | None] = field(default_factory=dict)
@@ -60,6 +65,20 @@ class AgentEntry:
     @property
     def last_heartbeat_iso(self) -> str:
         return iso_utc(self.last_heartbeat_wall)
+
+    def refresh_status(self) -> bool:
+        """Derive ``status`` from the lease and health states; True when it changed."""
+        if self.lease_status is AgentStatusValue.OFFLINE:
+            status = AgentStatusValue.OFFLINE
+        elif self.health_status is AgentStatusValue.UNHEALTHY:
+            status = AgentStatusValue.UNHEALTHY
+        elif AgentStatusValue.SUSPECT in (self.lease_status, self.health_status):
+            status = AgentStatusValue.SUSPECT
+        else:
+            status = AgentStatusValue.AVAILABLE
+        changed = status is not self.status
+        self.status = status
+        return changed
 
 
 Listener = Callable[[RegistryEvent, AgentEntry], None]
@@ -117,6 +136,10 @@ class Registry(abc.ABC):
     @abc.abstractmethod
     async def deregister(self, agent_id: str, lease_id: str) -> None:
         """Remove the agent. Raises ``AgentNotFound`` or ``LeaseMismatch``."""
+
+    @abc.abstractmethod
+    def set_health(self, agent_id: str, health: AgentStatusValue) -> None:
+        """Record what the health checks concluded (available, suspect or unhealthy)."""
 
     @abc.abstractmethod
     def get(self, agent_id: str) -> AgentEntry | None:

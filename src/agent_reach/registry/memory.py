@@ -100,10 +100,21 @@ class MemoryRegistry(Registry):
         entry.last_heartbeat = now
         entry.last_heartbeat_wall = self._clock.time()
         entry.expires_at = now + entry.ttl_seconds
-        if entry.status is AgentStatusValue.SUSPECT:
-            entry.status = AgentStatusValue.AVAILABLE
-            self._emit(RegistryEvent.AVAILABLE, entry)
+        if entry.lease_status is AgentStatusValue.SUSPECT:
+            entry.lease_status = AgentStatusValue.AVAILABLE
+            self._changed(entry)
         return entry
+
+    def set_health(self, agent_id: str, health: AgentStatusValue) -> None:
+        entry = self._entries.get(agent_id)
+        if entry is None or entry.health_status is health:
+            return
+        entry.health_status = health
+        self._changed(entry)
+
+    def _changed(self, entry: AgentEntry) -> None:
+        if entry.refresh_status():
+            self._emit(RegistryEvent(entry.status.value), entry)
 
     async def deregister(self, agent_id: str, lease_id: str) -> None:
         entry = self._entries.get(agent_id)
@@ -142,12 +153,15 @@ class MemoryRegistry(Registry):
                     self._remove(entry)
                     self._emit(RegistryEvent.REMOVED, entry)
             elif now >= entry.expires_at:
-                entry.status = AgentStatusValue.OFFLINE
+                entry.lease_status = AgentStatusValue.OFFLINE
                 entry.offline_since = now
-                self._emit(RegistryEvent.OFFLINE, entry)
-            elif entry.status is AgentStatusValue.AVAILABLE and now - entry.last_heartbeat >= suspect_after:
-                entry.status = AgentStatusValue.SUSPECT
-                self._emit(RegistryEvent.SUSPECT, entry)
+                self._changed(entry)
+            elif (
+                entry.lease_status is AgentStatusValue.AVAILABLE
+                and now - entry.last_heartbeat >= suspect_after
+            ):
+                entry.lease_status = AgentStatusValue.SUSPECT
+                self._changed(entry)
 
     def _remove(self, entry: AgentEntry) -> None:
         if self._entries.get(entry.id) is entry:

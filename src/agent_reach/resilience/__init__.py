@@ -1,1 +1,1 @@
-"""Failure handling: timeouts and deadlines now; retry budgets, breakers and health next."""
+"""Failure handling: timeouts and deadlines, the retry budget, breakers, health, affinity, shedding."""

@@ -3,8 +3,9 @@
 1. candidates: ``targetAgent`` when set, else every agent that declares ``targetTask``
    (from the registry's task index);
 2. filters: the ``filterAgentIds`` allowlist, then status (offline and unhealthy are out,
-   suspect agents go last);
-3. rank: the strategy orders what is left.
+   suspect agents go last), then the circuit breaker (open and not due for a probe: out);
+3. rank: the strategy orders what is left;
+4. affinity: the agent a ``conversationId`` is bound to goes first while it is routable.
 
 Each rejection is written to the decision record with its reason. Later steps add stages here
 (breaker state, affinity, the task mapping table, semantic candidates) rather than rewrite it.
@@ -17,6 +18,8 @@ from agent_reach.exceptions import NoAvailableHandler
 from agent_reach.observability.record import DecisionRecord
 from agent_reach.protocol import AgentStatusValue, CandidateReason, ReachRequest, Strategy
 from agent_reach.registry.base import AgentEntry, Registry
+from agent_reach.resilience.affinity import AffinityTable
+from agent_reach.resilience.breaker import BreakerBoard
 from agent_reach.routing.base import Choice, Ranker
 from agent_reach.routing.exact import ExactMatch
 
@@ -29,9 +32,18 @@ _OUT = {
 class Pipeline:
     """Turns a request into an ordered list of :class:`Choice`, or raises NoAvailableHandler."""
 
-    def __init__(self, registry: Registry, policy: RoutingPolicy | None = None) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        policy: RoutingPolicy | None = None,
+        *,
+        breakers: BreakerBoard | None = None,
+        affinity: AffinityTable | None = None,
+    ) -> None:
         self.registry = registry
         self.policy = policy or RoutingPolicy()
+        self.breakers = breakers or BreakerBoard()
+        self.affinity = affinity or AffinityTable()
         exact = ExactMatch()
         # Strategies that later steps implement fall back to exact match until then; the
         # decision record names the strategy that actually ranked.
@@ -66,27 +78,32 @@ class Pipeline:
                 record.reject(entry.id, CandidateReason.NO_CAPABILITY)
                 raise self._none(record, f"targetAgent {entry.id!r} does not declare task {task!r}")
             pool = [entry]
+            record.matched_task = task
         else:
             record.rule = ranker.name
             pool = list(self.registry.by_task(task))
             if not pool:
                 raise self._none(record, f"no agent declares task {task!r}")
+            record.matched_task = task
         record.candidates = [e.id for e in pool]
 
         # 2. hard filters
         allow = request.preferences.filter_agent_ids
         allowed = set(allow) if allow is not None else None
+        breakers = self.breakers
         eligible: list[AgentEntry] = []
         last_resort: list[AgentEntry] = []
         for entry in pool:
             if allowed is not None and entry.id not in allowed:
                 record.reject(entry.id, CandidateReason.FILTERED)
+            elif not entry.routable:
+                record.reject(entry.id, _OUT[entry.status])
+            elif breakers.blocked(entry.id, task):
+                record.reject(entry.id, CandidateReason.CIRCUIT_OPEN)
             elif entry.status is AgentStatusValue.AVAILABLE:
                 eligible.append(entry)
-            elif entry.status is AgentStatusValue.SUSPECT:
-                last_resort.append(entry)
             else:
-                record.reject(entry.id, _OUT[entry.status])
+                last_resort.append(entry)
         if not eligible and not last_resort:
             raise self._none(record, f"no routable agent for task {task!r}")
 
@@ -94,6 +111,17 @@ class Pipeline:
         ranked = ranker.rank(task, eligible) if eligible else []
         if last_resort:
             ranked.extend(ranker.rank(task, last_resort))
+
+        # 4. affinity
+        if request.conversation_id:
+            bound = self.affinity.get(request.conversation_id)
+            if bound is not None:
+                record.affinity = bound
+                for i, choice in enumerate(ranked):
+                    if choice.entry.id == bound:
+                        if i:
+                            ranked.insert(0, ranked.pop(i))
+                        break
         return ranked
 
     def _ranker(self, request: ReachRequest) -> Ranker:

@@ -126,6 +126,65 @@ def build_admin(router: RouterApp) -> Starlette:
             document.update(openapi_document())
         return _Json(document)
 
+    async def async_result(request: Request) -> Response:
+        trace_id = request.path_params["trace_id"]
+        reply = router.results.get(trace_id)
+        if reply is not None:
+            return _Json(reply[1], status_code=reply[0])
+        if router.results.is_pending(trace_id):
+            return _Json(
+                {
+                    "version": "1.0",
+                    "traceId": trace_id,
+                    "status": "ACCEPTED",
+                    "handlerAgentId": None,
+                    "durationMs": 0,
+                    "result": None,
+                    "error": None,
+                    "attempts": [],
+                },
+                status_code=202,
+            )
+        return _error(404, "NOT_FOUND", f"no async request {trace_id!r} (unknown, or its result expired)")
+
+    async def metrics(request: Request) -> Response:
+        from agent_reach.observability.metrics import CONTENT_TYPE
+
+        return Response(router.metrics.exposition(), media_type=CONTENT_TYPE)
+
+    async def get_trace(request: Request) -> Response:
+        trace = router.traces.trace(request.path_params["trace_id"])
+        if trace is None:
+            return _error(
+                404,
+                "TRACE_NOT_FOUND",
+                f"no trace {request.path_params['trace_id']!r} (unknown, or evicted from the store)",
+            )
+        return _Json(trace)
+
+    async def list_traces(request: Request) -> Response:
+        raw_limit = request.query_params.get("limit", "50")
+        if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= 1000:
+            raise RequestError(
+                "limit must be a whole number from 1 to 1000",
+                details=[{"field": "limit", "message": "1..1000"}],
+            )
+        found = router.traces.recent(
+            task=request.query_params.get("task") or None,
+            status=request.query_params.get("status") or None,
+            limit=int(raw_limit),
+        )
+        return _Json(found)
+
+    async def reload(request: Request) -> Response:
+        if router.config_path is None:
+            return _error(409, "NO_POLICY_FILE", "the Router was started without a policy file")
+        if not router.reload():
+            return _error(
+                422, "INVALID_CONFIG", "the new policy file is invalid; the old one is kept (see log)"
+            )
+        return _Json({"status": "reloaded", "path": str(router.config_path)})
+
     async def on_registry_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RegistryError)
         return _error(exc.http_status, exc.code, exc.message, exc.details)
@@ -149,6 +208,11 @@ def build_admin(router: RouterApp) -> Starlette:
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/reach/{trace_id}", async_result, methods=["GET"]),
+        Route("/admin/traces", list_traces, methods=["GET"]),
+        Route("/admin/traces/{trace_id}", get_trace, methods=["GET"]),
+        Route("/admin/reload", reload, methods=["POST"]),
     ]
     return Starlette(
         routes=routes,

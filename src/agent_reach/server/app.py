@@ -1,29 +1,44 @@
 """The Router application: one ASGI callable, a lean hot path and a Starlette admin surface.
 
 ``POST /reach`` runs on every call, so it is served straight from raw ASGI: one header pass, one
-body read, the dispatcher, one send. Everything else (registry, admin, health, OpenAPI) is a
-small Starlette app, where convenience costs nothing that matters. Both pass the same
-:mod:`guard` first.
+body read, the dispatcher, one send. Everything else (registry, admin, health, metrics, traces,
+OpenAPI) is a small Starlette app, where convenience costs nothing that matters. Both pass the
+same :mod:`guard` first, and ``/reach`` passes the load shedder.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import os
+import signal
+import threading
+from pathlib import Path
 from typing import Any
 
 import orjson
 
 from agent_reach.clock import SYSTEM_CLOCK, Clock
 from agent_reach.config import RouterConfig
-from agent_reach.dispatcher import Dispatcher
-from agent_reach.exceptions import RequestError
+from agent_reach.dispatcher import Dispatcher, internal_error_body
+from agent_reach.exceptions import ConfigError, RequestError
 from agent_reach.observability.logging import TraceLog
+from agent_reach.observability.metrics import RouterMetrics
+from agent_reach.observability.record import Observer
 from agent_reach.observability.tracecontext import parse_traceparent
+from agent_reach.observability.traces import TraceStore
 from agent_reach.protocol import HTTP_STATUS, PROTOCOL_VERSION
 from agent_reach.registry.base import AgentEntry, Registry, RegistryEvent
 from agent_reach.registry.memory import MemoryRegistry
+from agent_reach.resilience.affinity import AffinityTable
+from agent_reach.resilience.breaker import BreakerBoard
+from agent_reach.resilience.health import HealthChecker
+from agent_reach.resilience.retry import RetryBudget
+from agent_reach.resilience.shedding import LoadShedder
+from agent_reach.results import ResultStore
 from agent_reach.routing.pipeline import Pipeline
-from agent_reach.server.guard import Guard, OpenGuard, action_for
+from agent_reach.server.guard import Denial, Guard, OpenGuard, action_for
 from agent_reach.server.http import (
     ClientGone,
     Receive,
@@ -51,27 +66,53 @@ class RouterApp:
         registry: Registry | None = None,
         clock: Clock = SYSTEM_CLOCK,
         guard: Guard | None = None,
+        config_path: str | os.PathLike[str] | None = None,
+        metrics: bool = True,
+        tracing: bool = True,
     ) -> None:
         from agent_reach.server.admin import build_admin
 
-        self.config = config or RouterConfig()
+        self.config = config = config or RouterConfig()
+        self.config_path = Path(config_path) if config_path is not None else None
         self.clock = clock
-        self.registry = registry or MemoryRegistry(self.config.registry, clock=clock)
+        self.registry = registry or MemoryRegistry(config.registry, clock=clock)
         self.transport = Transport()
         self.stats = StatsBook()
-        self.pipeline = Pipeline(self.registry, self.config.routing)
+        self.breakers = BreakerBoard(config.breaker, clock=clock, overrides=config.tasks)
+        self.affinity = AffinityTable(config.affinity, clock=clock)
+        self.budget = RetryBudget(config.retry_budget, clock=clock)
+        self.shedder = LoadShedder(config.limits)
+        self.results = ResultStore(config.async_mode, clock=clock)
+        self.pipeline = Pipeline(
+            self.registry, config.routing, breakers=self.breakers, affinity=self.affinity
+        )
+        self.traces = TraceStore(config.tracing.store_size if tracing else 0)
+        self.metrics = RouterMetrics(self.registry, self.breakers, self.stats, lambda: self.shedder.inflight)
+        self.trace_log = TraceLog(redact_fields=config.logging.redact)
+        observers: list[Observer] = [self.trace_log]
+        if metrics:
+            observers.append(self.metrics)
+        if tracing:
+            observers.append(self.traces)
         self.dispatcher = Dispatcher(
             self.pipeline,
             self.transport,
-            self.config,
+            config,
             stats=self.stats,
-            observers=[TraceLog()],
+            budget=self.budget,
+            results=self.results,
+            observers=observers,
             clock=clock,
         )
+        self.health = HealthChecker(self.registry, self.transport, config.health, clock=clock)
+        self.health.subscribe(self.metrics.on_probe)
         self.guard: Guard = guard or OpenGuard()
         self.registry.subscribe(self._on_registry_event)
+        self.registry.subscribe(self.metrics.on_registry)
         self.admin = build_admin(self)
         self.started = False
+        self._watcher: asyncio.Task[None] | None = None
+        self._config_mtime: float | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -94,39 +135,35 @@ class RouterApp:
         headers = header_map(scope)
         trace_header = headers.get(b"x-reach-trace-id")
         trace_hint = trace_header.decode("latin-1") if trace_header else None
-        parent_id = parse_traceparent(headers.get(b"traceparent", b"").decode("latin-1"))
+        raw_parent = headers.get(b"traceparent")
+        parent = parse_traceparent(raw_parent.decode("latin-1")) if raw_parent else None
+        shed = self.shedder.admit()
+        if shed is not None:
+            status, payload = self.dispatcher.shed(shed, trace_id=parent[0] if parent else None)
+            retry_after = str(self.config.limits.retry_after_seconds).encode()
+            await send_json(send, status, payload, [(b"retry-after", retry_after)])
+            return
         try:
-            check_json_content_type(headers)
-            body = await read_body(receive, headers, self.config.server.body_limit_bytes)
-        except RequestError as exc:
-            status, payload = self.dispatcher.refuse(exc, trace_id=parent_id)
+            try:
+                check_json_content_type(headers)
+                body = await read_body(receive, headers, self.config.server.body_limit_bytes)
+            except RequestError as exc:
+                status, payload = self.dispatcher.refuse(exc, trace_id=parent[0] if parent else None)
+                await send_json(send, status, payload)
+                return
+            except ClientGone:
+                return
+            try:
+                status, payload = await self.dispatcher.handle(body, trace_header=trace_hint, parent=parent)
+            except Exception:
+                # A bug, not bad input: still one ReachResponse, and the traceback stays here.
+                log.exception("internal error while serving /reach")
+                status, payload = 500, internal_error_body(trace_hint or (parent[0] if parent else "-"))
             await send_json(send, status, payload)
-            return
-        except ClientGone:
-            return
-        try:
-            status, payload = await self.dispatcher.handle(
-                body, trace_header=trace_hint, traceparent_id=parent_id
-            )
-        except Exception:
-            # A bug, not bad input: still one ReachResponse, and the traceback stays here.
-            log.exception("internal error while serving /reach")
-            payload = orjson.dumps(
-                {
-                    "version": PROTOCOL_VERSION,
-                    "traceId": trace_hint or parent_id or "-",
-                    "status": "INTERNAL_ERROR",
-                    "handlerAgentId": None,
-                    "durationMs": 0,
-                    "result": None,
-                    "attempts": [],
-                    "error": {"code": "INTERNAL_ERROR", "message": "the Router failed; see its log"},
-                }
-            )
-            status = 500
-        await send_json(send, status, payload)
+        finally:
+            self.shedder.release()
 
-    async def _deny(self, send: Send, denial: Any) -> None:
+    async def _deny(self, send: Send, denial: Denial) -> None:
         body = orjson.dumps(
             {
                 "version": PROTOCOL_VERSION,
@@ -142,17 +179,83 @@ class RouterApp:
         extra = [(b"retry-after", str(denial.retry_after_s).encode())] if denial.retry_after_s else None
         await send_json(send, denial.http_status or HTTP_STATUS[denial.status], body, extra)
 
+    # -- policy reload -----------------------------------------------------------------------
+
+    def apply(self, config: RouterConfig) -> None:
+        """Switch every component to a new policy. Requests in flight keep the one they started with."""
+        self.config = config
+        self.dispatcher.config = config
+        self.pipeline.policy = config.routing
+        if isinstance(self.registry, MemoryRegistry):
+            self.registry.policy = config.registry
+        self.breakers.policy = config.breaker
+        self.breakers.overrides = config.tasks
+        self.affinity.policy = config.affinity
+        if self.budget.policy.window_seconds == config.retry_budget.window_seconds:
+            self.budget.policy = config.retry_budget
+        else:
+            self.budget = self.dispatcher.budget = RetryBudget(config.retry_budget, clock=self.clock)
+        self.shedder.policy = config.limits
+        self.results.policy = config.async_mode
+        self.health.policy = config.health
+        self.trace_log.redact_fields = list(config.logging.redact)
+        logging.getLogger("agent_reach").setLevel(config.logging.level)
+        for name, level in config.logging.levels.items():
+            logging.getLogger(name).setLevel(level)
+
+    def reload(self) -> bool:
+        """Re-read the policy file; a bad file is logged and the old policy kept."""
+        if self.config_path is None:
+            log.warning("reload requested, but the Router was started without a policy file")
+            return False
+        try:
+            config = RouterConfig.load(self.config_path)
+        except ConfigError as exc:
+            log.error("policy reload rejected, keeping the old policy: %s", exc.message)
+            return False
+        self.apply(config)
+        log.info("policy reloaded from %s", self.config_path)
+        return True
+
+    async def _watch_config(self) -> None:
+        assert self.config_path is not None
+        while True:
+            await asyncio.sleep(1.0)
+            try:
+                mtime = self.config_path.stat().st_mtime
+            except OSError:
+                continue
+            if self._config_mtime is not None and mtime != self._config_mtime:
+                self.reload()
+            self._config_mtime = mtime
+
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def startup(self) -> None:
-        """Open the client pool and start the registry's background work."""
+        """Open the client pool and start background work (leases, health, lag, policy watch)."""
         await self.transport.open()
         await self.registry.start()
+        await self.health.start()
+        await self.shedder.start()
+        if self.config_path is not None:
+            with contextlib.suppress(OSError):
+                self._config_mtime = self.config_path.stat().st_mtime
+            self._watcher = asyncio.create_task(self._watch_config(), name="reach-config-watch")
+            if threading.current_thread() is threading.main_thread():
+                with contextlib.suppress(NotImplementedError, RuntimeError):
+                    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.reload)
         self.started = True
 
     async def shutdown(self) -> None:
         """Stop background work and close connections."""
         self.started = False
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
+        await self.dispatcher.close()
+        await self.health.close()
+        await self.shedder.close()
         await self.registry.close()
         await self.transport.close()
 
@@ -176,6 +279,8 @@ class RouterApp:
         if event in (RegistryEvent.DEREGISTERED, RegistryEvent.REMOVED):
             self.stats.forget(entry.id)
             self.pipeline.forget(entry.id)
+            self.breakers.forget(entry.id)
+            self.affinity.forget_agent(entry.id)
         if event in (RegistryEvent.REGISTERED, RegistryEvent.REPLACED):
             registry_log.info(
                 "[registry] %s %s: %s (lease %s, ttl=%gs)",
@@ -199,11 +304,14 @@ class RouterApp:
             "capabilities": list(entry.capabilities),
             "endpoint": entry.endpoint,
             "lastHeartbeat": entry.last_heartbeat_iso,
-            "circuit": "closed",
+            "circuit": self.breakers.state(entry.id).value,
             "stats": self.stats.snapshot(entry.id),
         }
 
 
 def create_app(config: RouterConfig | None = None, **kwargs: Any) -> RouterApp:
     """Build the Router application (``uvicorn --factory agent_reach.server:create_app``)."""
-    return RouterApp(config or RouterConfig.load(), **kwargs)
+    if config is None:
+        path = kwargs.pop("config_path", None) or os.environ.get("REACH_CONFIG") or None
+        return RouterApp(RouterConfig.load(path), config_path=path, **kwargs)
+    return RouterApp(config, **kwargs)

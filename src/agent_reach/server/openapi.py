@@ -127,6 +127,60 @@ def openapi_document() -> dict[str, Any]:
                     },
                 }
             },
+            "/reach/{trace_id}": {
+                "get": {
+                    "summary": "The outcome of an async request: 202 while pending, then the ReachResponse",
+                    "parameters": [
+                        {"name": "trace_id", "in": "path", "required": True, "schema": {"type": "string"}}
+                    ],
+                    "responses": {
+                        "200": _json(_ref("ReachResponse"), "finished (or the status's own code)"),
+                        "202": _json(_ref("ReachResponse"), "ACCEPTED: still running"),
+                        "404": _json(_ERROR, "unknown or expired"),
+                    },
+                }
+            },
+            "/admin/traces": {
+                "get": {
+                    "summary": "Recent hops, newest first",
+                    "parameters": [
+                        {"name": "task", "in": "query", "required": False, "schema": {"type": "string"}},
+                        {"name": "status", "in": "query", "required": False, "schema": {"type": "string"}},
+                        {
+                            "name": "limit",
+                            "in": "query",
+                            "required": False,
+                            "schema": {"type": "integer", "minimum": 1, "maximum": 1000},
+                        },
+                    ],
+                    "responses": {"200": {"description": "trace summaries"}},
+                }
+            },
+            "/admin/traces/{trace_id}": {
+                "get": {
+                    "summary": "Every hop of one trace, and their tree",
+                    "parameters": [
+                        {"name": "trace_id", "in": "path", "required": True, "schema": {"type": "string"}}
+                    ],
+                    "responses": {
+                        "200": {"description": "the trace"},
+                        "404": _json(_ERROR, "TRACE_NOT_FOUND"),
+                    },
+                }
+            },
+            "/admin/reload": {
+                "post": {
+                    "summary": "Re-read the policy file (as SIGHUP does)",
+                    "responses": {
+                        "200": {"description": "reloaded"},
+                        "409": _json(_ERROR, "no policy file"),
+                        "422": _json(_ERROR, "invalid new policy; the old one is kept"),
+                    },
+                }
+            },
+            "/metrics": {
+                "get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "text format"}}}
+            },
             "/healthz": {"get": {"summary": "Liveness", "responses": {"200": {"description": "serving"}}}},
             "/readyz": {
                 "get": {

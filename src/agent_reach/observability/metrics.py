@@ -1,0 +1,154 @@
+"""Prometheus metrics (PROTOCOL.md §9), read from finished decision records.
+
+Label cardinality is bounded by construction: ``task`` is a task some agent declared (anything
+else, such as a caller's free text or a typo, is ``_unknown``), ``agent`` is a registered agent
+id (``_none`` when no agent was involved), ``status`` and the reasons are closed enums. So the
+series grow with the registry, never with the traffic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from agent_reach.observability.record import DecisionRecord
+from agent_reach.protocol import AgentStatusValue
+from agent_reach.registry.base import AgentEntry, Registry, RegistryEvent
+from agent_reach.resilience.breaker import BreakerBoard, BreakerState
+from agent_reach.stats import StatsBook
+
+UNKNOWN_TASK = "_unknown"
+NO_AGENT = "_none"
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+_SCORE_BUCKETS = (0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0)
+_CIRCUIT_VALUE = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
+
+
+class _LiveState(Collector):
+    """Gauges read at scrape time: registry size by status, breaker state and in-flight per agent."""
+
+    def __init__(
+        self, registry: Registry, breakers: BreakerBoard, stats: StatsBook, inflight: Callable[[], int]
+    ) -> None:
+        self._registry = registry
+        self._breakers = breakers
+        self._stats = stats
+        self._inflight = inflight
+
+    def collect(self) -> Iterable[Any]:
+        agents = self._registry.agents()
+        by_status = GaugeMetricFamily(
+            "reach_registry_agents", "Registered agents by status", labels=["status"]
+        )
+        counts = dict.fromkeys(AgentStatusValue, 0)
+        for entry in agents:
+            counts[entry.status] += 1
+        for status, count in counts.items():
+            by_status.add_metric([status.value], count)
+        yield by_status
+        circuit = GaugeMetricFamily(
+            "reach_agent_circuit_state",
+            "Breaker state per agent: 0 closed, 1 half-open, 2 open",
+            labels=["agent"],
+        )
+        agent_inflight = GaugeMetricFamily(
+            "reach_agent_inflight_requests", "Requests in flight per agent", labels=["agent"]
+        )
+        for entry in agents:
+            circuit.add_metric([entry.id], _CIRCUIT_VALUE[self._breakers.state(entry.id)])
+            agent_inflight.add_metric([entry.id], self._stats.snapshot(entry.id)["inflight"])
+        yield circuit
+        yield agent_inflight
+        yield GaugeMetricFamily(
+            "reach_inflight_requests", "Requests in flight in the Router", value=self._inflight()
+        )
+
+
+class RouterMetrics:
+    """The Router's metric families, one CollectorRegistry per Router (so tests stay apart)."""
+
+    def __init__(
+        self, registry: Registry, breakers: BreakerBoard, stats: StatsBook, inflight: Callable[[], int]
+    ) -> None:
+        self._registry = registry
+        self.prom = CollectorRegistry(auto_describe=True)
+        prom = self.prom
+        self.requests = Counter(
+            "reach_requests",
+            "Requests by task, handling agent and final status",
+            ["task", "agent", "status"],
+            registry=prom,
+        )
+        self.match_score = Histogram(
+            "reach_route_match_score",
+            "Score of the selected route",
+            ["strategy"],
+            buckets=_SCORE_BUCKETS,
+            registry=prom,
+        )
+        self.circuit_trips = Counter(
+            "reach_agent_circuit_trips", "Times an agent's breaker opened", ["agent"], registry=prom
+        )
+        self.latency = Histogram(
+            "reach_end_to_end_latency_seconds",
+            "Router latency of a request, end to end",
+            ["task"],
+            buckets=_LATENCY_BUCKETS,
+            registry=prom,
+        )
+        self.retries = Counter("reach_retries", "Same-agent retries by reason", ["reason"], registry=prom)
+        self.failovers = Counter(
+            "reach_failovers", "Failovers to another agent by reason", ["reason"], registry=prom
+        )
+        self.lease_expiries = Counter(
+            "reach_lease_expiries", "Leases that ran out (agent went offline)", registry=prom
+        )
+        self.health_failures = Counter(
+            "reach_health_check_failures", "Failed health probes by agent", ["agent"], registry=prom
+        )
+        self.attempts = Counter(
+            "reach_upstream_attempts", "Upstream attempts by outcome", ["outcome"], registry=prom
+        )
+        self.semantic_refusals = Counter(
+            "reach_semantic_refusals",
+            "Requests refused because no capability scored above the threshold",
+            registry=prom,
+        )
+        prom.register(_LiveState(registry, breakers, stats, inflight))
+
+    def __call__(self, record: DecisionRecord) -> None:
+        task = record.matched_task or UNKNOWN_TASK
+        agent = record.handler or (record.attempts[-1].agent_id if record.attempts else NO_AGENT)
+        status = record.status.value if record.status is not None else "UNKNOWN"
+        self.requests.labels(task, agent, status).inc()
+        self.latency.labels(task).observe(record.duration_ms / 1000)
+        if record.score is not None and record.strategy:
+            self.match_score.labels(record.strategy).observe(record.score)
+        for attempt in record.attempts:
+            self.attempts.labels(attempt.outcome).inc()
+        for reason in record.retries:
+            self.retries.labels(reason).inc()
+        for reason in record.failovers:
+            self.failovers.labels(reason).inc()
+        for agent_id in record.circuit_trips:
+            self.circuit_trips.labels(agent_id).inc()
+
+    def on_registry(self, event: RegistryEvent, entry: AgentEntry) -> None:
+        if event is RegistryEvent.OFFLINE:
+            self.lease_expiries.inc()
+
+    def on_probe(self, agent_id: str, ok: bool) -> None:
+        if not ok:
+            self.health_failures.labels(agent_id).inc()
+
+    def exposition(self) -> bytes:
+        """The Prometheus text format of every metric."""
+        return generate_latest(self.prom)
+
+
+__all__ = ["CONTENT_TYPE", "RouterMetrics"]
