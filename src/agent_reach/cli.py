@@ -47,21 +47,26 @@ def router(
         Path | None, typer.Option("--config", "-c", help="Policy file [env REACH_CONFIG].")
     ] = None,
     log_level: Annotated[str | None, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = None,
+    log_format: Annotated[str | None, typer.Option(help="text (the protocol's lines) or json.")] = None,
 ) -> None:
-    """Run the Router."""
+    """Run the Router. SIGHUP (or a change to the policy file) reloads the policy."""
     import uvicorn
 
     from agent_reach.config import RouterConfig
     from agent_reach.observability.logging import configure
     from agent_reach.server import RouterApp
 
+    if log_format not in (None, "text", "json"):
+        _fail(f"--log-format must be text or json, got {log_format!r}")
+    config_path = config if config is not None else (os.environ.get("REACH_CONFIG") or None)
     try:
-        policy = RouterConfig.load(config)
+        policy = RouterConfig.load(config_path)
     except ConfigError as exc:
         _fail(exc.message)
-    configure(log_level or policy.logging.level, policy.logging.format)
+    json_logs = (log_format or policy.logging.format) == "json"
+    configure(log_level or policy.logging.level, "json" if json_logs else "text", policy.logging.levels)
     bind_port = port if port is not None else _default_port()
-    app_ = RouterApp(policy)
+    app_ = RouterApp(policy, config_path=config_path)
     err.print(
         f"[reach-router] listening on http://{host}:{bind_port} "
         f"(registry: memory, lease ttl {policy.registry.lease_ttl_seconds:g}s)",
@@ -214,6 +219,35 @@ def call(
         _fail(exc.message, code=1)
     out.print_json(response.model_dump_json(by_alias=True))
     raise typer.Exit(0 if response.ok else 1)
+
+
+@app.command()
+def trace(
+    trace_id: Annotated[str, typer.Argument(help="The traceId to show.")],
+    router_url: RouterOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the raw JSON.")] = False,
+) -> None:
+    """Print one trace as a timeline: every hop, candidate, attempt and outcome."""
+    import httpx
+
+    from agent_reach.sdk.client import router_url_from_env
+    from agent_reach.timeline import render_trace
+
+    url = router_url_from_env(router_url)
+    try:
+        resp = httpx.get(f"{url}/admin/traces/{trace_id}", timeout=5)
+    except httpx.HTTPError as exc:
+        _fail(f"cannot reach {url}: {exc}", code=1)
+    if resp.status_code == 404:
+        _fail(f"no trace {trace_id!r} at {url} (unknown, or evicted from the trace store)", code=1)
+    try:
+        data = resp.json()
+    except ValueError:
+        _fail(f"{url} answered HTTP {resp.status_code} without JSON", code=1)
+    if as_json:
+        out.print_json(data=data)
+        return
+    out.print(render_trace(data))
 
 
 @app.command()

@@ -31,10 +31,11 @@ from typing import Any
 import aiohttp
 import orjson
 from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from agent_reach.clock import SYSTEM_CLOCK
 from agent_reach.exceptions import ConfigError, ReachError
-from agent_reach.observability.tracecontext import make_traceparent, new_trace_id
+from agent_reach.observability.tracecontext import make_traceparent, new_trace_id, parse_traceparent
 from agent_reach.protocol import ReachResponse
 from agent_reach.resilience.timeouts import Deadline
 from agent_reach.sdk.client import ReachClient
@@ -75,6 +76,7 @@ class ReachContext:
     conversation_id: str | None
     deadline: Deadline | None
     agent: ReachAgent
+    parent_span_id: str | None = None  # the Router's span for this attempt, from `traceparent`
 
     @property
     def remaining_ms(self) -> float | None:
@@ -88,7 +90,11 @@ class ReachContext:
             options["timeout_ms"] = max(1, int(min(remaining, wanted) if wanted else remaining))
         options.setdefault("trace_id", self.trace_id)
         options.setdefault("conversation_id", self.conversation_id)
-        headers = {"X-Reach-Trace-Id": self.trace_id, "traceparent": make_traceparent(self.trace_id)}
+        # Our caller's span is the parent of the calls we make: the Router links the hops into a tree.
+        headers = {
+            "X-Reach-Trace-Id": self.trace_id,
+            "traceparent": make_traceparent(self.trace_id, self.parent_span_id),
+        }
         return await self.agent.client.call(task, payload, headers=headers, **options)
 
 
@@ -117,6 +123,17 @@ class ReachAgent:
         self._lease_task: asyncio.Task[None] | None = None
         self._client: ReachClient | None = None
         self.port: int | None = None
+        # The agent's own metrics, served at /metrics on its health port.
+        self.metrics = CollectorRegistry(auto_describe=True)
+        self._handled = Counter(
+            "reach_agent_handled_requests",
+            "Requests handled, by task and outcome",
+            ["task", "outcome"],
+            registry=self.metrics,
+        )
+        self._handler_latency = Histogram(
+            "reach_agent_handler_latency_seconds", "Handler latency by task", ["task"], registry=self.metrics
+        )
 
     # -- configuration -----------------------------------------------------------------------
 
@@ -190,6 +207,7 @@ class ReachAgent:
         health = config.profile.health_check
         if config.health_port is None:
             app.router.add_get(health.path, self._on_health)
+            app.router.add_get("/metrics", self._on_metrics)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, config.host, config.port)
@@ -198,7 +216,13 @@ class ReachAgent:
         sockets = getattr(server, "sockets", None) or []
         self.port = sockets[0].getsockname()[1] if sockets else config.port
         if config.health_port is not None:
-            self._health = HealthServer(self.id, config.host, config.health_port, health.path)
+            self._health = HealthServer(
+                self.id,
+                config.host,
+                config.health_port,
+                health.path,
+                metrics=lambda: generate_latest(self.metrics),
+            )
             self._health.start()
         await self._register_until_done()
         self._lease_task = asyncio.create_task(self._keep_lease(), name="reach-lease")
@@ -327,6 +351,9 @@ class ReachAgent:
     async def _on_health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "agent": self.id})
 
+    async def _on_metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self.metrics), content_type="text/plain")
+
     async def _on_conversation(self, request: web.Request) -> web.Response:
         conversation_id = request.match_info["conversation_id"]
         holds = False
@@ -356,6 +383,7 @@ class ReachAgent:
                 "UNKNOWN_TASK", f"agent {self.id} has no handler for {task!r}", retryable=True
             )
         deadline = _deadline_from(request.headers.get("X-Reach-Deadline-Ms"))
+        parent = parse_traceparent(request.headers.get("traceparent"))
         ctx = ReachContext(
             trace_id=trace_id,
             task=task,
@@ -363,9 +391,23 @@ class ReachAgent:
             conversation_id=data.get("conversationId"),
             deadline=deadline,
             agent=self,
+            parent_span_id=parent[1] if parent else None,
         )
-        payload = data.get("payload") if isinstance(data.get("payload"), dict) else {}
+        raw_payload = data.get("payload")
+        payload: dict[str, Any] = raw_payload if isinstance(raw_payload, dict) else {}
         log.info("[%s] handle: %s from %s", trace_id, task, ctx.source_agent or "-")
+        started = asyncio.get_running_loop().time()
+        answer = await self._run_handler(bound, payload, ctx)
+        self._handler_latency.labels(task).observe(asyncio.get_running_loop().time() - started)
+        self._handled.labels(task, answer[1]).inc()
+        return answer[0]
+
+    async def _run_handler(
+        self, bound: tuple[Handler, bool, bool], payload: dict[str, Any], ctx: ReachContext
+    ) -> tuple[web.Response, str]:
+        """Run one handler under the deadline; returns the HTTP answer and its outcome label."""
+        trace_id, task = ctx.trace_id, ctx.task
+        deadline = ctx.deadline
         handler, is_async, wants_ctx = bound
         args = (payload, ctx) if wants_ctx else (payload,)
         work: Awaitable[Any] = handler(*args) if is_async else asyncio.to_thread(handler, *args)
@@ -377,27 +419,24 @@ class ReachAgent:
                     result = await work
         except TimeoutError:
             log.warning("[%s] handler for %s ran past the deadline", trace_id, task)
-            return _answer_error(
-                "DEADLINE_EXCEEDED", "the handler ran past the request's deadline", retryable=False
-            )
+            message = "the handler ran past the request's deadline"
+            return _answer_error("DEADLINE_EXCEEDED", message, retryable=False), "deadline_exceeded"
         except AgentError as exc:
-            return web.Response(
-                body=orjson.dumps({"status": "AGENT_ERROR", "error": exc.to_error()}),
-                content_type="application/json",
-            )
+            body = orjson.dumps({"status": "AGENT_ERROR", "error": exc.to_error()})
+            return web.Response(body=body, content_type="application/json"), "agent_error"
         except ReachError as exc:
-            return _answer_error(exc.code, exc.message, retryable=False)
+            return _answer_error(exc.code, exc.message, retryable=False), "agent_error"
         except Exception as exc:
             log.exception("[%s] handler for %s failed", trace_id, task)
-            return _answer_error("HANDLER_FAILED", f"{type(exc).__name__}: {exc}"[:500], retryable=False)
+            message = f"{type(exc).__name__}: {exc}"[:500]
+            return _answer_error("HANDLER_FAILED", message, retryable=False), "handler_failed"
         try:
             body = orjson.dumps({"status": "SUCCESS", "result": result})
         except TypeError as exc:
             log.error("[%s] handler for %s returned something that is not JSON: %s", trace_id, task, exc)
-            return _answer_error(
-                "HANDLER_FAILED", "the handler's result is not JSON-serialisable", retryable=False
-            )
-        return web.Response(body=body, content_type="application/json")
+            message = "the handler's result is not JSON-serialisable"
+            return _answer_error("HANDLER_FAILED", message, retryable=False), "handler_failed"
+        return web.Response(body=body, content_type="application/json"), "success"
 
 
 class _RegistrationRefused(Exception):

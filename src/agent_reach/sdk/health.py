@@ -8,28 +8,34 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 
 class HealthServer:
-    """Serves ``GET {path}`` → ``200 {"status": "ok", "agent": id}`` on ``host:port``."""
+    """Serves ``GET {path}`` → ``200 {"status": "ok", "agent": id}``, and ``GET /metrics``."""
 
-    def __init__(self, agent_id: str, host: str, port: int, path: str) -> None:
+    def __init__(
+        self, agent_id: str, host: str, port: int, path: str, metrics: Callable[[], bytes] | None = None
+    ) -> None:
         body = json.dumps({"status": "ok", "agent": agent_id}).encode()
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
             def do_GET(self) -> None:
-                if self.path.split("?", 1)[0] == path:
+                wanted = self.path.split("?", 1)[0]
+                if wanted == path:
                     self._answer(200, body)
+                elif wanted == "/metrics" and metrics is not None:
+                    self._answer(200, metrics(), "text/plain; version=0.0.4; charset=utf-8")
                 else:
                     self._answer(404, b'{"error": {"code": "NOT_FOUND", "message": "no such path"}}')
 
-            def _answer(self, status: int, payload: bytes) -> None:
+            def _answer(self, status: int, payload: bytes, ctype: str = "application/json") -> None:
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
                 self.wfile.write(payload)

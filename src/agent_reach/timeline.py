@@ -1,0 +1,69 @@
+"""Render a trace from ``GET /admin/traces/{traceId}`` as a terminal timeline (``reach trace``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from rich.tree import Tree
+
+_STYLE = {"SUCCESS": "green", "TIMEOUT": "yellow", "ACCEPTED": "cyan"}
+
+
+def _status(status: str | None) -> str:
+    style = _STYLE.get(status or "", "red")
+    return f"[{style}]{status}[/]"
+
+
+def _hop_label(hop: dict[str, Any]) -> str:
+    handler = hop.get("handlerAgentId") or "-"
+    return (
+        f"hop {hop['hop']}  [bold]{hop.get('source')} -> {hop.get('task')}[/]  {_status(hop.get('status'))}"
+        f"  handler={handler}  {hop.get('durationMs', 0):.1f}ms  at {hop.get('startedAt')}"
+    )
+
+
+def _add_hop(
+    parent: Tree, hop: dict[str, Any], hops: list[dict[str, Any]], children: dict[int, list[int]]
+) -> None:
+    branch = parent.add(_hop_label(hop))
+    decision = hop.get("decision") or {}
+    if decision.get("candidates"):
+        branch.add(Text(f"candidates: {', '.join(decision['candidates'])}"))
+    if decision.get("selected"):
+        score = decision.get("score")
+        extra = f" (score={score:.2f})" if isinstance(score, (int, float)) else ""
+        branch.add(Text(f"select {decision['selected']} by {decision.get('rule')}{extra}"))
+    if decision.get("affinity"):
+        branch.add(Text(f"conversation bound to {decision['affinity']}"))
+    spawned: dict[str, list[int]] = {}
+    for child in children.get(hop["hop"], []):
+        spawned.setdefault(hops[child].get("parentSpanId") or "", []).append(child)
+    for attempt in hop.get("attempts", []):
+        outcome = attempt.get("outcome")
+        style = "green" if outcome == "SUCCESS" else "red"
+        node = branch.add(
+            f"+{attempt.get('offsetMs', 0):.1f}ms  attempt -> {attempt.get('agentId')}  "
+            f"[{style}]{outcome}[/]  {attempt.get('durationMs', 0):.1f}ms"
+        )
+        for child in spawned.get(attempt.get("spanId") or "", []):
+            _add_hop(node, hops[child], hops, children)
+    for event in hop.get("events", []):
+        if event.get("kind") not in ("forward",):
+            branch.add(Text(f"{event.get('kind')}: {event.get('text')}", style="dim"))
+    for rejected in decision.get("rejected") or []:
+        branch.add(Text(f"not used: {rejected.get('agentId')} ({rejected.get('reason')})", style="dim"))
+
+
+def render_trace(data: dict[str, Any]) -> Tree:
+    """A rich Tree: hops nested under the attempt that caused them."""
+    hops: list[dict[str, Any]] = data.get("hops", [])
+    root = Tree(f"trace [bold]{data.get('traceId')}[/]  ({len(hops)} hop{'s' if len(hops) != 1 else ''})")
+    children: dict[int, list[int]] = {}
+    for hop in hops:
+        if "parentHop" in hop:
+            children.setdefault(hop["parentHop"], []).append(hop["hop"])
+    for hop in hops:
+        if "parentHop" not in hop:
+            _add_hop(root, hop, hops, children)
+    return root
