@@ -13,6 +13,15 @@ Run (after ``scripts/bench-deps``, which installs wrk)::
 
     .venv/bin/python bench/router_overhead.py
     .venv/bin/python bench/router_overhead.py --duration 10 --json bench-results.json
+
+The Router is started as ``python -m agent_reach``, so PYTHONPATH picks its code; to measure the
+committed Router while src/ is being edited::
+
+    git archive HEAD src | tar -x -C /tmp/reach-head
+    PYTHONPATH=/tmp/reach-head/src .venv/bin/python bench/router_overhead.py
+
+Other processes on the machine (a test suite, say) disturb the figures; the "other CPU" column
+shows how much CPU they took during each path's runs.
 """
 
 from __future__ import annotations
@@ -117,6 +126,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--memory-tolerance-mib", type=float, default=2.0, help="RSS growth still counted as flat"
     )
+    parser.add_argument(
+        "--router-log-level",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="diagnosis only: run the Router at another log level than its default (INFO)",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures as JSON here")
     parser.add_argument("--keep-logs", action="store_true", help="keep the work dir with the server logs")
     return parser.parse_args(argv)
@@ -128,6 +142,7 @@ class Bench:
         self.workdir = Path(tempfile.mkdtemp(prefix="reach-bench-"))
         self.script = wrk_runner.write_post_script(self.workdir / "post.lua", REQUEST)
         self.started: list[Server] = []
+        self.source = router_source()
         pin = not args.no_pin
         self.server_core = args.server_core if pin else None
         self.agent_core = args.agent_core if pin else None
@@ -167,7 +182,10 @@ class Bench:
             self.server_core,
             [sys.executable, "-m", "agent_reach", "router", "--port", str(port), "--config", str(config)],
         )
-        # Default log level (INFO): the trace lines are a default feature, so they are measured.
+        # The trace lines are a default feature, so the default level (INFO) is what is measured;
+        # another level only shows what logging costs.
+        if self.args.router_log_level:
+            argv += ["--log-level", self.args.router_log_level]
         router = self._start(Server("router", argv, self.workdir / "router.log"))
         router.wait_ready(lambda: http("GET", f"{base}/healthz")[0] == 200)
         profile = {
@@ -267,6 +285,12 @@ class Bench:
 
     # -- output ------------------------------------------------------------------------------
 
+    def log_level(self) -> str:
+        level = self.args.router_log_level
+        if level is None or level == "INFO":
+            return "INFO level (default)"
+        return f"{level} level: NOT the default, so this run does not measure the default Router"
+
     def layout(self) -> dict[str, Any]:
         if self.args.no_pin:
             return {"pinned": False}
@@ -318,7 +342,8 @@ class Bench:
                 if not args.no_pin
                 else "not pinned; all on 127.0.0.1"
             ),
-            f"  Router log: INFO level (default), stderr to {log} "
+            f"  Router code: {self.source}",
+            f"  Router log: {self.log_level()}, stderr to {log} "
             f"({log_lines:,} lines{'' if args.keep_logs else ', deleted at exit; --keep-logs keeps it'})",
             "",
             f"{'path':<9} {f'req/s c{c}':>11} {'p50 c1':>9} {'p99 c1':>9} {f'p50 c{c}':>9} {f'p99 c{c}':>9}"
@@ -341,7 +366,7 @@ class Bench:
         if noisiest > NOISE_WARNING:
             lines.append(
                 f"  WARNING: other processes took up to {noisiest * 100:.0f}% of a core during a run; "
-                "the figures are disturbed: rerun on a quiet machine"
+                "the figures may be disturbed: rerun on a quiet machine"
             )
         assert router.forwarder_cpu_us is not None and baseline.forwarder_cpu_us is not None
         lines += [
@@ -368,9 +393,8 @@ class Bench:
                 f"flat = within {args.memory_tolerance_mib:g} MiB)  "
                 f"{verdict(targets['rss_growth_mib']['pass'])}"
             )
-            lines.append(
-                "    samples: " + ", ".join(f"{n // 1000}k: {rss / MIB:.1f} MiB" for n, rss in memory.samples)
-            )
+            samples = (f"{n / 1000:.0f}k: {rss / MIB:.1f} MiB" for n, rss in memory.samples)
+            lines.append("    samples: " + ", ".join(samples))
         print("\n".join(lines))
         return {
             "settings": {
@@ -380,7 +404,12 @@ class Bench:
                 "wrk_threads": args.wrk_threads,
                 "request": REQUEST,
                 "wrk": wrk_version(),
-                "router_log": {"level": "INFO", "file": str(log), "lines": log_lines},
+                "router_log": {
+                    "level": self.args.router_log_level or "INFO",
+                    "file": str(log),
+                    "lines": log_lines,
+                },
+                "router_source": self.source,
             },
             "layout": self.layout(),
             "paths": {name: path.to_json() for name, path in results.items()},
@@ -390,6 +419,23 @@ class Bench:
             "memory": memory.to_json() if memory else None,
             "targets": targets,
         }
+
+
+def router_source() -> str:
+    """Where the Router's code is imported from, and its git state: the tree may be mid-edit."""
+    probe = "import agent_reach, os; print(os.path.dirname(os.path.dirname(agent_reach.__file__)))"
+    found = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=False)
+    where = found.stdout.strip() or "?"
+    head = subprocess.run(
+        ["git", "-C", where, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    )
+    if head.returncode != 0:
+        return f"{where} (not a git checkout)"
+    dirty = subprocess.run(
+        ["git", "-C", where, "status", "--porcelain", "--", "."], capture_output=True, text=True, check=False
+    )
+    state = "with uncommitted changes" if dirty.stdout.strip() else "clean"
+    return f"{where} (git {head.stdout.strip()}, {state})"
 
 
 def ms(value: float) -> str:
@@ -424,6 +470,8 @@ def main(argv: list[str] | None = None) -> int:
         print("taskset is missing (util-linux); use --no-pin", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, _terminated)
+    # A shell starts background jobs with SIGINT ignored; Ctrl-C or kill -INT must still stop us.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     bench = Bench(args)
     started = time.monotonic()
     try:

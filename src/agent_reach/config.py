@@ -95,6 +95,9 @@ class BreakerPolicy(_Section):
     # While open, one half-open probe request is let through every this many seconds.
     open_seconds: Positive = 10
     scope: Literal["agent", "agent_task"] = "agent"
+    # A refused connection means nothing listens: open at once rather than after N failures,
+    # so a crashed agent costs each Router one failed attempt, not N.
+    open_on_refused: bool = True
 
 
 class TaskOverride(_Section):

@@ -29,7 +29,13 @@ from pydantic import ValidationError
 
 from agent_reach.clock import SYSTEM_CLOCK, Clock
 from agent_reach.config import RouterConfig
-from agent_reach.exceptions import AgentRejected, AttemptError, NoAvailableHandler, RequestError
+from agent_reach.exceptions import (
+    AgentRejected,
+    AttemptError,
+    ConnectFailed,
+    NoAvailableHandler,
+    RequestError,
+)
 from agent_reach.observability.record import AttemptRecord, DecisionRecord, Observer
 from agent_reach.observability.tracecontext import new_span_id, new_trace_id, w3c_trace_id
 from agent_reach.protocol import (
@@ -79,9 +85,9 @@ class Dispatcher:
         self.pipeline = pipeline
         self.transport = transport
         self.config = config
-        self.stats = stats or StatsBook()
-        self.budget = budget or RetryBudget(config.retry_budget, clock=clock)
-        self.results = results or ResultStore(config.async_mode, clock=clock)
+        self.stats = StatsBook() if stats is None else stats
+        self.budget = RetryBudget(config.retry_budget, clock=clock) if budget is None else budget
+        self.results = ResultStore(config.async_mode, clock=clock) if results is None else results
         self.observers = list(observers)
         self.clock = clock
         self._background: set[asyncio.Task[Any]] = set()
@@ -374,8 +380,9 @@ class Dispatcher:
                     took = round((clock.monotonic() - t0) * 1000, 2)
                     # An agent that refuses on purpose is healthy; it only failed this request.
                     healthy = isinstance(exc, AgentRejected)
+                    refused = isinstance(exc, ConnectFailed) and exc.refused
                     self.stats.finished(agent_id, ok=healthy, latency_ms=took)
-                    self._breaker_outcome(record, agent_id, task, ok=healthy)
+                    self._breaker_outcome(record, agent_id, task, ok=healthy, refused=refused)
                     record.attempts.append(
                         AttemptRecord(
                             agent_id,
@@ -443,14 +450,14 @@ class Dispatcher:
         error = NoAvailableHandler(message, list(record.rejected)).to_error()
         return self._finish(record, Status.NO_AVAILABLE_HANDLER, error=error)
 
-    def _breaker_outcome(self, record: DecisionRecord, agent_id: str, task: str, *, ok: bool) -> None:
-        change = self.breakers.record(agent_id, task, ok=ok)
+    def _breaker_outcome(
+        self, record: DecisionRecord, agent_id: str, task: str, *, ok: bool, refused: bool = False
+    ) -> None:
+        change = self.breakers.record(agent_id, task, ok=ok, refused=refused)
         if change is BreakerState.OPEN:
             record.circuit_trips.append(agent_id)
-            threshold = self.breakers.policy.failure_threshold
-            record.note(
-                "circuit open", f"agent {agent_id} (after {threshold} consecutive failures or a failed probe)"
-            )
+            why = "connection refused" if refused else "consecutive failures or a failed probe"
+            record.note("circuit open", f"agent {agent_id} ({why})")
         elif change is BreakerState.CLOSED:
             record.note("circuit closed", f"agent {agent_id}")
 

@@ -153,6 +153,11 @@ class ConnectFailed(AttemptError):
     code = "CONNECT_ERROR"
     reason = "connect_error"
 
+    def __init__(self, message: str, *, refused: bool = False) -> None:
+        super().__init__(message)
+        # Refused: nothing listens on the agent's port, so the process is gone or not started.
+        self.refused = refused
+
 
 class AttemptTimeout(AttemptError):
     """The agent did not answer within the attempt's read timeout or the deadline."""

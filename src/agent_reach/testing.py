@@ -82,7 +82,12 @@ class FakeAgent:
     weight: float = 1.0
     input_schema: dict[str, Any] | None = None
     result: Any = None
+    healthy: bool = True
+    health_interval_s: float = 15.0
+    health_timeout_ms: int = 5000
+    conversations: set[str] = field(default_factory=set)
     received: list[dict[str, Any]] = field(default_factory=list)
+    health_probes: int = 0
     headers: list[dict[str, str]] = field(default_factory=list)
     port: int = field(default_factory=free_port)
     lease_id: str | None = None
@@ -100,11 +105,21 @@ class FakeAgent:
             if self.input_schema is not None:
                 cap["input_schema"] = self.input_schema
             caps.append(cap)
-        return {"id": self.agent_id, "network": {"endpoint": self.endpoint}, "capabilities": caps}
+        return {
+            "id": self.agent_id,
+            "network": {"endpoint": self.endpoint},
+            "capabilities": caps,
+            "health_check": {
+                "interval_seconds": self.health_interval_s,
+                "timeout_ms": self.health_timeout_ms,
+            },
+        }
 
     async def start(self) -> FakeAgent:
         app = web.Application()
         app.router.add_post("/reach", self._handle)
+        app.router.add_get("/healthz", self._health)
+        app.router.add_get("/reach/conversations/{conversation_id}", self._holds)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
@@ -127,6 +142,15 @@ class FakeAgent:
                 raise RuntimeError(f"registration failed: {resp.status} {answer}")
         self.lease_id = str(answer["leaseId"])
         return self.lease_id
+
+    async def _health(self, request: web.Request) -> web.Response:
+        self.health_probes += 1
+        return web.json_response(
+            {"status": "ok" if self.healthy else "failing"}, status=200 if self.healthy else 503
+        )
+
+    async def _holds(self, request: web.Request) -> web.Response:
+        return web.json_response({"holds": request.match_info["conversation_id"] in self.conversations})
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         envelope = orjson.loads(await request.read())

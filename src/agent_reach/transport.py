@@ -77,8 +77,11 @@ class Transport:
             raise ConnectFailed(f"connect timeout after {connect_s * 1000:.0f} ms") from exc
         except TimeoutError as exc:  # aiohttp's read timeouts subclass it, as does the total
             raise AttemptTimeout(f"no answer within {read_s * 1000:.0f} ms") from exc
+        except aiohttp.ClientConnectorError as exc:
+            refused = isinstance(exc.os_error, ConnectionRefusedError)
+            raise ConnectFailed(f"{type(exc).__name__}: {exc}", refused=refused) from exc
         except (aiohttp.ClientConnectionError, OSError) as exc:
-            # Refused, reset, unreachable, or the server hung up: all network errors.
+            # Reset, unreachable, or the server hung up: all network errors.
             raise ConnectFailed(f"{type(exc).__name__}: {exc}") from exc
         except aiohttp.ClientPayloadError as exc:
             raise BadAgentResponse(f"broken response body: {exc}") from exc

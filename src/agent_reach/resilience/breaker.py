@@ -109,8 +109,12 @@ class BreakerBoard:
             return permit, BreakerState.HALF_OPEN if changed else None
         return permit, None
 
-    def record(self, agent_id: str, task: str, *, ok: bool) -> BreakerState | None:
-        """Record an attempt's outcome; returns the new state when the breaker changed."""
+    def record(self, agent_id: str, task: str, *, ok: bool, refused: bool = False) -> BreakerState | None:
+        """Record an attempt's outcome; returns the new state when the breaker changed.
+
+        ``refused`` (nothing listens on the agent's port) opens the breaker at once when the
+        policy says ``open_on_refused``.
+        """
         if not self.policy.enabled:
             return None
         key = self._key(task)
@@ -128,9 +132,8 @@ class BreakerBoard:
             breaker = self._breakers.setdefault(agent_id, {}).setdefault(key, Breaker())
         breaker.failures += 1
         now = self._clock.monotonic()
-        if breaker.state is BreakerState.HALF_OPEN or (
-            breaker.state is BreakerState.CLOSED and breaker.failures >= self._threshold(task)
-        ):
+        trip = breaker.failures >= self._threshold(task) or (refused and self.policy.open_on_refused)
+        if breaker.state is BreakerState.HALF_OPEN or (breaker.state is BreakerState.CLOSED and trip):
             breaker.state = BreakerState.OPEN
             breaker.opened_at = now
             breaker.probe_started = None

@@ -42,8 +42,9 @@ class Pipeline:
     ) -> None:
         self.registry = registry
         self.policy = policy or RoutingPolicy()
-        self.breakers = breakers or BreakerBoard()
-        self.affinity = affinity or AffinityTable()
+        # `is None`, not `or`: an empty board or table is falsy (it has a length).
+        self.breakers = BreakerBoard() if breakers is None else breakers
+        self.affinity = AffinityTable() if affinity is None else affinity
         exact = ExactMatch()
         # Strategies that later steps implement fall back to exact match until then; the
         # decision record names the strategy that actually ranked.

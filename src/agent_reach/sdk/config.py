@@ -13,7 +13,8 @@ server:           # optional: where the SDK listens; default 127.0.0.1 and the e
 ```
 
 The environment wins over the file: ``REACH_SELF_ID`` (agent.id), ``REACH_ROUTER_URL``
-(router.url), ``REACH_CALLBACK_URL`` (agent.network.endpoint).
+(router.url), ``REACH_CALLBACK_URL`` (agent.network.endpoint) and, an addition to the
+protocol, ``REACH_HEALTH_PORT`` (agent.health_check.port).
 """
 
 from __future__ import annotations
@@ -75,6 +76,15 @@ class AgentConfig:
             raise ConfigError(f"{source}: agent: is required and must be a mapping (the profile)")
         if env.get("REACH_SELF_ID"):
             agent["id"] = env["REACH_SELF_ID"]
+        if env.get("REACH_HEALTH_PORT"):
+            found_check = agent.get("health_check")
+            check: dict[str, Any] = found_check if isinstance(found_check, dict) else {}
+            try:
+                agent["health_check"] = {**check, "port": int(env["REACH_HEALTH_PORT"])}
+            except ValueError as exc:
+                raise ConfigError(
+                    f"REACH_HEALTH_PORT must be a port number, got {env['REACH_HEALTH_PORT']!r}"
+                ) from exc
         if env.get("REACH_CALLBACK_URL"):
             found = agent.get("network")
             network: dict[str, Any] = found if isinstance(found, dict) else {}

@@ -75,7 +75,7 @@ class RouterApp:
         self.config = config = config or RouterConfig()
         self.config_path = Path(config_path) if config_path is not None else None
         self.clock = clock
-        self.registry = registry or MemoryRegistry(config.registry, clock=clock)
+        self.registry = MemoryRegistry(config.registry, clock=clock) if registry is None else registry
         self.transport = Transport()
         self.stats = StatsBook()
         self.breakers = BreakerBoard(config.breaker, clock=clock, overrides=config.tasks)

@@ -1,0 +1,100 @@
+"""Active health checks against real agents on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+
+from agent_reach.clock import ManualClock
+from agent_reach.config import HealthPolicy, RouterConfig
+from agent_reach.protocol import AgentProfile
+from agent_reach.registry import MemoryRegistry
+from agent_reach.resilience.health import HealthChecker, health_url
+from agent_reach.testing import FakeAgent, RouterServer
+from agent_reach.transport import Transport
+
+
+async def wait_status(http: httpx.AsyncClient, agent_id: str, status: str, limit: float = 3.0) -> float:
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    while loop.time() - start < limit:
+        if (await http.get(f"/admin/agents/{agent_id}")).json()["status"] == status:
+            return loop.time() - start
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{agent_id} never became {status}")
+
+
+async def test_failing_probes_take_an_agent_out_and_a_success_brings_it_back() -> None:
+    """One failed probe: suspect; three: unhealthy and out of routing; one success: available again."""
+    config = RouterConfig.from_mapping({"health": {"interval_seconds": 0.1, "timeout_ms": 300, "jitter": 0}})
+    async with RouterServer(config) as server, httpx.AsyncClient(base_url=server.url) as http:
+        sick = await FakeAgent("sick").start()
+        well = await FakeAgent("well").start()
+        for agent in (sick, well):
+            await agent.register(server.url)
+        await asyncio.sleep(0.3)
+        assert sick.health_probes >= 1
+        sick.healthy = False
+        await wait_status(http, "sick", "suspect")
+        await wait_status(http, "sick", "unhealthy")
+        for _ in range(5):
+            body = (await http.post("/reach", json={"targetTask": "echo"})).json()
+            assert body["handlerAgentId"] == "well"
+        refused = (
+            await http.post(
+                "/reach", json={"targetTask": "echo", "preferences": {"filterAgentIds": ["sick"]}}
+            )
+        ).json()
+        assert {"agentId": "sick", "reason": "unhealthy"} in refused["error"]["candidates"]
+        sick.healthy = True
+        await wait_status(http, "sick", "available")
+        metrics = (await http.get("/metrics")).text
+        assert 'reach_health_check_failures_total{agent="sick"}' in metrics
+        for agent in (sick, well):
+            await agent.stop()
+
+
+async def test_probe_goes_to_the_dedicated_port() -> None:
+    """health_url uses health_check.port when the profile has one, else the endpoint's port."""
+    registry = MemoryRegistry()
+    with_port = AgentProfile.model_validate(
+        {
+            "id": "a",
+            "network": {"endpoint": "http://10.0.0.5:8080/reach"},
+            "capabilities": [{"task": "t"}],
+            "health_check": {"path": "/hz", "port": 8082},
+        }
+    )
+    without = AgentProfile.model_validate(
+        {"id": "b", "network": {"endpoint": "http://h:9000/x"}, "capabilities": [{"task": "t"}]}
+    )
+    entry_a, _ = await registry.register(with_port)
+    entry_b, _ = await registry.register(without)
+    assert health_url(entry_a) == "http://10.0.0.5:8082/hz"
+    assert health_url(entry_b) == "http://h:9000/healthz"
+
+
+async def test_first_probes_of_a_burst_are_spread() -> None:
+    """A thousand agents registered at once get their first probes spread over the interval."""
+    clock = ManualClock()
+    registry = MemoryRegistry(clock=clock)
+    checker = HealthChecker(registry, Transport(), HealthPolicy(interval_seconds=10), clock=clock)
+    for i in range(1000):
+        await registry.register(
+            AgentProfile.model_validate(
+                {
+                    "id": f"a{i}",
+                    "network": {"endpoint": f"http://127.0.0.1:9/{i}"},
+                    "capabilities": [{"task": "t"}],
+                }
+            )
+        )
+    due = sorted(t - clock.monotonic() for t in checker._due.values())
+    assert len(due) == 1000
+    assert due[0] >= 1.0 and due[-1] <= 10.0
+    # No millisecond holds more than a handful of first probes.
+    buckets: dict[int, int] = {}
+    for d in due:
+        buckets[int(d * 1000)] = buckets.get(int(d * 1000), 0) + 1
+    assert max(buckets.values()) <= 5
