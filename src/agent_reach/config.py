@@ -162,9 +162,16 @@ class RoutingPolicy(_Section):
 
 
 class TracingPolicy(_Section):
-    """The in-memory trace store."""
+    """The in-memory trace store (``GET /admin/traces``)."""
 
-    store_size: Annotated[int, Field(ge=0, le=1_000_000)] = 10_000
+    enabled: bool = True
+    store_size: Annotated[int, Field(ge=1, le=1_000_000)] = 10_000
+
+
+class MetricsPolicy(_Section):
+    """Prometheus metrics (``GET /metrics``)."""
+
+    enabled: bool = True
 
 
 class LoggingPolicy(_Section):
@@ -194,6 +201,7 @@ class RouterConfig(_Section):
     async_mode: AsyncPolicy = AsyncPolicy()
     routing: RoutingPolicy = RoutingPolicy()
     tracing: TracingPolicy = TracingPolicy()
+    metrics: MetricsPolicy = MetricsPolicy()
     logging: LoggingPolicy = LoggingPolicy()
     # Per-task overrides of timeouts, retries and breakers, by task name.
     tasks: dict[str, TaskOverride] = {}

@@ -66,6 +66,10 @@ _AGENT_TROUBLE = frozenset({CandidateReason.CONNECT_ERROR, CandidateReason.TIMEO
 
 Reply = tuple[int, bytes]
 
+# No attempt starts with less time than this left: the event loop may fire a timer up to its
+# clock resolution early, and an attempt that cannot finish only delays the TIMEOUT answer.
+MIN_ATTEMPT_MS = 2.0
+
 
 class Dispatcher:
     """Runs the request pipeline. Holds no per-request state between calls."""
@@ -359,10 +363,10 @@ class Dispatcher:
             same_agent_left = retry_policy.same_agent
             while True:
                 remaining = deadline.remaining_ms()
-                if remaining <= 0:
+                if remaining <= MIN_ATTEMPT_MS:
                     return self._timed_out(record, timeout)
                 attempts_left -= 1
-                connect_s, read_s = timeout.attempt_limits(remaining)
+                connect_s, read_s, total_s = timeout.attempt_limits(remaining)
                 span_id = new_span_id()
                 headers = {
                     "Content-Type": "application/json",
@@ -374,7 +378,7 @@ class Dispatcher:
                 self.stats.started(agent_id)
                 try:
                     result = await self.transport.send(
-                        entry.endpoint, body, headers, connect_s=connect_s, read_s=read_s
+                        entry.endpoint, body, headers, connect_s=connect_s, read_s=read_s, total_s=total_s
                     )
                 except AttemptError as exc:
                     took = round((clock.monotonic() - t0) * 1000, 2)
@@ -397,7 +401,7 @@ class Dispatcher:
                     if isinstance(exc, AgentRejected) and not exc.retryable:
                         record.handler = agent_id
                         return self._finish(record, Status.AGENT_ERROR, error=exc.to_error())
-                    if deadline.expired:
+                    if deadline.remaining_ms() <= MIN_ATTEMPT_MS:
                         return self._timed_out(record, timeout)
                     if (
                         exc.reason == CandidateReason.CONNECT_ERROR

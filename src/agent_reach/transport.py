@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import asyncio
+
 import aiohttp
 import orjson
 
@@ -61,22 +63,28 @@ class Transport:
         *,
         connect_s: float,
         read_s: float,
+        total_s: float,
     ) -> Any:
         """POST ``body`` to ``url`` and return the agent's ``result``.
 
+        ``total_s`` is a hard ceiling on the whole attempt, on the event loop's clock: aiohttp's
+        own read timer only starts once the request is written, which under load is late.
         Raises ConnectFailed, AttemptTimeout, BadAgentResponse or AgentRejected.
         """
-        timeout = aiohttp.ClientTimeout(total=connect_s + read_s, sock_connect=connect_s, sock_read=read_s)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_s, sock_read=read_s)
         try:
-            async with self.session.post(
-                url, data=body, headers=headers, timeout=timeout, allow_redirects=False
-            ) as resp:
+            async with (
+                asyncio.timeout(total_s),
+                self.session.post(
+                    url, data=body, headers=headers, timeout=timeout, allow_redirects=False
+                ) as resp,
+            ):
                 raw = await self._read(resp)
                 status = resp.status
         except aiohttp.ConnectionTimeoutError as exc:
             raise ConnectFailed(f"connect timeout after {connect_s * 1000:.0f} ms") from exc
-        except TimeoutError as exc:  # aiohttp's read timeouts subclass it, as does the total
-            raise AttemptTimeout(f"no answer within {read_s * 1000:.0f} ms") from exc
+        except TimeoutError as exc:  # aiohttp's read timeouts subclass it, as does the ceiling
+            raise AttemptTimeout(f"no answer within {min(read_s, total_s) * 1000:.0f} ms") from exc
         except aiohttp.ClientConnectorError as exc:
             refused = isinstance(exc.os_error, ConnectionRefusedError)
             raise ConnectFailed(f"{type(exc).__name__}: {exc}", refused=refused) from exc

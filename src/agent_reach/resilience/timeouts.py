@@ -21,10 +21,12 @@ class Timeout:
     read_ms: int
     overall_ms: int
 
-    def attempt_limits(self, remaining_ms: float) -> tuple[float, float]:
-        """Connect and read limits in seconds for one attempt, never past the deadline."""
+    def attempt_limits(self, remaining_ms: float) -> tuple[float, float, float]:
+        """Connect, read and whole-attempt limits in seconds for one attempt, never past the deadline."""
         remaining = max(remaining_ms, 0.0) / 1000.0
-        return min(self.connect_ms / 1000.0, remaining), min(self.read_ms / 1000.0, remaining)
+        connect = min(self.connect_ms / 1000.0, remaining)
+        read = min(self.read_ms / 1000.0, remaining)
+        return connect, read, min((self.connect_ms + self.read_ms) / 1000.0, remaining)
 
 
 class Deadline:

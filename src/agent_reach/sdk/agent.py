@@ -17,18 +17,15 @@ does not stall the callback server), and take ``(payload)`` or ``(payload, ctx)`
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import logging
 import os
-import random
 import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import orjson
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -41,6 +38,7 @@ from agent_reach.resilience.timeouts import Deadline
 from agent_reach.sdk.client import ReachClient
 from agent_reach.sdk.config import AgentConfig, find_config
 from agent_reach.sdk.health import HealthServer
+from agent_reach.sdk.lease import LeaseKeeper
 
 log = logging.getLogger("agent_reach.sdk")
 
@@ -115,12 +113,9 @@ class ReachAgent:
         self._config_source = config
         self._handlers: dict[str, tuple[Handler, bool, bool]] = {}
         self._conversation_hook: ConversationHook | None = None
-        self.lease_id: str | None = None
-        self.ttl_seconds: float = 60.0
         self._runner: web.AppRunner | None = None
         self._health: HealthServer | None = None
-        self._http: aiohttp.ClientSession | None = None
-        self._lease_task: asyncio.Task[None] | None = None
+        self._lease: LeaseKeeper | None = None
         self._client: ReachClient | None = None
         self.port: int | None = None
         # The agent's own metrics, served at /metrics on its health port.
@@ -145,6 +140,11 @@ class ReachAgent:
                 source if isinstance(source, AgentConfig) else AgentConfig.load(find_config(source))
             )
         return self._config
+
+    @property
+    def lease_id(self) -> str | None:
+        """The lease this agent holds now (it changes when the agent registers again)."""
+        return None if self._lease is None else self._lease.lease_id
 
     def use_config(self, config: AgentConfig | str | os.PathLike[str]) -> None:
         """Set the configuration before start (what ``reach agent --config`` does)."""
@@ -199,7 +199,6 @@ class ReachAgent:
         """Serve the callback and health endpoints, then register with the Router."""
         config = self.config
         self._check_handlers()
-        self._http = aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar())
         app = web.Application(client_max_size=64 * 1024 * 1024)
         path = config.callback_path.rstrip("/") or "/"
         app.router.add_post(path, self._on_reach)
@@ -224,30 +223,24 @@ class ReachAgent:
                 metrics=lambda: generate_latest(self.metrics),
             )
             self._health.start()
-        await self._register_until_done()
-        self._lease_task = asyncio.create_task(self._keep_lease(), name="reach-lease")
+        profile = config.profile
+        self._lease = LeaseKeeper(
+            config.router_url,
+            profile.model_dump(mode="json"),
+            callback=profile.network.endpoint,
+            tasks=profile.tasks,
+        )
+        if not await asyncio.to_thread(self._lease.register_until_done):
+            return
+        self._lease.start()
 
     async def stop(self) -> None:
         """Deregister, then stop serving."""
-        if self._lease_task is not None:
-            self._lease_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._lease_task
-            self._lease_task = None
-        if self.lease_id is not None and self._http is not None:
-            try:
-                async with self._http.delete(
-                    f"{self.config.router_url}/agents/{self.id}",
-                    headers={"X-Reach-Lease": self.lease_id},
-                    timeout=aiohttp.ClientTimeout(total=2),
-                ) as resp:
-                    if resp.status == 204:
-                        log.info("[reach-client] deregistered agent: %s", self.id)
-                    else:
-                        log.warning("[reach-client] deregistration answered HTTP %s", resp.status)
-            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-                log.warning("[reach-client] could not deregister (%s); the lease will expire", exc)
-            self.lease_id = None
+        if self._lease is not None:
+            self._lease.stop()
+            await asyncio.to_thread(self._lease.deregister)
+            self._lease.close()
+            self._lease = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -256,9 +249,6 @@ class ReachAgent:
             self._health = None
         if self._client is not None:
             await self._client.aclose()
-        if self._http is not None:
-            await self._http.close()
-            self._http = None
 
     async def serve_forever(self) -> None:
         """Start, run until SIGTERM or SIGINT, then deregister and stop."""
@@ -277,74 +267,6 @@ class ReachAgent:
     def run(self) -> None:
         """Blocking entry point: :meth:`serve_forever` in a fresh event loop."""
         asyncio.run(self.serve_forever())
-
-    # -- registration and lease --------------------------------------------------------------
-
-    async def _register(self) -> None:
-        assert self._http is not None
-        profile = self.config.profile
-        body = profile.model_dump(mode="json")
-        if self.lease_id:
-            body["leaseId"] = self.lease_id
-        log.info("[reach-client] registering agent: %s", profile.id)
-        log.info("[reach-client] capabilities: %s", ", ".join(profile.tasks))
-        log.info("[reach-client] callback endpoint: %s", profile.network.endpoint)
-        async with self._http.post(
-            f"{self.config.router_url}/agents", json=body, timeout=aiohttp.ClientTimeout(total=5)
-        ) as resp:
-            answer = await resp.json(content_type=None, loads=orjson.loads)
-            if resp.status not in (200, 201):
-                error = answer.get("error", {}) if isinstance(answer, dict) else {}
-                raise _RegistrationRefused(resp.status, error)
-        self.lease_id = answer["leaseId"]
-        self.ttl_seconds = float(answer["ttlSeconds"])
-        log.info("[reach-client] registration successful, lease id: %s", self.lease_id)
-
-    async def _register_until_done(self) -> None:
-        """Register, retrying with backoff while the Router is away or the id is still held."""
-        delay = 0.1
-        while True:
-            try:
-                await self._register()
-                return
-            except _RegistrationRefused as exc:
-                if exc.status == 422 or exc.status == 400:
-                    raise ConfigError(f"the Router refused the profile: {exc}") from exc
-                log.warning("[reach-client] registration refused (%s); retrying in %.1fs", exc, delay)
-            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-                log.warning(
-                    "[reach-client] Router at %s unreachable (%s); retrying in %.1fs",
-                    self.config.router_url,
-                    type(exc).__name__,
-                    delay,
-                )
-            await asyncio.sleep(delay * random.uniform(0.8, 1.2))
-            delay = min(delay * 2, 2.0)
-
-    async def _keep_lease(self) -> None:
-        assert self._http is not None
-        while True:
-            # Renew three times per TTL, so one lost renewal never costs the lease.
-            await asyncio.sleep(max(self.ttl_seconds / 3, 0.05))
-            try:
-                async with self._http.put(
-                    f"{self.config.router_url}/agents/{self.id}/lease",
-                    json={"leaseId": self.lease_id},
-                    timeout=aiohttp.ClientTimeout(total=max(self.ttl_seconds / 3, 0.5)),
-                ) as resp:
-                    status = resp.status
-                if status == 200:
-                    continue
-                if status in (403, 404):
-                    log.warning(
-                        "[reach-client] lease %s is gone (HTTP %s); registering again", self.lease_id, status
-                    )
-                    self.lease_id = None
-                    await self._register_until_done()
-                else:
-                    log.warning("[reach-client] lease renewal answered HTTP %s", status)
-            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-                log.warning("[reach-client] lease renewal failed (%s)", type(exc).__name__)
 
     # -- serving -----------------------------------------------------------------------------
 
@@ -437,13 +359,6 @@ class ReachAgent:
             message = "the handler's result is not JSON-serialisable"
             return _answer_error("HANDLER_FAILED", message, retryable=False), "handler_failed"
         return web.Response(body=body, content_type="application/json"), "success"
-
-
-class _RegistrationRefused(Exception):
-    def __init__(self, status: int, error: dict[str, Any]) -> None:
-        super().__init__(f"HTTP {status} {error.get('code', '')}: {error.get('message', '')}")
-        self.status = status
-        self.error = error
 
 
 def _answer_error(code: str, message: str, *, retryable: bool, status: int = 200) -> web.Response:

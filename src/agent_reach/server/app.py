@@ -67,8 +67,6 @@ class RouterApp:
         clock: Clock = SYSTEM_CLOCK,
         guard: Guard | None = None,
         config_path: str | os.PathLike[str] | None = None,
-        metrics: bool = True,
-        tracing: bool = True,
     ) -> None:
         from agent_reach.server.admin import build_admin
 
@@ -86,13 +84,15 @@ class RouterApp:
         self.pipeline = Pipeline(
             self.registry, config.routing, breakers=self.breakers, affinity=self.affinity
         )
-        self.traces = TraceStore(config.tracing.store_size if tracing else 0)
+        # Switched off, the store and metrics still exist (the endpoints answer, empty) but are
+        # not fed: that is what the overhead benchmark compares against.
+        self.traces = TraceStore(config.tracing.store_size)
         self.metrics = RouterMetrics(self.registry, self.breakers, self.stats, lambda: self.shedder.inflight)
         self.trace_log = TraceLog(redact_fields=config.logging.redact)
         observers: list[Observer] = [self.trace_log]
-        if metrics:
+        if config.metrics.enabled:
             observers.append(self.metrics)
-        if tracing:
+        if config.tracing.enabled:
             observers.append(self.traces)
         self.dispatcher = Dispatcher(
             self.pipeline,

@@ -1,0 +1,157 @@
+"""The agent's lease, kept on its own thread.
+
+Registration, renewal and deregistration use a blocking HTTP client on a dedicated thread, so a
+handler that blocks the agent's event loop (or holds the CPU) can delay answers but never cost
+the agent its lease. When the Router answers ``404 LEASE_NOT_FOUND`` (say, after a restart), the
+keeper registers again by itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from typing import Any
+
+import httpx
+
+from agent_reach.exceptions import ConfigError
+
+log = logging.getLogger("agent_reach.sdk")
+
+
+class RegistrationRefused(Exception):
+    """The Router answered the registration with an error."""
+
+    def __init__(self, status: int, error: dict[str, Any]) -> None:
+        super().__init__(f"HTTP {status} {error.get('code', '')}: {error.get('message', '')}")
+        self.status = status
+        self.error = error
+
+
+class LeaseKeeper:
+    """Registers a profile and keeps its lease alive until :meth:`stop`."""
+
+    def __init__(self, router_url: str, profile: dict[str, Any], *, callback: str, tasks: list[str]) -> None:
+        self.router_url = router_url
+        self.agent_id = str(profile["id"])
+        self._profile = profile
+        self._callback = callback
+        self._tasks = tasks
+        self.lease_id: str | None = None
+        self.ttl_seconds = 60.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._http = httpx.Client(timeout=5)
+
+    # -- registration ------------------------------------------------------------------------
+
+    def register(self) -> None:
+        """One registration attempt, logging the four ``[reach-client]`` lines of PROTOCOL.md §8."""
+        body = dict(self._profile)
+        if self.lease_id:
+            body["leaseId"] = self.lease_id
+        log.info("[reach-client] registering agent: %s", self.agent_id)
+        log.info("[reach-client] capabilities: %s", ", ".join(self._tasks))
+        log.info("[reach-client] callback endpoint: %s", self._callback)
+        resp = self._http.post(f"{self.router_url}/agents", json=body)
+        try:
+            answer = resp.json()
+        except ValueError:
+            answer = {}
+        if resp.status_code not in (200, 201):
+            error = answer.get("error", {}) if isinstance(answer, dict) else {}
+            raise RegistrationRefused(resp.status_code, error)
+        self.lease_id = str(answer["leaseId"])
+        self.ttl_seconds = float(answer["ttlSeconds"])
+        log.info("[reach-client] registration successful, lease id: %s", self.lease_id)
+
+    def register_until_done(self) -> bool:
+        """Register, retrying with backoff while the Router is away or the id is still held.
+
+        Returns False when :meth:`stop` interrupted it. A refused profile (400/422) is final.
+        """
+        delay = 0.1
+        while not self._stop.is_set():
+            try:
+                self.register()
+                return True
+            except RegistrationRefused as exc:
+                if exc.status in (400, 422):
+                    raise ConfigError(f"the Router refused the profile: {exc}") from exc
+                log.warning("[reach-client] registration refused (%s); retrying in %.1fs", exc, delay)
+            except httpx.HTTPError as exc:
+                log.warning(
+                    "[reach-client] Router at %s unreachable (%s); retrying in %.1fs",
+                    self.router_url,
+                    type(exc).__name__,
+                    delay,
+                )
+            self._stop.wait(delay * random.uniform(0.8, 1.2))
+            delay = min(delay * 2, 2.0)
+        return False
+
+    # -- renewal -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Renew in the background, three times per TTL."""
+        self._thread = threading.Thread(target=self._renew_forever, name="reach-lease", daemon=True)
+        self._thread.start()
+
+    def _renew_forever(self) -> None:
+        while not self._stop.wait(max(self.ttl_seconds / 3, 0.05)):
+            try:
+                resp = self._http.put(
+                    f"{self.router_url}/agents/{self.agent_id}/lease",
+                    json={"leaseId": self.lease_id},
+                    timeout=max(self.ttl_seconds / 3, 0.5),
+                )
+            except httpx.HTTPError as exc:
+                log.warning("[reach-client] lease renewal failed (%s)", type(exc).__name__)
+                continue
+            if resp.status_code == 200:
+                continue
+            if resp.status_code in (403, 404):
+                log.warning(
+                    "[reach-client] lease %s is gone (HTTP %s); registering again",
+                    self.lease_id,
+                    resp.status_code,
+                )
+                self.lease_id = None
+                try:
+                    self.register_until_done()
+                except ConfigError as exc:
+                    log.error("[reach-client] %s", exc.message)
+                    return
+            else:
+                log.warning("[reach-client] lease renewal answered HTTP %s", resp.status_code)
+
+    # -- leaving -----------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop renewing (and any registration retries)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def deregister(self) -> None:
+        """Give the lease back so the Router stops routing here at once."""
+        if self.lease_id is None:
+            return
+        try:
+            resp = self._http.delete(
+                f"{self.router_url}/agents/{self.agent_id}",
+                headers={"X-Reach-Lease": self.lease_id},
+                timeout=2,
+            )
+            if resp.status_code == 204:
+                log.info("[reach-client] deregistered agent: %s", self.agent_id)
+            else:
+                log.warning("[reach-client] deregistration answered HTTP %s", resp.status_code)
+        except httpx.HTTPError as exc:
+            log.warning("[reach-client] could not deregister (%s); the lease will expire", exc)
+        self.lease_id = None
+
+    def close(self) -> None:
+        self._http.close()
