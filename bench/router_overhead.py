@@ -31,6 +31,7 @@ import json
 import math
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -112,6 +113,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per measured run (default 5)")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="measure all paths this many times; report medians"
+    )
     parser.add_argument("--warmup", type=float, default=1.0, help="seconds of warm-up before each run")
     parser.add_argument("--connections", type=int, default=32, help="connections of the loaded run")
     parser.add_argument("--wrk-threads", type=int, default=1, help="wrk threads of the loaded run")
@@ -142,6 +146,7 @@ class Bench:
         self.workdir = Path(tempfile.mkdtemp(prefix="reach-bench-"))
         self.script = wrk_runner.write_post_script(self.workdir / "post.lua", REQUEST)
         self.started: list[Server] = []
+        self.sent: dict[str, int] = {}  # requests wrk completed per URL, warm-ups included
         self.source = router_source()
         pin = not args.no_pin
         self.server_core = args.server_core if pin else None
@@ -211,7 +216,7 @@ class Bench:
     # -- measuring ---------------------------------------------------------------------------
 
     def wrk(self, url: str, connections: int, threads: int, duration_s: float) -> WrkResult:
-        return wrk_runner.run(
+        result = wrk_runner.run(
             url,
             self.script,
             connections=connections,
@@ -219,6 +224,8 @@ class Bench:
             duration_s=duration_s,
             core=self.wrk_core,
         )
+        self.sent[url] = self.sent.get(url, 0) + result.requests
+        return result
 
     def measure(self, path: PathResult, forwarder: Server | None, agent: Server) -> None:
         args = self.args
@@ -266,14 +273,19 @@ class Bench:
         agent, agent_url = self.start_agent()
         proxy, proxy_url = self.start_proxy(agent_url)
         router, router_url = self.start_router(agent_url)
-        paths = {
-            "direct": (PathResult("direct", agent_url), None),
-            "baseline": (PathResult("baseline", proxy_url), proxy),
-            "router": (PathResult("router", router_url), router),
-        }
-        for path, forwarder in paths.values():
-            self.measure(path, forwarder, agent)
-        results = {name: path for name, (path, _) in paths.items()}
+        forwarders = {"direct": None, "baseline": proxy, "router": router}
+        urls = {"direct": agent_url, "baseline": proxy_url, "router": router_url}
+        # Rounds interleave the paths, so a burst of outside load hits one round of each, not
+        # every run of one path; the median of each figure then drops it.
+        self.rounds: list[dict[str, PathResult]] = []
+        for number in range(self.args.rounds):
+            if self.args.rounds > 1:
+                progress(f"round {number + 1}/{self.args.rounds}")
+            paths = {name: PathResult(name, url) for name, url in urls.items()}
+            for name, path in paths.items():
+                self.measure(path, forwarders[name], agent)
+            self.rounds.append(paths)
+        results = {name: median_path([r[name] for r in self.rounds]) for name in urls}
         memory = None
         if self.args.memory_requests > 0:
             rps = results["router"].c32.rps if results["router"].c32 else 1000.0
@@ -281,7 +293,9 @@ class Bench:
         log = router.log_path
         with log.open("rb") as fh:
             log_lines = sum(1 for _ in fh)
-        return self.report(results, memory, log, log_lines)
+        # The readiness probes add a request or two; against 100k+ that is lost in the rounding.
+        lines_per_request = log_lines / max(1, self.sent.get(router_url, 0))
+        return self.report(results, memory, log, log_lines, lines_per_request)
 
     # -- output ------------------------------------------------------------------------------
 
@@ -302,7 +316,12 @@ class Bench:
         }
 
     def report(
-        self, results: dict[str, PathResult], memory: MemoryResult | None, log: Path, log_lines: int
+        self,
+        results: dict[str, PathResult],
+        memory: MemoryResult | None,
+        log: Path,
+        log_lines: int,
+        lines_per_request: float,
     ) -> dict[str, Any]:
         args = self.args
         direct, baseline, router = results["direct"], results["baseline"], results["router"]
@@ -330,11 +349,14 @@ class Bench:
             }
 
         c = args.connections
+        kept = "" if args.keep_logs else "; deleted at exit, --keep-logs keeps it"
         lines = [
             "",
             "Agent-Reach Router overhead",
             f"  wrk {wrk_version()}: {args.duration:g} s per run after {args.warmup:g} s warm-up; "
             f"c1 = -t1 -c1, c{c} = -t{args.wrk_threads} -c{c}; body {json.dumps(REQUEST)}",
+            f"  figures: {'median of ' + str(args.rounds) + ' rounds' if args.rounds > 1 else 'one round'}"
+            " (--rounds N for medians)",
             "  layout: "
             + (
                 f"Router / proxy on core {self.server_core}, agent on core {self.agent_core}, "
@@ -344,7 +366,7 @@ class Bench:
             ),
             f"  Router code: {self.source}",
             f"  Router log: {self.log_level()}, stderr to {log} "
-            f"({log_lines:,} lines{'' if args.keep_logs else ', deleted at exit; --keep-logs keeps it'})",
+            f"({log_lines:,} lines, {lines_per_request:.1f} per request{kept})",
             "",
             f"{'path':<9} {f'req/s c{c}':>11} {'p50 c1':>9} {'p99 c1':>9} {f'p50 c{c}':>9} {f'p99 c{c}':>9}"
             f" {'fwd CPU/req':>12} {'agent CPU/req':>14} {'other CPU':>10}",
@@ -399,6 +421,7 @@ class Bench:
         return {
             "settings": {
                 "duration_s": args.duration,
+                "rounds": args.rounds,
                 "warmup_s": args.warmup,
                 "connections": c,
                 "wrk_threads": args.wrk_threads,
@@ -408,17 +431,46 @@ class Bench:
                     "level": self.args.router_log_level or "INFO",
                     "file": str(log),
                     "lines": log_lines,
+                    "lines_per_request": round(lines_per_request, 2),
                 },
                 "router_source": self.source,
             },
             "layout": self.layout(),
             "paths": {name: path.to_json() for name, path in results.items()},
+            "rounds": [{name: path.to_json() for name, path in r.items()} for r in self.rounds],
             "router_cpu_us_per_request": router.forwarder_cpu_us,
             "baseline_cpu_us_per_request": baseline.forwarder_cpu_us,
             "added_p50_c1_ms": {"router": added_router, "baseline": added_baseline},
             "memory": memory.to_json() if memory else None,
             "targets": targets,
         }
+
+
+def median_path(rounds: list[PathResult]) -> PathResult:
+    """Each figure's median over the rounds (outside load: the worst round's)."""
+    first = rounds[0]
+
+    def wrk_median(runs: list[WrkResult | None]) -> WrkResult:
+        done = [r for r in runs if r is not None]
+        fields = {f: statistics.median(getattr(r, f) for r in done) for f in WrkResult.__dataclass_fields__}
+        for whole in ("requests", "non_2xx", "socket_errors"):
+            fields[whole] = int(fields[whole])
+        return WrkResult(**fields)
+
+    def cpu_median(values: list[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return statistics.median(known) if known else None
+
+    return PathResult(
+        first.name,
+        first.url,
+        c1=wrk_median([r.c1 for r in rounds]),
+        c32=wrk_median([r.c32 for r in rounds]),
+        forwarder_cpu_us=cpu_median([r.forwarder_cpu_us for r in rounds]),
+        agent_cpu_us=cpu_median([r.agent_cpu_us for r in rounds]),
+        foreign_core_c1=max(r.foreign_core_c1 for r in rounds),
+        foreign_core_c32=max(r.foreign_core_c32 for r in rounds),
+    )
 
 
 def router_source() -> str:

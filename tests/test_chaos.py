@@ -100,7 +100,7 @@ def drill(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Drill]:
 
 @pytest.mark.policy({"health": {"interval_seconds": 0.2, "timeout_ms": 300, "unhealthy_after": 2}})
 def test_busy_agent_is_not_taken_out(drill: Drill) -> None:
-    """A handler holding the CPU (and its event loop) for 3 s: the health port keeps answering, the agent stays in."""
+    """A handler holding the CPU and its loop for 3 s: health keeps answering, the agent stays in."""
     drill.start_agent("busy-1")
     drill.wait_available("busy-1")
     drill.fault("busy-1", mode="cpu_busy", cpu_ms=3000)
@@ -122,7 +122,7 @@ def test_busy_agent_is_not_taken_out(drill: Drill) -> None:
 
 
 def _crash_detection(drill: Drill) -> tuple[int, float]:
-    """Kill -9 one of two agents under sequential traffic; (requests touching it after, seconds until none)."""
+    """Kill -9 one of two agents under traffic; returns (requests touching it, seconds until none)."""
     for name in ("crash-a", "crash-b"):
         drill.start_agent(name)
     drill.wait_available("crash-a", "crash-b")
@@ -145,10 +145,11 @@ def _crash_detection(drill: Drill) -> tuple[int, float]:
 
 
 def test_crash_detection_passive(drill: Drill) -> None:
-    """Passive detection (a refused connection opens the breaker): at most one request touches the dead agent."""
+    """Passive detection (refused opens the breaker): at most one request touches the dead agent."""
     touched, after = _crash_detection(drill)
     print(
-        f"\npassive detection: {touched} request(s) routed to the killed agent, last {after * 1000:.0f} ms after"
+        f"\npassive detection: {touched} request(s) routed to the killed agent, "
+        f"last {after * 1000:.0f} ms after"
     )
     assert touched <= 1
 
@@ -160,7 +161,8 @@ def test_crash_detection_by_health_checks(drill: Drill) -> None:
     """With breakers off, health checks stop routing to a killed agent within interval + timeout."""
     touched, after = _crash_detection(drill)
     print(
-        f"\nhealth detection: {touched} request(s) routed to the killed agent, last {after * 1000:.0f} ms after "
+        f"\nhealth detection: {touched} request(s) routed to the killed agent, "
+        f"last {after * 1000:.0f} ms after "
         "(interval 500 ms + timeout 300 ms)"
     )
     assert after <= 0.5 + 0.3 + 0.1
@@ -230,7 +232,7 @@ def test_chaos_run(drill: Drill) -> None:
 
 
 def test_retry_storm(tmp_path: Path) -> None:
-    """200 concurrent requests, four agents answering in 1.5 s, a 1 s budget: attempts stay bounded, none is late."""
+    """200 concurrent requests, agents answering in 1.5 s, a 1 s budget: attempts bounded, none late."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     router = Proc(["router", "--port", str(port), "--log-level", "WARNING"], tmp_path / "router.log")
@@ -264,7 +266,7 @@ async def _storm(url: str) -> dict[str, dict[str, Any]]:
             connector = aiohttp.TCPConnector(limit=0)
             async with aiohttp.ClientSession(connector=connector) as http:
 
-                async def one() -> tuple[str, float, float]:
+                async def one(prefs: dict[str, int] = prefs) -> tuple[str, float, float]:
                     t0 = time.monotonic()
                     async with http.post(
                         f"{url}/reach", json={"targetTask": "storm", "preferences": prefs}

@@ -6,9 +6,8 @@ dispatcher decides retry and failover from ``reason`` and ``retryable`` alone.
 
 from __future__ import annotations
 
-from typing import Any
-
 import asyncio
+from typing import Any
 
 import aiohttp
 import orjson
