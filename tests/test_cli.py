@@ -131,3 +131,34 @@ def test_agent_refuses_a_bad_config(tmp_path: Path) -> None:
     result = runner.invoke(app, ["agent", "--config", str(bad), "--app", f"{app_file}:agent"])
     assert result.exit_code == 2
     assert "agent.id" in result.output
+
+
+def test_trace_prints_a_timeline(router_url: str) -> None:
+    """`reach trace ID` prints the hop, the choice, each attempt and its outcome."""
+    runner.invoke(
+        app,
+        [
+            "call",
+            "query_product_price",
+            "--payload",
+            '{"product_id": "SKU-1"}',
+            "--router",
+            router_url,
+            "--trace-id",
+            "cli-trace-1",
+        ],
+    )
+    result = runner.invoke(app, ["trace", "cli-trace-1", "--router", router_url], env={"COLUMNS": "160"})
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "trace cli-trace-1" in out
+    assert "hop 0" in out and "reach-cli -> query_product_price" in out
+    assert "select price-query-agent by exact_match" in out
+    assert "attempt -> price-query-agent" in out and "SUCCESS" in out
+
+
+def test_trace_unknown_id(router_url: str) -> None:
+    """`reach trace` of an unknown id says so and exits 1."""
+    result = runner.invoke(app, ["trace", "never-seen", "--router", router_url])
+    assert result.exit_code == 1
+    assert "no trace 'never-seen'" in result.output

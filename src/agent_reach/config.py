@@ -166,6 +166,8 @@ class TracingPolicy(_Section):
 
     enabled: bool = True
     store_size: Annotated[int, Field(ge=1, le=1_000_000)] = 10_000
+    # Emit OpenTelemetry spans (needs the `otel` extra; exporters are set up the OTel way).
+    otel: bool = False
 
 
 class MetricsPolicy(_Section):

@@ -386,7 +386,6 @@ class Dispatcher:
                     healthy = isinstance(exc, AgentRejected)
                     refused = isinstance(exc, ConnectFailed) and exc.refused
                     self.stats.finished(agent_id, ok=healthy, latency_ms=took)
-                    self._breaker_outcome(record, agent_id, task, ok=healthy, refused=refused)
                     record.attempts.append(
                         AttemptRecord(
                             agent_id,
@@ -398,6 +397,7 @@ class Dispatcher:
                         )
                     )
                     record.note("forward", f"{agent_id}, duration={took:.0f}ms, outcome={exc.reason}")
+                    self._breaker_outcome(record, agent_id, task, ok=healthy, refused=refused)
                     if isinstance(exc, AgentRejected) and not exc.retryable:
                         record.handler = agent_id
                         return self._finish(record, Status.AGENT_ERROR, error=exc.to_error())
@@ -424,7 +424,6 @@ class Dispatcher:
                     break
                 took = round((clock.monotonic() - t0) * 1000, 2)
                 self.stats.finished(agent_id, ok=True, latency_ms=took)
-                self._breaker_outcome(record, agent_id, task, ok=True)
                 record.attempts.append(
                     AttemptRecord(
                         agent_id,
@@ -436,6 +435,7 @@ class Dispatcher:
                     )
                 )
                 record.note("forward", f"{agent_id}, duration={took:.0f}ms")
+                self._breaker_outcome(record, agent_id, task, ok=True)
                 record.handler = agent_id
                 if request.conversation_id:
                     self.pipeline.affinity.bind(request.conversation_id, agent_id)

@@ -39,7 +39,15 @@ def _add_hop(
     spawned: dict[str, list[int]] = {}
     for child in children.get(hop["hop"], []):
         spawned.setdefault(hops[child].get("parentSpanId") or "", []).append(child)
-    for attempt in hop.get("attempts", []):
+    # Events are in order; each "forward" event is one attempt, drawn with the hops it caused.
+    attempts = iter(hop.get("attempts", []))
+    for event in hop.get("events", []):
+        if event.get("kind") != "forward":
+            branch.add(Text(f"{event.get('kind')}: {event.get('text')}", style="dim"))
+            continue
+        attempt = next(attempts, None)
+        if attempt is None:
+            continue
         outcome = attempt.get("outcome")
         style = "green" if outcome == "SUCCESS" else "red"
         node = branch.add(
@@ -48,9 +56,6 @@ def _add_hop(
         )
         for child in spawned.get(attempt.get("spanId") or "", []):
             _add_hop(node, hops[child], hops, children)
-    for event in hop.get("events", []):
-        if event.get("kind") not in ("forward",):
-            branch.add(Text(f"{event.get('kind')}: {event.get('text')}", style="dim"))
     for rejected in decision.get("rejected") or []:
         branch.add(Text(f"not used: {rejected.get('agentId')} ({rejected.get('reason')})", style="dim"))
 

@@ -24,7 +24,7 @@ import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
@@ -39,6 +39,9 @@ from agent_reach.sdk.client import ReachClient
 from agent_reach.sdk.config import AgentConfig, find_config
 from agent_reach.sdk.health import HealthServer
 from agent_reach.sdk.lease import LeaseKeeper
+
+if TYPE_CHECKING:
+    from agent_reach.observability.otel import AgentSpans
 
 log = logging.getLogger("agent_reach.sdk")
 
@@ -108,7 +111,9 @@ def _wants_context(handler: Handler) -> bool:
 class ReachAgent:
     """One agent process: its handlers, its lease, its callback and health servers."""
 
-    def __init__(self, config: AgentConfig | str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self, config: AgentConfig | str | os.PathLike[str] | None = None, *, otel: bool | None = None
+    ) -> None:
         self._config: AgentConfig | None = None
         self._config_source = config
         self._handlers: dict[str, tuple[Handler, bool, bool]] = {}
@@ -116,6 +121,9 @@ class ReachAgent:
         self._runner: web.AppRunner | None = None
         self._health: HealthServer | None = None
         self._lease: LeaseKeeper | None = None
+        # OpenTelemetry spans per handled request: on with otel=True or REACH_OTEL=1 (needs the extra).
+        self._otel = otel if otel is not None else os.environ.get("REACH_OTEL", "") in ("1", "true", "yes")
+        self._spans: AgentSpans | None = None
         self._client: ReachClient | None = None
         self.port: int | None = None
         # The agent's own metrics, served at /metrics on its health port.
@@ -199,6 +207,10 @@ class ReachAgent:
         """Serve the callback and health endpoints, then register with the Router."""
         config = self.config
         self._check_handlers()
+        if self._otel:
+            from agent_reach.observability.otel import AgentSpans
+
+            self._spans = AgentSpans(config.profile.id)
         app = web.Application(client_max_size=64 * 1024 * 1024)
         path = config.callback_path.rstrip("/") or "/"
         app.router.add_post(path, self._on_reach)
@@ -318,10 +330,13 @@ class ReachAgent:
         raw_payload = data.get("payload")
         payload: dict[str, Any] = raw_payload if isinstance(raw_payload, dict) else {}
         log.info("[%s] handle: %s from %s", trace_id, task, ctx.source_agent or "-")
+        span = self._spans.start(task, trace_id, ctx.parent_span_id) if self._spans is not None else None
         started = asyncio.get_running_loop().time()
         answer = await self._run_handler(bound, payload, ctx)
         self._handler_latency.labels(task).observe(asyncio.get_running_loop().time() - started)
         self._handled.labels(task, answer[1]).inc()
+        if span is not None and self._spans is not None:
+            self._spans.end(span, answer[1])
         return answer[0]
 
     async def _run_handler(

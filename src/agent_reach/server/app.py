@@ -94,6 +94,10 @@ class RouterApp:
             observers.append(self.metrics)
         if config.tracing.enabled:
             observers.append(self.traces)
+        if config.tracing.otel:
+            from agent_reach.observability.otel import OtelExporter
+
+            observers.append(OtelExporter())
         self.dispatcher = Dispatcher(
             self.pipeline,
             self.transport,
