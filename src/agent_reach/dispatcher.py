@@ -33,6 +33,7 @@ from agent_reach.exceptions import (
     AgentRejected,
     AttemptError,
     ConnectFailed,
+    EmbeddingError,
     NoAvailableHandler,
     RequestError,
 )
@@ -270,6 +271,20 @@ class Dispatcher:
     async def dispatch(self, request: ReachRequest, data: dict[str, Any], record: DecisionRecord) -> Reply:
         """Route and forward a validated request. ``data`` is its decoded body, forwarded as is."""
         self.budget.on_request()
+        vectors = self.pipeline.vectors
+        if (
+            vectors is not None
+            and self.pipeline.wants_semantic(request)
+            and vectors.cached(request.target_task) is None
+        ):
+            # The one place a model may be called: a semantic request whose text is not cached yet.
+            try:
+                await vectors.query_vector(request.target_task)
+            except EmbeddingError as exc:
+                message = f"semantic routing is unavailable: {exc.message}; exact task names still work"
+                record.note("no handler", message)
+                unavailable = {"code": "EMBEDDING_UNAVAILABLE", "message": message, "candidates": []}
+                return self._finish(record, Status.NO_AVAILABLE_HANDLER, error=unavailable)
         try:
             choices = self.pipeline.decide(request, record)
         except NoAvailableHandler as exc:

@@ -24,8 +24,10 @@ caller never has to know which library sat underneath.
     │   ├── AttemptTimeout           the agent did not answer in time
     │   ├── BadAgentResponse         5xx, or an answer that is not a valid agent reply
     │   └── AgentRejected            the agent answered AGENT_ERROR, or a 4xx
-    └── ClientError                  the SDK could not talk to the Router
-        └── RouterUnavailable        connection refused, timeout, or a non-JSON answer
+    ├── ClientError                  the SDK could not talk to the Router
+    │   └── RouterUnavailable        connection refused, timeout, or a non-JSON answer
+    └── EmbeddingError               the embedder failed
+        └── EmbeddingUnavailable     the model cannot load, or the embedding service is down
 
 ``AttemptError`` carries ``retryable`` so that the dispatcher decides failover from one flag.
 """
@@ -198,3 +200,15 @@ class RouterUnavailable(ClientError):
     """The Router refused the connection, timed out, or answered something that is not JSON."""
 
     code = "ROUTER_UNAVAILABLE"
+
+
+class EmbeddingError(ReachError):
+    """The embedder failed to produce vectors."""
+
+    code = "EMBEDDING_ERROR"
+
+
+class EmbeddingUnavailable(EmbeddingError):
+    """The model cannot be loaded, or the embedding service cannot be reached."""
+
+    code = "EMBEDDING_UNAVAILABLE"

@@ -102,6 +102,8 @@ class CandidateReason(StrEnum):
     NO_CAPABILITY = "no_capability"  # targetAgent does not declare targetTask
     INVALID_PAYLOAD = "invalid_payload"  # a failover target's input_schema rejects the payload
     NO_CONTEXT = "no_context"  # contextBound: the agent did not confirm it holds the conversation
+    BELOW_THRESHOLD = "below_threshold"  # semantic_route: the best match scored under the threshold
+    AMBIGUOUS = "ambiguous"  # semantic_route: the best match is too close to the runner-up
 
 
 class Strategy(StrEnum):

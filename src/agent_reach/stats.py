@@ -6,29 +6,47 @@ leaves the registry.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import Any
+
+from agent_reach.clock import SYSTEM_CLOCK, Clock
 
 LATENCY_WINDOW = 256
 
 
 class _AgentStats:
-    __slots__ = ("failures", "inflight", "latencies", "requests")
+    __slots__ = (
+        "ewma_latency_ms",
+        "ewma_success",
+        "failures",
+        "inflight",
+        "last_sample",
+        "latencies",
+        "requests",
+    )
 
     def __init__(self) -> None:
         self.requests = 0
         self.failures = 0
         self.inflight = 0
         self.latencies: deque[float] = deque(maxlen=LATENCY_WINDOW)
+        # Time-decayed EWMAs: how much a sample moves them depends on the time since the last
+        # one, so they react within seconds whether an agent sees 1 or 1,000 requests/s.
+        self.ewma_latency_ms: float | None = None
+        self.ewma_success = 1.0
+        self.last_sample = 0.0
 
 
 class StatsBook:
     """Counts requests, failures, in-flight calls and recent latencies for each agent."""
 
-    __slots__ = ("_agents",)
+    __slots__ = ("_agents", "_clock", "tau")
 
-    def __init__(self) -> None:
+    def __init__(self, *, clock: Clock = SYSTEM_CLOCK, tau_seconds: float = 2.0) -> None:
         self._agents: dict[str, _AgentStats] = {}
+        self._clock = clock
+        self.tau = tau_seconds
 
     def started(self, agent_id: str) -> None:
         stats = self._agents.get(agent_id)
@@ -45,6 +63,23 @@ class StatsBook:
         if not ok:
             stats.failures += 1
         stats.latencies.append(latency_ms)
+        now = self._clock.monotonic()
+        if stats.ewma_latency_ms is None:
+            stats.ewma_latency_ms = latency_ms
+            stats.ewma_success = 1.0 if ok else 0.0
+        else:
+            alpha = 1.0 - math.exp(-max(now - stats.last_sample, 0.0) / self.tau)
+            alpha = max(alpha, 0.01)  # a burst of samples in one instant still counts a little
+            stats.ewma_latency_ms += alpha * (latency_ms - stats.ewma_latency_ms)
+            stats.ewma_success += alpha * ((1.0 if ok else 0.0) - stats.ewma_success)
+        stats.last_sample = now
+
+    def merit(self, agent_id: str) -> tuple[float, float | None]:
+        """``(EWMA success rate, EWMA latency in ms or None before any sample)``."""
+        stats = self._agents.get(agent_id)
+        if stats is None:
+            return 1.0, None
+        return stats.ewma_success, stats.ewma_latency_ms
 
     def forget(self, agent_id: str) -> None:
         self._agents.pop(agent_id, None)

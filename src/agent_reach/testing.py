@@ -81,6 +81,8 @@ class FakeAgent:
     delay_s: float = 0.0
     weight: float = 1.0
     input_schema: dict[str, Any] | None = None
+    descriptions: dict[str, str] = field(default_factory=dict)
+    examples: dict[str, list[str]] = field(default_factory=dict)
     result: Any = None
     healthy: bool = True
     health_interval_s: float = 15.0
@@ -104,6 +106,10 @@ class FakeAgent:
             cap: dict[str, Any] = {"task": task, "routing_weight": self.weight}
             if self.input_schema is not None:
                 cap["input_schema"] = self.input_schema
+            if task in self.descriptions:
+                cap["description"] = self.descriptions[task]
+            if task in self.examples:
+                cap["examples"] = self.examples[task]
             caps.append(cap)
         return {
             "id": self.agent_id,

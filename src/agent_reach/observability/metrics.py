@@ -33,12 +33,18 @@ class _LiveState(Collector):
     """Gauges read at scrape time: registry size by status, breaker state and in-flight per agent."""
 
     def __init__(
-        self, registry: Registry, breakers: BreakerBoard, stats: StatsBook, inflight: Callable[[], int]
+        self,
+        registry: Registry,
+        breakers: BreakerBoard,
+        stats: StatsBook,
+        inflight: Callable[[], int],
+        embedding_up: Callable[[], bool | None],
     ) -> None:
         self._registry = registry
         self._breakers = breakers
         self._stats = stats
         self._inflight = inflight
+        self._embedding_up = embedding_up
 
     def collect(self) -> Iterable[Any]:
         agents = self._registry.agents()
@@ -67,13 +73,25 @@ class _LiveState(Collector):
         yield GaugeMetricFamily(
             "reach_inflight_requests", "Requests in flight in the Router", value=self._inflight()
         )
+        up = self._embedding_up()
+        if up is not None:
+            yield GaugeMetricFamily(
+                "reach_embedding_up",
+                "1 while the embedder answers; 0 while semantic routes are refused",
+                value=1 if up else 0,
+            )
 
 
 class RouterMetrics:
     """The Router's metric families, one CollectorRegistry per Router (so tests stay apart)."""
 
     def __init__(
-        self, registry: Registry, breakers: BreakerBoard, stats: StatsBook, inflight: Callable[[], int]
+        self,
+        registry: Registry,
+        breakers: BreakerBoard,
+        stats: StatsBook,
+        inflight: Callable[[], int],
+        embedding_up: Callable[[], bool | None] = lambda: None,
     ) -> None:
         self._registry = registry
         self.prom = CollectorRegistry(auto_describe=True)
@@ -119,7 +137,7 @@ class RouterMetrics:
             "Requests refused because no capability scored above the threshold",
             registry=prom,
         )
-        prom.register(_LiveState(registry, breakers, stats, inflight))
+        prom.register(_LiveState(registry, breakers, stats, inflight, embedding_up))
 
     def __call__(self, record: DecisionRecord) -> None:
         task = record.matched_task or UNKNOWN_TASK
@@ -128,7 +146,8 @@ class RouterMetrics:
         self.requests.labels(task, agent, status).inc()
         self.latency.labels(task).observe(record.duration_ms / 1000)
         if record.score is not None and record.strategy:
-            self.match_score.labels(record.strategy).observe(record.score)
+            strategy = "semantic_route" if record.semantic is not None else record.strategy
+            self.match_score.labels(strategy).observe(record.score)
         for attempt in record.attempts:
             self.attempts.labels(attempt.outcome).inc()
         for reason in record.retries:
@@ -137,6 +156,8 @@ class RouterMetrics:
             self.failovers.labels(reason).inc()
         for agent_id in record.circuit_trips:
             self.circuit_trips.labels(agent_id).inc()
+        if record.semantic_refused:
+            self.semantic_refusals.inc()
 
     def on_registry(self, event: RegistryEvent, entry: AgentEntry) -> None:
         if event is RegistryEvent.OFFLINE:

@@ -55,6 +55,9 @@ class DecisionRecord:
     retries: list[str] = field(default_factory=list)  # reasons of same-agent retries
     failovers: list[str] = field(default_factory=list)  # reasons of failovers
     circuit_trips: list[str] = field(default_factory=list)  # agents whose breaker opened
+    explain: list[dict[str, Any]] = field(default_factory=list)  # per-candidate score factors
+    semantic: dict[str, Any] | None = None  # the semantic match: score, runner-up, threshold, best
+    semantic_refused: bool = False
     payload: Any = None  # only kept when payload logging is switched on
     status: Status | None = None
     http_status: int = 0

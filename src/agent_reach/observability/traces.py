@@ -120,6 +120,8 @@ def hop_dict(index: int, record: DecisionRecord) -> dict[str, Any]:
             "selected": record.selected,
             "score": record.score,
             "affinity": record.affinity,
+            "semantic": record.semantic,
+            "scores": record.explain,
         },
         "attempts": [
             {

@@ -1,17 +1,26 @@
-"""The routing pipeline: candidates, then hard filters, then rank.
+"""The routing pipeline: candidates, hard filters, rank, affinity.
 
-1. candidates: ``targetAgent`` when set, else every agent that declares ``targetTask``
-   (from the registry's task index);
-2. filters: the ``filterAgentIds`` allowlist, then status (offline and unhealthy are out,
-   suspect agents go last), then the circuit breaker (open and not due for a probe: out);
-3. rank: the strategy orders what is left;
-4. affinity: the agent a ``conversationId`` is bound to goes first while it is routable.
+1. ``targetAgent``: when set, only that agent (it must declare the task);
+2. the task mapping table (``routing.task_map``): an alias or phrase becomes its canonical task,
+   and wins over anything semantic;
+3. exact match: every agent declaring the task (from the registry's task index, no scan);
+4. ``semantic_route``, only where the policy enables it (``routing.semantic_tasks`` patterns, or
+   a caller asking for it) and exact match found nobody: the nearest declared task above the
+   threshold and clear of the runner-up by the margin; else a refusal listing the best scores;
+5. hard filters: the ``filterAgentIds`` allowlist, status (offline and unhealthy out, suspect
+   last), the circuit breaker (open and no probe due: out);
+6. rank by the strategy: ``exact_match`` (weighted rotation by ``routing_weight``),
+   ``weighted_round_robin`` (weight x merit), or, for a semantic route, similarity then merit;
+7. affinity: the agent a ``conversationId`` is bound to goes first while it is routable.
 
-Each rejection is written to the decision record with its reason. Later steps add stages here
-(breaker state, affinity, the task mapping table, semantic candidates) rather than rewrite it.
+Each decision and rejection is written to the decision record. Nothing here does I/O: the query
+vector of a semantic request is fetched by the dispatcher first, and only read from the cache here.
 """
 
 from __future__ import annotations
+
+from fnmatch import fnmatchcase
+from typing import TYPE_CHECKING
 
 from agent_reach.config import RoutingPolicy
 from agent_reach.exceptions import NoAvailableHandler
@@ -20,13 +29,24 @@ from agent_reach.protocol import AgentStatusValue, CandidateReason, ReachRequest
 from agent_reach.registry.base import AgentEntry, Registry
 from agent_reach.resilience.affinity import AffinityTable
 from agent_reach.resilience.breaker import BreakerBoard
-from agent_reach.routing.base import Choice, Ranker
+from agent_reach.routing.base import Choice
 from agent_reach.routing.exact import ExactMatch
+from agent_reach.routing.weighted import Merit, WeightedRoundRobin
+from agent_reach.stats import StatsBook
+
+if TYPE_CHECKING:
+    from agent_reach.vectors import CapabilityVectors
 
 _OUT = {
     AgentStatusValue.OFFLINE: CandidateReason.OFFLINE,
     AgentStatusValue.UNHEALTHY: CandidateReason.UNHEALTHY,
 }
+
+
+class SemanticUnavailable(NoAvailableHandler):
+    """A semantic route was needed but cannot be computed (no vector, no threshold)."""
+
+    code = "SEMANTIC_UNAVAILABLE"
 
 
 class Pipeline:
@@ -39,56 +59,91 @@ class Pipeline:
         *,
         breakers: BreakerBoard | None = None,
         affinity: AffinityTable | None = None,
+        stats: StatsBook | None = None,
+        vectors: CapabilityVectors | None = None,
     ) -> None:
         self.registry = registry
         self.policy = policy or RoutingPolicy()
         # `is None`, not `or`: an empty board or table is falsy (it has a length).
         self.breakers = BreakerBoard() if breakers is None else breakers
         self.affinity = AffinityTable() if affinity is None else affinity
-        exact = ExactMatch()
-        # Strategies that later steps implement fall back to exact match until then; the
-        # decision record names the strategy that actually ranked.
-        self._rankers: dict[Strategy, Ranker] = {
-            Strategy.EXACT_MATCH: exact,
-            Strategy.WEIGHTED_ROUND_ROBIN: exact,
-            Strategy.SEMANTIC_ROUTE: exact,
-        }
+        self.vectors = vectors
+        self.exact = ExactMatch()
+        self.merit = Merit(StatsBook() if stats is None else stats, self.policy.merit)
+        self.weighted = WeightedRoundRobin(self.merit)
+
+    def apply(self, policy: RoutingPolicy) -> None:
+        self.policy = policy
+        self.merit.policy = policy.merit
 
     def forget(self, agent_id: str) -> None:
         """Drop per-agent ranking state when an agent leaves the registry."""
-        for ranker in {id(r): r for r in self._rankers.values()}.values():
-            rotation = getattr(ranker, "rotation", None)
-            if rotation is not None:
-                rotation.forget(agent_id)
+        self.exact.rotation.forget(agent_id)
+        self.weighted.rotation.forget(agent_id)
+
+    # -- strategy and semantic gating ---------------------------------------------------------
+
+    def strategy(self, request: ReachRequest) -> Strategy:
+        wanted = request.preferences.strategy
+        if wanted is None or not self.policy.allow_caller_strategy:
+            return self.policy.default_strategy
+        return wanted
+
+    def canonical(self, task: str) -> str:
+        return self.policy.task_map.get(task, task)
+
+    def wants_semantic(self, request: ReachRequest) -> bool:
+        """True when this request would be routed semantically (so it needs a query vector)."""
+        if self.vectors is None or request.target_agent:
+            return False
+        task = request.target_task
+        if task in self.policy.task_map or self.registry.by_task(task):
+            return False
+        if self.strategy(request) is Strategy.SEMANTIC_ROUTE:
+            return True
+        return any(fnmatchcase(task, pattern) for pattern in self.policy.semantic_tasks)
+
+    # -- the decision -------------------------------------------------------------------------
 
     def decide(self, request: ReachRequest, record: DecisionRecord) -> list[Choice]:
-        task = request.target_task
-        ranker = self._ranker(request)
-        record.strategy = ranker.name
+        strategy = self.strategy(request)
+        record.strategy = strategy.value
+        similarity: float | None = None
 
-        # 1. candidates
+        # 1-4. candidates
         pool: list[AgentEntry]
+        task = request.target_task
         if request.target_agent:
             entry = self.registry.get(request.target_agent)
             record.rule = "target_agent"
             if entry is None:
                 record.reject(request.target_agent, CandidateReason.UNKNOWN_AGENT)
                 raise self._none(record, f"targetAgent {request.target_agent!r} is not registered")
+            task = self.canonical(task)
             if task not in entry.capabilities:
                 record.candidates.append(entry.id)
                 record.reject(entry.id, CandidateReason.NO_CAPABILITY)
                 raise self._none(record, f"targetAgent {entry.id!r} does not declare task {task!r}")
             pool = [entry]
-            record.matched_task = task
         else:
-            record.rule = ranker.name
+            mapped = self.policy.task_map.get(task)
+            if mapped is not None:
+                record.rule = "task_map"
+                record.note("task map", f"{task} -> {mapped}")
+                task = mapped
+            else:
+                record.rule = strategy.value if strategy is not Strategy.SEMANTIC_ROUTE else "exact_match"
             pool = list(self.registry.by_task(task))
+            if not pool and mapped is None and self.wants_semantic(request):
+                task, similarity = self._semantic(request, record)
+                record.rule = "semantic_route"
+                pool = list(self.registry.by_task(task))
             if not pool:
                 raise self._none(record, f"no agent declares task {task!r}")
-            record.matched_task = task
+        record.matched_task = task
         record.candidates = [e.id for e in pool]
 
-        # 2. hard filters
+        # 5. hard filters
         allow = request.preferences.filter_agent_ids
         allowed = set(allow) if allow is not None else None
         breakers = self.breakers
@@ -96,11 +151,11 @@ class Pipeline:
         last_resort: list[AgentEntry] = []
         for entry in pool:
             if allowed is not None and entry.id not in allowed:
-                record.reject(entry.id, CandidateReason.FILTERED)
+                record.reject(entry.id, CandidateReason.FILTERED, similarity)
             elif not entry.routable:
-                record.reject(entry.id, _OUT[entry.status])
+                record.reject(entry.id, _OUT[entry.status], similarity)
             elif breakers.blocked(entry.id, task):
-                record.reject(entry.id, CandidateReason.CIRCUIT_OPEN)
+                record.reject(entry.id, CandidateReason.CIRCUIT_OPEN, similarity)
             elif entry.status is AgentStatusValue.AVAILABLE:
                 eligible.append(entry)
             else:
@@ -108,12 +163,18 @@ class Pipeline:
         if not eligible and not last_resort:
             raise self._none(record, f"no routable agent for task {task!r}")
 
-        # 3. rank
-        ranked = ranker.rank(task, eligible) if eligible else []
-        if last_resort:
-            ranked.extend(ranker.rank(task, last_resort))
+        # 6. rank
+        ranked: list[Choice] = []
+        for group in (eligible, last_resort):
+            if not group:
+                continue
+            if similarity is not None or strategy is not Strategy.EXACT_MATCH:
+                ranked.extend(self.weighted.rank(task, group, similarity))
+                record.explain.extend(self.weighted.last_explain)
+            else:
+                ranked.extend(self.exact.rank(task, group))
 
-        # 4. affinity
+        # 7. affinity
         if request.conversation_id:
             bound = self.affinity.get(request.conversation_id)
             if bound is not None:
@@ -125,11 +186,45 @@ class Pipeline:
                         break
         return ranked
 
-    def _ranker(self, request: ReachRequest) -> Ranker:
-        wanted = request.preferences.strategy
-        if wanted is None or not self.policy.allow_caller_strategy:
-            wanted = self.policy.default_strategy
-        return self._rankers[wanted]
+    def _semantic(self, request: ReachRequest, record: DecisionRecord) -> tuple[str, float]:
+        """The task a free-text request means, or a refusal with the best scores."""
+        assert self.vectors is not None
+        text = request.target_task
+        query = self.vectors.cached(text)
+        if query is None:
+            reason = self.vectors.last_error or "no query vector"
+            raise SemanticUnavailable(
+                f"semantic routing is unavailable ({reason}); exact task names still work", []
+            )
+        limits = self.vectors.thresholds()
+        if limits is None:
+            raise SemanticUnavailable(
+                f"no calibrated threshold for embedding model {self.vectors.embedder.model!r}: "
+                "run `reach calibrate` and set embedding.threshold",
+                [],
+            )
+        threshold, margin = limits
+        verdict = self.vectors.index.judge(query, threshold, margin, self.vectors.baseline(query))
+        record.semantic = {
+            "score": round(verdict.score, 4),
+            "runnerUp": None if verdict.runner_up is None else round(verdict.runner_up, 4),
+            "threshold": threshold,
+            "margin": margin,
+            "verdict": verdict.reason,
+            "best": [{"task": t, "score": round(s, 4)} for t, s in verdict.best],
+        }
+        if verdict.task is None:
+            record.semantic_refused = True
+            for best_task, score in verdict.best:
+                for entry in self.registry.by_task(best_task):
+                    record.reject(entry.id, verdict.reason, round(score, 4))
+            why = (
+                f"best score {verdict.score:.3f} is below the threshold {threshold:.3f}"
+                if verdict.reason == "below_threshold"
+                else f"best score {verdict.score:.3f} is within {margin:.3f} of the runner-up"
+            )
+            raise self._none(record, f"no capability matches {text!r} well enough: {why}")
+        return verdict.task, verdict.score
 
     @staticmethod
     def _none(record: DecisionRecord, message: str) -> NoAvailableHandler:

@@ -66,6 +66,10 @@ def build_admin(router: RouterApp) -> Starlette:
                 "invalid agent profile: " + ", ".join(d["field"] for d in details), details=details
             ) from exc
         entry, created = await router.registry.register(profile, lease_id=lease_id)
+        if router.vectors is not None:
+            # Capability vectors are computed here, once, never on a request. If the embedder is
+            # down the agent is still registered (exact match serves it) and retried later.
+            await router.vectors.add(entry)
         return _Json(
             {
                 "agentId": entry.id,

@@ -22,6 +22,7 @@ import orjson
 from agent_reach.clock import SYSTEM_CLOCK, Clock
 from agent_reach.config import RouterConfig
 from agent_reach.dispatcher import Dispatcher, internal_error_body
+from agent_reach.embedding import build_embedder
 from agent_reach.exceptions import ConfigError, RequestError
 from agent_reach.observability.logging import TraceLog
 from agent_reach.observability.metrics import RouterMetrics
@@ -51,6 +52,7 @@ from agent_reach.server.http import (
 )
 from agent_reach.stats import StatsBook
 from agent_reach.transport import Transport
+from agent_reach.vectors import CapabilityVectors
 
 log = logging.getLogger("agent_reach.router")
 registry_log = logging.getLogger("agent_reach.registry")
@@ -75,19 +77,35 @@ class RouterApp:
         self.clock = clock
         self.registry = MemoryRegistry(config.registry, clock=clock) if registry is None else registry
         self.transport = Transport()
-        self.stats = StatsBook()
+        self.stats = StatsBook(clock=clock, tau_seconds=config.routing.merit.ewma_tau_seconds)
         self.breakers = BreakerBoard(config.breaker, clock=clock, overrides=config.tasks)
         self.affinity = AffinityTable(config.affinity, clock=clock)
         self.budget = RetryBudget(config.retry_budget, clock=clock)
         self.shedder = LoadShedder(config.limits)
         self.results = ResultStore(config.async_mode, clock=clock)
+        self.vectors: CapabilityVectors | None = None
+        if config.embedding.backend != "none":
+            self.vectors = CapabilityVectors(
+                build_embedder(config.embedding), self.registry, config.embedding
+            )
         self.pipeline = Pipeline(
-            self.registry, config.routing, breakers=self.breakers, affinity=self.affinity
+            self.registry,
+            config.routing,
+            breakers=self.breakers,
+            affinity=self.affinity,
+            stats=self.stats,
+            vectors=self.vectors,
         )
         # Switched off, the store and metrics still exist (the endpoints answer, empty) but are
         # not fed: that is what the overhead benchmark compares against.
         self.traces = TraceStore(config.tracing.store_size)
-        self.metrics = RouterMetrics(self.registry, self.breakers, self.stats, lambda: self.shedder.inflight)
+        self.metrics = RouterMetrics(
+            self.registry,
+            self.breakers,
+            self.stats,
+            lambda: self.shedder.inflight,
+            lambda: None if self.vectors is None else self.vectors.up,
+        )
         self.trace_log = TraceLog(redact_fields=config.logging.redact)
         observers: list[Observer] = [self.trace_log]
         if config.metrics.enabled:
@@ -189,7 +207,10 @@ class RouterApp:
         """Switch every component to a new policy. Requests in flight keep the one they started with."""
         self.config = config
         self.dispatcher.config = config
-        self.pipeline.policy = config.routing
+        self.pipeline.apply(config.routing)
+        self.stats.tau = config.routing.merit.ewma_tau_seconds
+        if self.vectors is not None:
+            self.vectors.policy = config.embedding
         if isinstance(self.registry, MemoryRegistry):
             self.registry.policy = config.registry
         self.breakers.policy = config.breaker
@@ -241,6 +262,8 @@ class RouterApp:
         await self.registry.start()
         await self.health.start()
         await self.shedder.start()
+        if self.vectors is not None:
+            await self.vectors.start()
         if self.config_path is not None:
             with contextlib.suppress(OSError):
                 self._config_mtime = self.config_path.stat().st_mtime
@@ -260,6 +283,8 @@ class RouterApp:
         await self.dispatcher.close()
         await self.health.close()
         await self.shedder.close()
+        if self.vectors is not None:
+            await self.vectors.close()
         await self.registry.close()
         await self.transport.close()
 

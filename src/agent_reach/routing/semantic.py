@@ -1,0 +1,246 @@
+"""``semantic_route``: find the declared task nearest in meaning to the caller's text.
+
+Capability texts (the task name, its description, and each of its ``examples``) are embedded
+once, at registration, into one numpy matrix of unit vectors; a query is one matrix-vector
+product. Rows are keyed by (task, text), so a thousand agents declaring the same capability
+share one row. A route is taken only when the best task scores at least the threshold *and*
+beats the runner-up task by the margin: refusing beats guessing wrong.
+
+Cosine scores differ a lot between models (e5 puts nearly everything between 0.77 and 0.93), so
+thresholds are per model: :data:`DEFAULT_THRESHOLDS` holds the calibrated ones (``reach
+calibrate``), and the policy may override them.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from agent_reach.embedding.local import MODEL_NAME as LOCAL_MODEL
+
+Vector = npt.NDArray[np.float32]
+
+# model -> (threshold, margin) on the background-relative score, from
+# `reach calibrate tests/data/routing_phrases.yaml` (64 phrases, 9 capabilities).
+DEFAULT_THRESHOLDS: dict[str, tuple[float, float]] = {
+    LOCAL_MODEL: (0.1011, 0.0025),
+}
+
+# Each task's score is the mean of its best TOP_K rows (its description and examples), so one
+# lucky example does not carry a task, and a task with many examples is not penalised.
+TOP_K = 3
+
+# Neutral sentences, in both languages the demo speaks. A query's mean similarity to them is its
+# background level: e5 rates every pair of texts 0.75-0.9, and how high depends on the query, so
+# scores are taken relative to that level. Never tuned against the labelled phrases.
+BACKGROUND = [
+    "The museum opens at nine in the morning.",
+    "这本书讲述了一个家族的历史。",
+    "She planted tomatoes in the garden last spring.",
+    "会议室在三楼的走廊尽头。",
+    "The river flows through the old town.",
+    "他每天早上跑步五公里。",
+    "A new bridge was built across the bay.",
+    "这家咖啡店的音乐很安静。",
+    "The cat is sleeping on the sofa.",
+    "孩子们在公园里放风筝。",
+    "The train leaves from platform four.",
+    "山顶上的风景非常美。",
+    "Our team finished the project ahead of schedule.",
+    "图书馆周末也开放。",
+    "The lecture covered the basics of chemistry.",
+    "他把钥匙忘在了办公室。",
+    "Autumn leaves covered the sidewalk.",
+    "这部电影改编自一本小说。",
+    "The restaurant serves breakfast all day.",
+    "我们计划明年去海边度假。",
+    "Please close the window when you leave.",
+    "这座城市有很多古老的寺庙。",
+    "The orchestra rehearsed for the concert.",
+    "她正在学习弹钢琴。",
+    "Traffic was heavy on the highway this morning.",
+    "实验结果发表在期刊上。",
+    "The children built a sandcastle on the beach.",
+    "这条街上新开了一家面包店。",
+    "He repaired the old bicycle himself.",
+    "月亮今晚特别圆。",
+]
+
+
+def capability_texts(task: str, description: str, examples: list[str]) -> list[str]:
+    """The texts that stand for one capability: ``"task words: description"`` and each example."""
+    words = task.replace("_", " ").replace(".", " ").strip()
+    head = f"{words}: {description}" if description else words
+    return [head, *examples]
+
+
+@dataclass(slots=True, frozen=True)
+class Verdict:
+    """The outcome of a semantic match."""
+
+    task: str | None  # the chosen task, or None when refused
+    score: float
+    runner_up: float | None
+    reason: str  # "match", "below_threshold" or "ambiguous"
+    best: list[tuple[str, float]]  # the top tasks with their scores, best first
+
+
+class SemanticIndex:
+    """Unit vectors of capability texts, keyed by (task, text), shared by every agent declaring them."""
+
+    def __init__(self, dim: int = 384, capacity: int = 1024) -> None:
+        self.dim = dim
+        self._matrix: Vector = np.zeros((capacity, dim), dtype=np.float32)
+        self._size = 0
+        self._row: dict[tuple[str, str], int] = {}
+        self._task_of: list[str | None] = []
+        self._key_of: list[tuple[str, str] | None] = []
+        self._task_rows: dict[str, set[int]] = {}
+        self._users: dict[int, set[str]] = {}  # row -> agents using it
+        self._agent_rows: dict[str, list[int]] = {}
+        self._free: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self._row)
+
+    def has(self, task: str, text: str) -> bool:
+        return (task, text) in self._row
+
+    def vector(self, task: str, text: str) -> Vector:
+        """The stored unit vector of one (task, text) row."""
+        row: Vector = self._matrix[self._row[(task, text)]]
+        return row
+
+    def add(self, agent_id: str, task: str, texts: list[str], vectors: Vector) -> None:
+        """Index an agent's capability texts (vectors must be unit rows, one per text)."""
+        if vectors.shape[1] != self.dim:
+            if self._size == 0 and not self._row:
+                self.dim = int(vectors.shape[1])
+                self._matrix = np.zeros((self._matrix.shape[0], self.dim), dtype=np.float32)
+            else:
+                raise ValueError(f"vectors of dimension {vectors.shape[1]} in an index of {self.dim}")
+        rows = self._agent_rows.setdefault(agent_id, [])
+        for text, vector in zip(texts, vectors, strict=True):
+            key = (task, text)
+            row = self._row.get(key)
+            if row is None:
+                row = self._free.pop() if self._free else self._grow()
+                self._matrix[row] = vector
+                self._row[key] = row
+                self._task_of[row] = task
+                self._key_of[row] = key
+                self._task_rows.setdefault(task, set()).add(row)
+            users = self._users.setdefault(row, set())
+            if agent_id not in users:
+                users.add(agent_id)
+                rows.append(row)
+
+    def _grow(self) -> int:
+        if self._size == self._matrix.shape[0]:
+            bigger = np.zeros((self._matrix.shape[0] * 2, self.dim), dtype=np.float32)
+            bigger[: self._size] = self._matrix[: self._size]
+            self._matrix = bigger
+        self._task_of.append(None)
+        self._key_of.append(None)
+        self._size += 1
+        return self._size - 1
+
+    def remove_agent(self, agent_id: str) -> None:
+        """Forget an agent; rows no other agent uses are zeroed and reused."""
+        for row in self._agent_rows.pop(agent_id, []):
+            users = self._users.get(row)
+            if users is None:
+                continue
+            users.discard(agent_id)
+            if not users:
+                del self._users[row]
+                key = self._key_of[row]
+                if key is not None:
+                    del self._row[key]
+                    task_rows = self._task_rows.get(key[0])
+                    if task_rows is not None:
+                        task_rows.discard(row)
+                        if not task_rows:
+                            del self._task_rows[key[0]]
+                self._key_of[row] = None
+                self._task_of[row] = None
+                self._matrix[row] = 0.0
+                self._free.append(row)
+
+    def nearest(self, query: Vector, k: int = 3, baseline: float = 0.0) -> list[tuple[str, float]]:
+        """The ``k`` best tasks with their scores, best first.
+
+        A task's score is the mean of its best :data:`TOP_K` rows, minus ``baseline``.
+        """
+        if self._size == 0:
+            return []
+        scores = self._matrix[: self._size] @ query
+        # The best rows overall point at the few tasks worth scoring exactly.
+        top = min(self._size, max(64, k * TOP_K * 4))
+        index = np.argpartition(-scores, top - 1)[:top] if top < self._size else np.arange(self._size)
+        seen: list[str] = []
+        for row in index[np.argsort(-scores[index])]:
+            task = self._task_of[row]
+            if task is not None and task not in seen:
+                seen.append(task)
+                if len(seen) == k * 2:
+                    break
+        rated = []
+        for task in seen:
+            rows = self._task_rows.get(task)
+            if not rows:
+                continue
+            values = scores[list(rows)]
+            best = np.partition(-values, min(TOP_K, len(values)) - 1)[: min(TOP_K, len(values))]
+            rated.append((task, float(-best.mean()) - baseline))
+        rated.sort(key=lambda item: -item[1])
+        return rated[:k]
+
+    def judge(self, query: Vector, threshold: float, margin: float, baseline: float = 0.0) -> Verdict:
+        """Pick a task, or refuse: below the threshold, or too close to the runner-up."""
+        best = self.nearest(query, 3, baseline)
+        if not best:
+            return Verdict(None, 0.0, None, "below_threshold", [])
+        task, score = best[0]
+        runner_up = best[1][1] if len(best) > 1 else None
+        if score < threshold:
+            return Verdict(None, score, runner_up, "below_threshold", best)
+        if runner_up is not None and score - runner_up < margin:
+            return Verdict(None, score, runner_up, "ambiguous", best)
+        return Verdict(task, score, runner_up, "match", best)
+
+    def memory_bytes(self) -> int:
+        return int(self._matrix.nbytes)
+
+
+class QueryCache:
+    """Request-side vectors by text, least recently used first out."""
+
+    def __init__(self, size: int = 10_000) -> None:
+        self.size = size
+        self._vectors: OrderedDict[str, Vector] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, text: str) -> Vector | None:
+        vector = self._vectors.get(text)
+        if vector is None:
+            self.misses += 1
+            return None
+        self._vectors.move_to_end(text)
+        self.hits += 1
+        return vector
+
+    def put(self, text: str, vector: Vector) -> None:
+        if self.size <= 0:
+            return
+        self._vectors[text] = vector
+        self._vectors.move_to_end(text)
+        while len(self._vectors) > self.size:
+            self._vectors.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._vectors)

