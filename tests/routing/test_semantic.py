@@ -85,8 +85,8 @@ async def route(http: httpx.AsyncClient, text: str, **extra: object) -> dict:
 
 
 async def test_reference_scenario(semantic_router, caplog: pytest.LogCaptureFixture) -> None:
-    """Chinese and English price questions reach the price agent; history reaches trend; flights are refused."""
-    server, http = semantic_router
+    """Chinese and English price questions reach the price agent; history: trend; flights: refused."""
+    _server, http = semantic_router
     caplog.set_level(logging.INFO, logger="agent_reach.trace")
     for text in ("当前芒果多少钱", "how much does a mango cost now"):
         body = await route(http, text, traceId=f"sem-{len(text)}")
@@ -109,7 +109,7 @@ async def test_reference_scenario(semantic_router, caplog: pytest.LogCaptureFixt
 
 async def test_mapping_table_wins_over_embedding(semantic_router) -> None:
     """A task_map entry routes its phrase to the mapped task, without asking the model."""
-    server, http = semantic_router
+    _server, http = semantic_router
     body = await route(http, "比价")
     assert body["handlerAgentId"] == "price-agent"
     trace = (await http.get(f"/admin/traces/{body['traceId']}")).json()["hops"][0]
@@ -119,7 +119,7 @@ async def test_mapping_table_wins_over_embedding(semantic_router) -> None:
 
 async def test_exact_match_needs_no_model(semantic_router) -> None:
     """An exact task name is routed by exact match, with no semantic step."""
-    server, http = semantic_router
+    _server, http = semantic_router
     body = await route(http, "query_promotion")
     assert body["handlerAgentId"] == "promotion-agent"
     hop = (await http.get(f"/admin/traces/{body['traceId']}")).json()["hops"][0]
