@@ -74,7 +74,7 @@ async def test_router_degrades_to_exact_match_when_the_service_is_down(
         uvicorn.Config(build_embed_app(LocalEmbedder()), host="127.0.0.1", port=port, log_level="warning")
     )
     serving = asyncio.create_task(service.serve())
-    while not service.started:
+    while not service.started:  # noqa: ASYNC110 - uvicorn exposes a flag, not an event
         await asyncio.sleep(0.01)
     config = RouterConfig.from_mapping(
         {

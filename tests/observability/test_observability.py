@@ -90,7 +90,12 @@ async def test_drill_metrics_trace_and_json_logs(caplog: pytest.LogCaptureFixtur
         await steady.stop()
 
     formatter = JsonFormatter()
-    lines = [json.loads(formatter.format(r)) for r in caplog.records if r.name == "agent_reach.trace"]
+    lines = [
+        json.loads(text)
+        for r in caplog.records
+        if r.name == "agent_reach.trace"
+        for text in formatter.format(r).split("\n")
+    ]
     mine = [line for line in lines if "drill-1" in line["message"]]
     assert len(mine) >= 7
     for line in mine:

@@ -16,6 +16,7 @@ from aiohttp import web
 from agent_reach.config import RouterConfig
 from agent_reach.sdk import AgentConfig, ReachAgent, ReachContext
 from agent_reach.testing import FakeAgent, RouterServer, free_port
+from tests.helpers import log_lines
 
 MakeAgent = Callable[..., Awaitable[FakeAgent]]
 
@@ -45,7 +46,7 @@ async def cluster(
 
 
 def trace_lines(caplog: pytest.LogCaptureFixture, trace_id: str) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"[{trace_id}]")]
+    return [line for line in log_lines(caplog) if line.startswith(f"[{trace_id}]")]
 
 
 @pytest.mark.policy({"breaker": {"failure_threshold": 3, "open_seconds": 0.3, "open_on_refused": False}})

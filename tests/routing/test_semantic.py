@@ -14,6 +14,7 @@ from agent_reach.config import RouterConfig, read_yaml
 from agent_reach.embedding.local import MODEL_NAME, LocalEmbedder
 from agent_reach.routing.semantic import DEFAULT_THRESHOLDS
 from agent_reach.testing import FakeAgent, RouterServer
+from tests.helpers import log_lines
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "routing_phrases.yaml"
 
@@ -100,7 +101,7 @@ async def test_reference_scenario(semantic_router, caplog: pytest.LogCaptureFixt
     scored = refused["error"]["candidates"]
     assert scored and all("score" in c for c in scored)
     assert {c["reason"] for c in scored} <= {"below_threshold", "ambiguous"}
-    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("[sem-")]
+    lines = [line for line in log_lines(caplog) if line.startswith("[sem-")]
     assert any("select price-agent by semantic_route (score=" in line for line in lines)
     metrics = (await http.get("/metrics")).text
     assert "reach_semantic_refusals_total 1.0" in metrics

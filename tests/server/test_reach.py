@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from agent_reach.testing import RouterServer
+from tests.helpers import log_lines
 
 JSON = {"Content-Type": "application/json"}
 
@@ -257,7 +258,7 @@ async def test_trace_lines(http, make_agent, caplog: pytest.LogCaptureFixture) -
         http,
         {"traceId": "trace-demo-001", "sourceAgent": "user-proxy", "targetTask": "echo", "targetAgent": ""},
     )
-    lines = [r.getMessage() for r in caplog.records if r.name == "agent_reach.trace"]
+    lines = log_lines(caplog)
     assert lines[0] == "[trace-demo-001] route: user-proxy -> echo"
     assert lines[1] == "[trace-demo-001] candidate agents: price-query-agent, promotion-agent"
     assert lines[2].startswith("[trace-demo-001] select ") and lines[2].endswith(" by exact_match")

@@ -137,14 +137,25 @@ class RouterMetrics:
             "Requests refused because no capability scored above the threshold",
             registry=prom,
         )
+        self._request_children: dict[tuple[str, str, str], Any] = {}
+        self._latency_children: dict[str, Any] = {}
         prom.register(_LiveState(registry, breakers, stats, inflight, embedding_up))
 
     def __call__(self, record: DecisionRecord) -> None:
         task = record.matched_task or UNKNOWN_TASK
         agent = record.handler or (record.attempts[-1].agent_id if record.attempts else NO_AGENT)
         status = record.status.value if record.status is not None else "UNKNOWN"
-        self.requests.labels(task, agent, status).inc()
-        self.latency.labels(task).observe(record.duration_ms / 1000)
+        # Labelled children are cached: .labels() takes a lock and hashes its arguments on every
+        # call, and this runs on every request. The caches are as bounded as the labels are.
+        key = (task, agent, status)
+        counter = self._request_children.get(key)
+        if counter is None:
+            counter = self._request_children[key] = self.requests.labels(task, agent, status)
+        counter.inc()
+        latency = self._latency_children.get(task)
+        if latency is None:
+            latency = self._latency_children[task] = self.latency.labels(task)
+        latency.observe(record.duration_ms / 1000)
         if record.score is not None and record.strategy:
             strategy = "semantic_route" if record.semantic is not None else record.strategy
             self.match_score.labels(strategy).observe(record.score)

@@ -1,26 +1,43 @@
-"""The trace store: a bounded ring of recent decision records, queried by traceId.
+"""The trace store: a bounded ring of recent hops, queried by traceId.
 
 One traceId may reach the Router several times (an agent's handler calls another agent through
 the Router). Each visit is a *hop*; a hop whose caller's ``traceparent`` names the span of an
 attempt of another hop is that attempt's child, so the hops of a trace form one tree.
+
+Hops are kept compact: a tuple of strings and the hop already encoded as JSON bytes. Ten
+thousand live decision records (with their lists and dicts) doubled what the garbage collector
+scans on every full pass; bytes and string tuples are not tracked at all.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
+from typing import Any, NamedTuple
+
+import orjson
 
 from agent_reach.clock import iso_utc
 from agent_reach.observability.record import DecisionRecord
 
 
+class _Hop(NamedTuple):
+    trace_id: str
+    started: float
+    task: str
+    matched_task: str | None
+    status: str | None
+    parent_span_id: str | None
+    span_ids: tuple[str, ...]
+    blob: bytes
+
+
 class TraceStore:
-    """Keeps the last ``size`` records (hops); memory is fixed whatever the traffic."""
+    """Keeps the last ``size`` hops; memory is fixed whatever the traffic."""
 
     def __init__(self, size: int = 10_000) -> None:
         self.size = size
-        self._ring: deque[DecisionRecord] = deque()
-        self._by_trace: dict[str, list[DecisionRecord]] = {}
+        self._ring: deque[_Hop] = deque()
+        self._by_trace: dict[str, list[_Hop]] = {}
 
     def __call__(self, record: DecisionRecord) -> None:
         if self.size <= 0:
@@ -32,28 +49,45 @@ class TraceStore:
                 hops.remove(old)
                 if not hops:
                     del self._by_trace[old.trace_id]
-        self._ring.append(record)
-        self._by_trace.setdefault(record.trace_id, []).append(record)
+        hop = _Hop(
+            record.trace_id,
+            record.started,
+            record.task,
+            record.matched_task,
+            record.status.value if record.status else None,
+            record.parent_span_id,
+            tuple(a.span_id for a in record.attempts),
+            orjson.dumps(hop_dict(record)),
+        )
+        self._ring.append(hop)
+        self._by_trace.setdefault(record.trace_id, []).append(hop)
 
     def __len__(self) -> int:
         return len(self._ring)
 
-    def hops(self, trace_id: str) -> list[DecisionRecord]:
-        return list(self._by_trace.get(trace_id, ()))
+    def hops(self, trace_id: str) -> list[dict[str, Any]]:
+        """The hops of one trace, oldest first, as dicts."""
+        return [
+            orjson.loads(h.blob) for h in sorted(self._by_trace.get(trace_id, ()), key=lambda h: h.started)
+        ]
 
     def trace(self, trace_id: str) -> dict[str, Any] | None:
         """``{"traceId", "hops": [...], "tree": [...]}``, or None for an unknown traceId."""
-        hops = sorted(self._by_trace.get(trace_id, ()), key=lambda r: r.started)
-        if not hops:
+        stored = sorted(self._by_trace.get(trace_id, ()), key=lambda h: h.started)
+        if not stored:
             return None
-        rendered = [hop_dict(i, hop) for i, hop in enumerate(hops)]
+        rendered = []
+        for i, hop in enumerate(stored):
+            body = orjson.loads(hop.blob)
+            body["hop"] = i
+            rendered.append(body)
         owner: dict[str, int] = {}  # attempt span id -> hop index
-        for i, hop in enumerate(hops):
-            for attempt in hop.attempts:
-                owner[attempt.span_id] = i
+        for i, hop in enumerate(stored):
+            for span_id in hop.span_ids:
+                owner[span_id] = i
         children: dict[int, list[int]] = {}
         roots: list[int] = []
-        for i, hop in enumerate(hops):
+        for i, hop in enumerate(stored):
             parent = owner.get(hop.parent_span_id or "")
             if parent is None or parent == i:
                 roots.append(i)
@@ -62,12 +96,12 @@ class TraceStore:
                 rendered[i]["parentHop"] = parent
 
         def node(i: int) -> dict[str, Any]:
-            hop = hops[i]
+            hop = rendered[i]
             return {
                 "hop": i,
-                "task": hop.task,
-                "handler": hop.handler,
-                "status": hop.status.value if hop.status else None,
+                "task": hop["task"],
+                "handler": hop["handlerAgentId"],
+                "status": hop["status"],
                 "children": [node(c) for c in children.get(i, [])],
             }
 
@@ -78,18 +112,25 @@ class TraceStore:
     ) -> list[dict[str, Any]]:
         """Summaries of the newest hops, filtered by task and status."""
         found: list[dict[str, Any]] = []
-        for record in reversed(self._ring):
-            if task is not None and record.task != task and record.matched_task != task:
+        for hop in reversed(self._ring):
+            if task is not None and hop.task != task and hop.matched_task != task:
                 continue
-            if status is not None and (record.status is None or record.status.value != status):
+            if status is not None and hop.status != status:
                 continue
-            found.append(summary(record))
+            body = orjson.loads(hop.blob)
+            summary = {key: body[key] for key in _SUMMARY}
+            summary["attempts"] = len(body["attempts"])
+            found.append(summary)
             if len(found) >= limit:
                 break
         return found
 
 
-def summary(record: DecisionRecord) -> dict[str, Any]:
+_SUMMARY = ("traceId", "startedAt", "source", "task", "status", "handlerAgentId", "durationMs", "attempts")
+
+
+def hop_dict(record: DecisionRecord) -> dict[str, Any]:
+    """Everything recorded about one hop, in wire case."""
     return {
         "traceId": record.trace_id,
         "startedAt": iso_utc(record.started_wall),
@@ -98,15 +139,6 @@ def summary(record: DecisionRecord) -> dict[str, Any]:
         "status": record.status.value if record.status else None,
         "handlerAgentId": record.handler,
         "durationMs": record.duration_ms,
-        "attempts": len(record.attempts),
-    }
-
-
-def hop_dict(index: int, record: DecisionRecord) -> dict[str, Any]:
-    """Everything recorded about one hop, in wire case."""
-    return {
-        "hop": index,
-        **summary(record),
         "mode": record.mode,
         "httpStatus": record.http_status,
         "conversationId": record.conversation_id,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -271,6 +272,8 @@ class RouterApp:
             if threading.current_thread() is threading.main_thread():
                 with contextlib.suppress(NotImplementedError, RuntimeError):
                     asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.reload)
+        # Everything built so far lives as long as the process: keep it out of every GC pass.
+        gc.freeze()
         self.started = True
 
     async def shutdown(self) -> None:
