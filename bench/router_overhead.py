@@ -1,13 +1,23 @@
 """What the Router costs per request, against the same fast agent, in one run.
 
-Three paths are driven by wrk against one agent process (bench/fast_agent.py):
+Four paths are driven by wrk against one agent process (bench/fast_agent.py):
 
-* direct:   wrk -> agent
-* baseline: wrk -> bench/passthrough_proxy.py -> agent   (the floor for a Python forwarder)
-* router:   wrk -> Agent-Reach Router -> agent            (every default feature on, INFO logs)
+* direct:      wrk -> agent
+* baseline:    wrk -> bench/passthrough_proxy.py -> agent   (the floor for a Python forwarder)
+* router:      wrk -> Agent-Reach Router -> agent            (every default feature on, INFO logs)
+* router-bare: wrk -> a second Router -> agent               (the same, but ``tracing`` and
+  ``metrics`` switched off in its policy file; INFO logs too)
 
 For each it reports requests/s at c32, p50/p99 latency at c1 and c32, and the forwarder's CPU
-time per request; then the Router's RSS across a long run, and PASS/MISS against the targets.
+time per request; then the Router's RSS across a long run, and PASS/MISS against the targets:
+
+* router req/s at c32 / baseline req/s at c32 >= 0.7
+* added p50 at c1 (router - direct) <= 0.3 ms
+* tracing+metrics overhead: router req/s at c32 / router-bare req/s at c32 >= 0.90
+* the Router's RSS flat (within --memory-tolerance-mib) across --memory-requests requests
+
+Both Routers and the proxy share one core (only one of them is loaded at a time); with
+``--rounds N`` the four paths are measured in turn N times and each figure is the median.
 
 Run (after ``scripts/bench-deps``, which installs wrk)::
 
@@ -56,6 +66,10 @@ MIB = 1024 * 1024
 # Targets the Router is held to.
 MIN_THROUGHPUT_RATIO = 0.7
 MAX_ADDED_P50_MS = 0.3
+# router req/s over router-bare req/s at c32: what tracing and metrics may cost together.
+MIN_TRACING_METRICS_RATIO = 0.90
+# The policy that switches them off, on top of the one both Routers share.
+BARE_POLICY = "tracing:\n  enabled: false\nmetrics:\n  enabled: false\n"
 # Above this share of a core used by strangers during a run, the figures are flagged as noisy.
 NOISE_WARNING = 0.05
 
@@ -139,7 +153,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=float, default=1.0, help="seconds of warm-up before each run")
     parser.add_argument("--connections", type=int, default=32, help="connections of the loaded run")
     parser.add_argument("--wrk-threads", type=int, default=1, help="wrk threads of the loaded run")
-    parser.add_argument("--server-core", type=int, default=0, help="core for the Router and the proxy")
+    parser.add_argument("--server-core", type=int, default=0, help="core for the Routers and the proxy")
     parser.add_argument("--agent-core", type=int, default=1, help="core for the agent")
     parser.add_argument("--wrk-core", type=int, default=1, help="core for wrk")
     parser.add_argument("--no-pin", action="store_true", help="do not pin processes with taskset")
@@ -153,7 +167,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--router-log-level",
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-        help="diagnosis only: run the Router at another log level than its default (INFO)",
+        help="diagnosis only: run both Routers at another log level than their default (INFO)",
     )
     parser.add_argument("--json", type=Path, help="also write the figures as JSON here")
     parser.add_argument("--keep-logs", action="store_true", help="keep the work dir with the server logs")
@@ -198,9 +212,10 @@ class Bench:
         proxy.wait_ready(lambda: answers_success(url, REQUEST))
         return proxy, url
 
-    def start_router(self, agent_url: str) -> tuple[Server, str]:
-        config = self.workdir / "router.yaml"
-        config.write_text(f"registry:\n  lease_ttl_seconds: {LEASE_TTL_S}\n")
+    def start_router(self, agent_url: str, name: str = "router", policy: str = "") -> tuple[Server, str]:
+        """A Router with the shared policy plus ``policy``, and the agent registered with it."""
+        config = self.workdir / f"{name}.yaml"
+        config.write_text(f"registry:\n  lease_ttl_seconds: {LEASE_TTL_S}\n{policy}")
         port = free_port()
         base = f"http://127.0.0.1:{port}"
         argv = pinned(
@@ -211,7 +226,7 @@ class Bench:
         # another level only shows what logging costs.
         if self.args.router_log_level:
             argv += ["--log-level", self.args.router_log_level]
-        router = self._start(Server("router", argv, self.workdir / "router.log"))
+        router = self._start(Server(name, argv, self.workdir / f"{name}.log"))
         router.wait_ready(lambda: http("GET", f"{base}/healthz")[0] == 200)
         profile = {
             "id": AGENT_ID,
@@ -222,7 +237,7 @@ class Bench:
         if status != 201:
             raise RuntimeError(f"registering {AGENT_ID} failed: HTTP {status} {answer}")
         if not answers_success(f"{base}/reach", REQUEST):
-            raise RuntimeError(f"the Router does not answer SUCCESS; see {router.log_path}")
+            raise RuntimeError(f"{name} does not answer SUCCESS; see {router.log_path}")
         return router, f"{base}/reach"
 
     def stop_all(self) -> None:
@@ -299,8 +314,9 @@ class Bench:
         agent, agent_url = self.start_agent()
         proxy, proxy_url = self.start_proxy(agent_url)
         router, router_url = self.start_router(agent_url)
-        forwarders = {"direct": None, "baseline": proxy, "router": router}
-        urls = {"direct": agent_url, "baseline": proxy_url, "router": router_url}
+        bare, bare_url = self.start_router(agent_url, "router-bare", BARE_POLICY)
+        forwarders = {"direct": None, "baseline": proxy, "router": router, "router-bare": bare}
+        urls = {"direct": agent_url, "baseline": proxy_url, "router": router_url, "router-bare": bare_url}
         # Rounds interleave the paths, so a burst of outside load hits one round of each, not
         # every run of one path; the median of each figure then drops it.
         self.rounds: list[dict[str, PathResult]] = []
@@ -316,12 +332,11 @@ class Bench:
         if self.args.memory_requests > 0:
             rps = results["router"].c32.rps if results["router"].c32 else 1000.0
             memory = self.memory(router, router_url, rps)
-        log = router.log_path
-        with log.open("rb") as fh:
-            log_lines = sum(1 for _ in fh)
-        # The readiness probes add a request or two; against 100k+ that is lost in the rounding.
-        lines_per_request = log_lines / max(1, self.sent.get(router_url, 0))
-        return self.report(results, memory, log, log_lines, lines_per_request)
+        logs = {
+            name: RouterLog.read(server.log_path, self.sent.get(url, 0))
+            for name, server, url in (("router", router, router_url), ("router-bare", bare, bare_url))
+        }
+        return self.report(results, memory, logs)
 
     # -- output ------------------------------------------------------------------------------
 
@@ -336,7 +351,7 @@ class Bench:
             return {"pinned": False}
         return {
             "pinned": True,
-            "router_and_proxy_core": self.server_core,
+            "router_and_proxy_core": self.server_core,  # both Routers
             "agent_core": self.agent_core,
             "wrk_core": self.wrk_core,
         }
@@ -345,15 +360,17 @@ class Bench:
         self,
         results: dict[str, PathResult],
         memory: MemoryResult | None,
-        log: Path,
-        log_lines: int,
-        lines_per_request: float,
+        logs: dict[str, RouterLog],
     ) -> dict[str, Any]:
         args = self.args
         direct, baseline, router = results["direct"], results["baseline"], results["router"]
+        bare = results["router-bare"]
         assert direct.c1 and direct.c32 and baseline.c1 and baseline.c32 and router.c1 and router.c32
+        assert bare.c1 and bare.c32
         ratio = router.c32.rps / baseline.c32.rps
+        observability_ratio = router.c32.rps / bare.c32.rps
         added_router = router.c1.p50_ms - direct.c1.p50_ms
+        added_bare = bare.c1.p50_ms - direct.c1.p50_ms
         added_baseline = baseline.c1.p50_ms - direct.c1.p50_ms
         # A failed answer can be a fast one (a 429 costs little): figures with failures in them
         # cannot pass a speed target.
@@ -369,6 +386,14 @@ class Bench:
                 "target": f"<= {MAX_ADDED_P50_MS}",
                 "pass": added_router <= MAX_ADDED_P50_MS and router.c1.errors == 0,
                 "failed_requests": router.c1.errors,
+            },
+            "tracing_metrics_ratio_c32": {
+                "value": round(observability_ratio, 3),
+                "target": f">= {MIN_TRACING_METRICS_RATIO}",
+                "pass": observability_ratio >= MIN_TRACING_METRICS_RATIO
+                and router.c32.errors == 0
+                and bare.c32.errors == 0,
+                "failed_requests": router.c32.errors + bare.c32.errors,
             },
         }
         if memory is not None:
@@ -389,25 +414,29 @@ class Bench:
             " (--rounds N for medians)",
             "  layout: "
             + (
-                f"Router / proxy on core {self.server_core}, agent on core {self.agent_core}, "
+                f"router / router-bare / proxy on core {self.server_core}, agent on core {self.agent_core}, "
                 f"wrk on core {self.wrk_core} (taskset); all on 127.0.0.1"
                 if not args.no_pin
                 else "not pinned; all on 127.0.0.1"
             ),
             f"  Router code: {self.source}",
-            f"  Router log: {self.log_level()}, stderr to {log} "
-            f"({log_lines:,} lines, {lines_per_request:.1f} per request{kept})",
+            f"  Router logs: {self.log_level()}; stderr to files{kept}:",
+            *(
+                f"    {name:<11} {log.path} ({log.lines:,} lines, {log.per_request:.1f} per request)"
+                for name, log in logs.items()
+            ),
+            "  router-bare policy: the router's plus tracing: {enabled: false}, metrics: {enabled: false}",
             "",
-            f"{'path':<9} {f'req/s c{c}':>11} {'p50 c1':>9} {'p99 c1':>9} {f'p50 c{c}':>9} {f'p99 c{c}':>9}"
+            f"{'path':<11} {f'req/s c{c}':>11} {'p50 c1':>9} {'p99 c1':>9} {f'p50 c{c}':>9} {f'p99 c{c}':>9}"
             f" {'fwd CPU/req':>12} {'agent CPU/req':>14} {'other CPU':>10} {'failed':>7}",
         ]
-        for path in (direct, baseline, router):
+        for path in (direct, baseline, router, bare):
             assert path.c1 and path.c32
             fwd = "-" if path.forwarder_cpu_us is None else f"{path.forwarder_cpu_us:.0f} µs"
             agent_cpu = "-" if path.agent_cpu_us is None else f"{path.agent_cpu_us:.0f} µs"
             other = f"{max(path.foreign_core_c1, path.foreign_core_c32) * 100:.0f}%"
             lines.append(
-                f"{path.name:<9} {path.c32.rps:>11,.0f} {ms(path.c1.p50_ms):>9} {ms(path.c1.p99_ms):>9}"
+                f"{path.name:<11} {path.c32.rps:>11,.0f} {ms(path.c1.p50_ms):>9} {ms(path.c1.p99_ms):>9}"
                 f" {ms(path.c32.p50_ms):>9} {ms(path.c32.p99_ms):>9} {fwd:>12} {agent_cpu:>14} {other:>10}"
                 f" {path.errors:>7}"
             )
@@ -416,7 +445,7 @@ class Bench:
             " other CPU = share of a core used by processes the bench did not start (max of the runs);"
             " failed = non-2xx answers and socket errors in the measured runs"
         )
-        for path in (direct, baseline, router):
+        for path in (direct, baseline, router, bare):
             if path.errors:
                 detail = describe_errors(path.errors, path.statuses, path.socket_errors)
                 lines.append(f"  FAILED requests on {path.name}: {detail}")
@@ -427,20 +456,26 @@ class Bench:
                 "the figures may be disturbed: rerun on a quiet machine"
             )
         assert router.forwarder_cpu_us is not None and baseline.forwarder_cpu_us is not None
+        assert bare.forwarder_cpu_us is not None
         lines += [
             "",
             f"Router CPU per request (c{c}):   {router.forwarder_cpu_us:.0f} µs "
             f"(baseline proxy {baseline.forwarder_cpu_us:.0f} µs; "
             f"Router extra {router.forwarder_cpu_us - baseline.forwarder_cpu_us:.0f} µs, "
             f"x{router.forwarder_cpu_us / baseline.forwarder_cpu_us:.2f})",
+            f"router-bare CPU per request:    {bare.forwarder_cpu_us:.0f} µs "
+            f"(tracing+metrics cost {router.forwarder_cpu_us - bare.forwarder_cpu_us:+.0f} µs per request)",
             f"added p50 at c1 over direct:    router {added_router:+.3f} ms, "
-            f"baseline {added_baseline:+.3f} ms",
+            f"router-bare {added_bare:+.3f} ms, baseline {added_baseline:+.3f} ms",
             "",
             "Targets",
             f"  Router/baseline req/s at c{c}: {ratio:.2f}  (target >= {MIN_THROUGHPUT_RATIO})"
             f"  {verdict(targets['throughput_ratio_c32'])}",
             f"  added p50 at c1 (router - direct): {added_router:.3f} ms  (target <= {MAX_ADDED_P50_MS} ms)"
             f"  {verdict(targets['added_p50_c1_ms'])}",
+            f"  tracing+metrics overhead: router req/s at c{c} / router-bare req/s at c{c} = "
+            f"{observability_ratio:.2f} (target >= {MIN_TRACING_METRICS_RATIO:.2f})"
+            f"  {verdict(targets['tracing_metrics_ratio_c32'])}",
         ]
         if memory is not None:
             per_request = memory.growth / max(1, memory.requests)
@@ -468,21 +503,48 @@ class Bench:
                 "wrk": wrk_version(),
                 "router_log": {
                     "level": self.args.router_log_level or "INFO",
-                    "file": str(log),
-                    "lines": log_lines,
-                    "lines_per_request": round(lines_per_request, 2),
+                    **logs["router"].to_json(),
                 },
+                "router_bare_log": {
+                    "level": self.args.router_log_level or "INFO",
+                    **logs["router-bare"].to_json(),
+                },
+                "router_bare_policy": BARE_POLICY,
                 "router_source": self.source,
             },
             "layout": self.layout(),
             "paths": {name: path.to_json() for name, path in results.items()},
             "rounds": [{name: path.to_json() for name, path in r.items()} for r in self.rounds],
             "router_cpu_us_per_request": router.forwarder_cpu_us,
+            "router_bare_cpu_us_per_request": bare.forwarder_cpu_us,
             "baseline_cpu_us_per_request": baseline.forwarder_cpu_us,
-            "added_p50_c1_ms": {"router": added_router, "baseline": added_baseline},
+            "added_p50_c1_ms": {
+                "router": added_router,
+                "router-bare": added_bare,
+                "baseline": added_baseline,
+            },
             "memory": memory.to_json() if memory else None,
             "targets": targets,
         }
+
+
+@dataclass
+class RouterLog:
+    """How much one Router logged over the whole bench."""
+
+    path: Path
+    lines: int
+    per_request: float
+
+    @classmethod
+    def read(cls, path: Path, requests: int) -> RouterLog:
+        with path.open("rb") as fh:
+            lines = sum(1 for _ in fh)
+        # The readiness probes add a request or two; against 100k+ that is lost in the rounding.
+        return cls(path, lines, lines / max(1, requests))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": str(self.path), "lines": self.lines, "lines_per_request": round(self.per_request, 2)}
 
 
 def merge_statuses(parts: Iterable[dict[int, int]]) -> dict[int, int]:

@@ -144,9 +144,9 @@ async def test_registers_again_when_the_router_forgets(short_router: RouterServe
         first = agent.lease_id
         assert first is not None
         await short_router.app.registry.deregister("sdk-agent", first)  # the Router forgets
-        for _ in range(100):
+        for _ in range(250):
             entry = short_router.app.registry.get("sdk-agent")
-            if entry is not None and entry.lease_id != first:
+            if entry is not None and entry.lease_id != first and agent.lease_id == entry.lease_id:
                 break
             await asyncio.sleep(0.02)
         entry = short_router.app.registry.get("sdk-agent")

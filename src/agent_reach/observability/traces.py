@@ -4,9 +4,9 @@ One traceId may reach the Router several times (an agent's handler calls another
 the Router). Each visit is a *hop*; a hop whose caller's ``traceparent`` names the span of an
 attempt of another hop is that attempt's child, so the hops of a trace form one tree.
 
-Hops are kept compact: a tuple of strings and the hop already encoded as JSON bytes. Ten
-thousand live decision records (with their lists and dicts) doubled what the garbage collector
-scans on every full pass; bytes and string tuples are not tracked at all.
+Hops are kept as tuples of plain values (the rare nested parts as JSON bytes): ten thousand live
+decision records, with their lists and dicts, doubled what the garbage collector scans on every
+full pass, while tuples of strings and numbers drop out of its tracking.
 """
 
 from __future__ import annotations
@@ -21,14 +21,126 @@ from agent_reach.observability.record import DecisionRecord
 
 
 class _Hop(NamedTuple):
+    """One hop, frozen into tuples of plain values: cheap to build, invisible to the GC."""
+
     trace_id: str
     started: float
+    started_wall: float
     task: str
+    source: str
     matched_task: str | None
     status: str | None
+    http_status: int
+    handler: str | None
+    duration_ms: float
+    mode: str
+    conversation_id: str | None
     parent_span_id: str | None
-    span_ids: tuple[str, ...]
-    blob: bytes
+    rule: str | None
+    strategy: str | None
+    candidates: tuple[str, ...]
+    rejected: tuple[tuple[str, str, float | None], ...]
+    selected: str | None
+    score: float | None
+    affinity: str | None
+    extra: bytes  # the rare, nested parts (semantic match, score factors) as JSON
+    attempts: tuple[tuple[str, str, float, str, float, float | None], ...]
+    events: tuple[tuple[str, str], ...]
+    retries: tuple[str, ...]
+    failovers: tuple[str, ...]
+    circuit_trips: tuple[str, ...]
+    error_code: str | None
+
+    @property
+    def span_ids(self) -> tuple[str, ...]:
+        return tuple(a[3] for a in self.attempts)
+
+    @classmethod
+    def of(cls, r: DecisionRecord) -> _Hop:
+        extra = (
+            orjson.dumps({"semantic": r.semantic, "scores": r.explain}) if r.semantic or r.explain else b""
+        )
+        return cls(
+            r.trace_id,
+            r.started,
+            r.started_wall,
+            r.task,
+            r.source,
+            r.matched_task,
+            r.status.value if r.status else None,
+            r.http_status,
+            r.handler,
+            r.duration_ms,
+            r.mode,
+            r.conversation_id,
+            r.parent_span_id,
+            r.rule,
+            r.strategy,
+            tuple(r.candidates),
+            tuple((c["agentId"], c["reason"], c.get("score")) for c in r.rejected),
+            r.selected,
+            r.score,
+            r.affinity,
+            extra,
+            tuple(
+                (a.agent_id, a.outcome, a.duration_ms, a.span_id, a.offset_ms, a.score) for a in r.attempts
+            ),
+            tuple(r.events),
+            tuple(r.retries),
+            tuple(r.failovers),
+            tuple(r.circuit_trips),
+            r.error_code,
+        )
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "traceId": self.trace_id,
+            "startedAt": iso_utc(self.started_wall),
+            "source": self.source,
+            "task": self.task,
+            "status": self.status,
+            "handlerAgentId": self.handler,
+            "durationMs": self.duration_ms,
+            "attempts": len(self.attempts),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything recorded about the hop, in wire case."""
+        extra = orjson.loads(self.extra) if self.extra else {"semantic": None, "scores": []}
+        rejected = []
+        for agent_id, reason, score in self.rejected:
+            item: dict[str, Any] = {"agentId": agent_id, "reason": reason}
+            if score is not None:
+                item["score"] = score
+            rejected.append(item)
+        return {
+            **self.summary(),
+            "mode": self.mode,
+            "httpStatus": self.http_status,
+            "conversationId": self.conversation_id,
+            "parentSpanId": self.parent_span_id,
+            "decision": {
+                "rule": self.rule,
+                "strategy": self.strategy,
+                "matchedTask": self.matched_task,
+                "candidates": list(self.candidates),
+                "rejected": rejected,
+                "selected": self.selected,
+                "score": self.score,
+                "affinity": self.affinity,
+                "semantic": extra["semantic"],
+                "scores": extra["scores"],
+            },
+            "attempts": [
+                {"agentId": a, "outcome": o, "durationMs": d, "spanId": sp, "offsetMs": off, "score": sc}
+                for a, o, d, sp, off, sc in self.attempts
+            ],
+            "events": [{"kind": kind, "text": text} for kind, text in self.events],
+            "retries": list(self.retries),
+            "failovers": list(self.failovers),
+            "circuitTrips": list(self.circuit_trips),
+            "errorCode": self.error_code,
+        }
 
 
 class TraceStore:
@@ -49,16 +161,7 @@ class TraceStore:
                 hops.remove(old)
                 if not hops:
                     del self._by_trace[old.trace_id]
-        hop = _Hop(
-            record.trace_id,
-            record.started,
-            record.task,
-            record.matched_task,
-            record.status.value if record.status else None,
-            record.parent_span_id,
-            tuple(a.span_id for a in record.attempts),
-            orjson.dumps(hop_dict(record)),
-        )
+        hop = _Hop.of(record)
         self._ring.append(hop)
         self._by_trace.setdefault(record.trace_id, []).append(hop)
 
@@ -67,9 +170,7 @@ class TraceStore:
 
     def hops(self, trace_id: str) -> list[dict[str, Any]]:
         """The hops of one trace, oldest first, as dicts."""
-        return [
-            orjson.loads(h.blob) for h in sorted(self._by_trace.get(trace_id, ()), key=lambda h: h.started)
-        ]
+        return [h.to_dict() for h in sorted(self._by_trace.get(trace_id, ()), key=lambda h: h.started)]
 
     def trace(self, trace_id: str) -> dict[str, Any] | None:
         """``{"traceId", "hops": [...], "tree": [...]}``, or None for an unknown traceId."""
@@ -78,7 +179,7 @@ class TraceStore:
             return None
         rendered = []
         for i, hop in enumerate(stored):
-            body = orjson.loads(hop.blob)
+            body = hop.to_dict()
             body["hop"] = i
             rendered.append(body)
         owner: dict[str, int] = {}  # attempt span id -> hop index
@@ -117,58 +218,7 @@ class TraceStore:
                 continue
             if status is not None and hop.status != status:
                 continue
-            body = orjson.loads(hop.blob)
-            summary = {key: body[key] for key in _SUMMARY}
-            summary["attempts"] = len(body["attempts"])
-            found.append(summary)
+            found.append(hop.summary())
             if len(found) >= limit:
                 break
         return found
-
-
-_SUMMARY = ("traceId", "startedAt", "source", "task", "status", "handlerAgentId", "durationMs", "attempts")
-
-
-def hop_dict(record: DecisionRecord) -> dict[str, Any]:
-    """Everything recorded about one hop, in wire case."""
-    return {
-        "traceId": record.trace_id,
-        "startedAt": iso_utc(record.started_wall),
-        "source": record.source,
-        "task": record.task,
-        "status": record.status.value if record.status else None,
-        "handlerAgentId": record.handler,
-        "durationMs": record.duration_ms,
-        "mode": record.mode,
-        "httpStatus": record.http_status,
-        "conversationId": record.conversation_id,
-        "parentSpanId": record.parent_span_id,
-        "decision": {
-            "rule": record.rule,
-            "strategy": record.strategy,
-            "matchedTask": record.matched_task,
-            "candidates": record.candidates,
-            "rejected": record.rejected,
-            "selected": record.selected,
-            "score": record.score,
-            "affinity": record.affinity,
-            "semantic": record.semantic,
-            "scores": record.explain,
-        },
-        "attempts": [
-            {
-                "agentId": a.agent_id,
-                "outcome": a.outcome,
-                "durationMs": a.duration_ms,
-                "spanId": a.span_id,
-                "offsetMs": a.offset_ms,
-                "score": a.score,
-            }
-            for a in record.attempts
-        ],
-        "events": [{"kind": kind, "text": text} for kind, text in record.events],
-        "retries": record.retries,
-        "failovers": record.failovers,
-        "circuitTrips": record.circuit_trips,
-        "errorCode": record.error_code,
-    }

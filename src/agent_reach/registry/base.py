@@ -49,13 +49,14 @@ class AgentEntry:
     capabilities: dict[str, Capability] = field(default_factory=dict)
     validators: dict[str, PayloadValidator | None] = field(default_factory=dict)
 
-    @property
-    def id(self) -> str:
-        return self.profile.id
+    # Copies of the profile's id and endpoint as plain attributes: they are read several times
+    # per candidate on every request, and a property through the profile costs each time.
+    id: str = field(init=False)
+    endpoint: str = field(init=False)
 
-    @property
-    def endpoint(self) -> str:
-        return self.profile.network.endpoint
+    def __post_init__(self) -> None:
+        self.id = self.profile.id
+        self.endpoint = self.profile.network.endpoint
 
     @property
     def routable(self) -> bool:

@@ -10,7 +10,7 @@ from agent_reach.registry.base import AgentEntry
 from agent_reach.schema import PayloadValidator
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class Choice:
     """One ranked candidate: the agent, the capability it serves the task with, and its score."""
 

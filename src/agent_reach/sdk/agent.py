@@ -249,7 +249,9 @@ class ReachAgent:
     async def stop(self) -> None:
         """Deregister, then stop serving."""
         if self._lease is not None:
-            self._lease.stop()
+            # Joining the lease thread must not block the loop: the thread may be waiting on a
+            # Router that is served by this very loop (in tests, or an embedded Router).
+            await asyncio.to_thread(self._lease.stop)
             await asyncio.to_thread(self._lease.deregister)
             self._lease.close()
             self._lease = None
