@@ -162,3 +162,23 @@ def test_trace_unknown_id(router_url: str) -> None:
     result = runner.invoke(app, ["trace", "never-seen", "--router", router_url])
     assert result.exit_code == 1
     assert "no trace 'never-seen'" in result.output
+
+
+def test_calibrate_reproduces_the_figures() -> None:
+    """`reach calibrate` on the labelled set reports 100% in-scope right, 0 wrong, >=90% refused."""
+    data = Path(__file__).resolve().parent / "data" / "routing_phrases.yaml"
+    result = runner.invoke(app, ["calibrate", str(data)], env={"COLUMNS": "220"})
+    assert result.exit_code == 0, result.output
+    proposed = next(line for line in result.output.splitlines() if line.startswith("proposed"))
+    assert "in-scope right 46/46 (100.0%), wrong 0" in proposed
+    refused = int(proposed.split("out-of-scope refused ")[1].split("/")[0])
+    assert refused >= 0.9 * 18
+
+
+def test_calibrate_bad_file(tmp_path: Path) -> None:
+    """A calibration file without phrases is a clear error (exit 2)."""
+    bad = tmp_path / "labels.yaml"
+    bad.write_text("capabilities: [{task: t}]\n")
+    result = runner.invoke(app, ["calibrate", str(bad)])
+    assert result.exit_code == 2
+    assert "phrases must be a non-empty list" in result.output
