@@ -67,6 +67,10 @@ _AGENT_TROUBLE = frozenset({CandidateReason.CONNECT_ERROR, CandidateReason.TIMEO
 
 Reply = tuple[int, bytes]
 
+# A private generator for backoff jitter: it needs no cryptographic strength and must not
+# share (or disturb) the process-wide `random` state that user code may seed.
+_jitter = random.Random()
+
 # No attempt starts with less time than this left: the event loop may fire a timer up to its
 # clock resolution early, and an attempt that cannot finish only delays the TIMEOUT answer.
 MIN_ATTEMPT_MS = 2.0
@@ -503,7 +507,7 @@ class Dispatcher:
         base = self.config.retries.backoff_ms
         if base <= 0:
             return
-        wait_ms = min(base * random.uniform(0.5, 1.5), max(deadline.remaining_ms(), 0.0))
+        wait_ms = min(base * _jitter.uniform(0.5, 1.5), max(deadline.remaining_ms(), 0.0))
         await asyncio.sleep(wait_ms / 1000.0)
 
     def _timed_out(self, record: DecisionRecord, timeout: Timeout) -> Reply:

@@ -26,6 +26,7 @@ from agent_reach.transport import Transport
 log = logging.getLogger("agent_reach.health")
 
 ProbeListener = Callable[[str, bool], None]
+_jitter = random.Random()
 
 
 def health_url(entry: AgentEntry) -> str:
@@ -73,7 +74,7 @@ class HealthChecker:
     def _on_registry(self, event: RegistryEvent, entry: AgentEntry) -> None:
         if event in (RegistryEvent.REGISTERED, RegistryEvent.REPLACED):
             # First probe at a random point of the first interval: spreads a burst of registrations.
-            self._due[entry.id] = self._clock.monotonic() + random.uniform(0.1, 1.0) * self._interval(entry)
+            self._due[entry.id] = self._clock.monotonic() + _jitter.uniform(0.1, 1.0) * self._interval(entry)
             self._failures.pop(entry.id, None)
             self._wake.set()
         elif event in (RegistryEvent.DEREGISTERED, RegistryEvent.REMOVED):
@@ -106,7 +107,7 @@ class HealthChecker:
                 if entry is None:
                     self._due.pop(agent_id, None)
                     continue
-                jitter = 1 + random.uniform(-self.policy.jitter, self.policy.jitter)
+                jitter = 1 + _jitter.uniform(-self.policy.jitter, self.policy.jitter)
                 self._due[agent_id] = now + self._interval(entry) * jitter
                 if entry.lease_status is AgentStatusValue.OFFLINE:
                     continue
