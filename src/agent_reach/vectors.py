@@ -60,21 +60,27 @@ class CapabilityVectors:
 
     async def add(self, entry: AgentEntry) -> bool:
         """Embed and index an entry's capabilities; False (and queued for retry) if the embedder failed."""
+        plan = []
+        for task, capability in entry.capabilities.items():
+            texts = capability_texts(task, capability.description, list(capability.examples))
+            plan.append((task, texts, [t for t in texts if not self.index.has(task, t)]))
+        missing = [(task, text) for task, _, todo in plan for text in todo]
         try:
-            for task, capability in entry.capabilities.items():
-                texts = capability_texts(task, capability.description, list(capability.examples))
-                missing = [t for t in texts if not self.index.has(task, t)]
-                vectors = await self.embedder.embed(missing, "passage") if missing else None
-                # Known texts need no model call: reuse their rows.
-                known = [t for t in texts if t not in missing]
-                if vectors is not None:
-                    self.index.add(entry.id, task, missing, vectors)
-                if known:
-                    self.index.add(entry.id, task, known, self._rows_for(task, known))
+            # One model call for every new text of the profile; texts already indexed (another
+            # agent declared the same capability) reuse their rows.
+            fresh = await self.embedder.embed([text for _, text in missing], "passage") if missing else None
         except EmbeddingError as exc:
             self._failed(exc)
             self._pending[entry.id] = entry
             return False
+        row = 0
+        for task, texts, todo in plan:
+            if todo and fresh is not None:
+                self.index.add(entry.id, task, todo, fresh[row : row + len(todo)])
+                row += len(todo)
+            known = [t for t in texts if t not in todo]
+            if known:
+                self.index.add(entry.id, task, known, self._rows_for(task, known))
         self._recovered()
         return True
 
