@@ -72,6 +72,20 @@ def build_request(
     return envelope
 
 
+def prepare(
+    task: str,
+    payload: dict[str, Any] | None,
+    headers: dict[str, str] | None,
+    source_agent: str | None,
+    options: dict[str, Any],
+) -> tuple[bytes, dict[str, str], float]:
+    """The body, headers and client-side wait of one call, shared by both clients."""
+    options.setdefault("source_agent", source_agent)
+    envelope = build_request(task, payload, **options)
+    sent = {"Content-Type": "application/json", **(headers or {})}
+    return orjson.dumps(envelope), sent, _wait_s(options.get("timeout_ms"))
+
+
 def _wait_s(timeout_ms: int | None) -> float:
     return DEFAULT_WAIT_S if timeout_ms is None else timeout_ms / 1000 + SLACK_S
 
@@ -118,25 +132,13 @@ class ReachClient:
         **options: Any,
     ) -> ReachResponse:
         """Send one request; see :func:`build_request` for the options."""
-        options.setdefault("source_agent", self.source_agent)
-        envelope = build_request(task, payload, **options)
-        return await self.send(envelope, headers=headers, timeout_ms=options.get("timeout_ms"))
-
-    async def send(
-        self,
-        envelope: dict[str, Any],
-        *,
-        headers: dict[str, str] | None = None,
-        timeout_ms: int | None = None,
-    ) -> ReachResponse:
-        """Send a prepared envelope."""
-        sent = {"Content-Type": "application/json", **(headers or {})}
+        body, sent, wait_s = prepare(task, payload, headers, self.source_agent, options)
         try:
             async with self._http().post(
                 f"{self.router_url}/reach",
-                data=orjson.dumps(envelope),
+                data=body,
                 headers=sent,
-                timeout=aiohttp.ClientTimeout(total=_wait_s(timeout_ms)),
+                timeout=aiohttp.ClientTimeout(total=wait_s),
             ) as resp:
                 raw = await resp.read()
                 status = resp.status
@@ -171,15 +173,13 @@ class SyncReachClient:
         **options: Any,
     ) -> ReachResponse:
         """Send one request; see :func:`build_request` for the options."""
-        options.setdefault("source_agent", self.source_agent)
-        envelope = build_request(task, payload, **options)
-        sent = {"Content-Type": "application/json", **(headers or {})}
+        body, sent, wait_s = prepare(task, payload, headers, self.source_agent, options)
         try:
             resp = self._http.post(
                 f"{self.router_url}/reach",
-                content=orjson.dumps(envelope),
+                content=body,
                 headers=sent,
-                timeout=_wait_s(options.get("timeout_ms")),
+                timeout=wait_s,
             )
         except httpx.HTTPError as exc:
             raise RouterUnavailable(f"cannot reach the Router at {self.router_url}: {exc!r}") from exc
