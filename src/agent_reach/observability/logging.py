@@ -21,7 +21,7 @@ from agent_reach.observability.record import DecisionRecord
 TRACE_LOGGER = "agent_reach.trace"
 REDACTED = "***"
 
-_handler: logging.Handler | None = None
+_handler: logging.StreamHandler[Any] | None = None
 
 
 def _stamp(created: float, msecs: float) -> str:
@@ -55,7 +55,10 @@ class JsonFormatter(logging.Formatter):
 
 
 def configure(
-    level: str = "INFO", fmt: Literal["text", "json"] = "text", levels: Mapping[str, str] | None = None
+    level: str = "INFO",
+    fmt: Literal["text", "json"] = "text",
+    levels: Mapping[str, str] | None = None,
+    stream: Any = None,
 ) -> None:
     """Send Agent-Reach's logs to stderr, one line per record. Calling again changes the format."""
     global _handler
@@ -70,10 +73,46 @@ def configure(
     for name, name_level in (levels or {}).items():
         logging.getLogger(name).setLevel(name_level)
     if _handler is None:
-        _handler = logging.StreamHandler(sys.stderr)
+        _handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
         root.addHandler(_handler)
         root.propagate = False
     _handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    global _format
+    _format = fmt
+
+
+_format: str = "text"
+_stamp_second = -1
+_stamp_prefix = ""
+
+
+def _fast_stamp(now: float) -> str:
+    """``_stamp`` with the seconds part cached: it changes once a second, requests come faster."""
+    global _stamp_second, _stamp_prefix
+    second = int(now)
+    if second != _stamp_second:
+        _stamp_second = second
+        _stamp_prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+    return f"{_stamp_prefix}.{int((now - second) * 1000):03d}Z"
+
+
+def fast_writer(logger: logging.Logger) -> Any:
+    """The stream to write ``logger``'s lines to directly, or None when logging must decide.
+
+    Only when the lines would end up in exactly the handler :func:`configure` installed (no
+    other handler on the way, as in tests with ``caplog``): then a request's lines are formatted
+    here and written with one call, skipping LogRecord creation and handler dispatch.
+    """
+    node: logging.Logger | None = logger
+    while node is not None:
+        if node.handlers and node.handlers != [_handler]:
+            return None
+        if node.handlers or not node.propagate:
+            break
+        node = node.parent
+    if node is None or _handler is None or not node.handlers:
+        return None
+    return _handler
 
 
 def redact(value: Any, fields: Iterable[str]) -> Any:
@@ -151,7 +190,27 @@ class TraceLog:
             }
         )
         base = {"traceId": tid, "task": record.task, "agent": record.selected}
-        log.info("\n".join(lines), extra={"reach_lines": fields, "reach": base})
+        handler = fast_writer(log)
+        if handler is None:
+            log.info("\n".join(lines), extra={"reach_lines": fields, "reach": base})
+            return
+        stamp = _fast_stamp(time.time())
+        if _format == "json":
+            head = {"ts": stamp, "level": "INFO", "logger": log.name}
+            text = "\n".join(
+                orjson.dumps({**head, "message": line, **base, **extra}, default=str).decode()
+                for line, extra in zip(lines, fields, strict=True)
+            )
+        else:
+            prefix = f"{stamp} INFO "
+            text = prefix + ("\n" + prefix).join(lines)
+        handler.acquire()
+        try:
+            stream = handler.stream
+            stream.write(text + "\n")
+            stream.flush()
+        finally:
+            handler.release()
 
 
 def split_lines(record: logging.LogRecord) -> list[tuple[str, dict[str, Any]]]:

@@ -1,0 +1,92 @@
+"""The Router's log output: the fast path writes exactly what the logging path would."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+from agent_reach.observability import logging as reach_logging
+from agent_reach.observability.record import AttemptRecord, DecisionRecord
+from agent_reach.protocol import Status
+
+
+def record() -> DecisionRecord:
+    r = DecisionRecord(
+        trace_id="trace-demo-001", task="query_product_price", source="user-proxy", started=0.0
+    )
+    r.candidates = ["price-query-agent"]
+    r.selected, r.rule = "price-query-agent", "exact_match"
+    r.attempts.append(AttemptRecord("price-query-agent", "SUCCESS", 238.0, "00f067aa0ba902b7", 0.5))
+    r.events.append(("forward", "price-query-agent, duration=238ms"))
+    r.status, r.http_status, r.handler, r.duration_ms = Status.SUCCESS, 200, "price-query-agent", 240.0
+    return r
+
+
+@pytest.fixture
+def configured() -> Iterator[io.StringIO]:
+    """configure() writing to a buffer; the global logging state is restored afterwards."""
+    buffer = io.StringIO()
+    root = logging.getLogger("agent_reach")
+    saved = (root.level, root.propagate, list(root.handlers), reach_logging._handler, reach_logging._format)
+    reach_logging._handler = None
+    try:
+        yield buffer
+    finally:
+        root.setLevel(saved[0])
+        root.propagate = saved[1]
+        root.handlers[:] = saved[2]
+        reach_logging._handler, reach_logging._format = saved[3], saved[4]
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_fast_path_matches_the_protocol_lines(configured: io.StringIO, fmt: str) -> None:
+    """With the Router's own handler, the trace lines are written directly, in the same shape."""
+    reach_logging.configure("INFO", fmt, stream=configured)  # type: ignore[arg-type]
+    trace_log = reach_logging.TraceLog()
+    assert reach_logging.fast_writer(logging.getLogger(reach_logging.TRACE_LOGGER)) is not None
+    trace_log(record())
+    lines = configured.getvalue().splitlines()
+    if fmt == "text":
+        messages = [line.split(" INFO ", 1)[1] for line in lines]
+        assert messages[:4] == [
+            "[trace-demo-001] route: user-proxy -> query_product_price",
+            "[trace-demo-001] candidate agents: price-query-agent",
+            "[trace-demo-001] select price-query-agent by exact_match",
+            "[trace-demo-001] forward: price-query-agent, duration=238ms",
+        ]
+        assert all(line[:4].isdigit() and line[23] == "Z" for line in lines)
+    else:
+        objects = [json.loads(line) for line in lines]
+        assert all(o["traceId"] == "trace-demo-001" and o["task"] == "query_product_price" for o in objects)
+        assert [o["event"] for o in objects] == ["route", "candidates", "select", "forward", "done"]
+        assert objects[3]["durationMs"] == 238.0 and objects[3]["agent"] == "price-query-agent"
+
+
+def test_an_extra_handler_takes_the_logging_path(configured: io.StringIO) -> None:
+    """A handler of the user's own on the trace logger gets the records (no fast path then)."""
+    reach_logging.configure("INFO", "text", stream=configured)
+    seen: list[logging.LogRecord] = []
+    extra = logging.Handler()
+    extra.emit = seen.append  # type: ignore[method-assign]
+    trace_logger = logging.getLogger(reach_logging.TRACE_LOGGER)
+    trace_logger.addHandler(extra)
+    try:
+        reach_logging.TraceLog()(record())
+    finally:
+        trace_logger.removeHandler(extra)
+    assert len(seen) == 1 and "route: user-proxy" in seen[0].getMessage()
+
+
+def test_payloads_are_redacted(configured: io.StringIO) -> None:
+    """With log_payloads on, configured fields are masked at any depth."""
+    reach_logging.configure("INFO", "text", stream=configured)
+    r = record()
+    r.payload = {"user": {"password": "hunter2", "name": "x"}, "Token": "abc"}
+    reach_logging.TraceLog(redact_fields=["password", "token"])(r)
+    text = configured.getvalue()
+    assert "hunter2" not in text and "abc" not in text
+    assert '"password":"***"' in text and '"name":"x"' in text
