@@ -43,7 +43,11 @@ class HealthServer:
             def log_message(self, format: str, *args: Any) -> None:
                 return  # probes every few seconds would drown the agent's own log
 
-        self._server = ThreadingHTTPServer((host, port), Handler)
+        class Server(ThreadingHTTPServer):
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                return  # a prober that hung up (its timeout) is not the agent's problem
+
+        self._server = Server((host, port), Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="reach-health", daemon=True)
 

@@ -91,6 +91,18 @@ class LeaseKeeper:
             delay = min(delay * 2, 2.0)
         return False
 
+    def open(self) -> bool:
+        """Register (retrying), then start renewing at once, from the calling thread.
+
+        Renewal starts here rather than back on the agent's event loop: the Router may route a
+        request to the agent the moment it is registered, and a handler that blocks the loop
+        would otherwise hold up the lease thread's start until the lease ran out.
+        """
+        if not self.register_until_done():
+            return False
+        self.start()
+        return True
+
     # -- renewal -----------------------------------------------------------------------------
 
     def start(self) -> None:
@@ -99,17 +111,24 @@ class LeaseKeeper:
         self._thread.start()
 
     def _renew_forever(self) -> None:
-        while not self._stop.wait(max(self.ttl_seconds / 3, 0.05)):
+        wait = max(self.ttl_seconds / 3, 0.05)
+        while not self._stop.wait(wait):
+            wait = max(self.ttl_seconds / 3, 0.05)
+            log.debug("[reach-client] renewing lease %s", self.lease_id)
             try:
                 resp = self._http.put(
                     f"{self.router_url}/agents/{self.agent_id}/lease",
                     json={"leaseId": self.lease_id},
-                    timeout=max(self.ttl_seconds / 3, 0.5),
+                    # Up to half a TTL: under a CPU-bound handler this thread gets the GIL in
+                    # slices, and a renewal that arrives late still beats one given up on.
+                    timeout=max(self.ttl_seconds / 2, 0.5),
                 )
             except httpx.HTTPError as exc:
-                log.warning("[reach-client] lease renewal failed (%s)", type(exc).__name__)
+                log.warning("[reach-client] lease renewal failed (%s); retrying", type(exc).__name__)
+                wait = 0.05  # the lease is running out: try again at once, not a third of a TTL later
                 continue
             if resp.status_code == 200:
+                log.debug("[reach-client] lease %s renewed", self.lease_id)
                 continue
             if resp.status_code in (403, 404):
                 log.warning(
