@@ -131,6 +131,9 @@ def test_register_list_and_call(cluster: Cluster) -> None:
     assert "[trace-demo-001] candidate agents: price-query-agent" in router_log
     assert "[trace-demo-001] select price-query-agent by exact_match" in router_log
     assert re.search(r"\[trace-demo-001\] forward: price-query-agent, duration=\d+ms", router_log)
+    # The agent logs its last registration line when the Router's answer arrives, which may be
+    # after the Router already routes to it (it is in the registry from the moment it is written).
+    wait_for(lambda: "registration successful" in cluster.agents["price-query-agent"].text())
     agent_log = cluster.agents["price-query-agent"].text()
     for line in (
         "[reach-client] registering agent: price-query-agent",
