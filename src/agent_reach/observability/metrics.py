@@ -139,6 +139,7 @@ class RouterMetrics:
         )
         self._request_children: dict[tuple[str, str, str], Any] = {}
         self._latency_children: dict[str, Any] = {}
+        self._attempt_children: dict[str, Any] = {}
         prom.register(_LiveState(registry, breakers, stats, inflight, embedding_up))
 
     def __call__(self, record: DecisionRecord) -> None:
@@ -160,7 +161,10 @@ class RouterMetrics:
             strategy = "semantic_route" if record.semantic is not None else record.strategy
             self.match_score.labels(strategy).observe(record.score)
         for attempt in record.attempts:
-            self.attempts.labels(attempt.outcome).inc()
+            counter = self._attempt_children.get(attempt.outcome)
+            if counter is None:
+                counter = self._attempt_children[attempt.outcome] = self.attempts.labels(attempt.outcome)
+            counter.inc()
         for reason in record.retries:
             self.retries.labels(reason).inc()
         for reason in record.failovers:
