@@ -24,6 +24,17 @@ except ImportError:  # pragma: no cover
     otel_trace = None  # type: ignore[assignment]
 
 
+def remote_parent(trace_id: str, span_id: str | None) -> Any:
+    """An OpenTelemetry context whose parent is the W3C (trace id, span id) a caller sent."""
+    parent = SpanContext(
+        int(w3c_trace_id(trace_id), 16),
+        int(span_id or "1", 16),
+        is_remote=True,
+        trace_flags=TraceFlags(TraceFlags.SAMPLED),
+    )
+    return otel_trace.set_span_in_context(otel_trace.NonRecordingSpan(parent))
+
+
 class OtelExporter:
     """The observer that turns finished decision records into OpenTelemetry spans."""
 
@@ -35,22 +46,10 @@ class OtelExporter:
         self._tracer = otel_trace.get_tracer("agent_reach.router", tracer_provider=tracer_provider)
 
     def __call__(self, record: DecisionRecord) -> None:
-        trace_id = int(w3c_trace_id(record.trace_id), 16)
         start_ns = int(record.started_wall * 1e9)
         end_ns = start_ns + int(record.duration_ms * 1e6)
-        context = None
-        if record.parent_span_id:
-            parent = SpanContext(
-                trace_id,
-                int(record.parent_span_id, 16),
-                is_remote=True,
-                trace_flags=TraceFlags(TraceFlags.SAMPLED),
-            )
-            context = otel_trace.set_span_in_context(otel_trace.NonRecordingSpan(parent))
-        else:
-            # No caller span: still pin the trace id, so every hop of this traceId shares it.
-            root = SpanContext(trace_id, 1, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
-            context = otel_trace.set_span_in_context(otel_trace.NonRecordingSpan(root))
+        # No caller span: a placeholder parent still pins the trace id, so every hop shares it.
+        context = remote_parent(record.trace_id, record.parent_span_id)
         status = record.status.value if record.status else "UNKNOWN"
         span = self._tracer.start_span(
             f"reach {record.task}",
@@ -103,13 +102,7 @@ class AgentSpans:
 
     def start(self, task: str, trace_id: str, parent_span_id: str | None) -> Any:
         """Start the span of one handled request; the caller ends it with ``end(span, outcome)``."""
-        parent = SpanContext(
-            int(w3c_trace_id(trace_id), 16),
-            int(parent_span_id or "1", 16),
-            is_remote=True,
-            trace_flags=TraceFlags(TraceFlags.SAMPLED),
-        )
-        context = otel_trace.set_span_in_context(otel_trace.NonRecordingSpan(parent))
+        context = remote_parent(trace_id, parent_span_id)
         return self._tracer.start_span(
             f"handle {task}",
             context=context,
