@@ -17,6 +17,7 @@ from agent_reach.embedding.local import LocalEmbedder
 from agent_reach.embedding.server import build_embed_app
 from agent_reach.exceptions import EmbeddingUnavailable
 from agent_reach.testing import FakeAgent, RouterServer, free_port
+from tests.helpers import price_agent
 
 
 async def test_local_vectors_are_unit_and_multilingual() -> None:
@@ -89,19 +90,7 @@ async def test_router_degrades_to_exact_match_when_the_service_is_down(
         }
     )
     async with RouterServer(config) as server, httpx.AsyncClient(base_url=server.url, timeout=10) as http:
-        agent = FakeAgent(
-            "price-agent",
-            tasks=("query_product_price",),
-            descriptions={"query_product_price": "查询指定商品的当前售价"},
-            examples={
-                "query_product_price": [
-                    "这个多少钱",
-                    "what is the price of this item",
-                    "苹果多少钱一斤",
-                    "how much does it cost",
-                ]
-            },
-        )
+        agent = price_agent()
         await agent.start()
         await agent.register(server.url)
         ok = (await http.post("/reach", json={"targetTask": "当前芒果多少钱"})).json()

@@ -14,23 +14,11 @@ from agent_reach.config import RouterConfig, read_yaml
 from agent_reach.embedding.local import MODEL_NAME, LocalEmbedder
 from agent_reach.routing.semantic import DEFAULT_THRESHOLDS
 from agent_reach.testing import FakeAgent, RouterServer
-from tests.helpers import log_lines
+from tests.helpers import log_lines, price_agent
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "routing_phrases.yaml"
 
-PRICE = FakeAgent(
-    "price-agent",
-    tasks=("query_product_price",),
-    descriptions={"query_product_price": "查询指定商品的当前售价"},
-    examples={
-        "query_product_price": [
-            "这个多少钱",
-            "what is the price of this item",
-            "苹果多少钱一斤",
-            "how much does it cost",
-        ]
-    },
-)
+PRICE = price_agent()
 PROMO = FakeAgent(
     "promotion-agent",
     tasks=("query_promotion",),
