@@ -341,6 +341,12 @@ class Dispatcher:
         deadline = Deadline(self.clock, timeout.overall_ms)
         payload = request.payload
         task = request.target_task
+        if record.matched_task is not None and record.matched_task != task:
+            # Routed by the mapping table or by meaning: the agent gets the task it declared, and
+            # the caller's own words beside it.
+            data["targetTask"] = record.matched_task
+            data["requestedTask"] = task
+            task = record.matched_task
         clock = self.clock
         breakers = self.breakers
         w3c_trace = w3c_trace_id(record.trace_id)

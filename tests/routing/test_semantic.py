@@ -63,6 +63,7 @@ async def semantic_router() -> AsyncIterator[tuple[RouterServer, httpx.AsyncClie
             await agent.start()
             await agent.register(server.url)
             agents.append(agent)
+        server.agents = {a.agent_id: a for a in agents}  # type: ignore[attr-defined]
         yield server, http
         for agent in agents:
             await agent.stop()
@@ -75,12 +76,16 @@ async def route(http: httpx.AsyncClient, text: str, **extra: object) -> dict:
 
 async def test_reference_scenario(semantic_router, caplog: pytest.LogCaptureFixture) -> None:
     """Chinese and English price questions reach the price agent; history: trend; flights: refused."""
-    _server, http = semantic_router
+    server, http = semantic_router
     caplog.set_level(logging.INFO, logger="agent_reach.trace")
     for text in ("当前芒果多少钱", "how much does a mango cost now"):
         body = await route(http, text, traceId=f"sem-{len(text)}")
         assert body["status"] == "SUCCESS", body
         assert body["handlerAgentId"] == "price-agent"
+    # The agent is sent the task it declared, with the caller's words beside it.
+    price_agent_seen = server.agents["price-agent"].received[-1]  # type: ignore[attr-defined]
+    assert price_agent_seen["targetTask"] == "query_product_price"
+    assert price_agent_seen["requestedTask"] == "how much does a mango cost now"
     history = await route(http, "这个商品过去半年的价格走势怎么样")
     assert history["handlerAgentId"] == "trend-agent"
     refused = await route(http, "book a flight to Paris")
@@ -143,3 +148,45 @@ async def test_labelled_set_meets_the_targets() -> None:
         assert outcome.refusal_rate >= 0.90
     # The shipped default is the calibrated one.
     assert evaluate(result.phrases, *DEFAULT_THRESHOLDS[MODEL_NAME]).in_scope_wrong == 0
+
+
+async def test_sdk_agent_handles_a_semantic_route() -> None:
+    """An SDK agent, bound by its declared task, serves a request phrased in free text."""
+    from agent_reach.sdk import AgentConfig, ReachAgent, ReachClient
+    from agent_reach.testing import free_port
+
+    template = price_agent()
+    config = RouterConfig.from_mapping({"health": {"enabled": False}, "routing": {"semantic_tasks": ["*"]}})
+    async with RouterServer(config) as server:
+        agent = ReachAgent(
+            AgentConfig.from_mapping(
+                {
+                    "agent": {
+                        "id": "price-agent",
+                        "network": {"endpoint": f"http://127.0.0.1:{free_port()}/reach"},
+                        "capabilities": [
+                            {
+                                "task": "query_product_price",
+                                "description": template.descriptions["query_product_price"],
+                                "examples": template.examples["query_product_price"],
+                            }
+                        ],
+                    },
+                    "router": {"url": server.url},
+                },
+                env={},
+            )
+        )
+
+        @agent.capability("query_product_price")
+        async def price(payload: dict) -> dict:
+            return {"price": 8.8, "currency": "CNY"}
+
+        await agent.start()
+        try:
+            async with ReachClient(server.url) as client:
+                response = await client.call("当前芒果多少钱", {"product_id": "MANGO"})
+            assert response.ok, response
+            assert response.result == {"price": 8.8, "currency": "CNY"}
+        finally:
+            await agent.stop()
