@@ -310,9 +310,9 @@ class Dispatcher:
         record.score = first.score
         return await self._attempts(request, data, choices, record)
 
-    def _timeout(self, request: ReachRequest) -> Timeout:
+    def _timeout(self, request: ReachRequest, task: str) -> Timeout:
         policy = self.config.timeouts
-        override = self.config.tasks.get(request.target_task)
+        override = self.config.tasks.get(task)
         prefs = request.preferences
         connect = prefs.connect_timeout_ms or (override and override.connect_ms) or policy.connect_ms
         read = prefs.read_timeout_ms or (override and override.read_ms) or policy.read_ms
@@ -324,8 +324,8 @@ class Dispatcher:
         )
         return Timeout(connect_ms=connect, read_ms=read, overall_ms=overall)
 
-    def _max_retries(self, request: ReachRequest) -> int:
-        override = self.config.tasks.get(request.target_task)
+    def _max_retries(self, request: ReachRequest, task: str) -> int:
+        override = self.config.tasks.get(task)
         cap = self.config.retries.max_per_request
         if override is not None and override.max_retries is not None:
             cap = override.max_retries
@@ -336,9 +336,6 @@ class Dispatcher:
         self, request: ReachRequest, data: dict[str, Any], choices: list[Choice], record: DecisionRecord
     ) -> Reply:
         retry_policy = self.config.retries
-        attempts_left = 1 + self._max_retries(request)
-        timeout = self._timeout(request)
-        deadline = Deadline(self.clock, timeout.overall_ms)
         payload = request.payload
         task = request.target_task
         if record.matched_task is not None and record.matched_task != task:
@@ -347,6 +344,10 @@ class Dispatcher:
             data["targetTask"] = record.matched_task
             data["requestedTask"] = task
             task = record.matched_task
+        # Per-task policy follows the declared task, however the caller phrased it.
+        attempts_left = 1 + self._max_retries(request, task)
+        timeout = self._timeout(request, task)
+        deadline = Deadline(self.clock, timeout.overall_ms)
         clock = self.clock
         breakers = self.breakers
         w3c_trace = w3c_trace_id(record.trace_id)
