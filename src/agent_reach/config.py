@@ -29,6 +29,8 @@ class ServerPolicy(_Section):
     """Limits of the HTTP surface."""
 
     body_limit_bytes: Annotated[int, Field(gt=0, le=64 * 1024 * 1024)] = 1024 * 1024
+    # The largest agent answer the Router reads; a bigger one is AGENT_ERROR RESPONSE_TOO_LARGE.
+    response_limit_bytes: Annotated[int, Field(gt=0, le=1024 * 1024 * 1024)] = 8 * 1024 * 1024
 
 
 class RegistryPolicy(_Section):

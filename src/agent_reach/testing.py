@@ -84,6 +84,10 @@ class FakeAgent:
     descriptions: dict[str, str] = field(default_factory=dict)
     examples: dict[str, list[str]] = field(default_factory=dict)
     result: Any = None
+    # Exact answer bytes, sent instead of an envelope built from ``result``; ``chunked`` streams
+    # them in small pieces with no Content-Length, as a generating LLM agent would.
+    raw_answer: bytes | None = None
+    chunked: bool = False
     healthy: bool = True
     health_interval_s: float = 15.0
     health_timeout_ms: int = 5000
@@ -180,12 +184,25 @@ class FakeAgent:
                 "retryable": mode == "retryable_error",
             }
             return web.json_response({"status": "AGENT_ERROR", "error": error})
+        if self.raw_answer is not None:
+            return await self._send_raw(request, self.raw_answer)
         result = (
             self.result
             if self.result is not None
             else {"agent": self.agent_id, "echo": envelope.get("payload")}
         )
         return web.json_response({"status": "SUCCESS", "result": result})
+
+    async def _send_raw(self, request: web.Request, raw: bytes) -> web.StreamResponse:
+        if not self.chunked:
+            return web.Response(body=raw, content_type="application/json")
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        for start in range(0, len(raw), 16 * 1024):
+            await resp.write(raw[start : start + 16 * 1024])
+        await resp.write_eof()
+        return resp
 
 
 class BackgroundLoop:

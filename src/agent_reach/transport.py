@@ -20,6 +20,7 @@ from agent_reach.exceptions import (
 )
 
 DEFAULT_RESPONSE_LIMIT = 8 * 1024 * 1024
+RESPONSE_TOO_LARGE = "RESPONSE_TOO_LARGE"
 
 
 class Transport:
@@ -95,13 +96,25 @@ class Transport:
         return self._classify(status, raw)
 
     async def _read(self, resp: aiohttp.ClientResponse) -> bytes:
+        """The whole answer body, or :class:`AgentRejected` once it passes the limit.
+
+        ``StreamReader.read(n)`` returns whatever is buffered (often 64 KiB), not ``n`` bytes, so
+        the body is gathered chunk by chunk until EOF. An answer over the limit is the agent's
+        fault, not the network's: it is refused as ``RESPONSE_TOO_LARGE`` and the breaker is not
+        charged.
+        """
+        limit = self._response_limit
         length = resp.content_length
-        if length is not None and length > self._response_limit:
-            raise BadAgentResponse(f"answer of {length} bytes is over the {self._response_limit}-byte limit")
-        raw = await resp.content.read(self._response_limit + 1)
-        if len(raw) > self._response_limit:
-            raise BadAgentResponse(f"answer is over the {self._response_limit}-byte limit")
-        return raw
+        if length is not None and length > limit:
+            raise _too_large(f"the agent's answer of {length} bytes is over the {limit}-byte limit")
+        chunks: list[bytes] = []
+        received = 0
+        async for chunk in resp.content.iter_any():
+            received += len(chunk)
+            if received > limit:
+                raise _too_large(f"the agent's answer is over the {limit}-byte limit")
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     @staticmethod
     def _classify(status: int, raw: bytes) -> Any:
@@ -126,6 +139,10 @@ class Transport:
                 raise AttemptTimeout(error["message"])
             raise AgentRejected(error, retryable=error.get("retryable") is True)
         raise BadAgentResponse(f"agent answered an unknown status {str(outcome)[:64]!r}")
+
+
+def _too_large(message: str) -> AgentRejected:
+    return AgentRejected({"code": RESPONSE_TOO_LARGE, "message": message}, retryable=False)
 
 
 def _normalise_error(error: Any, fallback: str) -> dict[str, Any]:

@@ -77,7 +77,7 @@ class RouterApp:
         self.config_path = Path(config_path) if config_path is not None else None
         self.clock = clock
         self.registry = MemoryRegistry(config.registry, clock=clock) if registry is None else registry
-        self.transport = Transport()
+        self.transport = Transport(response_limit=config.server.response_limit_bytes)
         self.stats = StatsBook(clock=clock, tau_seconds=config.routing.merit.ewma_tau_seconds)
         self.breakers = BreakerBoard(config.breaker, clock=clock, overrides=config.tasks)
         self.affinity = AffinityTable(config.affinity, clock=clock)
