@@ -26,7 +26,6 @@ import numpy as np
 
 from agent_reach.clock import ManualClock
 from agent_reach.config import RegistryPolicy, RoutingPolicy
-from agent_reach.embedding.local import LocalEmbedder
 from agent_reach.observability.record import DecisionRecord
 from agent_reach.protocol import AgentProfile, ReachRequest
 from agent_reach.registry.memory import MemoryRegistry
@@ -34,9 +33,10 @@ from agent_reach.resilience.affinity import AffinityTable
 from agent_reach.resilience.breaker import BreakerBoard
 from agent_reach.resilience.retry import RetryBudget
 from agent_reach.routing.pipeline import Pipeline
-from agent_reach.routing.semantic import SemanticIndex
-from agent_reach.stats import StatsBook
-from agent_reach.vectors import CapabilityVectors
+from agent_reach.routing.stats import StatsBook
+from agent_reach.semantic.embedders.local import LocalEmbedder
+from agent_reach.semantic.index import SemanticIndex
+from agent_reach.semantic.vectors import CapabilityVectors
 
 
 def pct(samples: list[float]) -> dict[str, float]:

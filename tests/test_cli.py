@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from agent_reach.cli import app
+from agent_reach.cli.main import app
 from agent_reach.testing import BackgroundLoop, FakeAgent, RouterServer, free_port
 
 runner = CliRunner()

@@ -10,7 +10,10 @@ caller never has to know which library sat underneath.
     ├── ConfigError                  a policy file or reach_config.yaml that does not validate
     ├── RequestError                 INVALID_REQUEST: the envelope or the payload is wrong
     │   ├── PayloadTooLarge          the body is over the configured limit (413)
-    │   └── UnsupportedMediaType     the body is not JSON (415)
+    │   ├── UnsupportedMediaType     the body is not JSON (415)
+    │   └── TraceIdInUse             an async request already uses this traceId
+    ├── Overloaded                   429 OVERLOADED: the Router is shedding load
+    ├── InternalError                500 INTERNAL_ERROR: a bug in the Router itself
     ├── RegistryError                the registry refused a write
     │   ├── InvalidProfile           422 INVALID_PROFILE, with the field paths at fault
     │   ├── AgentIdConflict          409 AGENT_ID_CONFLICT: the id's lease is live and not yours
@@ -18,29 +21,41 @@ caller never has to know which library sat underneath.
     │   ├── LeaseMismatch            403 FORBIDDEN: the lease belongs to another registration
     │   └── AgentNotFound            404 AGENT_NOT_FOUND
     ├── RoutingError                 no agent may take the request
-    │   └── NoAvailableHandler       503 NO_AVAILABLE_HANDLER, with error.candidates
+    │   ├── NoAvailableHandler       503 NO_AVAILABLE_HANDLER, with error.candidates
+    │   │   ├── SemanticUnavailable  no query vector or no calibrated threshold
+    │   │   └── EmbeddingDown        the embedder failed on this request's text
+    │   ├── ContextUnavailable       409 CONTEXT_UNAVAILABLE: no agent holds the conversation
+    │   └── DeadlineExceeded         504 TIMEOUT: the overall budget ran out
     ├── AttemptError                 one upstream attempt failed (internal to the dispatcher)
     │   ├── ConnectFailed            refused, reset, unreachable or connect timeout
     │   ├── AttemptTimeout           the agent did not answer in time
     │   ├── BadAgentResponse         5xx, or an answer that is not a valid agent reply
     │   └── AgentRejected            the agent answered AGENT_ERROR, or a 4xx
+    ├── DeliveryFailed               a replyTo URL did not take an async answer
     ├── ClientError                  the SDK could not talk to the Router
     │   └── RouterUnavailable        connection refused, timeout, or a non-JSON answer
     └── EmbeddingError               the embedder failed
         └── EmbeddingUnavailable     the model cannot load, or the embedding service is down
 
 ``AttemptError`` carries ``retryable`` so that the dispatcher decides failover from one flag.
+Every error that ends a request carries the ReachResponse ``status`` it is answered with, so the
+Router has one way out: the error becomes the response's ``error`` object, unchanged.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from agent_reach.protocol import HTTP_STATUS, Status
+
 
 class ReachError(Exception):
     """Base class of every error Agent-Reach raises on purpose."""
 
     code: str = "REACH_ERROR"
+    # The ReachResponse status a request ends with when this error ends it.
+    status: Status = Status.INTERNAL_ERROR
+    http_status: int = 500
 
     def __init__(self, message: str, *, details: list[dict[str, Any]] | None = None) -> None:
         super().__init__(message)
@@ -62,10 +77,27 @@ class ConfigError(ReachError):
 
 
 class RequestError(ReachError):
-    """The caller sent an envelope or payload that cannot be served (INVALID_REQUEST)."""
+    """The caller sent an envelope or payload that cannot be served (INVALID_REQUEST).
+
+    ``trace_id`` and ``task`` are what could still be read of a bad envelope, for the answer and
+    the trace lines.
+    """
 
     code = "INVALID_REQUEST"
+    status = Status.INVALID_REQUEST
     http_status = 400
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        details: list[dict[str, Any]] | None = None,
+        trace_id: str | None = None,
+        task: Any = None,
+    ) -> None:
+        super().__init__(message, details=details)
+        self.trace_id = trace_id
+        self.task = task
 
 
 class PayloadTooLarge(RequestError):
@@ -80,6 +112,47 @@ class UnsupportedMediaType(RequestError):
 
     code = "UNSUPPORTED_MEDIA_TYPE"
     http_status = 415
+
+
+class TraceIdInUse(RequestError):
+    """An async request is pending or finished under this traceId; a second one would hide it."""
+
+    code = "TRACE_ID_IN_USE"
+
+
+class Overloaded(ReachError):
+    """The Router sheds load; the caller should come back after ``retry_after_s``."""
+
+    code = "OVERLOADED"
+    status = Status.OVERLOADED
+    http_status = HTTP_STATUS[Status.OVERLOADED]
+
+    def __init__(self, reason: str, *, retry_after_s: int) -> None:
+        super().__init__(f"the Router is shedding load: {reason}")
+        self.reason = reason
+        self.retry_after_s = retry_after_s
+
+    def to_error(self) -> dict[str, Any]:
+        return {**super().to_error(), "retryAfterSeconds": self.retry_after_s}
+
+
+class AccessDenied(ReachError):
+    """The guard refused the request: no or wrong credentials, or outside the caller's role."""
+
+    def __init__(self, status: Status, message: str, http_status: int) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = status.value
+        self.http_status = http_status
+
+
+class InternalError(ReachError):
+    """The Router failed (a bug): the caller still gets a ReachResponse; the traceback stays in the log."""
+
+    code = "INTERNAL_ERROR"
+
+    def __init__(self, message: str = "the Router failed; see its log") -> None:
+        super().__init__(message)
 
 
 class RegistryError(ReachError):
@@ -124,22 +197,59 @@ class AgentNotFound(RegistryError):
 
 
 class RoutingError(ReachError):
-    """No agent may take the request."""
-
-
-class NoAvailableHandler(RoutingError):
-    """No candidate is left; ``candidates`` says why, one reason per agent."""
+    """No agent may take the request; ``candidates`` says why, one reason per agent."""
 
     code = "NO_AVAILABLE_HANDLER"
+    status = Status.NO_AVAILABLE_HANDLER
+    http_status = HTTP_STATUS[Status.NO_AVAILABLE_HANDLER]
 
-    def __init__(self, message: str, candidates: list[dict[str, Any]]) -> None:
+    def __init__(self, message: str, candidates: list[dict[str, Any]] | None = None) -> None:
         super().__init__(message)
         self.candidates = candidates
 
     def to_error(self) -> dict[str, Any]:
         error = super().to_error()
-        error["candidates"] = self.candidates
+        if self.candidates is not None:
+            error["candidates"] = self.candidates
         return error
+
+
+class NoAvailableHandler(RoutingError):
+    """No candidate is left."""
+
+    def __init__(self, message: str, candidates: list[dict[str, Any]]) -> None:
+        super().__init__(message, candidates)
+
+
+class SemanticUnavailable(NoAvailableHandler):
+    """A semantic route was needed but cannot be computed (no vector, no threshold)."""
+
+    code = "SEMANTIC_UNAVAILABLE"
+
+
+class EmbeddingDown(NoAvailableHandler):
+    """The embedder failed on this request's text; exact task names still work."""
+
+    code = "EMBEDDING_UNAVAILABLE"
+
+
+class ContextUnavailable(RoutingError):
+    """A contextBound conversation's agent is gone and no other confirms it holds the context."""
+
+    code = "CONTEXT_UNAVAILABLE"
+    status = Status.CONTEXT_UNAVAILABLE
+    http_status = HTTP_STATUS[Status.CONTEXT_UNAVAILABLE]
+
+
+class DeadlineExceeded(RoutingError):
+    """The request's overall budget ran out before an agent answered."""
+
+    code = "TIMEOUT"
+    status = Status.TIMEOUT
+    http_status = HTTP_STATUS[Status.TIMEOUT]
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
 
 
 class AttemptError(ReachError):
@@ -180,6 +290,8 @@ class AgentRejected(AttemptError):
 
     code = "AGENT_ERROR"
     reason = "agent_error"
+    status = Status.AGENT_ERROR
+    http_status = HTTP_STATUS[Status.AGENT_ERROR]
 
     def __init__(self, error: dict[str, Any], *, retryable: bool) -> None:
         super().__init__(str(error.get("message") or "the agent reported an error"))
@@ -188,6 +300,12 @@ class AgentRejected(AttemptError):
 
     def to_error(self) -> dict[str, Any]:
         return self.error
+
+
+class DeliveryFailed(ReachError):
+    """A ``replyTo`` URL refused, failed or did not answer 2xx; the message says how."""
+
+    code = "DELIVERY_FAILED"
 
 
 class ClientError(ReachError):

@@ -170,19 +170,19 @@ async def test_unknown_task_names_add_no_series() -> None:
     async with RouterServer(config) as server:
         agent = await FakeAgent("a").start()
         await agent.register(server.url)
-        dispatcher = server.app.dispatcher
+        dispatcher = server.app.parts.dispatcher
         await dispatcher.handle(orjson.dumps({"targetTask": "echo"}))
         await dispatcher.handle(orjson.dumps({"targetTask": "warm-up-unknown"}))
-        before = len(samples(server.app.metrics.exposition().decode()))
+        before = len(samples(server.app.parts.metrics.exposition().decode()))
         rng = random.Random(7)
         for _ in range(10_000):
             name = "".join(rng.choices(string.ascii_letters, k=12))
             status, _ = await dispatcher.handle(orjson.dumps({"targetTask": name, "payload": {}}))
             assert status == 503
-        after = samples(server.app.metrics.exposition().decode())
+        after = samples(server.app.parts.metrics.exposition().decode())
         print(f"\nseries before {before}, after 10,000 unknown tasks {len(after)}")
         assert len(after) == before
-        assert len(server.app.traces) == 100
+        assert len(server.app.parts.traces) == 100
         labels = {dict(k[1]).get("task") for k in after if k[0] == "reach_requests_total"}
         assert labels == {"echo", "_unknown"}
         await agent.stop()

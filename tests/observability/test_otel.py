@@ -78,7 +78,7 @@ async def test_sdk_emits_a_span_per_handled_request() -> None:
         try:
             async with httpx.AsyncClient() as http:
                 body = (await http.post(f"{server.url}/reach", json={"targetTask": "echo"})).json()
-            hop = server.app.traces.hops(body["traceId"])[0]
+            hop = server.app.parts.traces.hops(body["traceId"])[0]
             spans = [s for s in exporter.get_finished_spans() if s.name == "handle echo"]
             assert len(spans) == 1
             assert format(spans[0].parent.span_id, "016x") == hop["attempts"][0]["spanId"]

@@ -12,7 +12,7 @@ from agent_reach.protocol import AgentProfile
 from agent_reach.registry import MemoryRegistry
 from agent_reach.resilience.health import HealthChecker, health_url
 from agent_reach.testing import FakeAgent, RouterServer
-from agent_reach.transport import Transport
+from agent_reach.transport.http import HttpTransport
 
 
 async def wait_status(http: httpx.AsyncClient, agent_id: str, status: str, limit: float = 3.0) -> float:
@@ -79,7 +79,7 @@ async def test_first_probes_of_a_burst_are_spread() -> None:
     """A thousand agents registered at once get their first probes spread over the interval."""
     clock = ManualClock()
     registry = MemoryRegistry(clock=clock)
-    checker = HealthChecker(registry, Transport(), HealthPolicy(interval_seconds=10), clock=clock)
+    checker = HealthChecker(registry, HttpTransport(), HealthPolicy(interval_seconds=10), clock=clock)
     for i in range(1000):
         await registry.register(
             AgentProfile.model_validate(

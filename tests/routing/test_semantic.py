@@ -9,10 +9,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agent_reach.calibrate import calibrate, evaluate
 from agent_reach.config import RouterConfig, read_yaml
-from agent_reach.embedding.local import MODEL_NAME, LocalEmbedder
-from agent_reach.routing.semantic import DEFAULT_THRESHOLDS
+from agent_reach.semantic.calibrate import calibrate, evaluate
+from agent_reach.semantic.embedders.base import calibrated_thresholds
+from agent_reach.semantic.embedders.local import MODEL_NAME, LocalEmbedder
 from agent_reach.testing import FakeAgent, RouterServer
 from tests.helpers import log_lines, price_agent
 
@@ -123,7 +123,7 @@ async def test_exact_match_needs_no_model(semantic_router) -> None:
 async def test_repeated_phrasing_hits_the_cache(semantic_router) -> None:
     """The second request with the same text is answered from the query cache, not the model."""
     server, http = semantic_router
-    vectors = server.app.vectors
+    vectors = server.app.parts.vectors
     assert vectors is not None
     await route(http, "芒果今天卖多少钱")
     misses = vectors.cache.misses
@@ -136,7 +136,7 @@ async def test_labelled_set_meets_the_targets() -> None:
     data = read_yaml(DATA)
     assert len(data["phrases"]) >= 60 and len(data["capabilities"]) >= 8
     assert sum(1 for p in data["phrases"] if p["expect"] is None) >= 15
-    result = await calibrate(data, LocalEmbedder(), current=DEFAULT_THRESHOLDS[MODEL_NAME])
+    result = await calibrate(data, LocalEmbedder(), current=calibrated_thresholds(MODEL_NAME))
     for outcome in (result.proposed, result.current):
         assert outcome is not None
         print(
@@ -147,7 +147,7 @@ async def test_labelled_set_meets_the_targets() -> None:
         assert outcome.accuracy >= 0.95
         assert outcome.refusal_rate >= 0.90
     # The shipped default is the calibrated one.
-    assert evaluate(result.phrases, *DEFAULT_THRESHOLDS[MODEL_NAME]).in_scope_wrong == 0
+    assert evaluate(result.phrases, *LocalEmbedder().thresholds).in_scope_wrong == 0
 
 
 async def test_sdk_agent_handles_a_semantic_route() -> None:

@@ -13,7 +13,7 @@ from agent_reach.observability.record import DecisionRecord
 from agent_reach.protocol import AgentProfile, ReachRequest
 from agent_reach.registry import MemoryRegistry
 from agent_reach.routing import Pipeline
-from agent_reach.stats import StatsBook
+from agent_reach.routing.stats import StatsBook
 from agent_reach.testing import FakeAgent, RouterServer
 
 WRR = ReachRequest.model_validate({"targetTask": "t", "preferences": {"strategy": "weighted_round_robin"}})

@@ -67,10 +67,10 @@ async def test_registers_with_the_four_log_lines(
             f"[reach-client] callback endpoint: {agent.config.profile.network.endpoint}",
             f"[reach-client] registration successful, lease id: {agent.lease_id}",
         ]
-        assert router.app.registry.get("sdk-agent") is not None
+        assert router.app.parts.registry.get("sdk-agent") is not None
     finally:
         await agent.stop()
-    assert router.app.registry.get("sdk-agent") is None
+    assert router.app.parts.registry.get("sdk-agent") is None
 
 
 async def test_handlers_get_payload_and_context(router: RouterServer) -> None:
@@ -143,17 +143,17 @@ async def test_registers_again_when_the_router_forgets(short_router: RouterServe
     try:
         first = agent.lease_id
         assert first is not None
-        await short_router.app.registry.deregister("sdk-agent", first)  # the Router forgets
+        await short_router.app.parts.registry.deregister("sdk-agent", first)  # the Router forgets
         for _ in range(250):
-            entry = short_router.app.registry.get("sdk-agent")
+            entry = short_router.app.parts.registry.get("sdk-agent")
             if entry is not None and entry.lease_id != first and agent.lease_id == entry.lease_id:
                 break
             await asyncio.sleep(0.02)
-        entry = short_router.app.registry.get("sdk-agent")
+        entry = short_router.app.parts.registry.get("sdk-agent")
         assert entry is not None and entry.lease_id == agent.lease_id != first
         # And keeps it: a few TTLs later it is still available.
         await asyncio.sleep(1.0)
-        assert short_router.app.registry.get("sdk-agent").status.value == "available"
+        assert short_router.app.parts.registry.get("sdk-agent").status.value == "available"
     finally:
         await agent.stop()
 
@@ -169,7 +169,7 @@ async def test_waits_for_a_router_that_is_not_up_yet() -> None:
     assert not starting.done()
     async with server:
         await asyncio.wait_for(starting, 5)
-        assert server.app.registry.get("sdk-agent") is not None
+        assert server.app.parts.registry.get("sdk-agent") is not None
         await agent.stop()
 
 

@@ -46,7 +46,7 @@ async def test_big_answers_arrive_byte_exact_at_concurrency(size: int, chunked: 
                 body = resp.json()
                 assert body["status"] == "SUCCESS"
                 assert body["result"] == expected
-            assert router.app.breakers.state("big").value == "closed"
+            assert router.app.parts.breakers.state("big").value == "closed"
             assert len(agent.received) == 10
         finally:
             await agent.stop()
@@ -78,6 +78,6 @@ async def test_answer_limit_is_exact_and_not_the_agents_breaker(chunked: bool) -
                         # Refused by the agent's answer, not a failover candidate: one attempt.
                         assert [a["agentId"] for a in body["attempts"]] == ["edge"]
             # Ten oversized answers against a threshold of two: the agent is not sick.
-            assert router.app.breakers.state("edge").value == "closed"
+            assert router.app.parts.breakers.state("edge").value == "closed"
         finally:
             await agent.stop()

@@ -19,7 +19,7 @@ from agent_reach.observability.record import DecisionRecord
 from agent_reach.protocol import AgentStatusValue
 from agent_reach.registry.base import AgentEntry, Registry, RegistryEvent
 from agent_reach.resilience.breaker import BreakerBoard, BreakerState
-from agent_reach.stats import StatsBook
+from agent_reach.routing.stats import StatsBook
 
 UNKNOWN_TASK = "_unknown"
 NO_AGENT = "_none"

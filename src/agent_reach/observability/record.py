@@ -62,6 +62,8 @@ class DecisionRecord:
     status: Status | None = None
     http_status: int = 0
     error_code: str | None = None
+    error: dict[str, Any] | None = None  # the response's error object, as the caller gets it
+    result: Any = None  # the handler's result, on SUCCESS
     handler: str | None = None
     duration_ms: float = 0.0
 

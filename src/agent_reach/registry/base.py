@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from agent_reach.clock import iso_utc
+from agent_reach.config import RegistryPolicy
 from agent_reach.protocol import AgentProfile, AgentStatusValue, Capability
 from agent_reach.schema import PayloadValidator
 
@@ -113,6 +114,9 @@ class Registry(abc.ABC):
 
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Start background work (sweeps, watches)."""
+
+    def apply(self, policy: RegistryPolicy) -> None:  # noqa: B027 - optional hook
+        """Take a reloaded registry policy (lease TTL, sweep); backends without one ignore it."""
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Stop background work and release connections."""

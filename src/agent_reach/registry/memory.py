@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import secrets
 from collections.abc import Collection
@@ -11,6 +9,7 @@ from collections.abc import Collection
 from agent_reach.clock import SYSTEM_CLOCK, Clock
 from agent_reach.config import RegistryPolicy
 from agent_reach.exceptions import AgentIdConflict, AgentNotFound, LeaseMismatch, LeaseNotFound
+from agent_reach.lifecycle import Background
 from agent_reach.protocol import AgentProfile, AgentStatusValue
 from agent_reach.registry.base import AgentEntry, Registry, RegistryEvent, compile_capabilities
 
@@ -33,28 +32,22 @@ class MemoryRegistry(Registry):
         self._clock = clock
         self._entries: dict[str, AgentEntry] = {}
         self._by_task: dict[str, dict[str, AgentEntry]] = {}
-        self._sweeper: asyncio.Task[None] | None = None
+        self._background = Background("reach-lease-sweep")
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
-        if self._sweeper is None:
-            self._sweeper = asyncio.create_task(self._sweep_forever(), name="reach-lease-sweep")
+        if not self._background:
+            self._background.every(lambda: self.policy.sweep_interval_seconds, self._sweep_tick, "loop")
+
+    def apply(self, policy: RegistryPolicy) -> None:
+        self.policy = policy
 
     async def close(self) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
-            self._sweeper = None
+        await self._background.close()
 
-    async def _sweep_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self.policy.sweep_interval_seconds)
-            try:
-                self.sweep()
-            except Exception:  # a listener's bug must not stop lease expiry
-                log.exception("lease sweep failed")
+    async def _sweep_tick(self) -> None:
+        self.sweep()
 
     # -- writes ------------------------------------------------------------------------------
 

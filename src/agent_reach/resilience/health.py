@@ -15,13 +15,12 @@ import random
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-import aiohttp
-
 from agent_reach.clock import SYSTEM_CLOCK, Clock
 from agent_reach.config import HealthPolicy
+from agent_reach.lifecycle import Background
 from agent_reach.protocol import AgentStatusValue
 from agent_reach.registry.base import AgentEntry, Registry, RegistryEvent
-from agent_reach.transport import Transport
+from agent_reach.transport.base import Transport
 
 log = logging.getLogger("agent_reach.health")
 
@@ -59,8 +58,8 @@ class HealthChecker:
         self._due: dict[str, float] = {}
         self._failures: dict[str, int] = {}
         self._listeners: list[ProbeListener] = []
-        self._task: asyncio.Task[None] | None = None
-        self._inflight: set[asyncio.Task[None]] = set()
+        self._scheduler = Background("reach-health")
+        self._probes = Background("reach-health-probe")
         self._wake = asyncio.Event()
         registry.subscribe(self._on_registry)
 
@@ -82,19 +81,12 @@ class HealthChecker:
             self._failures.pop(entry.id, None)
 
     async def start(self) -> None:
-        if self.policy.enabled and self._task is None:
-            self._task = asyncio.create_task(self._run(), name="reach-health")
+        if self.policy.enabled and not self._scheduler:
+            self._scheduler.spawn(self._run())
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-        for task in list(self._inflight):
-            task.cancel()
-        if self._inflight:
-            await asyncio.gather(*self._inflight, return_exceptions=True)
+        await self._scheduler.close()
+        await self._probes.close()
 
     async def _run(self) -> None:
         gate = asyncio.Semaphore(self.policy.concurrency)
@@ -111,9 +103,7 @@ class HealthChecker:
                 self._due[agent_id] = now + self._interval(entry) * jitter
                 if entry.lease_status is AgentStatusValue.OFFLINE:
                     continue
-                task = asyncio.create_task(self._probe(entry, gate))
-                self._inflight.add(task)
-                task.add_done_callback(self._inflight.discard)
+                self._probes.spawn(self._probe(entry, gate))
             wait = min(self._due.values(), default=now + 1.0) - now
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
@@ -128,13 +118,7 @@ class HealthChecker:
 
     async def probe_once(self, url: str, timeout_s: float) -> bool:
         """One GET of ``url``: True on any 2xx within ``timeout_s``."""
-        try:
-            async with self.transport.session.get(
-                url, timeout=aiohttp.ClientTimeout(total=timeout_s), allow_redirects=False
-            ) as resp:
-                return 200 <= resp.status < 300
-        except (aiohttp.ClientError, TimeoutError, OSError):
-            return False
+        return await self.transport.probe(url, timeout_s)
 
     def observe(self, agent_id: str, ok: bool) -> None:
         """Fold one probe result into the agent's health."""

@@ -19,10 +19,18 @@ class RetryBudget:
     def __init__(self, policy: RetryBudgetPolicy | None = None, *, clock: Clock = SYSTEM_CLOCK) -> None:
         self.policy = policy or RetryBudgetPolicy()
         self._clock = clock
-        size = self.policy.window_seconds
+        self._reset(self.policy.window_seconds)
+
+    def _reset(self, size: int) -> None:
         self._seconds = [-1] * size
         self._requests = [0] * size
         self._retries = [0] * size
+
+    def apply(self, policy: RetryBudgetPolicy) -> None:
+        """Take a reloaded policy; a new window size starts the counts afresh."""
+        if policy.window_seconds != len(self._seconds):
+            self._reset(policy.window_seconds)
+        self.policy = policy
 
     def _slot(self) -> int:
         second = int(self._clock.monotonic())

@@ -7,10 +7,10 @@ lags (the Router itself is saturated), measured by a small monitor task.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 
 from agent_reach.config import LimitsPolicy
+from agent_reach.lifecycle import Background
 
 
 class LoadShedder:
@@ -18,11 +18,13 @@ class LoadShedder:
 
     __slots__ = ("_monitor", "inflight", "lag_ms", "policy")
 
+    _monitor: Background
+
     def __init__(self, policy: LimitsPolicy | None = None) -> None:
         self.policy = policy or LimitsPolicy()
         self.inflight = 0
         self.lag_ms = 0.0
-        self._monitor: asyncio.Task[None] | None = None
+        self._monitor = Background("reach-loop-lag")
 
     def admit(self) -> str | None:
         """``None`` when admitted (and counted), else the reason to shed."""
@@ -37,15 +39,11 @@ class LoadShedder:
         self.inflight -= 1
 
     async def start(self) -> None:
-        if self._monitor is None:
-            self._monitor = asyncio.create_task(self._watch_lag(), name="reach-loop-lag")
+        if not self._monitor:
+            self._monitor.spawn(self._watch_lag())
 
     async def close(self) -> None:
-        if self._monitor is not None:
-            self._monitor.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._monitor
-            self._monitor = None
+        await self._monitor.close()
 
     async def _watch_lag(self) -> None:
         interval = 0.05

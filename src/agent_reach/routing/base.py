@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from agent_reach.protocol import Capability
 from agent_reach.registry.base import AgentEntry
@@ -24,9 +24,20 @@ class Choice:
         return cls(entry, entry.capabilities[task], entry.validators[task], score)
 
 
+@dataclass(slots=True)
+class Ranking:
+    """A ranker's answer: the choices, best first, and why (one explanation per candidate)."""
+
+    choices: list[Choice]
+    explain: list[dict[str, Any]] = field(default_factory=list)
+
+
 class Ranker(Protocol):
-    """Orders the eligible agents for a task, best first. Must not drop any of them."""
+    """Orders the eligible agents for a task, best first. Must not drop any of them.
+
+    ``similarity`` is the semantic score of the task, when the task was found by meaning.
+    """
 
     name: str
 
-    def rank(self, task: str, entries: list[AgentEntry]) -> list[Choice]: ...
+    def rank(self, task: str, entries: list[AgentEntry], similarity: float | None = None) -> Ranking: ...

@@ -8,7 +8,7 @@ as failover order.
 from __future__ import annotations
 
 from agent_reach.registry.base import AgentEntry
-from agent_reach.routing.base import Choice
+from agent_reach.routing.base import Choice, Ranking
 
 
 class SmoothWeighted:
@@ -58,7 +58,10 @@ class ExactMatch:
     def __init__(self) -> None:
         self.rotation = SmoothWeighted()
 
-    def rank(self, task: str, entries: list[AgentEntry]) -> list[Choice]:
+    def rank(self, task: str, entries: list[AgentEntry], similarity: float | None = None) -> Ranking:
+        return Ranking(self._order(task, entries))
+
+    def _order(self, task: str, entries: list[AgentEntry]) -> list[Choice]:
         if len(entries) == 1:
             return [Choice.of(entries[0], task)]
         weighted = [(e.id, e.capabilities[task].routing_weight) for e in entries]

@@ -20,33 +20,24 @@ vector of a semantic request is fetched by the dispatcher first, and only read f
 from __future__ import annotations
 
 from fnmatch import fnmatchcase
-from typing import TYPE_CHECKING
 
 from agent_reach.config import RoutingPolicy
-from agent_reach.exceptions import NoAvailableHandler
+from agent_reach.exceptions import NoAvailableHandler, SemanticUnavailable
 from agent_reach.observability.record import DecisionRecord
 from agent_reach.protocol import AgentStatusValue, CandidateReason, ReachRequest, Strategy
 from agent_reach.registry.base import AgentEntry, Registry
 from agent_reach.resilience.affinity import AffinityTable
 from agent_reach.resilience.breaker import BreakerBoard
-from agent_reach.routing.base import Choice
+from agent_reach.routing.base import Choice, Ranker
 from agent_reach.routing.exact import ExactMatch
+from agent_reach.routing.stats import StatsBook
 from agent_reach.routing.weighted import Merit, WeightedRoundRobin
-from agent_reach.stats import StatsBook
-
-if TYPE_CHECKING:
-    from agent_reach.vectors import CapabilityVectors
+from agent_reach.semantic.vectors import CapabilityVectors
 
 _OUT = {
     AgentStatusValue.OFFLINE: CandidateReason.OFFLINE,
     AgentStatusValue.UNHEALTHY: CandidateReason.UNHEALTHY,
 }
-
-
-class SemanticUnavailable(NoAvailableHandler):
-    """A semantic route was needed but cannot be computed (no vector, no threshold)."""
-
-    code = "SEMANTIC_UNAVAILABLE"
 
 
 class Pipeline:
@@ -103,50 +94,71 @@ class Pipeline:
             return True
         return any(fnmatchcase(task, pattern) for pattern in self.policy.semantic_tasks)
 
-    # -- the decision -------------------------------------------------------------------------
+    # -- the decision: candidates, filters, rank, affinity -------------------------------------
 
     def decide(self, request: ReachRequest, record: DecisionRecord) -> list[Choice]:
+        """The ranked choices for ``request``, each stage written to ``record``."""
         strategy = self.strategy(request)
         record.strategy = strategy.value
         similarity: float | None = None
-
-        # 1-4. candidates
-        pool: list[AgentEntry]
-        task = request.target_task
         if request.target_agent:
-            entry = self.registry.get(request.target_agent)
-            record.rule = "target_agent"
-            if entry is None:
-                record.reject(request.target_agent, CandidateReason.UNKNOWN_AGENT)
-                raise self._none(record, f"targetAgent {request.target_agent!r} is not registered")
-            task = self.canonical(task)
-            if task not in entry.capabilities:
-                record.candidates.append(entry.id)
-                record.reject(entry.id, CandidateReason.NO_CAPABILITY)
-                raise self._none(record, f"targetAgent {entry.id!r} does not declare task {task!r}")
-            pool = [entry]
+            task, target = self._targeted(request, record)
+            pool = [target]
         else:
-            mapped = self.policy.task_map.get(task)
-            if mapped is not None:
-                record.rule = "task_map"
-                record.note("task map", f"{task} -> {mapped}")
-                task = mapped
-            else:
-                record.rule = strategy.value if strategy is not Strategy.SEMANTIC_ROUTE else "exact_match"
+            task, similarity = self._by_task(request, record, strategy)
             pool = list(self.registry.by_task(task))
-            if not pool and mapped is None and self.wants_semantic(request):
-                task, similarity = self._semantic(request, record)
-                record.rule = "semantic_route"
-                pool = list(self.registry.by_task(task))
-            if not pool:
-                raise self._none(record, f"no agent declares task {task!r}")
         record.matched_task = task
         record.candidates = [e.id for e in pool]
+        groups = self._filter(request, record, task, pool, similarity)
+        ranked = self._rank(record, strategy, task, groups, similarity)
+        return self._affinity_first(request, record, ranked)
 
-        # 5. hard filters
+    def _targeted(self, request: ReachRequest, record: DecisionRecord) -> tuple[str, AgentEntry]:
+        """``targetAgent``: only that agent, and it must declare the task."""
+        assert request.target_agent is not None
+        record.rule = "target_agent"
+        entry = self.registry.get(request.target_agent)
+        if entry is None:
+            record.reject(request.target_agent, CandidateReason.UNKNOWN_AGENT)
+            raise self._no_handler(record, f"targetAgent {request.target_agent!r} is not registered")
+        task = self.canonical(request.target_task)
+        if task not in entry.capabilities:
+            record.candidates.append(entry.id)
+            record.reject(entry.id, CandidateReason.NO_CAPABILITY)
+            raise self._no_handler(record, f"targetAgent {entry.id!r} does not declare task {task!r}")
+        return task, entry
+
+    def _by_task(
+        self, request: ReachRequest, record: DecisionRecord, strategy: Strategy
+    ) -> tuple[str, float | None]:
+        """The declared task that supplies candidates: mapped, exact, or found by meaning."""
+        task = request.target_task
+        mapped = self.policy.task_map.get(task)
+        if mapped is not None:
+            record.rule = "task_map"
+            record.note("task map", f"{task} -> {mapped}")
+            task = mapped
+        else:
+            record.rule = strategy.value if strategy is not Strategy.SEMANTIC_ROUTE else "exact_match"
+        similarity: float | None = None
+        if not self.registry.by_task(task) and mapped is None and self.wants_semantic(request):
+            task, similarity = self._semantic(request, record)
+            record.rule = "semantic_route"
+        if not self.registry.by_task(task):
+            raise self._no_handler(record, f"no agent declares task {task!r}")
+        return task, similarity
+
+    def _filter(
+        self,
+        request: ReachRequest,
+        record: DecisionRecord,
+        task: str,
+        pool: list[AgentEntry],
+        similarity: float | None,
+    ) -> tuple[list[AgentEntry], list[AgentEntry]]:
+        """Hard filters: the allowlist, status and breaker. Available agents, then suspect ones."""
         allow = request.preferences.filter_agent_ids
         allowed = set(allow) if allow is not None else None
-        breakers = self.breakers
         eligible: list[AgentEntry] = []
         last_resort: list[AgentEntry] = []
         for entry in pool:
@@ -154,36 +166,51 @@ class Pipeline:
                 record.reject(entry.id, CandidateReason.FILTERED, similarity)
             elif not entry.routable:
                 record.reject(entry.id, _OUT[entry.status], similarity)
-            elif breakers.blocked(entry.id, task):
+            elif self.breakers.blocked(entry.id, task):
                 record.reject(entry.id, CandidateReason.CIRCUIT_OPEN, similarity)
             elif entry.status is AgentStatusValue.AVAILABLE:
                 eligible.append(entry)
             else:
                 last_resort.append(entry)
         if not eligible and not last_resort:
-            raise self._none(record, f"no routable agent for task {task!r}")
+            raise self._no_handler(record, f"no routable agent for task {task!r}")
+        return eligible, last_resort
 
-        # 6. rank
+    def _rank(
+        self,
+        record: DecisionRecord,
+        strategy: Strategy,
+        task: str,
+        groups: tuple[list[AgentEntry], ...],
+        similarity: float | None,
+    ) -> list[Choice]:
+        """Each group in order, ranked by the strategy; a semantic route ranks by merit too."""
+        ranker: Ranker = self.exact
+        if similarity is not None or strategy is not Strategy.EXACT_MATCH:
+            ranker = self.weighted
         ranked: list[Choice] = []
-        for group in (eligible, last_resort):
-            if not group:
-                continue
-            if similarity is not None or strategy is not Strategy.EXACT_MATCH:
-                ranked.extend(self.weighted.rank(task, group, similarity))
-                record.explain.extend(self.weighted.last_explain)
-            else:
-                ranked.extend(self.exact.rank(task, group))
+        for group in groups:
+            if group:
+                ranking = ranker.rank(task, group, similarity)
+                ranked.extend(ranking.choices)
+                record.explain.extend(ranking.explain)
+        return ranked
 
-        # 7. affinity
-        if request.conversation_id:
-            bound = self.affinity.get(request.conversation_id)
-            if bound is not None:
-                record.affinity = bound
-                for i, choice in enumerate(ranked):
-                    if choice.entry.id == bound:
-                        if i:
-                            ranked.insert(0, ranked.pop(i))
-                        break
+    def _affinity_first(
+        self, request: ReachRequest, record: DecisionRecord, ranked: list[Choice]
+    ) -> list[Choice]:
+        """The agent a conversation is bound to goes first while it is routable."""
+        if not request.conversation_id:
+            return ranked
+        bound = self.affinity.get(request.conversation_id)
+        if bound is None:
+            return ranked
+        record.affinity = bound
+        for i, choice in enumerate(ranked):
+            if choice.entry.id == bound:
+                if i:
+                    ranked.insert(0, ranked.pop(i))
+                break
         return ranked
 
     def _semantic(self, request: ReachRequest, record: DecisionRecord) -> tuple[str, float]:
@@ -223,9 +250,9 @@ class Pipeline:
                 if verdict.reason == "below_threshold"
                 else f"best score {verdict.score:.3f} is within {margin:.3f} of the runner-up"
             )
-            raise self._none(record, f"no capability matches {text!r} well enough: {why}")
+            raise self._no_handler(record, f"no capability matches {text!r} well enough: {why}")
         return verdict.task, verdict.score
 
     @staticmethod
-    def _none(record: DecisionRecord, message: str) -> NoAvailableHandler:
+    def _no_handler(record: DecisionRecord, message: str) -> NoAvailableHandler:
         return NoAvailableHandler(message, list(record.rejected))

@@ -1,7 +1,7 @@
 """``weighted_round_robin``: smooth weighted round robin over weight x merit.
 
 Each agent's effective weight is its ``routing_weight`` times a success factor and a latency
-factor from time-decayed EWMAs (:class:`~agent_reach.stats.StatsBook`), so within seconds a slow
+factor from time-decayed EWMAs (:class:`~agent_reach.routing.stats.StatsBook`), so within seconds a slow
 or failing agent's share drops, and it comes back as it heals. The factors are kept in the
 decision record, so every choice can be explained.
 """
@@ -12,9 +12,9 @@ from typing import Any
 
 from agent_reach.config import MeritPolicy
 from agent_reach.registry.base import AgentEntry
-from agent_reach.routing.base import Choice
+from agent_reach.routing.base import Choice, Ranking
 from agent_reach.routing.exact import SmoothWeighted
-from agent_reach.stats import StatsBook
+from agent_reach.routing.stats import StatsBook
 
 
 class Merit:
@@ -41,7 +41,6 @@ class WeightedRoundRobin:
     def __init__(self, merit: Merit) -> None:
         self.merit = merit
         self.rotation = SmoothWeighted()
-        self.last_explain: list[dict[str, Any]] = []
 
     def effective(
         self, task: str, entries: list[AgentEntry]
@@ -66,17 +65,26 @@ class WeightedRoundRobin:
             )
         return out
 
-    def rank(self, task: str, entries: list[AgentEntry], similarity: float | None = None) -> list[Choice]:
+    def rank(self, task: str, entries: list[AgentEntry], similarity: float | None = None) -> Ranking:
         scored = self.effective(task, entries)
         total = sum(e for _, e, _ in scored) or 1.0
-        self.last_explain = []
+        explained = []
         for _, effective, explain in scored:
             explain["share"] = round(effective / total, 4)
             if similarity is not None:
                 explain["similarity"] = round(similarity, 4)
-            self.last_explain.append(explain)
+            explained.append(explain)
+        return Ranking(self._order(task, scored, total, similarity), explained)
+
+    def _order(
+        self,
+        task: str,
+        scored: list[tuple[AgentEntry, float, dict[str, Any]]],
+        total: float,
+        similarity: float | None,
+    ) -> list[Choice]:
         if len(scored) == 1:
-            entry, effective, _ = scored[0]
+            entry = scored[0][0]
             return [Choice.of(entry, task, similarity if similarity is not None else 1.0)]
         first = self.rotation.pick(task, [(e.id, eff) for e, eff, _ in scored])
         head = scored[first]

@@ -24,7 +24,6 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -395,34 +394,3 @@ def _deadline_from(header: str | None) -> Deadline | None:
     except ValueError:
         return None
     return Deadline(SYSTEM_CLOCK, max(millis, 0.0))
-
-
-def load_app(spec: str) -> ReachAgent:
-    """Import ``module:attribute`` (a :class:`ReachAgent`), the way ``reach agent --app`` does."""
-    import importlib
-    import importlib.util
-    import sys
-
-    module_name, _, attr = spec.rpartition(":")
-    if not module_name or not attr:
-        raise ConfigError(f"--app must look like module:attribute or path/to/file.py:attribute, got {spec!r}")
-    if str(Path.cwd()) not in sys.path:
-        sys.path.insert(0, str(Path.cwd()))
-    try:
-        if module_name.endswith(".py"):
-            file = Path(module_name)
-            if not file.is_file():
-                raise ConfigError(f"--app: no such file {module_name!r}")
-            loader_spec = importlib.util.spec_from_file_location(f"reach_app_{file.stem}", file)
-            if loader_spec is None or loader_spec.loader is None:
-                raise ConfigError(f"--app: cannot load {module_name!r}")
-            module = importlib.util.module_from_spec(loader_spec)
-            loader_spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"cannot import {module_name!r}: {exc}") from exc
-    agent = getattr(module, attr, None)
-    if not isinstance(agent, ReachAgent):
-        raise ConfigError(f"{spec} is not a ReachAgent (got {type(agent).__name__})")
-    return agent

@@ -1,8 +1,13 @@
-"""The registry API and the admin surface (PROTOCOL.md §2 and §4), as a Starlette app."""
+"""The registry API and the admin surface, as a Starlette app behind one small class.
+
+:class:`AdminApi` reads the Router's parts (:class:`~agent_reach.server.components.RouterParts`),
+its policy file and whether it has started; it never reaches back into the ASGI app.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import orjson
 from pydantic import ValidationError
@@ -13,12 +18,13 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from agent_reach.exceptions import InvalidProfile, RegistryError, RequestError
+from agent_reach.observability.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from agent_reach.protocol import AgentProfile, error_details
-from agent_reach.server.http import check_json_content_type, error_body, read_body
+from agent_reach.router import answer
+from agent_reach.server.components import RouterParts
+from agent_reach.server.http import Receive, Scope, Send, check_json_content_type, error_body, read_body
 from agent_reach.server.openapi import openapi_document
-
-if TYPE_CHECKING:
-    from agent_reach.server.app import RouterApp
+from agent_reach.server.reload import PolicyFile
 
 
 class _Json(Response):
@@ -32,13 +38,60 @@ def _error(status: int, code: str, message: str, details: Any = None) -> _Json:
     return _Json(error_body(code, message, details=details), status_code=status)
 
 
-def build_admin(router: RouterApp) -> Starlette:
-    """The Starlette app for every endpoint but the ``POST /reach`` hot path."""
+def whole_number(raw: str, field: str, low: int, high: int) -> int:
+    """A query parameter of ASCII digits within ``[low, high]``, else a 400 that names it.
 
-    async def read_json(request: Request) -> Any:
+    ``str.isdigit`` alone accepts superscripts and other scripts' digits that ``int`` refuses.
+    """
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 9) or not low <= int(raw) <= high:
+        raise RequestError(
+            f"{field} must be a whole number from {low} to {high}",
+            details=[{"field": field, "message": f"{low}..{high}"}],
+        )
+    return int(raw)
+
+
+class AdminApi:
+    """Every endpoint but the ``POST /reach`` hot path."""
+
+    def __init__(self, parts: RouterParts, policy: PolicyFile, started: Callable[[], bool]) -> None:
+        self.parts = parts
+        self.policy = policy
+        self._started = started
+        self._openapi: dict[str, Any] | None = None
+        self.app = Starlette(
+            routes=self._routes(),
+            exception_handlers={
+                RegistryError: self._on_reach_error,
+                RequestError: self._on_reach_error,
+                HTTPException: self._on_http_error,
+            },
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.app(scope, receive, send)
+
+    def _routes(self) -> list[Route]:
+        return [
+            Route("/agents", self.register, methods=["POST"]),
+            Route("/agents/{agent_id}/lease", self.renew, methods=["PUT"]),
+            Route("/agents/{agent_id}", self.deregister, methods=["DELETE"]),
+            Route("/admin/agents", self.list_agents, methods=["GET"]),
+            Route("/admin/agents/{agent_id}", self.get_agent, methods=["GET"]),
+            Route("/healthz", self.healthz, methods=["GET"]),
+            Route("/readyz", self.readyz, methods=["GET"]),
+            Route("/openapi.json", self.openapi, methods=["GET"]),
+            Route("/metrics", self.metrics, methods=["GET"]),
+            Route("/reach/{trace_id}", self.async_result, methods=["GET"]),
+            Route("/admin/traces", self.list_traces, methods=["GET"]),
+            Route("/admin/traces/{trace_id}", self.get_trace, methods=["GET"]),
+            Route("/admin/reload", self.reload, methods=["POST"]),
+        ]
+
+    async def _read_json(self, request: Request) -> Any:
         headers = {k.lower().encode("latin-1"): v.encode("latin-1") for k, v in request.headers.items()}
         check_json_content_type(headers)
-        body = await read_body(request.receive, headers, router.config.server.body_limit_bytes)
+        body = await read_body(request.receive, headers, self.parts.config.server.body_limit_bytes)
         if not body:
             return None
         try:
@@ -46,8 +99,10 @@ def build_admin(router: RouterApp) -> Starlette:
         except orjson.JSONDecodeError as exc:
             raise RequestError(f"body is not valid JSON: {exc.msg}") from exc
 
-    async def register(request: Request) -> Response:
-        data = await read_json(request)
+    # -- the registry API --------------------------------------------------------------------
+
+    async def register(self, request: Request) -> Response:
+        data = await self._read_json(request)
         if not isinstance(data, dict):
             raise InvalidProfile(
                 "the body must be a JSON object: the mapping under `agent:`",
@@ -65,167 +120,120 @@ def build_admin(router: RouterApp) -> Starlette:
             raise InvalidProfile(
                 "invalid agent profile: " + ", ".join(d["field"] for d in details), details=details
             ) from exc
-        entry, created = await router.registry.register(profile, lease_id=lease_id)
-        if router.vectors is not None:
+        entry, created = await self.parts.registry.register(profile, lease_id=lease_id)
+        if self.parts.vectors is not None:
             # Capability vectors are computed here, once, never on a request. If the embedder is
             # down the agent is still registered (exact match serves it) and retried later.
-            await router.vectors.add(entry)
-        return _Json(
-            {
-                "agentId": entry.id,
-                "leaseId": entry.lease_id,
-                "ttlSeconds": entry.ttl_seconds,
-                "status": entry.status.value,
-            },
-            status_code=201 if created else 200,
-        )
+            await self.parts.vectors.add(entry)
+        registration = {
+            "agentId": entry.id,
+            "leaseId": entry.lease_id,
+            "ttlSeconds": entry.ttl_seconds,
+            "status": entry.status.value,
+        }
+        return _Json(registration, status_code=201 if created else 200)
 
-    async def renew(request: Request) -> Response:
-        data = await read_json(request)
+    async def renew(self, request: Request) -> Response:
+        data = await self._read_json(request)
         lease_id = data.get("leaseId") if isinstance(data, dict) else None
         if not isinstance(lease_id, str):
             raise RequestError(
                 'the body must be {"leaseId": "..."}',
                 details=[{"field": "leaseId", "message": "required string"}],
             )
-        entry = await router.registry.renew(request.path_params["agent_id"], lease_id)
+        entry = await self.parts.registry.renew(request.path_params["agent_id"], lease_id)
         return _Json({"agentId": entry.id, "leaseId": entry.lease_id, "ttlSeconds": entry.ttl_seconds})
 
-    async def deregister(request: Request) -> Response:
+    async def deregister(self, request: Request) -> Response:
         lease_id = request.headers.get("x-reach-lease")
         if lease_id is None:
-            data = await read_json(request)
+            data = await self._read_json(request)
             lease_id = data.get("leaseId") if isinstance(data, dict) else None
         if not isinstance(lease_id, str):
             raise RequestError(
                 'give the lease as {"leaseId": "..."} or the X-Reach-Lease header',
                 details=[{"field": "leaseId", "message": "required string"}],
             )
-        await router.registry.deregister(request.path_params["agent_id"], lease_id)
+        await self.parts.registry.deregister(request.path_params["agent_id"], lease_id)
         return Response(status_code=204)
 
-    async def list_agents(request: Request) -> Response:
-        entries = sorted(router.registry.agents(), key=lambda e: e.id)
-        return _Json([router.agent_status(e) for e in entries])
+    # -- views -------------------------------------------------------------------------------
 
-    async def get_agent(request: Request) -> Response:
-        entry = router.registry.get(request.path_params["agent_id"])
+    async def list_agents(self, request: Request) -> Response:
+        entries = sorted(self.parts.registry.agents(), key=lambda e: e.id)
+        return _Json([self.parts.agent_status(e) for e in entries])
+
+    async def get_agent(self, request: Request) -> Response:
+        entry = self.parts.registry.get(request.path_params["agent_id"])
         if entry is None:
             return _error(404, "AGENT_NOT_FOUND", f"no agent {request.path_params['agent_id']!r}")
-        return _Json(router.agent_status(entry))
+        return _Json(self.parts.agent_status(entry))
 
-    async def healthz(request: Request) -> Response:
+    async def healthz(self, request: Request) -> Response:
         return _Json({"status": "ok"})
 
-    async def readyz(request: Request) -> Response:
-        reason = router.registry.ready() or (None if router.started else "starting")
+    async def readyz(self, request: Request) -> Response:
+        reason = self.parts.registry.ready() or (None if self._started() else "starting")
         if reason is not None:
             return _Json({"status": "not_ready", "reason": reason}, status_code=503)
         return _Json({"status": "ready"})
 
-    document: dict[str, Any] = {}
+    async def openapi(self, request: Request) -> Response:
+        if self._openapi is None:
+            self._openapi = openapi_document()
+        return _Json(self._openapi)
 
-    async def openapi(request: Request) -> Response:
-        if not document:
-            document.update(openapi_document())
-        return _Json(document)
+    async def metrics(self, request: Request) -> Response:
+        return Response(self.parts.metrics.exposition(), media_type=METRICS_CONTENT_TYPE)
 
-    async def async_result(request: Request) -> Response:
+    async def async_result(self, request: Request) -> Response:
         trace_id = request.path_params["trace_id"]
-        reply = router.results.get(trace_id)
+        results = self.parts.results
+        reply = results.get(trace_id)
         if reply is not None:
             return _Json(reply[1], status_code=reply[0])
-        if router.results.is_pending(trace_id):
-            return _Json(
-                {
-                    "version": "1.0",
-                    "traceId": trace_id,
-                    "status": "ACCEPTED",
-                    "handlerAgentId": None,
-                    "durationMs": 0,
-                    "result": None,
-                    "error": None,
-                    "attempts": [],
-                },
-                status_code=202,
-            )
+        if results.is_pending(trace_id):
+            status, body = answer.standalone(self.parts.clock, trace_id)
+            return _Json(body, status_code=status)
         return _error(404, "NOT_FOUND", f"no async request {trace_id!r} (unknown, or its result expired)")
 
-    async def metrics(request: Request) -> Response:
-        from agent_reach.observability.metrics import CONTENT_TYPE
-
-        return Response(router.metrics.exposition(), media_type=CONTENT_TYPE)
-
-    async def get_trace(request: Request) -> Response:
-        trace = router.traces.trace(request.path_params["trace_id"])
+    async def get_trace(self, request: Request) -> Response:
+        trace_id = request.path_params["trace_id"]
+        trace = self.parts.traces.trace(trace_id)
         if trace is None:
             return _error(
-                404,
-                "TRACE_NOT_FOUND",
-                f"no trace {request.path_params['trace_id']!r} (unknown, or evicted from the store)",
+                404, "TRACE_NOT_FOUND", f"no trace {trace_id!r} (unknown, or evicted from the store)"
             )
         return _Json(trace)
 
-    async def list_traces(request: Request) -> Response:
-        raw_limit = request.query_params.get("limit", "50")
-        if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= 1000:
-            raise RequestError(
-                "limit must be a whole number from 1 to 1000",
-                details=[{"field": "limit", "message": "1..1000"}],
-            )
-        found = router.traces.recent(
+    async def list_traces(self, request: Request) -> Response:
+        limit = whole_number(request.query_params.get("limit", "50"), "limit", 1, 1000)
+        found = self.parts.traces.recent(
             task=request.query_params.get("task") or None,
             status=request.query_params.get("status") or None,
-            limit=int(raw_limit),
+            limit=limit,
         )
         return _Json(found)
 
-    async def reload(request: Request) -> Response:
-        if router.config_path is None:
+    async def reload(self, request: Request) -> Response:
+        if self.policy.path is None:
             return _error(409, "NO_POLICY_FILE", "the Router was started without a policy file")
-        if not router.reload():
+        if not self.policy.reload():
             return _error(
                 422, "INVALID_CONFIG", "the new policy file is invalid; the old one is kept (see log)"
             )
-        return _Json({"status": "reloaded", "path": str(router.config_path)})
+        return _Json({"status": "reloaded", "path": str(self.policy.path)})
 
-    async def on_registry_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, RegistryError)
+    # -- errors ------------------------------------------------------------------------------
+
+    async def _on_reach_error(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RegistryError | RequestError)
         return _error(exc.http_status, exc.code, exc.message, exc.details)
 
-    async def on_request_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, RequestError)
-        return _error(exc.http_status, exc.code, exc.message, exc.details)
-
-    async def on_http_error(request: Request, exc: Exception) -> Response:
+    async def _on_http_error(self, request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(exc.status_code, "HTTP_ERROR")
-        message = f"{request.method} {request.url.path}: {exc.detail}"
-        return _error(exc.status_code, code, message)
-
-    routes = [
-        Route("/agents", register, methods=["POST"]),
-        Route("/agents/{agent_id}/lease", renew, methods=["PUT"]),
-        Route("/agents/{agent_id}", deregister, methods=["DELETE"]),
-        Route("/admin/agents", list_agents, methods=["GET"]),
-        Route("/admin/agents/{agent_id}", get_agent, methods=["GET"]),
-        Route("/healthz", healthz, methods=["GET"]),
-        Route("/readyz", readyz, methods=["GET"]),
-        Route("/openapi.json", openapi, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
-        Route("/reach/{trace_id}", async_result, methods=["GET"]),
-        Route("/admin/traces", list_traces, methods=["GET"]),
-        Route("/admin/traces/{trace_id}", get_trace, methods=["GET"]),
-        Route("/admin/reload", reload, methods=["POST"]),
-    ]
-    return Starlette(
-        routes=routes,
-        exception_handlers={
-            RegistryError: on_registry_error,
-            RequestError: on_request_error,
-            HTTPException: on_http_error,
-        },
-    )
+        return _error(exc.status_code, code, f"{request.method} {request.url.path}: {exc.detail}")
 
 
-__all__ = ["build_admin"]
+__all__ = ["AdminApi", "whole_number"]

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
+from agent_reach.exceptions import AccessDenied
 from agent_reach.protocol import Status
 
 
@@ -31,6 +32,10 @@ class Denial:
     status: Status
     message: str
     retry_after_s: int | None = None
+
+    def error(self) -> AccessDenied:
+        """The error the caller's ReachResponse carries."""
+        return AccessDenied(self.status, self.message, self.http_status)
 
 
 class Guard(Protocol):

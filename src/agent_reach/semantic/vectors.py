@@ -9,17 +9,15 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 
 from agent_reach.config import EmbeddingPolicy
-from agent_reach.embedding.base import Embedder
 from agent_reach.exceptions import EmbeddingError
+from agent_reach.lifecycle import Background
 from agent_reach.registry.base import AgentEntry, Registry, RegistryEvent
-from agent_reach.routing.semantic import (
+from agent_reach.semantic.embedders.base import Embedder
+from agent_reach.semantic.index import (
     BACKGROUND,
-    DEFAULT_THRESHOLDS,
     QueryCache,
     SemanticIndex,
     Vector,
@@ -42,13 +40,12 @@ class CapabilityVectors:
         self.up = True  # False after the embedder failed, until it answers again
         self.last_error: str | None = None
         self._pending: dict[str, AgentEntry] = {}
-        self._retry: asyncio.Task[None] | None = None
-        self._warm: asyncio.Task[None] | None = None
+        self._background = Background("reach-vectors")
         registry.subscribe(self._on_registry)
 
     def thresholds(self) -> tuple[float, float] | None:
         """``(threshold, margin)`` for the model in use, or None when it has none (not calibrated)."""
-        default = DEFAULT_THRESHOLDS.get(self.embedder.model)
+        default = self.embedder.thresholds
         threshold = self.policy.threshold if self.policy.threshold is not None else (default and default[0])
         margin = self.policy.margin if self.policy.margin is not None else (default[1] if default else 0.0)
         return None if threshold is None else (float(threshold), float(margin))
@@ -136,9 +133,9 @@ class CapabilityVectors:
         self.last_error = None
 
     async def start(self) -> None:
-        if self._retry is None:
-            self._retry = asyncio.create_task(self._retry_pending(), name="reach-vectors-retry")
-            self._warm = asyncio.create_task(self._warm_up(), name="reach-vectors-warm-up")
+        if not self._background:
+            self._background.every(lambda: self.policy.retry_seconds, self._retry_pending, "retry")
+            self._background.spawn(self._warm_up(), "warm-up")
 
     async def _warm_up(self) -> None:
         # Load the model and embed the background texts before the first semantic request needs them.
@@ -148,22 +145,15 @@ class CapabilityVectors:
             self._failed(exc)
 
     async def close(self) -> None:
-        for task in (self._retry, self._warm):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        self._retry = self._warm = None
+        await self._background.close()
         await self.embedder.close()
 
     async def _retry_pending(self) -> None:
-        while True:
-            await asyncio.sleep(self.policy.retry_seconds)
-            for agent_id, entry in list(self._pending.items()):
-                if self.registry.get(agent_id) is not entry:
-                    self._pending.pop(agent_id, None)
-                elif await self.add(entry):
-                    self._pending.pop(agent_id, None)
-                    log.info("capability vectors of %s indexed after the embedder came back", agent_id)
-                else:
-                    break
+        for agent_id, entry in list(self._pending.items()):
+            if self.registry.get(agent_id) is not entry:
+                self._pending.pop(agent_id, None)
+            elif await self.add(entry):
+                self._pending.pop(agent_id, None)
+                log.info("capability vectors of %s indexed after the embedder came back", agent_id)
+            else:
+                break

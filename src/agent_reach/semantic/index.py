@@ -7,8 +7,8 @@ share one row. A route is taken only when the best task scores at least the thre
 beats the runner-up task by the margin: refusing beats guessing wrong.
 
 Cosine scores differ a lot between models (e5 puts nearly everything between 0.77 and 0.93), so
-thresholds are per model: :data:`DEFAULT_THRESHOLDS` holds the calibrated ones (``reach
-calibrate``), and the policy may override them.
+thresholds are per model: each embedder carries its calibrated ones (``reach calibrate``), and
+the policy may override them.
 """
 
 from __future__ import annotations
@@ -19,15 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from agent_reach.embedding.local import MODEL_NAME as LOCAL_MODEL
-
 Vector = npt.NDArray[np.float32]
-
-# model -> (threshold, margin) on the background-relative score, from
-# `reach calibrate tests/data/routing_phrases.yaml` (64 phrases, 9 capabilities).
-DEFAULT_THRESHOLDS: dict[str, tuple[float, float]] = {
-    LOCAL_MODEL: (0.1011, 0.0025),
-}
 
 # Each task's score is the mean of its best TOP_K rows (its description and examples), so one
 # lucky example does not carry a task, and a task with many examples is not penalised.

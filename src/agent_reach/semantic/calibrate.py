@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from agent_reach.embedding.base import Embedder
 from agent_reach.exceptions import ConfigError
-from agent_reach.routing.semantic import BACKGROUND, SemanticIndex, capability_texts
+from agent_reach.semantic.embedders.base import Embedder
+from agent_reach.semantic.index import BACKGROUND, SemanticIndex, capability_texts
 
 MARGINS = [round(x, 4) for x in np.arange(0.0, 0.0501, 0.0025)]
 

@@ -11,11 +11,11 @@ import pytest
 import uvicorn
 
 from agent_reach.config import EmbeddingPolicy, RouterConfig
-from agent_reach.embedding import build_embedder
-from agent_reach.embedding.http import HttpEmbedder
-from agent_reach.embedding.local import LocalEmbedder
-from agent_reach.embedding.server import build_embed_app
 from agent_reach.exceptions import EmbeddingUnavailable
+from agent_reach.semantic.embedders import build_embedder
+from agent_reach.semantic.embedders.http import HttpEmbedder
+from agent_reach.semantic.embedders.local import LocalEmbedder
+from agent_reach.server.embedding import build_embed_app
 from agent_reach.testing import FakeAgent, RouterServer, free_port
 from tests.helpers import price_agent
 

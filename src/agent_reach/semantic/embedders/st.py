@@ -7,8 +7,8 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from agent_reach.embedding.base import Kind, Vectors, normalise
 from agent_reach.exceptions import EmbeddingUnavailable
+from agent_reach.semantic.embedders.base import Kind, Vectors, calibrated_thresholds, normalise
 
 
 class SentenceTransformerEmbedder:
@@ -44,6 +44,10 @@ class SentenceTransformerEmbedder:
         prefix = self._prefixes[kind]
         raw = model.encode([prefix + t for t in texts], normalize_embeddings=True, convert_to_numpy=True)
         return normalise(raw)
+
+    @property
+    def thresholds(self) -> tuple[float, float] | None:
+        return calibrated_thresholds(self.model)
 
     async def embed(self, texts: list[str], kind: Kind) -> Vectors:
         return await asyncio.get_running_loop().run_in_executor(self._pool, self.embed_sync, texts, kind)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -68,6 +70,10 @@ def router(
     configure(log_level or policy.logging.level, "json" if json_logs else "text", policy.logging.levels)
     bind_port = port if port is not None else _default_port()
     app_ = RouterApp(policy, config_path=config_path)
+    if hasattr(signal, "SIGHUP"):
+        signal.signal(signal.SIGHUP, lambda *_: setattr(app_.policy_file, "reload_requested", True))
+    # Everything built so far lives as long as the process: keep it out of every GC pass.
+    gc.freeze()
     err.print(
         f"[reach-router] listening on http://{host}:{bind_port} "
         f"(registry: memory, lease ttl {policy.registry.lease_ttl_seconds:g}s)",
@@ -98,8 +104,8 @@ def agent(
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
 ) -> None:
     """Run an agent: register, serve its capabilities, deregister on SIGTERM."""
+    from agent_reach.cli.apps import load_app
     from agent_reach.observability.logging import configure
-    from agent_reach.sdk.agent import load_app
     from agent_reach.sdk.config import AgentConfig, find_config
 
     configure(log_level)
@@ -119,7 +125,7 @@ def demo(
     examples: Annotated[Path, typer.Option(help="The examples folder of the repository.")] = Path("examples"),
 ) -> None:
     """Start the Router and the two demo agents; Ctrl-C stops them all."""
-    from agent_reach.demo import run_demo
+    from agent_reach.cli.demo import run_demo
 
     run_demo(port if port is not None else _default_port(), examples)
 
@@ -231,8 +237,8 @@ def trace(
     """Print one trace as a timeline: every hop, candidate, attempt and outcome."""
     import httpx
 
+    from agent_reach.cli.timeline import render_trace
     from agent_reach.sdk.client import router_url_from_env
-    from agent_reach.timeline import render_trace
 
     url = router_url_from_env(router_url)
     try:
@@ -265,9 +271,9 @@ def embed_server(
     import uvicorn
 
     from agent_reach.config import RouterConfig
-    from agent_reach.embedding import build_embedder
-    from agent_reach.embedding.server import build_embed_app
     from agent_reach.exceptions import EmbeddingError
+    from agent_reach.semantic.embedders import build_embedder
+    from agent_reach.server.embedding import build_embed_app
 
     try:
         policy = RouterConfig.load(config)
@@ -297,17 +303,16 @@ def calibrate(
     """Measure semantic routing on labelled phrases; propose a threshold and margin for the model."""
     import asyncio
 
-    from agent_reach.calibrate import calibrate as run_calibration
     from agent_reach.config import RouterConfig, read_yaml
-    from agent_reach.embedding import build_embedder
     from agent_reach.exceptions import EmbeddingError
-    from agent_reach.routing.semantic import DEFAULT_THRESHOLDS
+    from agent_reach.semantic.calibrate import calibrate as run_calibration
+    from agent_reach.semantic.embedders import build_embedder
 
     try:
         policy = RouterConfig.load(config)
         data = read_yaml(labelled)
         embedder = build_embedder(policy.embedding)
-        current = DEFAULT_THRESHOLDS.get(embedder.model)
+        current = embedder.thresholds
         if policy.embedding.threshold is not None:
             current = (policy.embedding.threshold, policy.embedding.margin or 0.0)
         err.print(f"embedding {labelled} with {embedder.model} ...", highlight=False)

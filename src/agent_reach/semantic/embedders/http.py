@@ -6,8 +6,8 @@ import aiohttp
 import numpy as np
 import orjson
 
-from agent_reach.embedding.base import Kind, Vectors, normalise
 from agent_reach.exceptions import EmbeddingError, EmbeddingUnavailable
+from agent_reach.semantic.embedders.base import Kind, Vectors, calibrated_thresholds, normalise
 
 
 class HttpEmbedder:
@@ -19,6 +19,10 @@ class HttpEmbedder:
         self.dim = 0
         self._timeout = aiohttp.ClientTimeout(total=timeout_ms / 1000)
         self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def thresholds(self) -> tuple[float, float] | None:
+        return calibrated_thresholds(self.model)
 
     async def embed(self, texts: list[str], kind: Kind) -> Vectors:
         if self._session is None:

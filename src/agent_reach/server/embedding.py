@@ -19,8 +19,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from agent_reach.embedding.base import Embedder, Kind
 from agent_reach.exceptions import EmbeddingError
+from agent_reach.semantic.embedders.base import Embedder, Kind
 
 MAX_TEXTS = 256
 MAX_CHARS = 8192

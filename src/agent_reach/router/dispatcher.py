@@ -1,0 +1,311 @@
+"""The dispatcher: one ReachRequest in, exactly one ReachResponse out.
+
+Data flows one way: the body is decoded into a :class:`ReachRequest`, the routing
+:class:`~agent_reach.routing.pipeline.Pipeline` ranks the candidates, the payload is checked
+against the chosen capability's ``input_schema``, an :class:`~.attempts.AttemptRun` forwards it
+under the deadline, and :mod:`.answer` encodes the ending. Observers read the finished
+:class:`DecisionRecord`. ``mode: async`` answers ``ACCEPTED`` at once and runs the same path in
+the background (:mod:`.asyncmode`).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable
+from typing import Any
+
+import orjson
+from pydantic import ValidationError
+
+from agent_reach.clock import SYSTEM_CLOCK, Clock
+from agent_reach.config import RouterConfig
+from agent_reach.exceptions import (
+    ContextUnavailable,
+    DeadlineExceeded,
+    EmbeddingDown,
+    EmbeddingError,
+    InternalError,
+    Overloaded,
+    ReachError,
+    RequestError,
+    RoutingError,
+    TraceIdInUse,
+)
+from agent_reach.observability.record import DecisionRecord, Observer
+from agent_reach.observability.tracecontext import new_trace_id
+from agent_reach.protocol import TRACE_ID_PATTERN, ReachRequest, error_details
+from agent_reach.resilience.breaker import BreakerBoard
+from agent_reach.resilience.retry import RetryBudget
+from agent_reach.resilience.timeouts import Timeout
+from agent_reach.router import answer
+from agent_reach.router.answer import Reply
+from agent_reach.router.asyncmode import AsyncRequests
+from agent_reach.router.attempts import AttemptRun, Forwarding
+from agent_reach.router.results import ResultStore
+from agent_reach.routing.pipeline import Pipeline
+from agent_reach.routing.stats import StatsBook
+from agent_reach.transport.base import Transport
+
+log = logging.getLogger("agent_reach.dispatcher")
+
+_TRACE_ID = re.compile(TRACE_ID_PATTERN)
+
+# The trace-log event each kind of ending writes, most specific first.
+_ENDINGS: tuple[tuple[type[ReachError], str], ...] = (
+    (ContextUnavailable, "context unavailable"),
+    (DeadlineExceeded, "timeout"),
+    (RoutingError, "no handler"),
+    (RequestError, "invalid request"),
+    (Overloaded, "overloaded"),
+)
+
+
+class Dispatcher:
+    """Runs the request pipeline. Holds no per-request state between calls."""
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        transport: Transport,
+        config: RouterConfig,
+        *,
+        stats: StatsBook | None = None,
+        budget: RetryBudget | None = None,
+        results: ResultStore | None = None,
+        observers: Iterable[Observer] = (),
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.pipeline = pipeline
+        self.clock = clock
+        self.observers = list(observers)
+        self.forwarding = Forwarding(
+            transport=transport,
+            breakers=pipeline.breakers,
+            affinity=pipeline.affinity,
+            budget=RetryBudget(config.retry_budget, clock=clock) if budget is None else budget,
+            stats=StatsBook() if stats is None else stats,
+            config=config,
+            clock=clock,
+        )
+        self.results = ResultStore(config.async_mode, clock=clock) if results is None else results
+        self.async_requests = AsyncRequests(transport, self.results, config.async_mode)
+
+    @property
+    def config(self) -> RouterConfig:
+        return self.forwarding.config
+
+    def apply(self, config: RouterConfig, budget: RetryBudget) -> None:
+        """Take a reloaded policy; requests in flight keep the one they started with."""
+        self.forwarding.config = config
+        self.forwarding.budget = budget
+        self.async_requests.policy = config.async_mode
+
+    @property
+    def breakers(self) -> BreakerBoard:
+        return self.pipeline.breakers
+
+    # -- entry points ------------------------------------------------------------------------
+
+    async def handle(
+        self, body: bytes, *, trace_header: str | None = None, parent: tuple[str, str] | None = None
+    ) -> Reply:
+        """Decode ``body`` as a ReachRequest and serve it; never raises for bad input.
+
+        ``parent`` is the (trace id, span id) of the caller's W3C ``traceparent``, if any.
+        """
+        started = self.clock.monotonic()
+        hint = _safe_trace_id(trace_header) or (parent[0] if parent else None)
+        try:
+            request, data = _decode(body)
+        except RequestError as exc:
+            return self.refuse(exc, started=started, trace_id=exc.trace_id or hint, task=exc.task)
+        trace_id = request.trace_id or hint or new_trace_id()
+        data["traceId"] = trace_id
+        record = DecisionRecord(
+            trace_id=trace_id,
+            task=request.target_task,
+            source=request.source_agent or "-",
+            started=started,
+            started_wall=self.clock.time(),
+            conversation_id=request.conversation_id,
+            parent_span_id=parent[1] if parent else None,
+            mode=request.preferences.mode,
+        )
+        if self.config.logging.log_payloads:
+            record.payload = request.payload
+        if request.preferences.mode == "async":
+            return self._accept(request, data, record)
+        return await self.dispatch(request, data, record)
+
+    def refuse(
+        self,
+        error: ReachError,
+        *,
+        started: float | None = None,
+        trace_id: str | None = None,
+        task: Any = None,
+    ) -> Reply:
+        """Answer a request refused before routing: INVALID_REQUEST (or 413/415), OVERLOADED."""
+        label = task if isinstance(task, str) and _printable(task) else "-"
+        record = answer.bare_record(self.clock, trace_id, label, started)
+        return self._finish(record, error=error)
+
+    def shed(self, reason: str, *, trace_id: str | None = None) -> Reply:
+        """Answer OVERLOADED at once: the Router is shedding load."""
+        return self.refuse(
+            Overloaded(reason, retry_after_s=self.config.limits.retry_after_seconds), trace_id=trace_id
+        )
+
+    # -- async mode --------------------------------------------------------------------------
+
+    def _accept(self, request: ReachRequest, data: dict[str, Any], record: DecisionRecord) -> Reply:
+        trace_id = record.trace_id
+        if self.results.known(trace_id):
+            error = TraceIdInUse(f"traceId {trace_id!r} is already in use by an async request")
+            return self.refuse(error, trace_id=trace_id, task=request.target_task)
+        if self.results.pending >= self.config.limits.max_inflight:
+            return self.shed(f"{self.results.pending} async requests pending", trace_id=trace_id)
+
+        async def run() -> Reply:
+            try:
+                return await self.dispatch(request, data, record)
+            except Exception:  # a bug: the caller still gets one ReachResponse
+                log.exception("[%s] async request failed inside the Router", trace_id)
+                return answer.standalone(self.clock, trace_id, error=InternalError())
+
+        self.async_requests.start(trace_id, run, request.preferences.reply_to)
+        return answer.standalone(self.clock, trace_id)
+
+    async def close(self) -> None:
+        """Cancel background work (async requests still running)."""
+        await self.async_requests.close()
+
+    # -- routing and attempts ----------------------------------------------------------------
+
+    async def dispatch(self, request: ReachRequest, data: dict[str, Any], record: DecisionRecord) -> Reply:
+        """Route and forward a validated request. ``data`` is its decoded body, forwarded as is."""
+        try:
+            result = await self._route_and_forward(request, data, record)
+        except ReachError as exc:
+            return self._finish(record, error=exc)
+        return self._finish(record, result=result)
+
+    async def _route_and_forward(
+        self, request: ReachRequest, data: dict[str, Any], record: DecisionRecord
+    ) -> Any:
+        self.forwarding.budget.on_request()
+        await self._ensure_query_vector(request)
+        choices = self.pipeline.decide(request, record)
+        first = choices[0]
+        if first.validator is not None:
+            faults = first.validator.errors(request.payload)
+            if faults:
+                raise RequestError(
+                    f"payload does not match the input_schema of {request.target_task!r} "
+                    f"({', '.join(f['field'] for f in faults)})",
+                    details=faults,
+                )
+        record.selected = first.entry.id
+        record.score = first.score
+        task = request.target_task
+        if record.matched_task is not None and record.matched_task != task:
+            # Routed by the mapping table or by meaning: the agent gets the task it declared, and
+            # the caller's own words beside it.
+            data["targetTask"] = record.matched_task
+            data["requestedTask"] = task
+            task = record.matched_task
+        # Per-task policy follows the declared task, however the caller phrased it.
+        run = AttemptRun(
+            self.forwarding,
+            request,
+            data,
+            record,
+            task,
+            self._timeout(request, task),
+            self._max_retries(request, task),
+        )
+        return await run.run(choices)
+
+    async def _ensure_query_vector(self, request: ReachRequest) -> None:
+        """The one place a model may be called: a semantic request whose text is not cached yet."""
+        vectors = self.pipeline.vectors
+        if vectors is None or not self.pipeline.wants_semantic(request):
+            return
+        if vectors.cached(request.target_task) is not None:
+            return
+        try:
+            await vectors.query_vector(request.target_task)
+        except EmbeddingError as exc:
+            raise EmbeddingDown(
+                f"semantic routing is unavailable: {exc.message}; exact task names still work", []
+            ) from exc
+
+    def _timeout(self, request: ReachRequest, task: str) -> Timeout:
+        policy = self.config.timeouts
+        override = self.config.tasks.get(task)
+        prefs = request.preferences
+        connect = prefs.connect_timeout_ms or (override and override.connect_ms) or policy.connect_ms
+        read = prefs.read_timeout_ms or (override and override.read_ms) or policy.read_ms
+        overall = (
+            prefs.timeout_ms
+            or (override and override.overall_ms)
+            or policy.overall_ms
+            or connect + read + self.config.retries.allowance_ms
+        )
+        return Timeout(connect_ms=connect, read_ms=read, overall_ms=overall)
+
+    def _max_retries(self, request: ReachRequest, task: str) -> int:
+        override = self.config.tasks.get(task)
+        cap = self.config.retries.max_per_request
+        if override is not None and override.max_retries is not None:
+            cap = override.max_retries
+        asked = request.preferences.retry_count
+        return cap if asked is None else min(asked, cap)
+
+    # -- the one way out ---------------------------------------------------------------------
+
+    def _finish(
+        self, record: DecisionRecord, *, result: Any = None, error: ReachError | None = None
+    ) -> Reply:
+        if error is not None:
+            for kind, event in _ENDINGS:
+                if isinstance(error, kind):
+                    record.note(event, error.reason if isinstance(error, Overloaded) else error.message)
+                    break
+        answer.conclude(record, self.clock, result=result, error=error)
+        for observer in self.observers:
+            try:
+                observer(record)
+            except Exception:  # an observer's bug must never cost the caller the answer
+                log.exception("observer %r failed", observer)
+        return answer.encode(record)
+
+
+def _decode(body: bytes) -> tuple[ReachRequest, dict[str, Any]]:
+    """The request and its decoded body; RequestError (with what is known of it) if it is bad."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise RequestError(f"body is not valid JSON: {exc.msg}") from exc
+    if not isinstance(data, dict):
+        raise RequestError("body must be a JSON object (a ReachRequest)")
+    try:
+        return ReachRequest.model_validate(data), data
+    except ValidationError as exc:
+        details = error_details(exc)
+        fields = ", ".join(d["field"] for d in details)
+        raise RequestError(
+            f"invalid ReachRequest: {fields}",
+            details=details,
+            trace_id=_safe_trace_id(data.get("traceId")),
+            task=data.get("targetTask"),
+        ) from exc
+
+
+def _safe_trace_id(value: Any) -> str | None:
+    return value if isinstance(value, str) and _TRACE_ID.match(value) else None
+
+
+def _printable(text: str) -> bool:
+    return len(text) <= 256 and text.isprintable()

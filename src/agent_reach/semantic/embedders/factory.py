@@ -1,0 +1,36 @@
+"""The factory that picks an embedder implementation from the policy.
+
+Implementations are imported only when chosen: sentence-transformers pulls in torch, and the
+HTTP client needs no model at all.
+"""
+
+from __future__ import annotations
+
+import os
+
+from agent_reach.config import EmbeddingPolicy
+from agent_reach.exceptions import ConfigError
+from agent_reach.semantic.embedders.base import Embedder
+
+
+def build_embedder(policy: EmbeddingPolicy) -> Embedder:
+    """The embedder the policy names; ``REACH_EMBEDDING_URL`` selects the HTTP client."""
+    url = policy.url or os.environ.get("REACH_EMBEDDING_URL")
+    backend = policy.backend
+    if backend == "auto":
+        backend = "http" if url else "local"
+    if backend == "http":
+        from agent_reach.semantic.embedders.http import HttpEmbedder
+
+        if not url:
+            raise ConfigError(
+                "embedding.backend is http but no URL: set embedding.url or REACH_EMBEDDING_URL"
+            )
+        return HttpEmbedder(url, timeout_ms=policy.timeout_ms)
+    if backend == "sentence_transformers":
+        from agent_reach.semantic.embedders.st import SentenceTransformerEmbedder
+
+        return SentenceTransformerEmbedder(policy.model_path)
+    from agent_reach.semantic.embedders.local import LocalEmbedder
+
+    return LocalEmbedder()

@@ -1,0 +1,208 @@
+"""The composition root: every part of a Router, built from one policy, reconfigured together.
+
+:func:`RouterParts.build` is the one place that knows which implementation backs each contract
+(the registry, the transport, the embedder); :meth:`RouterParts.apply` hands a reloaded policy to
+each part that takes one, through that part's own method, so no backend is special-cased here.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent_reach.clock import SYSTEM_CLOCK, Clock
+from agent_reach.config import RouterConfig
+from agent_reach.observability.logging import TraceLog
+from agent_reach.observability.metrics import RouterMetrics
+from agent_reach.observability.record import Observer
+from agent_reach.observability.traces import TraceStore
+from agent_reach.registry.base import AgentEntry, Registry, RegistryEvent
+from agent_reach.registry.memory import MemoryRegistry
+from agent_reach.resilience.affinity import AffinityTable
+from agent_reach.resilience.breaker import BreakerBoard
+from agent_reach.resilience.health import HealthChecker
+from agent_reach.resilience.retry import RetryBudget
+from agent_reach.resilience.shedding import LoadShedder
+from agent_reach.router.dispatcher import Dispatcher
+from agent_reach.router.results import ResultStore
+from agent_reach.routing.pipeline import Pipeline
+from agent_reach.routing.stats import StatsBook
+from agent_reach.semantic.embedders.factory import build_embedder
+from agent_reach.semantic.vectors import CapabilityVectors
+from agent_reach.transport.base import Transport
+from agent_reach.transport.http import HttpTransport
+
+registry_log = logging.getLogger("agent_reach.registry")
+
+
+@dataclass(eq=False)
+class RouterParts:
+    """The Router's components, wired; the app and the admin surface only read them."""
+
+    config: RouterConfig
+    clock: Clock
+    registry: Registry
+    transport: Transport
+    stats: StatsBook
+    breakers: BreakerBoard
+    affinity: AffinityTable
+    budget: RetryBudget
+    shedder: LoadShedder
+    results: ResultStore
+    vectors: CapabilityVectors | None
+    pipeline: Pipeline
+    traces: TraceStore
+    metrics: RouterMetrics
+    trace_log: TraceLog
+    dispatcher: Dispatcher = field(init=False)
+    health: HealthChecker = field(init=False)
+
+    @classmethod
+    def build(
+        cls,
+        config: RouterConfig,
+        *,
+        registry: Registry | None = None,
+        transport: Transport | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> RouterParts:
+        """Every part from ``config``; ``registry`` and ``transport`` replace the defaults."""
+        registry = MemoryRegistry(config.registry, clock=clock) if registry is None else registry
+        stats = StatsBook(clock=clock, tau_seconds=config.routing.merit.ewma_tau_seconds)
+        breakers = BreakerBoard(config.breaker, clock=clock, overrides=config.tasks)
+        affinity = AffinityTable(config.affinity, clock=clock)
+        shedder = LoadShedder(config.limits)
+        vectors = None
+        if config.embedding.backend != "none":
+            vectors = CapabilityVectors(build_embedder(config.embedding), registry, config.embedding)
+        parts = cls(
+            config=config,
+            clock=clock,
+            registry=registry,
+            transport=transport or HttpTransport(response_limit=config.server.response_limit_bytes),
+            stats=stats,
+            breakers=breakers,
+            affinity=affinity,
+            budget=RetryBudget(config.retry_budget, clock=clock),
+            shedder=shedder,
+            results=ResultStore(config.async_mode, clock=clock),
+            vectors=vectors,
+            pipeline=Pipeline(
+                registry, config.routing, breakers=breakers, affinity=affinity, stats=stats, vectors=vectors
+            ),
+            traces=TraceStore(config.tracing.store_size),
+            metrics=RouterMetrics(
+                registry,
+                breakers,
+                stats,
+                lambda: shedder.inflight,
+                lambda: None if vectors is None else vectors.up,
+            ),
+            trace_log=TraceLog(redact_fields=config.logging.redact),
+        )
+        parts._wire()
+        return parts
+
+    def _wire(self) -> None:
+        self.dispatcher = Dispatcher(
+            self.pipeline,
+            self.transport,
+            self.config,
+            stats=self.stats,
+            budget=self.budget,
+            results=self.results,
+            observers=self._observers(),
+            clock=self.clock,
+        )
+        self.health = HealthChecker(self.registry, self.transport, self.config.health, clock=self.clock)
+        self.health.subscribe(self.metrics.on_probe)
+        self.registry.subscribe(self._on_registry_event)
+        self.registry.subscribe(self.metrics.on_registry)
+
+    def _observers(self) -> list[Observer]:
+        # Switched off, the store and metrics still exist (the endpoints answer, empty) but are
+        # not fed: that is what the overhead benchmark compares against.
+        config = self.config
+        observers: list[Observer] = [self.trace_log]
+        if config.metrics.enabled:
+            observers.append(self.metrics)
+        if config.tracing.enabled:
+            observers.append(self.traces)
+        if config.tracing.otel:
+            from agent_reach.observability.otel import OtelExporter  # the optional `otel` extra
+
+            observers.append(OtelExporter())
+        return observers
+
+    def apply(self, config: RouterConfig) -> None:
+        """Switch every part to a new policy. Requests in flight keep the one they started with."""
+        self.config = config
+        self.budget.apply(config.retry_budget)
+        self.dispatcher.apply(config, self.budget)
+        self.pipeline.apply(config.routing)
+        self.stats.tau = config.routing.merit.ewma_tau_seconds
+        if self.vectors is not None:
+            self.vectors.policy = config.embedding
+        self.registry.apply(config.registry)
+        self.breakers.policy = config.breaker
+        self.breakers.overrides = config.tasks
+        self.affinity.policy = config.affinity
+        self.shedder.policy = config.limits
+        self.results.policy = config.async_mode
+        self.health.policy = config.health
+        self.trace_log.redact_fields = list(config.logging.redact)
+        # The package's own loggers only; the process's logging set-up is the entry point's.
+        logging.getLogger("agent_reach").setLevel(config.logging.level)
+        for name, level in config.logging.levels.items():
+            logging.getLogger(name).setLevel(level)
+
+    async def start(self) -> None:
+        """Open the client pool and start background work (leases, health, lag, embeddings)."""
+        await self.transport.open()
+        await self.registry.start()
+        await self.health.start()
+        await self.shedder.start()
+        if self.vectors is not None:
+            await self.vectors.start()
+
+    async def close(self) -> None:
+        """Stop background work and close connections, the reverse of :meth:`start`."""
+        await self.dispatcher.close()
+        await self.health.close()
+        await self.shedder.close()
+        if self.vectors is not None:
+            await self.vectors.close()
+        await self.registry.close()
+        await self.transport.close()
+
+    def _on_registry_event(self, event: RegistryEvent, entry: AgentEntry) -> None:
+        if event in (RegistryEvent.DEREGISTERED, RegistryEvent.REMOVED):
+            self.stats.forget(entry.id)
+            self.pipeline.forget(entry.id)
+            self.breakers.forget(entry.id)
+            self.affinity.forget_agent(entry.id)
+        if event in (RegistryEvent.REGISTERED, RegistryEvent.REPLACED):
+            registry_log.info(
+                "[registry] %s %s: %s (lease %s, ttl=%gs)",
+                event.value,
+                entry.id,
+                ", ".join(entry.capabilities),
+                entry.lease_id,
+                entry.ttl_seconds,
+            )
+        else:
+            registry_log.info("[registry] %s %s", event.value, entry.id)
+
+    def agent_status(self, entry: AgentEntry) -> dict[str, Any]:
+        """The ``AgentStatus`` object of the registry API for one entry."""
+        return {
+            "id": entry.id,
+            "display_name": entry.profile.display_name,
+            "status": entry.status.value,
+            "capabilities": list(entry.capabilities),
+            "endpoint": entry.endpoint,
+            "lastHeartbeat": entry.last_heartbeat_iso,
+            "circuit": self.breakers.state(entry.id).value,
+            "stats": self.stats.snapshot(entry.id),
+        }

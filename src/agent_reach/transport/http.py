@@ -1,0 +1,133 @@
+"""The aiohttp implementation of the transport contract: one pooled client session.
+
+This is the only Router module that imports an HTTP client. Its errors become the project's own
+here, with ``raise ... from exc``, and nowhere else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+import orjson
+
+from agent_reach.exceptions import AttemptTimeout, BadAgentResponse, ConnectFailed, DeliveryFailed
+from agent_reach.transport.base import DEFAULT_RESPONSE_LIMIT, AttemptLimits, classify_answer, too_large
+
+# What a failed probe, holds check or delivery can raise; all mean "no".
+_QUIET = (aiohttp.ClientError, TimeoutError, OSError, ValueError)
+
+
+class HttpTransport:
+    """Talks to agents over one shared ``aiohttp.ClientSession``, created inside the loop."""
+
+    def __init__(self, *, pool_size: int = 1024, response_limit: int = DEFAULT_RESPONSE_LIMIT) -> None:
+        self._pool_size = pool_size
+        self._response_limit = response_limit
+        self._session: aiohttp.ClientSession | None = None
+
+    async def open(self) -> None:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(limit=self._pool_size, ttl_dns_cache=60)
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                # Agents answer with JSON; no cookies are ever kept between strangers.
+                cookie_jar=aiohttp.DummyCookieJar(),
+            )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @property
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError("HttpTransport.open() was not awaited")
+        return self._session
+
+    async def send(self, url: str, body: bytes, headers: dict[str, str], limits: AttemptLimits) -> Any:
+        """POST ``body`` to ``url`` and return the agent's ``result``.
+
+        ``total_s`` is a hard ceiling on the whole attempt, on the event loop's clock: aiohttp's
+        own read timer only starts once the request is written, which under load is late.
+        """
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=limits.connect_s, sock_read=limits.read_s)
+        try:
+            async with (
+                asyncio.timeout(limits.total_s),
+                self._http.post(
+                    url, data=body, headers=headers, timeout=timeout, allow_redirects=False
+                ) as resp,
+            ):
+                raw = await self._read(resp)
+                status = resp.status
+        except aiohttp.ConnectionTimeoutError as exc:
+            raise ConnectFailed(f"connect timeout after {limits.connect_s * 1000:.0f} ms") from exc
+        except TimeoutError as exc:  # aiohttp's read timeouts subclass it, as does the ceiling
+            waited = min(limits.read_s, limits.total_s) * 1000
+            raise AttemptTimeout(f"no answer within {waited:.0f} ms") from exc
+        except aiohttp.ClientConnectorError as exc:
+            refused = isinstance(exc.os_error, ConnectionRefusedError)
+            raise ConnectFailed(f"{type(exc).__name__}: {exc}", refused=refused) from exc
+        except aiohttp.ClientPayloadError as exc:
+            raise BadAgentResponse(f"broken response body: {exc}") from exc
+        except (aiohttp.ClientConnectionError, OSError) as exc:
+            # Reset, unreachable, or the server hung up: all network errors.
+            raise ConnectFailed(f"{type(exc).__name__}: {exc}") from exc
+        return classify_answer(status, raw)
+
+    async def _read(self, resp: aiohttp.ClientResponse) -> bytes:
+        """The whole answer body, or RESPONSE_TOO_LARGE once it passes the limit.
+
+        ``StreamReader.read(n)`` returns whatever is buffered (often 64 KiB), not ``n`` bytes, so
+        the body is gathered chunk by chunk until EOF.
+        """
+        limit = self._response_limit
+        length = resp.content_length
+        if length is not None and length > limit:
+            raise too_large(f"the agent's answer of {length} bytes is over the {limit}-byte limit")
+        chunks: list[bytes] = []
+        received = 0
+        async for chunk in resp.content.iter_any():
+            received += len(chunk)
+            if received > limit:
+                raise too_large(f"the agent's answer is over the {limit}-byte limit")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def probe(self, url: str, timeout_s: float) -> bool:
+        try:
+            async with self._http.get(
+                url, timeout=aiohttp.ClientTimeout(total=timeout_s), allow_redirects=False
+            ) as resp:
+                return 200 <= resp.status < 300
+        except _QUIET:
+            return False
+
+    async def holds(self, url: str, timeout_s: float) -> bool:
+        try:
+            async with self._http.get(
+                url, timeout=aiohttp.ClientTimeout(total=timeout_s), allow_redirects=False
+            ) as resp:
+                if resp.status != 200:
+                    return False
+                answer = orjson.loads(await resp.content.read(64 * 1024 + 1))
+        except (*_QUIET, orjson.JSONDecodeError):
+            return False
+        return isinstance(answer, dict) and answer.get("holds") is True
+
+    async def deliver(self, url: str, body: bytes, headers: dict[str, str], timeout_s: float) -> None:
+        try:
+            async with self._http.post(
+                url,
+                data=body,
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=timeout_s),
+                allow_redirects=False,
+            ) as resp:
+                if resp.status >= 300:
+                    raise DeliveryFailed(f"HTTP {resp.status}")
+        except _QUIET as exc:
+            raise DeliveryFailed(type(exc).__name__) from exc
