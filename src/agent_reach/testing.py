@@ -3,6 +3,8 @@
 - :class:`RouterServer`: a real Router on a loopback port, inside the current event loop.
 - :class:`FakeAgent`: a real HTTP agent on loopback whose behaviour a test sets on command:
   answer, delay, error (retryable or not), HTTP 500, reset the connection, or refuse (stopped).
+- :class:`FakeTransport`: the Router's HTTP edge in process, agents scripted with faults on
+  command (no sockets); with a ManualClock, latency moves the clock instead of sleeping.
 - :class:`~agent_reach.clock.ManualClock` is re-exported for timed decisions without sleeping.
 """
 
@@ -23,8 +25,18 @@ from aiohttp import web
 from agent_reach.clock import ManualClock
 from agent_reach.config import RouterConfig
 from agent_reach.server.app import RouterApp
+from agent_reach.transport.fake import Answer, FakeEndpoint, FakeTransport
 
-__all__ = ["BackgroundLoop", "FakeAgent", "ManualClock", "RouterServer", "free_port"]
+__all__ = [
+    "Answer",
+    "BackgroundLoop",
+    "FakeAgent",
+    "FakeEndpoint",
+    "FakeTransport",
+    "ManualClock",
+    "RouterServer",
+    "free_port",
+]
 
 Mode = Literal["ok", "error", "retryable_error", "http500", "reset", "garbage"]
 

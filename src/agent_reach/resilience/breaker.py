@@ -80,9 +80,10 @@ class BreakerBoard:
         breaker = self._get(agent_id, task)
         if breaker is None or breaker.state is BreakerState.CLOSED:
             return False
-        return self.acquire_would(breaker) is Permit.DENY
+        return self._permit_now(breaker) is Permit.DENY
 
-    def acquire_would(self, breaker: Breaker) -> Permit:
+    def _permit_now(self, breaker: Breaker) -> Permit:
+        """The permit a request would get from ``breaker`` now, without taking it."""
         now = self._clock.monotonic()
         if breaker.state is BreakerState.CLOSED:
             return Permit.GO
@@ -101,7 +102,7 @@ class BreakerBoard:
         breaker = self._get(agent_id, task)
         if breaker is None or breaker.state is BreakerState.CLOSED:
             return Permit.GO, None
-        permit = self.acquire_would(breaker)
+        permit = self._permit_now(breaker)
         if permit is Permit.PROBE:
             changed = breaker.state is not BreakerState.HALF_OPEN
             breaker.state = BreakerState.HALF_OPEN

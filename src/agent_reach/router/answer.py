@@ -17,8 +17,7 @@ from agent_reach.exceptions import ReachError
 from agent_reach.observability.record import DecisionRecord
 from agent_reach.observability.tracecontext import new_trace_id
 from agent_reach.protocol import HTTP_STATUS, PROTOCOL_VERSION, Status
-
-Reply = tuple[int, bytes]
+from agent_reach.router.results import Reply
 
 
 def conclude(

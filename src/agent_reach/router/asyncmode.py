@@ -14,8 +14,7 @@ from collections.abc import Awaitable, Callable
 from agent_reach.config import AsyncPolicy
 from agent_reach.exceptions import DeliveryFailed
 from agent_reach.lifecycle import Background
-from agent_reach.router.answer import Reply
-from agent_reach.router.results import ResultStore
+from agent_reach.router.results import Reply, ResultStore
 from agent_reach.transport.base import Transport
 
 log = logging.getLogger("agent_reach.async")

@@ -39,10 +39,9 @@ from agent_reach.resilience.breaker import BreakerBoard
 from agent_reach.resilience.retry import RetryBudget
 from agent_reach.resilience.timeouts import Timeout
 from agent_reach.router import answer
-from agent_reach.router.answer import Reply
 from agent_reach.router.asyncmode import AsyncRequests
 from agent_reach.router.attempts import AttemptRun, Forwarding
-from agent_reach.router.results import ResultStore
+from agent_reach.router.results import Reply, ResultStore
 from agent_reach.routing.pipeline import Pipeline
 from agent_reach.routing.stats import StatsBook
 from agent_reach.transport.base import Transport

@@ -11,6 +11,7 @@ from collections import OrderedDict
 from agent_reach.clock import SYSTEM_CLOCK, Clock
 from agent_reach.config import AsyncPolicy
 
+# (HTTP status, ReachResponse body), as agent_reach.router.answer encodes it.
 Reply = tuple[int, bytes]
 
 

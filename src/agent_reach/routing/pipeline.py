@@ -202,12 +202,12 @@ class Pipeline:
         """The agent a conversation is bound to goes first while it is routable."""
         if not request.conversation_id:
             return ranked
-        bound = self.affinity.get(request.conversation_id)
-        if bound is None:
+        bound_agent = self.affinity.get(request.conversation_id)
+        if bound_agent is None:
             return ranked
-        record.affinity = bound
+        record.affinity = bound_agent
         for i, choice in enumerate(ranked):
-            if choice.entry.id == bound:
+            if choice.entry.id == bound_agent:
                 if i:
                     ranked.insert(0, ranked.pop(i))
                 break
