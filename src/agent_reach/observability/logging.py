@@ -143,9 +143,14 @@ class TraceLog:
         self.redact_fields = list(redact_fields)
 
     def __call__(self, record: DecisionRecord) -> None:
-        log = self._log
-        if not log.isEnabledFor(logging.INFO):
+        if not self._log.isEnabledFor(logging.INFO):
             return
+        lines, fields = self._lines(record)
+        base = {"traceId": record.trace_id, "task": record.task, "agent": record.selected}
+        self._write(lines, fields, base)
+
+    def _lines(self, record: DecisionRecord) -> tuple[list[str], list[dict[str, Any]]]:
+        """The request's trace lines, and the structured fields of each for the JSON format."""
         tid = record.trace_id
         status = record.status.value if record.status else "-"
         lines = [f"[{tid}] route: {record.source} -> {record.task}"]
@@ -189,7 +194,10 @@ class TraceLog:
                 "httpStatus": record.http_status,
             }
         )
-        base = {"traceId": tid, "task": record.task, "agent": record.selected}
+        return lines, fields
+
+    def _write(self, lines: list[str], fields: list[dict[str, Any]], base: dict[str, Any]) -> None:
+        log = self._log
         handler = fast_writer(log)
         if handler is None:
             log.info("\n".join(lines), extra={"reach_lines": fields, "reach": base})

@@ -51,10 +51,21 @@ def _texts(value: Any, field: str) -> list[str] | str:
     return value
 
 
-def build_embed_app(embedder: Embedder) -> Starlette:
-    """The embedding service around ``embedder``."""
+class EmbedService:
+    """The embedding service around one embedder: ``/embed``, ``/v1/embeddings``, ``/healthz``."""
 
-    async def read(request: Request) -> Any:
+    def __init__(self, embedder: Embedder) -> None:
+        self.embedder = embedder
+        self.app = Starlette(
+            routes=[
+                Route("/embed", self.embed, methods=["POST"]),
+                Route("/v1/embeddings", self.openai_embeddings, methods=["POST"]),
+                Route("/healthz", self.healthz, methods=["GET"]),
+            ]
+        )
+
+    @staticmethod
+    async def _read(request: Request) -> Any:
         body = await request.body()
         if len(body) > MAX_BODY:
             return _bad(f"body over {MAX_BODY} bytes", 413, "PAYLOAD_TOO_LARGE")
@@ -66,8 +77,8 @@ def build_embed_app(embedder: Embedder) -> Starlette:
             return _bad("body must be a JSON object")
         return data
 
-    async def embed(request: Request) -> Response:
-        data = await read(request)
+    async def embed(self, request: Request) -> Response:
+        data = await self._read(request)
         if isinstance(data, Response):
             return data
         kind = data.get("kind", "passage")
@@ -77,19 +88,14 @@ def build_embed_app(embedder: Embedder) -> Starlette:
         if isinstance(texts, str):
             return _bad(texts)
         try:
-            vectors = await embedder.embed(texts, kind)
+            vectors = await self.embedder.embed(texts, kind)
         except EmbeddingError as exc:
             return _bad(exc.message, 503, exc.code)
-        return Response(
-            orjson.dumps(
-                {"model": embedder.model, "dim": int(vectors.shape[1]), "vectors": vectors},
-                option=orjson.OPT_SERIALIZE_NUMPY,
-            ),
-            media_type="application/json",
-        )
+        body = {"model": self.embedder.model, "dim": int(vectors.shape[1]), "vectors": vectors}
+        return Response(orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json")
 
-    async def openai_embeddings(request: Request) -> Response:
-        data = await read(request)
+    async def openai_embeddings(self, request: Request) -> Response:
+        data = await self._read(request)
         if isinstance(data, Response):
             return data
         texts = _texts(data.get("input"), "input")
@@ -97,25 +103,22 @@ def build_embed_app(embedder: Embedder) -> Starlette:
             return _bad(texts)
         kind: Kind = "query" if data.get("input_type") == "query" else "passage"
         try:
-            vectors = await embedder.embed(texts, kind)
+            vectors = await self.embedder.embed(texts, kind)
         except EmbeddingError as exc:
             return _bad(exc.message, 503, exc.code)
         tokens = sum(len(t.split()) for t in texts)
         body = {
             "object": "list",
             "data": [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(vectors)],
-            "model": embedder.model,
+            "model": self.embedder.model,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         }
         return Response(orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json")
 
-    async def healthz(request: Request) -> Response:
-        return _json({"status": "ok", "model": embedder.model})
+    async def healthz(self, request: Request) -> Response:
+        return _json({"status": "ok", "model": self.embedder.model})
 
-    return Starlette(
-        routes=[
-            Route("/embed", embed, methods=["POST"]),
-            Route("/v1/embeddings", openai_embeddings, methods=["POST"]),
-            Route("/healthz", healthz, methods=["GET"]),
-        ]
-    )
+
+def build_embed_app(embedder: Embedder) -> Starlette:
+    """The embedding service around ``embedder``, as a Starlette app."""
+    return EmbedService(embedder).app

@@ -1,11 +1,19 @@
-"""The OpenAPI 3.1 document of every Router endpoint, built from the wire models."""
+"""The OpenAPI 3.1 document of every Router endpoint, built from the wire models.
+
+The responses of ``POST /reach`` come from the same table the Router answers with
+(:data:`~agent_reach.protocol.HTTP_STATUS`) plus the door's own refusals (413, 415), so the
+document cannot drift from the code.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from agent_reach import __version__
-from agent_reach.protocol import json_schemas
+from agent_reach.exceptions import PayloadTooLarge, UnsupportedMediaType
+from agent_reach.protocol import HTTP_STATUS, json_schemas
+
+Operation = dict[str, Any]
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -16,11 +24,162 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
-_ERROR = {
-    "type": "object",
-    "properties": {"error": _ref("ErrorInfo")},
-    "required": ["error"],
-}
+def _path_param(name: str) -> dict[str, Any]:
+    return {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+
+
+_ERROR = {"type": "object", "properties": {"error": _ref("ErrorInfo")}, "required": ["error"]}
+_LEASE_BODY = {"type": "object", "properties": {"leaseId": {"type": "string"}}, "required": ["leaseId"]}
+
+
+def reach_responses() -> dict[str, Any]:
+    """Every HTTP status ``POST /reach`` answers with, each a ReachResponse, named by status."""
+    by_code: dict[int, list[str]] = {}
+    for status, code in HTTP_STATUS.items():
+        by_code.setdefault(code, []).append(status.value)
+    for error in (PayloadTooLarge, UnsupportedMediaType):
+        by_code.setdefault(error.http_status, []).append(f"INVALID_REQUEST ({error.code})")
+    return {
+        str(code): _json(_ref("ReachResponse"), " or ".join(names)) for code, names in sorted(by_code.items())
+    }
+
+
+def _reach_paths() -> dict[str, Operation]:
+    return {
+        "/reach": {
+            "post": {
+                "summary": "Send one ReachRequest; get one ReachResponse",
+                "requestBody": {"required": True, **_json(_ref("ReachRequest"), "the envelope")},
+                "responses": reach_responses(),
+            }
+        },
+        "/reach/{trace_id}": {
+            "get": {
+                "summary": "The outcome of an async request: 202 while pending, then the ReachResponse",
+                "parameters": [_path_param("trace_id")],
+                "responses": {
+                    "200": _json(_ref("ReachResponse"), "finished (or the status's own code)"),
+                    "202": _json(_ref("ReachResponse"), "ACCEPTED: still running"),
+                    "404": _json(_ERROR, "unknown or expired"),
+                },
+            }
+        },
+    }
+
+
+def _registry_paths() -> dict[str, Operation]:
+    return {
+        "/agents": {
+            "post": {
+                "summary": "Register an agent profile (with leaseId: replace it in place)",
+                "requestBody": {"required": True, **_json(_ref("AgentProfile"), "the profile")},
+                "responses": {
+                    "201": _json(_ref("Registration"), "registered"),
+                    "200": _json(_ref("Registration"), "replaced in place"),
+                    "409": _json(_ERROR, "AGENT_ID_CONFLICT"),
+                    "422": _json(_ERROR, "INVALID_PROFILE, with the field paths"),
+                },
+            }
+        },
+        "/agents/{agent_id}/lease": {
+            "put": {
+                "summary": "Renew a lease",
+                "parameters": [_path_param("agent_id")],
+                "requestBody": {"required": True, **_json(_LEASE_BODY, "the lease")},
+                "responses": {
+                    "200": _json(_ref("Lease"), "renewed"),
+                    "403": _json(_ERROR, "FORBIDDEN: not this agent's lease"),
+                    "404": _json(_ERROR, "LEASE_NOT_FOUND: register again"),
+                },
+            }
+        },
+        "/agents/{agent_id}": {
+            "delete": {
+                "summary": "Deregister (body {leaseId} or header X-Reach-Lease)",
+                "parameters": [
+                    _path_param("agent_id"),
+                    {
+                        "name": "X-Reach-Lease",
+                        "in": "header",
+                        "required": False,
+                        "schema": {"type": "string"},
+                    },
+                ],
+                "responses": {
+                    "204": {"description": "deregistered"},
+                    "403": _json(_ERROR, "FORBIDDEN: not this agent's lease"),
+                    "404": _json(_ERROR, "AGENT_NOT_FOUND"),
+                },
+            }
+        },
+    }
+
+
+def _admin_paths() -> dict[str, Operation]:
+    limit = {"type": "integer", "minimum": 1, "maximum": 1000}
+    return {
+        "/admin/agents": {
+            "get": {
+                "summary": "Every registered agent",
+                "responses": {"200": _json({"type": "array", "items": _ref("AgentStatus")}, "agents")},
+            }
+        },
+        "/admin/agents/{agent_id}": {
+            "get": {
+                "summary": "One registered agent",
+                "parameters": [_path_param("agent_id")],
+                "responses": {
+                    "200": _json(_ref("AgentStatus"), "the agent"),
+                    "404": _json(_ERROR, "AGENT_NOT_FOUND"),
+                },
+            }
+        },
+        "/admin/traces": {
+            "get": {
+                "summary": "Recent hops, newest first",
+                "parameters": [
+                    {"name": "task", "in": "query", "required": False, "schema": {"type": "string"}},
+                    {"name": "status", "in": "query", "required": False, "schema": {"type": "string"}},
+                    {"name": "limit", "in": "query", "required": False, "schema": limit},
+                ],
+                "responses": {"200": {"description": "trace summaries"}, "400": _json(_ERROR, "a bad limit")},
+            }
+        },
+        "/admin/traces/{trace_id}": {
+            "get": {
+                "summary": "Every hop of one trace, and their tree",
+                "parameters": [_path_param("trace_id")],
+                "responses": {"200": {"description": "the trace"}, "404": _json(_ERROR, "TRACE_NOT_FOUND")},
+            }
+        },
+        "/admin/reload": {
+            "post": {
+                "summary": "Re-read the policy file (as SIGHUP does)",
+                "responses": {
+                    "200": {"description": "reloaded"},
+                    "409": _json(_ERROR, "no policy file"),
+                    "422": _json(_ERROR, "invalid new policy; the old one is kept"),
+                },
+            }
+        },
+    }
+
+
+def _public_paths() -> dict[str, Operation]:
+    def simple(summary: str, **responses: str) -> Operation:
+        return {
+            "get": {
+                "summary": summary,
+                "responses": {c[1:]: {"description": d} for c, d in responses.items()},
+            }
+        }
+
+    return {
+        "/metrics": simple("Prometheus metrics", _200="text format"),
+        "/healthz": simple("Liveness", _200="serving"),
+        "/readyz": simple("Readiness", _200="ready to route", _503="not ready, with the reason"),
+        "/openapi.json": simple("This document", _200="OpenAPI"),
+    }
 
 
 def openapi_document() -> dict[str, Any]:
@@ -31,170 +190,11 @@ def openapi_document() -> dict[str, Any]:
         for sub, sub_schema in schema.pop("$defs", {}).items():
             schemas[sub] = sub_schema
         schemas[name] = schema
-    document: dict[str, Any] = {
+    paths = {**_reach_paths(), **_registry_paths(), **_admin_paths(), **_public_paths()}
+    document = {
         "openapi": "3.1.0",
         "info": {"title": "Agent-Reach Router", "version": __version__},
-        "paths": {
-            "/reach": {
-                "post": {
-                    "summary": "Send one ReachRequest; get one ReachResponse",
-                    "requestBody": {"required": True, **_json(_ref("ReachRequest"), "the envelope")},
-                    "responses": {
-                        str(code): _json(_ref("ReachResponse"), text)
-                        for code, text in [
-                            (200, "SUCCESS"),
-                            (400, "INVALID_REQUEST"),
-                            (409, "CONTEXT_UNAVAILABLE"),
-                            (413, "PAYLOAD_TOO_LARGE"),
-                            (415, "UNSUPPORTED_MEDIA_TYPE"),
-                            (502, "AGENT_ERROR"),
-                            (503, "NO_AVAILABLE_HANDLER"),
-                            (504, "TIMEOUT"),
-                        ]
-                    },
-                }
-            },
-            "/agents": {
-                "post": {
-                    "summary": "Register an agent profile (with leaseId: replace it in place)",
-                    "requestBody": {"required": True, **_json(_ref("AgentProfile"), "the profile")},
-                    "responses": {
-                        "201": _json(_ref("Registration"), "registered"),
-                        "200": _json(_ref("Registration"), "replaced in place"),
-                        "409": _json(_ERROR, "AGENT_ID_CONFLICT"),
-                        "422": _json(_ERROR, "INVALID_PROFILE, with the field paths"),
-                    },
-                }
-            },
-            "/agents/{agent_id}/lease": {
-                "put": {
-                    "summary": "Renew a lease",
-                    "parameters": [
-                        {"name": "agent_id", "in": "path", "required": True, "schema": {"type": "string"}}
-                    ],
-                    "requestBody": {
-                        "required": True,
-                        **_json(
-                            {
-                                "type": "object",
-                                "properties": {"leaseId": {"type": "string"}},
-                                "required": ["leaseId"],
-                            },
-                            "the lease",
-                        ),
-                    },
-                    "responses": {
-                        "200": _json(_ref("Lease"), "renewed"),
-                        "403": _json(_ERROR, "FORBIDDEN: not this agent's lease"),
-                        "404": _json(_ERROR, "LEASE_NOT_FOUND: register again"),
-                    },
-                }
-            },
-            "/agents/{agent_id}": {
-                "delete": {
-                    "summary": "Deregister (body {leaseId} or header X-Reach-Lease)",
-                    "parameters": [
-                        {"name": "agent_id", "in": "path", "required": True, "schema": {"type": "string"}},
-                        {
-                            "name": "X-Reach-Lease",
-                            "in": "header",
-                            "required": False,
-                            "schema": {"type": "string"},
-                        },
-                    ],
-                    "responses": {
-                        "204": {"description": "deregistered"},
-                        "403": _json(_ERROR, "FORBIDDEN: not this agent's lease"),
-                        "404": _json(_ERROR, "AGENT_NOT_FOUND"),
-                    },
-                }
-            },
-            "/admin/agents": {
-                "get": {
-                    "summary": "Every registered agent",
-                    "responses": {"200": _json({"type": "array", "items": _ref("AgentStatus")}, "agents")},
-                }
-            },
-            "/admin/agents/{agent_id}": {
-                "get": {
-                    "summary": "One registered agent",
-                    "parameters": [
-                        {"name": "agent_id", "in": "path", "required": True, "schema": {"type": "string"}}
-                    ],
-                    "responses": {
-                        "200": _json(_ref("AgentStatus"), "the agent"),
-                        "404": _json(_ERROR, "AGENT_NOT_FOUND"),
-                    },
-                }
-            },
-            "/reach/{trace_id}": {
-                "get": {
-                    "summary": "The outcome of an async request: 202 while pending, then the ReachResponse",
-                    "parameters": [
-                        {"name": "trace_id", "in": "path", "required": True, "schema": {"type": "string"}}
-                    ],
-                    "responses": {
-                        "200": _json(_ref("ReachResponse"), "finished (or the status's own code)"),
-                        "202": _json(_ref("ReachResponse"), "ACCEPTED: still running"),
-                        "404": _json(_ERROR, "unknown or expired"),
-                    },
-                }
-            },
-            "/admin/traces": {
-                "get": {
-                    "summary": "Recent hops, newest first",
-                    "parameters": [
-                        {"name": "task", "in": "query", "required": False, "schema": {"type": "string"}},
-                        {"name": "status", "in": "query", "required": False, "schema": {"type": "string"}},
-                        {
-                            "name": "limit",
-                            "in": "query",
-                            "required": False,
-                            "schema": {"type": "integer", "minimum": 1, "maximum": 1000},
-                        },
-                    ],
-                    "responses": {"200": {"description": "trace summaries"}},
-                }
-            },
-            "/admin/traces/{trace_id}": {
-                "get": {
-                    "summary": "Every hop of one trace, and their tree",
-                    "parameters": [
-                        {"name": "trace_id", "in": "path", "required": True, "schema": {"type": "string"}}
-                    ],
-                    "responses": {
-                        "200": {"description": "the trace"},
-                        "404": _json(_ERROR, "TRACE_NOT_FOUND"),
-                    },
-                }
-            },
-            "/admin/reload": {
-                "post": {
-                    "summary": "Re-read the policy file (as SIGHUP does)",
-                    "responses": {
-                        "200": {"description": "reloaded"},
-                        "409": _json(_ERROR, "no policy file"),
-                        "422": _json(_ERROR, "invalid new policy; the old one is kept"),
-                    },
-                }
-            },
-            "/metrics": {
-                "get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "text format"}}}
-            },
-            "/healthz": {"get": {"summary": "Liveness", "responses": {"200": {"description": "serving"}}}},
-            "/readyz": {
-                "get": {
-                    "summary": "Readiness",
-                    "responses": {
-                        "200": {"description": "ready to route"},
-                        "503": {"description": "not ready, with the reason"},
-                    },
-                }
-            },
-            "/openapi.json": {
-                "get": {"summary": "This document", "responses": {"200": {"description": "OpenAPI"}}}
-            },
-        },
+        "paths": paths,
         "components": {"schemas": schemas},
     }
     # pydantic writes refs as #/$defs/X; point them at components.

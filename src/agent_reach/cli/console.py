@@ -1,0 +1,26 @@
+"""What every ``reach`` command shares: the Typer app, the consoles and one way to fail."""
+
+from __future__ import annotations
+
+from typing import Annotated, NoReturn
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, help="Agent-Reach: the Router, agents and tools around them."
+)
+out = Console()
+err = Console(stderr=True)
+
+RouterOpt = Annotated[
+    str | None,
+    typer.Option("--router", help="Router URL [env REACH_ROUTER_URL, default http://127.0.0.1:7200]"),
+]
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    """One line on stderr and a non-zero exit; the message is printed as is, never as markup."""
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
+    raise typer.Exit(code)

@@ -1,0 +1,30 @@
+"""The OpenAPI document is generated from the status table the Router answers with."""
+
+from __future__ import annotations
+
+from agent_reach.protocol import HTTP_STATUS
+from agent_reach.server.openapi import openapi_document
+
+
+def test_reach_declares_every_status_the_router_answers_with() -> None:
+    """POST /reach lists each ReachResponse status under its HTTP code, 202, 429 and 500 included."""
+    responses = openapi_document()["paths"]["/reach"]["post"]["responses"]
+    for status, code in HTTP_STATUS.items():
+        assert status.value in responses[str(code)]["description"], status
+    assert {"202", "413", "415", "429", "500"} <= set(responses)
+
+
+def test_every_ref_resolves() -> None:
+    """Each $ref in the document points at a schema under components."""
+    document = openapi_document()
+    names = set(document["components"]["schemas"])
+
+    def refs(node: object) -> list[str]:
+        if isinstance(node, dict):
+            return [v for k, v in node.items() if k == "$ref"] + [r for v in node.values() for r in refs(v)]
+        if isinstance(node, list):
+            return [r for v in node for r in refs(v)]
+        return []
+
+    for ref in refs(document):
+        assert ref.startswith("#/components/schemas/") and ref.rsplit("/", 1)[1] in names, ref
