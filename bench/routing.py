@@ -26,8 +26,8 @@ import numpy as np
 
 from agent_reach.clock import ManualClock
 from agent_reach.config import RegistryPolicy, RoutingPolicy
-from agent_reach.observability.record import DecisionRecord
 from agent_reach.protocol import AgentProfile, ReachRequest
+from agent_reach.record import DecisionRecord
 from agent_reach.registry.memory import MemoryRegistry
 from agent_reach.resilience.affinity import AffinityTable
 from agent_reach.resilience.breaker import BreakerBoard

@@ -126,6 +126,7 @@ def test_register_list_and_call(cluster: Cluster) -> None:
     assert filtered["handlerAgentId"] == "promotion-agent"
     assert filtered["result"]["promotions"]
 
+    assert cluster.router is not None
     router_log = cluster.router.text()
     assert "[trace-demo-001] route: user-proxy -> query_product_price" in router_log
     assert "[trace-demo-001] candidate agents: price-query-agent" in router_log

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 
 from agent_reach.observability import logging as reach_logging
-from agent_reach.observability.record import AttemptRecord, DecisionRecord
 from agent_reach.protocol import Status
+from agent_reach.record import AttemptRecord, DecisionRecord
 
 
 def record() -> DecisionRecord:
@@ -71,7 +71,7 @@ def test_an_extra_handler_takes_the_logging_path(configured: io.StringIO) -> Non
     reach_logging.configure("INFO", "text", stream=configured)
     seen: list[logging.LogRecord] = []
     extra = logging.Handler()
-    extra.emit = seen.append  # type: ignore[method-assign]
+    extra.emit = seen.append  # type: ignore[method-assign,assignment]
     trace_logger = logging.getLogger(reach_logging.TRACE_LOGGER)
     trace_logger.addHandler(extra)
     try:

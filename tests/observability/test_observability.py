@@ -31,7 +31,7 @@ def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
 
 
 def value(parsed: dict, name: str, **labels: str) -> float:
-    return parsed.get((name, frozenset(labels.items())), 0.0)
+    return float(parsed.get((name, frozenset(labels.items())), 0.0))
 
 
 async def test_drill_metrics_trace_and_json_logs(caplog: pytest.LogCaptureFixture) -> None:

@@ -11,9 +11,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from agent_reach.observability.otel import OtelExporter
-from agent_reach.observability.record import AttemptRecord, DecisionRecord
 from agent_reach.observability.tracecontext import w3c_trace_id
 from agent_reach.protocol import Status
+from agent_reach.record import AttemptRecord, DecisionRecord
 
 
 def test_hop_and_attempt_spans() -> None:
@@ -38,10 +38,13 @@ def test_hop_and_attempt_spans() -> None:
     spans = {s.name: s for s in exporter.get_finished_spans()}
     assert set(spans) == {"reach echo", "attempt a", "attempt b"}
     hop = spans["reach echo"]
+    attempt = spans["attempt a"]
+    assert hop.context is not None and hop.parent is not None and attempt.parent is not None
+    assert hop.attributes is not None and hop.end_time is not None and hop.start_time is not None
     assert format(hop.context.trace_id, "032x") == w3c_trace_id("otel-1")
     assert format(hop.parent.span_id, "016x") == "00f067aa0ba902b7"
-    assert spans["attempt a"].parent.span_id == hop.context.span_id
-    assert spans["attempt a"].status.status_code.name == "ERROR"
+    assert attempt.parent.span_id == hop.context.span_id
+    assert attempt.status.status_code.name == "ERROR"
     assert hop.attributes["reach.handler"] == "b"
     assert (hop.end_time - hop.start_time) == 4_000_000
 
@@ -80,7 +83,7 @@ async def test_sdk_emits_a_span_per_handled_request() -> None:
                 body = (await http.post(f"{server.url}/reach", json={"targetTask": "echo"})).json()
             hop = server.app.parts.traces.hops(body["traceId"])[0]
             spans = [s for s in exporter.get_finished_spans() if s.name == "handle echo"]
-            assert len(spans) == 1
+            assert len(spans) == 1 and spans[0].parent is not None
             assert format(spans[0].parent.span_id, "016x") == hop["attempts"][0]["spanId"]
             assert format(spans[0].context.trace_id, "032x") == w3c_trace_id(body["traceId"])
         finally:

@@ -11,6 +11,13 @@ from agent_reach.protocol import AgentProfile, AgentStatusValue
 from agent_reach.registry import MemoryRegistry, RegistryEvent
 
 
+def status_of(registry: MemoryRegistry, agent_id: str) -> AgentStatusValue:
+    """The status of a registered agent (it must be registered)."""
+    entry = registry.get(agent_id)
+    assert entry is not None
+    return entry.status
+
+
 def profile(agent_id: str, *tasks: str) -> AgentProfile:
     return AgentProfile.model_validate(
         {
@@ -59,13 +66,13 @@ async def test_missed_renewal_then_expiry(registry: MemoryRegistry, clock: Manua
     await registry.register(profile("a"))
     clock.advance(0.9)
     registry.sweep()
-    assert registry.get("a").status is AgentStatusValue.AVAILABLE
+    assert status_of(registry, "a") is AgentStatusValue.AVAILABLE
     clock.advance(0.2)
     registry.sweep()
-    assert registry.get("a").status is AgentStatusValue.SUSPECT
+    assert status_of(registry, "a") is AgentStatusValue.SUSPECT
     clock.advance(1.0)
     registry.sweep()
-    assert registry.get("a").status is AgentStatusValue.OFFLINE
+    assert status_of(registry, "a") is AgentStatusValue.OFFLINE
     clock.advance(5.0)
     registry.sweep()
     assert registry.get("a") is None
@@ -84,7 +91,7 @@ async def test_renewal_keeps_the_lease_alive(registry: MemoryRegistry, clock: Ma
         clock.advance(1.5)
         registry.sweep()
         await registry.renew("a", entry.lease_id)
-        assert registry.get("a").status is AgentStatusValue.AVAILABLE
+        assert status_of(registry, "a") is AgentStatusValue.AVAILABLE
 
 
 async def test_expired_lease_answers_lease_not_found(registry: MemoryRegistry, clock: ManualClock) -> None:
@@ -138,9 +145,9 @@ async def test_sweep_runs_in_the_background(clock: ManualClock) -> None:
         import asyncio
 
         for _ in range(100):
-            if registry.get("a").status is AgentStatusValue.OFFLINE:
+            if status_of(registry, "a") is AgentStatusValue.OFFLINE:
                 break
             await asyncio.sleep(0.01)
-        assert registry.get("a").status is AgentStatusValue.OFFLINE
+        assert status_of(registry, "a") is AgentStatusValue.OFFLINE
     finally:
         await registry.close()

@@ -9,7 +9,7 @@ from agent_reach.resilience.breaker import BreakerBoard, BreakerState, Permit
 
 def board(**policy: object) -> tuple[BreakerBoard, ManualClock]:
     clock = ManualClock()
-    return BreakerBoard(BreakerPolicy(**policy), clock=clock), clock  # type: ignore[arg-type]
+    return BreakerBoard(BreakerPolicy.model_validate(policy), clock=clock), clock
 
 
 def test_opens_after_consecutive_failures() -> None:

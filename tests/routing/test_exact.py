@@ -9,8 +9,8 @@ import pytest
 from agent_reach.clock import ManualClock
 from agent_reach.config import RegistryPolicy
 from agent_reach.exceptions import NoAvailableHandler
-from agent_reach.observability.record import DecisionRecord
 from agent_reach.protocol import AgentProfile, AgentStatusValue, ReachRequest
+from agent_reach.record import DecisionRecord
 from agent_reach.registry import MemoryRegistry
 from agent_reach.routing import Pipeline
 from agent_reach.routing.exact import SmoothWeighted
@@ -60,7 +60,7 @@ async def registry() -> MemoryRegistry:
 async def test_all_declaring_agents_are_ranked(registry: MemoryRegistry) -> None:
     """Every agent declaring the task is a candidate; the order spreads by weight."""
     pipeline = Pipeline(registry)
-    leaders = Counter()
+    leaders: Counter[str] = Counter()
     for _ in range(500):
         rec = record()
         choices = pipeline.decide(ReachRequest(target_task="echo"), rec)
@@ -96,8 +96,10 @@ async def test_target_agent(registry: MemoryRegistry) -> None:
 
 async def test_status_filters(registry: MemoryRegistry) -> None:
     """Offline agents are out with a reason; suspect agents go last, as a last resort."""
-    registry.get("a").status = AgentStatusValue.SUSPECT
-    registry.get("b").status = AgentStatusValue.OFFLINE
+    for agent_id, status in (("a", AgentStatusValue.SUSPECT), ("b", AgentStatusValue.OFFLINE)):
+        entry = registry.get(agent_id)
+        assert entry is not None
+        entry.status = status
     rec = record()
     choices = Pipeline(registry).decide(ReachRequest(target_task="echo"), rec)
     assert [c.entry.id for c in choices] == ["c", "a"]

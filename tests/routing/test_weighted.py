@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Collection
 
 import httpx
 
 from agent_reach.clock import ManualClock
 from agent_reach.config import RegistryPolicy, RoutingPolicy
-from agent_reach.observability.record import DecisionRecord
 from agent_reach.protocol import AgentProfile, ReachRequest
+from agent_reach.record import DecisionRecord
 from agent_reach.registry import MemoryRegistry
 from agent_reach.routing import Pipeline
 from agent_reach.routing.stats import StatsBook
@@ -57,7 +58,7 @@ def simulate(
     *,
     rate: int,
     latency: dict[str, float],
-    failing: set[str] = frozenset(),
+    failing: Collection[str] = frozenset(),
 ) -> Counter[str]:
     """``rate`` decisions per second for ``seconds``, each followed by its outcome."""
     counts: Counter[str] = Counter()

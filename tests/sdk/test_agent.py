@@ -153,7 +153,8 @@ async def test_registers_again_when_the_router_forgets(short_router: RouterServe
         assert entry is not None and entry.lease_id == agent.lease_id != first
         # And keeps it: a few TTLs later it is still available.
         await asyncio.sleep(1.0)
-        assert short_router.app.parts.registry.get("sdk-agent").status.value == "available"
+        entry = short_router.app.parts.registry.get("sdk-agent")
+        assert entry is not None and entry.status.value == "available"
     finally:
         await agent.stop()
 

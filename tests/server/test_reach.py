@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -155,7 +156,7 @@ async def test_body_over_the_limit_is_413(http) -> None:
     assert resp.status_code == 413
     assert resp.json()["error"]["code"] == "PAYLOAD_TOO_LARGE"
 
-    async def chunks():
+    async def chunks() -> AsyncIterator[bytes]:
         for _ in range(20):
             yield b"a" * 100_000
 

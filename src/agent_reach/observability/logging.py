@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import orjson
 
-from agent_reach.observability.record import DecisionRecord
+from agent_reach.record import DecisionRecord
 
 TRACE_LOGGER = "agent_reach.trace"
 REDACTED = "***"

@@ -15,8 +15,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from agent_reach.observability.record import DecisionRecord
 from agent_reach.protocol import AgentStatusValue
+from agent_reach.record import DecisionRecord
 from agent_reach.registry.base import AgentEntry, Registry, RegistryEvent
 from agent_reach.resilience.breaker import BreakerBoard, BreakerState
 from agent_reach.routing.stats import StatsBook

@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from agent_reach.exceptions import ConfigError
-from agent_reach.observability.record import DecisionRecord
 from agent_reach.observability.tracecontext import w3c_trace_id
+from agent_reach.record import DecisionRecord
 
 try:  # pragma: no cover - exercised when the extra is installed
     from opentelemetry import trace as otel_trace

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from agent_reach.clock import iso_utc
-from agent_reach.observability.record import DecisionRecord
+from agent_reach.record import DecisionRecord
 
 
 class _Hop(NamedTuple):

@@ -14,9 +14,9 @@ import orjson
 
 from agent_reach.clock import Clock
 from agent_reach.exceptions import ReachError
-from agent_reach.observability.record import DecisionRecord
 from agent_reach.observability.tracecontext import new_trace_id
 from agent_reach.protocol import HTTP_STATUS, PROTOCOL_VERSION, Status
+from agent_reach.record import DecisionRecord
 from agent_reach.router.results import Reply
 
 

@@ -29,9 +29,9 @@ from agent_reach.exceptions import (
     DeadlineExceeded,
     NoAvailableHandler,
 )
-from agent_reach.observability.record import AttemptRecord, DecisionRecord
 from agent_reach.observability.tracecontext import new_span_id, w3c_trace_id
 from agent_reach.protocol import CandidateReason, ReachRequest
+from agent_reach.record import AttemptRecord, DecisionRecord
 from agent_reach.resilience.affinity import AffinityTable
 from agent_reach.resilience.breaker import BreakerBoard, BreakerState, Permit
 from agent_reach.resilience.retry import RetryBudget

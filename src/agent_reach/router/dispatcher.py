@@ -32,9 +32,9 @@ from agent_reach.exceptions import (
     RoutingError,
     TraceIdInUse,
 )
-from agent_reach.observability.record import DecisionRecord, Observer
 from agent_reach.observability.tracecontext import new_trace_id
 from agent_reach.protocol import TRACE_ID_PATTERN, ReachRequest, error_details
+from agent_reach.record import DecisionRecord, Observer
 from agent_reach.resilience.breaker import BreakerBoard
 from agent_reach.resilience.retry import RetryBudget
 from agent_reach.resilience.timeouts import Timeout

@@ -23,8 +23,8 @@ from fnmatch import fnmatchcase
 
 from agent_reach.config import RoutingPolicy
 from agent_reach.exceptions import NoAvailableHandler, SemanticUnavailable
-from agent_reach.observability.record import DecisionRecord
 from agent_reach.protocol import AgentStatusValue, CandidateReason, ReachRequest, Strategy
+from agent_reach.record import DecisionRecord
 from agent_reach.registry.base import AgentEntry, Registry
 from agent_reach.resilience.affinity import AffinityTable
 from agent_reach.resilience.breaker import BreakerBoard

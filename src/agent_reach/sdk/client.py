@@ -29,7 +29,7 @@ def router_url_from_env(url: str | None) -> str:
     return (url or os.environ.get("REACH_ROUTER_URL") or DEFAULT_ROUTER_URL).rstrip("/")
 
 
-def build_request(
+def build_request(  # noqa: PLR0913 - one keyword per envelope field a caller may set
     task: str,
     payload: dict[str, Any] | None = None,
     *,

@@ -74,21 +74,7 @@ class AgentConfig:
         agent = copy.deepcopy(data.get("agent"))
         if not isinstance(agent, dict):
             raise ConfigError(f"{source}: agent: is required and must be a mapping (the profile)")
-        if env.get("REACH_SELF_ID"):
-            agent["id"] = env["REACH_SELF_ID"]
-        if env.get("REACH_HEALTH_PORT"):
-            found_check = agent.get("health_check")
-            check: dict[str, Any] = found_check if isinstance(found_check, dict) else {}
-            try:
-                agent["health_check"] = {**check, "port": int(env["REACH_HEALTH_PORT"])}
-            except ValueError as exc:
-                raise ConfigError(
-                    f"REACH_HEALTH_PORT must be a port number, got {env['REACH_HEALTH_PORT']!r}"
-                ) from exc
-        if env.get("REACH_CALLBACK_URL"):
-            found = agent.get("network")
-            network: dict[str, Any] = found if isinstance(found, dict) else {}
-            agent["network"] = {**network, "endpoint": env["REACH_CALLBACK_URL"]}
+        _apply_env(agent, env)
         try:
             profile = AgentProfile.model_validate(agent)
         except ValidationError as exc:
@@ -118,3 +104,20 @@ def find_config(path: str | os.PathLike[str] | None = None) -> Path:
     """``path``, else ``REACH_AGENT_CONFIG``, else ``./reach_config.yaml``."""
     chosen = path or os.environ.get("REACH_AGENT_CONFIG") or "reach_config.yaml"
     return Path(chosen)
+
+
+def _apply_env(agent: dict[str, Any], env: dict[str, str]) -> None:
+    """Override the profile from REACH_SELF_ID, REACH_HEALTH_PORT and REACH_CALLBACK_URL."""
+    if env.get("REACH_SELF_ID"):
+        agent["id"] = env["REACH_SELF_ID"]
+    if env.get("REACH_HEALTH_PORT"):
+        found_check = agent.get("health_check")
+        check: dict[str, Any] = found_check if isinstance(found_check, dict) else {}
+        raw = env["REACH_HEALTH_PORT"]
+        if not (raw.isascii() and raw.isdigit()):
+            raise ConfigError(f"REACH_HEALTH_PORT must be a port number, got {raw!r}")
+        agent["health_check"] = {**check, "port": int(raw)}
+    if env.get("REACH_CALLBACK_URL"):
+        found = agent.get("network")
+        network: dict[str, Any] = found if isinstance(found, dict) else {}
+        agent["network"] = {**network, "endpoint": env["REACH_CALLBACK_URL"]}

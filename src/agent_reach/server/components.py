@@ -15,8 +15,8 @@ from agent_reach.clock import SYSTEM_CLOCK, Clock
 from agent_reach.config import RouterConfig
 from agent_reach.observability.logging import TraceLog
 from agent_reach.observability.metrics import RouterMetrics
-from agent_reach.observability.record import Observer
 from agent_reach.observability.traces import TraceStore
+from agent_reach.record import Observer
 from agent_reach.registry.base import AgentEntry, Registry, RegistryEvent
 from agent_reach.registry.memory import MemoryRegistry
 from agent_reach.resilience.affinity import AffinityTable

@@ -42,16 +42,21 @@ def check_json_content_type(headers: dict[bytes, bytes]) -> None:
     )
 
 
+def _check_declared_size(headers: dict[bytes, bytes], limit: int) -> None:
+    """Refuse a body whose Content-Length is over ``limit`` before reading a byte of it."""
+    declared = headers.get(b"content-length")
+    if declared is None:
+        return
+    if not (declared.isascii() and declared.isdigit()):
+        raise RequestError("Content-Length is not a number")
+    size = int(declared)
+    if size > limit:
+        raise PayloadTooLarge(f"body of {size} bytes is over the {limit}-byte limit")
+
+
 async def read_body(receive: Receive, headers: dict[bytes, bytes], limit: int) -> bytes:
     """The whole request body, refusing (413) anything over ``limit`` bytes before reading it."""
-    declared = headers.get(b"content-length")
-    if declared is not None:
-        try:
-            size = int(declared)
-        except ValueError as exc:
-            raise RequestError("Content-Length is not a number") from exc
-        if size > limit:
-            raise PayloadTooLarge(f"body of {size} bytes is over the {limit}-byte limit")
+    _check_declared_size(headers, limit)
     message = await receive()
     if message["type"] == "http.disconnect":
         raise ClientGone
