@@ -29,6 +29,8 @@ class ServerPolicy(_Section):
     """Limits of the HTTP surface."""
 
     body_limit_bytes: Annotated[int, Field(gt=0, le=64 * 1024 * 1024)] = 1024 * 1024
+    # Deepest nesting of a JSON body (the envelope counts as one level); deeper is a 400.
+    max_json_depth: Annotated[int, Field(ge=4, le=200)] = 64
     # The largest agent answer the Router reads; a bigger one is AGENT_ERROR RESPONSE_TOO_LARGE.
     response_limit_bytes: Annotated[int, Field(gt=0, le=1024 * 1024 * 1024)] = 8 * 1024 * 1024
 
@@ -42,6 +44,8 @@ class RegistryPolicy(_Section):
     sweep_interval_seconds: Positive = 1.0
     # How long an `offline` agent stays visible in /admin/agents before it is dropped.
     offline_grace_seconds: Annotated[float, Field(ge=0)] = 300
+    # The most agents the registry holds (offline ones count until they are dropped).
+    max_agents: Annotated[int, Field(ge=1, le=1_000_000)] = 10_000
 
     @model_validator(mode="after")
     def _suspect_before_expiry(self) -> RegistryPolicy:
@@ -121,6 +125,9 @@ class LimitsPolicy(_Section):
     # The global breaker: when the event loop lags this much, new requests are shed.
     loop_lag_ms: Annotated[float, Field(gt=0)] = 250
     retry_after_seconds: Annotated[int, Field(ge=1, le=3600)] = 1
+    # The longest timeoutMs (and connect or read timeout) a caller may ask for; longer is a 400,
+    # so no caller holds a request slot for an hour.
+    max_timeout_ms: PositiveMs = 300_000
 
 
 class HealthPolicy(_Section):

@@ -17,6 +17,7 @@ caller never has to know which library sat underneath.
     ├── RegistryError                the registry refused a write
     │   ├── InvalidProfile           422 INVALID_PROFILE, with the field paths at fault
     │   ├── AgentIdConflict          409 AGENT_ID_CONFLICT: the id's lease is live and not yours
+    │   ├── RegistryFull             503 REGISTRY_FULL: registry.max_agents are registered
     │   ├── LeaseNotFound            404 LEASE_NOT_FOUND: the lease expired or never existed
     │   ├── LeaseMismatch            403 FORBIDDEN: the lease belongs to another registration
     │   └── AgentNotFound            404 AGENT_NOT_FOUND
@@ -173,6 +174,13 @@ class AgentIdConflict(RegistryError):
 
     code = "AGENT_ID_CONFLICT"
     http_status = 409
+
+
+class RegistryFull(RegistryError):
+    """The registry holds as many agents as the policy allows (``registry.max_agents``)."""
+
+    code = "REGISTRY_FULL"
+    http_status = 503
 
 
 class LeaseNotFound(RegistryError):

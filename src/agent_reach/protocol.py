@@ -22,6 +22,9 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from agent_reach.jsoncodec import depth
+from agent_reach.schema import check_schema
+
 PROTOCOL_VERSION = "1.0"
 
 AGENT_ID_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,127}$"
@@ -41,6 +44,16 @@ PrintableText = Annotated[str, StringConstraints(pattern=_PRINTABLE, max_length=
 
 # Timeouts are positive whole milliseconds, at most an hour. Strict: "4000", 4000.5 and true
 # are INVALID_REQUEST rather than silently coerced.
+# input_schema and output_schema: deeper nesting is refused before any validator recurses.
+MAX_SCHEMA_DEPTH = 32
+# What one registration may ask the Router to embed: every description and example is a model
+# call, so these bound the work a single registrant can cause.
+MAX_CAPABILITIES = 64
+MAX_DESCRIPTION_CHARS = 2048
+MAX_EXAMPLES = 20
+MAX_EXAMPLE_CHARS = 500
+MAX_PROFILE_EXAMPLES = 200
+
 Millis = Annotated[int, Field(strict=True, gt=0, le=3_600_000)]
 
 
@@ -125,20 +138,22 @@ class Capability(_ProfileModel):
     """One task an agent can handle."""
 
     task: TaskName
-    description: Annotated[str, StringConstraints(max_length=2048)] = ""
+    description: Annotated[str, StringConstraints(max_length=MAX_DESCRIPTION_CHARS)] = ""
     input_schema: dict[str, Any] | None = None
     output_schema: dict[str, Any] | None = None
     routing_weight: Annotated[float, Field(gt=0, le=10_000)] = 1.0
-    examples: Annotated[list[Annotated[str, StringConstraints(max_length=1024)]], Field(max_length=64)] = []
+    examples: Annotated[
+        list[Annotated[str, StringConstraints(max_length=MAX_EXAMPLE_CHARS)]], Field(max_length=MAX_EXAMPLES)
+    ] = []
 
     @field_validator("input_schema", "output_schema")
     @classmethod
     def _schema_is_usable(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        # Import here: schema imports this module's names for nothing, but keeping the
-        # dependency one-way (protocol -> schema) avoids a cycle.
-        from agent_reach.schema import check_schema
-
         if value is not None:
+            # Measured before anything recurses over it: a schema 500 levels deep must be a 422,
+            # not a RecursionError.
+            if depth(value, MAX_SCHEMA_DEPTH) > MAX_SCHEMA_DEPTH:
+                raise ValueError(f"a schema may nest at most {MAX_SCHEMA_DEPTH} levels deep")
             check_schema(value)
         return value
 
@@ -183,7 +198,7 @@ class AgentProfile(_ProfileModel):
     id: AgentId
     display_name: Annotated[str, StringConstraints(max_length=256)] = ""
     network: Network
-    capabilities: Annotated[list[Capability], Field(min_length=1, max_length=256)]
+    capabilities: Annotated[list[Capability], Field(min_length=1, max_length=MAX_CAPABILITIES)]
     health_check: HealthCheck = HealthCheck()
 
     @model_validator(mode="after")
@@ -193,6 +208,12 @@ class AgentProfile(_ProfileModel):
             if cap.task in seen:
                 raise ValueError(f"capability task {cap.task!r} is declared twice")
             seen.add(cap.task)
+        examples = sum(len(cap.examples) for cap in self.capabilities)
+        if examples > MAX_PROFILE_EXAMPLES:
+            raise ValueError(
+                f"the profile declares {examples} examples; at most {MAX_PROFILE_EXAMPLES} in all, "
+                "since each is embedded for routing by meaning"
+            )
         return self
 
     @property
@@ -318,6 +339,9 @@ class AgentStatus(BaseModel):
     lastHeartbeat: str
     circuit: Literal["closed", "open", "half_open"] = "closed"
     stats: AgentStats = AgentStats()
+    # Routing by meaning: pending (exact task only so far), ready, or unavailable (embedder
+    # down; retried). Absent when the Router has semantic routing switched off.
+    vectors: Literal["pending", "ready", "unavailable"] | None = None
 
 
 def json_schemas() -> dict[str, dict[str, Any]]:

@@ -36,6 +36,7 @@ __all__ = [
     "ManualClock",
     "RouterServer",
     "free_port",
+    "wait_vectors",
 ]
 
 Mode = Literal["ok", "error", "retryable_error", "http500", "reset", "garbage"]
@@ -153,16 +154,20 @@ class FakeAgent:
             await self._runner.cleanup()
             self._runner = None
 
-    async def register(self, router_url: str) -> str:
-        """Register with the Router; returns the lease id."""
-        async with (
-            aiohttp.ClientSession() as http,
-            http.post(f"{router_url}/agents", json=self.profile()) as resp,
-        ):
-            answer = await resp.json()
-            if resp.status not in (200, 201):
-                raise RuntimeError(f"registration failed: {resp.status} {answer}")
-        self.lease_id = str(answer["leaseId"])
+    async def register(self, router_url: str, *, vectors: bool = True) -> str:
+        """Register with the Router; returns the lease id.
+
+        With ``vectors`` (the default) it returns once the Router can route to this agent by
+        meaning too, so a test never races the embedding queue.
+        """
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"{router_url}/agents", json=self.profile()) as resp:
+                answer = await resp.json()
+                if resp.status not in (200, 201):
+                    raise RuntimeError(f"registration failed: {resp.status} {answer}")
+            self.lease_id = str(answer["leaseId"])
+        if vectors:
+            await wait_vectors(router_url, self.agent_id)
         return self.lease_id
 
     async def _health(self, request: web.Request) -> web.Response:
@@ -215,6 +220,21 @@ class FakeAgent:
             await resp.write(raw[start : start + 16 * 1024])
         await resp.write_eof()
         return resp
+
+
+async def wait_vectors(router_url: str, agent_id: str, timeout_s: float = 60.0) -> None:
+    """Wait until the Router says an agent's capability vectors are no longer pending."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout_s
+    url = f"{router_url}/admin/agents/{agent_id}"
+    async with aiohttp.ClientSession() as http:
+        while loop.time() < end:
+            async with http.get(url) as resp:
+                status = await resp.json()
+            if status.get("vectors") != "pending":
+                return
+            await asyncio.sleep(0.02)
+    raise TimeoutError(f"{url}: capability vectors still pending after {timeout_s:g} s")
 
 
 class BackgroundLoop:

@@ -8,7 +8,13 @@ from collections.abc import Collection
 
 from agent_reach.clock import SYSTEM_CLOCK, Clock
 from agent_reach.config import RegistryPolicy
-from agent_reach.exceptions import AgentIdConflict, AgentNotFound, LeaseMismatch, LeaseNotFound
+from agent_reach.exceptions import (
+    AgentIdConflict,
+    AgentNotFound,
+    LeaseMismatch,
+    LeaseNotFound,
+    RegistryFull,
+)
 from agent_reach.lifecycle import Background
 from agent_reach.protocol import AgentProfile, AgentStatusValue
 from agent_reach.registry.base import AgentEntry, Registry, RegistryEvent, compile_capabilities
@@ -61,6 +67,10 @@ class MemoryRegistry(Registry):
             raise AgentIdConflict(
                 f"agent id {profile.id!r} is held by a live lease; register with its leaseId "
                 "to replace the profile, or wait for the lease to expire"
+            )
+        if current is None and len(self._entries) >= self.policy.max_agents:
+            raise RegistryFull(
+                f"the registry holds {len(self._entries)} agents, the most registry.max_agents allows"
             )
         caps, validators = compile_capabilities(profile)
         ttl = self.policy.lease_ttl_seconds

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
+from agent_reach import jsoncodec
 from agent_reach.clock import Clock
 from agent_reach.exceptions import ReachError
 from agent_reach.observability.tracecontext import new_trace_id
@@ -42,7 +41,7 @@ def accept(record: DecisionRecord) -> None:
 def encode(record: DecisionRecord) -> Reply:
     """The HTTP status and ReachResponse body of a concluded record."""
     status = record.status or Status.INTERNAL_ERROR
-    body = orjson.dumps(
+    body = jsoncodec.dumps(
         {
             "version": PROTOCOL_VERSION,
             "traceId": record.trace_id,

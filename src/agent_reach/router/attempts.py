@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-import orjson
-
+from agent_reach import jsoncodec
 from agent_reach.clock import Clock
 from agent_reach.config import RouterConfig
 from agent_reach.exceptions import (
@@ -159,7 +158,7 @@ class AttemptRun:
     async def try_agent(self, choice: Choice) -> Success | None:
         """Try one agent, with same-agent retries: its Success, or None to fail over."""
         self.data["targetAgent"] = choice.entry.id
-        body = orjson.dumps(self.data)
+        body = jsoncodec.dumps(self.data)
         same_agent_left = self.parts.config.retries.same_agent
         while True:
             exc = await self._attempt(choice, body)

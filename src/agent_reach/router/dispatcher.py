@@ -15,9 +15,9 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-import orjson
 from pydantic import ValidationError
 
+from agent_reach import jsoncodec
 from agent_reach.clock import SYSTEM_CLOCK, Clock
 from agent_reach.config import RouterConfig
 from agent_reach.exceptions import (
@@ -116,9 +116,15 @@ class Dispatcher:
         started = self.clock.monotonic()
         hint = _safe_trace_id(trace_header) or (parent[0] if parent else None)
         try:
-            request, data = _decode(body)
+            request, data = _decode(body, self.config.server.max_json_depth)
         except RequestError as exc:
             return self.refuse(exc, started=started, trace_id=exc.trace_id or hint, task=exc.task)
+        try:
+            self._check_timeouts(request)
+        except RequestError as exc:
+            return self.refuse(
+                exc, started=started, trace_id=request.trace_id or hint, task=request.target_task
+            )
         trace_id = request.trace_id or hint or new_trace_id()
         data["traceId"] = trace_id
         record = DecisionRecord(
@@ -136,6 +142,22 @@ class Dispatcher:
         if request.preferences.mode == "async":
             return self._accept(request, data, record)
         return await self.dispatch(request, data, record)
+
+    def _check_timeouts(self, request: ReachRequest) -> None:
+        """A caller's timeouts stay within the policy's cap (limits.max_timeout_ms)."""
+        cap = self.config.limits.max_timeout_ms
+        prefs = request.preferences
+        asked = {
+            "preferences.timeoutMs": prefs.timeout_ms,
+            "preferences.connectTimeoutMs": prefs.connect_timeout_ms,
+            "preferences.readTimeoutMs": prefs.read_timeout_ms,
+        }
+        over = [(field, value) for field, value in asked.items() if value is not None and value > cap]
+        if over:
+            raise RequestError(
+                f"{over[0][0]} of {over[0][1]} ms is over the Router's cap of {cap} ms",
+                details=[{"field": field, "message": f"at most {cap} ms"} for field, _ in over],
+            )
 
     def refuse(
         self,
@@ -281,14 +303,20 @@ class Dispatcher:
         return answer.encode(record)
 
 
-def _decode(body: bytes) -> tuple[ReachRequest, dict[str, Any]]:
+def _decode(body: bytes, max_depth: int) -> tuple[ReachRequest, dict[str, Any]]:
     """The request and its decoded body; RequestError (with what is known of it) if it is bad."""
     try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
+        data = jsoncodec.loads(body)
+    except jsoncodec.JSONDecodeError as exc:
         raise RequestError(f"body is not valid JSON: {exc.msg}") from exc
     if not isinstance(data, dict):
         raise RequestError("body must be a JSON object (a ReachRequest)")
+    if jsoncodec.may_nest_deeper(body, max_depth) and jsoncodec.depth(data, max_depth) > max_depth:
+        raise RequestError(
+            f"the body nests deeper than {max_depth} levels (server.max_json_depth)",
+            details=[{"field": "(body)", "message": f"at most {max_depth} levels of nesting"}],
+            trace_id=_safe_trace_id(data.get("traceId")),
+        )
     try:
         return ReachRequest.model_validate(data), data
     except ValidationError as exc:

@@ -30,6 +30,7 @@ import orjson
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
+from agent_reach import jsoncodec
 from agent_reach.clock import SYSTEM_CLOCK
 from agent_reach.exceptions import ConfigError, ReachError
 from agent_reach.observability.tracecontext import make_traceparent, new_trace_id, parse_traceparent
@@ -308,8 +309,8 @@ class ReachAgent:
 
     async def _on_reach(self, request: web.Request) -> web.Response:
         try:
-            data = orjson.loads(await request.read())
-        except orjson.JSONDecodeError:
+            data = jsoncodec.loads(await request.read())
+        except jsoncodec.JSONDecodeError:
             return _answer_error("INVALID_REQUEST", "body is not JSON", retryable=False, status=400)
         if not isinstance(data, dict) or not isinstance(data.get("targetTask"), str):
             return _answer_error("INVALID_REQUEST", "body is not a ReachRequest", retryable=False, status=400)
@@ -373,7 +374,7 @@ class ReachAgent:
             message = f"{type(exc).__name__}: {exc}"[:500]
             return _answer_error("HANDLER_FAILED", message, retryable=False), "handler_failed"
         try:
-            body = orjson.dumps({"status": "SUCCESS", "result": result})
+            body = jsoncodec.dumps({"status": "SUCCESS", "result": result})
         except TypeError as exc:
             log.error("[%s] handler for %s returned something that is not JSON: %s", trace_id, task, exc)
             message = "the handler's result is not JSON-serialisable"

@@ -12,9 +12,9 @@ from typing import Any
 
 import aiohttp
 import httpx
-import orjson
 from pydantic import ValidationError
 
+from agent_reach import jsoncodec
 from agent_reach.exceptions import RouterUnavailable
 from agent_reach.protocol import PROTOCOL_VERSION, ReachResponse
 from agent_reach.sdk.config import DEFAULT_ROUTER_URL
@@ -83,7 +83,7 @@ def prepare(
     options.setdefault("source_agent", source_agent)
     envelope = build_request(task, payload, **options)
     sent = {"Content-Type": "application/json", **(headers or {})}
-    return orjson.dumps(envelope), sent, _wait_s(options.get("timeout_ms"))
+    return jsoncodec.dumps(envelope), sent, _wait_s(options.get("timeout_ms"))
 
 
 def _wait_s(timeout_ms: int | None) -> float:
@@ -93,8 +93,8 @@ def _wait_s(timeout_ms: int | None) -> float:
 def parse_response(status: int, raw: bytes) -> ReachResponse:
     """The ReachResponse in a Router answer; RouterUnavailable when it holds none."""
     try:
-        return ReachResponse.model_validate(orjson.loads(raw))
-    except (orjson.JSONDecodeError, ValidationError) as exc:
+        return ReachResponse.model_validate(jsoncodec.loads(raw))
+    except (jsoncodec.JSONDecodeError, ValidationError) as exc:
         raise RouterUnavailable(f"the Router answered HTTP {status} without a ReachResponse") from exc
 
 

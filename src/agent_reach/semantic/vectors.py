@@ -23,6 +23,7 @@ from agent_reach.semantic.index import (
     Vector,
     capability_texts,
 )
+from agent_reach.semantic.queue import EmbeddingQueue, Job, VectorState
 
 log = logging.getLogger("agent_reach.semantic")
 
@@ -40,6 +41,8 @@ class CapabilityVectors:
         self.up = True  # False after the embedder failed, until it answers again
         self.last_error: str | None = None
         self._pending: dict[str, AgentEntry] = {}
+        self._ready: set[str] = set()
+        self.queue = EmbeddingQueue(self._embed_passages, lambda e: self.registry.get(e.id) is e)
         self._background = Background("reach-vectors")
         registry.subscribe(self._on_registry)
 
@@ -54,32 +57,80 @@ class CapabilityVectors:
         if event in (RegistryEvent.DEREGISTERED, RegistryEvent.REMOVED, RegistryEvent.REPLACED):
             self.index.remove_agent(entry.id)
             self._pending.pop(entry.id, None)
+            self._ready.discard(entry.id)
+            self.queue.drop(entry.id)
+
+    def state(self, agent_id: str) -> VectorState | None:
+        """Whether an agent is routable by meaning yet; None for an agent this never saw."""
+        if agent_id in self._ready:
+            return VectorState.READY
+        if agent_id in self.queue:
+            return VectorState.PENDING
+        if agent_id in self._pending:
+            return VectorState.UNAVAILABLE
+        return None
+
+    def schedule(self, entry: AgentEntry) -> None:
+        """Queue ``entry``'s capability texts; it becomes routable by meaning once they are in."""
+        self._ready.discard(entry.id)
+        self.queue.put(self._plan(entry))
+
+    def _plan(self, entry: AgentEntry) -> Job:
+        missing = []
+        for task, capability in entry.capabilities.items():
+            for text in capability_texts(task, capability.description, list(capability.examples)):
+                if not self.index.has(task, text):
+                    missing.append((task, text))
+        return Job(entry, missing)
+
+    async def _embed_passages(self, texts: list[str]) -> Vector:
+        return await self.embedder.embed(texts, "passage")
+
+    def _job_done(self, job: Job) -> None:
+        self._index(job.entry, job.texts, job.vectors())
+        self._recovered()
+
+    def _job_failed(self, job: Job, exc: EmbeddingError) -> None:
+        self._failed(exc)
+        self._pending[job.entry.id] = job.entry
 
     async def add(self, entry: AgentEntry) -> bool:
-        """Embed and index an entry's capabilities; False (and queued for retry) if the embedder failed."""
-        plan = []
+        """Embed and index an entry's capabilities now, in one model call (tools and benchmarks);
+        False, and retried in the background, when the embedder failed."""
+        job = self._plan(entry)
+        try:
+            fresh = await self._embed_passages([text for _, text in job.texts]) if job.texts else None
+        except EmbeddingError as exc:
+            self._job_failed(job, exc)
+            return False
+        self._index(entry, job.texts, fresh)
+        self._recovered()
+        return True
+
+    def _index(self, entry: AgentEntry, fresh_texts: list[tuple[str, str]], fresh: Vector | None) -> None:
+        """Put every capability text of ``entry`` in the index: new rows, and rows other agents
+        already brought (a thousand agents declaring one capability share its rows)."""
+        lost = [
+            (task, text)
+            for task, capability in entry.capabilities.items()
+            for text in capability_texts(task, capability.description, list(capability.examples))
+            if (task, text) not in fresh_texts and not self.index.has(task, text)
+        ]
+        if lost:
+            # Rows another agent brought left with it while this job waited: embed them too.
+            self.schedule(entry)
+            return
+        row = 0
         for task, capability in entry.capabilities.items():
             texts = capability_texts(task, capability.description, list(capability.examples))
-            plan.append((task, texts, [t for t in texts if not self.index.has(task, t)]))
-        missing = [(task, text) for task, _, todo in plan for text in todo]
-        try:
-            # One model call for every new text of the profile; texts already indexed (another
-            # agent declared the same capability) reuse their rows.
-            fresh = await self.embedder.embed([text for _, text in missing], "passage") if missing else None
-        except EmbeddingError as exc:
-            self._failed(exc)
-            self._pending[entry.id] = entry
-            return False
-        row = 0
-        for task, texts, todo in plan:
+            todo = [text for t, text in fresh_texts if t == task]
             if todo and fresh is not None:
                 self.index.add(entry.id, task, todo, fresh[row : row + len(todo)])
                 row += len(todo)
             known = [t for t in texts if t not in todo]
             if known:
                 self.index.add(entry.id, task, known, self._rows_for(task, known))
-        self._recovered()
-        return True
+        self._ready.add(entry.id)
 
     def _rows_for(self, task: str, texts: list[str]) -> Vector:
         import numpy as np
@@ -136,11 +187,13 @@ class CapabilityVectors:
         if not self._background:
             self._background.every(lambda: self.policy.retry_seconds, self._retry_pending, "retry")
             self._background.spawn(self._warm_up(), "warm-up")
+            self._background.spawn(self.queue.run(self._job_done, self._job_failed), "queue")
 
     async def _warm_up(self) -> None:
         # Load the model and embed the background texts before the first semantic request needs them.
         try:
             await self.ensure_background()
+            await self.embedder.embed(["warm-up"], "query")  # loads the query lane's model too
         except EmbeddingError as exc:
             self._failed(exc)
 
@@ -149,11 +202,9 @@ class CapabilityVectors:
         await self.embedder.close()
 
     async def _retry_pending(self) -> None:
+        """Queue again every agent whose vectors failed; the queue drops those that left."""
         for agent_id, entry in list(self._pending.items()):
-            if self.registry.get(agent_id) is not entry:
-                self._pending.pop(agent_id, None)
-            elif await self.add(entry):
-                self._pending.pop(agent_id, None)
-                log.info("capability vectors of %s indexed after the embedder came back", agent_id)
-            else:
-                break
+            del self._pending[agent_id]
+            if self.registry.get(agent_id) is entry:
+                log.debug("retrying the capability vectors of %s", agent_id)
+                self.schedule(entry)

@@ -122,9 +122,9 @@ class AdminApi:
             ) from exc
         entry, created = await self.parts.registry.register(profile, lease_id=lease_id)
         if self.parts.vectors is not None:
-            # Capability vectors are computed here, once, never on a request. If the embedder is
-            # down the agent is still registered (exact match serves it) and retried later.
-            await self.parts.vectors.add(entry)
+            # Capability vectors follow off the request path (semantic/queue.py): the agent is
+            # routable by exact task now and by meaning once they are in; never on a request.
+            self.parts.vectors.schedule(entry)
         registration = {
             "agentId": entry.id,
             "leaseId": entry.lease_id,

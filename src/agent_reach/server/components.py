@@ -196,7 +196,7 @@ class RouterParts:
 
     def agent_status(self, entry: AgentEntry) -> dict[str, Any]:
         """The ``AgentStatus`` object of the registry API for one entry."""
-        return {
+        status: dict[str, Any] = {
             "id": entry.id,
             "display_name": entry.profile.display_name,
             "status": entry.status.value,
@@ -206,3 +206,8 @@ class RouterParts:
             "circuit": self.breakers.state(entry.id).value,
             "stats": self.stats.snapshot(entry.id),
         }
+        if self.vectors is not None:
+            # An addition to the protocol: whether the agent is routable by meaning yet.
+            state = self.vectors.state(entry.id)
+            status["vectors"] = None if state is None else state.value
+        return status

