@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import aiohttp
-import orjson
 import uvicorn
 from aiohttp import web
 
+from agent_reach import jsoncodec
 from agent_reach.clock import ManualClock
 from agent_reach.config import RouterConfig
 from agent_reach.server.app import RouterApp
@@ -106,6 +106,7 @@ class FakeAgent:
     health_timeout_ms: int = 5000
     conversations: set[str] = field(default_factory=set)
     received: list[dict[str, Any]] = field(default_factory=list)
+    raw_received: list[bytes] = field(default_factory=list)
     health_probes: int = 0
     headers: list[dict[str, str]] = field(default_factory=list)
     port: int = field(default_factory=free_port)
@@ -180,7 +181,9 @@ class FakeAgent:
         return web.json_response({"holds": request.match_info["conversation_id"] in self.conversations})
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
-        envelope = orjson.loads(await request.read())
+        raw = await request.read()
+        envelope = jsoncodec.loads(raw)
+        self.raw_received.append(raw)
         self.received.append(envelope)
         self.headers.append(dict(request.headers))
         if self.delay_s:
@@ -208,7 +211,9 @@ class FakeAgent:
             if self.result is not None
             else {"agent": self.agent_id, "echo": envelope.get("payload")}
         )
-        return web.json_response({"status": "SUCCESS", "result": result})
+        return web.Response(
+            body=jsoncodec.dumps({"status": "SUCCESS", "result": result}), content_type="application/json"
+        )
 
     async def _send_raw(self, request: web.Request, raw: bytes) -> web.StreamResponse:
         if not self.chunked:
