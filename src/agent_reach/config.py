@@ -29,6 +29,15 @@ class ServerPolicy(_Section):
     """Limits of the HTTP surface."""
 
     body_limit_bytes: Annotated[int, Field(gt=0, le=64 * 1024 * 1024)] = 1024 * 1024
+    # The head of a request (request line and headers): its size, its count of header lines, and
+    # how long a client may take to send it (431 or 408 past these; the app never sees it).
+    max_header_bytes: Annotated[int, Field(ge=1024, le=1024 * 1024)] = 64 * 1024
+    max_headers: Annotated[int, Field(ge=8, le=1000)] = 100
+    header_timeout_seconds: Positive = 10
+    # How long a client may take to send a request body once its headers are in (408 past it).
+    body_timeout_seconds: Positive = 10
+    # On SIGTERM: how long requests in flight (async ones included) get to finish.
+    drain_timeout_seconds: Positive = 10
     # Deepest nesting of a JSON body (the envelope counts as one level); deeper is a 400.
     max_json_depth: Annotated[int, Field(ge=4, le=200)] = 64
     # The largest agent answer the Router reads; a bigger one is AGENT_ERROR RESPONSE_TOO_LARGE.
@@ -122,6 +131,8 @@ class LimitsPolicy(_Section):
 
     # Requests in flight at once; the excess is answered 429 OVERLOADED.
     max_inflight: Annotated[int, Field(ge=1, le=1_000_000)] = 1024
+    # Of those, the most one client address may hold (its excess is 429 too).
+    max_inflight_per_client: Annotated[int, Field(ge=1, le=1_000_000)] = 256
     # The global breaker: when the event loop lags this much, new requests are shed.
     loop_lag_ms: Annotated[float, Field(gt=0)] = 250
     retry_after_seconds: Annotated[int, Field(ge=1, le=3600)] = 1
@@ -155,10 +166,16 @@ class AffinityPolicy(_Section):
 class AsyncPolicy(_Section):
     """``mode: async`` requests: how long results are kept, how replyTo is retried."""
 
-    result_ttl_seconds: Positive = 300
+    # How long a finished result stays at GET /reach/{traceId} (at most max_results are kept).
+    result_ttl_seconds: Positive = 3600
     max_results: Annotated[int, Field(ge=1, le=10_000_000)] = 10_000
-    reply_attempts: Annotated[int, Field(ge=1, le=20)] = 3
-    reply_backoff_ms: Annotated[int, Field(ge=0, le=60_000)] = 200
+    # replyTo delivery: retried with exponential backoff and jitter, starting at
+    # reply_backoff_ms and doubling up to reply_backoff_max_ms, until it is taken, until
+    # reply_window_seconds have passed, or after reply_attempts POSTs, whichever comes first.
+    reply_window_seconds: Positive = 300
+    reply_attempts: Annotated[int, Field(ge=1, le=1000)] = 100
+    reply_backoff_ms: Annotated[int, Field(ge=0, le=60_000)] = 500
+    reply_backoff_max_ms: Annotated[int, Field(ge=1, le=600_000)] = 30_000
     reply_timeout_ms: PositiveMs = 5000
 
 

@@ -11,6 +11,7 @@ caller never has to know which library sat underneath.
     ├── RequestError                 INVALID_REQUEST: the envelope or the payload is wrong
     │   ├── PayloadTooLarge          the body is over the configured limit (413)
     │   ├── UnsupportedMediaType     the body is not JSON (415)
+    │   ├── BodyTimeout              the body did not arrive in time (408)
     │   └── TraceIdInUse             an async request already uses this traceId
     ├── Overloaded                   429 OVERLOADED: the Router is shedding load
     ├── InternalError                500 INTERNAL_ERROR: a bug in the Router itself
@@ -113,6 +114,13 @@ class UnsupportedMediaType(RequestError):
 
     code = "UNSUPPORTED_MEDIA_TYPE"
     http_status = 415
+
+
+class BodyTimeout(RequestError):
+    """The client sent its headers but not its whole body within the server's body timeout."""
+
+    code = "BODY_TIMEOUT"
+    http_status = 408
 
 
 class TraceIdInUse(RequestError):

@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import aiohttp
-import uvicorn
 from aiohttp import web
 
 from agent_reach import jsoncodec
 from agent_reach.clock import ManualClock
 from agent_reach.config import RouterConfig
 from agent_reach.server.app import RouterApp
+from agent_reach.server.serve import RouterProcess, uvicorn_config
 from agent_reach.transport.fake import Answer, FakeEndpoint, FakeTransport
 
 __all__ = [
@@ -56,16 +56,7 @@ class RouterServer:
         self.app = RouterApp(config or RouterConfig(), **app_kwargs)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self._server = uvicorn.Server(
-            uvicorn.Config(
-                self.app,
-                host="127.0.0.1",
-                port=self.port,
-                lifespan="on",
-                log_level="warning",
-                access_log=False,
-            )
-        )
+        self._server = RouterProcess(uvicorn_config(self.app, "127.0.0.1", self.port), self.app)
         self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> RouterServer:

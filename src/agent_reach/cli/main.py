@@ -39,11 +39,10 @@ def router(
     log_format: Annotated[str | None, typer.Option(help="text (the protocol's lines) or json.")] = None,
 ) -> None:
     """Run the Router. SIGHUP (or a change to the policy file) reloads the policy."""
-    import uvicorn
-
     from agent_reach.config import RouterConfig
     from agent_reach.observability.logging import configure
     from agent_reach.server import RouterApp
+    from agent_reach.server.serve import serve
 
     if log_format not in (None, "text", "json"):
         _fail(f"--log-format must be text or json, got {log_format!r}")
@@ -60,22 +59,13 @@ def router(
         signal.signal(signal.SIGHUP, lambda *_: setattr(app_.policy_file, "reload_requested", True))
     # Everything built so far lives as long as the process: keep it out of every GC pass.
     gc.freeze()
-    err.print(
+    ready = (
         f"[reach-router] listening on http://{host}:{bind_port} "
-        f"(registry: memory, lease ttl {policy.registry.lease_ttl_seconds:g}s)",
-        markup=False,
-        highlight=False,
+        f"(registry: memory, lease ttl {policy.registry.lease_ttl_seconds:g}s)"
     )
-    uvicorn.run(
-        app_,
-        host=host,
-        port=bind_port,
-        lifespan="on",
-        access_log=False,
-        log_level="warning",
-        http="httptools",
-        loop="uvloop",
-        server_header=False,
+    # The line is printed once the port is bound, never before a bind that fails.
+    serve(
+        app_, host, bind_port, loop="uvloop", on_ready=lambda: err.print(ready, markup=False, highlight=False)
     )
 
 

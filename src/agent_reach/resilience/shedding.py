@@ -16,7 +16,7 @@ from agent_reach.lifecycle import Background
 class LoadShedder:
     """Admits a request or says why not; :meth:`release` when an admitted request ends."""
 
-    __slots__ = ("_monitor", "inflight", "lag_ms", "policy")
+    __slots__ = ("_by_client", "_monitor", "inflight", "lag_ms", "policy")
 
     _monitor: Background
 
@@ -24,19 +24,34 @@ class LoadShedder:
         self.policy = policy or LimitsPolicy()
         self.inflight = 0
         self.lag_ms = 0.0
+        self._by_client: dict[str, int] = {}
         self._monitor = Background("reach-loop-lag")
 
-    def admit(self) -> str | None:
-        """``None`` when admitted (and counted), else the reason to shed."""
-        if self.inflight >= self.policy.max_inflight:
-            return f"{self.inflight} requests in flight (limit {self.policy.max_inflight})"
-        if self.lag_ms >= self.policy.loop_lag_ms:
-            return f"event loop lag {self.lag_ms:.0f} ms (limit {self.policy.loop_lag_ms:g} ms)"
+    def admit(self, client: str = "-") -> str | None:
+        """``None`` when admitted (and counted), else the reason to shed.
+
+        One client (by address) may hold at most ``max_inflight_per_client`` of the slots, so its
+        stalled or slow requests cannot take every slot from everyone else.
+        """
+        policy = self.policy
+        if self.inflight >= policy.max_inflight:
+            return f"{self.inflight} requests in flight (limit {policy.max_inflight})"
+        mine = self._by_client.get(client, 0)
+        if mine >= policy.max_inflight_per_client:
+            return f"this client has {mine} requests in flight (limit {policy.max_inflight_per_client})"
+        if self.lag_ms >= policy.loop_lag_ms:
+            return f"event loop lag {self.lag_ms:.0f} ms (limit {policy.loop_lag_ms:g} ms)"
         self.inflight += 1
+        self._by_client[client] = mine + 1
         return None
 
-    def release(self) -> None:
+    def release(self, client: str = "-") -> None:
         self.inflight -= 1
+        left = self._by_client.get(client, 1) - 1
+        if left > 0:
+            self._by_client[client] = left
+        else:
+            self._by_client.pop(client, None)
 
     async def start(self) -> None:
         if not self._monitor:

@@ -2,70 +2,157 @@
 
 The answer is kept in the :class:`~agent_reach.router.results.ResultStore` for
 ``GET /reach/{traceId}`` and, when the caller gave a ``replyTo``, POSTed there through the
-transport with bounded retries.
+transport, retried with exponential backoff and jitter for ``reply_window_seconds``.
+
+Nothing accepted is lost silently: on shutdown, requests still running get until the drain
+deadline; the rest are logged as abandoned by traceId, their stored result becomes ``TIMEOUT``,
+and their ``replyTo`` is sent that ``TIMEOUT`` once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
+from agent_reach.clock import SYSTEM_CLOCK, Clock
 from agent_reach.config import AsyncPolicy
-from agent_reach.exceptions import DeliveryFailed
-from agent_reach.lifecycle import Background
+from agent_reach.exceptions import DeadlineExceeded, DeliveryFailed
+from agent_reach.router import answer
 from agent_reach.router.results import Reply, ResultStore
 from agent_reach.transport.base import Transport
 
 log = logging.getLogger("agent_reach.async")
 
 Run = Callable[[], Awaitable[Reply]]
+Sleep = Callable[[float], Awaitable[None]]
+
+# Jitter from a private generator: it must not share or disturb the process-wide `random`.
+_jitter = random.Random()
+
+
+@dataclass(eq=False)
+class _Accepted:
+    trace_id: str
+    reply_to: str | None
+    task: asyncio.Task[None] | None = None
 
 
 class AsyncRequests:
     """Runs accepted async requests and delivers their answers."""
 
-    def __init__(self, transport: Transport, results: ResultStore, policy: AsyncPolicy) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        results: ResultStore,
+        policy: AsyncPolicy,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        sleep: Sleep = asyncio.sleep,
+    ) -> None:
         self.transport = transport
         self.results = results
         self.policy = policy
-        self._running = Background("reach-async")
+        self._clock = clock
+        self._sleep = sleep
+        self._running: dict[str, _Accepted] = {}
+        self._deliveries: set[asyncio.Task[bool]] = set()
+
+    def __len__(self) -> int:
+        return len(self._running)
 
     def start(self, trace_id: str, run: Run, reply_to: str | None) -> None:
         """Run ``run()`` in the background; its answer is stored, then delivered to ``reply_to``."""
         self.results.start(trace_id)
-        self._running.spawn(self._serve(trace_id, run, reply_to), trace_id)
+        accepted = _Accepted(trace_id, reply_to)
+        self._running[trace_id] = accepted
+        accepted.task = asyncio.create_task(self._serve(accepted, run), name=f"reach-async-{trace_id}")
 
-    async def _serve(self, trace_id: str, run: Run, reply_to: str | None) -> None:
-        reply = await run()
-        self.results.finish(trace_id, reply)
-        if reply_to:
-            await self.deliver(trace_id, reply_to, reply[1])
+    async def _serve(self, accepted: _Accepted, run: Run) -> None:
+        try:
+            reply = await run()
+        finally:
+            self._running.pop(accepted.trace_id, None)
+        self.results.finish(accepted.trace_id, reply)
+        if accepted.reply_to:
+            # Delivery outlives the request: it is tracked apart, so draining waits only for work.
+            delivery = asyncio.create_task(self.deliver(accepted.trace_id, accepted.reply_to, reply[1]))
+            self._deliveries.add(delivery)
+            delivery.add_done_callback(self._deliveries.discard)
 
-    async def deliver(self, trace_id: str, url: str, body: bytes) -> None:
-        """POST the ReachResponse to ``replyTo``, retrying a bounded number of times."""
+    def _backoff_s(self, attempt: int) -> float:
+        policy = self.policy
+        ceiling = min(policy.reply_backoff_max_ms, policy.reply_backoff_ms * 2.0 ** (attempt - 1))
+        return float(ceiling * _jitter.uniform(0.5, 1.0) / 1000)
+
+    async def deliver(self, trace_id: str, url: str, body: bytes) -> bool:
+        """POST the ReachResponse to ``replyTo`` until it is taken or the window closes."""
         policy = self.policy
         headers = {"Content-Type": "application/json", "X-Reach-Trace-Id": trace_id}
-        last = ""
-        for attempt in range(1, policy.reply_attempts + 1):
+        closes = self._clock.monotonic() + policy.reply_window_seconds
+        last, attempt = "", 0
+        while attempt < policy.reply_attempts:
+            attempt += 1
             try:
                 await self.transport.deliver(url, body, headers, policy.reply_timeout_ms / 1000)
             except DeliveryFailed as exc:
                 last = exc.message
             else:
-                log.info("[%s] reply delivered to %s", trace_id, url)
-                return
-            if attempt < policy.reply_attempts:
-                await asyncio.sleep(policy.reply_backoff_ms * attempt / 1000)
+                log.info("[%s] reply delivered to %s (attempt %d)", trace_id, url, attempt)
+                return True
+            wait = self._backoff_s(attempt)
+            if self._clock.monotonic() + wait >= closes:
+                break
+            await self._sleep(wait)
         log.error(
-            "[%s] reply to %s failed after %d attempts (%s); the result stays at GET /reach/%s",
+            "[%s] reply to %s failed after %d attempts over %.0f s (%s); the result stays at GET /reach/%s",
             trace_id,
             url,
-            policy.reply_attempts,
+            attempt,
+            policy.reply_window_seconds,
             last,
             trace_id,
         )
+        return False
+
+    async def drain(self, timeout_s: float) -> None:
+        """Give running requests ``timeout_s`` to finish; abandon the rest, loudly."""
+        tasks = [a.task for a in self._running.values() if a.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=max(timeout_s, 0.0))
+        abandoned = list(self._running.values())
+        for accepted in abandoned:
+            if accepted.task is not None:
+                accepted.task.cancel()
+        if abandoned:
+            await asyncio.gather(*(a.task for a in abandoned if a.task is not None), return_exceptions=True)
+        for accepted in abandoned:
+            await self._abandon(accepted)
+        for delivery in list(self._deliveries):
+            delivery.cancel()
+        if self._deliveries:
+            await asyncio.gather(*self._deliveries, return_exceptions=True)
+
+    async def _abandon(self, accepted: _Accepted) -> None:
+        log.error("[%s] async request abandoned at shutdown: answered TIMEOUT", accepted.trace_id)
+        error = DeadlineExceeded("the Router shut down before this async request finished")
+        reply = answer.standalone(self._clock, accepted.trace_id, error=error)
+        self.results.finish(accepted.trace_id, reply)
+        if accepted.reply_to:
+            try:
+                await self.transport.deliver(
+                    accepted.reply_to,
+                    reply[1],
+                    {"Content-Type": "application/json", "X-Reach-Trace-Id": accepted.trace_id},
+                    min(self.policy.reply_timeout_ms / 1000, 2.0),
+                )
+            except DeliveryFailed as exc:
+                log.error(
+                    "[%s] the TIMEOUT answer did not reach %s (%s)", accepted.trace_id, accepted.reply_to, exc
+                )
 
     async def close(self) -> None:
-        """Cancel async requests still running."""
-        await self._running.close()
+        """Abandon whatever still runs, at once."""
+        await self.drain(0.0)

@@ -88,7 +88,7 @@ class Dispatcher:
             clock=clock,
         )
         self.results = ResultStore(config.async_mode, clock=clock) if results is None else results
-        self.async_requests = AsyncRequests(transport, self.results, config.async_mode)
+        self.async_requests = AsyncRequests(transport, self.results, config.async_mode, clock=clock)
 
     @property
     def config(self) -> RouterConfig:
@@ -198,8 +198,12 @@ class Dispatcher:
         self.async_requests.start(trace_id, run, request.preferences.reply_to)
         return answer.standalone(self.clock, trace_id)
 
+    async def drain(self, timeout_s: float) -> None:
+        """Let accepted async requests finish within ``timeout_s``; abandon the rest, loudly."""
+        await self.async_requests.drain(timeout_s)
+
     async def close(self) -> None:
-        """Cancel background work (async requests still running)."""
+        """Abandon async requests still running (each is logged and answered TIMEOUT)."""
         await self.async_requests.close()
 
     # -- routing and attempts ----------------------------------------------------------------

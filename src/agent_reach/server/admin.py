@@ -91,7 +91,8 @@ class AdminApi:
     async def _read_json(self, request: Request) -> Any:
         headers = {k.lower().encode("latin-1"): v.encode("latin-1") for k, v in request.headers.items()}
         check_json_content_type(headers)
-        body = await read_body(request.receive, headers, self.parts.config.server.body_limit_bytes)
+        server = self.parts.config.server
+        body = await read_body(request.receive, headers, server.body_limit_bytes, server.body_timeout_seconds)
         if not body:
             return None
         try:

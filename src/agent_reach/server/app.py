@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,7 @@ class RouterApp:
         )
         self.guard: Guard = guard or OpenGuard()
         self.started = False
+        self._drain_started: float | None = None
         self.admin = AdminApi(self.parts, self.policy_file, lambda: self.started)
         self._background = Background("reach-router")
 
@@ -91,7 +93,9 @@ class RouterApp:
         trace_hint = trace_header.decode("latin-1") if trace_header else None
         raw_parent = headers.get(b"traceparent")
         parent = parse_traceparent(raw_parent.decode("latin-1")) if raw_parent else None
-        shed = parts.shedder.admit()
+        client = scope.get("client")
+        peer = client[0] if client else "-"
+        shed = parts.shedder.admit(peer)
         if shed is not None:
             status, payload = parts.dispatcher.shed(shed, trace_id=parent[0] if parent else None)
             retry_after = str(parts.config.limits.retry_after_seconds).encode()
@@ -100,7 +104,8 @@ class RouterApp:
         try:
             try:
                 check_json_content_type(headers)
-                body = await read_body(receive, headers, parts.config.server.body_limit_bytes)
+                server = parts.config.server
+                body = await read_body(receive, headers, server.body_limit_bytes, server.body_timeout_seconds)
             except RequestError as exc:
                 status, payload = parts.dispatcher.refuse(exc, trace_id=parent[0] if parent else None)
                 await send_json(send, status, payload)
@@ -116,7 +121,7 @@ class RouterApp:
                 status, payload = answer.standalone(parts.clock, trace_id, error=InternalError())
             await send_json(send, status, payload)
         finally:
-            parts.shedder.release()
+            parts.shedder.release(peer)
 
     async def _deny(self, send: Send, denial: Denial) -> None:
         status, body = answer.standalone(self.parts.clock, None, error=denial.error())
@@ -139,9 +144,18 @@ class RouterApp:
             self._background.every(lambda: 1.0, self.policy_file.check, "policy-watch")
         self.started = True
 
+    def begin_drain(self, at_monotonic: float) -> None:
+        """A shutdown signal arrived at ``at_monotonic``: the drain deadline counts from there."""
+        if self._drain_started is None:
+            self._drain_started = at_monotonic
+
     async def shutdown(self) -> None:
-        """Stop background work and close connections."""
+        """Let accepted async requests finish until the drain deadline, then stop everything."""
         self.started = False
+        budget = self.parts.config.server.drain_timeout_seconds
+        if self._drain_started is not None:
+            budget -= time.monotonic() - self._drain_started
+        await self.parts.dispatcher.drain(budget)
         await self._background.close()
         await self.parts.close()
 

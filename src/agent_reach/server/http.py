@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import orjson
 
-from agent_reach.exceptions import PayloadTooLarge, RequestError, UnsupportedMediaType
+from agent_reach.exceptions import BodyTimeout, PayloadTooLarge, RequestError, UnsupportedMediaType
 
 Scope = dict[str, Any]
 Receive = Any
@@ -54,9 +55,23 @@ def _check_declared_size(headers: dict[bytes, bytes], limit: int) -> None:
         raise PayloadTooLarge(f"body of {size} bytes is over the {limit}-byte limit")
 
 
-async def read_body(receive: Receive, headers: dict[bytes, bytes], limit: int) -> bytes:
-    """The whole request body, refusing (413) anything over ``limit`` bytes before reading it."""
+async def read_body(
+    receive: Receive, headers: dict[bytes, bytes], limit: int, timeout_s: float | None = None
+) -> bytes:
+    """The whole request body, refusing (413) anything over ``limit`` bytes before reading it,
+    and (408) a body that takes longer than ``timeout_s`` to arrive: a stalled client must not
+    hold a request slot for as long as it likes."""
     _check_declared_size(headers, limit)
+    if timeout_s is None:
+        return await _read_body(receive, limit)
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await _read_body(receive, limit)
+    except TimeoutError as exc:
+        raise BodyTimeout(f"the request body did not arrive within {timeout_s:g} s") from exc
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes:
     message = await receive()
     if message["type"] == "http.disconnect":
         raise ClientGone

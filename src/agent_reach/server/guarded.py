@@ -1,0 +1,128 @@
+"""The HTTP/1.1 protocol in front of the Router: httptools, with limits on a request's head.
+
+uvicorn's httptools protocol reads headers of any size for as long as the client likes: a 32 MB
+header was accepted, and 50 unfinished 8 MB headers grew the Router by 460 MB. This subclass
+bounds the head of every request, before the ASGI app sees it:
+
+- at most ``max_header_bytes`` of request line and headers (431 above it);
+- at most ``max_headers`` header lines (431);
+- the head complete within ``header_timeout_seconds`` of its first byte, or of the connection
+  (408), so a connection that trickles bytes is closed.
+
+The body has its own timeout in the app (:func:`agent_reach.server.http.read_body`), and idle
+keep-alive connections close after uvicorn's ``timeout_keep_alive``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from agent_reach.config import ServerPolicy
+
+_REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
+
+
+class GuardedHttpTools(HttpToolsProtocol):
+    """httptools with a bounded request head; the limits are class attributes (see :func:`guarded`)."""
+
+    max_header_bytes = 64 * 1024
+    max_headers = 100
+    header_timeout_s = 10.0
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._head_bytes = 0
+        self._head_lines = 0
+        self._reading_head = True
+        self._refused = False
+        self._head_timer: asyncio.TimerHandle | None = self.loop.call_later(
+            self.header_timeout_s, self._head_too_slow
+        )
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
+        if self._reading_head:
+            self._head_bytes += len(data)
+        super().data_received(data)
+        # Still in the head after taking every byte so far: all of them were head bytes.
+        if self._reading_head and not self._refused and self._head_bytes > self.max_header_bytes:
+            self._refuse(431, f"request headers are over {self.max_header_bytes} bytes")
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._reading_head = True
+        self._head_lines = 0
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_too_slow)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self._refused:
+            return
+        self._head_lines += 1
+        if self._head_lines > self.max_headers:
+            self._refuse(431, f"more than {self.max_headers} request headers")
+            return
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        if self._refused:
+            return
+        self._reading_head = False
+        self._head_bytes = 0
+        self._disarm()
+        super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        if not self._refused:
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if not self._refused:
+            super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        # The next head starts counting at its first byte (on_message_begin); until then the
+        # client may still be sending the rest of a body the app already refused.
+        self._head_bytes = 0
+
+    def _disarm(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_too_slow(self) -> None:
+        self._head_timer = None
+        if self._reading_head:
+            self._refuse(408, f"request headers not complete within {self.header_timeout_s:g} s")
+
+    def _refuse(self, status: int, message: str) -> None:
+        """Answer ``status`` with a short text and close: the app never sees the request."""
+        self._refused = True
+        self._disarm()
+        if self.transport.is_closing():
+            return
+        body = message.encode()
+        head = b"HTTP/1.1 %d %s\r\n" % (status, _REASONS[status])
+        head += b"content-type: text/plain; charset=utf-8\r\nconnection: close\r\n"
+        head += b"content-length: %d\r\n\r\n" % len(body)
+        self.transport.write(head + body)
+        self.transport.close()
+
+
+def guarded(policy: ServerPolicy) -> type[GuardedHttpTools]:
+    """The protocol class with ``policy``'s limits."""
+    attrs: dict[str, Any] = {
+        "max_header_bytes": policy.max_header_bytes,
+        "max_headers": policy.max_headers,
+        "header_timeout_s": policy.header_timeout_seconds,
+    }
+    return type("ReachHttpProtocol", (GuardedHttpTools,), attrs)

@@ -1,0 +1,66 @@
+"""Serving the Router with uvicorn: one configuration for the command line and the tests.
+
+The request head is bounded by :mod:`.guarded`; SIGTERM starts one drain deadline
+(``server.drain_timeout_seconds``) that covers requests in flight and accepted async requests
+alike, so the process exits within it.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+import uvicorn
+
+from agent_reach.server.app import RouterApp
+from agent_reach.server.guarded import guarded
+
+
+def uvicorn_config(app: RouterApp, host: str, port: int, **extra: Any) -> uvicorn.Config:
+    """uvicorn's settings for ``app``, from its policy; ``extra`` overrides (e.g. ``loop``)."""
+    server = app.config.server
+    settings: dict[str, Any] = {
+        "host": host,
+        "port": port,
+        "lifespan": "on",
+        "access_log": False,
+        "log_level": "warning",
+        "http": guarded(server),
+        "server_header": False,
+        "timeout_graceful_shutdown": server.drain_timeout_seconds,
+        **extra,
+    }
+    return uvicorn.Config(app, **settings)
+
+
+class RouterProcess(uvicorn.Server):
+    """uvicorn's server, telling the app when a shutdown signal starts the drain."""
+
+    def __init__(
+        self, config: uvicorn.Config, app: RouterApp, on_ready: Callable[[], None] | None = None
+    ) -> None:
+        super().__init__(config)
+        self.router_app = app
+        self._on_ready = on_ready
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and self._on_ready is not None:
+            self._on_ready()
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.router_app.begin_drain(time.monotonic())
+        super().handle_exit(sig, frame)
+
+
+def serve(
+    app: RouterApp, host: str, port: int, *, on_ready: Callable[[], None] | None = None, **extra: Any
+) -> None:
+    """Run the Router until SIGINT or SIGTERM (blocking; an entry point's call).
+
+    ``on_ready`` runs once the port is bound and the app has started.
+    """
+    RouterProcess(uvicorn_config(app, host, port, **extra), app, on_ready).run()
