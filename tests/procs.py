@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -11,6 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
+
+from agent_reach.testing import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -58,3 +62,85 @@ def wait_for(check: Callable[[], Any], timeout: float = 10.0, interval: float = 
             pass
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s; last value {last!r}")
+
+
+CHAOS_APP = str(ROOT / "examples" / "chaos_agent" / "agent.py") + ":agent"
+CHAOS_CONFIG = str(ROOT / "examples" / "chaos_agent" / "reach_config.yaml")
+
+
+class Drill:
+    """A Router process and chaos agent processes, each agent with its own fault file.
+
+    The Router runs without an embedder: drills route by task, and loading the model costs a
+    Router seconds of CPU at start-up, during which it answers registrations late.
+    """
+
+    def __init__(self, tmp: Path, policy: dict[str, Any]) -> None:
+        self.tmp = tmp
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        base: dict[str, Any] = {
+            "registry": {"lease_ttl_seconds": 2, "sweep_interval_seconds": 0.05},
+            "embedding": {"backend": "none"},
+        }
+        for key, value in policy.items():
+            base[key] = {**base.get(key, {}), **value}
+        (tmp / "router.yaml").write_text(yaml.safe_dump(base))
+        self.router = Proc(
+            ["router", "--port", str(self.port), "--config", str(tmp / "router.yaml")], tmp / "router.log"
+        )
+        self.http = httpx.Client(base_url=self.url, timeout=10)
+        wait_for(lambda: self.http.get("/healthz").status_code == 200)
+        self.agents: dict[str, Proc] = {}
+        self.ports: dict[str, tuple[int, int]] = {}
+
+    def fault(self, name: str, **faults: Any) -> None:
+        (self.tmp / f"{name}.faults.json").write_text(json.dumps(faults))
+
+    def start_agent(self, name: str) -> Proc:
+        if name not in self.ports:
+            self.ports[name] = (free_port(), free_port())
+            self.fault(name)
+        port, health = self.ports[name]
+        proc = Proc(
+            ["agent", "--config", CHAOS_CONFIG, "--app", CHAOS_APP],
+            self.tmp / f"{name}.log",
+            env={
+                "REACH_SELF_ID": name,
+                "REACH_CALLBACK_URL": f"http://127.0.0.1:{port}/reach",
+                "REACH_HEALTH_PORT": str(health),
+                "REACH_ROUTER_URL": self.url,
+                "REACH_FAULT_FILE": str(self.tmp / f"{name}.faults.json"),
+            },
+        )
+        self.agents[name] = proc
+        return proc
+
+    def statuses(self) -> dict[str, str]:
+        return {row["id"]: row["status"] for row in self.http.get("/admin/agents").json()}
+
+    def wait_available(self, *names: str, timeout: float = 15) -> None:
+        """Until the Router lists each agent available *and* each agent holds its lease.
+
+        The Router lists an agent from the moment it writes the entry, before the agent has its
+        answer (the lease id); a drill started in between measures registration, not resilience.
+        """
+        wait_for(
+            lambda: all(
+                self.statuses().get(n) == "available" and "registration successful" in self.agents[n].text()
+                for n in names
+            ),
+            timeout=timeout,
+        )
+
+    def call(self, **prefs: Any) -> dict[str, Any]:
+        result: dict[str, Any] = self.http.post(
+            "/reach", json={"targetTask": "chaos", "preferences": prefs}
+        ).json()
+        return result
+
+    def stop(self) -> None:
+        for proc in self.agents.values():
+            proc.stop()
+        self.router.stop()
+        self.http.close()

@@ -20,11 +20,12 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.e2e
 def test_demo_runs_the_reference_session(tmp_path: Path) -> None:
     """The demo comes up, answers the §3 call, and stops cleanly on Ctrl-C with agents deregistered."""
+    # --free-ports: the agents' fixed ports (7301/7311) may be held by a `make demo` running beside.
     port = free_port()
     log = tmp_path / "demo.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "agent_reach", "demo", "--port", str(port)],
+            [sys.executable, "-m", "agent_reach", "demo", "--port", str(port), "--free-ports"],
             cwd=ROOT,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -41,6 +42,10 @@ def test_demo_runs_the_reference_session(tmp_path: Path) -> None:
             assert {r["id"]: r["status"] for r in rows} == {
                 "price-query-agent": "available",
                 "promotion-agent": "available",
+            }
+            assert not {r["endpoint"] for r in rows} & {
+                "http://127.0.0.1:7301/reach",
+                "http://127.0.0.1:7311/reach",
             }
             body = httpx.post(
                 f"{url}/reach",

@@ -163,15 +163,23 @@ async def test_excess_is_shed_at_once(cluster) -> None:
     """Beyond the in-flight limit, requests are answered 429 OVERLOADED with Retry-After, at once."""
     _server, http, make = cluster
     await make("slow", delay_s=0.5)
-    started = time.monotonic()
-    responses = await asyncio.gather(*(http.post("/reach", json={"targetTask": "echo"}) for _ in range(10)))
+    answered: dict[int, float] = {}
+
+    async def post(i: int) -> httpx.Response:
+        resp = await http.post("/reach", json={"targetTask": "echo"})
+        answered[i] = time.monotonic()
+        return resp
+
+    responses = await asyncio.gather(*(post(i) for i in range(10)))
     codes = sorted(r.status_code for r in responses)
     assert codes.count(200) == 3
     assert codes.count(429) == 7
     shed = next(r for r in responses if r.status_code == 429)
     assert shed.headers["retry-after"] == "2"
     assert shed.json()["status"] == "OVERLOADED"
-    assert time.monotonic() - started < 1.5
+    # At once: every shed answer came back before the slow agent's first answer.
+    shed_at = max(answered[i] for i, r in enumerate(responses) if r.status_code == 429)
+    assert shed_at < min(answered[i] for i, r in enumerate(responses) if r.status_code == 200)
 
 
 async def test_async_mode_and_reply_to(cluster) -> None:
@@ -191,7 +199,6 @@ async def test_async_mode_and_reply_to(cluster) -> None:
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     try:
-        started = time.monotonic()
         resp = await http.post(
             "/reach",
             json={
@@ -203,7 +210,7 @@ async def test_async_mode_and_reply_to(cluster) -> None:
         )
         assert resp.status_code == 202
         assert resp.json()["status"] == "ACCEPTED"
-        assert time.monotonic() - started < 0.2
+        # At once: answered while the 0.3 s agent is still working on it.
         pending = await http.get("/reach/async-1")
         assert pending.status_code == 202
         for _ in range(100):

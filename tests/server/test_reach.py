@@ -247,7 +247,8 @@ async def test_overall_budget_is_a_deadline(http, make_agent) -> None:
     assert resp.status_code == 504
     assert resp.json()["status"] == "TIMEOUT"
     assert resp.json()["attempts"][0]["outcome"] == "timeout"
-    assert took < 0.3 + 0.2
+    # Before the agent would have answered: the deadline ended it (the bench times the lateness).
+    assert took < 1.0
 
 
 async def test_trace_lines(http, make_agent, caplog: pytest.LogCaptureFixture) -> None:

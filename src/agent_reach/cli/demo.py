@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -45,6 +46,12 @@ def _spawn(name: str, args: list[str], env: dict[str, str], lock: threading.Lock
     return proc
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def _wait_ready(url: str, want: set[str], procs: list[subprocess.Popen[str]], limit_s: float = 30) -> bool:
     """Poll the registry until every agent in ``want`` is available, or a process dies."""
     end = time.monotonic() + limit_s
@@ -61,8 +68,12 @@ def _wait_ready(url: str, want: set[str], procs: list[subprocess.Popen[str]], li
     return False
 
 
-def run_demo(port: int, examples: Path) -> None:
-    """Start everything, print how to try it, and stop everything on Ctrl-C or SIGTERM."""
+def run_demo(port: int, examples: Path, *, free_ports: bool = False) -> None:
+    """Start everything, print how to try it, and stop everything on Ctrl-C or SIGTERM.
+
+    ``free_ports`` moves the agents off their configs' fixed ports (7301/7302, 7311/7312), which
+    a running ``make demo`` holds, through the SDK's REACH_CALLBACK_URL and REACH_HEALTH_PORT.
+    """
     configs = {name: examples / folder / "reach_config.yaml" for name, folder in AGENTS}
     missing = [str(p) for p in configs.values() if not p.is_file()]
     if missing:
@@ -77,6 +88,13 @@ def run_demo(port: int, examples: Path) -> None:
         router_args += ["--config", str(examples / "router.yaml")]
     procs = [_spawn("router", router_args, env, lock)]
     for name, folder in AGENTS:
+        agent_env = env
+        if free_ports:
+            agent_env = {
+                **env,
+                "REACH_CALLBACK_URL": f"http://127.0.0.1:{_free_port()}/reach",
+                "REACH_HEALTH_PORT": str(_free_port()),
+            }
         procs.append(
             _spawn(
                 name,
@@ -87,7 +105,7 @@ def run_demo(port: int, examples: Path) -> None:
                     "--app",
                     str(examples / folder / "agent.py") + ":agent",
                 ],
-                env,
+                agent_env,
                 lock,
             )
         )

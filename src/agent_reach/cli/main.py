@@ -99,11 +99,20 @@ def demo(
         int | None, typer.Option(help="Router port [env REACH_ROUTER_PORT, default 7200].")
     ] = None,
     examples: Annotated[Path, typer.Option(help="The examples folder of the repository.")] = Path("examples"),
+    free_ports: Annotated[
+        bool,
+        typer.Option(
+            "--free-ports",
+            envvar="REACH_DEMO_FREE_PORTS",
+            help="Give the agents free ports instead of their configs' 7301/7302 and 7311/7312, "
+            "so a second demo (or the tests) can run beside `make demo`.",
+        ),
+    ] = False,
 ) -> None:
     """Start the Router and the two demo agents; Ctrl-C stops them all."""
     from agent_reach.cli.demo import run_demo
 
-    run_demo(port if port is not None else _default_port(), examples)
+    run_demo(port if port is not None else _default_port(), examples, free_ports=free_ports)
 
 
 @app.command("agents")

@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 
+from agent_reach.clock import SYSTEM_CLOCK, Clock
 from agent_reach.exceptions import ConfigError
 
 log = logging.getLogger("agent_reach.sdk")
@@ -32,7 +33,15 @@ class RegistrationRefused(Exception):
 class LeaseKeeper:
     """Registers a profile and keeps its lease alive until :meth:`stop`."""
 
-    def __init__(self, router_url: str, profile: dict[str, Any], *, callback: str, tasks: list[str]) -> None:
+    def __init__(
+        self,
+        router_url: str,
+        profile: dict[str, Any],
+        *,
+        callback: str,
+        tasks: list[str],
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
         self.router_url = router_url
         self.agent_id = str(profile["id"])
         self._profile = profile
@@ -40,6 +49,10 @@ class LeaseKeeper:
         self._tasks = tasks
         self.lease_id: str | None = None
         self.ttl_seconds = 60.0
+        # When the request behind the lease's last extension was sent (monotonic): the Router
+        # starts the lease clock somewhere between sending and answering, so this is the safe end.
+        self._clock = clock
+        self._extended_at = clock.monotonic()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._http = httpx.Client(timeout=5)
@@ -54,6 +67,7 @@ class LeaseKeeper:
         log.info("[reach-client] registering agent: %s", self.agent_id)
         log.info("[reach-client] capabilities: %s", ", ".join(self._tasks))
         log.info("[reach-client] callback endpoint: %s", self._callback)
+        sent = self._clock.monotonic()
         resp = self._http.post(f"{self.router_url}/agents", json=body)
         try:
             answer = resp.json()
@@ -64,6 +78,7 @@ class LeaseKeeper:
             raise RegistrationRefused(resp.status_code, error)
         self.lease_id = str(answer["leaseId"])
         self.ttl_seconds = float(answer["ttlSeconds"])
+        self._extended_at = sent
         log.info("[reach-client] registration successful, lease id: %s", self.lease_id)
 
     def register_until_done(self) -> bool:
@@ -110,11 +125,20 @@ class LeaseKeeper:
         self._thread = threading.Thread(target=self._renew_forever, name="reach-lease", daemon=True)
         self._thread.start()
 
+    def _next_renewal_in(self) -> float:
+        """Seconds until the next renewal: a third of a TTL after the last extension was *sent*.
+
+        Counting from the answer instead would lose the round trip each time, and the Router can
+        answer a registration seconds after it started the lease (a cold embedder at start-up):
+        with a short TTL the lease then turned suspect, or lapsed, before the first renewal.
+        """
+        return max(self.ttl_seconds / 3 - (self._clock.monotonic() - self._extended_at), 0.05)
+
     def _renew_forever(self) -> None:
-        wait = max(self.ttl_seconds / 3, 0.05)
+        wait = self._next_renewal_in()
         while not self._stop.wait(wait):
-            wait = max(self.ttl_seconds / 3, 0.05)
             log.debug("[reach-client] renewing lease %s", self.lease_id)
+            sent = self._clock.monotonic()
             try:
                 resp = self._http.put(
                     f"{self.router_url}/agents/{self.agent_id}/lease",
@@ -128,7 +152,9 @@ class LeaseKeeper:
                 wait = 0.05  # the lease is running out: try again at once, not a third of a TTL later
                 continue
             if resp.status_code == 200:
+                self._extended_at = sent
                 log.debug("[reach-client] lease %s renewed", self.lease_id)
+                wait = self._next_renewal_in()
                 continue
             if resp.status_code in (403, 404):
                 log.warning(
@@ -142,8 +168,10 @@ class LeaseKeeper:
                 except ConfigError as exc:
                     log.error("[reach-client] %s", exc.message)
                     return
+                wait = self._next_renewal_in()
             else:
                 log.warning("[reach-client] lease renewal answered HTTP %s", resp.status_code)
+                wait = max(self.ttl_seconds / 3, 0.05)  # a Router in trouble: no faster than usual
 
     # -- leaving -----------------------------------------------------------------------------
 
