@@ -166,7 +166,7 @@ async def test_excess_is_shed_at_once(cluster) -> None:
     answered: dict[int, float] = {}
 
     async def post(i: int) -> httpx.Response:
-        resp = await http.post("/reach", json={"targetTask": "echo"})
+        resp: httpx.Response = await http.post("/reach", json={"targetTask": "echo"})
         answered[i] = time.monotonic()
         return resp
 

@@ -68,6 +68,17 @@ def _wait_ready(url: str, want: set[str], procs: list[subprocess.Popen[str]], li
     return False
 
 
+def _agent_env(env: dict[str, str], free_ports: bool) -> dict[str, str]:
+    """An agent's environment; with ``free_ports`` its callback and health ports are free ones."""
+    if not free_ports:
+        return env
+    return {
+        **env,
+        "REACH_CALLBACK_URL": f"http://127.0.0.1:{_free_port()}/reach",
+        "REACH_HEALTH_PORT": str(_free_port()),
+    }
+
+
 def run_demo(port: int, examples: Path, *, free_ports: bool = False) -> None:
     """Start everything, print how to try it, and stop everything on Ctrl-C or SIGTERM.
 
@@ -88,27 +99,14 @@ def run_demo(port: int, examples: Path, *, free_ports: bool = False) -> None:
         router_args += ["--config", str(examples / "router.yaml")]
     procs = [_spawn("router", router_args, env, lock)]
     for name, folder in AGENTS:
-        agent_env = env
-        if free_ports:
-            agent_env = {
-                **env,
-                "REACH_CALLBACK_URL": f"http://127.0.0.1:{_free_port()}/reach",
-                "REACH_HEALTH_PORT": str(_free_port()),
-            }
-        procs.append(
-            _spawn(
-                name,
-                [
-                    "agent",
-                    "--config",
-                    str(configs[name]),
-                    "--app",
-                    str(examples / folder / "agent.py") + ":agent",
-                ],
-                agent_env,
-                lock,
-            )
-        )
+        args = [
+            "agent",
+            "--config",
+            str(configs[name]),
+            "--app",
+            str(examples / folder / "agent.py") + ":agent",
+        ]
+        procs.append(_spawn(name, args, _agent_env(env, free_ports), lock))
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
