@@ -135,7 +135,8 @@ class FakeAgent:
         app.router.add_post("/reach", self._handle)
         app.router.add_get("/healthz", self._health)
         app.router.add_get("/reach/conversations/{conversation_id}", self._holds)
-        self._runner = web.AppRunner(app, access_log=None)
+        # A test agent stops at once: handlers still sleeping (a "stuck" agent) are cut off.
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
         return self

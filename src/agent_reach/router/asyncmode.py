@@ -58,7 +58,7 @@ class AsyncRequests:
         self._clock = clock
         self._sleep = sleep
         self._running: dict[str, _Accepted] = {}
-        self._deliveries: set[asyncio.Task[bool]] = set()
+        self._deliveries: dict[asyncio.Task[bool], tuple[str, str]] = {}
 
     def __len__(self) -> int:
         return len(self._running)
@@ -79,8 +79,8 @@ class AsyncRequests:
         if accepted.reply_to:
             # Delivery outlives the request: it is tracked apart, so draining waits only for work.
             delivery = asyncio.create_task(self.deliver(accepted.trace_id, accepted.reply_to, reply[1]))
-            self._deliveries.add(delivery)
-            delivery.add_done_callback(self._deliveries.discard)
+            self._deliveries[delivery] = (accepted.trace_id, accepted.reply_to)
+            delivery.add_done_callback(lambda task: self._deliveries.pop(task, None))
 
     def _backoff_s(self, attempt: int) -> float:
         policy = self.policy
@@ -130,8 +130,9 @@ class AsyncRequests:
             await asyncio.gather(*(a.task for a in abandoned if a.task is not None), return_exceptions=True)
         for accepted in abandoned:
             await self._abandon(accepted)
-        for delivery in list(self._deliveries):
+        for delivery, (trace_id, url) in list(self._deliveries.items()):
             delivery.cancel()
+            log.error("[%s] reply to %s still undelivered at shutdown", trace_id, url)
         if self._deliveries:
             await asyncio.gather(*self._deliveries, return_exceptions=True)
 

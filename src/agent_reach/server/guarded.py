@@ -4,7 +4,9 @@ uvicorn's httptools protocol reads headers of any size for as long as the client
 header was accepted, and 50 unfinished 8 MB headers grew the Router by 460 MB. This subclass
 bounds the head of every request, before the ASGI app sees it:
 
-- at most ``max_header_bytes`` of request line and headers (431 above it);
+- at most ``max_header_bytes`` of request line and headers (431 above it), measured both as
+  bytes arrive (so a head that never ends is cut off) and as the parser hands headers over (so
+  a big head that arrives in one read is refused too);
 - at most ``max_headers`` header lines (431);
 - the head complete within ``header_timeout_seconds`` of its first byte, or of the connection
   (408), so a connection that trickles bytes is closed.
@@ -36,6 +38,7 @@ class GuardedHttpTools(HttpToolsProtocol):
         super().connection_made(transport)
         self._head_bytes = 0
         self._head_lines = 0
+        self._head_size = 0
         self._reading_head = True
         self._refused = False
         self._head_timer: asyncio.TimerHandle | None = self.loop.call_later(
@@ -60,15 +63,27 @@ class GuardedHttpTools(HttpToolsProtocol):
         super().on_message_begin()
         self._reading_head = True
         self._head_lines = 0
+        self._head_size = 0
         if self._head_timer is None:
             self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_too_slow)
+
+    def on_url(self, url: bytes) -> None:
+        if self._refused:
+            return
+        self._head_size += len(url)
+        super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if self._refused:
             return
         self._head_lines += 1
+        # A head that arrived in one piece is measured here, as the parser hands it over.
+        self._head_size += len(name) + len(value) + 4
         if self._head_lines > self.max_headers:
             self._refuse(431, f"more than {self.max_headers} request headers")
+            return
+        if self._head_size > self.max_header_bytes:
+            self._refuse(431, f"request headers are over {self.max_header_bytes} bytes")
             return
         super().on_header(name, value)
 

@@ -1,0 +1,109 @@
+"""Async answers are delivered with backoff over a window, and nothing accepted vanishes on shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import orjson
+import pytest
+
+from agent_reach.config import AsyncPolicy
+from agent_reach.router.asyncmode import AsyncRequests
+from agent_reach.router.results import ResultStore
+from agent_reach.testing import FakeTransport, ManualClock
+
+LISTENER = "http://caller.test/replies"
+
+
+class Sleeper:
+    """An injected sleep that moves the manual clock and wakes listeners whose outage is over."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        self.clock = clock
+        self.waits: list[float] = []
+
+    async def __call__(self, seconds: float) -> None:
+        self.waits.append(seconds)
+        self.clock.advance(seconds)
+        await asyncio.sleep(0)
+
+
+def requests(policy: AsyncPolicy, fake: FakeTransport, clock: ManualClock, sleeper: Sleeper) -> AsyncRequests:
+    return AsyncRequests(fake, ResultStore(policy, clock=clock), policy, clock=clock, sleep=sleeper)
+
+
+async def test_listener_down_for_30_seconds_then_back_gets_its_result() -> None:
+    """The replyTo listener refuses for 30 s; delivery backs off, then lands once it is back."""
+    clock = ManualClock()
+    fake = FakeTransport(clock)
+    listener = fake.endpoint(LISTENER, healthy=False)
+    back_at = clock.monotonic() + 30
+    sleeper = Sleeper(clock)
+
+    async def sleep_then_maybe_heal(seconds: float) -> None:
+        await sleeper(seconds)
+        listener.healthy = clock.monotonic() >= back_at
+
+    runner = AsyncRequests(
+        fake, ResultStore(AsyncPolicy(), clock=clock), AsyncPolicy(), clock=clock, sleep=sleep_then_maybe_heal
+    )
+    delivered = await runner.deliver("t-30", LISTENER, b'{"status":"SUCCESS"}')
+    assert delivered
+    assert listener.delivered == [b'{"status":"SUCCESS"}']
+    # Exponential: each wait at least as long as half the previous ceiling, never over the cap.
+    assert len(sleeper.waits) >= 4
+    assert all(0.25 <= w <= 30 for w in sleeper.waits)
+    assert sleeper.waits[3] > sleeper.waits[0]
+    assert 30 <= clock.monotonic() - (back_at - 30) <= 30 + 30
+
+
+async def test_delivery_gives_up_after_the_window_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    """A listener that never comes back: attempts stop at the window, with one error line."""
+    clock = ManualClock()
+    fake = FakeTransport(clock)
+    fake.endpoint(LISTENER, healthy=False)
+    sleeper = Sleeper(clock)
+    policy = AsyncPolicy(reply_window_seconds=120)
+    runner = requests(policy, fake, clock, sleeper)
+    started = clock.monotonic()
+    with caplog.at_level(logging.ERROR, logger="agent_reach.async"):
+        assert not await runner.deliver("t-gone", LISTENER, b"{}")
+    assert clock.monotonic() - started <= 120
+    assert sum(sleeper.waits) > 60  # it kept trying for most of the window, not 0.6 s
+    assert any("t-gone" in r.getMessage() and "failed" in r.getMessage() for r in caplog.records)
+
+
+async def test_drain_lets_running_requests_finish_and_abandons_the_rest(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """On shutdown: finished ones are delivered; the rest are logged, stored and sent TIMEOUT."""
+    clock = ManualClock()
+    fake = FakeTransport(clock)
+    listener = fake.endpoint(LISTENER)
+    results = ResultStore(AsyncPolicy(), clock=clock)
+    runner = AsyncRequests(fake, results, AsyncPolicy(), clock=clock)
+    release = asyncio.Event()
+
+    def job(trace_id: str, fast: bool):
+        async def run() -> tuple[int, bytes]:
+            if not fast:
+                await release.wait()  # never set: still running at the deadline
+            return 200, orjson.dumps({"traceId": trace_id, "status": "SUCCESS"})
+
+        return run
+
+    for i in range(5):
+        runner.start(f"job-{i}", job(f"job-{i}", fast=i < 2), LISTENER)
+    await asyncio.sleep(0.01)
+    with caplog.at_level(logging.ERROR, logger="agent_reach.async"):
+        await runner.drain(0.05)
+    statuses = sorted(orjson.loads(body)["status"] for body in listener.delivered)
+    assert statuses == ["SUCCESS", "SUCCESS", "TIMEOUT", "TIMEOUT", "TIMEOUT"]
+    for i in range(5):
+        stored = results.get(f"job-{i}")
+        assert stored is not None
+        assert orjson.loads(stored[1])["status"] == ("SUCCESS" if i < 2 else "TIMEOUT")
+    abandoned = {r.getMessage().split("]")[0][1:] for r in caplog.records if "abandoned" in r.getMessage()}
+    assert abandoned == {"job-2", "job-3", "job-4"}
+    assert len(runner) == 0

@@ -1,0 +1,102 @@
+"""SIGTERM on a real Router process: it drains within its deadline, and no async request vanishes."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+import yaml
+from aiohttp import web
+
+from agent_reach.testing import BackgroundLoop, FakeAgent, free_port
+from tests.procs import Proc, wait_for
+
+DRAIN_S = 3.0
+
+
+class Listener:
+    """A replyTo listener on loopback that keeps every body it is sent."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/replies"
+        self.bodies: list[dict] = []
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/replies", self._take)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+
+    async def _take(self, request: web.Request) -> web.Response:
+        self.bodies.append(orjson.loads(await request.read()))
+        return web.Response(status=204)
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+@pytest.mark.e2e
+def test_sigterm_delivers_or_reports_every_accepted_async_request(tmp_path: Path) -> None:
+    """Two quick and five stuck async requests, then SIGTERM: the process exits within the drain
+    deadline; the quick ones are delivered, the stuck ones are logged and answered TIMEOUT."""
+    port = free_port()
+    policy = tmp_path / "router.yaml"
+    policy.write_text(
+        yaml.safe_dump(
+            {
+                "server": {"drain_timeout_seconds": DRAIN_S},
+                "embedding": {"backend": "none"},
+                "health": {"enabled": False},
+            }
+        )
+    )
+    router = Proc(["router", "--port", str(port), "--config", str(policy)], tmp_path / "router.log")
+    url = f"http://127.0.0.1:{port}"
+    with BackgroundLoop() as bg:
+        listener = Listener()
+        bg.run(listener.start())
+        bg.on_close(listener.stop)
+        quick = bg.run(FakeAgent("quick", tasks=("quick",)).start())
+        stuck = bg.run(FakeAgent("stuck", tasks=("stuck",), delay_s=60).start())
+        bg.on_close(quick.stop)
+        bg.on_close(stuck.stop)
+        try:
+            wait_for(lambda: httpx.get(f"{url}/readyz").status_code == 200, timeout=20)
+            for agent in (quick, stuck):
+                bg.run(agent.register(url, vectors=False))
+            prefs = {"mode": "async", "replyTo": listener.url, "timeoutMs": 120_000, "readTimeoutMs": 120_000}
+            for task, count in (("stuck", 5), ("quick", 2)):
+                for i in range(count):
+                    body = {"traceId": f"{task}-{i}", "targetTask": task, "preferences": prefs}
+                    assert httpx.post(f"{url}/reach", json=body).status_code == 202
+            wait_for(lambda: len(listener.bodies) == 2 and len(stuck.received) == 5, timeout=10)
+            started = time.monotonic()
+            router.signal(signal.SIGTERM)
+            code = router.popen.wait(DRAIN_S + 10)
+            took = time.monotonic() - started
+            bg.run(asyncio.sleep(0.2))
+        finally:
+            router.stop()
+    log = router.text()
+    print(f"\nSIGTERM to exit: {took:.2f} s (drain deadline {DRAIN_S:g} s)")
+    # uvicorn re-raises the signal once it has shut down, so the exit status says SIGTERM.
+    assert code in (0, -signal.SIGTERM), log[-2000:]
+    assert took < DRAIN_S + 3, log[-2000:]
+    answers = {b["traceId"]: b["status"] for b in listener.bodies}
+    assert answers == {
+        "quick-0": "SUCCESS",
+        "quick-1": "SUCCESS",
+        **{f"stuck-{i}": "TIMEOUT" for i in range(5)},
+    }
+    for i in range(5):
+        assert f"[stuck-{i}] async request abandoned at shutdown" in log
+    assert "Traceback" not in log
