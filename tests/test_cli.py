@@ -44,8 +44,33 @@ def test_agents_prints_a_table(router_url: str) -> None:
     assert "price-query-agent" in out and "promotion-agent" in out
     assert "available" in out
     assert "query_product_price" in out
-    for header in ("ID", "STATUS", "CAPABILITIES", "LAST HEARTBEAT", "CIRCUIT"):
+    for header in ("ID", "STATUS", "TASKS", "CIRCUIT"):
         assert header in out
+
+
+def test_agents_fits_80_columns_without_splitting_words(router_url: str) -> None:
+    """At 80 columns every line fits and an agent id is never broken across lines."""
+    result = runner.invoke(app, ["agents", "--router", router_url], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    assert max(len(line) for line in result.output.splitlines()) <= 80
+    assert "price-query-agent" in result.output
+
+
+def test_agents_wide_shows_every_column(router_url: str) -> None:
+    """--wide adds the endpoint, heartbeat and latency columns."""
+    result = runner.invoke(app, ["agents", "--router", router_url, "--wide"], env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    for header in ("ENDPOINT", "LAST HEARTBEAT", "P50 MS", "INFLIGHT"):
+        assert header in result.output
+
+
+def test_call_of_a_misspelt_task_suggests_the_declared_one(router_url: str) -> None:
+    """A typo gets NO_AVAILABLE_HANDLER with a did-you-mean, printed as one line on stderr."""
+    result = runner.invoke(app, ["call", "qeury_product_price", "--router", router_url])
+    assert result.exit_code == 1
+    assert "did you mean 'query_product_price' (spelling)" in result.stderr
+    body = json.loads(result.stdout)
+    assert body["error"]["suggestions"][0] == {"task": "query_product_price", "by": "spelling", "score": None}
 
 
 def test_agents_json(router_url: str) -> None:
@@ -81,7 +106,7 @@ def test_call_failure_exits_1(router_url: str) -> None:
     """A call that does not succeed prints its ReachResponse and exits 1."""
     result = runner.invoke(app, ["call", "query_product_price", "--payload", "{}", "--router", router_url])
     assert result.exit_code == 1
-    assert json.loads(result.output)["status"] == "INVALID_REQUEST"
+    assert json.loads(result.stdout)["status"] == "INVALID_REQUEST"
 
 
 @pytest.mark.parametrize("payload", ["{not json", "[1]"])

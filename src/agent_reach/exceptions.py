@@ -24,6 +24,7 @@ caller never has to know which library sat underneath.
     │   └── AgentNotFound            404 AGENT_NOT_FOUND
     ├── RoutingError                 no agent may take the request
     │   ├── NoAvailableHandler       503 NO_AVAILABLE_HANDLER, with error.candidates
+    │   │   ├── UnknownTask          no agent declares the task; suggests the nearest ones
     │   │   ├── SemanticUnavailable  no query vector or no calibrated threshold
     │   │   └── EmbeddingDown        the embedder failed on this request's text
     │   ├── ContextUnavailable       409 CONTEXT_UNAVAILABLE: no agent holds the conversation
@@ -235,6 +236,30 @@ class NoAvailableHandler(RoutingError):
 
     def __init__(self, message: str, candidates: list[dict[str, Any]]) -> None:
         super().__init__(message, candidates)
+
+
+class UnknownTask(NoAvailableHandler):
+    """No agent declares the task; ``suggestions`` names declared tasks near it."""
+
+    def __init__(self, task: str, candidates: list[dict[str, Any]]) -> None:
+        super().__init__(f"no agent declares task {task!r}", candidates)
+        self.task = task
+        self.suggestions: list[dict[str, Any]] = []
+
+    def suggest(self, suggestions: list[dict[str, Any]], hint: str) -> None:
+        """Name the nearest declared tasks (by spelling, by meaning) and how to route free text."""
+        self.suggestions = suggestions
+        if suggestions:
+            names = ", ".join(f"{s['task']!r} ({s['by']})" for s in suggestions)
+            self.message = f"{self.message}; did you mean {names}?"
+        if hint:
+            self.message = f"{self.message} {hint}"
+
+    def to_error(self) -> dict[str, Any]:
+        error = super().to_error()
+        if self.suggestions:
+            error["suggestions"] = self.suggestions
+        return error
 
 
 class SemanticUnavailable(NoAvailableHandler):

@@ -262,6 +262,16 @@ class Candidate(_Envelope):
 
     agent_id: str
     reason: str
+    # An addition: the task the candidate was considered for (semantic refusals list several).
+    task: str | None = None
+    score: float | None = None
+
+
+class Suggestion(_Envelope):
+    """A declared task near an unknown one (an addition to the protocol)."""
+
+    task: str
+    by: Literal["spelling", "meaning"]
     score: float | None = None
 
 
@@ -273,6 +283,9 @@ class ErrorInfo(_Envelope):
     details: list[dict[str, Any]] | None = None
     candidates: list[Candidate] | None = None
     retryable: bool | None = None
+    # Additions: the declared tasks nearest an unknown one, and OVERLOADED's back-off.
+    suggestions: list[Suggestion] | None = None
+    retry_after_seconds: int | None = None
 
 
 class Attempt(_Envelope):

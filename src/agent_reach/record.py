@@ -71,9 +71,11 @@ class DecisionRecord:
         """Add an ordered event line, e.g. ``note("retry", "price-agent, attempt=2")``."""
         self.events.append((kind, text))
 
-    def reject(self, agent_id: str, reason: str, score: float | None = None) -> None:
-        """Record a candidate that will not handle the request, and why."""
+    def reject(self, agent_id: str, reason: str, score: float | None = None, task: str | None = None) -> None:
+        """Record a candidate that will not handle the request, why, and for which task."""
         item: dict[str, Any] = {"agentId": agent_id, "reason": reason}
+        if task is not None:
+            item["task"] = task
         if score is not None:
             item["score"] = score
         self.rejected.append(item)

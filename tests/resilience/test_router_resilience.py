@@ -85,7 +85,7 @@ async def test_every_candidate_open_is_no_handler_with_circuit_reasons(cluster) 
     body = (await http.post("/reach", json={"targetTask": "echo"})).json()
     assert body["status"] == "NO_AVAILABLE_HANDLER"
     again = (await http.post("/reach", json={"targetTask": "echo"})).json()
-    assert again["error"]["candidates"] == [{"agentId": "a", "reason": "circuit_open"}]
+    assert again["error"]["candidates"] == [{"agentId": "a", "reason": "circuit_open", "task": "echo"}]
     assert again["attempts"] == []
 
 
@@ -151,7 +151,7 @@ async def test_context_bound_without_a_holder_is_context_unavailable(cluster) ->
     body = resp.json()
     assert resp.status_code == 409
     assert body["status"] == "CONTEXT_UNAVAILABLE"
-    assert {"agentId": "b", "reason": "no_context"} in body["error"]["candidates"]
+    assert {"agentId": "b", "reason": "no_context", "task": "echo"} in body["error"]["candidates"]
     assert b.received == []
     # Without contextBound the same conversation simply fails over.
     loose = (await http.post("/reach", json={"targetTask": "echo", "conversationId": "conv-7"})).json()

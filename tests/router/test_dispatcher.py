@@ -76,7 +76,7 @@ async def test_refused_connection_opens_the_breaker_at_once() -> None:
     assert status == 503
     assert rig.parts.breakers.state("a").value == "open"
     status, answer = await rig.call()
-    assert answer["error"]["candidates"] == [{"agentId": "a", "reason": "circuit_open"}]
+    assert answer["error"]["candidates"] == [{"agentId": "a", "reason": "circuit_open", "task": "echo"}]
     assert answer["attempts"] == []
 
 

@@ -76,7 +76,7 @@ async def test_filter_allowlist_and_reasons(registry: MemoryRegistry) -> None:
     request = ReachRequest.model_validate({"targetTask": "echo", "preferences": {"filterAgentIds": ["b"]}})
     choices = Pipeline(registry).decide(request, rec)
     assert [c.entry.id for c in choices] == ["b"]
-    assert {"agentId": "a", "reason": "filtered"} in rec.rejected
+    assert {"agentId": "a", "reason": "filtered", "task": "echo"} in rec.rejected
 
 
 async def test_target_agent(registry: MemoryRegistry) -> None:
@@ -91,7 +91,7 @@ async def test_target_agent(registry: MemoryRegistry) -> None:
     await registry.register(agent("d", task="other"))
     with pytest.raises(NoAvailableHandler) as info:
         Pipeline(registry).decide(ReachRequest(target_task="echo", target_agent="d"), record())
-    assert info.value.candidates == [{"agentId": "d", "reason": "no_capability"}]
+    assert info.value.candidates == [{"agentId": "d", "reason": "no_capability", "task": "echo"}]
 
 
 async def test_status_filters(registry: MemoryRegistry) -> None:
@@ -103,7 +103,7 @@ async def test_status_filters(registry: MemoryRegistry) -> None:
     rec = record()
     choices = Pipeline(registry).decide(ReachRequest(target_task="echo"), rec)
     assert [c.entry.id for c in choices] == ["c", "a"]
-    assert {"agentId": "b", "reason": "offline"} in rec.rejected
+    assert {"agentId": "b", "reason": "offline", "task": "echo"} in rec.rejected
 
 
 async def test_unknown_task_has_no_candidates(registry: MemoryRegistry) -> None:

@@ -91,6 +91,9 @@ def agent(
         reach_agent.run()
     except ConfigError as exc:
         _fail(exc.message)
+    except OSError as exc:
+        # The usual one: the callback or health port is taken by another process.
+        _fail(f"the agent could not start: {exc.strerror or exc}", code=1)
 
 
 @app.command()
@@ -119,8 +122,9 @@ def demo(
 def list_agents(
     router_url: RouterOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the raw JSON.")] = False,
+    wide: Annotated[bool, typer.Option("--wide", help="Every column: endpoint, heartbeat, latency.")] = False,
 ) -> None:
-    """Print the registry as a table."""
+    """Print the registry as a table (80 columns; --wide for every column, --json for the rest)."""
     import httpx
 
     from agent_reach.sdk.client import router_url_from_env
@@ -135,40 +139,48 @@ def list_agents(
         out.print_json(data=rows)
         return
     if not rows:
-        out.print(f"no agents registered at {url}")
+        out.print(f"no agents registered at {url}", markup=False)
         return
-    table = Table(title=f"agents at {url}", title_justify="left")
-    for column in (
-        "ID",
-        "STATUS",
-        "CAPABILITIES",
-        "ENDPOINT",
-        "LAST HEARTBEAT",
-        "CIRCUIT",
-        "REQUESTS",
-        "SUCCESS",
-        "P50 MS",
-        "INFLIGHT",
-    ):
-        table.add_column(column, overflow="fold")
-    colour = {"available": "green", "suspect": "yellow", "unhealthy": "red", "offline": "dim"}
+    out.print(_agents_table(rows, url, wide))
+
+
+_STATUS_COLOUR = {"available": "green", "suspect": "yellow", "unhealthy": "red", "offline": "dim"}
+
+
+def _agents_table(rows: list[dict[str, Any]], url: str, wide: bool) -> Table:
+    """One row per agent; narrow columns never split a word (long values end in an ellipsis)."""
+    from rich.markup import escape
+
+    table = Table(title=f"agents at {escape(url)}", title_justify="left")
+    columns = ["ID", "STATUS", "TASKS", "CIRCUIT", "REQS", "OK"]
+    if wide:
+        columns += ["ENDPOINT", "LAST HEARTBEAT", "P50 MS", "INFLIGHT"]
+    for column in columns:
+        if wide:
+            table.add_column(column, overflow="fold")
+        else:
+            table.add_column(column, overflow="ellipsis", no_wrap=True, min_width=len(column))
     for row in rows:
         stats = row.get("stats") or {}
-        p50 = stats.get("p50LatencyMs")
-        status = row.get("status", "?")
-        table.add_row(
-            row.get("id", "?"),
-            f"[{colour.get(status, 'white')}]{status}[/]",
-            ", ".join(row.get("capabilities", [])),
-            row.get("endpoint", ""),
-            row.get("lastHeartbeat", ""),
-            row.get("circuit", ""),
+        status = str(row.get("status", "?"))
+        cells = [
+            escape(str(row.get("id", "?"))),
+            f"[{_STATUS_COLOUR.get(status, 'white')}]{escape(status)}[/]",
+            escape(", ".join(row.get("capabilities", []))),
+            escape(str(row.get("circuit", ""))),
             str(stats.get("requests", 0)),
-            f"{stats.get('successRate', 1.0) * 100:.1f}%",
-            "-" if p50 is None else f"{p50:.1f}",
-            str(stats.get("inflight", 0)),
-        )
-    out.print(table)
+            f"{stats.get('successRate', 1.0) * 100:.0f}%",
+        ]
+        if wide:
+            p50 = stats.get("p50LatencyMs")
+            cells += [
+                escape(str(row.get("endpoint", ""))),
+                escape(str(row.get("lastHeartbeat", ""))),
+                "-" if p50 is None else f"{p50:.1f}",
+                str(stats.get("inflight", 0)),
+            ]
+        table.add_row(*cells)
+    return table
 
 
 @app.command()
@@ -209,7 +221,12 @@ def call(
             )
     except RouterUnavailable as exc:
         _fail(exc.message, code=1)
-    out.print_json(response.model_dump_json(by_alias=True))
+    out.print_json(response.model_dump_json(by_alias=True, exclude_none=False))
+    if not response.ok and response.error is not None:
+        # The one line a person reads first: what went wrong, and any "did you mean".
+        err.print(
+            f"{response.status}: {response.error.message}", markup=False, highlight=False, soft_wrap=True
+        )
     raise typer.Exit(0 if response.ok else 1)
 
 

@@ -155,5 +155,9 @@ class Registry(abc.ABC):
         """Every entry, offline ones included until their grace period ends."""
 
     @abc.abstractmethod
+    def tasks(self) -> Collection[str]:
+        """Every task some entry declares."""
+
+    @abc.abstractmethod
     def by_task(self, task: str) -> Collection[AgentEntry]:
         """The entries that declare ``task``, from the task index (no scan)."""

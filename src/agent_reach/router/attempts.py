@@ -115,11 +115,11 @@ class AttemptRun:
         record, agent_id = self.record, choice.entry.id
         reason = await self._refusal(index, choice)
         if reason is not None:
-            record.reject(agent_id, reason, choice.score)
+            record.reject(agent_id, reason, choice.score, self.task)
             return False
         permit, change = self.parts.breakers.acquire(agent_id, self.task)
         if permit is Permit.DENY:
-            record.reject(agent_id, CandidateReason.CIRCUIT_OPEN, choice.score)
+            record.reject(agent_id, CandidateReason.CIRCUIT_OPEN, choice.score, self.task)
             return False
         if change is BreakerState.HALF_OPEN:
             record.note("circuit half_open", f"agent {agent_id} (probe request)")
@@ -128,7 +128,7 @@ class AttemptRun:
             if not self.parts.budget.try_spend():
                 record.note("retry budget", f"exhausted; no failover from {failed} ({why})")
                 self.budget_spent = True
-                record.reject(agent_id, CandidateReason.BUDGET_EXHAUSTED, choice.score)
+                record.reject(agent_id, CandidateReason.BUDGET_EXHAUSTED, choice.score, self.task)
                 return False
             record.failovers.append(why)
             record.note("failover", f"{failed} -> {agent_id} ({why})")
@@ -172,7 +172,7 @@ class AttemptRun:
                 same_agent_left -= 1
                 await self._backoff()
                 continue
-            self.record.reject(choice.entry.id, exc.reason, choice.score)
+            self.record.reject(choice.entry.id, exc.reason, choice.score, self.task)
             self.last_failure = (choice.entry.id, exc.reason)
             return None
 

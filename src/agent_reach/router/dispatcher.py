@@ -31,6 +31,7 @@ from agent_reach.exceptions import (
     RequestError,
     RoutingError,
     TraceIdInUse,
+    UnknownTask,
 )
 from agent_reach.observability.tracecontext import new_trace_id
 from agent_reach.protocol import TRACE_ID_PATTERN, ReachRequest, error_details
@@ -42,6 +43,7 @@ from agent_reach.router import answer
 from agent_reach.router.asyncmode import AsyncRequests
 from agent_reach.router.attempts import AttemptRun, Forwarding
 from agent_reach.router.results import Reply, ResultStore
+from agent_reach.router.suggest import Suggester
 from agent_reach.routing.pipeline import Pipeline
 from agent_reach.routing.stats import StatsBook
 from agent_reach.transport.base import Transport
@@ -88,6 +90,7 @@ class Dispatcher:
             clock=clock,
         )
         self.results = ResultStore(config.async_mode, clock=clock) if results is None else results
+        self.suggester = Suggester(pipeline.registry, pipeline.vectors, clock)
         self.async_requests = AsyncRequests(transport, self.results, config.async_mode, clock=clock)
 
     @property
@@ -221,7 +224,11 @@ class Dispatcher:
     ) -> Any:
         self.forwarding.budget.on_request()
         await self._ensure_query_vector(request)
-        choices = self.pipeline.decide(request, record)
+        try:
+            choices = self.pipeline.decide(request, record)
+        except UnknownTask as exc:
+            exc.suggest(*await self.suggester.nearest(exc.task))
+            raise
         first = choices[0]
         if first.validator is not None:
             faults = first.validator.errors(request.payload)

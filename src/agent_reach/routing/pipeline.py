@@ -22,7 +22,7 @@ from __future__ import annotations
 from fnmatch import fnmatchcase
 
 from agent_reach.config import RoutingPolicy
-from agent_reach.exceptions import NoAvailableHandler, SemanticUnavailable
+from agent_reach.exceptions import NoAvailableHandler, SemanticUnavailable, UnknownTask
 from agent_reach.protocol import AgentStatusValue, CandidateReason, ReachRequest, Strategy
 from agent_reach.record import DecisionRecord
 from agent_reach.registry.base import AgentEntry, Registry
@@ -124,7 +124,7 @@ class Pipeline:
         task = self.canonical(request.target_task)
         if task not in entry.capabilities:
             record.candidates.append(entry.id)
-            record.reject(entry.id, CandidateReason.NO_CAPABILITY)
+            record.reject(entry.id, CandidateReason.NO_CAPABILITY, task=task)
             raise self._no_handler(record, f"targetAgent {entry.id!r} does not declare task {task!r}")
         return task, entry
 
@@ -145,7 +145,7 @@ class Pipeline:
             task, similarity = self._semantic(request, record)
             record.rule = "semantic_route"
         if not self.registry.by_task(task):
-            raise self._no_handler(record, f"no agent declares task {task!r}")
+            raise UnknownTask(task, list(record.rejected))
         return task, similarity
 
     def _filter(
@@ -163,11 +163,11 @@ class Pipeline:
         last_resort: list[AgentEntry] = []
         for entry in pool:
             if allowed is not None and entry.id not in allowed:
-                record.reject(entry.id, CandidateReason.FILTERED, similarity)
+                record.reject(entry.id, CandidateReason.FILTERED, similarity, task)
             elif not entry.routable:
-                record.reject(entry.id, _OUT[entry.status], similarity)
+                record.reject(entry.id, _OUT[entry.status], similarity, task)
             elif self.breakers.blocked(entry.id, task):
-                record.reject(entry.id, CandidateReason.CIRCUIT_OPEN, similarity)
+                record.reject(entry.id, CandidateReason.CIRCUIT_OPEN, similarity, task)
             elif entry.status is AgentStatusValue.AVAILABLE:
                 eligible.append(entry)
             else:
@@ -244,7 +244,7 @@ class Pipeline:
             record.semantic_refused = True
             for best_task, score in verdict.best:
                 for entry in self.registry.by_task(best_task):
-                    record.reject(entry.id, verdict.reason, round(score, 4))
+                    record.reject(entry.id, verdict.reason, round(score, 4), best_task)
             why = (
                 f"best score {verdict.score:.3f} is below the threshold {threshold:.3f}"
                 if verdict.reason == "below_threshold"
