@@ -247,6 +247,11 @@ class Preferences(_Envelope):
 class ReachRequest(_Envelope):
     """The one envelope a caller sends to ``POST /reach``."""
 
+    # The smallest useful envelope, for readers of the schema (and the examples schemathesis sends).
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"targetTask": "echo", "payload": {"text": "hi"}}]}
+    )
+
     version: str = PROTOCOL_VERSION
     trace_id: TraceId | None = None
     conversation_id: Annotated[str, StringConstraints(pattern=_PRINTABLE, max_length=256)] | None = None

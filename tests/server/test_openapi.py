@@ -28,3 +28,21 @@ def test_every_ref_resolves() -> None:
 
     for ref in refs(document):
         assert ref.startswith("#/components/schemas/") and ref.rsplit("/", 1)[1] in names, ref
+
+
+def test_an_async_result_may_carry_any_reach_status() -> None:
+    """GET /reach/{trace_id} declares every status code a stored async result is answered with."""
+    responses = openapi_document()["paths"]["/reach/{trace_id}"]["get"]["responses"]
+    assert {str(code) for code in HTTP_STATUS.values()} | {"404"} <= set(responses)
+
+
+def test_registry_endpoints_declare_their_body_refusals() -> None:
+    """Endpoints that read a JSON body declare 400, 408, 413 and 415; registration also 503 REGISTRY_FULL."""
+    paths = openapi_document()["paths"]
+    for path, method in (
+        ("/agents", "post"),
+        ("/agents/{agent_id}/lease", "put"),
+        ("/agents/{agent_id}", "delete"),
+    ):
+        assert {"400", "408", "413", "415"} <= set(paths[path][method]["responses"]), path
+    assert "REGISTRY_FULL" in paths["/agents"]["post"]["responses"]["503"]["description"]

@@ -4,9 +4,9 @@ uvicorn's httptools protocol reads headers of any size for as long as the client
 header was accepted, and 50 unfinished 8 MB headers grew the Router by 460 MB. This subclass
 bounds the head of every request, before the ASGI app sees it:
 
-- at most ``max_header_bytes`` of request line and headers (431 above it), measured both as
-  bytes arrive (so a head that never ends is cut off) and as the parser hands headers over (so
-  a big head that arrives in one read is refused too);
+- at most ``max_header_bytes`` of request line and headers (431 above it), counted both as bytes
+  arrive (a head that never ends) and as the parser hands over each line (a whole head that
+  arrives in one read: the byte count alone is reset when the head completes within a read);
 - at most ``max_headers`` header lines (431);
 - the head complete within ``header_timeout_seconds`` of its first byte, or of the connection
   (408), so a connection that trickles bytes is closed.
@@ -38,7 +38,7 @@ class GuardedHttpTools(HttpToolsProtocol):
         super().connection_made(transport)
         self._head_bytes = 0
         self._head_lines = 0
-        self._head_size = 0
+        self._header_bytes = 0
         self._reading_head = True
         self._refused = False
         self._head_timer: asyncio.TimerHandle | None = self.loop.call_later(
@@ -57,38 +57,35 @@ class GuardedHttpTools(HttpToolsProtocol):
         super().data_received(data)
         # Still in the head after taking every byte so far: all of them were head bytes.
         if self._reading_head and not self._refused and self._head_bytes > self.max_header_bytes:
-            self._refuse(431, f"request headers are over {self.max_header_bytes} bytes")
+            self._refuse_head_size()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._reading_head = True
         self._head_lines = 0
-        self._head_size = 0
+        self._header_bytes = 0
         if self._head_timer is None:
             self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_too_slow)
-
-    def on_url(self, url: bytes) -> None:
-        if self._refused:
-            return
-        self._head_size += len(url)
-        super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if self._refused:
             return
         self._head_lines += 1
-        # A head that arrived in one piece is measured here, as the parser hands it over.
-        self._head_size += len(name) + len(value) + 4
         if self._head_lines > self.max_headers:
             self._refuse(431, f"more than {self.max_headers} request headers")
             return
-        if self._head_size > self.max_header_bytes:
-            self._refuse(431, f"request headers are over {self.max_header_bytes} bytes")
+        # "Name: value\r\n"; checked per line, so a head that arrived in one read is bounded too.
+        self._header_bytes += len(name) + len(value) + 4
+        if self._parsed_head_bytes() > self.max_header_bytes:
+            self._refuse_head_size()
             return
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
         if self._refused:
+            return
+        if self._parsed_head_bytes() + 2 > self.max_header_bytes:  # and the blank line
+            self._refuse_head_size()
             return
         self._reading_head = False
         self._head_bytes = 0
@@ -108,6 +105,13 @@ class GuardedHttpTools(HttpToolsProtocol):
         # The next head starts counting at its first byte (on_message_begin); until then the
         # client may still be sending the rest of a body the app already refused.
         self._head_bytes = 0
+
+    def _parsed_head_bytes(self) -> int:
+        """The request line ("METHOD URL HTTP/1.1\r\n") and the header lines parsed so far."""
+        return len(self.parser.get_method()) + 1 + len(self.url) + 11 + self._header_bytes
+
+    def _refuse_head_size(self) -> None:
+        self._refuse(431, f"request headers are over {self.max_header_bytes} bytes")
 
     def _disarm(self) -> None:
         if self._head_timer is not None:

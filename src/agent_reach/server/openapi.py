@@ -10,7 +10,19 @@ from __future__ import annotations
 from typing import Any
 
 from agent_reach import __version__
-from agent_reach.exceptions import PayloadTooLarge, UnsupportedMediaType
+from agent_reach.exceptions import (
+    AgentIdConflict,
+    AgentNotFound,
+    BodyTimeout,
+    InvalidProfile,
+    LeaseMismatch,
+    LeaseNotFound,
+    PayloadTooLarge,
+    RegistryError,
+    RegistryFull,
+    RequestError,
+    UnsupportedMediaType,
+)
 from agent_reach.protocol import HTTP_STATUS, json_schemas
 
 Operation = dict[str, Any]
@@ -31,40 +43,111 @@ def _path_param(name: str) -> dict[str, Any]:
 _ERROR = {"type": "object", "properties": {"error": _ref("ErrorInfo")}, "required": ["error"]}
 _LEASE_BODY = {"type": "object", "properties": {"leaseId": {"type": "string"}}, "required": ["leaseId"]}
 
+# How a request body is refused before its endpoint reads it (http.read_body and the JSON
+# checks): a body that is not JSON or lacks a field (400), too slow (408), too big (413), or
+# declared as something other than JSON (415).
+_BODY_REFUSALS: tuple[type[RequestError], ...] = (
+    RequestError,
+    BodyTimeout,
+    PayloadTooLarge,
+    UnsupportedMediaType,
+)
 
-def reach_responses() -> dict[str, Any]:
-    """Every HTTP status ``POST /reach`` answers with, each a ReachResponse, named by status."""
+
+def _reach_statuses(*, door: bool) -> dict[int, list[str]]:
     by_code: dict[int, list[str]] = {}
     for status, code in HTTP_STATUS.items():
         by_code.setdefault(code, []).append(status.value)
-    for error in (PayloadTooLarge, UnsupportedMediaType):
-        by_code.setdefault(error.http_status, []).append(f"INVALID_REQUEST ({error.code})")
+    if door:
+        for error in _BODY_REFUSALS[1:]:
+            by_code.setdefault(error.http_status, []).append(f"INVALID_REQUEST ({error.code})")
+    return by_code
+
+
+def reach_responses(*, door: bool = True) -> dict[str, Any]:
+    """Every HTTP status ``POST /reach`` answers with, each a ReachResponse, named by status.
+
+    ``door``: with the refusals of a request's body (408, 413, 415), which only ``POST /reach``
+    itself answers; a stored async result has none of them.
+    """
     return {
-        str(code): _json(_ref("ReachResponse"), " or ".join(names)) for code, names in sorted(by_code.items())
+        str(code): _json(_ref("ReachResponse"), " or ".join(names))
+        for code, names in sorted(_reach_statuses(door=door).items())
     }
 
 
+def error_responses(*errors: type[RequestError | RegistryError], body: bool = False) -> dict[str, Any]:
+    """The ``{"error": ...}`` answers of a registry or admin endpoint, by HTTP code, named by code.
+
+    ``body``: the endpoint reads a JSON body, so it also answers the body refusals.
+    """
+    by_code: dict[int, list[str]] = {}
+    for error in (*_BODY_REFUSALS, *errors) if body else errors:
+        by_code.setdefault(error.http_status, []).append(error.code)
+    return {str(code): _json(_ERROR, " or ".join(codes)) for code, codes in sorted(by_code.items())}
+
+
+def _op(path: str, method: str) -> str:
+    """An operationRef (JSON pointer) to ``method`` of ``path``."""
+    return "#/paths/" + path.replace("~", "~0").replace("/", "~1") + "/" + method
+
+
+def _linked(response: dict[str, Any], **links: dict[str, Any]) -> dict[str, Any]:
+    """``response`` with OpenAPI links: what a client (or a stateful fuzzer) may call next with it."""
+    return {**response, "links": links}
+
+
 def _reach_paths() -> dict[str, Operation]:
+    responses = reach_responses()
+    # An accepted async request is polled by its traceId.
+    responses["202"] = _linked(
+        responses["202"],
+        pollResult={
+            "operationRef": _op("/reach/{trace_id}", "get"),
+            "parameters": {"trace_id": "$response.body#/traceId"},
+        },
+    )
     return {
         "/reach": {
             "post": {
                 "summary": "Send one ReachRequest; get one ReachResponse",
                 "requestBody": {"required": True, **_json(_ref("ReachRequest"), "the envelope")},
-                "responses": reach_responses(),
+                "responses": responses,
             }
         },
         "/reach/{trace_id}": {
             "get": {
                 "summary": "The outcome of an async request: 202 while pending, then the ReachResponse",
                 "parameters": [_path_param("trace_id")],
+                # A finished request answers with its status's own code, as POST /reach would have.
                 "responses": {
-                    "200": _json(_ref("ReachResponse"), "finished (or the status's own code)"),
+                    **reach_responses(door=False),
                     "202": _json(_ref("ReachResponse"), "ACCEPTED: still running"),
-                    "404": _json(_ERROR, "unknown or expired"),
+                    "404": _json(_ERROR, "NOT_FOUND: unknown or expired"),
                 },
             }
         },
     }
+
+
+# A registration's agentId and leaseId are what renewal, deregistration and the status view take.
+_AGENT_ID = "$response.body#/agentId"
+_LEASE_ID = "$response.body#/leaseId"
+_REGISTRATION_LINKS: dict[str, dict[str, Any]] = {
+    "renewLease": {
+        "operationRef": _op("/agents/{agent_id}/lease", "put"),
+        "parameters": {"agent_id": _AGENT_ID},
+        "requestBody": {"leaseId": _LEASE_ID},
+    },
+    "deregister": {
+        "operationRef": _op("/agents/{agent_id}", "delete"),
+        "parameters": {"agent_id": _AGENT_ID, "header.X-Reach-Lease": _LEASE_ID},
+    },
+    "agentStatus": {
+        "operationRef": _op("/admin/agents/{agent_id}", "get"),
+        "parameters": {"agent_id": _AGENT_ID},
+    },
+}
 
 
 def _registry_paths() -> dict[str, Operation]:
@@ -74,10 +157,9 @@ def _registry_paths() -> dict[str, Operation]:
                 "summary": "Register an agent profile (with leaseId: replace it in place)",
                 "requestBody": {"required": True, **_json(_ref("AgentProfile"), "the profile")},
                 "responses": {
-                    "201": _json(_ref("Registration"), "registered"),
-                    "200": _json(_ref("Registration"), "replaced in place"),
-                    "409": _json(_ERROR, "AGENT_ID_CONFLICT"),
-                    "422": _json(_ERROR, "INVALID_PROFILE, with the field paths"),
+                    "201": _linked(_json(_ref("Registration"), "registered"), **_REGISTRATION_LINKS),
+                    "200": _linked(_json(_ref("Registration"), "replaced in place"), **_REGISTRATION_LINKS),
+                    **error_responses(AgentIdConflict, InvalidProfile, RegistryFull, body=True),
                 },
             }
         },
@@ -88,8 +170,7 @@ def _registry_paths() -> dict[str, Operation]:
                 "requestBody": {"required": True, **_json(_LEASE_BODY, "the lease")},
                 "responses": {
                     "200": _json(_ref("Lease"), "renewed"),
-                    "403": _json(_ERROR, "FORBIDDEN: not this agent's lease"),
-                    "404": _json(_ERROR, "LEASE_NOT_FOUND: register again"),
+                    **error_responses(LeaseMismatch, LeaseNotFound, body=True),
                 },
             }
         },
@@ -105,10 +186,10 @@ def _registry_paths() -> dict[str, Operation]:
                         "schema": {"type": "string"},
                     },
                 ],
+                # Without the header, the lease is read from a JSON body.
                 "responses": {
                     "204": {"description": "deregistered"},
-                    "403": _json(_ERROR, "FORBIDDEN: not this agent's lease"),
-                    "404": _json(_ERROR, "AGENT_NOT_FOUND"),
+                    **error_responses(LeaseMismatch, AgentNotFound, body=True),
                 },
             }
         },
