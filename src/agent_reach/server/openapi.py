@@ -71,11 +71,16 @@ def _registry_paths() -> dict[str, Operation]:
     return {
         "/agents": {
             "post": {
-                "summary": "Register an agent profile (with leaseId: replace it in place)",
+                "summary": (
+                    "Register an agent profile (with leaseId, or the same instanceId and endpoint: "
+                    "replace it in place, same lease)"
+                ),
                 "requestBody": {"required": True, **_json(_ref("AgentProfile"), "the profile")},
                 "responses": {
                     "201": _json(_ref("Registration"), "registered"),
-                    "200": _json(_ref("Registration"), "replaced in place"),
+                    "200": _json(
+                        _ref("Registration"), "replaced in place, or a retry answered with its lease"
+                    ),
                     "409": _json(_ERROR, "AGENT_ID_CONFLICT"),
                     "422": _json(_ERROR, "INVALID_PROFILE, with the field paths"),
                 },
