@@ -91,6 +91,10 @@ def agent(
         reach_agent.run()
     except ConfigError as exc:
         _fail(exc.message)
+    except KeyboardInterrupt:
+        # Ctrl-C before the agent's own handlers are installed (while importing the app, say):
+        # a quiet exit with the shell's status for SIGINT, not a traceback.
+        raise typer.Exit(130) from None
 
 
 @app.command()
