@@ -24,6 +24,7 @@ from agent_reach import jsoncodec
 from agent_reach.clock import ManualClock
 from agent_reach.config import RouterConfig
 from agent_reach.server.app import RouterApp
+from agent_reach.server.http import Receive, Scope, Send
 from agent_reach.server.serve import RouterProcess, uvicorn_config
 from agent_reach.transport.fake import Answer, FakeEndpoint, FakeTransport
 
@@ -39,6 +40,7 @@ __all__ = [
     "wait_vectors",
 ]
 
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 Mode = Literal["ok", "error", "retryable_error", "http500", "reset", "garbage"]
 
 
@@ -52,11 +54,21 @@ def free_port() -> int:
 class RouterServer:
     """Serve a :class:`RouterApp` on ``127.0.0.1`` in the running loop (``async with``)."""
 
-    def __init__(self, config: RouterConfig | None = None, **app_kwargs: Any) -> None:
+    def __init__(
+        self,
+        config: RouterConfig | None = None,
+        *,
+        middleware: Callable[[ASGIApp], ASGIApp] | None = None,
+        **app_kwargs: Any,
+    ) -> None:
+        """``middleware(app)`` wraps what is served, e.g. to hold some replies back in a test."""
         self.app = RouterApp(config or RouterConfig(), **app_kwargs)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._server = RouterProcess(uvicorn_config(self.app, "127.0.0.1", self.port), self.app)
+        if middleware is not None:
+            # uvicorn loads `config.app` when it starts serving, so the wrapper is what it serves.
+            self._server.config.app = middleware(self.app)
         self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> RouterServer:

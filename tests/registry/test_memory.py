@@ -151,3 +151,30 @@ async def test_sweep_runs_in_the_background(clock: ManualClock) -> None:
         assert status_of(registry, "a") is AgentStatusValue.OFFLINE
     finally:
         await registry.close()
+
+
+async def test_the_same_registrant_gets_its_lease_back(registry: MemoryRegistry, clock: ManualClock) -> None:
+    """A retry with the same instance token and endpoint is answered with the live lease, extended."""
+    first, created = await registry.register(profile("a"), instance_id="token-1")
+    assert created
+    clock.advance(1.5)
+    again, created = await registry.register(profile("a"), instance_id="token-1")
+    assert (again.lease_id, created) == (first.lease_id, False)
+    # The retry counts as a heartbeat: the lease runs a full TTL from it.
+    assert again.expires_at == clock.monotonic() + 2
+
+
+async def test_a_different_registrant_still_conflicts(registry: MemoryRegistry) -> None:
+    """Another token, no token, or the same token from another endpoint cannot take a live id."""
+    await registry.register(profile("a"), instance_id="token-1")
+    elsewhere = profile("a").model_copy(update={"network": profile("b").network})
+    for other, token in ((profile("a"), "token-2"), (profile("a"), None), (elsewhere, "token-1")):
+        with pytest.raises(AgentIdConflict):
+            await registry.register(other, instance_id=token)
+
+
+async def test_the_instance_token_stays_out_of_repr(registry: MemoryRegistry) -> None:
+    """An entry's repr (what a log line would print) does not carry the instance token."""
+    entry, _ = await registry.register(profile("a"), instance_id="secret-token-value")
+    assert entry.instance_id == "secret-token-value"
+    assert "secret-token-value" not in repr(entry)

@@ -76,3 +76,13 @@ def test_errors_name_the_field(tmp_path: Path, text: str, needle: str) -> None:
         AgentConfig.load(write(tmp_path, text), env={})
     assert needle in info.value.message
     assert "reach_config.yaml" in info.value.message
+
+
+def test_registration_timeout_is_configurable(tmp_path: Path) -> None:
+    """router.registration_timeout_seconds defaults to 5 s; a non-positive or non-number one is refused."""
+    assert AgentConfig.load(write(tmp_path, GOOD), env={}).registration_timeout_seconds == 5.0
+    config = AgentConfig.load(write(tmp_path, GOOD + "  registration_timeout_seconds: 0.5\n"), env={})
+    assert config.registration_timeout_seconds == 0.5
+    for bad in ("0", "-1", "soon", "true"):
+        with pytest.raises(ConfigError, match="registration_timeout_seconds"):
+            AgentConfig.load(write(tmp_path, GOOD + f"  registration_timeout_seconds: {bad}\n"), env={})

@@ -58,6 +58,30 @@ async def test_conflict_and_replace(http: httpx.AsyncClient) -> None:
     assert row["capabilities"] == ["query_promotion"]
 
 
+async def test_a_retried_registration_gets_its_lease_back(http: httpx.AsyncClient) -> None:
+    """Same instanceId and endpoint: 200 with the same lease; another instanceId: still 409."""
+    mine = {**PROFILE, "instanceId": "instance-token-aaaa"}
+    first = await http.post("/agents", json=mine)
+    assert first.status_code == 201
+    again = await http.post("/agents", json=mine)
+    assert again.status_code == 200
+    assert again.json()["leaseId"] == first.json()["leaseId"]
+    theirs = await http.post("/agents", json={**PROFILE, "instanceId": "instance-token-bbbb"})
+    assert theirs.status_code == 409
+    assert theirs.json()["error"]["code"] == "AGENT_ID_CONFLICT"
+    moved = {**mine, "network": {"protocol": "http", "endpoint": "http://127.0.0.1:10/reach"}}
+    assert (await http.post("/agents", json=moved)).status_code == 409
+
+
+async def test_a_bad_instance_id_is_refused_without_echoing_it(http: httpx.AsyncClient) -> None:
+    """A non-string or oversized instanceId is 422 INVALID_PROFILE, and the answer does not repeat it."""
+    for bad in (12345, "", "x" * 257):
+        resp = await http.post("/agents", json={**PROFILE, "instanceId": bad})
+        assert resp.status_code == 422, bad
+        assert resp.json()["error"]["code"] == "INVALID_PROFILE"
+        assert "x" * 257 not in resp.text
+
+
 async def test_lease_renewal_and_deregistration(http: httpx.AsyncClient) -> None:
     """PUT renews (200); a foreign lease is 403; DELETE with the header removes the agent (204)."""
     lease = (await http.post("/agents", json=PROFILE)).json()["leaseId"]

@@ -94,6 +94,10 @@ def agent(
     except OSError as exc:
         # The usual one: the callback or health port is taken by another process.
         _fail(f"the agent could not start: {exc.strerror or exc}", code=1)
+    except KeyboardInterrupt:
+        # Ctrl-C before the agent's own handlers are installed (while importing the app, say):
+        # a quiet exit with the shell's status for SIGINT, not a traceback.
+        raise typer.Exit(130) from None
 
 
 @app.command()

@@ -8,6 +8,7 @@ not wait on I/O to choose an agent.
 from __future__ import annotations
 
 import abc
+import hmac
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -49,6 +50,9 @@ class AgentEntry:
     offline_since: float | None = None
     capabilities: dict[str, Capability] = field(default_factory=dict)
     validators: dict[str, PayloadValidator | None] = field(default_factory=dict)
+    # The registrant's instance token (``instanceId``): a retry from the same process gets its
+    # lease back instead of a 409. It is a credential, so it stays out of repr() and of logs.
+    instance_id: str | None = field(default=None, repr=False)
 
     # Copies of the profile's id and endpoint as plain attributes: they are read several times
     # per candidate on every request, and a property through the profile costs each time.
@@ -98,6 +102,15 @@ def compile_capabilities(
     return caps, validators
 
 
+def same_registrant(entry: AgentEntry, profile: AgentProfile, instance_id: str | None) -> bool:
+    """Whether a registration comes from the process that holds ``entry``: same token and endpoint."""
+    if instance_id is None or entry.instance_id is None:
+        return False
+    # Constant time: the token is a credential, and a timing oracle would let it be guessed.
+    same_token = hmac.compare_digest(entry.instance_id.encode(), instance_id.encode())
+    return same_token and entry.endpoint == profile.network.endpoint
+
+
 class Registry(abc.ABC):
     """The async contract every registry backend implements."""
 
@@ -127,11 +140,13 @@ class Registry(abc.ABC):
 
     @abc.abstractmethod
     async def register(
-        self, profile: AgentProfile, *, lease_id: str | None = None
+        self, profile: AgentProfile, *, lease_id: str | None = None, instance_id: str | None = None
     ) -> tuple[AgentEntry, bool]:
         """Register or replace ``profile``; returns the entry and whether it is new.
 
-        Raises ``AgentIdConflict`` when the id's lease is live and ``lease_id`` is not it.
+        A live id is replaced in place (same lease) when ``lease_id`` is its lease, or when the
+        registration is the same registrant's: the same ``instance_id`` and the same endpoint (a
+        retry of a registration whose answer was lost). Otherwise raises ``AgentIdConflict``.
         """
 
     @abc.abstractmethod

@@ -17,7 +17,13 @@ from agent_reach.exceptions import (
 )
 from agent_reach.lifecycle import Background
 from agent_reach.protocol import AgentProfile, AgentStatusValue
-from agent_reach.registry.base import AgentEntry, Registry, RegistryEvent, compile_capabilities
+from agent_reach.registry.base import (
+    AgentEntry,
+    Registry,
+    RegistryEvent,
+    compile_capabilities,
+    same_registrant,
+)
 
 log = logging.getLogger("agent_reach.registry")
 
@@ -58,12 +64,17 @@ class MemoryRegistry(Registry):
     # -- writes ------------------------------------------------------------------------------
 
     async def register(
-        self, profile: AgentProfile, *, lease_id: str | None = None
+        self, profile: AgentProfile, *, lease_id: str | None = None, instance_id: str | None = None
     ) -> tuple[AgentEntry, bool]:
         now = self._clock.monotonic()
         current = self._entries.get(profile.id)
         live = current is not None and current.status is not AgentStatusValue.OFFLINE
-        if current is not None and live and lease_id != current.lease_id:
+        if (
+            current is not None
+            and live
+            and lease_id != current.lease_id
+            and not same_registrant(current, profile, instance_id)
+        ):
             raise AgentIdConflict(
                 f"agent id {profile.id!r} is held by a live lease; register with its leaseId "
                 "to replace the profile, or wait for the lease to expire"
@@ -84,6 +95,7 @@ class MemoryRegistry(Registry):
             expires_at=now + ttl,
             capabilities=caps,
             validators=validators,
+            instance_id=instance_id,
         )
         if current is not None:
             self._unindex(current)

@@ -17,14 +17,17 @@ does not stall the callback server), and take ``(payload)`` or ``(payload, ctx)`
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import inspect
 import logging
 import os
 import signal
 import sys
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 from aiohttp import web
@@ -46,7 +49,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("agent_reach.sdk")
 
+T = TypeVar("T")
 Handler = Callable[..., Any]
+
+# Stopping within 2 s of a signal: handlers in flight get HANDLER_DRAIN_TIMEOUT_S, the Router gets
+# DEREGISTER_BUDGET_S to take the lease back (each one only when it is the slow part).
+HANDLER_DRAIN_TIMEOUT_S = 0.5
+DEREGISTER_BUDGET_S = 0.8
 ConversationHook = Callable[[str], Any]
 
 
@@ -220,7 +229,11 @@ class ReachAgent:
         if config.health_port is None:
             app.router.add_get(health.path, self._on_health)
             app.router.add_get("/metrics", self._on_metrics)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        # A stopping agent gives handlers in flight a moment, not aiohttp's default minute: it must
+        # be gone within 2 s of SIGTERM or Ctrl-C.
+        self._runner = web.AppRunner(
+            app, access_log=None, handle_signals=False, shutdown_timeout=HANDLER_DRAIN_TIMEOUT_S
+        )
         await self._runner.setup()
         site = web.TCPSite(self._runner, config.host, config.port)
         await site.start()
@@ -242,18 +255,31 @@ class ReachAgent:
             profile.model_dump(mode="json"),
             callback=profile.network.endpoint,
             tasks=profile.tasks,
+            registration_timeout=config.registration_timeout_seconds,
         )
-        await asyncio.to_thread(self._lease.open)
+        # On a daemon thread of its own, not the default executor: while the Router is down this
+        # retries until stop(), and a registration stuck on a hung Router must not hold up exit
+        # (asyncio.run waits for the default executor's threads).
+        await _on_daemon_thread(self._lease.open, "reach-register")
 
     async def stop(self) -> None:
-        """Deregister, then stop serving."""
+        """Deregister (if the Router answers in time), then stop serving; bounded, about 1.5 s.
+
+        Safe in every state: while registration is still retrying, it ends the retries.
+        """
         if self._lease is not None:
+            lease, self._lease = self._lease, None
             # Joining the lease thread must not block the loop: the thread may be waiting on a
             # Router that is served by this very loop (in tests, or an embedded Router).
-            await asyncio.to_thread(self._lease.stop)
-            await asyncio.to_thread(self._lease.deregister)
-            self._lease.close()
-            self._lease = None
+            await _on_daemon_thread(lease.stop, "reach-lease-stop")
+            try:
+                # The keeper's own timeout bounds each phase of the request; this bounds the whole.
+                await asyncio.wait_for(
+                    _on_daemon_thread(lease.deregister, "reach-deregister"), DEREGISTER_BUDGET_S
+                )
+            except TimeoutError:
+                log.warning("[reach-client] the Router did not answer the deregistration in time")
+            lease.close()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -264,18 +290,39 @@ class ReachAgent:
             await self._client.aclose()
 
     async def serve_forever(self) -> None:
-        """Start, run until SIGTERM or SIGINT, then deregister and stop."""
+        """Start, run until SIGTERM or SIGINT, then deregister and stop.
+
+        A signal ends the agent in any state, registration included: start() may be retrying
+        against a Router that is down, and would never return by itself.
+        """
         loop = asyncio.get_running_loop()
         stopping = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stopping.set)
         try:
-            await self.start()
+            await self._start_unless(stopping)
             await stopping.wait()
         finally:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(sig)
-            await self.stop()
+            # The handlers stay until the agent has stopped: a second Ctrl-C while deregistering
+            # is then absorbed instead of raising KeyboardInterrupt through the loop.
+            try:
+                await self.stop()
+            finally:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.remove_signal_handler(sig)
+
+    async def _start_unless(self, stopping: asyncio.Event) -> None:
+        """:meth:`start`, abandoned when ``stopping`` is set first (its errors still raise)."""
+        starting = asyncio.create_task(self.start())
+        signalled = asyncio.create_task(stopping.wait())
+        await asyncio.wait({starting, signalled}, return_when=asyncio.FIRST_COMPLETED)
+        signalled.cancel()
+        if not starting.done():
+            if self._lease is not None:
+                self._lease.stop(wait=0)  # ends the registration retries on their own thread
+            starting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await starting
 
     def run(self) -> None:
         """Blocking entry point: :meth:`serve_forever` in a fresh event loop.
@@ -380,6 +427,33 @@ class ReachAgent:
             message = "the handler's result is not JSON-serialisable"
             return _answer_error("HANDLER_FAILED", message, retryable=False), "handler_failed"
         return web.Response(body=body, content_type="application/json"), "success"
+
+
+def _on_daemon_thread(fn: Callable[[], T], name: str) -> asyncio.Future[T]:
+    """Run ``fn`` on a new daemon thread; the future gets its result.
+
+    Unlike ``asyncio.to_thread``, an abandoned call (a Router that never answers) neither holds up
+    the process's exit nor prints a traceback when it finishes after the loop has closed.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(outcome: Callable[[], None]) -> None:
+        if not future.done():
+            outcome()
+
+    def run() -> None:
+        try:
+            result = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task, not lost
+            deliver = functools.partial(settle, functools.partial(future.set_exception, exc))
+        else:
+            deliver = functools.partial(settle, functools.partial(future.set_result, result))
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody is waiting any more
+            loop.call_soon_threadsafe(deliver)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return future
 
 
 def _answer_error(code: str, message: str, *, retryable: bool, status: int = 200) -> web.Response:

@@ -7,6 +7,7 @@ agent:            # the profile of PROTOCOL.md §1, sent to the Router as is
   capabilities: [...]
 router:           # optional
   url: http://127.0.0.1:7200
+  registration_timeout_seconds: 5   # per attempt; a retry after a lost reply keeps the lease
 server:           # optional: where the SDK listens; default 127.0.0.1 and the endpoint's port
   host: 127.0.0.1
   port: 7301
@@ -31,6 +32,7 @@ from pydantic import ValidationError
 from agent_reach.config import read_yaml
 from agent_reach.exceptions import ConfigError
 from agent_reach.protocol import AgentProfile, error_details
+from agent_reach.sdk.lease import DEFAULT_REGISTRATION_TIMEOUT_S
 
 DEFAULT_ROUTER_URL = "http://127.0.0.1:7200"
 _KNOWN_TOP = {"agent", "router", "server"}
@@ -44,6 +46,7 @@ class AgentConfig:
     router_url: str = DEFAULT_ROUTER_URL
     host: str = "127.0.0.1"
     port: int = 0
+    registration_timeout_seconds: float = DEFAULT_REGISTRATION_TIMEOUT_S
 
     @property
     def callback_path(self) -> str:
@@ -97,7 +100,19 @@ class AgentConfig:
         host = server.get("host", "127.0.0.1")
         if not isinstance(host, str) or not host:
             raise ConfigError(f"{source}: server.host must be a host name or address")
-        return cls(profile=profile, router_url=str(router_url).rstrip("/"), host=host, port=port)
+        timeout = router.get("registration_timeout_seconds", DEFAULT_REGISTRATION_TIMEOUT_S)
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= 300:
+            raise ConfigError(
+                f"{source}: router.registration_timeout_seconds must be a number of seconds "
+                f"from 0 to 300, got {timeout!r}"
+            )
+        return cls(
+            profile=profile,
+            router_url=str(router_url).rstrip("/"),
+            host=host,
+            port=port,
+            registration_timeout_seconds=float(timeout),
+        )
 
 
 def find_config(path: str | os.PathLike[str] | None = None) -> Path:

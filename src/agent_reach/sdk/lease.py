@@ -4,12 +4,22 @@ Registration, renewal and deregistration use a blocking HTTP client on a dedicat
 handler that blocks the agent's event loop (or holds the CPU) can delay answers but never cost
 the agent its lease. When the Router answers ``404 LEASE_NOT_FOUND`` (say, after a restart), the
 keeper registers again by itself.
+
+Each keeper sends an instance token (``instanceId``) with every registration: when a reply is
+lost (the request timed out after the Router had registered the agent), the retry is the same
+registrant's and gets the same lease back instead of ``409 AGENT_ID_CONFLICT``.
+
+Stopping never waits long on the Router: :meth:`LeaseKeeper.stop` interrupts registration
+retries and waits only briefly for a renewal in flight; :meth:`LeaseKeeper.deregister` has a short
+timeout. Both threads are daemons, so a Router that does not answer cannot hold the process.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import random
+import secrets
 import threading
 from typing import Any
 
@@ -19,6 +29,12 @@ from agent_reach.clock import SYSTEM_CLOCK, Clock
 from agent_reach.exceptions import ConfigError
 
 log = logging.getLogger("agent_reach.sdk")
+
+DEFAULT_REGISTRATION_TIMEOUT_S = 5.0
+# How long stop() waits for a renewal in flight, and deregister() for the Router: together well
+# under the 2 s in which a signalled agent must be gone.
+STOP_JOIN_TIMEOUT_S = 0.2
+DEREGISTER_TIMEOUT_S = 0.7
 
 
 class RegistrationRefused(Exception):
@@ -41,6 +57,7 @@ class LeaseKeeper:
         callback: str,
         tasks: list[str],
         clock: Clock = SYSTEM_CLOCK,
+        registration_timeout: float = DEFAULT_REGISTRATION_TIMEOUT_S,
     ) -> None:
         self.router_url = router_url
         self.agent_id = str(profile["id"])
@@ -55,20 +72,32 @@ class LeaseKeeper:
         self._extended_at = clock.monotonic()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._registration_timeout = registration_timeout
+        self._opening = False  # open() is registering on some thread: the client is in use
         self._http = httpx.Client(timeout=5)
+        # One token per keeper (per process, in practice): it identifies this registrant to the
+        # Router across retries. A credential: it is never logged, only its fingerprint.
+        self.instance_id = secrets.token_urlsafe(24)
+
+    @property
+    def instance_fingerprint(self) -> str:
+        """A short, non-reversible tag of the instance token, safe to print."""
+        return hashlib.sha256(self.instance_id.encode()).hexdigest()[:8]
 
     # -- registration ------------------------------------------------------------------------
 
     def register(self) -> None:
         """One registration attempt, logging the four ``[reach-client]`` lines of PROTOCOL.md §8."""
         body = dict(self._profile)
+        body["instanceId"] = self.instance_id
         if self.lease_id:
             body["leaseId"] = self.lease_id
         log.info("[reach-client] registering agent: %s", self.agent_id)
         log.info("[reach-client] capabilities: %s", ", ".join(self._tasks))
         log.info("[reach-client] callback endpoint: %s", self._callback)
+        log.debug("[reach-client] instance %s", self.instance_fingerprint)
         sent = self._clock.monotonic()
-        resp = self._http.post(f"{self.router_url}/agents", json=body)
+        resp = self._http.post(f"{self.router_url}/agents", json=body, timeout=self._registration_timeout)
         try:
             answer = resp.json()
         except ValueError:
@@ -113,7 +142,17 @@ class LeaseKeeper:
         request to the agent the moment it is registered, and a handler that blocks the loop
         would otherwise hold up the lease thread's start until the lease ran out.
         """
-        if not self.register_until_done():
+        self._opening = True
+        try:
+            registered = self.register_until_done()
+        finally:
+            self._opening = False
+        if not registered:
+            return False
+        if self._stop.is_set():
+            # Stopped while the answer was on its way: the agent is leaving, so give the lease
+            # back rather than leave it to expire.
+            self.deregister()
             return False
         self.start()
         return True
@@ -175,14 +214,23 @@ class LeaseKeeper:
 
     # -- leaving -----------------------------------------------------------------------------
 
-    def stop(self) -> None:
-        """Stop renewing (and any registration retries)."""
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def stop(self, wait: float = STOP_JOIN_TIMEOUT_S) -> None:
+        """Stop renewing (and any registration retries), waiting up to ``wait`` s for the thread.
+
+        A renewal still in flight after that is left to finish on its own (daemon) thread: the
+        deregistration that follows does not need it, and a hung Router must not hold the stop.
+        """
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
+            self._thread.join(timeout=wait)
+            if not self._thread.is_alive():
+                self._thread = None
 
-    def deregister(self) -> None:
+    def deregister(self, timeout: float = DEREGISTER_TIMEOUT_S) -> None:
         """Give the lease back so the Router stops routing here at once."""
         if self.lease_id is None:
             return
@@ -190,7 +238,7 @@ class LeaseKeeper:
             resp = self._http.delete(
                 f"{self.router_url}/agents/{self.agent_id}",
                 headers={"X-Reach-Lease": self.lease_id},
-                timeout=2,
+                timeout=timeout,
             )
             if resp.status_code == 204:
                 log.info("[reach-client] deregistered agent: %s", self.agent_id)
@@ -201,4 +249,6 @@ class LeaseKeeper:
         self.lease_id = None
 
     def close(self) -> None:
-        self._http.close()
+        """Close the HTTP client, unless a thread still uses it (process exit will end it)."""
+        if self._thread is None and not self._opening:
+            self._http.close()

@@ -51,6 +51,26 @@ def whole_number(raw: str, field: str, low: int, high: int) -> int:
     return int(raw)
 
 
+# The registrant's token is opaque; the bound keeps a stranger from storing megabytes in entries.
+MAX_INSTANCE_ID_CHARS = 256
+
+
+def _instance_id(data: dict[str, Any]) -> str | None:
+    """The body's ``instanceId``: a string of 1 to 256 characters, or None when absent.
+
+    The error never repeats the value: an instanceId is a credential.
+    """
+    value = data.get("instanceId")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_INSTANCE_ID_CHARS:
+        message = f"a string of 1 to {MAX_INSTANCE_ID_CHARS} characters"
+        raise InvalidProfile(
+            f"instanceId must be {message}", details=[{"field": "instanceId", "message": message}]
+        )
+    return value
+
+
 class AdminApi:
     """Every endpoint but the ``POST /reach`` hot path."""
 
@@ -114,6 +134,8 @@ class AdminApi:
             raise InvalidProfile(
                 "leaseId must be a string", details=[{"field": "leaseId", "message": "expected a string"}]
             )
+        # The registrant's own token: a retry with the same one (and endpoint) gets its lease back.
+        instance_id = _instance_id(data)
         try:
             profile = AgentProfile.model_validate(data)
         except ValidationError as exc:
@@ -121,7 +143,9 @@ class AdminApi:
             raise InvalidProfile(
                 "invalid agent profile: " + ", ".join(d["field"] for d in details), details=details
             ) from exc
-        entry, created = await self.parts.registry.register(profile, lease_id=lease_id)
+        entry, created = await self.parts.registry.register(
+            profile, lease_id=lease_id, instance_id=instance_id
+        )
         if self.parts.vectors is not None:
             # Capability vectors follow off the request path (semantic/queue.py): the agent is
             # routable by exact task now and by meaning once they are in; never on a request.

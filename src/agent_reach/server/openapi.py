@@ -154,11 +154,17 @@ def _registry_paths() -> dict[str, Operation]:
     return {
         "/agents": {
             "post": {
-                "summary": "Register an agent profile (with leaseId: replace it in place)",
+                "summary": (
+                    "Register an agent profile (with leaseId, or the same instanceId and endpoint: "
+                    "replace it in place, same lease)"
+                ),
                 "requestBody": {"required": True, **_json(_ref("AgentProfile"), "the profile")},
                 "responses": {
                     "201": _linked(_json(_ref("Registration"), "registered"), **_REGISTRATION_LINKS),
-                    "200": _linked(_json(_ref("Registration"), "replaced in place"), **_REGISTRATION_LINKS),
+                    "200": _linked(
+                        _json(_ref("Registration"), "replaced in place, or a retry answered with its lease"),
+                        **_REGISTRATION_LINKS,
+                    ),
                     **error_responses(AgentIdConflict, InvalidProfile, RegistryFull, body=True),
                 },
             }
