@@ -46,7 +46,7 @@ async def test_failing_probes_take_an_agent_out_and_a_success_brings_it_back() -
                 "/reach", json={"targetTask": "echo", "preferences": {"filterAgentIds": ["sick"]}}
             )
         ).json()
-        assert {"agentId": "sick", "reason": "unhealthy"} in refused["error"]["candidates"]
+        assert {"agentId": "sick", "reason": "unhealthy", "task": "echo"} in refused["error"]["candidates"]
         sick.healthy = True
         await wait_status(http, "sick", "available")
         metrics = (await http.get("/metrics")).text
