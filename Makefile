@@ -19,7 +19,7 @@ demo: install
 	$(BIN)/reach demo
 
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2
 
 check: install
 	scripts/check

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -11,8 +11,21 @@ from rich.markup import escape
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="Agent-Reach: the Router, agents and tools around them."
 )
-out = Console()
-err = Console(stderr=True)
+
+
+class _Console:
+    """A Rich console made afresh on each use, so the terminal width (or ``COLUMNS``) is read
+    when a command prints, not when the module was imported."""
+
+    def __init__(self, *, stderr: bool = False) -> None:
+        self._stderr = stderr
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(Console(stderr=self._stderr), name)
+
+
+out: Any = _Console()
+err: Any = _Console(stderr=True)
 
 RouterOpt = Annotated[
     str | None,

@@ -76,9 +76,10 @@ def _print_distributions(distributions: dict[str, list[float]]) -> None:
                 f"p75 {qs[3]:.4f}  max {qs[4]:.4f}",
                 highlight=False,
                 markup=False,
+                soft_wrap=True,
             )
         else:
-            out.print(f"{name:22s} n=  0", highlight=False, markup=False)
+            out.print(f"{name:22s} n=  0", highlight=False, markup=False, soft_wrap=True)
 
 
 def _print_outcome(label: str, o: Any) -> None:
@@ -88,6 +89,7 @@ def _print_outcome(label: str, o: Any) -> None:
         f"out-of-scope refused {o.refused}/{o.out_of_scope} ({o.refusal_rate * 100:.1f}%)",
         highlight=False,
         markup=False,
+        soft_wrap=True,
     )
 
 

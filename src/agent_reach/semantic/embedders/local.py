@@ -9,8 +9,12 @@ waits on it and a question never waits behind a registration.
 from __future__ import annotations
 
 import asyncio
+import threading
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+import numpy as np
 
 from agent_reach.exceptions import EmbeddingUnavailable
 from agent_reach.semantic.embedders.base import Kind, Vectors, calibrated_thresholds, normalise
@@ -27,9 +31,33 @@ class _Lane:
     documented as thread-safe.
     """
 
+    # Vectors by text, kept by the lane: the same sentence (a Router's background texts, a
+    # capability many agents declare, a repeated question) is embedded once per process.
+    CACHE_SIZE = 4096
+
     def __init__(self, name: str) -> None:
+        self.name = name
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"reach-embed-{name}")
         self.model: Any = None
+        self._cache: OrderedDict[str, Vectors] = OrderedDict()
+        self._lock = threading.Lock()  # calibrate and tools call embed_sync from their own thread
+
+    def embed(self, texts: list[str]) -> Vectors:
+        """Unit vectors of ``texts``; only those not seen lately reach the model, in one call."""
+        with self._lock:
+            missing = list(dict.fromkeys(t for t in texts if t not in self._cache))
+            if missing:
+                model = self.load()
+                raw = model.query(missing) if self.name == "query" else model.passage(missing)
+                for text, row in zip(missing, normalise(raw), strict=True):
+                    self._cache[text] = row
+            rows = []
+            for text in texts:
+                self._cache.move_to_end(text)
+                rows.append(self._cache[text])
+            while len(self._cache) > self.CACHE_SIZE:
+                self._cache.popitem(last=False)
+        return np.stack(rows) if rows else np.zeros((0, 384), dtype=np.float32)
 
     def load(self) -> Any:
         if self.model is None:
@@ -57,9 +85,7 @@ class LocalEmbedder:
 
     def embed_sync(self, texts: list[str], kind: Kind) -> Vectors:
         """Blocking embed, for tools (``reach calibrate``) and the lane's thread."""
-        model = _LANES[kind].load()
-        raw = model.query(texts) if kind == "query" else model.passage(texts)
-        return normalise(raw)
+        return _LANES[kind].embed(texts)
 
     async def warm_up(self) -> None:
         loop = asyncio.get_running_loop()
