@@ -26,7 +26,8 @@ def test_demo_runs_the_reference_session(tmp_path: Path) -> None:
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "agent_reach", "demo", "--port", str(port), "--free-ports"],
-            cwd=ROOT,
+            # Any folder: the demo's agents and policy ship inside the package.
+            cwd=tmp_path,
             stdout=out,
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},

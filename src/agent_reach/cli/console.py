@@ -8,8 +8,12 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+# Help texts are plain text: "[env REACH_ROUTER_PORT, default 7200]" must not be read as markup.
 app = typer.Typer(
-    add_completion=False, no_args_is_help=True, help="Agent-Reach: the Router, agents and tools around them."
+    add_completion=False,
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    help="Agent-Reach: the Router, agents and tools around them.",
 )
 
 
@@ -35,5 +39,5 @@ RouterOpt = Annotated[
 
 def fail(message: str, code: int = 2) -> NoReturn:
     """One line on stderr and a non-zero exit; the message is printed as is, never as markup."""
-    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)

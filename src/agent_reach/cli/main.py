@@ -21,6 +21,11 @@ from agent_reach.exceptions import ConfigError, RouterUnavailable
 __all__ = ["app", "main"]
 
 
+def _say(line: str) -> None:
+    """One status line on stderr, as it is: no markup, no highlighting, never wrapped."""
+    err.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
 def _default_port() -> int:
     raw = os.environ.get("REACH_ROUTER_PORT", "7200")
     if not raw.isdigit() or not 0 < int(raw) < 65536:
@@ -64,9 +69,7 @@ def router(
         f"(registry: memory, lease ttl {policy.registry.lease_ttl_seconds:g}s)"
     )
     # The line is printed once the port is bound, never before a bind that fails.
-    serve(
-        app_, host, bind_port, loop="uvloop", on_ready=lambda: err.print(ready, markup=False, highlight=False)
-    )
+    serve(app_, host, bind_port, loop="uvloop", on_ready=lambda: _say(ready))
 
 
 @app.command()
@@ -105,7 +108,12 @@ def demo(
     port: Annotated[
         int | None, typer.Option(help="Router port [env REACH_ROUTER_PORT, default 7200].")
     ] = None,
-    examples: Annotated[Path, typer.Option(help="The examples folder of the repository.")] = Path("examples"),
+    examples: Annotated[
+        Path | None,
+        typer.Option(
+            help="A folder with price_agent/, promotion_agent/ and router.yaml [default: the packaged demo]."
+        ),
+    ] = None,
     free_ports: Annotated[
         bool,
         typer.Option(
@@ -117,9 +125,12 @@ def demo(
     ] = False,
 ) -> None:
     """Start the Router and the two demo agents; Ctrl-C stops them all."""
-    from agent_reach.cli.demo import run_demo
+    from agent_reach.cli.demo import DEMO_DIR, run_demo
 
-    run_demo(port if port is not None else _default_port(), examples, free_ports=free_ports)
+    try:
+        run_demo(port if port is not None else _default_port(), examples or DEMO_DIR, free_ports=free_ports)
+    except ConfigError as exc:
+        _fail(exc.message)
 
 
 @app.command("agents")

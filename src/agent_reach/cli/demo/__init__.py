@@ -1,4 +1,9 @@
-"""``reach demo``: the Router and the two demo agents as real processes, with one merged log."""
+"""``reach demo``: the Router and the two demo agents as real processes, with one merged log.
+
+The demo agents and the Router's policy ship inside this package (``price_agent/``,
+``promotion_agent/``, ``router.yaml``), so ``reach demo`` works from any folder after a plain
+``pip install agent-reach``.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +21,8 @@ import httpx
 
 from agent_reach.exceptions import ConfigError
 
+# The packaged demo: the agents' code and configs, and the Router's policy.
+DEMO_DIR = Path(__file__).resolve().parent
 AGENTS = [("price-query-agent", "price_agent"), ("promotion-agent", "promotion_agent")]
 COLOURS = {"router": "\033[36m", "price-query-agent": "\033[32m", "promotion-agent": "\033[35m"}
 RESET = "\033[0m"
@@ -88,9 +95,7 @@ def run_demo(port: int, examples: Path, *, free_ports: bool = False) -> None:
     configs = {name: examples / folder / "reach_config.yaml" for name, folder in AGENTS}
     missing = [str(p) for p in configs.values() if not p.is_file()]
     if missing:
-        raise ConfigError(
-            f"demo files not found: {', '.join(missing)} (run from the repository root, or pass --examples)"
-        )
+        raise ConfigError(f"demo files not found: {', '.join(missing)} (check --examples)")
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "REACH_ROUTER_URL": url, "PYTHONUNBUFFERED": "1"}
     lock = threading.Lock()

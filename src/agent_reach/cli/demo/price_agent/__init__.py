@@ -1,0 +1,1 @@
+"""The demo's price agent: run by ``reach demo``, or alone with ``reach agent``."""

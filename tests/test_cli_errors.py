@@ -1,0 +1,138 @@
+"""Every expected failure of the command line is one clear line and a non-zero exit, never a traceback."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agent_reach.testing import free_port
+
+AGENT_PY = """
+from agent_reach.sdk import ReachAgent
+
+agent = ReachAgent()
+
+
+@agent.capability("echo")
+async def echo(payload: dict) -> dict:
+    return payload
+"""
+
+
+def reach(*args: str, cwd: Path, timeout: float = 20) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "80", "REACH_ROUTER_URL": f"http://127.0.0.1:{free_port()}"}
+    return subprocess.run(
+        [sys.executable, "-m", "agent_reach", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def agent_config(tmp_path: Path, agent_id: str = "echo-agent", port: int | None = None) -> Path:
+    port = port or free_port()
+    config = {
+        "agent": {
+            "id": agent_id,
+            "network": {"endpoint": f"http://127.0.0.1:{port}/reach"},
+            "capabilities": [{"task": "echo"}],
+            "health_check": {"port": free_port()},
+        }
+    }
+    path = tmp_path / "reach_config.yaml"
+    path.write_text(yaml.safe_dump(config, allow_unicode=True))
+    (tmp_path / "my_agent.py").write_text(AGENT_PY)
+    return path
+
+
+def one_line_failure(result: subprocess.CompletedProcess[str]) -> str:
+    """The failure's text, after checking it is short, non-zero and free of tracebacks."""
+    text = (result.stdout + result.stderr).strip()
+    assert result.returncode != 0, text
+    assert "Traceback" not in text and "╭─" not in text, text
+    errors = [line for line in text.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, text
+    return errors[0]
+
+
+def test_a_missing_attribute_is_named(tmp_path: Path) -> None:
+    """--app my_agent.py:nope says the module has no attribute 'nope'."""
+    config = agent_config(tmp_path)
+    line = one_line_failure(
+        reach("agent", "--config", str(config), "--app", "my_agent.py:nope", cwd=tmp_path)
+    )
+    assert "no attribute 'nope'" in line
+
+
+def test_a_missing_file_is_named(tmp_path: Path) -> None:
+    """--app gone.py:agent says there is no such file."""
+    config = agent_config(tmp_path)
+    line = one_line_failure(reach("agent", "--config", str(config), "--app", "gone.py:agent", cwd=tmp_path))
+    assert "no such file 'gone.py'" in line
+
+
+def test_a_bad_agent_id_prints_its_rule_with_brackets(tmp_path: Path) -> None:
+    """An invalid id names the rule in full: the brackets are not eaten as markup."""
+    config = agent_config(tmp_path, agent_id="Bad Id!")
+    line = one_line_failure(
+        reach("agent", "--config", str(config), "--app", "my_agent.py:agent", cwd=tmp_path)
+    )
+    assert "agent.id" in line
+    assert "[a-z0-9]" in line
+
+
+def test_a_taken_port_is_one_line_for_an_agent(tmp_path: Path) -> None:
+    """An agent whose callback port is in use says so in one line."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        config = agent_config(tmp_path, port=taken.getsockname()[1])
+        line = one_line_failure(
+            reach("agent", "--config", str(config), "--app", "my_agent.py:agent", cwd=tmp_path)
+        )
+    assert "could not start" in line and "in use" in line
+
+
+def test_a_taken_port_stops_the_router_before_it_says_it_listens(tmp_path: Path) -> None:
+    """A Router whose port is in use exits non-zero, without claiming to listen, without a traceback."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        result = reach("router", "--port", str(taken.getsockname()[1]), cwd=tmp_path)
+    text = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "listening on" not in text
+    assert "Traceback" not in text
+    assert "address already in use" in text
+
+
+def test_a_bad_policy_file_is_one_line(tmp_path: Path) -> None:
+    """reach router --config with a wrong value names the key."""
+    bad = tmp_path / "router.yaml"
+    bad.write_text("limits: {max_inflight: -1}\n")
+    line = one_line_failure(reach("router", "--config", str(bad), cwd=tmp_path))
+    assert "limits.max_inflight" in line
+
+
+def test_a_missing_config_file_is_one_line(tmp_path: Path) -> None:
+    """reach agent without a reach_config.yaml says where it looked."""
+    (tmp_path / "my_agent.py").write_text(AGENT_PY)
+    line = one_line_failure(reach("agent", "--app", "my_agent.py:agent", cwd=tmp_path))
+    assert "reach_config.yaml" in line
+
+
+@pytest.mark.parametrize("args", [["agents"], ["call", "echo"], ["trace", "t-1"]])
+def test_a_router_out_of_reach_is_one_line(tmp_path: Path, args: list[str]) -> None:
+    """agents, call and trace against a Router nobody runs: one line, exit 1."""
+    result = reach(*args, cwd=tmp_path)
+    line = one_line_failure(result)
+    assert result.returncode == 1
+    assert "127.0.0.1" in line
