@@ -144,7 +144,7 @@ def test_register_list_and_call(cluster: Cluster) -> None:
         "[reach-client] registering agent: price-query-agent",
         "[reach-client] capabilities: query_product_price, query_promotion",
         "[reach-client] callback endpoint: http://127.0.0.1:",
-        "[reach-client] registration successful, lease id: 0x",
+        "[reach-client] registration successful, lease id: fp:",
     ):
         assert line in agent_log
     assert "[trace-demo-001] handle: query_product_price from user-proxy" in agent_log

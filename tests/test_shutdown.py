@@ -100,3 +100,32 @@ def test_sigterm_delivers_or_reports_every_accepted_async_request(tmp_path: Path
     for i in range(5):
         assert f"[stuck-{i}] async request abandoned at shutdown" in log
     assert "Traceback" not in log
+
+
+@pytest.mark.e2e
+def test_sigterm_exits_within_the_drain_deadline_while_a_big_profile_is_embedded(tmp_path: Path) -> None:
+    """A registration with 200 long examples is still being embedded when SIGTERM arrives: the
+    process still exits within the drain deadline, without a traceback."""
+    from tests.semantic.test_registration_load import big_profile
+
+    port = free_port()
+    policy = tmp_path / "router.yaml"
+    policy.write_text(
+        yaml.safe_dump({"server": {"drain_timeout_seconds": DRAIN_S}, "health": {"enabled": False}})
+    )
+    router = Proc(["router", "--port", str(port), "--config", str(policy)], tmp_path / "router.log")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: httpx.get(f"{url}/readyz").status_code == 200, timeout=30)
+        assert httpx.post(f"{url}/agents", json=big_profile("big", 16, 200, 480)).status_code == 201
+        assert httpx.get(f"{url}/admin/agents/big").json()["vectors"] == "pending"
+        started = time.monotonic()
+        router.signal(signal.SIGTERM)
+        code = router.popen.wait(DRAIN_S + 10)
+        took = time.monotonic() - started
+    finally:
+        router.stop()
+    print(f"\nSIGTERM to exit while embedding: {took:.2f} s (drain deadline {DRAIN_S:g} s)")
+    assert code in (0, -signal.SIGTERM), router.text()[-2000:]
+    assert took < DRAIN_S + 2
+    assert "Traceback" not in router.text()

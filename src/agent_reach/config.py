@@ -44,6 +44,18 @@ class ServerPolicy(_Section):
     response_limit_bytes: Annotated[int, Field(gt=0, le=1024 * 1024 * 1024)] = 8 * 1024 * 1024
 
 
+class OutboundPolicy(_Section):
+    """Which addresses the Router may call (agents, health checks, replyTo).
+
+    Link-local and metadata addresses, unspecified and multicast ones are always refused.
+    """
+
+    allow_loopback: bool = True
+    allow_private: bool = True
+    # When set, only these networks (CIDR) and host names (globs) may be called.
+    allow: list[str] = []
+
+
 class RegistryPolicy(_Section):
     """Leases and their sweep."""
 
@@ -251,13 +263,24 @@ class LoggingPolicy(_Section):
     levels: dict[str, Literal["DEBUG", "INFO", "WARNING", "ERROR"]] = {}
     # Payloads may hold user data: logged only when this is on, with `redact` fields masked.
     log_payloads: bool = False
-    redact: list[str] = ["password", "token", "secret", "authorization", "api_key"]
+    # Key names masked at any depth, case-insensitive; glob patterns (``*token*``) allowed.
+    redact: list[str] = [
+        "*token*",
+        "*secret*",
+        "*password*",
+        "api_key",
+        "apikey",
+        "authorization",
+        "cookie",
+        "card*",
+    ]
 
 
 class RouterConfig(_Section):
     """The whole policy file."""
 
     server: ServerPolicy = ServerPolicy()
+    outbound: OutboundPolicy = OutboundPolicy()
     registry: RegistryPolicy = RegistryPolicy()
     timeouts: TimeoutPolicy = TimeoutPolicy()
     retries: RetryPolicy = RetryPolicy()

@@ -34,6 +34,7 @@ caller never has to know which library sat underneath.
     │   ├── AttemptTimeout           the agent did not answer in time
     │   ├── BadAgentResponse         5xx, or an answer that is not a valid agent reply
     │   └── AgentRejected            the agent answered AGENT_ERROR, or a 4xx
+    ├── OutboundRefused              a URL the Router will not call (the rule is named)
     ├── DeliveryFailed               a replyTo URL did not take an async answer
     ├── ClientError                  the SDK could not talk to the Router
     │   └── RouterUnavailable        connection refused, timeout, or a non-JSON answer
@@ -341,6 +342,13 @@ class AgentRejected(AttemptError):
 
     def to_error(self) -> dict[str, Any]:
         return self.error
+
+
+class OutboundRefused(ReachError):
+    """A URL the Router will not call: the message names the rule (SSRF guard)."""
+
+    code = "URL_REFUSED"
+    http_status = 422
 
 
 class DeliveryFailed(ReachError):

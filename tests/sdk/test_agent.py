@@ -17,6 +17,7 @@ from agent_reach.config import RouterConfig
 from agent_reach.exceptions import ConfigError, RouterUnavailable
 from agent_reach.sdk import AgentConfig, AgentError, ReachAgent, ReachClient, ReachContext, SyncReachClient
 from agent_reach.sdk.lease import LeaseKeeper
+from agent_reach.secrets import fingerprint
 from agent_reach.testing import RouterServer, free_port
 
 
@@ -67,7 +68,7 @@ async def test_registers_with_the_four_log_lines(
             "[reach-client] registering agent: sdk-agent",
             "[reach-client] capabilities: echo, other",
             f"[reach-client] callback endpoint: {agent.config.profile.network.endpoint}",
-            f"[reach-client] registration successful, lease id: {agent.lease_id}",
+            f"[reach-client] registration successful, lease id: {fingerprint(agent.lease_id)}",
         ]
         assert router.app.parts.registry.get("sdk-agent") is not None
     finally:

@@ -12,6 +12,7 @@ import logging
 import sys
 import time
 from collections.abc import Iterable, Mapping
+from fnmatch import fnmatchcase
 from typing import Any, Literal
 
 import orjson
@@ -116,12 +117,18 @@ def fast_writer(logger: logging.Logger) -> Any:
 
 
 def redact(value: Any, fields: Iterable[str]) -> Any:
-    """A copy of ``value`` with every key named in ``fields`` (any depth, any case) masked."""
-    names = {f.lower() for f in fields}
+    """A copy of ``value`` with every key matching ``fields`` masked: any depth, any case, and
+    glob patterns (``*token*`` catches ``accessToken`` and ``x_token_id``)."""
+    names = {f.lower() for f in fields if not any(c in f for c in "*?[")}
+    patterns = [f.lower() for f in fields if any(c in f for c in "*?[")]
+
+    def secret(key: object) -> bool:
+        name = str(key).lower()
+        return name in names or any(fnmatchcase(name, p) for p in patterns)
 
     def walk(node: Any) -> Any:
         if isinstance(node, dict):
-            return {k: (REDACTED if str(k).lower() in names else walk(v)) for k, v in node.items()}
+            return {k: (REDACTED if secret(k) else walk(v)) for k, v in node.items()}
         if isinstance(node, list):
             return [walk(v) for v in node]
         return node

@@ -22,6 +22,7 @@ from agent_reach.config import AsyncPolicy
 from agent_reach.exceptions import DeadlineExceeded, DeliveryFailed
 from agent_reach.router import answer
 from agent_reach.router.results import Reply, ResultStore
+from agent_reach.secrets import loggable_url
 from agent_reach.transport.base import Transport
 
 log = logging.getLogger("agent_reach.async")
@@ -100,7 +101,7 @@ class AsyncRequests:
             except DeliveryFailed as exc:
                 last = exc.message
             else:
-                log.info("[%s] reply delivered to %s (attempt %d)", trace_id, url, attempt)
+                log.info("[%s] reply delivered to %s (attempt %d)", trace_id, loggable_url(url), attempt)
                 return True
             wait = self._backoff_s(attempt)
             if self._clock.monotonic() + wait >= closes:
@@ -109,7 +110,7 @@ class AsyncRequests:
         log.error(
             "[%s] reply to %s failed after %d attempts over %.0f s (%s); the result stays at GET /reach/%s",
             trace_id,
-            url,
+            loggable_url(url),
             attempt,
             policy.reply_window_seconds,
             last,
@@ -132,7 +133,7 @@ class AsyncRequests:
             await self._abandon(accepted)
         for delivery, (trace_id, url) in list(self._deliveries.items()):
             delivery.cancel()
-            log.error("[%s] reply to %s still undelivered at shutdown", trace_id, url)
+            log.error("[%s] reply to %s still undelivered at shutdown", trace_id, loggable_url(url))
         if self._deliveries:
             await asyncio.gather(*self._deliveries, return_exceptions=True)
 
@@ -151,7 +152,10 @@ class AsyncRequests:
                 )
             except DeliveryFailed as exc:
                 log.error(
-                    "[%s] the TIMEOUT answer did not reach %s (%s)", accepted.trace_id, accepted.reply_to, exc
+                    "[%s] the TIMEOUT answer did not reach %s (%s)",
+                    accepted.trace_id,
+                    loggable_url(accepted.reply_to),
+                    exc,
                 )
 
     async def close(self) -> None:

@@ -26,6 +26,7 @@ from agent_reach.exceptions import (
     EmbeddingDown,
     EmbeddingError,
     InternalError,
+    OutboundRefused,
     Overloaded,
     ReachError,
     RequestError,
@@ -47,6 +48,7 @@ from agent_reach.router.suggest import Suggester
 from agent_reach.routing.pipeline import Pipeline
 from agent_reach.routing.stats import StatsBook
 from agent_reach.transport.base import Transport
+from agent_reach.transport.urlguard import UrlGuard
 
 log = logging.getLogger("agent_reach.dispatcher")
 
@@ -79,6 +81,8 @@ class Dispatcher:
     ) -> None:
         self.pipeline = pipeline
         self.clock = clock
+        # Where replyTo URLs are checked; the composition root hands in the Router's own guard.
+        self.url_guard = UrlGuard()
         self.observers = list(observers)
         self.forwarding = Forwarding(
             transport=transport,
@@ -188,6 +192,16 @@ class Dispatcher:
         if self.results.known(trace_id):
             error = TraceIdInUse(f"traceId {trace_id!r} is already in use by an async request")
             return self.refuse(error, trace_id=trace_id, task=request.target_task)
+        reply_to = request.preferences.reply_to
+        if reply_to is not None:
+            try:
+                self.url_guard.check_url(reply_to)
+            except OutboundRefused as exc:
+                refused = RequestError(
+                    f"preferences.replyTo is refused: {exc.message}",
+                    details=[{"field": "preferences.replyTo", "message": exc.message}],
+                )
+                return self.refuse(refused, trace_id=trace_id, task=request.target_task)
         if self.results.pending >= self.config.limits.max_inflight:
             return self.shed(f"{self.results.pending} async requests pending", trace_id=trace_id)
 

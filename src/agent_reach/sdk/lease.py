@@ -27,6 +27,7 @@ import httpx
 
 from agent_reach.clock import SYSTEM_CLOCK, Clock
 from agent_reach.exceptions import ConfigError
+from agent_reach.secrets import fingerprint
 
 log = logging.getLogger("agent_reach.sdk")
 
@@ -108,7 +109,8 @@ class LeaseKeeper:
         self.lease_id = str(answer["leaseId"])
         self.ttl_seconds = float(answer["ttlSeconds"])
         self._extended_at = sent
-        log.info("[reach-client] registration successful, lease id: %s", self.lease_id)
+        # The line of the protocol keeps its place; a fingerprint stands in for the lease itself.
+        log.info("[reach-client] registration successful, lease id: %s", fingerprint(self.lease_id))
 
     def register_until_done(self) -> bool:
         """Register, retrying with backoff while the Router is away or the id is still held.
@@ -176,7 +178,7 @@ class LeaseKeeper:
     def _renew_forever(self) -> None:
         wait = self._next_renewal_in()
         while not self._stop.wait(wait):
-            log.debug("[reach-client] renewing lease %s", self.lease_id)
+            log.debug("[reach-client] renewing lease %s", fingerprint(self.lease_id))
             sent = self._clock.monotonic()
             try:
                 resp = self._http.put(
@@ -192,7 +194,7 @@ class LeaseKeeper:
                 continue
             if resp.status_code == 200:
                 self._extended_at = sent
-                log.debug("[reach-client] lease %s renewed", self.lease_id)
+                log.debug("[reach-client] lease %s renewed", fingerprint(self.lease_id))
                 wait = self._next_renewal_in()
                 continue
             if resp.status_code in (403, 404):

@@ -6,8 +6,12 @@ its policy file and whether it has started; it never reaches back into the ASGI 
 
 from __future__ import annotations
 
+import asyncio
+import ipaddress
+import socket
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 from pydantic import ValidationError
@@ -17,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from agent_reach.exceptions import InvalidProfile, RegistryError, RequestError
+from agent_reach.exceptions import InvalidProfile, OutboundRefused, RegistryError, RequestError
 from agent_reach.observability.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from agent_reach.protocol import AgentProfile, error_details
 from agent_reach.router import answer
@@ -25,6 +29,7 @@ from agent_reach.server.components import RouterParts
 from agent_reach.server.http import Receive, Scope, Send, check_json_content_type, error_body, read_body
 from agent_reach.server.openapi import openapi_document
 from agent_reach.server.reload import PolicyFile
+from agent_reach.transport.urlguard import Address, literal_address
 
 
 class _Json(Response):
@@ -143,6 +148,7 @@ class AdminApi:
             raise InvalidProfile(
                 "invalid agent profile: " + ", ".join(d["field"] for d in details), details=details
             ) from exc
+        await self._check_endpoint(profile.network.endpoint)
         entry, created = await self.parts.registry.register(
             profile, lease_id=lease_id, instance_id=instance_id
         )
@@ -157,6 +163,25 @@ class AdminApi:
             "status": entry.status.value,
         }
         return _Json(registration, status_code=201 if created else 200)
+
+    async def _check_endpoint(self, url: str) -> None:
+        """Refuse (422) an endpoint the Router must not call, and a name that resolves to one.
+
+        A name that does not resolve yet is accepted: every connection is checked again against
+        the address it resolves to then.
+        """
+        guard = self.parts.url_guard
+        try:
+            guard.check_url(url)
+            host = urlsplit(url).hostname or ""
+            if literal_address(host) is None:
+                for address in await _resolve(host):
+                    guard.check_address(address)
+        except OutboundRefused as exc:
+            raise InvalidProfile(
+                f"network.endpoint is refused: {exc.message}",
+                details=[{"field": "network.endpoint", "message": exc.message}],
+            ) from exc
 
     async def renew(self, request: Request) -> Response:
         data = await self._read_json(request)
@@ -259,6 +284,16 @@ class AdminApi:
         assert isinstance(exc, HTTPException)
         code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(exc.status_code, "HTTP_ERROR")
         return _error(exc.status_code, code, f"{request.method} {request.url.path}: {exc.detail}")
+
+
+async def _resolve(host: str) -> list[Address]:
+    """The addresses ``host`` resolves to now; none when it does not resolve within a second."""
+    try:
+        async with asyncio.timeout(1.0):
+            infos = await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (OSError, TimeoutError):
+        return []
+    return [ipaddress.ip_address(info[4][0]) for info in infos]
 
 
 __all__ = ["AdminApi", "whole_number"]

@@ -28,10 +28,12 @@ from agent_reach.router.dispatcher import Dispatcher
 from agent_reach.router.results import ResultStore
 from agent_reach.routing.pipeline import Pipeline
 from agent_reach.routing.stats import StatsBook
+from agent_reach.secrets import fingerprint
 from agent_reach.semantic.embedders.factory import build_embedder
 from agent_reach.semantic.vectors import CapabilityVectors
 from agent_reach.transport.base import Transport
 from agent_reach.transport.http import HttpTransport
+from agent_reach.transport.urlguard import UrlGuard
 
 registry_log = logging.getLogger("agent_reach.registry")
 
@@ -55,6 +57,7 @@ class RouterParts:
     traces: TraceStore
     metrics: RouterMetrics
     trace_log: TraceLog
+    url_guard: UrlGuard
     dispatcher: Dispatcher = field(init=False)
     health: HealthChecker = field(init=False)
 
@@ -73,6 +76,7 @@ class RouterParts:
         breakers = BreakerBoard(config.breaker, clock=clock, overrides=config.tasks)
         affinity = AffinityTable(config.affinity, clock=clock)
         shedder = LoadShedder(config.limits)
+        url_guard = UrlGuard(config.outbound)
         vectors = None
         if config.embedding.backend != "none":
             vectors = CapabilityVectors(build_embedder(config.embedding), registry, config.embedding)
@@ -80,7 +84,8 @@ class RouterParts:
             config=config,
             clock=clock,
             registry=registry,
-            transport=transport or HttpTransport(response_limit=config.server.response_limit_bytes),
+            transport=transport
+            or HttpTransport(response_limit=config.server.response_limit_bytes, guard=url_guard),
             stats=stats,
             breakers=breakers,
             affinity=affinity,
@@ -100,6 +105,7 @@ class RouterParts:
                 lambda: None if vectors is None else vectors.up,
             ),
             trace_log=TraceLog(redact_fields=config.logging.redact),
+            url_guard=url_guard,
         )
         parts._wire()
         return parts
@@ -115,6 +121,7 @@ class RouterParts:
             observers=self._observers(),
             clock=self.clock,
         )
+        self.dispatcher.url_guard = self.url_guard
         self.health = HealthChecker(self.registry, self.transport, self.config.health, clock=self.clock)
         self.health.subscribe(self.metrics.on_probe)
         self.registry.subscribe(self._on_registry_event)
@@ -138,6 +145,7 @@ class RouterParts:
     def apply(self, config: RouterConfig) -> None:
         """Switch every part to a new policy. Requests in flight keep the one they started with."""
         self.config = config
+        self.url_guard.policy = config.outbound
         self.budget.apply(config.retry_budget)
         self.dispatcher.apply(config, self.budget)
         self.pipeline.apply(config.routing)
@@ -188,7 +196,7 @@ class RouterParts:
                 event.value,
                 entry.id,
                 ", ".join(entry.capabilities),
-                entry.lease_id,
+                fingerprint(entry.lease_id),  # the lease itself is a credential: never logged
                 entry.ttl_seconds,
             )
         else:

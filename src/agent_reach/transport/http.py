@@ -7,29 +7,69 @@ here, with ``raise ... from exc``, and nowhere else.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import socket
 from typing import Any
 
 import aiohttp
 import orjson
+from aiohttp.abc import AbstractResolver
+from aiohttp.resolver import DefaultResolver
 
 from agent_reach.exceptions import AttemptTimeout, BadAgentResponse, ConnectFailed, DeliveryFailed
 from agent_reach.transport.base import DEFAULT_RESPONSE_LIMIT, AttemptLimits, classify_answer, too_large
+from agent_reach.transport.urlguard import UrlGuard
 
 # What a failed probe, holds check or delivery can raise; all mean "no".
 _QUIET = (aiohttp.ClientError, TimeoutError, OSError, ValueError)
 
 
+class _GuardedResolver(AbstractResolver):
+    """Resolves names, then drops every address the URL guard refuses: a name that resolves to a
+    metadata address (at once, or after a rebinding) is never connected to."""
+
+    def __init__(self, guard: UrlGuard) -> None:
+        self._guard = guard
+        self._inner = DefaultResolver()
+
+    async def resolve(self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET) -> Any:
+        found = await self._inner.resolve(host, port, family)
+        allowed = []
+        reason = ""
+        for item in found:
+            refusal = self._guard.refusal(ipaddress.ip_address(item["host"]))
+            if refusal is None:
+                allowed.append(item)
+            else:
+                reason = refusal
+        if not allowed:
+            raise OSError(f"{host} resolves only to refused addresses ({reason})")
+        return allowed
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+
 class HttpTransport:
     """Talks to agents over one shared ``aiohttp.ClientSession``, created inside the loop."""
 
-    def __init__(self, *, pool_size: int = 1024, response_limit: int = DEFAULT_RESPONSE_LIMIT) -> None:
+    def __init__(
+        self,
+        *,
+        pool_size: int = 1024,
+        response_limit: int = DEFAULT_RESPONSE_LIMIT,
+        guard: UrlGuard | None = None,
+    ) -> None:
         self._pool_size = pool_size
         self._response_limit = response_limit
+        self._guard = guard or UrlGuard()
         self._session: aiohttp.ClientSession | None = None
 
     async def open(self) -> None:
         if self._session is None:
-            connector = aiohttp.TCPConnector(limit=self._pool_size, ttl_dns_cache=60)
+            connector = aiohttp.TCPConnector(
+                limit=self._pool_size, ttl_dns_cache=60, resolver=_GuardedResolver(self._guard)
+            )
             self._session = aiohttp.ClientSession(
                 connector=connector,
                 # Agents answer with JSON; no cookies are ever kept between strangers.

@@ -1,0 +1,143 @@
+"""The outbound-URL guard: endpoints and replyTo URLs the Router must not call are refused."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+from aiohttp import web
+
+from agent_reach.config import OutboundPolicy, RouterConfig
+from agent_reach.exceptions import OutboundRefused
+from agent_reach.testing import FakeAgent, RouterServer, free_port
+from agent_reach.transport.urlguard import UrlGuard
+
+FORBIDDEN = [
+    "http://169.254.169.254/latest/meta-data",
+    "http://[::ffff:169.254.169.254]/",
+    "http://[fd00:ec2::254]/",
+    "http://2852039166/",
+    "http://0251.0376.0251.0376/",
+    "http://0xa9fea9fe/",
+    "http://metadata.google.internal/computeMetadata/v1/",
+    "http://0.0.0.0:8080/reach",
+    "http://[::]/reach",
+    "http://224.0.0.1/reach",
+    "http://[fe80::1]/reach",
+    "gopher://127.0.0.1:70/",
+    "file:///etc/passwd",
+    "http://user:secret@127.0.0.1/reach",
+    "http://127.0.0.1/re\nach",
+]
+
+
+@pytest.mark.parametrize("url", FORBIDDEN)
+def test_the_guard_refuses_every_form(url: str) -> None:
+    """Metadata, link-local, unspecified, multicast, non-HTTP, credentials, control characters."""
+    with pytest.raises(OutboundRefused):
+        UrlGuard().check_url(url)
+
+
+@pytest.mark.parametrize(
+    "url", ["http://127.0.0.1:7301/reach", "http://10.1.2.3/reach", "http://price-agent:8081/reach"]
+)
+def test_loopback_private_and_names_are_allowed_by_default(url: str) -> None:
+    """The demo and a compose network need loopback, private ranges and service names."""
+    UrlGuard().check_url(url)
+
+
+def test_the_policy_can_allow_only_listed_networks_and_names() -> None:
+    """outbound.allow: only those networks and names; everything else is refused, naming the rule."""
+    guard = UrlGuard(OutboundPolicy(allow=["10.0.0.0/8", "*.agents.internal"]))
+    guard.check_url("http://10.9.9.9/reach")
+    guard.check_url("http://price.agents.internal/reach")
+    for url in ("http://192.168.1.1/reach", "http://example.com/reach"):
+        with pytest.raises(OutboundRefused, match=r"outbound\.allow"):
+            guard.check_url(url)
+
+
+@pytest.mark.parametrize("url", FORBIDDEN[:11])
+async def test_registration_of_a_forbidden_endpoint_is_422(http, url: str) -> None:
+    """Each forbidden form is refused at registration with INVALID_PROFILE naming network.endpoint."""
+    profile = {"id": "evil", "network": {"endpoint": url}, "capabilities": [{"task": "steal"}]}
+    resp = await http.post("/agents", json=profile)
+    assert resp.status_code == 422, resp.text
+    error = resp.json()["error"]
+    assert error["code"] == "INVALID_PROFILE"
+    assert error["details"][0]["field"] in ("network.endpoint", "network")
+
+
+async def test_a_name_that_resolves_to_a_refused_address_is_refused(http) -> None:
+    """localhost resolves to loopback: with loopback forbidden, its registration is refused."""
+    config = RouterConfig.model_validate({"outbound": {"allow_loopback": False}})
+    async with RouterServer(config) as router, httpx.AsyncClient(base_url=router.url) as client:
+        profile = {
+            "id": "sneaky",
+            "network": {"endpoint": f"http://localhost:{free_port()}/reach"},
+            "capabilities": [{"task": "t"}],
+        }
+        resp = await client.post("/agents", json=profile)
+        assert resp.status_code == 422
+        assert "loopback" in resp.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("url", FORBIDDEN)
+async def test_a_forbidden_reply_to_is_400_and_nothing_is_sent(http, make_agent, url: str) -> None:
+    """An async request whose replyTo is forbidden is refused at once; no work is started."""
+    agent = await make_agent("a")
+    body = {"targetTask": "echo", "preferences": {"mode": "async", "replyTo": url}}
+    resp = await http.post("/reach", json=body)
+    assert resp.status_code == 400
+    assert resp.json()["error"]["details"][0]["field"] == "preferences.replyTo"
+    assert agent.received == []
+
+
+async def test_a_listener_where_a_forbidden_target_would_be_sees_no_traffic() -> None:
+    """With loopback forbidden, a replyTo on loopback and an agent on loopback get no request."""
+    seen: list[str] = []
+
+    async def record(request: web.Request) -> web.Response:
+        seen.append(request.path)
+        return web.json_response({"status": "SUCCESS", "result": {}})
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", record)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        config = RouterConfig.model_validate({"outbound": {"allow_loopback": False}})
+        async with RouterServer(config) as router, httpx.AsyncClient(base_url=router.url) as client:
+            victim = f"http://127.0.0.1:{port}/internal/admin"
+            body = {"targetTask": "x", "preferences": {"mode": "async", "replyTo": victim}}
+            assert (await client.post("/reach", json=body)).status_code == 400
+            profile = {"id": "v", "network": {"endpoint": victim}, "capabilities": [{"task": "x"}]}
+            assert (await client.post("/agents", json=profile)).status_code == 422
+            await asyncio.sleep(0.2)
+    finally:
+        await runner.cleanup()
+    assert seen == []
+
+
+async def test_connect_time_check_catches_a_name_registered_before_it_turned_bad() -> None:
+    """A name accepted while loopback was allowed is not connected to once the policy forbids it."""
+    async with RouterServer(RouterConfig.model_validate({"health": {"enabled": False}})) as router:
+        agent = await FakeAgent("a").start()
+        try:
+            profile = agent.profile()
+            profile["network"]["endpoint"] = f"http://localhost:{agent.port}/reach"
+            async with httpx.AsyncClient(base_url=router.url) as client:
+                assert (await client.post("/agents", json=profile)).status_code == 201
+                assert (await client.post("/reach", json={"targetTask": "echo"})).status_code == 200
+                router.app.parts.url_guard.policy = OutboundPolicy(allow_loopback=False)
+                before = len(agent.received)
+                # A fresh connection must resolve the name again (the pool's is closed first).
+                await router.app.parts.transport.close()
+                await router.app.parts.transport.open()
+                answer = (await client.post("/reach", json={"targetTask": "echo"})).json()
+            assert answer["status"] != "SUCCESS"
+            assert len(agent.received) == before
+        finally:
+            await agent.stop()
