@@ -52,8 +52,11 @@ def test_agents_fits_80_columns_without_splitting_words(router_url: str) -> None
     """At 80 columns every line fits and an agent id is never broken across lines."""
     result = runner.invoke(app, ["agents", "--router", router_url], env={"COLUMNS": "80"})
     assert result.exit_code == 0, result.output
-    assert max(len(line) for line in result.output.splitlines()) <= 80
+    lines = result.output.splitlines()
+    assert max(len(line) for line in lines) <= 80
     assert "price-query-agent" in result.output
+    header = next(line for line in lines if "STATUS" in line)
+    assert header.split() == ["ID", "STATUS", "TASKS", "CIRCUIT", "REQS", "OK"]  # nothing cropped
 
 
 def test_agents_wide_shows_every_column(router_url: str) -> None:

@@ -163,18 +163,32 @@ _STATUS_COLOUR = {"available": "green", "suspect": "yellow", "unhealthy": "red",
 
 
 def _agents_table(rows: list[dict[str, Any]], url: str, wide: bool) -> Table:
-    """One row per agent; narrow columns never split a word (long values end in an ellipsis)."""
+    """One row per agent that fits the terminal: narrow columns end in an ellipsis, never split."""
+    from rich import box
     from rich.markup import escape
 
-    table = Table(title=f"agents at {escape(url)}", title_justify="left")
-    columns = ["ID", "STATUS", "TASKS", "CIRCUIT", "REQS", "OK"]
+    table = Table(title=f"agents at {escape(url)}", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     if wide:
-        columns += ["ENDPOINT", "LAST HEARTBEAT", "P50 MS", "INFLIGHT"]
-    for column in columns:
-        if wide:
+        for column in (
+            "ID",
+            "STATUS",
+            "TASKS",
+            "CIRCUIT",
+            "REQS",
+            "OK",
+            "ENDPOINT",
+            "LAST HEARTBEAT",
+            "P50 MS",
+            "INFLIGHT",
+        ):
             table.add_column(column, overflow="fold")
-        else:
-            table.add_column(column, overflow="ellipsis", no_wrap=True, min_width=len(column))
+    else:
+        table.add_column("ID", overflow="ellipsis", no_wrap=True, max_width=20)
+        table.add_column("STATUS", no_wrap=True, min_width=9)
+        table.add_column("TASKS", overflow="ellipsis")  # wraps between task names, never inside one
+        table.add_column("CIRCUIT", no_wrap=True, min_width=9)
+        table.add_column("REQS", justify="right", no_wrap=True)
+        table.add_column("OK", justify="right", no_wrap=True)
     for row in rows:
         stats = row.get("stats") or {}
         status = str(row.get("status", "?"))
