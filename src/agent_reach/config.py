@@ -44,6 +44,25 @@ class ServerPolicy(_Section):
     response_limit_bytes: Annotated[int, Field(gt=0, le=1024 * 1024 * 1024)] = 8 * 1024 * 1024
 
 
+class TokenSpec(_Section):
+    """One bearer token, kept as the SHA-256 hex digest of the token, never the token itself."""
+
+    role: Literal["admin", "agent", "caller"]
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    # For an agent token: the agent ids it may register and the tasks those agents may serve.
+    agent_ids: list[str] = ["*"]
+    tasks: list[str] = ["*"]
+    name: str = ""  # shown in errors and logs instead of the token (e.g. "price team")
+
+
+class AuthPolicy(_Section):
+    """Credentials: on as soon as any token is configured here or in REACH_*_TOKEN."""
+
+    tokens: list[TokenSpec] = []
+    # /metrics is for admins unless this opens it to everyone (a scraper without a token).
+    metrics_public: bool = False
+
+
 class OutboundPolicy(_Section):
     """Which addresses the Router may call (agents, health checks, replyTo).
 
@@ -280,6 +299,7 @@ class RouterConfig(_Section):
     """The whole policy file."""
 
     server: ServerPolicy = ServerPolicy()
+    auth: AuthPolicy = AuthPolicy()
     outbound: OutboundPolicy = OutboundPolicy()
     registry: RegistryPolicy = RegistryPolicy()
     timeouts: TimeoutPolicy = TimeoutPolicy()

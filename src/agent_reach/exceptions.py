@@ -21,6 +21,7 @@ caller never has to know which library sat underneath.
     │   ├── RegistryFull             503 REGISTRY_FULL: registry.max_agents are registered
     │   ├── LeaseNotFound            404 LEASE_NOT_FOUND: the lease expired or never existed
     │   ├── LeaseMismatch            403 FORBIDDEN: the lease belongs to another registration
+    │   ├── Forbidden                403 FORBIDDEN: the token may not register this id or task
     │   └── AgentNotFound            404 AGENT_NOT_FOUND
     ├── RoutingError                 no agent may take the request
     │   ├── NoAvailableHandler       503 NO_AVAILABLE_HANDLER, with error.candidates
@@ -202,6 +203,13 @@ class LeaseNotFound(RegistryError):
 
 class LeaseMismatch(RegistryError):
     """The caller presented a lease that is not the one this agent holds."""
+
+    code = "FORBIDDEN"
+    http_status = 403
+
+
+class Forbidden(RegistryError):
+    """The credentials do not allow this agent id or task (an agent token outside its globs)."""
 
     code = "FORBIDDEN"
     http_status = 403

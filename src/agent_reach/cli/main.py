@@ -26,6 +26,17 @@ def _say(line: str) -> None:
     err.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def _default_port() -> int:
     raw = os.environ.get("REACH_ROUTER_PORT", "7200")
     if not raw.isdigit() or not 0 < int(raw) < 65536:
@@ -64,6 +75,11 @@ def router(
         signal.signal(signal.SIGHUP, lambda *_: setattr(app_.policy_file, "reload_requested", True))
     # Everything built so far lives as long as the process: keep it out of every GC pass.
     gc.freeze()
+    if not app_.auth_on and not _is_loopback(host):
+        _say(
+            f"[reach-router] WARNING: listening on {host} with auth off: anyone who can reach it can "
+            "register, call and administer it. Set REACH_ADMIN_TOKEN (and agent and caller tokens)."
+        )
     ready = (
         f"[reach-router] listening on http://{host}:{bind_port} "
         f"(registry: memory, lease ttl {policy.registry.lease_ttl_seconds:g}s)"
@@ -142,11 +158,12 @@ def list_agents(
     """Print the registry as a table (80 columns; --wide for every column, --json for the rest)."""
     import httpx
 
+    from agent_reach.sdk.auth import auth_headers
     from agent_reach.sdk.client import router_url_from_env
 
     url = router_url_from_env(router_url)
     try:
-        resp = httpx.get(f"{url}/admin/agents", timeout=5)
+        resp = httpx.get(f"{url}/admin/agents", timeout=5, headers=auth_headers())
         rows: list[dict[str, Any]] = resp.json()
     except (httpx.HTTPError, ValueError) as exc:
         _fail(f"cannot read {url}/admin/agents: {exc}", code=1)
@@ -269,11 +286,12 @@ def trace(
     import httpx
 
     from agent_reach.cli.timeline import render_trace
+    from agent_reach.sdk.auth import auth_headers
     from agent_reach.sdk.client import router_url_from_env
 
     url = router_url_from_env(router_url)
     try:
-        resp = httpx.get(f"{url}/admin/traces/{trace_id}", timeout=5)
+        resp = httpx.get(f"{url}/admin/traces/{trace_id}", timeout=5, headers=auth_headers())
     except httpx.HTTPError as exc:
         _fail(f"cannot reach {url}: {exc}", code=1)
     if resp.status_code == 404:

@@ -64,9 +64,12 @@ class AsyncRequests:
     def __len__(self) -> int:
         return len(self._running)
 
-    def start(self, trace_id: str, run: Run, reply_to: str | None) -> None:
-        """Run ``run()`` in the background; its answer is stored, then delivered to ``reply_to``."""
-        self.results.start(trace_id)
+    def start(self, trace_id: str, run: Run, reply_to: str | None, owner: str | None = None) -> None:
+        """Run ``run()`` in the background; its answer is stored, then delivered to ``reply_to``.
+
+        ``owner`` (a token's fingerprint) is the only caller besides an admin who may fetch it.
+        """
+        self.results.start(trace_id, owner)
         accepted = _Accepted(trace_id, reply_to)
         self._running[trace_id] = accepted
         accepted.task = asyncio.create_task(self._serve(accepted, run), name=f"reach-async-{trace_id}")

@@ -114,11 +114,17 @@ class Dispatcher:
     # -- entry points ------------------------------------------------------------------------
 
     async def handle(
-        self, body: bytes, *, trace_header: str | None = None, parent: tuple[str, str] | None = None
+        self,
+        body: bytes,
+        *,
+        trace_header: str | None = None,
+        parent: tuple[str, str] | None = None,
+        owner: str | None = None,
     ) -> Reply:
         """Decode ``body`` as a ReachRequest and serve it; never raises for bad input.
 
-        ``parent`` is the (trace id, span id) of the caller's W3C ``traceparent``, if any.
+        ``parent`` is the (trace id, span id) of the caller's W3C ``traceparent``, if any;
+        ``owner`` is who may fetch an async result later (None: anyone, when auth is off).
         """
         started = self.clock.monotonic()
         hint = _safe_trace_id(trace_header) or (parent[0] if parent else None)
@@ -147,7 +153,7 @@ class Dispatcher:
         if self.config.logging.log_payloads:
             record.payload = request.payload
         if request.preferences.mode == "async":
-            return self._accept(request, data, record)
+            return self._accept(request, data, record, owner)
         return await self.dispatch(request, data, record)
 
     def _check_timeouts(self, request: ReachRequest) -> None:
@@ -187,7 +193,9 @@ class Dispatcher:
 
     # -- async mode --------------------------------------------------------------------------
 
-    def _accept(self, request: ReachRequest, data: dict[str, Any], record: DecisionRecord) -> Reply:
+    def _accept(
+        self, request: ReachRequest, data: dict[str, Any], record: DecisionRecord, owner: str | None
+    ) -> Reply:
         trace_id = record.trace_id
         if self.results.known(trace_id):
             error = TraceIdInUse(f"traceId {trace_id!r} is already in use by an async request")
@@ -212,7 +220,7 @@ class Dispatcher:
                 log.exception("[%s] async request failed inside the Router", trace_id)
                 return answer.standalone(self.clock, trace_id, error=InternalError())
 
-        self.async_requests.start(trace_id, run, request.preferences.reply_to)
+        self.async_requests.start(trace_id, run, request.preferences.reply_to, owner)
         return answer.standalone(self.clock, trace_id)
 
     async def drain(self, timeout_s: float) -> None:

@@ -22,6 +22,7 @@ class ResultStore:
         self.policy = policy or AsyncPolicy()
         self._clock = clock
         self._pending: set[str] = set()
+        self._owners: dict[str, str] = {}
         self._done: OrderedDict[str, tuple[Reply, float]] = OrderedDict()
 
     @property
@@ -31,15 +32,22 @@ class ResultStore:
     def known(self, trace_id: str) -> bool:
         return trace_id in self._pending or self.get(trace_id) is not None
 
-    def start(self, trace_id: str) -> None:
+    def start(self, trace_id: str, owner: str | None = None) -> None:
         self._pending.add(trace_id)
+        if owner is not None:
+            self._owners[trace_id] = owner
+
+    def owner(self, trace_id: str) -> str | None:
+        """Who started the request (a token's fingerprint), or None when auth was off."""
+        return self._owners.get(trace_id)
 
     def finish(self, trace_id: str, reply: Reply) -> None:
         self._pending.discard(trace_id)
         self._done[trace_id] = (reply, self._clock.monotonic() + self.policy.result_ttl_seconds)
         self._done.move_to_end(trace_id)
         while len(self._done) > self.policy.max_results:
-            self._done.popitem(last=False)
+            gone, _ = self._done.popitem(last=False)
+            self._owners.pop(gone, None)
 
     def is_pending(self, trace_id: str) -> bool:
         return trace_id in self._pending
@@ -52,5 +60,6 @@ class ResultStore:
         reply, expires = found
         if self._clock.monotonic() >= expires:
             del self._done[trace_id]
+            self._owners.pop(trace_id, None)
             return None
         return reply

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from agent_reach import jsoncodec
 from agent_reach.exceptions import RouterUnavailable
 from agent_reach.protocol import PROTOCOL_VERSION, ReachResponse
+from agent_reach.sdk.auth import auth_headers
 from agent_reach.sdk.config import DEFAULT_ROUTER_URL
 
 # The Router answers within the request's budget; this is how long to wait when none is given.
@@ -120,7 +121,7 @@ class ReachClient:
     def _http(self) -> aiohttp.ClientSession:
         # Created lazily so that it belongs to the loop that first uses it.
         if self._session is None:
-            self._session = aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar())
+            self._session = aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar(), headers=auth_headers())
         return self._session
 
     async def call(
@@ -153,7 +154,7 @@ class SyncReachClient:
     def __init__(self, router_url: str | None = None, *, source_agent: str | None = None) -> None:
         self.router_url = router_url_from_env(router_url)
         self.source_agent = source_agent
-        self._http = httpx.Client()
+        self._http = httpx.Client(headers=auth_headers())
 
     def __enter__(self) -> SyncReachClient:
         return self

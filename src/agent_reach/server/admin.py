@@ -21,11 +21,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from agent_reach.exceptions import InvalidProfile, OutboundRefused, RegistryError, RequestError
+from agent_reach.exceptions import Forbidden, InvalidProfile, OutboundRefused, RegistryError, RequestError
 from agent_reach.observability.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from agent_reach.protocol import AgentProfile, error_details
 from agent_reach.router import answer
 from agent_reach.server.components import RouterParts
+from agent_reach.server.guard import principal_of
 from agent_reach.server.http import Receive, Scope, Send, check_json_content_type, error_body, read_body
 from agent_reach.server.openapi import openapi_document
 from agent_reach.server.reload import PolicyFile
@@ -148,6 +149,7 @@ class AdminApi:
             raise InvalidProfile(
                 "invalid agent profile: " + ", ".join(d["field"] for d in details), details=details
             ) from exc
+        _may_register(request, profile.id, profile.tasks)
         await self._check_endpoint(profile.network.endpoint)
         entry, created = await self.parts.registry.register(
             profile, lease_id=lease_id, instance_id=instance_id
@@ -191,6 +193,7 @@ class AdminApi:
                 'the body must be {"leaseId": "..."}',
                 details=[{"field": "leaseId", "message": "required string"}],
             )
+        _may_register(request, request.path_params["agent_id"])
         entry = await self.parts.registry.renew(request.path_params["agent_id"], lease_id)
         return _Json({"agentId": entry.id, "leaseId": entry.lease_id, "ttlSeconds": entry.ttl_seconds})
 
@@ -204,6 +207,7 @@ class AdminApi:
                 'give the lease as {"leaseId": "..."} or the X-Reach-Lease header',
                 details=[{"field": "leaseId", "message": "required string"}],
             )
+        _may_register(request, request.path_params["agent_id"])
         await self.parts.registry.deregister(request.path_params["agent_id"], lease_id)
         return Response(status_code=204)
 
@@ -239,6 +243,11 @@ class AdminApi:
     async def async_result(self, request: Request) -> Response:
         trace_id = request.path_params["trace_id"]
         results = self.parts.results
+        owner = results.owner(trace_id)
+        principal = principal_of(request.scope)
+        if owner is not None and principal.role != "admin" and principal.key != owner:
+            # Someone else's request: as unknown as one that never existed.
+            return _error(404, "NOT_FOUND", f"no async request {trace_id!r} (unknown, or its result expired)")
         reply = results.get(trace_id)
         if reply is not None:
             return _Json(reply[1], status_code=reply[0])
@@ -284,6 +293,16 @@ class AdminApi:
         assert isinstance(exc, HTTPException)
         code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(exc.status_code, "HTTP_ERROR")
         return _error(exc.status_code, code, f"{request.method} {request.url.path}: {exc.detail}")
+
+
+def _may_register(request: Request, agent_id: str, tasks: list[str] | None = None) -> None:
+    """An agent token may only register, renew and deregister its own ids, serving its tasks."""
+    principal = principal_of(request.scope)
+    if not principal.may_register(agent_id):
+        raise Forbidden(f"the agent token {principal.label} may not register agent id {agent_id!r}")
+    for task in tasks or []:
+        if not principal.may_serve(task):
+            raise Forbidden(f"the agent token {principal.label} may not serve task {task!r}")
 
 
 async def _resolve(host: str) -> list[Address]:

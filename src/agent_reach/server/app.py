@@ -23,13 +23,14 @@ from agent_reach.registry.base import Registry
 from agent_reach.router import answer
 from agent_reach.server.admin import AdminApi
 from agent_reach.server.components import RouterParts
-from agent_reach.server.guard import Denial, Guard, OpenGuard, action_for
+from agent_reach.server.guard import Denial, Guard, OpenGuard, TokenGuard, action_for, principal_of
 from agent_reach.server.http import (
     ClientGone,
     Receive,
     Scope,
     Send,
     check_json_content_type,
+    error_body,
     header_map,
     read_body,
     send_json,
@@ -56,10 +57,10 @@ class RouterApp:
         self.parts = RouterParts.build(
             config or RouterConfig(), registry=registry, transport=transport, clock=clock
         )
-        self.policy_file = PolicyFile(
-            Path(config_path) if config_path is not None else None, self.parts.apply
-        )
-        self.guard: Guard = guard or OpenGuard()
+        self.policy_file = PolicyFile(Path(config_path) if config_path is not None else None, self.apply)
+        # An injected guard stays; one built from the policy follows the policy on reload.
+        self._own_guard = guard is None
+        self.guard: Guard = guard or self._guard_for(self.parts.config)
         self.started = False
         self._drain_started: float | None = None
         self.admin = AdminApi(self.parts, self.policy_file, lambda: self.started)
@@ -75,7 +76,7 @@ class RouterApp:
             path = scope["path"]
             denial = self.guard.check(action_for(scope["method"], path), scope)
             if denial is not None:
-                await self._deny(send, denial)
+                await self._deny(send, denial, reach=path == "/reach" or path.startswith("/reach/"))
             elif path == "/reach" and scope["method"] == "POST":
                 await self._reach(scope, receive, send)
             else:
@@ -112,8 +113,11 @@ class RouterApp:
                 return
             except ClientGone:
                 return
+            owner = principal_of(scope).key if self.auth_on else None
             try:
-                status, payload = await parts.dispatcher.handle(body, trace_header=trace_hint, parent=parent)
+                status, payload = await parts.dispatcher.handle(
+                    body, trace_header=trace_hint, parent=parent, owner=owner
+                )
             except Exception:
                 # A bug, not bad input: still one ReachResponse, and the traceback stays here.
                 log.exception("internal error while serving /reach")
@@ -123,12 +127,33 @@ class RouterApp:
         finally:
             parts.shedder.release(peer)
 
-    async def _deny(self, send: Send, denial: Denial) -> None:
-        status, body = answer.standalone(self.parts.clock, None, error=denial.error())
-        extra = [(b"retry-after", str(denial.retry_after_s).encode())] if denial.retry_after_s else None
-        await send_json(send, denial.http_status or status, body, extra)
+    async def _deny(self, send: Send, denial: Denial, *, reach: bool) -> None:
+        """A refusal in the shape of the endpoint: a ReachResponse on /reach, else an error object."""
+        if reach:
+            _, body = answer.standalone(self.parts.clock, None, error=denial.error())
+        else:
+            body = error_body(denial.status.value, denial.message)
+        extra = list(denial.headers)
+        if denial.retry_after_s:
+            extra.append((b"retry-after", str(denial.retry_after_s).encode()))
+        await send_json(send, denial.http_status, body, extra or None)
 
     # -- policy reload -----------------------------------------------------------------------
+
+    @staticmethod
+    def _guard_for(config: RouterConfig) -> Guard:
+        """Tokens from the policy and REACH_*_TOKEN; with none, every request is admitted."""
+        return TokenGuard.from_policy(config.auth, os.environ) or OpenGuard()
+
+    @property
+    def auth_on(self) -> bool:
+        return not isinstance(self.guard, OpenGuard)
+
+    def apply(self, config: RouterConfig) -> None:
+        """Switch every part, and the guard if it came from the policy, to a new policy."""
+        self.parts.apply(config)
+        if self._own_guard:
+            self.guard = self._guard_for(config)
 
     def reload(self) -> bool:
         """Re-read the policy file; a bad file is logged and the old policy kept."""

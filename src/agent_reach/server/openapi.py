@@ -269,6 +269,28 @@ def _public_paths() -> dict[str, Operation]:
     }
 
 
+# Open to everyone whatever the policy; /metrics is open when auth.metrics_public says so.
+_OPEN_PATHS = {"/healthz", "/readyz", "/openapi.json"}
+
+
+def _declare_security(paths: dict[str, Operation]) -> None:
+    """Bearer tokens where the Router checks them once auth is on ({}: auth may be off)."""
+    for path, operations in paths.items():
+        if path in _OPEN_PATHS:
+            continue
+        for operation in operations.values():
+            operation["security"] = [{"bearer": []}, {}]
+            responses = operation["responses"]
+            if path != "/reach" and not path.startswith("/reach/"):
+                responses.setdefault("401", _json(_ERROR, "UNAUTHORIZED: no token, or an unknown one"))
+                responses.setdefault(
+                    "403", _json(_ERROR, "FORBIDDEN: the token's role or globs do not allow it")
+                )
+            else:
+                responses.setdefault("401", _json(_ref("ReachResponse"), "UNAUTHORIZED"))
+                responses.setdefault("403", _json(_ref("ReachResponse"), "FORBIDDEN"))
+
+
 def openapi_document() -> dict[str, Any]:
     """The OpenAPI document served at ``GET /openapi.json``."""
     schemas: dict[str, Any] = {}
@@ -278,11 +300,15 @@ def openapi_document() -> dict[str, Any]:
             schemas[sub] = sub_schema
         schemas[name] = schema
     paths = {**_reach_paths(), **_registry_paths(), **_admin_paths(), **_public_paths()}
+    _declare_security(paths)
     document = {
         "openapi": "3.1.0",
         "info": {"title": "Agent-Reach Router", "version": __version__},
         "paths": paths,
-        "components": {"schemas": schemas},
+        "components": {
+            "schemas": schemas,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
     }
     # pydantic writes refs as #/$defs/X; point them at components.
     rewritten: dict[str, Any] = _rewrite_refs(document)

@@ -1,0 +1,158 @@
+"""Credentials and roles: every endpoint against no token, a wrong one, and each role."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from agent_reach.config import RouterConfig
+from agent_reach.testing import FakeAgent, RouterServer
+
+ADMIN, CALLER, AGENT, OTHER_CALLER = "adm-5e1f", "cal-77aa", "agt-09b3", "cal-other-31"
+PRICE, OTHER = "agt-price-44", "agt-other-45"
+TOKENS = {"none": None, "wrong": "not-a-token", "caller": CALLER, "agent": AGENT, "admin": ADMIN}
+
+
+def sha(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def auth(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+@pytest.fixture
+async def secured(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[RouterServer, FakeAgent]]:
+    """A Router with env tokens for each role, two bound agent tokens in the policy, and one agent."""
+    monkeypatch.setenv("REACH_ADMIN_TOKEN", ADMIN)
+    monkeypatch.setenv("REACH_CALLER_TOKEN", f"{CALLER},{OTHER_CALLER}")
+    monkeypatch.setenv("REACH_AGENT_TOKEN", AGENT)
+    policy = {
+        "health": {"enabled": False},
+        "embedding": {"backend": "none"},
+        "auth": {
+            "tokens": [
+                {"role": "agent", "sha256": sha(PRICE), "agent_ids": ["price-*"], "tasks": ["query_*"]},
+                {"role": "agent", "sha256": sha(OTHER), "agent_ids": ["other-*"], "name": "other team"},
+            ]
+        },
+    }
+    async with RouterServer(RouterConfig.model_validate(policy)) as router:
+        agent = await FakeAgent("echo-agent").start()
+        async with httpx.AsyncClient(base_url=router.url) as http:
+            resp = await http.post("/agents", json=agent.profile(), headers=auth(ADMIN))
+            assert resp.status_code == 201, resp.text
+        yield router, agent
+        await agent.stop()
+
+
+MATRIX = [
+    # (method, path, body, expected status per: none, wrong, caller, agent, admin)
+    ("GET", "/healthz", None, (200, 200, 200, 200, 200)),
+    ("GET", "/readyz", None, (200, 200, 200, 200, 200)),
+    ("GET", "/openapi.json", None, (200, 200, 200, 200, 200)),
+    ("GET", "/metrics", None, (401, 401, 403, 403, 200)),
+    ("GET", "/admin/agents", None, (401, 401, 403, 403, 200)),
+    ("GET", "/admin/agents/echo-agent", None, (401, 401, 403, 403, 200)),
+    ("GET", "/admin/traces", None, (401, 401, 403, 403, 200)),
+    ("POST", "/admin/reload", None, (401, 401, 403, 403, 409)),
+    ("POST", "/reach", {"targetTask": "echo"}, (401, 401, 200, 200, 200)),
+    ("GET", "/reach/never-started", None, (401, 401, 404, 404, 404)),
+    ("POST", "/agents", "profile", (401, 401, 403, 201, 201)),
+    ("PUT", "/agents/matrix-agent/lease", {"leaseId": "0x0"}, (401, 401, 403, 404, 404)),
+    ("DELETE", "/agents/matrix-agent", {"leaseId": "0x0"}, (401, 401, 403, 404, 404)),
+]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "expected"), MATRIX, ids=[f"{m} {p}" for m, p, _, _ in MATRIX]
+)
+async def test_role_matrix(secured, method: str, path: str, body: object, expected: tuple[int, ...]) -> None:
+    """Each endpoint answers 2xx (or its own 4xx), 401 or 403 as the role table says."""
+    router, _agent = secured
+    seen = []
+    async with httpx.AsyncClient(base_url=router.url) as http:
+        for who, token in TOKENS.items():
+            payload = body
+            if body == "profile":
+                payload = {
+                    "id": f"matrix-{who}",
+                    "network": {"endpoint": "http://127.0.0.1:9/reach"},
+                    "capabilities": [{"task": "t"}],
+                }
+            resp = await http.request(method, path, json=payload, headers=auth(token))
+            seen.append(resp.status_code)
+            if resp.status_code == 401:
+                assert resp.headers["www-authenticate"].startswith("Bearer")
+            if resp.status_code in (401, 403):
+                error = resp.json()["error"]
+                assert error["code"] == ("UNAUTHORIZED" if resp.status_code == 401 else "FORBIDDEN")
+                assert token is None or token not in resp.text
+    assert tuple(seen) == expected
+
+
+async def test_a_bound_agent_token_registers_only_its_ids_and_tasks(secured) -> None:
+    """A token bound to price-* and query_* can't register pay-agent, nor serve pay_task."""
+    router, _ = secured
+
+    def profile(agent_id: str, task: str) -> dict:
+        return {
+            "id": agent_id,
+            "network": {"endpoint": "http://127.0.0.1:9/reach"},
+            "capabilities": [{"task": task}],
+        }
+
+    async with httpx.AsyncClient(base_url=router.url) as http:
+        ok = await http.post("/agents", json=profile("price-1", "query_price"), headers=auth(PRICE))
+        assert ok.status_code == 201
+        lease = ok.json()["leaseId"]
+        hijack = await http.post("/agents", json=profile("price-2", "pay_task"), headers=auth(PRICE))
+        assert hijack.status_code == 403 and "pay_task" in hijack.json()["error"]["message"]
+        foreign = await http.post("/agents", json=profile("pay-agent", "query_price"), headers=auth(PRICE))
+        assert foreign.status_code == 403
+        # Another agent's token can't renew, deregister or re-register the id, lease or not.
+        other = auth(OTHER)
+        assert (
+            await http.put("/agents/price-1/lease", json={"leaseId": lease}, headers=other)
+        ).status_code == 403
+        assert (
+            await http.request("DELETE", "/agents/price-1", json={"leaseId": lease}, headers=other)
+        ).status_code == 403
+        again = {**profile("price-1", "query_price"), "leaseId": lease}
+        assert (await http.post("/agents", json=again, headers=other)).status_code == 403
+        # The owner can.
+        assert (
+            await http.put("/agents/price-1/lease", json={"leaseId": lease}, headers=auth(PRICE))
+        ).status_code == 200
+
+
+async def test_async_results_belong_to_their_caller(secured) -> None:
+    """GET /reach/{traceId} answers the caller that started it and admins; others get 404."""
+    router, _ = secured
+    async with httpx.AsyncClient(base_url=router.url) as http:
+        body = {"traceId": "mine-1", "targetTask": "echo", "preferences": {"mode": "async"}}
+        assert (await http.post("/reach", json=body, headers=auth(CALLER))).status_code == 202
+        for _ in range(50):
+            if (await http.get("/reach/mine-1", headers=auth(CALLER))).status_code == 200:
+                break
+        assert (await http.get("/reach/mine-1", headers=auth(CALLER))).status_code == 200
+        assert (await http.get("/reach/mine-1", headers=auth(ADMIN))).status_code == 200
+        assert (await http.get("/reach/mine-1", headers=auth(OTHER_CALLER))).status_code == 404
+        assert (await http.get("/reach/mine-1", headers=auth(AGENT))).status_code == 404
+
+
+async def test_auth_is_off_by_default(http) -> None:
+    """With no token configured, every endpoint answers without one (the demo needs nothing)."""
+    assert (await http.get("/admin/agents")).status_code == 200
+    assert (await http.get("/metrics")).status_code == 200
+
+
+async def test_the_openapi_document_declares_the_bearer_scheme(http) -> None:
+    """The document names the bearer scheme and leaves health and itself open."""
+    document = (await http.get("/openapi.json")).json()
+    assert document["components"]["securitySchemes"]["bearer"] == {"type": "http", "scheme": "bearer"}
+    assert "security" not in document["paths"]["/healthz"]["get"]
+    assert {"bearer": []} in document["paths"]["/admin/agents"]["get"]["security"]
