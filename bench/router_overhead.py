@@ -37,6 +37,7 @@ shows how much CPU they took during each path's runs.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import shutil
@@ -70,6 +71,16 @@ MAX_ADDED_P50_MS = 0.3
 MIN_TRACING_METRICS_RATIO = 0.90
 # The policy that switches them off, on top of the one both Routers share.
 BARE_POLICY = "tracing:\n  enabled: false\nmetrics:\n  enabled: false\n"
+# router-auth req/s over router req/s at c32: what checking a bearer token on every call costs.
+MIN_AUTH_RATIO = 0.95
+# Every path is sent the caller's token (the others ignore it); router-auth checks it.
+CALLER_TOKEN = "bench-caller-token-5f2b"
+ADMIN_TOKEN = "bench-admin-token-9c1d"
+AUTH_POLICY = (
+    "auth:\n  tokens:\n"
+    f"  - {{role: caller, sha256: {hashlib.sha256(CALLER_TOKEN.encode()).hexdigest()}}}\n"
+    f"  - {{role: admin, sha256: {hashlib.sha256(ADMIN_TOKEN.encode()).hexdigest()}}}\n"
+)
 # Above this share of a core used by strangers during a run, the figures are flagged as noisy.
 NOISE_WARNING = 0.05
 
@@ -142,6 +153,10 @@ class MemoryResult:
         }
 
 
+def _bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -178,7 +193,9 @@ class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.workdir = Path(tempfile.mkdtemp(prefix="reach-bench-"))
-        self.script = wrk_runner.write_post_script(self.workdir / "post.lua", REQUEST)
+        self.script = wrk_runner.write_post_script(
+            self.workdir / "post.lua", REQUEST, {"Authorization": f"Bearer {CALLER_TOKEN}"}
+        )
         self.started: list[Server] = []
         self.sent: dict[str, int] = {}  # requests wrk completed per URL, warm-ups included
         self.source = router_source()
@@ -233,10 +250,10 @@ class Bench:
             "network": {"endpoint": agent_url},
             "capabilities": PROFILE_CAPABILITIES,
         }
-        status, answer = http("POST", f"{base}/agents", profile)
+        status, answer = http("POST", f"{base}/agents", profile, headers=_bearer(ADMIN_TOKEN))
         if status != 201:
             raise RuntimeError(f"registering {AGENT_ID} failed: HTTP {status} {answer}")
-        if not answers_success(f"{base}/reach", REQUEST):
+        if not answers_success(f"{base}/reach", REQUEST, headers=_bearer(CALLER_TOKEN)):
             raise RuntimeError(f"{name} does not answer SUCCESS; see {router.log_path}")
         return router, f"{base}/reach"
 
@@ -315,8 +332,21 @@ class Bench:
         proxy, proxy_url = self.start_proxy(agent_url)
         router, router_url = self.start_router(agent_url)
         bare, bare_url = self.start_router(agent_url, "router-bare", BARE_POLICY)
-        forwarders = {"direct": None, "baseline": proxy, "router": router, "router-bare": bare}
-        urls = {"direct": agent_url, "baseline": proxy_url, "router": router_url, "router-bare": bare_url}
+        auth, auth_url = self.start_router(agent_url, "router-auth", AUTH_POLICY)
+        forwarders = {
+            "direct": None,
+            "baseline": proxy,
+            "router": router,
+            "router-bare": bare,
+            "router-auth": auth,
+        }
+        urls = {
+            "direct": agent_url,
+            "baseline": proxy_url,
+            "router": router_url,
+            "router-bare": bare_url,
+            "router-auth": auth_url,
+        }
         # Rounds interleave the paths, so a burst of outside load hits one round of each, not
         # every run of one path; the median of each figure then drops it.
         self.rounds: list[dict[str, PathResult]] = []
@@ -364,9 +394,10 @@ class Bench:
     ) -> dict[str, Any]:
         args = self.args
         direct, baseline, router = results["direct"], results["baseline"], results["router"]
-        bare = results["router-bare"]
+        bare, auth = results["router-bare"], results["router-auth"]
         assert direct.c1 and direct.c32 and baseline.c1 and baseline.c32 and router.c1 and router.c32
-        assert bare.c1 and bare.c32
+        assert bare.c1 and bare.c32 and auth.c32
+        auth_ratio = auth.c32.rps / router.c32.rps
         ratio = router.c32.rps / baseline.c32.rps
         observability_ratio = router.c32.rps / bare.c32.rps
         added_router = router.c1.p50_ms - direct.c1.p50_ms
@@ -394,6 +425,12 @@ class Bench:
                 and router.c32.errors == 0
                 and bare.c32.errors == 0,
                 "failed_requests": router.c32.errors + bare.c32.errors,
+            },
+            "auth_ratio_c32": {
+                "value": round(auth_ratio, 3),
+                "target": f">= {MIN_AUTH_RATIO}",
+                "pass": auth_ratio >= MIN_AUTH_RATIO and auth.c32.errors == 0,
+                "failed_requests": auth.c32.errors,
             },
         }
         if memory is not None:
@@ -476,6 +513,8 @@ class Bench:
             f"  tracing+metrics overhead: router req/s at c{c} / router-bare req/s at c{c} = "
             f"{observability_ratio:.2f} (target >= {MIN_TRACING_METRICS_RATIO:.2f})"
             f"  {verdict(targets['tracing_metrics_ratio_c32'])}",
+            f"  auth on: router-auth req/s at c{c} / router req/s at c{c} = {auth_ratio:.2f}"
+            f" (target >= {MIN_AUTH_RATIO:.2f})  {verdict(targets['auth_ratio_c32'])}",
         ]
         if memory is not None:
             per_request = memory.growth / max(1, memory.requests)

@@ -96,10 +96,12 @@ class Server:
             self._log = None
 
 
-def http(method: str, url: str, body: Any = None, timeout_s: float = 2.0) -> tuple[int, Any]:
+def http(
+    method: str, url: str, body: Any = None, timeout_s: float = 2.0, headers: dict[str, str] | None = None
+) -> tuple[int, Any]:
     """One JSON request with the standard library; returns (status, decoded body or None)."""
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method)
+    request = urllib.request.Request(url, data=data, method=method, headers=headers or {})
     if data is not None:
         request.add_header("Content-Type", "application/json")
     try:
@@ -113,9 +115,9 @@ def http(method: str, url: str, body: Any = None, timeout_s: float = 2.0) -> tup
         return status, None
 
 
-def answers_success(url: str, body: Any) -> bool:
+def answers_success(url: str, body: Any, headers: dict[str, str] | None = None) -> bool:
     """Whether a POST of ``body`` to ``url`` comes back 200 with status SUCCESS."""
-    status, answer = http("POST", url, body)
+    status, answer = http("POST", url, body, headers=headers)
     return status == 200 and isinstance(answer, dict) and answer.get("status") == "SUCCESS"
 
 

@@ -56,14 +56,16 @@ class WrkResult:
         return asdict(self)
 
 
-def write_post_script(path: Path, body: Any) -> Path:
+def write_post_script(path: Path, body: Any, headers: dict[str, str] | None = None) -> Path:
     """The Lua that makes wrk send ``body`` as a JSON POST (wrk only GETs without one) and
     report the status of every non-200 answer."""
     # json.dumps output is a valid Lua string literal once wrapped in a long bracket.
     path.write_text(
         'wrk.method = "POST"\n'
         f"wrk.body = [==[{json.dumps(body, separators=(',', ':'))}]==]\n"
-        'wrk.headers["Content-Type"] = "application/json"\n' + _STATUS_HOOKS
+        'wrk.headers["Content-Type"] = "application/json"\n'
+        + "".join(f'wrk.headers["{name}"] = "{value}"\n' for name, value in (headers or {}).items())
+        + _STATUS_HOOKS
     )
     return path
 
