@@ -262,7 +262,11 @@ class ReachRequest(_Envelope):
     conversation_id: Annotated[str, StringConstraints(pattern=_PRINTABLE, max_length=256)] | None = None
     source_agent: Annotated[str, StringConstraints(pattern=_PRINTABLE, max_length=256)] | None = None
     target_task: PrintableText
-    target_agent: Annotated[str, StringConstraints(pattern=r"^$|" + AGENT_ID_PATTERN[1:])] | None = None
+    # Empty, or an agent id. Both ends anchored: "^$|[a-z0-9]...$" matched any text that merely
+    # ended like an id, so "pаy-agent" (Cyrillic а) or a terminal escape slipped through.
+    target_agent: (
+        Annotated[str, StringConstraints(pattern=r"^(?:|" + AGENT_ID_PATTERN[1:-1] + r")$")] | None
+    ) = None
     payload: dict[str, Any] = {}
     preferences: Preferences = Preferences()
 
