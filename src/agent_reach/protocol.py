@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 from pydantic import (
     AliasChoices,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StringConstraints,
@@ -23,13 +24,16 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from agent_reach.jsoncodec import depth
+from agent_reach.names import check_task_name
 from agent_reach.schema import check_schema
 
 PROTOCOL_VERSION = "1.0"
 
+# ASCII only, so no agent id can pass for another (issue #11); task names cannot be.
 AGENT_ID_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,127}$"
 # Task names are identifiers in any script (query_product_price, 查询价格); no spaces, no
-# control characters, so they are safe in log lines and metric labels.
+# control characters, so they are safe in log lines and metric labels. names.py refuses the
+# ones that could pass for another name (invisible characters, mixed scripts, non-NFKC).
 TASK_PATTERN = r"^[\w.:-]{1,128}$"
 # A trace id appears in every log line: restrict it so that no caller can forge lines.
 TRACE_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
@@ -38,7 +42,8 @@ TRACE_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
 _PRINTABLE = r"^[^\x00-\x1f\x7f]+$"
 
 AgentId = Annotated[str, StringConstraints(pattern=AGENT_ID_PATTERN)]
-TaskName = Annotated[str, StringConstraints(pattern=TASK_PATTERN)]
+# The look-alike check runs before the pattern, so a zero-width space is refused by name.
+TaskName = Annotated[str, StringConstraints(pattern=TASK_PATTERN), BeforeValidator(check_task_name)]
 TraceId = Annotated[str, StringConstraints(pattern=TRACE_ID_PATTERN)]
 PrintableText = Annotated[str, StringConstraints(pattern=_PRINTABLE, max_length=1024)]
 
@@ -257,7 +262,11 @@ class ReachRequest(_Envelope):
     conversation_id: Annotated[str, StringConstraints(pattern=_PRINTABLE, max_length=256)] | None = None
     source_agent: Annotated[str, StringConstraints(pattern=_PRINTABLE, max_length=256)] | None = None
     target_task: PrintableText
-    target_agent: Annotated[str, StringConstraints(pattern=r"^$|" + AGENT_ID_PATTERN[1:])] | None = None
+    # Empty, or an agent id. Both ends anchored: "^$|[a-z0-9]...$" matched any text that merely
+    # ended like an id, so "pаy-agent" (Cyrillic а) or a terminal escape slipped through.
+    target_agent: (
+        Annotated[str, StringConstraints(pattern=r"^(?:|" + AGENT_ID_PATTERN[1:-1] + r")$")] | None
+    ) = None
     payload: dict[str, Any] = {}
     preferences: Preferences = Preferences()
 
