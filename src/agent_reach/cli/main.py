@@ -47,7 +47,7 @@ def router(
     from agent_reach.config import RouterConfig
     from agent_reach.observability.logging import configure
     from agent_reach.server import RouterApp
-    from agent_reach.server.serve import serve
+    from agent_reach.server.serve import serve, tls_settings
 
     if log_format not in (None, "text", "json"):
         _fail(f"--log-format must be text or json, got {log_format!r}")
@@ -59,13 +59,19 @@ def router(
     json_logs = (log_format or policy.logging.format) == "json"
     configure(log_level or policy.logging.level, "json" if json_logs else "text", policy.logging.levels)
     bind_port = port if port is not None else _default_port()
-    app_ = RouterApp(policy, config_path=config_path)
+    try:
+        # Both read the TLS files now: a bad one is a one-line error, not a traceback from uvicorn.
+        app_ = RouterApp(policy, config_path=config_path)
+        tls_settings(policy.server)
+    except ConfigError as exc:
+        _fail(exc.message)
     if hasattr(signal, "SIGHUP"):
         signal.signal(signal.SIGHUP, lambda *_: setattr(app_.policy_file, "reload_requested", True))
     # Everything built so far lives as long as the process: keep it out of every GC pass.
     gc.freeze()
+    scheme = "https" if policy.server.tls_cert_file else "http"
     ready = (
-        f"[reach-router] listening on http://{host}:{bind_port} "
+        f"[reach-router] listening on {scheme}://{host}:{bind_port} "
         f"(registry: memory, lease ttl {policy.registry.lease_ttl_seconds:g}s)"
     )
     # The line is printed once the port is bound, never before a bind that fails.
