@@ -13,9 +13,11 @@ import pytest
 import trustme
 
 from agent_reach.config import OutboundPolicy, RouterConfig, ServerPolicy
-from agent_reach.exceptions import ConfigError, ConnectFailed
+from agent_reach.exceptions import ConfigError, ConnectFailed, RouterUnavailable
+from agent_reach.sdk import AgentConfig, ReachAgent, ReachClient, SyncReachClient
+from agent_reach.sdk.tls import router_verify
 from agent_reach.server.serve import tls_settings
-from agent_reach.testing import FakeAgent, RouterServer
+from agent_reach.testing import FakeAgent, RouterServer, free_port
 from agent_reach.transport.base import AttemptLimits
 from agent_reach.transport.http import HttpTransport
 
@@ -247,3 +249,98 @@ def test_unreadable_tls_files_stop_the_router_at_start(tmp_path: Path, pki: Pki)
     with pytest.raises(ConfigError, match=r"server\.tls_cert_file"):
         tls_settings(ServerPolicy(tls_cert_file=pki.cert_file, tls_key_file=pki.client_key_file))
     assert tls_settings(ServerPolicy()) == {}
+
+
+def https_router(pki: Pki) -> RouterServer:
+    """A Router serving HTTPS with the test certificate, trusting the test CA for its agents."""
+    return RouterServer(
+        policy(
+            server={"tls_cert_file": pki.cert_file, "tls_key_file": pki.key_file},
+            outbound={"ca_file": pki.ca_file},
+        )
+    )
+
+
+async def test_an_sdk_agent_registers_and_serves_over_https(
+    pki: Pki, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With REACH_CA_FILE the SDK registers with and calls an HTTPS Router; its callback is HTTPS too."""
+    monkeypatch.setenv("REACH_CA_FILE", pki.ca_file)
+    async with https_router(pki) as router:
+        config = AgentConfig.from_mapping(
+            {
+                "agent": {
+                    "id": "sdk-secure",
+                    "network": {"endpoint": f"https://127.0.0.1:{free_port()}/reach"},
+                    "capabilities": [{"task": "echo"}],
+                },
+                "router": {"url": router.url},
+                "server": {"tls_cert_file": pki.cert_file, "tls_key_file": pki.key_file},
+            },
+            env={},
+        )
+        agent = ReachAgent(config)
+        agent.capability("echo")(lambda payload: payload)
+        await agent.start()
+        try:
+            async with ReachClient(router.url) as client:
+                answer = await client.call("echo", {"x": 1})
+            # The sync client blocks: off the loop that serves the Router.
+            with SyncReachClient(router.url) as sync_client:
+                sync_answer = await asyncio.to_thread(sync_client.call, "echo", {"x": 2})
+        finally:
+            await agent.stop()
+    assert answer.status == "SUCCESS", answer
+    assert answer.result == {"x": 1}
+    assert sync_answer.result == {"x": 2}
+
+
+async def test_sdk_clients_refuse_an_https_router_they_do_not_trust(
+    pki: Pki, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without REACH_CA_FILE the test CA is unknown: both clients raise RouterUnavailable, nothing worse."""
+    monkeypatch.delenv("REACH_CA_FILE", raising=False)
+    async with https_router(pki) as router:
+        async with ReachClient(router.url) as client:
+            with pytest.raises(RouterUnavailable):
+                await client.call("echo", {})
+        with SyncReachClient(router.url) as sync_client, pytest.raises(RouterUnavailable):
+            await asyncio.to_thread(sync_client.call, "echo", {})
+
+
+def test_reach_ca_file_must_be_readable(tmp_path: Path, pki: Pki) -> None:
+    """An unloadable REACH_CA_FILE is a ConfigError naming it; unset means the default store."""
+    assert router_verify({}) is True
+    assert isinstance(router_verify({"REACH_CA_FILE": pki.ca_file}), ssl.SSLContext)
+    with pytest.raises(ConfigError, match="REACH_CA_FILE"):
+        router_verify({"REACH_CA_FILE": str(tmp_path / "missing.pem")})
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "server", "health", "message"),
+    [
+        ("https://127.0.0.1:9/reach", {"tls_cert_file": "a.crt"}, {}, "go together"),
+        ("http://127.0.0.1:9/reach", {"tls_cert_file": "a.crt", "tls_key_file": "a.key"}, {}, "https://"),
+        (
+            "https://127.0.0.1:9/reach",
+            {"tls_cert_file": "a.crt", "tls_key_file": "a.key"},
+            {"port": 9001},
+            "health_check.port",
+        ),
+    ],
+)
+def test_an_agents_tls_settings_are_checked(
+    endpoint: str, server: dict[str, str], health: dict[str, int], message: str
+) -> None:
+    """The agent's server.tls_* pair: both or neither, an https endpoint, no plain health port."""
+    data = {
+        "agent": {
+            "id": "a",
+            "network": {"endpoint": endpoint},
+            "capabilities": [{"task": "t"}],
+            "health_check": health,
+        },
+        "server": server,
+    }
+    with pytest.raises(ConfigError, match=message):
+        AgentConfig.from_mapping(data, env={})

@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 from rich.table import Table
@@ -18,12 +18,25 @@ from agent_reach.cli.console import RouterOpt, app, err, out
 from agent_reach.cli.console import fail as _fail
 from agent_reach.exceptions import ConfigError, RouterUnavailable
 
+if TYPE_CHECKING:
+    import ssl
+
 __all__ = ["app", "main"]
 
 
 def _say(line: str) -> None:
     """One status line on stderr, as it is: no markup, no highlighting, never wrapped."""
     err.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def _router_verify() -> ssl.SSLContext | Literal[True]:
+    """What the CLI trusts in an HTTPS Router (REACH_CA_FILE); a bad bundle is a one-line error."""
+    from agent_reach.sdk.tls import router_verify
+
+    try:
+        return router_verify()
+    except ConfigError as exc:
+        _fail(exc.message)
 
 
 def _default_port() -> int:
@@ -152,7 +165,7 @@ def list_agents(
 
     url = router_url_from_env(router_url)
     try:
-        resp = httpx.get(f"{url}/admin/agents", timeout=5)
+        resp = httpx.get(f"{url}/admin/agents", timeout=5, verify=_router_verify())
         rows: list[dict[str, Any]] = resp.json()
     except (httpx.HTTPError, ValueError) as exc:
         _fail(f"cannot read {url}/admin/agents: {exc}", code=1)
@@ -242,6 +255,7 @@ def call(
     if not isinstance(body, dict):
         _fail("--payload must be a JSON object")
     filters = [a.strip() for a in only.split(",") if a.strip()] if only else None
+    _router_verify()  # a bad REACH_CA_FILE is one line, before the client is made
     try:
         with SyncReachClient(router_url, source_agent="reach-cli") as client:
             response = client.call(
@@ -279,7 +293,7 @@ def trace(
 
     url = router_url_from_env(router_url)
     try:
-        resp = httpx.get(f"{url}/admin/traces/{trace_id}", timeout=5)
+        resp = httpx.get(f"{url}/admin/traces/{trace_id}", timeout=5, verify=_router_verify())
     except httpx.HTTPError as exc:
         _fail(f"cannot reach {url}: {exc}", code=1)
     if resp.status_code == 404:
