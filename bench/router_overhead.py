@@ -467,7 +467,7 @@ class Bench:
             f"{'path':<11} {f'req/s c{c}':>11} {'p50 c1':>9} {'p99 c1':>9} {f'p50 c{c}':>9} {f'p99 c{c}':>9}"
             f" {'fwd CPU/req':>12} {'agent CPU/req':>14} {'other CPU':>10} {'failed':>7}",
         ]
-        for path in (direct, baseline, router, bare):
+        for path in (direct, baseline, router, bare, auth):
             assert path.c1 and path.c32
             fwd = "-" if path.forwarder_cpu_us is None else f"{path.forwarder_cpu_us:.0f} µs"
             agent_cpu = "-" if path.agent_cpu_us is None else f"{path.agent_cpu_us:.0f} µs"
@@ -482,7 +482,7 @@ class Bench:
             " other CPU = share of a core used by processes the bench did not start (max of the runs);"
             " failed = non-2xx answers and socket errors in the measured runs"
         )
-        for path in (direct, baseline, router, bare):
+        for path in (direct, baseline, router, bare, auth):
             if path.errors:
                 detail = describe_errors(path.errors, path.statuses, path.socket_errors)
                 lines.append(f"  FAILED requests on {path.name}: {detail}")

@@ -42,6 +42,16 @@ class ServerPolicy(_Section):
     max_json_depth: Annotated[int, Field(ge=4, le=200)] = 64
     # The largest agent answer the Router reads; a bigger one is AGENT_ERROR RESPONSE_TOO_LARGE.
     response_limit_bytes: Annotated[int, Field(gt=0, le=1024 * 1024 * 1024)] = 8 * 1024 * 1024
+    # HTTPS: the Router's certificate chain and its private key (PEM), both or neither; read
+    # once at start (a reload cannot re-bind the listening socket).
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+
+    @model_validator(mode="after")
+    def _cert_with_key(self) -> ServerPolicy:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file go together: set both for HTTPS, or neither")
+        return self
 
 
 class TokenSpec(_Section):
@@ -64,7 +74,7 @@ class AuthPolicy(_Section):
 
 
 class OutboundPolicy(_Section):
-    """Which addresses the Router may call (agents, health checks, replyTo).
+    """Which addresses the Router may call (agents, health checks, replyTo), and how over HTTPS.
 
     Link-local and metadata addresses, unspecified and multicast ones are always refused.
     """
@@ -73,6 +83,19 @@ class OutboundPolicy(_Section):
     allow_private: bool = True
     # When set, only these networks (CIDR) and host names (globs) may be called.
     allow: list[str] = []
+    # HTTPS agents are always verified. A CA bundle (PEM) trusted instead of the system store,
+    # e.g. a private CA that signed the agents' certificates.
+    ca_file: str | None = None
+    # Mutual TLS: the certificate the Router shows to agents that ask for one; the key may sit
+    # in the certificate file, so it is optional, but a key alone means nothing.
+    client_cert_file: str | None = None
+    client_key_file: str | None = None
+
+    @model_validator(mode="after")
+    def _key_with_cert(self) -> OutboundPolicy:
+        if self.client_key_file is not None and self.client_cert_file is None:
+            raise ValueError("client_key_file needs client_cert_file (the certificate it belongs to)")
+        return self
 
 
 class RegistryPolicy(_Section):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -64,7 +65,8 @@ class RouterServer:
         """``middleware(app)`` wraps what is served, e.g. to hold some replies back in a test."""
         self.app = RouterApp(config or RouterConfig(), **app_kwargs)
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        scheme = "https" if self.app.config.server.tls_cert_file else "http"
+        self.url = f"{scheme}://127.0.0.1:{self.port}"
         self._server = RouterProcess(uvicorn_config(self.app, "127.0.0.1", self.port), self.app)
         if middleware is not None:
             # uvicorn loads `config.app` when it starts serving, so the wrapper is what it serves.
@@ -114,11 +116,14 @@ class FakeAgent:
     headers: list[dict[str, str]] = field(default_factory=list)
     port: int = field(default_factory=free_port)
     lease_id: str | None = None
+    # Serve HTTPS with this context (its certificate must cover 127.0.0.1); None serves HTTP.
+    ssl_context: ssl.SSLContext | None = None
     _runner: web.AppRunner | None = None
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}/reach"
+        scheme = "https" if self.ssl_context is not None else "http"
+        return f"{scheme}://127.0.0.1:{self.port}/reach"
 
     def profile(self) -> dict[str, Any]:
         """The registration body for this agent."""
@@ -150,7 +155,7 @@ class FakeAgent:
         # A test agent stops at once: handlers still sleeping (a "stuck" agent) are cut off.
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
         await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port, ssl_context=self.ssl_context).start()
         return self
 
     async def stop(self) -> None:
@@ -159,20 +164,23 @@ class FakeAgent:
             await self._runner.cleanup()
             self._runner = None
 
-    async def register(self, router_url: str, *, vectors: bool = True) -> str:
+    async def register(
+        self, router_url: str, *, vectors: bool = True, router_tls: ssl.SSLContext | None = None
+    ) -> str:
         """Register with the Router; returns the lease id.
 
         With ``vectors`` (the default) it returns once the Router can route to this agent by
-        meaning too, so a test never races the embedding queue.
+        meaning too, so a test never races the embedding queue. ``router_tls`` trusts an HTTPS
+        Router's test CA.
         """
         async with aiohttp.ClientSession() as http:
-            async with http.post(f"{router_url}/agents", json=self.profile()) as resp:
+            async with http.post(f"{router_url}/agents", json=self.profile(), ssl=router_tls or True) as resp:
                 answer = await resp.json()
                 if resp.status not in (200, 201):
                     raise RuntimeError(f"registration failed: {resp.status} {answer}")
             self.lease_id = str(answer["leaseId"])
         if vectors:
-            await wait_vectors(router_url, self.agent_id)
+            await wait_vectors(router_url, self.agent_id, router_tls=router_tls)
         return self.lease_id
 
     async def _health(self, request: web.Request) -> web.Response:
@@ -231,14 +239,16 @@ class FakeAgent:
         return resp
 
 
-async def wait_vectors(router_url: str, agent_id: str, timeout_s: float = 60.0) -> None:
+async def wait_vectors(
+    router_url: str, agent_id: str, timeout_s: float = 60.0, *, router_tls: ssl.SSLContext | None = None
+) -> None:
     """Wait until the Router says an agent's capability vectors are no longer pending."""
     loop = asyncio.get_running_loop()
     end = loop.time() + timeout_s
     url = f"{router_url}/admin/agents/{agent_id}"
     async with aiohttp.ClientSession() as http:
         while loop.time() < end:
-            async with http.get(url) as resp:
+            async with http.get(url, ssl=router_tls or True) as resp:
                 status = await resp.json()
             if status.get("vectors") != "pending":
                 return

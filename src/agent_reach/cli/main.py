@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 from rich.table import Table
@@ -17,6 +17,9 @@ from agent_reach import __version__
 from agent_reach.cli.console import RouterOpt, app, err, out
 from agent_reach.cli.console import fail as _fail
 from agent_reach.exceptions import ConfigError, RouterUnavailable
+
+if TYPE_CHECKING:
+    import ssl
 
 __all__ = ["app", "main"]
 
@@ -35,6 +38,16 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def _router_verify() -> ssl.SSLContext | Literal[True]:
+    """What the CLI trusts in an HTTPS Router (REACH_CA_FILE); a bad bundle is a one-line error."""
+    from agent_reach.sdk.tls import router_verify
+
+    try:
+        return router_verify()
+    except ConfigError as exc:
+        _fail(exc.message)
 
 
 def _default_port() -> int:
@@ -58,7 +71,7 @@ def router(
     from agent_reach.config import RouterConfig
     from agent_reach.observability.logging import configure
     from agent_reach.server import RouterApp
-    from agent_reach.server.serve import serve
+    from agent_reach.server.serve import serve, tls_settings
 
     if log_format not in (None, "text", "json"):
         _fail(f"--log-format must be text or json, got {log_format!r}")
@@ -70,7 +83,12 @@ def router(
     json_logs = (log_format or policy.logging.format) == "json"
     configure(log_level or policy.logging.level, "json" if json_logs else "text", policy.logging.levels)
     bind_port = port if port is not None else _default_port()
-    app_ = RouterApp(policy, config_path=config_path)
+    try:
+        # Both read the TLS files now: a bad one is a one-line error, not a traceback from uvicorn.
+        app_ = RouterApp(policy, config_path=config_path)
+        tls_settings(policy.server)
+    except ConfigError as exc:
+        _fail(exc.message)
     if hasattr(signal, "SIGHUP"):
         signal.signal(signal.SIGHUP, lambda *_: setattr(app_.policy_file, "reload_requested", True))
     # Everything built so far lives as long as the process: keep it out of every GC pass.
@@ -80,8 +98,9 @@ def router(
             f"[reach-router] WARNING: listening on {host} with auth off: anyone who can reach it can "
             "register, call and administer it. Set REACH_ADMIN_TOKEN (and agent and caller tokens)."
         )
+    scheme = "https" if policy.server.tls_cert_file else "http"
     ready = (
-        f"[reach-router] listening on http://{host}:{bind_port} "
+        f"[reach-router] listening on {scheme}://{host}:{bind_port} "
         f"(registry: memory, lease ttl {policy.registry.lease_ttl_seconds:g}s)"
     )
     # The line is printed once the port is bound, never before a bind that fails.
@@ -163,7 +182,7 @@ def list_agents(
 
     url = router_url_from_env(router_url)
     try:
-        resp = httpx.get(f"{url}/admin/agents", timeout=5, headers=auth_headers())
+        resp = httpx.get(f"{url}/admin/agents", timeout=5, headers=auth_headers(), verify=_router_verify())
         rows: list[dict[str, Any]] = resp.json()
     except (httpx.HTTPError, ValueError) as exc:
         _fail(f"cannot read {url}/admin/agents: {exc}", code=1)
@@ -253,6 +272,7 @@ def call(
     if not isinstance(body, dict):
         _fail("--payload must be a JSON object")
     filters = [a.strip() for a in only.split(",") if a.strip()] if only else None
+    _router_verify()  # a bad REACH_CA_FILE is one line, before the client is made
     try:
         with SyncReachClient(router_url, source_agent="reach-cli") as client:
             response = client.call(
@@ -291,7 +311,9 @@ def trace(
 
     url = router_url_from_env(router_url)
     try:
-        resp = httpx.get(f"{url}/admin/traces/{trace_id}", timeout=5, headers=auth_headers())
+        resp = httpx.get(
+            f"{url}/admin/traces/{trace_id}", timeout=5, headers=auth_headers(), verify=_router_verify()
+        )
     except httpx.HTTPError as exc:
         _fail(f"cannot reach {url}: {exc}", code=1)
     if resp.status_code == 404:

@@ -43,6 +43,7 @@ from agent_reach.sdk.client import ReachClient
 from agent_reach.sdk.config import AgentConfig, find_config
 from agent_reach.sdk.health import HealthServer
 from agent_reach.sdk.lease import LeaseKeeper
+from agent_reach.sdk.tls import server_context
 
 if TYPE_CHECKING:
     from agent_reach.observability.otel import AgentSpans
@@ -235,7 +236,10 @@ class ReachAgent:
             app, access_log=None, handle_signals=False, shutdown_timeout=HANDLER_DRAIN_TIMEOUT_S
         )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, config.host, config.port)
+        tls = None
+        if config.tls_cert_file is not None and config.tls_key_file is not None:
+            tls = server_context(config.tls_cert_file, config.tls_key_file, source="server.tls_cert_file")
+        site = web.TCPSite(self._runner, config.host, config.port, ssl_context=tls)
         await site.start()
         server = getattr(site, "_server", None)
         sockets = getattr(server, "sockets", None) or []

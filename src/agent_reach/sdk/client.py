@@ -19,6 +19,7 @@ from agent_reach.exceptions import RouterUnavailable
 from agent_reach.protocol import PROTOCOL_VERSION, ReachResponse
 from agent_reach.sdk.auth import auth_headers
 from agent_reach.sdk.config import DEFAULT_ROUTER_URL
+from agent_reach.sdk.tls import router_verify
 
 # The Router answers within the request's budget; this is how long to wait when none is given.
 DEFAULT_WAIT_S = 60.0
@@ -105,6 +106,8 @@ class ReachClient:
     def __init__(self, router_url: str | None = None, *, source_agent: str | None = None) -> None:
         self.router_url = router_url_from_env(router_url)
         self.source_agent = source_agent
+        # Read now, so a bad REACH_CA_FILE fails here and not at the first call.
+        self._verify = router_verify()
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> ReachClient:
@@ -121,7 +124,11 @@ class ReachClient:
     def _http(self) -> aiohttp.ClientSession:
         # Created lazily so that it belongs to the loop that first uses it.
         if self._session is None:
-            self._session = aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar(), headers=auth_headers())
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(ssl=self._verify),
+                cookie_jar=aiohttp.DummyCookieJar(),
+                headers=auth_headers(),
+            )
         return self._session
 
     async def call(
@@ -154,7 +161,7 @@ class SyncReachClient:
     def __init__(self, router_url: str | None = None, *, source_agent: str | None = None) -> None:
         self.router_url = router_url_from_env(router_url)
         self.source_agent = source_agent
-        self._http = httpx.Client(headers=auth_headers())
+        self._http = httpx.Client(headers=auth_headers(), verify=router_verify())
 
     def __enter__(self) -> SyncReachClient:
         return self

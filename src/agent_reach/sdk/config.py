@@ -11,11 +11,14 @@ router:           # optional
 server:           # optional: where the SDK listens; default 127.0.0.1 and the endpoint's port
   host: 127.0.0.1
   port: 7301
+  tls_cert_file: agent.crt   # optional, with tls_key_file: serve the callback over HTTPS
+  tls_key_file: agent.key    # (the endpoint must then be https://)
 ```
 
 The environment wins over the file: ``REACH_SELF_ID`` (agent.id), ``REACH_ROUTER_URL``
 (router.url), ``REACH_CALLBACK_URL`` (agent.network.endpoint) and, an addition to the
-protocol, ``REACH_HEALTH_PORT`` (agent.health_check.port).
+protocol, ``REACH_HEALTH_PORT`` (agent.health_check.port). ``REACH_CA_FILE`` is the CA bundle an
+HTTPS Router's certificate is checked against (see :mod:`agent_reach.sdk.tls`).
 """
 
 from __future__ import annotations
@@ -47,6 +50,9 @@ class AgentConfig:
     host: str = "127.0.0.1"
     port: int = 0
     registration_timeout_seconds: float = DEFAULT_REGISTRATION_TIMEOUT_S
+    # HTTPS for the callback: the certificate chain and key (PEM), both or neither.
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
 
     @property
     def callback_path(self) -> str:
@@ -106,13 +112,35 @@ class AgentConfig:
                 f"{source}: router.registration_timeout_seconds must be a number of seconds "
                 f"from 0 to 300, got {timeout!r}"
             )
+        cert_file, key_file = _server_tls(server, profile, source)
         return cls(
             profile=profile,
             router_url=str(router_url).rstrip("/"),
             host=host,
             port=port,
             registration_timeout_seconds=float(timeout),
+            tls_cert_file=cert_file,
+            tls_key_file=key_file,
         )
+
+
+def _server_tls(server: dict[str, Any], profile: AgentProfile, source: str) -> tuple[str | None, str | None]:
+    """``server.tls_cert_file`` and ``server.tls_key_file``: both or neither, and only for https."""
+    cert_file, key_file = server.get("tls_cert_file"), server.get("tls_key_file")
+    if cert_file is None and key_file is None:
+        return None, None
+    if not isinstance(cert_file, str) or not isinstance(key_file, str) or not cert_file or not key_file:
+        raise ConfigError(f"{source}: server.tls_cert_file and server.tls_key_file go together (two paths)")
+    if urlsplit(profile.network.endpoint).scheme != "https":
+        # The Router would speak cleartext to a TLS port: every call would fail, so say it now.
+        raise ConfigError(
+            f"{source}: server.tls_cert_file is set, so agent.network.endpoint must be https://"
+        )
+    if profile.health_check.port is not None:
+        # The Router probes the health port with the endpoint's scheme, and the small health
+        # server there speaks plain HTTP only.
+        raise ConfigError(f"{source}: a separate health_check.port is plain HTTP; drop it to serve HTTPS")
+    return cert_file, key_file
 
 
 def find_config(path: str | os.PathLike[str] | None = None) -> Path:

@@ -28,6 +28,7 @@ import httpx
 from agent_reach.clock import SYSTEM_CLOCK, Clock
 from agent_reach.exceptions import ConfigError
 from agent_reach.sdk.auth import auth_headers
+from agent_reach.sdk.tls import router_verify
 from agent_reach.secrets import fingerprint
 
 log = logging.getLogger("agent_reach.sdk")
@@ -76,7 +77,8 @@ class LeaseKeeper:
         self._thread: threading.Thread | None = None
         self._registration_timeout = registration_timeout
         self._opening = False  # open() is registering on some thread: the client is in use
-        self._http = httpx.Client(timeout=5, headers=auth_headers())
+        # An HTTPS Router with a private CA is trusted through REACH_CA_FILE.
+        self._http = httpx.Client(timeout=5, headers=auth_headers(), verify=router_verify())
         # One token per keeper (per process, in practice): it identifies this registrant to the
         # Router across retries. A credential: it is never logged, only its fingerprint.
         self.instance_id = secrets.token_urlsafe(24)

@@ -36,6 +36,23 @@ from agent_reach.transport.http import HttpTransport
 from agent_reach.transport.urlguard import UrlGuard
 
 registry_log = logging.getLogger("agent_reach.registry")
+router_log = logging.getLogger("agent_reach.router")
+
+# Certificate and key files are read when the Router starts (the listening socket and the client
+# pool hold them); a reload cannot swap them, so it says so rather than seem to.
+_TLS_KEYS = (
+    ("server", ("tls_cert_file", "tls_key_file")),
+    ("outbound", ("ca_file", "client_cert_file", "client_key_file")),
+)
+
+
+def _warn_tls_changes(old: RouterConfig, new: RouterConfig) -> None:
+    for section, keys in _TLS_KEYS:
+        for key in keys:
+            if getattr(getattr(old, section), key) != getattr(getattr(new, section), key):
+                router_log.warning(
+                    "%s.%s changed: TLS files are read at start; restart to use it", section, key
+                )
 
 
 @dataclass(eq=False)
@@ -85,7 +102,9 @@ class RouterParts:
             clock=clock,
             registry=registry,
             transport=transport
-            or HttpTransport(response_limit=config.server.response_limit_bytes, guard=url_guard),
+            or HttpTransport(
+                response_limit=config.server.response_limit_bytes, guard=url_guard, tls=config.outbound
+            ),
             stats=stats,
             breakers=breakers,
             affinity=affinity,
@@ -144,6 +163,7 @@ class RouterParts:
 
     def apply(self, config: RouterConfig) -> None:
         """Switch every part to a new policy. Requests in flight keep the one they started with."""
+        _warn_tls_changes(self.config, config)
         self.config = config
         self.url_guard.policy = config.outbound
         self.budget.apply(config.retry_budget)

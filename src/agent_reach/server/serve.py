@@ -8,6 +8,7 @@ alike, so the process exits within it.
 from __future__ import annotations
 
 import socket
+import ssl
 import time
 from collections.abc import Callable
 from types import FrameType
@@ -15,8 +16,30 @@ from typing import Any
 
 import uvicorn
 
+from agent_reach.config import ServerPolicy
+from agent_reach.exceptions import ConfigError
 from agent_reach.server.app import RouterApp
 from agent_reach.server.guarded import guarded
+
+
+def tls_settings(server: ServerPolicy) -> dict[str, str]:
+    """uvicorn's ``ssl_certfile``/``ssl_keyfile`` when the policy serves HTTPS, else nothing.
+
+    The pair is loaded here once, so a missing file or a key that does not match the certificate
+    is a ConfigError naming the keys, before uvicorn binds (its own error would be a traceback).
+    """
+    if server.tls_cert_file is None or server.tls_key_file is None:
+        return {}
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
+            server.tls_cert_file, server.tls_key_file
+        )
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(
+            f"server.tls_cert_file / server.tls_key_file: cannot load "
+            f"{server.tls_cert_file!r} with {server.tls_key_file!r}: {exc}"
+        ) from exc
+    return {"ssl_certfile": server.tls_cert_file, "ssl_keyfile": server.tls_key_file}
 
 
 def uvicorn_config(app: RouterApp, host: str, port: int, **extra: Any) -> uvicorn.Config:
@@ -31,6 +54,7 @@ def uvicorn_config(app: RouterApp, host: str, port: int, **extra: Any) -> uvicor
         "http": guarded(server),
         "server_header": False,
         "timeout_graceful_shutdown": server.drain_timeout_seconds,
+        **tls_settings(server),
         **extra,
     }
     return uvicorn.Config(app, **settings)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
+import ssl
 from typing import Any
 
 import aiohttp
@@ -16,12 +17,54 @@ import orjson
 from aiohttp.abc import AbstractResolver
 from aiohttp.resolver import DefaultResolver
 
-from agent_reach.exceptions import AttemptTimeout, BadAgentResponse, ConnectFailed, DeliveryFailed
+from agent_reach.config import OutboundPolicy
+from agent_reach.exceptions import (
+    AttemptTimeout,
+    BadAgentResponse,
+    ConfigError,
+    ConnectFailed,
+    DeliveryFailed,
+)
 from agent_reach.transport.base import DEFAULT_RESPONSE_LIMIT, AttemptLimits, classify_answer, too_large
 from agent_reach.transport.urlguard import UrlGuard
 
 # What a failed probe, holds check or delivery can raise; all mean "no".
 _QUIET = (aiohttp.ClientError, TimeoutError, OSError, ValueError)
+
+
+def client_tls(policy: OutboundPolicy) -> ssl.SSLContext:
+    """The TLS settings of every HTTPS call: verified always, against ``ca_file`` when set.
+
+    Built when the Router is built, so a missing or unreadable file stops it at start with a
+    ConfigError naming the key, not at the first call to an HTTPS agent.
+    """
+    try:
+        context = ssl.create_default_context(cafile=policy.ca_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"outbound.ca_file: cannot load {policy.ca_file!r}: {exc}") from exc
+    if policy.client_cert_file is not None:
+        try:
+            context.load_cert_chain(policy.client_cert_file, policy.client_key_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(
+                f"outbound.client_cert_file: cannot load {policy.client_cert_file!r}"
+                f" (key {policy.client_key_file or 'in the same file'}): {exc}"
+            ) from exc
+    return context
+
+
+def tls_failure(exc: aiohttp.ClientSSLError | ssl.SSLError) -> str:
+    """What went wrong in a TLS handshake, in words an operator can act on."""
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+        cause = exc.certificate_error
+        detail = getattr(cause, "verify_message", None) or str(cause)
+        return (
+            f"TLS: the agent's certificate was refused ({detail}); "
+            "its CA must be in outbound.ca_file, and its names must cover the endpoint's host"
+        )
+    cause = exc.os_error if isinstance(exc, aiohttp.ClientConnectorSSLError) else exc
+    detail = getattr(cause, "reason", None) or str(cause)
+    return f"TLS: the handshake with the agent failed ({detail})"
 
 
 class _GuardedResolver(AbstractResolver):
@@ -59,16 +102,23 @@ class HttpTransport:
         pool_size: int = 1024,
         response_limit: int = DEFAULT_RESPONSE_LIMIT,
         guard: UrlGuard | None = None,
+        tls: OutboundPolicy | None = None,
     ) -> None:
+        """``tls``: the outbound policy's CA and client certificate (read once, here)."""
         self._pool_size = pool_size
         self._response_limit = response_limit
         self._guard = guard or UrlGuard()
+        self._ssl = client_tls(tls or OutboundPolicy())
         self._session: aiohttp.ClientSession | None = None
 
     async def open(self) -> None:
         if self._session is None:
+            # One TLS context for every call on the session: agents, probes, holds, replyTo.
             connector = aiohttp.TCPConnector(
-                limit=self._pool_size, ttl_dns_cache=60, resolver=_GuardedResolver(self._guard)
+                limit=self._pool_size,
+                ttl_dns_cache=60,
+                resolver=_GuardedResolver(self._guard),
+                ssl=self._ssl,
             )
             self._session = aiohttp.ClientSession(
                 connector=connector,
@@ -105,6 +155,9 @@ class HttpTransport:
                 status = resp.status
         except aiohttp.ConnectionTimeoutError as exc:
             raise ConnectFailed(f"connect timeout after {limits.connect_s * 1000:.0f} ms") from exc
+        except (aiohttp.ClientSSLError, ssl.SSLError) as exc:
+            # Before the generic branches: both are connection errors too, but "TLS" is the news.
+            raise ConnectFailed(tls_failure(exc)) from exc
         except TimeoutError as exc:  # aiohttp's read timeouts subclass it, as does the ceiling
             waited = min(limits.read_s, limits.total_s) * 1000
             raise AttemptTimeout(f"no answer within {waited:.0f} ms") from exc
