@@ -109,6 +109,8 @@ class RegistryPolicy(_Section):
     offline_grace_seconds: Annotated[float, Field(ge=0)] = 300
     # The most agents the registry holds (offline ones count until they are dropped).
     max_agents: Annotated[int, Field(ge=1, le=1_000_000)] = 10_000
+    # The most agents one agent token may hold registered at once (admins are not counted).
+    max_agents_per_token: Annotated[int, Field(ge=1, le=1_000_000)] = 1000
 
     @model_validator(mode="after")
     def _suspect_before_expiry(self) -> RegistryPolicy:

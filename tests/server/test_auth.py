@@ -156,3 +156,31 @@ async def test_the_openapi_document_declares_the_bearer_scheme(http) -> None:
     assert document["components"]["securitySchemes"]["bearer"] == {"type": "http", "scheme": "bearer"}
     assert "security" not in document["paths"]["/healthz"]["get"]
     assert {"bearer": []} in document["paths"]["/admin/agents"]["get"]["security"]
+
+
+async def test_an_agent_token_holds_at_most_its_quota(monkeypatch: pytest.MonkeyPatch) -> None:
+    """registry.max_agents_per_token: the third agent of one token is refused until one leaves."""
+    monkeypatch.setenv("REACH_AGENT_TOKEN", AGENT)
+    policy = {"registry": {"max_agents_per_token": 2}, "embedding": {"backend": "none"}}
+
+    def profile(agent_id: str) -> dict:
+        endpoint = {"endpoint": "http://127.0.0.1:9/reach"}
+        return {"id": agent_id, "network": endpoint, "capabilities": [{"task": "t"}]}
+
+    async with (
+        RouterServer(RouterConfig.model_validate(policy)) as router,
+        httpx.AsyncClient(base_url=router.url, headers=auth(AGENT)) as http,
+    ):
+        leases = {}
+        for agent_id in ("q-1", "q-2"):
+            resp = await http.post("/agents", json=profile(agent_id))
+            assert resp.status_code == 201
+            leases[agent_id] = resp.json()["leaseId"]
+        third = await http.post("/agents", json=profile("q-3"))
+        assert (third.status_code, third.json()["error"]["code"]) == (503, "REGISTRY_FULL")
+        # Replacing one of its own agents in place is not a new one.
+        again = await http.post("/agents", json={**profile("q-1"), "leaseId": leases["q-1"]})
+        assert again.status_code == 200
+        gone = await http.request("DELETE", "/agents/q-2", json={"leaseId": leases["q-2"]})
+        assert gone.status_code == 204
+        assert (await http.post("/agents", json=profile("q-3"))).status_code == 201

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import random
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import quote
 
 from agent_reach import jsoncodec
@@ -61,9 +61,8 @@ class Forwarding:
     clock: Clock
 
 
-@dataclass(frozen=True, slots=True)
-class Success:
-    """An attempt that succeeded, and the agent's result."""
+class Success(NamedTuple):
+    """An attempt that succeeded, and the agent's result (one per request: kept cheap)."""
 
     result: Any
 

@@ -21,12 +21,19 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from agent_reach.exceptions import Forbidden, InvalidProfile, OutboundRefused, RegistryError, RequestError
+from agent_reach.exceptions import (
+    Forbidden,
+    InvalidProfile,
+    OutboundRefused,
+    RegistryError,
+    RegistryFull,
+    RequestError,
+)
 from agent_reach.observability.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from agent_reach.protocol import AgentProfile, error_details
 from agent_reach.router import answer
 from agent_reach.server.components import RouterParts
-from agent_reach.server.guard import principal_of
+from agent_reach.server.guard import Principal, principal_of
 from agent_reach.server.http import Receive, Scope, Send, check_json_content_type, error_body, read_body
 from agent_reach.server.openapi import openapi_document
 from agent_reach.server.reload import PolicyFile
@@ -85,6 +92,7 @@ class AdminApi:
         self.policy = policy
         self._started = started
         self._openapi: dict[str, Any] | None = None
+        self._holders: dict[str, str] = {}  # agent id -> the key of the agent token that registered it
         self.app = Starlette(
             routes=self._routes(),
             exception_handlers={
@@ -149,11 +157,15 @@ class AdminApi:
             raise InvalidProfile(
                 "invalid agent profile: " + ", ".join(d["field"] for d in details), details=details
             ) from exc
+        principal = principal_of(request.scope)
         _may_register(request, profile.id, profile.tasks)
+        self._check_quota(principal, profile.id)
         await self._check_endpoint(profile.network.endpoint)
         entry, created = await self.parts.registry.register(
             profile, lease_id=lease_id, instance_id=instance_id
         )
+        if principal.role == "agent":
+            self._holders[entry.id] = principal.key
         if self.parts.vectors is not None:
             # Capability vectors follow off the request path (semantic/queue.py): the agent is
             # routable by exact task now and by meaning once they are in; never on a request.
@@ -165,6 +177,22 @@ class AdminApi:
             "status": entry.status.value,
         }
         return _Json(registration, status_code=201 if created else 200)
+
+    def _check_quota(self, principal: Principal, agent_id: str) -> None:
+        """An agent token holds at most registry.max_agents_per_token live agents."""
+        if principal.role != "agent":
+            return
+        registry = self.parts.registry
+        # Forget ids that left the registry (or passed to another holder) since.
+        for held in [i for i, k in self._holders.items() if registry.get(i) is None]:
+            del self._holders[held]
+        mine = sum(1 for i, k in self._holders.items() if k == principal.key and i != agent_id)
+        cap = self.parts.config.registry.max_agents_per_token
+        if mine >= cap:
+            raise RegistryFull(
+                f"the agent token {principal.label} already holds {mine} agents "
+                "(registry.max_agents_per_token)"
+            )
 
     async def _check_endpoint(self, url: str) -> None:
         """Refuse (422) an endpoint the Router must not call, and a name that resolves to one.

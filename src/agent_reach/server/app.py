@@ -29,6 +29,7 @@ from agent_reach.server.http import (
     Receive,
     Scope,
     Send,
+    body_timeout,
     check_json_content_type,
     error_body,
     header_map,
@@ -106,7 +107,8 @@ class RouterApp:
             try:
                 check_json_content_type(headers)
                 server = parts.config.server
-                body = await read_body(receive, headers, server.body_limit_bytes, server.body_timeout_seconds)
+                timeout_s = body_timeout(scope, server.body_timeout_seconds)
+                body = await read_body(receive, headers, server.body_limit_bytes, timeout_s)
             except RequestError as exc:
                 status, payload = parts.dispatcher.refuse(exc, trace_id=parent[0] if parent else None)
                 await send_json(send, status, payload)

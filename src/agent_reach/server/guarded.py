@@ -23,6 +23,7 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from agent_reach.config import ServerPolicy
+from agent_reach.server.http import BODY_COMPLETE
 
 _REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
 
@@ -98,6 +99,8 @@ class GuardedHttpTools(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         if not self._refused:
+            # The app need not arm a body timer for a body that is already here.
+            self.scope[BODY_COMPLETE] = True  # type: ignore[literal-required]
             super().on_message_complete()
 
     def on_response_complete(self) -> None:

@@ -14,6 +14,8 @@ Receive = Any
 Send = Any
 
 JSON_HEADERS = [(b"content-type", b"application/json")]
+# Set in a request's scope by the server once the whole body has been read.
+BODY_COMPLETE = "reach.body_complete"
 
 
 class ClientGone(Exception):
@@ -69,6 +71,16 @@ async def read_body(
             return await _read_body(receive, limit)
     except TimeoutError as exc:
         raise BodyTimeout(f"the request body did not arrive within {timeout_s:g} s") from exc
+
+
+def body_timeout(scope: Scope, timeout_s: float) -> float | None:
+    """The body timeout to arm, or None when the server has already read the whole body.
+
+    :class:`~agent_reach.server.guarded.GuardedHttpTools` marks a request whose body is in
+    (``reach.body_complete``): most requests arrive in one read, and a timer for each of them is
+    measurable on the hot path.
+    """
+    return None if scope.get(BODY_COMPLETE) else timeout_s
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes:

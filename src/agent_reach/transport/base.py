@@ -8,8 +8,7 @@ failure. So nothing above this layer ever sees an HTTP client's exception.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from agent_reach import jsoncodec
 from agent_reach.exceptions import AgentRejected, AttemptTimeout, BadAgentResponse
@@ -18,9 +17,12 @@ DEFAULT_RESPONSE_LIMIT = 8 * 1024 * 1024
 RESPONSE_TOO_LARGE = "RESPONSE_TOO_LARGE"
 
 
-@dataclass(frozen=True, slots=True)
-class AttemptLimits:
-    """Seconds one attempt may spend connecting, waiting for the answer, and in all."""
+class AttemptLimits(NamedTuple):
+    """Seconds one attempt may spend connecting, waiting for the answer, and in all.
+
+    A NamedTuple, not a frozen dataclass: one is made per attempt, and a frozen dataclass's
+    ``__init__`` costs several microseconds of ``object.__setattr__``.
+    """
 
     connect_s: float
     read_s: float
