@@ -185,6 +185,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="diagnosis only: run both Routers at another log level than their default (INFO)",
     )
     parser.add_argument("--json", type=Path, help="also write the figures as JSON here")
+    parser.add_argument(
+        "--compare-src",
+        help="a src/ folder of another version: its Router is measured too, as router-other",
+    )
     parser.add_argument("--keep-logs", action="store_true", help="keep the work dir with the server logs")
     return parser.parse_args(argv)
 
@@ -229,7 +233,9 @@ class Bench:
         proxy.wait_ready(lambda: answers_success(url, REQUEST))
         return proxy, url
 
-    def start_router(self, agent_url: str, name: str = "router", policy: str = "") -> tuple[Server, str]:
+    def start_router(
+        self, agent_url: str, name: str = "router", policy: str = "", src: str | None = None
+    ) -> tuple[Server, str]:
         """A Router with the shared policy plus ``policy``, and the agent registered with it."""
         config = self.workdir / f"{name}.yaml"
         config.write_text(f"registry:\n  lease_ttl_seconds: {LEASE_TTL_S}\n{policy}")
@@ -243,7 +249,8 @@ class Bench:
         # another level only shows what logging costs.
         if self.args.router_log_level:
             argv += ["--log-level", self.args.router_log_level]
-        router = self._start(Server(name, argv, self.workdir / f"{name}.log"))
+        env = {"PYTHONPATH": src} if src else None
+        router = self._start(Server(name, argv, self.workdir / f"{name}.log", env=env))
         router.wait_ready(lambda: http("GET", f"{base}/healthz")[0] == 200)
         profile = {
             "id": AGENT_ID,
@@ -333,6 +340,10 @@ class Bench:
         router, router_url = self.start_router(agent_url)
         bare, bare_url = self.start_router(agent_url, "router-bare", BARE_POLICY)
         auth, auth_url = self.start_router(agent_url, "router-auth", AUTH_POLICY)
+        compare = self.args.compare_src
+        if compare:
+            # Another checkout's Router (e.g. `git archive OLD src`), measured in the same rounds.
+            old, old_url = self.start_router(agent_url, "router-other", "", src=compare)
         forwarders = {
             "direct": None,
             "baseline": proxy,
@@ -347,6 +358,9 @@ class Bench:
             "router-bare": bare_url,
             "router-auth": auth_url,
         }
+        if compare:
+            forwarders["router-other"] = old
+            urls["router-other"] = old_url
         # Rounds interleave the paths, so a burst of outside load hits one round of each, not
         # every run of one path; the median of each figure then drops it.
         self.rounds: list[dict[str, PathResult]] = []
@@ -467,7 +481,14 @@ class Bench:
             f"{'path':<11} {f'req/s c{c}':>11} {'p50 c1':>9} {'p99 c1':>9} {f'p50 c{c}':>9} {f'p99 c{c}':>9}"
             f" {'fwd CPU/req':>12} {'agent CPU/req':>14} {'other CPU':>10} {'failed':>7}",
         ]
-        for path in (direct, baseline, router, bare, auth):
+        for path in (
+            direct,
+            baseline,
+            router,
+            bare,
+            auth,
+            *([results["router-other"]] if "router-other" in results else []),
+        ):
             assert path.c1 and path.c32
             fwd = "-" if path.forwarder_cpu_us is None else f"{path.forwarder_cpu_us:.0f} µs"
             agent_cpu = "-" if path.agent_cpu_us is None else f"{path.agent_cpu_us:.0f} µs"
@@ -516,6 +537,13 @@ class Bench:
             f"  auth on: router-auth req/s at c{c} / router req/s at c{c} = {auth_ratio:.2f}"
             f" (target >= {MIN_AUTH_RATIO:.2f})  {verdict(targets['auth_ratio_c32'])}",
         ]
+        other = results.get("router-other")
+        if other is not None and other.c32 is not None:
+            lines.append(
+                f"  router-other ({self.args.compare_src}): {other.c32.rps:,.0f} req/s at c{c}, "
+                f"{other.c32.rps / baseline.c32.rps:.2f} x baseline; this Router {ratio:.2f} x; "
+                f"this / other = {router.c32.rps / other.c32.rps:.2f}"
+            )
         if memory is not None:
             per_request = memory.growth / max(1, memory.requests)
             lines.append(
