@@ -71,3 +71,17 @@ async def test_a_run_leaves_no_secret_in_logs_traces_or_metrics(caplog: pytest.L
         line.lstrip().startswith("2026-11-30T00:00:00.000Z INFO [registry] registered evil")
         for line in logged.splitlines()
     )
+
+
+async def test_unicode_line_breaks_in_caller_text_are_escaped(
+    http, make_agent, caplog: pytest.LogCaptureFixture
+) -> None:
+    """U+2028, NEL and bidi controls in sourceAgent or targetTask never reach a log line raw."""
+    caplog.set_level(logging.INFO)
+    await make_agent("a")
+    body = {"sourceAgent": "src\u2028FORGED\u0085y\u202eRTL", "targetTask": "echo\u2028FORGED", "payload": {}}
+    await http.post("/reach", json=body)
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    for raw in ("\u2028", "\u0085", "\u202e"):
+        assert raw not in logged
+    assert "\\u2028FORGED" in logged

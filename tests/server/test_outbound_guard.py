@@ -141,3 +141,43 @@ async def test_connect_time_check_catches_a_name_registered_before_it_turned_bad
             assert len(agent.received) == before
         finally:
             await agent.stop()
+
+
+async def test_an_endpoint_aiohttp_cannot_parse_fails_over_not_500(http, make_agent) -> None:
+    """An endpoint the URL parser took but aiohttp refuses is a connect error; the call fails over."""
+    good = await make_agent("good")
+    bad = {"id": "bad", "network": {"endpoint": "http://[::1]]:9/reach"}, "capabilities": [{"task": "echo"}]}
+    assert (await http.post("/agents", json=bad)).status_code == 201
+    for _ in range(4):
+        resp = await http.post("/reach", json={"targetTask": "echo"})
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["handlerAgentId"] == "good"
+    assert good.received
+    rows = {r["id"]: r for r in (await http.get("/admin/agents")).json()}
+    assert rows["bad"]["stats"]["inflight"] == 0
+
+
+@pytest.mark.parametrize("host", ["a..b", "é" + "a" * 70])
+async def test_an_invalid_host_name_is_422_not_500(http, host: str) -> None:
+    """A host name no resolver takes (an empty or over-long label) is INVALID_PROFILE."""
+    profile = {
+        "id": "odd",
+        "network": {"endpoint": f"http://{host}:9/reach"},
+        "capabilities": [{"task": "t"}],
+    }
+    resp = await http.post("/agents", json=profile)
+    assert resp.status_code == 422, resp.text
+    assert resp.json()["error"]["code"] == "INVALID_PROFILE"
+
+
+def test_full_width_metadata_names_are_refused() -> None:
+    """A metadata host name spelled in full-width letters is the same name."""
+    with pytest.raises(OutboundRefused):
+        UrlGuard().check_url("http://\uff4detadata.google.internal/")
+
+
+async def test_no_redirect_echoes_the_host_header(http) -> None:
+    """A trailing slash is a 404, not a redirect to whatever Host the client sent."""
+    resp = await http.get("/metrics/", headers={"Host": "evil.example"}, follow_redirects=False)
+    assert resp.status_code == 404
+    assert "location" not in resp.headers

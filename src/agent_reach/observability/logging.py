@@ -18,6 +18,7 @@ from typing import Any, Literal
 import orjson
 
 from agent_reach.record import DecisionRecord
+from agent_reach.secrets import loggable
 
 TRACE_LOGGER = "agent_reach.trace"
 REDACTED = "***"
@@ -160,7 +161,8 @@ class TraceLog:
         """The request's trace lines, and the structured fields of each for the JSON format."""
         tid = record.trace_id
         status = record.status.value if record.status else "-"
-        lines = [f"[{tid}] route: {record.source} -> {record.task}"]
+        # Caller text: a line separator, NEL or bidi control must not start or fake a line.
+        lines = [f"[{tid}] route: {loggable(record.source)} -> {loggable(record.task)}"]
         fields: list[dict[str, Any]] = [{"event": "route", "source": record.source}]
         if record.payload is not None:
             lines.append(

@@ -101,6 +101,8 @@ class AdminApi:
                 HTTPException: self._on_http_error,
             },
         )
+        # No trailing-slash redirects: they echo the client's Host header into a Location.
+        self.app.router.redirect_slashes = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.app(scope, receive, send)
@@ -340,7 +342,10 @@ async def _resolve(host: str) -> list[Address]:
             infos = await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM)
     except (OSError, TimeoutError):
         return []
-    return [ipaddress.ip_address(info[4][0]) for info in infos]
+    except UnicodeError as exc:
+        # An empty or over-long label ("a..b"): no resolver will ever take it.
+        raise OutboundRefused(f"host {host!r} is not a valid host name") from exc
+    return [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]
 
 
 __all__ = ["AdminApi", "whole_number"]

@@ -169,6 +169,10 @@ class HttpTransport:
         except (aiohttp.ClientConnectionError, OSError) as exc:
             # Reset, unreachable, or the server hung up: all network errors.
             raise ConnectFailed(f"{type(exc).__name__}: {exc}") from exc
+        except ValueError as exc:
+            # A URL the standard library accepted at registration but aiohttp cannot use
+            # (``http://[::1]]:80/``): this agent cannot be reached; the request fails over.
+            raise ConnectFailed(f"the agent's endpoint is not a usable URL ({type(exc).__name__})") from exc
         return classify_answer(status, raw)
 
     async def _read(self, resp: aiohttp.ClientResponse) -> bytes:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import unicodedata
 from fnmatch import fnmatchcase
 from urllib.parse import urlsplit
 
@@ -69,7 +70,8 @@ class UrlGuard:
 
     def check_name(self, host: str) -> None:
         """Refuse a host name that is a metadata service, or outside an allow-list."""
-        name = host.lower()
+        # Full-width and other compatibility forms name the same host once resolved.
+        name = unicodedata.normalize("NFKC", host).lower().rstrip(".")
         if any(fnmatchcase(name, pattern) for pattern in _METADATA_NAMES):
             raise OutboundRefused(f"host {host!r} is a cloud metadata service")
         policy = self.policy
