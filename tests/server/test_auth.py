@@ -20,6 +20,12 @@ def sha(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+def profile(agent_id: str, task: str = "t") -> dict:
+    """A profile at an endpoint nobody listens on: these tests never call the agent."""
+    endpoint = {"endpoint": "http://127.0.0.1:9/reach"}
+    return {"id": agent_id, "network": endpoint, "capabilities": [{"task": task}]}
+
+
 def auth(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
@@ -78,11 +84,7 @@ async def test_role_matrix(secured, method: str, path: str, body: object, expect
         for who, token in TOKENS.items():
             payload = body
             if body == "profile":
-                payload = {
-                    "id": f"matrix-{who}",
-                    "network": {"endpoint": "http://127.0.0.1:9/reach"},
-                    "capabilities": [{"task": "t"}],
-                }
+                payload = profile(f"matrix-{who}")
             resp = await http.request(method, path, json=payload, headers=auth(token))
             seen.append(resp.status_code)
             if resp.status_code == 401:
@@ -97,13 +99,6 @@ async def test_role_matrix(secured, method: str, path: str, body: object, expect
 async def test_a_bound_agent_token_registers_only_its_ids_and_tasks(secured) -> None:
     """A token bound to price-* and query_* can't register pay-agent, nor serve pay_task."""
     router, _ = secured
-
-    def profile(agent_id: str, task: str) -> dict:
-        return {
-            "id": agent_id,
-            "network": {"endpoint": "http://127.0.0.1:9/reach"},
-            "capabilities": [{"task": task}],
-        }
 
     async with httpx.AsyncClient(base_url=router.url) as http:
         ok = await http.post("/agents", json=profile("price-1", "query_price"), headers=auth(PRICE))
@@ -162,10 +157,6 @@ async def test_an_agent_token_holds_at_most_its_quota(monkeypatch: pytest.Monkey
     """registry.max_agents_per_token: the third agent of one token is refused until one leaves."""
     monkeypatch.setenv("REACH_AGENT_TOKEN", AGENT)
     policy = {"registry": {"max_agents_per_token": 2}, "embedding": {"backend": "none"}}
-
-    def profile(agent_id: str) -> dict:
-        endpoint = {"endpoint": "http://127.0.0.1:9/reach"}
-        return {"id": agent_id, "network": endpoint, "capabilities": [{"task": "t"}]}
 
     async with (
         RouterServer(RouterConfig.model_validate(policy)) as router,

@@ -73,10 +73,9 @@ def standalone(clock: Clock, trace_id: str | None, *, error: ReachError | None =
     """A whole ReachResponse outside the pipeline: an internal error, a guard's refusal, or
     (with no error) an async request still pending."""
     record = bare_record(clock, trace_id)
-    record.duration_ms = 0
     if error is None:
         accept(record)
     else:
         conclude(record, clock, error=error)
-        record.duration_ms = 0
+        record.duration_ms = 0  # no request ran: the answer reports none
     return encode(record)
