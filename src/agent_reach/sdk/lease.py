@@ -16,7 +16,6 @@ timeout. Both threads are daemons, so a Router that does not answer cannot hold 
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import random
 import secrets
@@ -83,11 +82,6 @@ class LeaseKeeper:
         # Router across retries. A credential: it is never logged, only its fingerprint.
         self.instance_id = secrets.token_urlsafe(24)
 
-    @property
-    def instance_fingerprint(self) -> str:
-        """A short, non-reversible tag of the instance token, safe to print."""
-        return hashlib.sha256(self.instance_id.encode()).hexdigest()[:8]
-
     # -- registration ------------------------------------------------------------------------
 
     def register(self) -> None:
@@ -99,7 +93,7 @@ class LeaseKeeper:
         log.info("[reach-client] registering agent: %s", self.agent_id)
         log.info("[reach-client] capabilities: %s", ", ".join(self._tasks))
         log.info("[reach-client] callback endpoint: %s", self._callback)
-        log.debug("[reach-client] instance %s", self.instance_fingerprint)
+        log.debug("[reach-client] instance %s", fingerprint(self.instance_id))
         sent = self._clock.monotonic()
         resp = self._http.post(f"{self.router_url}/agents", json=body, timeout=self._registration_timeout)
         try:
