@@ -98,6 +98,31 @@ class OutboundPolicy(_Section):
         return self
 
 
+class EtcdPolicy(_Section):
+    """The shared registry in etcd (``REACH_ETCD_ENDPOINTS`` sets the endpoints too)."""
+
+    # Cluster members, ``host:port`` or ``http://host:port``; empty: the in-memory registry.
+    endpoints: list[str] = []
+    # Every key the Router writes lives under it; Routers sharing a prefix share a registry.
+    prefix: str = "/agent-reach/v1"
+    # A registry write's whole deadline, across members and an election; past it, 503.
+    request_timeout_seconds: Annotated[float, Field(gt=0, le=60)] = 4
+    # One member's share of that deadline before the call moves on to the next member.
+    attempt_timeout_seconds: Annotated[float, Field(gt=0, le=60)] = 1.5
+    # How often the Router checks that etcd answers (degraded mode begins at the first miss).
+    ping_interval_seconds: Annotated[float, Field(gt=0, le=60)] = 1
+    # How long another Router's report of a failing agent is kept (its key's lease).
+    failure_ttl_seconds: Annotated[int, Field(ge=2, le=3600)] = 10
+    # Keep capability vectors in etcd, keyed by model, so a joining Router need not embed them.
+    share_vectors: bool = True
+
+    @model_validator(mode="after")
+    def _prefix_shape(self) -> EtcdPolicy:
+        if not self.prefix.startswith("/") or self.prefix.endswith("/"):
+            raise ValueError("prefix must start with / and not end with one, e.g. /agent-reach/v1")
+        return self
+
+
 class RegistryPolicy(_Section):
     """Leases and their sweep."""
 
@@ -111,6 +136,9 @@ class RegistryPolicy(_Section):
     max_agents: Annotated[int, Field(ge=1, le=1_000_000)] = 10_000
     # The most agents one agent token may hold registered at once (admins are not counted).
     max_agents_per_token: Annotated[int, Field(ge=1, le=1_000_000)] = 1000
+    # auto: etcd when registry.etcd.endpoints or REACH_ETCD_ENDPOINTS names members, else memory.
+    backend: Literal["auto", "memory", "etcd"] = "auto"
+    etcd: EtcdPolicy = EtcdPolicy()
 
     @model_validator(mode="after")
     def _suspect_before_expiry(self) -> RegistryPolicy:

@@ -194,6 +194,15 @@ class RegistryFull(RegistryError):
     http_status = 503
 
 
+class RegistryUnavailable(RegistryError):
+    """The registry's store (etcd) did not answer in time: the write was not made; retry later.
+
+    Routing goes on from the Router's snapshot meanwhile (degraded mode)."""
+
+    code = "REGISTRY_UNAVAILABLE"
+    http_status = 503
+
+
 class LeaseNotFound(RegistryError):
     """The lease expired or never existed; the agent should register again."""
 

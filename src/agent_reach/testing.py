@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import ssl
 import threading
 from collections.abc import Awaitable, Callable
@@ -24,6 +23,7 @@ from aiohttp import web
 from agent_reach import jsoncodec
 from agent_reach.clock import ManualClock
 from agent_reach.config import RouterConfig
+from agent_reach.ports import free_port
 from agent_reach.server.app import RouterApp
 from agent_reach.server.http import Receive, Scope, Send
 from agent_reach.server.serve import RouterProcess, uvicorn_config
@@ -43,13 +43,6 @@ __all__ = [
 
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 Mode = Literal["ok", "error", "retryable_error", "http500", "reset", "garbage"]
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class RouterServer:

@@ -73,6 +73,11 @@ class _LiveState(Collector):
         yield GaugeMetricFamily(
             "reach_inflight_requests", "Requests in flight in the Router", value=self._inflight()
         )
+        yield GaugeMetricFamily(
+            "reach_registry_degraded",
+            "1 while the registry's store (etcd) is out of reach: routing from the snapshot",
+            value=0 if self._registry.degraded() is None else 1,
+        )
         up = self._embedding_up()
         if up is not None:
             yield GaugeMetricFamily(

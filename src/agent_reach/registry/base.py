@@ -8,6 +8,7 @@ not wait on I/O to choose an agent.
 from __future__ import annotations
 
 import abc
+import hashlib
 import hmac
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from agent_reach.clock import iso_utc
 from agent_reach.config import RegistryPolicy
 from agent_reach.protocol import AgentProfile, AgentStatusValue, Capability
 from agent_reach.schema import PayloadValidator
+from agent_reach.secrets import fingerprint
 
 
 class RegistryEvent(StrEnum):
@@ -53,6 +55,17 @@ class AgentEntry:
     # The registrant's instance token (``instanceId``): a retry from the same process gets its
     # lease back instead of a 409. It is a credential, so it stays out of repr() and of logs.
     instance_id: str | None = field(default=None, repr=False)
+    # Who registered it: the agent token's fingerprint (``registry.max_agents_per_token``).
+    holder: str | None = None
+    # Shared backends keep no secrets in the store: the SHA-256 of the lease and of the instance
+    # token stand in for them, so any Router can check a renewal it did not grant.
+    lease_digest: str = field(default="", repr=False)
+    instance_digest: str | None = field(default=None, repr=False)
+    # The lease's fingerprint, the same on every Router (the lease itself may be unknown here).
+    lease_tag: str = "-"
+    # Where the entry came from in a shared store (0 for the in-memory registry).
+    revision: int = 0
+    backend_lease: int = 0
 
     # Copies of the profile's id and endpoint as plain attributes: they are read several times
     # per candidate on every request, and a property through the profile costs each time.
@@ -62,6 +75,11 @@ class AgentEntry:
     def __post_init__(self) -> None:
         self.id = self.profile.id
         self.endpoint = self.profile.network.endpoint
+        if self.lease_id:
+            self.lease_digest = self.lease_digest or digest(self.lease_id)
+            self.lease_tag = fingerprint(self.lease_id)
+        if self.instance_id is not None and self.instance_digest is None:
+            self.instance_digest = digest(self.instance_id)
 
     @property
     def routable(self) -> bool:
@@ -88,6 +106,18 @@ class AgentEntry:
 
 
 Listener = Callable[[RegistryEvent, AgentEntry], None]
+# (agent id, reason, reporting Router): another Router saw the agent fail (shared backends only).
+FailureListener = Callable[[str, str, str], None]
+
+
+def digest(secret: str) -> str:
+    """The SHA-256 hex digest that stands in for a lease or an instance token in a shared store."""
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def holds_lease(entry: AgentEntry, lease_id: str) -> bool:
+    """Whether ``lease_id`` is the entry's lease, compared in constant time."""
+    return hmac.compare_digest(entry.lease_digest.encode(), digest(lease_id).encode())
 
 
 def compile_capabilities(
@@ -104,10 +134,10 @@ def compile_capabilities(
 
 def same_registrant(entry: AgentEntry, profile: AgentProfile, instance_id: str | None) -> bool:
     """Whether a registration comes from the process that holds ``entry``: same token and endpoint."""
-    if instance_id is None or entry.instance_id is None:
+    if instance_id is None or entry.instance_digest is None:
         return False
     # Constant time: the token is a credential, and a timing oracle would let it be guessed.
-    same_token = hmac.compare_digest(entry.instance_id.encode(), instance_id.encode())
+    same_token = hmac.compare_digest(entry.instance_digest.encode(), digest(instance_id).encode())
     return same_token and entry.endpoint == profile.network.endpoint
 
 
@@ -116,6 +146,7 @@ class Registry(abc.ABC):
 
     def __init__(self) -> None:
         self._listeners: list[Listener] = []
+        self._failure_listeners: list[FailureListener] = []
 
     def subscribe(self, listener: Listener) -> None:
         """Call ``listener(event, entry)`` on every change, synchronously and in order."""
@@ -124,6 +155,30 @@ class Registry(abc.ABC):
     def _emit(self, event: RegistryEvent, entry: AgentEntry) -> None:
         for listener in self._listeners:
             listener(event, entry)
+
+    def subscribe_failures(self, listener: FailureListener) -> None:
+        """Call ``listener(agent_id, reason, router)`` when another Router reports a failing agent."""
+        self._failure_listeners.append(listener)
+
+    def _emit_failure(self, agent_id: str, reason: str, router: str) -> None:
+        for listener in self._failure_listeners:
+            listener(agent_id, reason, router)
+
+    def report_failure(self, agent_id: str, reason: str) -> None:  # noqa: B027 - optional hook
+        """Tell the other Routers that ``agent_id`` is failing here (a circuit opened, health
+        checks failed). Returns at once; backends shared by one Router ignore it."""
+
+    def vectors_for(self, model: str, agent_id: str) -> bytes | None:
+        """Capability vectors another Router embedded for ``agent_id`` with ``model``, if shared."""
+        return None
+
+    def publish_vectors(self, model: str, agent_id: str, block: bytes) -> None:  # noqa: B027
+        """Share the vectors this Router embedded for ``agent_id``; backends of one Router ignore it."""
+
+    def degraded(self) -> str | None:
+        """``None`` while writes can be made durable, else why not: routing goes on from the
+        local snapshot, registrations fail fast. For /readyz and the metric."""
+        return None
 
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Start background work (sweeps, watches)."""
@@ -140,9 +195,15 @@ class Registry(abc.ABC):
 
     @abc.abstractmethod
     async def register(
-        self, profile: AgentProfile, *, lease_id: str | None = None, instance_id: str | None = None
+        self,
+        profile: AgentProfile,
+        *,
+        lease_id: str | None = None,
+        instance_id: str | None = None,
+        holder: str | None = None,
     ) -> tuple[AgentEntry, bool]:
-        """Register or replace ``profile``; returns the entry and whether it is new.
+        """Register or replace ``profile``; returns the entry and whether it is new. The entry's
+        ``lease_id`` is the lease to give the registrant.
 
         A live id is replaced in place (same lease) when ``lease_id`` is its lease, or when the
         registration is the same registrant's: the same ``instance_id`` and the same endpoint (a

@@ -22,6 +22,7 @@ from agent_reach.registry.base import (
     Registry,
     RegistryEvent,
     compile_capabilities,
+    holds_lease,
     same_registrant,
 )
 
@@ -64,28 +65,18 @@ class MemoryRegistry(Registry):
     # -- writes ------------------------------------------------------------------------------
 
     async def register(
-        self, profile: AgentProfile, *, lease_id: str | None = None, instance_id: str | None = None
+        self,
+        profile: AgentProfile,
+        *,
+        lease_id: str | None = None,
+        instance_id: str | None = None,
+        holder: str | None = None,
     ) -> tuple[AgentEntry, bool]:
         now = self._clock.monotonic()
         current = self._entries.get(profile.id)
-        live = current is not None and current.status is not AgentStatusValue.OFFLINE
-        if (
-            current is not None
-            and live
-            and lease_id != current.lease_id
-            and not same_registrant(current, profile, instance_id)
-        ):
-            raise AgentIdConflict(
-                f"agent id {profile.id!r} is held by a live lease; register with its leaseId "
-                "to replace the profile, or wait for the lease to expire"
-            )
-        if current is None and len(self._entries) >= self.policy.max_agents:
-            raise RegistryFull(
-                f"the registry holds {len(self._entries)} agents, the most registry.max_agents allows"
-            )
+        replacing = self.check_replace(current, profile, lease_id, instance_id)
         caps, validators = compile_capabilities(profile)
         ttl = self.policy.lease_ttl_seconds
-        replacing = current is not None and live
         entry = AgentEntry(
             profile=profile,
             lease_id=current.lease_id if replacing and current else new_lease_id(),
@@ -96,20 +87,48 @@ class MemoryRegistry(Registry):
             capabilities=caps,
             validators=validators,
             instance_id=instance_id,
+            holder=holder,
         )
+        self._install(entry, replacing)
+        return entry, not replacing
+
+    def check_replace(
+        self, current: AgentEntry | None, profile: AgentProfile, lease_id: str | None, instance_id: str | None
+    ) -> bool:
+        """Whether a registration replaces a live ``current`` (True) or is new (False); raises
+        ``AgentIdConflict`` when the id is held by someone else, ``RegistryFull`` at the cap."""
+        live = current is not None and current.status is not AgentStatusValue.OFFLINE
+        if (
+            current is not None
+            and live
+            and not (lease_id is not None and holds_lease(current, lease_id))
+            and not same_registrant(current, profile, instance_id)
+        ):
+            raise AgentIdConflict(
+                f"agent id {profile.id!r} is held by a live lease; register with its leaseId "
+                "to replace the profile, or wait for the lease to expire"
+            )
+        if current is None and len(self._entries) >= self.policy.max_agents:
+            raise RegistryFull(
+                f"the registry holds {len(self._entries)} agents, the most registry.max_agents allows"
+            )
+        return live
+
+    def _install(self, entry: AgentEntry, replacing: bool) -> None:
+        """Put ``entry`` in the snapshot and the task index, in place of any entry with its id."""
+        current = self._entries.get(entry.id)
         if current is not None:
             self._unindex(current)
-        self._entries[profile.id] = entry
-        for task in caps:
-            self._by_task.setdefault(task, {})[profile.id] = entry
+        self._entries[entry.id] = entry
+        for task in entry.capabilities:
+            self._by_task.setdefault(task, {})[entry.id] = entry
         self._emit(RegistryEvent.REPLACED if replacing else RegistryEvent.REGISTERED, entry)
-        return entry, not replacing
 
     async def renew(self, agent_id: str, lease_id: str) -> AgentEntry:
         entry = self._entries.get(agent_id)
         if entry is None or entry.status is AgentStatusValue.OFFLINE:
             raise LeaseNotFound(f"no live lease for agent {agent_id!r}; register again")
-        if entry.lease_id != lease_id:
+        if not holds_lease(entry, lease_id):
             raise LeaseMismatch(f"leaseId does not match the lease agent {agent_id!r} holds")
         now = self._clock.monotonic()
         entry.last_heartbeat = now
@@ -135,7 +154,7 @@ class MemoryRegistry(Registry):
         entry = self._entries.get(agent_id)
         if entry is None:
             raise AgentNotFound(f"no agent {agent_id!r} is registered")
-        if entry.lease_id != lease_id:
+        if not holds_lease(entry, lease_id):
             raise LeaseMismatch(f"leaseId does not match the lease agent {agent_id!r} holds")
         self._remove(entry)
         self._emit(RegistryEvent.DEREGISTERED, entry)
@@ -161,22 +180,28 @@ class MemoryRegistry(Registry):
         """Advance every lease to what the clock says: suspect, offline, or dropped."""
         now = self._clock.monotonic()
         suspect_after = self.policy.suspect_after
-        grace = self.policy.offline_grace_seconds
         for entry in list(self._entries.values()):
             if entry.status is AgentStatusValue.OFFLINE:
-                if entry.offline_since is not None and now - entry.offline_since >= grace:
-                    self._remove(entry)
-                    self._emit(RegistryEvent.REMOVED, entry)
+                self._drop_if_gone(entry, now)
             elif now >= entry.expires_at:
-                entry.lease_status = AgentStatusValue.OFFLINE
-                entry.offline_since = now
-                self._changed(entry)
+                self._go_offline(entry)
             elif (
                 entry.lease_status is AgentStatusValue.AVAILABLE
                 and now - entry.last_heartbeat >= suspect_after
             ):
                 entry.lease_status = AgentStatusValue.SUSPECT
                 self._changed(entry)
+
+    def _drop_if_gone(self, entry: AgentEntry, now: float) -> None:
+        """Drop an offline entry whose grace period (``offline_grace_seconds``) is over."""
+        if entry.offline_since is not None and now - entry.offline_since >= self.policy.offline_grace_seconds:
+            self._remove(entry)
+            self._emit(RegistryEvent.REMOVED, entry)
+
+    def _go_offline(self, entry: AgentEntry) -> None:
+        entry.lease_status = AgentStatusValue.OFFLINE
+        entry.offline_since = self._clock.monotonic()
+        self._changed(entry)
 
     def _remove(self, entry: AgentEntry) -> None:
         if self._entries.get(entry.id) is entry:

@@ -10,6 +10,7 @@ answers that are not valid replies. An ``AGENT_ERROR`` or a 4xx is the agent wor
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from enum import StrEnum
 
 from agent_reach.clock import SYSTEM_CLOCK, Clock
@@ -59,6 +60,8 @@ class BreakerBoard:
         self.overrides = overrides or {}
         self._clock = clock
         self._breakers: dict[str, dict[str, Breaker]] = {}  # agent -> scope key -> breaker
+        # Told when a breaker opens on this Router's own evidence (not on another Router's word).
+        self.on_open: list[Callable[[str], None]] = []
 
     def _key(self, task: str) -> str:
         override = self.overrides.get(task)
@@ -138,8 +141,30 @@ class BreakerBoard:
             breaker.state = BreakerState.OPEN
             breaker.opened_at = now
             breaker.probe_started = None
+            for listener in self.on_open:
+                listener(agent_id)
             return BreakerState.OPEN
         return None
+
+    def trip(self, agent_id: str, tasks: Iterable[str]) -> bool:
+        """Open the agent's closed breakers on another Router's report that it fails.
+
+        Only closed ones: an open or probing breaker already keeps traffic away. After the open
+        period this Router probes on its own, so the final word stays its own. True if any opened.
+        """
+        if not self.policy.enabled:
+            return False
+        opened = False
+        now = self._clock.monotonic()
+        scopes = self._breakers.setdefault(agent_id, {})
+        for key in {self._key(task) for task in tasks} or {""}:
+            breaker = scopes.setdefault(key, Breaker())
+            if breaker.state is BreakerState.CLOSED:
+                breaker.state = BreakerState.OPEN
+                breaker.opened_at = now
+                breaker.probe_started = None
+                opened = True
+        return opened
 
     def state(self, agent_id: str) -> BreakerState:
         """The agent's worst breaker state, as shown in ``/admin/agents``."""

@@ -92,7 +92,6 @@ class AdminApi:
         self.policy = policy
         self._started = started
         self._openapi: dict[str, Any] | None = None
-        self._holders: dict[str, str] = {}  # agent id -> the key of the agent token that registered it
         self.app = Starlette(
             routes=self._routes(),
             exception_handlers={
@@ -164,14 +163,11 @@ class AdminApi:
         self._check_quota(principal, profile.id)
         await self._check_endpoint(profile.network.endpoint)
         entry, created = await self.parts.registry.register(
-            profile, lease_id=lease_id, instance_id=instance_id
+            profile,
+            lease_id=lease_id,
+            instance_id=instance_id,
+            holder=principal.key if principal.role == "agent" else None,
         )
-        if principal.role == "agent":
-            self._holders[entry.id] = principal.key
-        if self.parts.vectors is not None:
-            # Capability vectors follow off the request path (semantic/queue.py): the agent is
-            # routable by exact task now and by meaning once they are in; never on a request.
-            self.parts.vectors.schedule(entry)
         registration = {
             "agentId": entry.id,
             "leaseId": entry.lease_id,
@@ -184,11 +180,8 @@ class AdminApi:
         """An agent token holds at most registry.max_agents_per_token live agents."""
         if principal.role != "agent":
             return
-        registry = self.parts.registry
-        # Forget ids that left the registry (or passed to another holder) since.
-        for held in [i for i, k in self._holders.items() if registry.get(i) is None]:
-            del self._holders[held]
-        mine = sum(1 for i, k in self._holders.items() if k == principal.key and i != agent_id)
+        # Counted from the registry itself, so a shared one counts what every Router registered.
+        mine = sum(1 for e in self.parts.registry.agents() if e.holder == principal.key and e.id != agent_id)
         cap = self.parts.config.registry.max_agents_per_token
         if mine >= cap:
             raise RegistryFull(
@@ -225,7 +218,7 @@ class AdminApi:
             )
         _may_register(request, request.path_params["agent_id"])
         entry = await self.parts.registry.renew(request.path_params["agent_id"], lease_id)
-        return _Json({"agentId": entry.id, "leaseId": entry.lease_id, "ttlSeconds": entry.ttl_seconds})
+        return _Json({"agentId": entry.id, "leaseId": lease_id, "ttlSeconds": entry.ttl_seconds})
 
     async def deregister(self, request: Request) -> Response:
         lease_id = request.headers.get("x-reach-lease")
@@ -257,9 +250,14 @@ class AdminApi:
         return _Json({"status": "ok"})
 
     async def readyz(self, request: Request) -> Response:
-        reason = self.parts.registry.ready() or (None if self._started() else "starting")
+        registry = self.parts.registry
+        reason = registry.ready() or (None if self._started() else "starting")
         if reason is not None:
             return _Json({"status": "not_ready", "reason": reason}, status_code=503)
+        degraded = registry.degraded()
+        if degraded is not None:
+            # Still in rotation: it routes from its snapshot; only registry writes fail.
+            return _Json({"status": "degraded", "reason": degraded})
         return _Json({"status": "ready"})
 
     async def openapi(self, request: Request) -> Response:

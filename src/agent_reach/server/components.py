@@ -18,7 +18,7 @@ from agent_reach.observability.metrics import RouterMetrics
 from agent_reach.observability.traces import TraceStore
 from agent_reach.record import Observer
 from agent_reach.registry.base import AgentEntry, Registry, RegistryEvent
-from agent_reach.registry.memory import MemoryRegistry
+from agent_reach.registry.factory import build_registry
 from agent_reach.resilience.affinity import AffinityTable
 from agent_reach.resilience.breaker import BreakerBoard
 from agent_reach.resilience.health import HealthChecker
@@ -28,7 +28,7 @@ from agent_reach.router.dispatcher import Dispatcher
 from agent_reach.router.results import ResultStore
 from agent_reach.routing.pipeline import Pipeline
 from agent_reach.routing.stats import StatsBook
-from agent_reach.secrets import fingerprint
+from agent_reach.secrets import loggable
 from agent_reach.semantic.embedders.factory import build_embedder
 from agent_reach.semantic.vectors import CapabilityVectors
 from agent_reach.transport.base import Transport
@@ -88,7 +88,7 @@ class RouterParts:
         clock: Clock = SYSTEM_CLOCK,
     ) -> RouterParts:
         """Every part from ``config``; ``registry`` and ``transport`` replace the defaults."""
-        registry = MemoryRegistry(config.registry, clock=clock) if registry is None else registry
+        registry = build_registry(config.registry, clock=clock) if registry is None else registry
         stats = StatsBook(clock=clock, tau_seconds=config.routing.merit.ewma_tau_seconds)
         breakers = BreakerBoard(config.breaker, clock=clock, overrides=config.tasks)
         affinity = AffinityTable(config.affinity, clock=clock)
@@ -145,6 +145,10 @@ class RouterParts:
         self.health.subscribe(self.metrics.on_probe)
         self.registry.subscribe(self._on_registry_event)
         self.registry.subscribe(self.metrics.on_registry)
+        # Shared failure knowledge: a breaker this Router opens is news for the others (through
+        # a shared registry), and their news opens this Router's breaker until it probes itself.
+        self.breakers.on_open.append(lambda agent_id: self.registry.report_failure(agent_id, "circuit_open"))
+        self.registry.subscribe_failures(self._on_peer_failure)
 
     def _observers(self) -> list[Observer]:
         # Switched off, the store and metrics still exist (the endpoints answer, empty) but are
@@ -204,7 +208,22 @@ class RouterParts:
         await self.registry.close()
         await self.transport.close()
 
+    def _on_peer_failure(self, agent_id: str, reason: str, router: str) -> None:
+        entry = self.registry.get(agent_id)
+        if entry is not None and self.breakers.trip(agent_id, entry.capabilities):
+            registry_log.info(
+                "[registry] router %s reports %s failing (%s): circuit opened here until a probe",
+                loggable(router),
+                agent_id,
+                loggable(reason),
+            )
+
     def _on_registry_event(self, event: RegistryEvent, entry: AgentEntry) -> None:
+        if event in (RegistryEvent.REGISTERED, RegistryEvent.REPLACED) and self.vectors is not None:
+            # Capability vectors follow off the request path (semantic/queue.py): the agent is
+            # routable by exact task now and by meaning once they are in. This runs for agents
+            # registered through other Routers too (a shared registry's watch).
+            self.vectors.schedule(entry)
         if event in (RegistryEvent.DEREGISTERED, RegistryEvent.REMOVED):
             self.stats.forget(entry.id)
             self.pipeline.forget(entry.id)
@@ -216,7 +235,7 @@ class RouterParts:
                 event.value,
                 entry.id,
                 ", ".join(entry.capabilities),
-                fingerprint(entry.lease_id),  # the lease itself is a credential: never logged
+                entry.lease_tag,  # the lease's fingerprint: the lease itself is a credential
                 entry.ttl_seconds,
             )
         else:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,6 +19,7 @@ from typing import IO
 import httpx
 
 from agent_reach.exceptions import ConfigError
+from agent_reach.ports import free_port
 
 # The packaged demo: the agents' code and configs, and the Router's policy.
 DEMO_DIR = Path(__file__).resolve().parent
@@ -53,12 +53,6 @@ def _spawn(name: str, args: list[str], env: dict[str, str], lock: threading.Lock
     return proc
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _wait_ready(url: str, want: set[str], procs: list[subprocess.Popen[str]], limit_s: float = 30) -> bool:
     """Poll the registry until every agent in ``want`` is available, or a process dies."""
     end = time.monotonic() + limit_s
@@ -81,8 +75,8 @@ def _agent_env(env: dict[str, str], free_ports: bool) -> dict[str, str]:
         return env
     return {
         **env,
-        "REACH_CALLBACK_URL": f"http://127.0.0.1:{_free_port()}/reach",
-        "REACH_HEALTH_PORT": str(_free_port()),
+        "REACH_CALLBACK_URL": f"http://127.0.0.1:{free_port()}/reach",
+        "REACH_HEALTH_PORT": str(free_port()),
     }
 
 

@@ -1,0 +1,559 @@
+"""The etcd registry: several Routers share one registry that outlives each of them.
+
+Keys, under ``registry.etcd.prefix`` (``/agent-reach/v1`` by default)::
+
+    {prefix}/agents/{agent_id}             the profile and its lease (JSON), on the agent's etcd lease
+    {prefix}/health/{agent_id}/{router}    a Router's report that the agent fails (short lease)
+    {prefix}/vectors/{model}/{agent_id}    capability vectors embedded by one Router, for the others
+
+- An agent's lease *is* an etcd lease: registration grants it, a renewal (on any Router) keeps
+  it alive, and when it runs out etcd deletes the key by itself. The lease id given to the agent
+  is a random secret; the store keeps only its SHA-256, so reading etcd does not let anyone renew
+  or drop someone else's lease through a Router.
+- The id-conflict rule is a transaction on the key's create (or mod) revision, so two Routers can
+  never both accept one id.
+- Every Router keeps a snapshot (the in-memory registry it extends), fed by one prefix watch
+  that resumes from its last revision after a disconnect and reads everything again when that
+  revision was compacted. Routing reads only the snapshot: no etcd round trip per request.
+- When etcd does not answer, the Router is *degraded*: it routes from the snapshot, and writes
+  fail fast with 503 ``REGISTRY_UNAVAILABLE``. When etcd is back, it resumes the watch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import socket
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import quote
+
+import orjson
+from pydantic import ValidationError
+
+from agent_reach.clock import SYSTEM_CLOCK, Clock
+from agent_reach.config import RegistryPolicy
+from agent_reach.exceptions import (
+    AgentIdConflict,
+    AgentNotFound,
+    LeaseMismatch,
+    LeaseNotFound,
+    RegistryUnavailable,
+)
+from agent_reach.protocol import AgentProfile, AgentStatusValue
+from agent_reach.registry.base import AgentEntry, RegistryEvent, compile_capabilities, holds_lease
+from agent_reach.registry.etcdclient import (
+    Compacted,
+    EtcdClient,
+    EtcdRejected,
+    Event,
+    KeyValue,
+    compare_create,
+    compare_mod,
+    put_op,
+    range_op,
+)
+from agent_reach.registry.memory import MemoryRegistry
+
+log = logging.getLogger("agent_reach.registry")
+
+_LIVE = "live"
+_GONE = "deregistered"  # a deregistration's last word before its lease is revoked
+
+
+def new_secret_lease() -> str:
+    """A lease id for an agent: 128 random bits (the store keeps only their digest)."""
+    return "0x" + secrets.token_hex(16)
+
+
+def router_name() -> str:
+    """This Router's name in failure reports: host, process and a random tag (unique per start)."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
+
+
+class Keys:
+    """The key layout under one prefix."""
+
+    def __init__(self, prefix: str) -> None:
+        self.root = prefix + "/"
+        self.agents = prefix + "/agents/"
+        self.health = prefix + "/health/"
+        self.vectors = prefix + "/vectors/"
+
+    def agent(self, agent_id: str) -> str:
+        return self.agents + agent_id
+
+    def failure(self, agent_id: str, router: str) -> str:
+        return f"{self.health}{agent_id}/{router}"
+
+    def vector_block(self, model: str, agent_id: str) -> str:
+        return f"{self.vectors}{quote(model, safe='')}/{agent_id}"
+
+
+class EtcdRegistry(MemoryRegistry):
+    """The registry contract over etcd, read from a watched local snapshot."""
+
+    def __init__(
+        self,
+        policy: RegistryPolicy | None = None,
+        *,
+        endpoints: Sequence[str],
+        clock: Clock = SYSTEM_CLOCK,
+        router: str | None = None,
+    ) -> None:
+        super().__init__(policy, clock=clock)
+        etcd = self.policy.etcd
+        self.keys = Keys(etcd.prefix)
+        self.client = EtcdClient(
+            endpoints, attempt_timeout=etcd.attempt_timeout_seconds, deadline=etcd.request_timeout_seconds
+        )
+        self.router = router or router_name()
+        self.revision = 0  # the last revision applied to the snapshot
+        self.loaded = False  # a first full read has been applied
+        self._degraded: str | None = None
+        self._last_error = "not connected yet"
+        self._watching: str | None = None
+        self._restart = asyncio.Event()
+        self._blocks: dict[tuple[str, str], bytes] = {}
+        self._reported: dict[str, float] = {}
+        self.resyncs = 0
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.client.open()
+        try:
+            await self._resync()
+        except RegistryUnavailable as exc:
+            # Serve anyway: /readyz says why not ready, and the watch loop keeps trying.
+            self._last_error = exc.message
+            log.warning("[registry] etcd at %s: %s; retrying", ", ".join(self.client.endpoints), exc.message)
+        await super().start()
+        etcd = self.policy.etcd
+        self._background.spawn(self._watch_loop(), "watch")
+        self._background.every(lambda: etcd.ping_interval_seconds, self._ping, "ping")
+
+    def apply(self, policy: RegistryPolicy) -> None:
+        # The endpoints and prefix are read at start: a shared store is not switched under load.
+        self.policy = policy.model_copy(update={"etcd": self.policy.etcd})
+
+    async def close(self) -> None:
+        await super().close()
+        await self.client.close()
+
+    def ready(self) -> str | None:
+        if not self.loaded:
+            return f"the registry is not loaded from etcd yet ({self._last_error})"
+        return None
+
+    def degraded(self) -> str | None:
+        return self._degraded
+
+    def _deadline(self) -> float:
+        # Degraded: one member's timeout, not the whole deadline: the caller learns at once.
+        etcd = self.policy.etcd
+        return etcd.attempt_timeout_seconds if self._degraded else etcd.request_timeout_seconds
+
+    # -- the snapshot ------------------------------------------------------------------------
+
+    def sweep(self) -> None:
+        """Drop offline entries after their grace period; etcd itself expires the leases."""
+        now = self._clock.monotonic()
+        for entry in list(self._entries.values()):
+            if entry.status is AgentStatusValue.OFFLINE:
+                self._drop_if_gone(entry, now)
+
+    async def _resync(self) -> None:
+        """Read every key under the prefix and bring the snapshot to that revision."""
+        revision, kvs = await self.client.get_prefix(self.keys.root)
+        self._blocks.clear()
+        # Keys come sorted, so agents/ is applied before the health/ reports that name them.
+        self._apply([Event(kv, deleted=False) for kv in kvs])
+        present = {kv.key[len(self.keys.agents) :] for kv in kvs if kv.key.startswith(self.keys.agents)}
+        for entry in list(self._entries.values()):
+            # Gone from etcd while this Router was not watching: its lease ran out meanwhile.
+            if entry.id not in present and entry.status is not AgentStatusValue.OFFLINE:
+                self._go_offline(entry)
+        self.revision = revision
+        if self.loaded:
+            log.info("[registry] resynced from etcd: %d agents at revision %d", len(present), revision)
+        self.loaded = True
+        self.resyncs += 1
+
+    def _apply(self, events: list[Event]) -> None:
+        for event in events:
+            kv = event.kv
+            if kv.key.startswith(self.keys.agents):
+                self._apply_agent(kv.key[len(self.keys.agents) :], kv, deleted=event.deleted)
+            elif kv.key.startswith(self.keys.vectors):
+                block = self._block_key(kv.key)
+                if block is not None:
+                    if event.deleted:
+                        self._blocks.pop(block, None)
+                    else:
+                        self._blocks[block] = kv.value
+            elif kv.key.startswith(self.keys.health) and not event.deleted:
+                self._apply_failure(kv)
+            self.revision = max(self.revision, kv.mod_revision)
+
+    def _apply_agent(self, agent_id: str, kv: KeyValue, *, deleted: bool) -> bool:
+        """Bring one agent's snapshot entry to ``kv``; True when the agent is live there."""
+        current = self._entries.get(agent_id)
+        if current is not None and current.revision >= kv.mod_revision:
+            return current.status is not AgentStatusValue.OFFLINE  # this Router wrote it already
+        if deleted:
+            if current is not None and current.status is not AgentStatusValue.OFFLINE:
+                current.revision = kv.mod_revision
+                self._go_offline(current)  # the lease ran out (a deregistration says so first)
+            return False
+        record = self._decode(kv)
+        if record is None:
+            return False
+        if record.get("state") == _GONE:
+            if current is not None:
+                self._remove(current)
+                self._emit(RegistryEvent.DEREGISTERED, current)
+            return False
+        entry = self._entry(record, kv)
+        if entry is None:
+            return False
+        self._install(entry, current is not None and current.status is not AgentStatusValue.OFFLINE)
+        return True
+
+    def _decode(self, kv: KeyValue) -> dict[str, Any] | None:
+        try:
+            record = orjson.loads(kv.value)
+        except orjson.JSONDecodeError:
+            log.warning("[registry] skipping %s: not JSON (written by something else?)", kv.key)
+            return None
+        return record if isinstance(record, dict) else None
+
+    def _entry(self, record: dict[str, Any], kv: KeyValue, lease_id: str = "") -> AgentEntry | None:
+        try:
+            profile = AgentProfile.model_validate(record["profile"])
+            ttl = float(record["ttl"])
+            lease_digest = str(record["leaseDigest"])
+        except (KeyError, TypeError, ValueError, ValidationError) as exc:
+            log.warning("[registry] skipping %s: not an agent record (%s)", kv.key, type(exc).__name__)
+            return None
+        caps, validators = compile_capabilities(profile)
+        now = self._clock.monotonic()
+        return AgentEntry(
+            profile=profile,
+            lease_id=lease_id,
+            ttl_seconds=ttl,
+            last_heartbeat=now,
+            last_heartbeat_wall=float(record.get("at") or self._clock.time()),
+            expires_at=now + ttl,
+            capabilities=caps,
+            validators=validators,
+            holder=record.get("holder"),
+            lease_digest=lease_digest,
+            instance_digest=record.get("instanceDigest"),
+            lease_tag=str(record.get("leaseTag") or "-"),
+            revision=kv.mod_revision,
+            backend_lease=kv.lease,
+        )
+
+    # -- the watch ---------------------------------------------------------------------------
+
+    async def _watch_loop(self) -> None:
+        delay = 0.1
+        while True:
+            try:
+                if not self.loaded:
+                    await self._resync()
+                await self._watch_once()
+                delay = 0.1
+            except Compacted as exc:
+                log.warning(
+                    "[registry] etcd compacted revision %d away (at %d); reading everything again",
+                    self.revision + 1,
+                    exc.compact_revision,
+                )
+                self.loaded = False
+                continue
+            except RegistryUnavailable as exc:
+                self._last_error = exc.message
+                log.debug("[registry] watch: %s", exc.message)
+                self.client.rotate()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+    async def _watch_once(self) -> None:
+        """Follow one member's watch stream until it ends, breaks, or the ping asks to restart."""
+        endpoint = self.client.current
+        self._restart.clear()
+        self._watching = endpoint
+        stream = asyncio.ensure_future(self._consume(endpoint))
+        restart = asyncio.ensure_future(self._restart.wait())
+        try:
+            await asyncio.wait({stream, restart}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self._watching = None
+            for task in (stream, restart):
+                task.cancel()
+            await asyncio.gather(restart, return_exceptions=True)
+        if stream.done() and not stream.cancelled():
+            stream.result()  # raises what broke the stream
+        else:
+            await asyncio.gather(stream, return_exceptions=True)
+
+    async def _consume(self, endpoint: str) -> None:
+        async for events in self.client.watch(endpoint, self.keys.root, self.revision + 1):
+            self._apply(events)
+
+    async def _ping(self) -> None:
+        """Is etcd there? Degraded when no member answers; a silent watch member is left."""
+        etcd = self.policy.etcd
+        timeout = min(etcd.attempt_timeout_seconds, max(etcd.ping_interval_seconds, 0.2))
+        watching = self._watching
+        if watching is not None and await self.client.status(watching, timeout):
+            self._set_degraded(None)
+            return
+        for endpoint in self.client.endpoints:
+            if endpoint != watching and await self.client.status(endpoint, timeout):
+                self.client.prefer(endpoint)
+                self._restart.set()  # the stream's member is silent (frozen?): follow another
+                self._set_degraded(None)
+                return
+        self._set_degraded(f"etcd unreachable at {', '.join(self.client.endpoints)}")
+
+    def _set_degraded(self, reason: str | None) -> None:
+        if reason is not None and self._degraded is None:
+            log.warning(
+                "[registry] %s: routing from the snapshot of %d agents (revision %d); "
+                "registrations and renewals fail until it is back",
+                reason,
+                len(self._entries),
+                self.revision,
+            )
+        elif reason is None and self._degraded is not None:
+            log.info("[registry] etcd answers again; resuming the watch from revision %d", self.revision)
+            self._restart.set()
+        self._degraded = reason
+
+    # -- writes ------------------------------------------------------------------------------
+
+    async def register(
+        self,
+        profile: AgentProfile,
+        *,
+        lease_id: str | None = None,
+        instance_id: str | None = None,
+        holder: str | None = None,
+    ) -> tuple[AgentEntry, bool]:
+        key = self.keys.agent(profile.id)
+        deadline = self._deadline()
+        for _ in range(3):
+            _, kv = await self.client.get(key, deadline=deadline)
+            record = self._decode(kv) if kv is not None else None
+            current = None
+            if kv is not None and record is not None and record.get("state") != _GONE:
+                current = self._entry(record, kv)
+            replacing = self.check_replace(current, profile, lease_id, instance_id)
+            # Replacing with the lease: it stays. The same registrant, whose answer was lost: a new
+            # lease id on the same etcd lease (the store does not know the old one, only its digest).
+            secret = lease_id if replacing and lease_id is not None else new_secret_lease()
+            record = {
+                "state": _LIVE,
+                "profile": profile.model_dump(mode="json", by_alias=True, exclude_none=True),
+                "ttl": current.ttl_seconds if replacing and current else self.policy.lease_ttl_seconds,
+                "leaseDigest": "",
+                "leaseTag": "",
+                "instanceDigest": None,
+                "holder": holder,
+                "at": self._clock.time(),
+                "router": self.router,
+            }
+            entry = AgentEntry(
+                profile=profile,
+                lease_id=secret,
+                ttl_seconds=float(record["ttl"]),
+                last_heartbeat=self._clock.monotonic(),
+                last_heartbeat_wall=float(record["at"]),
+                expires_at=self._clock.monotonic() + float(record["ttl"]),
+                instance_id=instance_id,
+                holder=holder,
+            )
+            entry.capabilities, entry.validators = compile_capabilities(profile)
+            record.update(
+                leaseDigest=entry.lease_digest, leaseTag=entry.lease_tag, instanceDigest=entry.instance_digest
+            )
+            value = orjson.dumps(record)
+            if replacing and current is not None and kv is not None:
+                done = await self._replace(key, value, kv, deadline)
+                entry.backend_lease = kv.lease
+            else:
+                done, entry.backend_lease = await self._create(key, value, entry, deadline)
+            if done is None:
+                continue  # someone else wrote the key meanwhile: decide again on what is there now
+            entry.revision = done
+            current_local = self._entries.get(profile.id)
+            if current_local is None or current_local.revision < done:
+                self._install(
+                    entry, current_local is not None and current_local.status is not AgentStatusValue.OFFLINE
+                )
+            self.revision = max(self.revision, done)
+            return entry, not replacing
+        raise AgentIdConflict(f"agent id {profile.id!r} is being registered concurrently elsewhere; retry")
+
+    async def _replace(self, key: str, value: bytes, kv: KeyValue, deadline: float) -> int | None:
+        try:
+            result = await self.client.txn(
+                [compare_mod(key, kv.mod_revision)], [put_op(key, value, kv.lease)], deadline=deadline
+            )
+        except EtcdRejected as exc:
+            if exc.not_found:  # its etcd lease ran out between the read and the write
+                return None
+            raise RegistryUnavailable(f"etcd refused the write: {exc.message}") from exc
+        return result.revision if result.succeeded else None
+
+    async def _create(
+        self, key: str, value: bytes, entry: AgentEntry, deadline: float
+    ) -> tuple[int | None, int]:
+        try:
+            lease = await self.client.grant(entry.ttl_seconds, deadline=deadline)
+            result = await self.client.txn(
+                [compare_create(key, 0)], [put_op(key, value, lease)], [range_op(key)], deadline=deadline
+            )
+        except EtcdRejected as exc:
+            raise RegistryUnavailable(f"etcd refused the write: {exc.message}") from exc
+        if result.succeeded:
+            return result.revision, lease
+        held = result.ranges[0][0] if result.ranges and result.ranges[0] else None
+        if held is not None and held.lease == lease:
+            # Our own write, applied on a member whose answer was lost and then retried.
+            return held.mod_revision, lease
+        self._background.spawn(self._revoke_quietly(lease), "revoke")
+        return None, 0
+
+    async def _revoke_quietly(self, lease: int) -> None:
+        try:
+            await self.client.revoke(lease)
+        except (RegistryUnavailable, EtcdRejected) as exc:
+            log.debug("[registry] could not revoke an unused lease (%s); it expires by itself", exc)
+
+    async def _authoritative(self, agent_id: str) -> AgentEntry | None:
+        """The entry as etcd has it now (the snapshot may lag by a watch event)."""
+        _, kv = await self.client.get(self.keys.agent(agent_id), deadline=self._deadline())
+        record = self._decode(kv) if kv is not None else None
+        if kv is None or record is None or record.get("state") == _GONE:
+            return None
+        return self._entry(record, kv)
+
+    async def _holder_of(self, agent_id: str, lease_id: str) -> AgentEntry:
+        """The live entry ``lease_id`` holds: from the snapshot, else from etcd; raises otherwise."""
+        entry = self._entries.get(agent_id)
+        if entry is None or entry.status is AgentStatusValue.OFFLINE or not holds_lease(entry, lease_id):
+            # Registered, or re-registered, through another Router a moment ago: ask etcd.
+            entry = await self._authoritative(agent_id)
+            if entry is None:
+                raise LeaseNotFound(f"no live lease for agent {agent_id!r}; register again")
+            if not holds_lease(entry, lease_id):
+                raise LeaseMismatch(f"leaseId does not match the lease agent {agent_id!r} holds")
+        return entry
+
+    async def renew(self, agent_id: str, lease_id: str) -> AgentEntry:
+        entry = await self._holder_of(agent_id, lease_id)
+        try:
+            ttl = await self.client.keepalive(entry.backend_lease, deadline=self._deadline())
+        except EtcdRejected as exc:
+            raise RegistryUnavailable(f"etcd refused the renewal: {exc.message}") from exc
+        if ttl <= 0:
+            raise LeaseNotFound(f"the lease of agent {agent_id!r} has expired; register again")
+        local = self._entries.get(agent_id)
+        if local is not None and local.backend_lease == entry.backend_lease:
+            local.last_heartbeat = self._clock.monotonic()
+            local.last_heartbeat_wall = self._clock.time()
+            local.expires_at = local.last_heartbeat + local.ttl_seconds
+            return local
+        return entry
+
+    async def deregister(self, agent_id: str, lease_id: str) -> None:
+        try:
+            entry = await self._holder_of(agent_id, lease_id)
+        except LeaseNotFound as exc:
+            raise AgentNotFound(f"no agent {agent_id!r} is registered") from exc
+        key = self.keys.agent(agent_id)
+        _, kv = await self.client.get(key, deadline=self._deadline())
+        if kv is not None and kv.lease == entry.backend_lease:
+            tombstone = orjson.dumps({"state": _GONE, "router": self.router})
+            try:
+                result = await self.client.txn(
+                    [compare_mod(key, kv.mod_revision)],
+                    [put_op(key, tombstone, kv.lease)],
+                    deadline=self._deadline(),
+                )
+                await self.client.revoke(kv.lease, deadline=self._deadline())
+            except EtcdRejected as exc:
+                raise RegistryUnavailable(f"etcd refused the write: {exc.message}") from exc
+            if result.succeeded:
+                self.revision = max(self.revision, result.revision)
+        local = self._entries.get(agent_id)
+        if local is not None:
+            local.revision = max(local.revision, self.revision)
+            self._remove(local)
+            self._emit(RegistryEvent.DEREGISTERED, local)
+
+    # -- shared failure knowledge ------------------------------------------------------------
+
+    def set_health(self, agent_id: str, health: AgentStatusValue) -> None:
+        super().set_health(agent_id, health)
+        if health is AgentStatusValue.UNHEALTHY:
+            self.report_failure(agent_id, "unhealthy")
+
+    def report_failure(self, agent_id: str, reason: str) -> None:
+        now = self._clock.monotonic()
+        ttl = self.policy.etcd.failure_ttl_seconds
+        if now - self._reported.get(agent_id, -1e9) < ttl / 2:
+            return  # the others already know; the key is still alive
+        self._reported[agent_id] = now
+        if len(self._reported) > 4 * self.policy.max_agents:
+            self._reported.clear()  # bounded: forgetting only means one more report
+        self._background.spawn(self._publish_failure(agent_id, reason, ttl), "report")
+
+    async def _publish_failure(self, agent_id: str, reason: str, ttl: int) -> None:
+        value = orjson.dumps({"router": self.router, "reason": reason, "at": self._clock.time()})
+        deadline = self.policy.etcd.attempt_timeout_seconds
+        try:
+            lease = await self.client.grant(ttl, deadline=deadline)
+            await self.client.put(
+                self.keys.failure(agent_id, self.router), value, lease=lease, deadline=deadline
+            )
+        except (RegistryUnavailable, EtcdRejected) as exc:
+            log.debug("[registry] could not share that %s fails: %s", agent_id, exc)
+
+    def _apply_failure(self, kv: KeyValue) -> None:
+        agent_id, _, router = kv.key[len(self.keys.health) :].partition("/")
+        if router == self.router or agent_id not in self._entries:
+            return
+        record = self._decode(kv) or {}
+        self._emit_failure(agent_id, str(record.get("reason", "failing")), router)
+
+    # -- shared capability vectors -----------------------------------------------------------
+
+    def _block_key(self, key: str) -> tuple[str, str] | None:
+        model, _, agent_id = key[len(self.keys.vectors) :].partition("/")
+        return (model, agent_id) if agent_id else None
+
+    def vectors_for(self, model: str, agent_id: str) -> bytes | None:
+        if not self.policy.etcd.share_vectors:
+            return None
+        return self._blocks.get((quote(model, safe=""), agent_id))
+
+    def publish_vectors(self, model: str, agent_id: str, block: bytes) -> None:
+        entry = self._entries.get(agent_id)
+        if not self.policy.etcd.share_vectors or entry is None or not entry.backend_lease:
+            return
+        self._blocks[(quote(model, safe=""), agent_id)] = block
+        self._background.spawn(self._put_block(model, entry, block), "vectors")
+
+    async def _put_block(self, model: str, entry: AgentEntry, block: bytes) -> None:
+        try:
+            # On the agent's lease: the vectors leave etcd when the agent does.
+            await self.client.put(self.keys.vector_block(model, entry.id), block, lease=entry.backend_lease)
+        except (RegistryUnavailable, EtcdRejected) as exc:
+            log.debug("[registry] could not share the vectors of %s: %s", entry.id, exc)
