@@ -19,6 +19,7 @@ demo: install
 	$(BIN)/reach demo
 
 test: install
+	scripts/test-deps
 	$(BIN)/python -m pytest -q -n 2
 
 check: install

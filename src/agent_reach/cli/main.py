@@ -57,6 +57,20 @@ def _default_port() -> int:
     return int(raw)
 
 
+def _run_workers(count: int, child: list[str], endpoints: list[str]) -> None:
+    """Supervise ``count`` Router processes on one port; only over a shared (etcd) registry."""
+    if not endpoints:
+        _fail(
+            f"--workers {count} needs the etcd registry (REACH_ETCD_ENDPOINTS or "
+            "registry.etcd.endpoints): each worker is a Router process, and with in-memory "
+            "registries an agent registered at one worker would be unknown to the others"
+        )
+    from agent_reach.cli.workers import supervise
+
+    _say(f"[reach-router] {count} workers on port {child[4]} (registry: etcd {', '.join(endpoints)})")
+    raise typer.Exit(supervise(count, lambda index: [*child, "--worker", str(index)], _say))
+
+
 @app.command()
 def router(
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
@@ -66,10 +80,15 @@ def router(
     ] = None,
     log_level: Annotated[str | None, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = None,
     log_format: Annotated[str | None, typer.Option(help="text (the protocol's lines) or json.")] = None,
+    workers: Annotated[
+        int, typer.Option(min=1, max=64, help="Router processes on one port (needs the etcd registry).")
+    ] = 1,
+    worker: Annotated[int | None, typer.Option(hidden=True, help="This process is worker N.")] = None,
 ) -> None:
     """Run the Router. SIGHUP (or a change to the policy file) reloads the policy."""
     from agent_reach.config import RouterConfig
     from agent_reach.observability.logging import configure
+    from agent_reach.registry.factory import etcd_endpoints
     from agent_reach.server import RouterApp
     from agent_reach.server.serve import serve, tls_settings
 
@@ -84,8 +103,24 @@ def router(
     configure(log_level or policy.logging.level, "json" if json_logs else "text", policy.logging.levels)
     bind_port = port if port is not None else _default_port()
     try:
+        endpoints = etcd_endpoints(policy.registry)
+    except ConfigError as exc:
+        _fail(exc.message)
+    shared = bool(endpoints) and policy.registry.backend != "memory"
+    if workers > 1:
+        child = ["router", "--host", host, "--port", str(bind_port)]
+        for flag, value in (
+            ("--config", config_path),
+            ("--log-level", log_level),
+            ("--log-format", log_format),
+        ):
+            if value is not None:
+                child += [flag, str(value)]
+        _run_workers(workers, child, endpoints if shared else [])
+    try:
         # Both read the TLS files now: a bad one is a one-line error, not a traceback from uvicorn.
         app_ = RouterApp(policy, config_path=config_path)
+        app_.parts.worker = worker
         tls_settings(policy.server)
     except ConfigError as exc:
         _fail(exc.message)
@@ -99,12 +134,15 @@ def router(
             "register, call and administer it. Set REACH_ADMIN_TOKEN (and agent and caller tokens)."
         )
     scheme = "https" if policy.server.tls_cert_file else "http"
+    registry = f"etcd {', '.join(endpoints)}" if shared else "memory"
+    who = "listening" if worker is None else f"worker {worker} listening"
     ready = (
-        f"[reach-router] listening on {scheme}://{host}:{bind_port} "
-        f"(registry: memory, lease ttl {policy.registry.lease_ttl_seconds:g}s)"
+        f"[reach-router] {who} on {scheme}://{host}:{bind_port} "
+        f"(registry: {registry}, lease ttl {policy.registry.lease_ttl_seconds:g}s)"
     )
-    # The line is printed once the port is bound, never before a bind that fails.
-    serve(app_, host, bind_port, loop="uvloop", on_ready=lambda: _say(ready))
+    # The line is printed once the port is bound, never before a bind that fails. Workers share
+    # the port: each binds its own socket with SO_REUSEPORT.
+    serve(app_, host, bind_port, loop="uvloop", on_ready=lambda: _say(ready), reuse_port=worker is not None)
 
 
 @app.command()

@@ -24,6 +24,7 @@ from agent_reach.semantic.index import (
     capability_texts,
 )
 from agent_reach.semantic.queue import EmbeddingQueue, Job, VectorState
+from agent_reach.semantic.shared import decode_block, encode_block
 
 log = logging.getLogger("agent_reach.semantic")
 
@@ -42,6 +43,7 @@ class CapabilityVectors:
         self.last_error: str | None = None
         self._pending: dict[str, AgentEntry] = {}
         self._ready: set[str] = set()
+        self.shared_hits = 0  # agents made ready from another Router's vectors, not embedded here
         self.queue = EmbeddingQueue(self._embed_passages, lambda e: self.registry.get(e.id) is e)
         self._background = Background("reach-vectors")
         registry.subscribe(self._on_registry)
@@ -71,9 +73,45 @@ class CapabilityVectors:
         return None
 
     def schedule(self, entry: AgentEntry) -> None:
-        """Queue ``entry``'s capability texts; it becomes routable by meaning once they are in."""
+        """Queue ``entry``'s capability texts; it becomes routable by meaning once they are in.
+
+        Texts another Router already embedded with this model (a shared registry) are taken from
+        its block instead: a Router joining a large registry is ready without embedding it all.
+        """
         self._ready.discard(entry.id)
-        self.queue.put(self._plan(entry))
+        job = self._plan(entry)
+        if job.texts and self._from_shared(entry, job.texts):
+            self.shared_hits += 1
+            return
+        self.queue.put(job)
+
+    def _from_shared(self, entry: AgentEntry, missing: list[tuple[str, str]]) -> bool:
+        block = self.registry.vectors_for(self.embedder.model, entry.id)
+        if block is None:
+            return False
+        rows = decode_block(block, self.embedder.model, self.index.dim)
+        if not all(row in rows for row in missing):
+            return False  # the profile changed since, or another model: embed here
+        import numpy as np
+
+        self._index(entry, missing, np.stack([rows[row] for row in missing]))
+        return entry.id in self._ready
+
+    def _share(self, entry: AgentEntry) -> None:
+        """Publish every row of ``entry`` for the other Routers (a no-op on a private registry)."""
+        rows = [
+            (task, text)
+            for task, capability in entry.capabilities.items()
+            for text in capability_texts(task, capability.description, list(capability.examples))
+            if self.index.has(task, text)
+        ]
+        if rows:
+            import numpy as np
+
+            matrix = np.stack([self.index.vector(task, text) for task, text in rows])
+            self.registry.publish_vectors(
+                self.embedder.model, entry.id, encode_block(self.embedder.model, rows, matrix)
+            )
 
     def _plan(self, entry: AgentEntry) -> Job:
         missing = []
@@ -89,6 +127,8 @@ class CapabilityVectors:
     def _job_done(self, job: Job) -> None:
         self._index(job.entry, job.texts, job.vectors())
         self._recovered()
+        if job.entry.id in self._ready and job.texts:
+            self._share(job.entry)
 
     def _job_failed(self, job: Job, exc: EmbeddingError) -> None:
         self._failed(exc)

@@ -247,7 +247,8 @@ class AdminApi:
         return _Json(self.parts.agent_status(entry))
 
     async def healthz(self, request: Request) -> Response:
-        return _Json({"status": "ok"})
+        worker = self.parts.worker
+        return _Json({"status": "ok"} if worker is None else {"status": "ok", "worker": worker})
 
     async def readyz(self, request: Request) -> Response:
         registry = self.parts.registry

@@ -77,6 +77,8 @@ class RouterParts:
     url_guard: UrlGuard
     dispatcher: Dispatcher = field(init=False)
     health: HealthChecker = field(init=False)
+    # Which worker of `reach router --workers N` this is (shown by /healthz); None alone.
+    worker: int | None = field(default=None, init=False)
 
     @classmethod
     def build(

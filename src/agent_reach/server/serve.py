@@ -80,11 +80,34 @@ class RouterProcess(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
+def reuse_port_socket(host: str, port: int) -> socket.socket:
+    """A socket bound with SO_REUSEPORT: several processes listen on one port, the kernel spreads
+    connections over them."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot bind {host}:{port}: {exc.strerror or exc}") from exc
+    return sock
+
+
 def serve(
-    app: RouterApp, host: str, port: int, *, on_ready: Callable[[], None] | None = None, **extra: Any
+    app: RouterApp,
+    host: str,
+    port: int,
+    *,
+    on_ready: Callable[[], None] | None = None,
+    reuse_port: bool = False,
+    **extra: Any,
 ) -> None:
     """Run the Router until SIGINT or SIGTERM (blocking; an entry point's call).
 
-    ``on_ready`` runs once the port is bound and the app has started.
+    ``on_ready`` runs once the port is bound and the app has started; ``reuse_port`` shares the
+    port with other workers.
     """
-    RouterProcess(uvicorn_config(app, host, port, **extra), app, on_ready).run()
+    sockets = [reuse_port_socket(host, port)] if reuse_port else None
+    RouterProcess(uvicorn_config(app, host, port, **extra), app, on_ready).run(sockets=sockets)
