@@ -97,7 +97,8 @@ async def test_a_router_started_while_etcd_is_down_is_not_ready_until_it_loads(e
             etcd.members[0].thaw()
 
             async def ready() -> bool:
-                return (await client.get(f"{router.url}/readyz")).status_code == 200
+                resp: httpx.Response = await client.get(f"{router.url}/readyz")
+                return resp.status_code == 200
 
             await eventually(ready)
     finally:

@@ -199,13 +199,12 @@ def test_a_three_member_cluster_loses_a_follower_then_its_leader_under_traffic(t
             refused, took = register_until_done(group.http, urls[0], "after-leader")
             print(f"leader down: registered in {took:.2f} s after {refused} 503s")
             for url in urls:
-                wait_for(
-                    lambda url=url: (
-                        {"after-follower", "after-leader"}
-                        <= {row["id"] for row in group.http.get(f"{url}/admin/agents").json()}
-                    ),
-                    timeout=15,
-                )
+
+                def both_listed(url: str = url) -> bool:
+                    ids = {row["id"] for row in group.http.get(f"{url}/admin/agents").json()}
+                    return {"after-follower", "after-leader"} <= ids
+
+                wait_for(both_listed, timeout=15)
         finally:
             stop.set()
             thread.join()

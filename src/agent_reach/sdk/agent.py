@@ -254,6 +254,9 @@ class ReachAgent:
             )
             self._health.start()
         profile = config.profile
+        trap = callback_trap(profile.network.endpoint, config.router_url)
+        if trap is not None:
+            log.warning("[reach-client] WARNING: %s", trap)
         self._lease = LeaseKeeper(
             config.router_url,
             profile.model_dump(mode="json"),
@@ -473,3 +476,32 @@ def _deadline_from(header: str | None) -> Deadline | None:
     except ValueError:
         return None
     return Deadline(SYSTEM_CLOCK, max(millis, 0.0))
+
+
+def _loopback_host(url: str) -> bool:
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    host = (urlsplit(url).hostname or "").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def callback_trap(callback: str, router_url: str) -> str | None:
+    """Why the Router will not reach ``callback``, when it is on loopback and the Router is not.
+
+    Inside a container, or with the Router on another host, ``localhost`` is the Router's own
+    machine: the agent registers fine and every call to it then fails to connect.
+    """
+    if not _loopback_host(callback) or _loopback_host(router_url):
+        return None
+    return (
+        f"the callback URL {callback} is on loopback, but the Router at {router_url} is not: the "
+        "Router will call its own machine, not this agent. Set REACH_CALLBACK_URL (or "
+        "agent.network.endpoint) to an address the Router can reach, e.g. the service name in "
+        "docker compose"
+    )

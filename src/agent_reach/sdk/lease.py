@@ -174,6 +174,7 @@ class LeaseKeeper:
 
     def _renew_forever(self) -> None:
         wait = self._next_renewal_in()
+        backoff = 0.25
         while not self._stop.wait(wait):
             log.debug("[reach-client] renewing lease %s", fingerprint(self.lease_id))
             sent = self._clock.monotonic()
@@ -193,11 +194,12 @@ class LeaseKeeper:
                 self._extended_at = sent
                 log.debug("[reach-client] lease %s renewed", fingerprint(self.lease_id))
                 wait = self._next_renewal_in()
+                backoff = 0.25
                 continue
             if resp.status_code in (403, 404):
                 log.warning(
                     "[reach-client] lease %s is gone (HTTP %s); registering again",
-                    self.lease_id,
+                    fingerprint(self.lease_id),
                     resp.status_code,
                 )
                 self.lease_id = None
@@ -208,8 +210,22 @@ class LeaseKeeper:
                     return
                 wait = self._next_renewal_in()
             else:
-                log.warning("[reach-client] lease renewal answered HTTP %s", resp.status_code)
-                wait = max(self.ttl_seconds / 3, 0.05)  # a Router in trouble: no faster than usual
+                wait, backoff = self.retry_after(resp.status_code, backoff)
+                log.warning(
+                    "[reach-client] lease renewal answered HTTP %s; retrying in %.1fs", resp.status_code, wait
+                )
+
+    def retry_after(self, status: int, backoff: float) -> tuple[float, float]:
+        """How long to wait after a renewal answered ``status`` (not 200/403/404), and the next backoff.
+
+        503 means the Router cannot reach its registry store (etcd) just now: retry with growing
+        pauses, capped at a sixth of the TTL so several tries fit before the lease runs out.
+        Anything else is a Router in trouble: no faster than the usual third of a TTL.
+        """
+        if status == 503:
+            backoff = min(backoff * 2, max(self.ttl_seconds / 6, 0.1))
+            return backoff * random.uniform(0.8, 1.0), backoff
+        return max(self.ttl_seconds / 3, 0.05), backoff
 
     # -- leaving -----------------------------------------------------------------------------
 
