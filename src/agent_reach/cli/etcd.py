@@ -72,6 +72,9 @@ class EtcdMember:
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
+            # Its own session: a Ctrl-C meant for the demo must not stop etcd before the agents
+            # have deregistered through the Routers; the owner stops it last.
+            start_new_session=True,
         )  # fmt: skip
         log.close()
 

@@ -196,12 +196,25 @@ def demo(
             "so a second demo (or the tests) can run beside `make demo`.",
         ),
     ] = False,
+    etcd: Annotated[
+        bool,
+        typer.Option(
+            "--etcd",
+            help="The shared topology as processes: etcd, the embedding service and two Routers "
+            "(needs the etcd binary: apt-get install etcd-server).",
+        ),
+    ] = False,
 ) -> None:
     """Start the Router and the two demo agents; Ctrl-C stops them all."""
     from agent_reach.cli.demo import DEMO_DIR, run_demo
 
     try:
-        run_demo(port if port is not None else _default_port(), examples or DEMO_DIR, free_ports=free_ports)
+        run_demo(
+            port if port is not None else _default_port(),
+            examples or DEMO_DIR,
+            free_ports=free_ports,
+            etcd=etcd,
+        )
     except ConfigError as exc:
         _fail(exc.message)
 

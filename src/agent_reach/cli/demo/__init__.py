@@ -7,10 +7,13 @@ The demo agents and the Router's policy ship inside this package (``price_agent/
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -80,11 +83,13 @@ def _agent_env(env: dict[str, str], free_ports: bool) -> dict[str, str]:
     }
 
 
-def run_demo(port: int, examples: Path, *, free_ports: bool = False) -> None:
+def run_demo(port: int, examples: Path, *, free_ports: bool = False, etcd: bool = False) -> None:
     """Start everything, print how to try it, and stop everything on Ctrl-C or SIGTERM.
 
     ``free_ports`` moves the agents off their configs' fixed ports (7301/7302, 7311/7312), which
     a running ``make demo`` holds, through the SDK's REACH_CALLBACK_URL and REACH_HEALTH_PORT.
+    ``etcd`` runs the shared topology as processes: an etcd member, the embedding service, and
+    two Routers over them (the agents register with the first; both route to them).
     """
     configs = {name: examples / folder / "reach_config.yaml" for name, folder in AGENTS}
     missing = [str(p) for p in configs.values() if not p.is_file()]
@@ -93,29 +98,81 @@ def run_demo(port: int, examples: Path, *, free_ports: bool = False) -> None:
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "REACH_ROUTER_URL": url, "PYTHONUNBUFFERED": "1"}
     lock = threading.Lock()
-    router_args = ["router", "--port", str(port)]
-    if (examples / "router.yaml").is_file():
-        router_args += ["--config", str(examples / "router.yaml")]
-    procs = [_spawn("router", router_args, env, lock)]
-    for name, folder in AGENTS:
-        args = [
-            "agent",
-            "--config",
-            str(configs[name]),
-            "--app",
-            str(examples / folder / "agent.py") + ":agent",
+    with contextlib.ExitStack() as stack:
+        urls = [url]
+        if etcd:
+            urls.append(f"http://127.0.0.1:{free_port()}")
+            env.update(_shared_services(stack, env, lock))
+        router_args = (
+            ["--config", str(examples / "router.yaml")] if (examples / "router.yaml").is_file() else []
+        )
+        procs = [
+            _spawn(
+                "router" if i == 0 else f"router-{i + 1}",
+                ["router", "--port", u.rsplit(":", 1)[1], *router_args],
+                env,
+                lock,
+            )
+            for i, u in enumerate(urls)
         ]
-        procs.append(_spawn(name, args, _agent_env(env, free_ports), lock))
+        for name, folder in AGENTS:
+            args = [
+                "agent",
+                "--config",
+                str(configs[name]),
+                "--app",
+                str(examples / folder / "agent.py") + ":agent",
+            ]
+            procs.append(_spawn(name, args, _agent_env(env, free_ports), lock))
+        _run_until_stopped(urls, procs, lock, len(urls))
 
+
+def _shared_services(
+    stack: contextlib.ExitStack, env: dict[str, str], lock: threading.Lock
+) -> dict[str, str]:
+    """Start etcd and the embedding service for ``--etcd``; their addresses as Router environment."""
+    from agent_reach.cli.etcd import EtcdCluster
+
+    data = Path(tempfile.mkdtemp(prefix="reach-demo-etcd-"))
+    stack.callback(shutil.rmtree, data, True)
+    cluster = EtcdCluster(data, 1).start()
+    stack.callback(cluster.stop)  # last out: the Routers and agents stop before it
+    embed_port = free_port()
+    embedder = _spawn("embedding", ["embed-server", "--port", str(embed_port)], env, lock)
+    stack.callback(_stop, embedder)
+    with lock:
+        print(f"  etcd at {cluster.endpoints}; embedding service on port {embed_port}", flush=True)
+    return {
+        "REACH_ETCD_ENDPOINTS": cluster.endpoints,
+        "REACH_EMBEDDING_URL": f"http://127.0.0.1:{embed_port}",
+    }
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _run_until_stopped(
+    urls: list[str], procs: list[subprocess.Popen[str]], lock: threading.Lock, routers: int
+) -> None:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    url = urls[0]
     try:
-        if _wait_ready(url, {name for name, _ in AGENTS}, procs):
+        if all(_wait_ready(u, {name for name, _ in AGENTS}, procs) for u in urls):
+            shared = (
+                f"\n  Second Router at {urls[1]}, sharing the registry through etcd." if len(urls) > 1 else ""
+            )
             with lock:
                 print(
-                    f"\n  Agent-Reach demo is up: Router at {url} with {len(AGENTS)} agents.\n"
-                    f"  Try:  curl -s {url}/admin/agents\n"
+                    f"\n  Agent-Reach demo is up: Router at {url} with {len(AGENTS)} agents.{shared}\n"
+                    f"  Try:  curl -s {urls[-1]}/admin/agents\n"
                     f"        reach call query_product_price --payload '{SAMPLE_PAYLOAD}'\n"
                     f"        reach agents\n"
                     "  Ctrl-C stops everything.\n",
@@ -128,11 +185,6 @@ def run_demo(port: int, examples: Path, *, free_ports: bool = False) -> None:
         while not stop.is_set() and all(p.poll() is None for p in procs):
             stop.wait(0.5)
     finally:
-        # Agents first, so they deregister while the Router still listens.
-        for proc in procs[1:] + procs[:1]:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+        # Agents first, so they deregister while the Routers still listen.
+        for proc in procs[routers:] + procs[:routers]:
+            _stop(proc)
