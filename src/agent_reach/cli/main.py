@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import os
@@ -154,6 +155,10 @@ def agent(
         Path | None, typer.Option("--config", "-c", help="reach_config.yaml [default ./reach_config.yaml].")
     ] = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+    host: Annotated[
+        str | None,
+        typer.Option(help="Address the agent binds (server.host), e.g. 0.0.0.0 in a container."),
+    ] = None,
 ) -> None:
     """Run an agent: register, serve its capabilities, deregister on SIGTERM."""
     from agent_reach.cli.apps import load_app
@@ -163,7 +168,10 @@ def agent(
     configure(log_level)
     try:
         reach_agent = load_app(app_spec)
-        reach_agent.use_config(AgentConfig.load(find_config(config)))
+        agent_config = AgentConfig.load(find_config(config))
+        if host is not None:
+            agent_config = dataclasses.replace(agent_config, host=host)
+        reach_agent.use_config(agent_config)
         reach_agent.run()
     except ConfigError as exc:
         _fail(exc.message)
