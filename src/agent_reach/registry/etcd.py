@@ -169,8 +169,11 @@ class EtcdRegistry(MemoryRegistry):
         """Read every key under the prefix and bring the snapshot to that revision."""
         revision, kvs = await self.client.get_prefix(self.keys.root)
         self._blocks.clear()
-        # Keys come sorted, so agents/ is applied before the health/ reports that name them.
-        self._apply([Event(kv, deleted=False) for kv in kvs])
+        # Vector blocks first: installing an agent schedules its vectors, which looks for a block.
+        # Keys come sorted otherwise, so agents/ is applied before the health/ reports naming them.
+        first = [kv for kv in kvs if kv.key.startswith(self.keys.vectors)]
+        rest = [kv for kv in kvs if not kv.key.startswith(self.keys.vectors)]
+        self._apply([Event(kv, deleted=False) for kv in first + rest])
         present = {kv.key[len(self.keys.agents) :] for kv in kvs if kv.key.startswith(self.keys.agents)}
         for entry in list(self._entries.values()):
             # Gone from etcd while this Router was not watching: its lease ran out meanwhile.

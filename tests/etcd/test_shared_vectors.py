@@ -1,0 +1,45 @@
+"""Capability vectors travel through etcd: a joining Router routes by meaning without embedding."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent_reach.semantic.queue import VectorState
+from agent_reach.testing import FakeAgent, RouterServer, wait_vectors
+from tests.etcd.conftest import etcd_policy
+
+pytestmark = pytest.mark.etcd
+
+
+async def test_a_joining_router_takes_the_vectors_another_router_embedded(etcd, client):
+    """Router B starts after A embedded an agent: B is ready by meaning from etcd, model unused."""
+    policy = etcd_policy(
+        etcd, embedding={"backend": "local"}, routing={"semantic_tasks": ["*"]}, health={"enabled": False}
+    )
+    async with RouterServer(policy) as a:
+        weather = await FakeAgent(
+            "weather",
+            tasks=("get_weather_forecast",),
+            descriptions={"get_weather_forecast": "查询城市未来几天的天气预报"},
+            examples={"get_weather_forecast": ["明天北京会下雨吗", "what's the weather tomorrow in Paris"]},
+        ).start()
+        price = await FakeAgent(
+            "price", tasks=("query_product_price",), descriptions={"query_product_price": "查询指定商品的当前售价"}
+        ).start()
+        try:
+            await weather.register(a.url)
+            await price.register(a.url)
+            async with RouterServer(policy) as b:
+                vectors = b.app.parts.vectors
+                assert vectors is not None
+                await wait_vectors(b.url, "weather")
+                await wait_vectors(b.url, "price")
+                assert vectors.state("weather") is VectorState.READY
+                assert vectors.state("price") is VectorState.READY
+                assert vectors.shared_hits == 2  # both came from A's embeddings, none from B's model
+                routed = (await client.post(f"{b.url}/reach", json={"targetTask": "明天北京会不会下雨"})).json()
+                assert routed["status"] == "SUCCESS", routed
+                assert routed["handlerAgentId"] == "weather"
+        finally:
+            await weather.stop()
+            await price.stop()
