@@ -83,10 +83,17 @@ BACKGROUND = [
 
 
 def capability_texts(task: str, description: str, examples: list[str]) -> list[str]:
-    """The texts that stand for one capability: ``"task words: description"`` and each example."""
+    """The texts that stand for one capability: ``"task words: description"``, the task words
+    alone, and each example.
+
+    The task words get a row of their own because a short name ("parcel track") is often closer
+    to a terse question than a full sentence is: on the calibration half of the evaluation corpus
+    this view lifted the description-only top-1 from 46.5% to 53.5% (docs/semantic-eval.md).
+    """
     words = task.replace("_", " ").replace(".", " ").strip()
-    head = f"{words}: {description}" if description else words
-    return [head, *examples]
+    if not description:
+        return [words, *examples]
+    return [f"{words}: {description}", words, *examples]
 
 
 @dataclass(slots=True, frozen=True)
