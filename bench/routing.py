@@ -8,7 +8,8 @@ Prints p50/p99 of:
 - the resilience checks on top (retry budget, breaker permit, affinity), as the dispatcher runs them;
 - semantic_route with the request vector cached (M distinct capability rows: the worst case,
   no two agents sharing a capability text), and on a cache miss with the real local model;
-- registering an agent with 10 capabilities, embedding included (real model);
+- registering an agent with 10 capabilities: to its 201 (the vectors queued, as POST /agents
+  does), and with the embedding waited for (real model);
 - index memory for 100,000 capabilities.
 """
 
@@ -172,6 +173,25 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         entry, _ = await reg.register(profile)
         await cap_vectors.add(entry)
         register_times.append(time.perf_counter() - t0)
+    # What POST /agents does before its 201 (server/admin.py): register, then queue the texts;
+    # the vectors follow off the request path (semantic/queue.py).
+    queued_times = []
+    for i in range(args.register_repeat * 10):
+        profile = AgentProfile.model_validate(
+            {
+                "id": f"queued-{i}",
+                "network": {"endpoint": f"http://127.0.0.1:9/{i}"},
+                "capabilities": [
+                    {"task": f"queued_{i}_{j}", "description": f"第{j}项能力：处理第{i}类请求"}
+                    for j in range(10)
+                ],
+            }
+        )
+        t0 = time.perf_counter()
+        entry, _ = await reg.register(profile)
+        cap_vectors.schedule(entry)
+        queued_times.append(time.perf_counter() - t0)
+    figures["register_10_capabilities_to_201"] = pct(queued_times)
     figures["register_10_capabilities_with_embedding"] = {
         "p50_ms": round(sorted(register_times)[len(register_times) // 2] * 1000, 1),
         "max_ms": round(max(register_times) * 1000, 1),
@@ -227,6 +247,11 @@ def report(figures: dict[str, Any]) -> None:
     print(
         f"  register an agent with 10 capabilities, embedding included: p50 {reg['p50_ms']} ms, max "
         f"{reg['max_ms']} ms (target <= 50 ms: {'PASS' if reg['p50_ms'] <= 50 else 'MISS'})"
+    )
+    queued = figures["register_10_capabilities_to_201"]
+    print(
+        f"  register an agent with 10 capabilities, to 201 (vectors queued): p50 {queued['p50_us']} µs, "
+        f"p99 {queued['p99_us']} µs (target <= 50 ms: {'PASS' if queued['p99_us'] <= 50_000 else 'MISS'})"
     )
     mem = figures["index_100k_capabilities_mib"]
     verdict = "PASS" if mem["current"] * 1.048576 <= 300 else "MISS"

@@ -93,41 +93,101 @@ def _print_outcome(label: str, o: Any) -> None:
     )
 
 
+def _pct(value: float | None) -> str:
+    return "–" if value is None else f"{value:.1f}%"
+
+
+def _print_corpus(report: Any) -> None:
+    from agent_reach.semantic.evaluation import CONDITION_NAMES, DIRECTIONS
+
+    table = Table(
+        title=f"held-out half, {report.model}, threshold {report.threshold:.4f} margin {report.margin:.4f}",
+        title_justify="left",
+    )
+    table.add_column("profiles")
+    for column in ("all", *DIRECTIONS):
+        table.add_column(column, justify="right")
+    for result in report.results:
+        cells = [result.overall, *(result.directions.get(d) for d in DIRECTIONS)]
+        table.add_row(
+            CONDITION_NAMES[result.condition],
+            *(
+                "–" if f is None else f"{_pct(f.right_pct)} / {_pct(f.wrong_pct)} / {_pct(f.refused_pct)}"
+                for f in cells
+            ),
+        )
+    out.print(table)
+    out.print(
+        "cells: in-scope right / in-scope wrong / out-of-scope refused (out-of-scope questions count "
+        "under both directions from their language)",
+        highlight=False,
+    )
+
+
 @app.command()
 def calibrate(
-    labelled: Annotated[Path, typer.Argument(help="YAML with capabilities and labelled phrases.")],
+    labelled: Annotated[
+        Path, typer.Argument(help="YAML with capabilities and labelled phrases, or (with --corpus) a folder.")
+    ],
     config: Annotated[
         Path | None, typer.Option("--config", "-c", help="Router policy (embedding backend).")
     ] = None,
     show: Annotated[bool, typer.Option("--show", help="Print every phrase with its score.")] = False,
+    folds: Annotated[int, typer.Option(help="k of the k-fold cross-validation.", min=2)] = 5,
+    corpus: Annotated[
+        bool,
+        typer.Option(
+            "--corpus",
+            help="LABELLED is an evaluation corpus folder (capabilities.yaml, questions.yaml, split.yaml): "
+            "fit on its calibration half, report its held-out half in three profile conditions.",
+        ),
+    ] = False,
 ) -> None:
-    """Measure semantic routing on labelled phrases; propose a threshold and margin for the model."""
+    """Measure semantic routing on labelled phrases: k-fold held-out figures, and a proposed
+    threshold and margin for the model."""
     import asyncio
 
     from agent_reach.config import RouterConfig, read_yaml
     from agent_reach.exceptions import EmbeddingError
     from agent_reach.semantic.calibrate import calibrate as run_calibration
     from agent_reach.semantic.embedders import build_embedder
+    from agent_reach.semantic.evaluation import cross_validate, evaluate_corpus
 
     try:
         policy = RouterConfig.load(config)
-        data = read_yaml(labelled)
         embedder = build_embedder(policy.embedding)
         current = embedder.thresholds
         if policy.embedding.threshold is not None:
             current = (policy.embedding.threshold, policy.embedding.margin or 0.0)
         err.print(f"embedding {labelled} with {embedder.model} ...", highlight=False)
+        if corpus:
+            report = asyncio.run(evaluate_corpus(labelled, embedder))
+            _print_corpus(report)
+            _print_outcome("fitted on the calibration half", report.calibration)
+            return
+        data = read_yaml(labelled)
         result = asyncio.run(run_calibration(data, embedder, current=current))
+        validation = cross_validate(result.phrases, folds)
     except (ConfigError, EmbeddingError) as exc:
         _fail(exc.message)
     if show:
         _print_phrases(result.phrases)
     _print_distributions(result.distributions)
+    held = validation.held_out
+    out.print(
+        f"{folds}-fold held out: in-scope right {held.right}/{held.in_scope} ({_pct(held.right_pct)}), "
+        f"wrong {held.wrong} ({_pct(held.wrong_pct)}); out-of-scope refused {held.refused}/"
+        f"{held.out_of_scope} ({_pct(held.refused_pct)})  <- expect this on phrases not seen here",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
     if result.current is not None:
         _print_outcome("current ", result.current)
     _print_outcome("proposed", result.proposed)
     out.print(
         f"set embedding.threshold: {result.proposed.threshold:.4f} and embedding.margin: "
-        f"{result.proposed.margin:.4f} in the Router's policy to use the proposal",
+        f"{result.proposed.margin:.4f} in the Router's policy to use the proposal (the current and "
+        "proposed lines are fitted to these phrases; the k-fold line is the honest one)",
         highlight=False,
     )

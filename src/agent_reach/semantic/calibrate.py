@@ -9,7 +9,6 @@ possible; the threshold sits in the middle of the gap it was found in, not on it
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +18,7 @@ from agent_reach.exceptions import ConfigError
 from agent_reach.semantic.embedders.base import Embedder
 from agent_reach.semantic.index import BACKGROUND, SemanticIndex, capability_texts
 
-MARGINS = [round(x, 4) for x in np.arange(0.0, 0.0501, 0.0025)]
+MARGINS = [round(float(x), 4) for x in np.arange(0.0, 0.0501, 0.0025)]
 
 
 @dataclass(slots=True)
@@ -102,32 +101,39 @@ def evaluate(phrases: list[Scored], threshold: float, margin: float) -> Outcome:
             in_scope += 1
             right += routed and p.best == p.expect
             wrong += routed and p.best != p.expect
+    right, wrong, refused = int(right), int(wrong), int(refused)
     return Outcome(threshold, margin, in_scope, right, wrong, out, refused)
 
 
-def propose(phrases: list[Scored]) -> Outcome:
-    """The threshold and margin with no wrong in-scope route and the most right answers."""
-    scores = sorted({round(p.score, 6) for p in phrases})
-    candidates = [scores[0] - 0.001] + [(a + b) / 2 for a, b in itertools.pairwise(scores)]
-    candidates.append(scores[-1] + 0.001)
-    best: tuple[tuple[float, float], Outcome] | None = None
-    for threshold in candidates:
-        for margin in MARGINS:
-            outcome = evaluate(phrases, threshold, margin)
-            if outcome.in_scope_wrong:
-                continue
-            key = (outcome.in_scope_right + outcome.refused, -margin)
+def propose(phrases: list[Scored], max_wrong: float = 0.0) -> Outcome:
+    """The threshold and margin with the most right routes plus refusals, among those sending at
+    most ``max_wrong`` of the in-scope phrases to a wrong task (0: none)."""
+    score = np.array([p.score for p in phrases])
+    gap = np.array([p.gap for p in phrases])
+    inside = np.array([p.expect is not None for p in phrases])
+    right_task = np.array([p.best is not None and p.best == p.expect for p in phrases])
+    levels = np.unique(np.round(score, 6))
+    thresholds = np.concatenate([[levels[0] - 0.001], (levels[:-1] + levels[1:]) / 2, [levels[-1] + 0.001]])
+    allowed = max_wrong * int(inside.sum())
+    best: tuple[tuple[float, float], float, float] | None = None
+    for margin in MARGINS:
+        # Every threshold at once: rows are thresholds, columns phrases.
+        routed = (score[None, :] >= thresholds[:, None]) & (gap[None, :] >= margin)
+        right = (routed & inside & right_task).sum(axis=1)
+        wrong = (routed & inside & ~right_task).sum(axis=1)
+        refused = (~routed & ~inside).sum(axis=1)
+        for i in np.flatnonzero(wrong <= allowed):
+            key = (float(right[i] + refused[i]), -margin)
             if best is None or key > best[0]:
-                best = (key, outcome)
+                best = (key, float(thresholds[i]), margin)
     assert best is not None  # the highest threshold refuses everything: always admissible
-    return best[1]
+    return evaluate(phrases, round(best[1], 4), best[2])
 
 
-async def calibrate(
-    data: Any, embedder: Embedder, *, current: tuple[float, float] | None = None
-) -> Calibration:
-    """Score every phrase as the Router would, and propose a threshold and margin."""
-    caps, phrases = load_labelled(data)
+async def score_phrases(
+    caps: list[dict[str, Any]], phrases: list[dict[str, Any]], embedder: Embedder
+) -> list[Scored]:
+    """Score every phrase against the capabilities exactly as the Router scores a request."""
     index = SemanticIndex(dim=embedder.dim or 384)
     for cap in caps:
         texts = capability_texts(
@@ -148,6 +154,15 @@ async def calibrate(
                 best[1][1] if len(best) > 1 else None,
             )
         )
+    return scored
+
+
+async def calibrate(
+    data: Any, embedder: Embedder, *, current: tuple[float, float] | None = None
+) -> Calibration:
+    """Score every phrase as the Router would, and propose a threshold and margin."""
+    caps, phrases = load_labelled(data)
+    scored = await score_phrases(caps, phrases, embedder)
     result = Calibration(embedder.model, scored, propose(scored))
     if current is not None:
         result.current = evaluate(scored, *current)
