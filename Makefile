@@ -5,7 +5,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 
-.PHONY: demo test check bench install clean
+.PHONY: demo test test-fast check bench install clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -21,6 +21,10 @@ demo: install
 test: install
 	scripts/test-deps
 	$(BIN)/python -m pytest -q -n 2
+
+# The core suite only: no etcd clusters, fuzzing or held-out semantic evaluation.
+test-fast: install
+	$(BIN)/python -m pytest -q -n 2 -m "not etcd and not fuzz and not semantic_eval"
 
 check: install
 	scripts/check
