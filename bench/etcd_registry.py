@@ -33,18 +33,51 @@ from typing import Any
 
 import aiohttp
 import httpx
-import wrk_runner
-from servers import Server, free_port
 
+import wrk_runner
 from agent_reach.cli.etcd import EtcdCluster
+from servers import Server, free_port
 
 BENCH_DIR = Path(__file__).resolve().parent
 REQUEST = {"targetTask": "echo", "payload": {"n": 1}}
-WORDS = (
-    "invoice weather flight hotel refund parcel translate summarize calendar meeting password ticket "
-    "stock currency recipe music playlist contract payroll inventory warehouse shipment insurance claim "
-    "mortgage loan credit budget forecast rainfall traffic parking charging battery solar thermostat"
-).split()
+WORDS = [
+    "invoice",
+    "weather",
+    "flight",
+    "hotel",
+    "refund",
+    "parcel",
+    "translate",
+    "summarize",
+    "calendar",
+    "meeting",
+    "password",
+    "ticket",
+    "stock",
+    "currency",
+    "recipe",
+    "music",
+    "playlist",
+    "contract",
+    "payroll",
+    "inventory",
+    "warehouse",
+    "shipment",
+    "insurance",
+    "claim",
+    "mortgage",
+    "loan",
+    "credit",
+    "budget",
+    "forecast",
+    "rainfall",
+    "traffic",
+    "parking",
+    "charging",
+    "battery",
+    "solar",
+    "thermostat",
+]
 
 
 def progress(message: str) -> None:
@@ -91,7 +124,9 @@ def register(url: str, agent_url: str, agent_id: str = "bench-agent", task: str 
 
 
 def wrk_rps(url: str, script: Path, connections: int, duration: float) -> wrk_runner.WrkResult:
-    return wrk_runner.run(f"{url}/reach", script, connections=connections, threads=1, duration_s=duration, core=None)
+    return wrk_runner.run(
+        f"{url}/reach", script, connections=connections, threads=1, duration_s=duration, core=None
+    )
 
 
 # -- overhead ---------------------------------------------------------------------------------
@@ -105,7 +140,7 @@ def overhead(tmp: Path, cluster: EtcdCluster, agent_url: str, args: argparse.Nam
         "etcd": router(tmp, "router-etcd", ports["etcd"], cluster.endpoints),
     }
     try:
-        for name, port in ports.items():
+        for port in ports.values():
             register(f"http://127.0.0.1:{port}", agent_url)
         rps: dict[str, list[float]] = {name: [] for name in ports}
         p50: dict[str, list[float]] = {name: [] for name in ports}
@@ -207,7 +242,7 @@ _METRIC = re.compile(r"^(\w+)(\{[^}]*\})? ([0-9.e+-]+)$", re.M)
 def etcd_counters(cluster: EtcdCluster) -> dict[str, float]:
     text = httpx.get(cluster.members[0].client_url + "/metrics", timeout=5).text
     totals: dict[str, float] = {"requests": 0.0, "received": 0.0, "sent": 0.0}
-    for name, labels, value in _METRIC.findall(text):
+    for name, _labels, value in _METRIC.findall(text):
         if name == "grpc_server_handled_total":
             totals["requests"] += float(value)
         elif name == "etcd_network_client_grpc_received_bytes_total":
@@ -253,8 +288,8 @@ def renewals(tmp: Path, cluster: EtcdCluster, agent_url: str, args: argparse.Nam
         asyncio.run(renew_all(url, leases, args.renew_every))
         seconds = time.monotonic() - started
         after = etcd_counters(cluster)
-        print(f"\nrenewals: {args.agents} agents, one renewal each per {args.renew_every:g} s, through one Router")
-        print(f"  etcd load: {(after['requests'] - before['requests']) / seconds:.1f} requests/s, ")
+        print(f"\nrenewals: {args.agents} agents, each renewing every {args.renew_every:g} s, one Router")
+        print(f"  etcd load: {(after['requests'] - before['requests']) / seconds:.1f} requests/s,")
         print(
             f"  {(after['received'] - before['received']) / seconds / 1024:.1f} KiB/s in, "
             f"{(after['sent'] - before['sent']) / seconds / 1024:.1f} KiB/s out"
@@ -287,7 +322,9 @@ def workers(tmp: Path, cluster: EtcdCluster, agent_url: str, args: argparse.Name
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--agents", type=int, default=1000)
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per wrk run")
     parser.add_argument("--rounds", type=int, default=3)
@@ -297,7 +334,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="reach-bench-etcd-") as raw:
         tmp = Path(raw)
         agent_port = free_port()
-        agent = Server("agent", [sys.executable, str(BENCH_DIR / "fast_agent.py"), str(agent_port)], tmp / "agent.log")
+        agent = Server(
+            "agent", [sys.executable, str(BENCH_DIR / "fast_agent.py"), str(agent_port)], tmp / "agent.log"
+        )
         agent.start()
         agent_url = f"http://127.0.0.1:{agent_port}/reach"
         try:

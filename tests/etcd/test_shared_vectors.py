@@ -24,7 +24,9 @@ async def test_a_joining_router_takes_the_vectors_another_router_embedded(etcd, 
             examples={"get_weather_forecast": ["明天北京会下雨吗", "what's the weather tomorrow in Paris"]},
         ).start()
         price = await FakeAgent(
-            "price", tasks=("query_product_price",), descriptions={"query_product_price": "查询指定商品的当前售价"}
+            "price",
+            tasks=("query_product_price",),
+            descriptions={"query_product_price": "查询指定商品的当前售价"},
         ).start()
         try:
             await weather.register(a.url)
@@ -37,7 +39,9 @@ async def test_a_joining_router_takes_the_vectors_another_router_embedded(etcd, 
                 assert vectors.state("weather") is VectorState.READY
                 assert vectors.state("price") is VectorState.READY
                 assert vectors.shared_hits == 2  # both came from A's embeddings, none from B's model
-                routed = (await client.post(f"{b.url}/reach", json={"targetTask": "明天北京会不会下雨"})).json()
+                routed = (
+                    await client.post(f"{b.url}/reach", json={"targetTask": "明天北京会不会下雨"})
+                ).json()
                 assert routed["status"] == "SUCCESS", routed
                 assert routed["handlerAgentId"] == "weather"
         finally:
