@@ -66,3 +66,42 @@ def test_demo_runs_the_reference_session(tmp_path: Path) -> None:
     assert "[trace-demo-001] select price-query-agent by exact_match" in text
     assert "[reach-client] deregistered agent: price-query-agent" in text
     assert "[reach-client] deregistered agent: promotion-agent" in text
+
+
+@pytest.mark.etcd
+def test_demo_with_etcd_runs_two_routers_over_one_registry(tmp_path: Path) -> None:
+    """`reach demo --etcd`: both Routers route the demo call; one Ctrl-C stops all, etcd last."""
+    port = free_port()
+    log = tmp_path / "demo.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agent_reach", "demo", "--etcd", "--port", str(port), "--free-ports"],
+            cwd=tmp_path,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        try:
+            end = time.monotonic() + 90
+            while "demo is up" not in log.read_text() and time.monotonic() < end:
+                assert proc.poll() is None, log.read_text()
+                time.sleep(0.1)
+            text = log.read_text()
+            assert "demo is up" in text, text
+            second = text.split("Second Router at ", 1)[1].split(",", 1)[0]
+            for url in (f"http://127.0.0.1:{port}", second):
+                body = httpx.post(
+                    f"{url}/reach",
+                    json={"targetTask": "query_product_price", "payload": {"product_id": "SKU-88231"}},
+                    timeout=10,
+                ).json()
+                assert body["status"] == "SUCCESS", body
+        finally:
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(30) == 0
+    text = log.read_text()
+    # The agents deregistered through a Router that still reached etcd: stopped before etcd.
+    assert "[reach-client] deregistered agent: price-query-agent" in text
+    assert "[reach-client] deregistered agent: promotion-agent" in text
+    assert "etcd unreachable" not in text
+    assert "Traceback" not in text
