@@ -53,15 +53,20 @@ class AgentEntry:
     # The registrant's instance token (``instanceId``): a retry from the same process gets its
     # lease back instead of a 409. It is a credential, so it stays out of repr() and of logs.
     instance_id: str | None = field(default=None, repr=False)
+    # A managed entry has no lease to keep: an admin registered it on the agent's behalf (an
+    # imported A2A agent), it never expires by time, and its liveness is the health checks'.
+    managed: bool = False
 
-    # Copies of the profile's id and endpoint as plain attributes: they are read several times
-    # per candidate on every request, and a property through the profile costs each time.
+    # Copies of the profile's id, endpoint and wire protocol as plain attributes: they are read
+    # several times per candidate on every request, and a property through the profile costs.
     id: str = field(init=False)
     endpoint: str = field(init=False)
+    protocol: str = field(init=False)
 
     def __post_init__(self) -> None:
         self.id = self.profile.id
         self.endpoint = self.profile.network.endpoint
+        self.protocol = self.profile.network.protocol
 
     @property
     def routable(self) -> bool:
@@ -140,13 +145,23 @@ class Registry(abc.ABC):
 
     @abc.abstractmethod
     async def register(
-        self, profile: AgentProfile, *, lease_id: str | None = None, instance_id: str | None = None
+        self,
+        profile: AgentProfile,
+        *,
+        lease_id: str | None = None,
+        instance_id: str | None = None,
+        managed: bool = False,
     ) -> tuple[AgentEntry, bool]:
         """Register or replace ``profile``; returns the entry and whether it is new.
 
         A live id is replaced in place (same lease) when ``lease_id`` is its lease, or when the
         registration is the same registrant's: the same ``instance_id`` and the same endpoint (a
         retry of a registration whose answer was lost). Otherwise raises ``AgentIdConflict``.
+
+        ``managed``: the entry has no lease to renew (``ttl_seconds`` 0). It is never made
+        suspect or offline by time, only by health checks, and stays until deregistered with
+        its ``lease_id`` (which it still gets, as the credential to replace or remove it). The
+        caller (the admin API) decides who may ask for it.
         """
 
     @abc.abstractmethod

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 from collections.abc import Collection
 
@@ -64,7 +65,12 @@ class MemoryRegistry(Registry):
     # -- writes ------------------------------------------------------------------------------
 
     async def register(
-        self, profile: AgentProfile, *, lease_id: str | None = None, instance_id: str | None = None
+        self,
+        profile: AgentProfile,
+        *,
+        lease_id: str | None = None,
+        instance_id: str | None = None,
+        managed: bool = False,
     ) -> tuple[AgentEntry, bool]:
         now = self._clock.monotonic()
         current = self._entries.get(profile.id)
@@ -84,7 +90,7 @@ class MemoryRegistry(Registry):
                 f"the registry holds {len(self._entries)} agents, the most registry.max_agents allows"
             )
         caps, validators = compile_capabilities(profile)
-        ttl = self.policy.lease_ttl_seconds
+        ttl = 0.0 if managed else self.policy.lease_ttl_seconds
         replacing = current is not None and live
         entry = AgentEntry(
             profile=profile,
@@ -92,10 +98,11 @@ class MemoryRegistry(Registry):
             ttl_seconds=ttl,
             last_heartbeat=now,
             last_heartbeat_wall=self._clock.time(),
-            expires_at=now + ttl,
+            expires_at=math.inf if managed else now + ttl,
             capabilities=caps,
             validators=validators,
             instance_id=instance_id,
+            managed=managed,
         )
         if current is not None:
             self._unindex(current)
@@ -114,7 +121,8 @@ class MemoryRegistry(Registry):
         now = self._clock.monotonic()
         entry.last_heartbeat = now
         entry.last_heartbeat_wall = self._clock.time()
-        entry.expires_at = now + entry.ttl_seconds
+        if not entry.managed:
+            entry.expires_at = now + entry.ttl_seconds
         if entry.lease_status is AgentStatusValue.SUSPECT:
             entry.lease_status = AgentStatusValue.AVAILABLE
             self._changed(entry)
@@ -163,6 +171,8 @@ class MemoryRegistry(Registry):
         suspect_after = self.policy.suspect_after
         grace = self.policy.offline_grace_seconds
         for entry in list(self._entries.values()):
+            if entry.managed:
+                continue  # no lease: only health checks and deregistration change it
             if entry.status is AgentStatusValue.OFFLINE:
                 if entry.offline_since is not None and now - entry.offline_since >= grace:
                     self._remove(entry)
