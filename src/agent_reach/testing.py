@@ -61,7 +61,7 @@ class AsgiServer:
     def __init__(self, app: ASGIApp, port: int | None = None) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off")
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="auto")
         config.setup_event_loop = lambda: None  # type: ignore[method-assign]
         self._server = uvicorn.Server(config)
         self._task: asyncio.Task[None] | None = None

@@ -66,6 +66,14 @@ def router(
     ] = None,
     log_level: Annotated[str | None, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = None,
     log_format: Annotated[str | None, typer.Option(help="text (the protocol's lines) or json.")] = None,
+    a2a: Annotated[
+        str | None,
+        typer.Option(
+            "--a2a",
+            help="Also serve A2A (the agent card and both bindings), announcing this public base URL "
+            "(needs the a2a extra).",
+        ),
+    ] = None,
 ) -> None:
     """Run the Router. SIGHUP (or a change to the policy file) reloads the policy."""
     from agent_reach.config import RouterConfig
@@ -103,8 +111,17 @@ def router(
         f"[reach-router] listening on {scheme}://{host}:{bind_port} "
         f"(registry: memory, lease ttl {policy.registry.lease_ttl_seconds:g}s)"
     )
+    middleware = None
+    if a2a is not None:
+        try:
+            from agent_reach.integrations.a2a import A2AExport
+        except ConfigError as exc:
+            _fail(exc.message)
+        export = A2AExport(app_, a2a)
+        middleware = lambda _app: export  # noqa: E731 - the wrapper already holds the app
+        ready += f"; A2A card at {a2a.rstrip('/')}/.well-known/agent-card.json"
     # The line is printed once the port is bound, never before a bind that fails.
-    serve(app_, host, bind_port, loop="uvloop", on_ready=lambda: _say(ready))
+    serve(app_, host, bind_port, loop="uvloop", on_ready=lambda: _say(ready), middleware=middleware)
 
 
 @app.command()
@@ -352,6 +369,7 @@ def version() -> None:
 
 
 # Registered last, so `reach --help` lists the everyday commands first.
+from agent_reach.cli import bridges as _bridge_commands  # noqa: E402, F401
 from agent_reach.cli import semantic as _semantic_commands  # noqa: E402, F401
 
 

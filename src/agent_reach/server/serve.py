@@ -81,10 +81,20 @@ class RouterProcess(uvicorn.Server):
 
 
 def serve(
-    app: RouterApp, host: str, port: int, *, on_ready: Callable[[], None] | None = None, **extra: Any
+    app: RouterApp,
+    host: str,
+    port: int,
+    *,
+    on_ready: Callable[[], None] | None = None,
+    middleware: Callable[[RouterApp], Any] | None = None,
+    **extra: Any,
 ) -> None:
     """Run the Router until SIGINT or SIGTERM (blocking; an entry point's call).
 
-    ``on_ready`` runs once the port is bound and the app has started.
+    ``on_ready`` runs once the port is bound and the app has started; ``middleware(app)`` is the
+    ASGI app served in front of the Router (the A2A export), which must pass lifespan through.
     """
-    RouterProcess(uvicorn_config(app, host, port, **extra), app, on_ready).run()
+    process = RouterProcess(uvicorn_config(app, host, port, **extra), app, on_ready)
+    if middleware is not None:
+        process.config.app = middleware(app)
+    process.run()
