@@ -16,9 +16,7 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
-import re
 import weakref
 from typing import Any
 
@@ -26,7 +24,7 @@ import httpx
 import orjson
 
 from agent_reach.exceptions import RouterUnavailable
-from agent_reach.integrations import missing_extra
+from agent_reach.integrations import missing_extra, tool_name
 from agent_reach.sdk import ReachClient
 from agent_reach.sdk.auth import auth_headers
 
@@ -45,22 +43,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 log = logging.getLogger("agent_reach.mcp")
 
-# What MCP clients accept in a tool name (the spec allows 128 characters; many clients 64).
-_PLAIN_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-_NOT_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
-
-
-def tool_name(task: str) -> str:
-    """The MCP tool name of a task: the task itself where MCP allows it, else a stable slug.
-
-    A slug is the task's ASCII letters and digits plus 8 hex digits of its SHA-256, so two tasks
-    never share a name and a name depends on nothing but its task.
-    """
-    if _PLAIN_NAME.match(task):
-        return task
-    ascii_part = _NOT_NAME.sub("_", task).strip("_")[:40] or "task"
-    return f"{ascii_part}_{hashlib.sha256(task.encode()).hexdigest()[:8]}"
 
 
 def tools_from(rows: list[dict[str, Any]]) -> dict[str, MCPTool]:
