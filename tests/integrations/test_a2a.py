@@ -188,3 +188,41 @@ async def test_an_imported_a2a_agent_is_called_with_a_reach_request() -> None:
             assert failed.status == "AGENT_ERROR"
             assert failed.error is not None and failed.error.code == "A2A_TASK_FAILED"
             assert failed.error.message == "cannot do that"
+
+
+async def test_plain_text_is_routed_by_meaning() -> None:
+    """A text message without a skill goes through semantic_route with the bundled model."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    config = RouterConfig.model_validate({"health": {"enabled": False}, "limits": {"loop_lag_ms": 10_000}})
+    async with RouterServer(config, port=port, middleware=lambda app: A2AExport(app, url)) as router:  # type: ignore[arg-type]
+        agents = [
+            FakeAgent(
+                "price-agent",
+                tasks=("query_product_price",),
+                descriptions={"query_product_price": "查询指定商品的当前售价"},
+                examples={"query_product_price": ["what is the price of this item", "how much does it cost"]},
+            ),
+            FakeAgent(
+                "trend-agent",
+                tasks=("analyze_price_trend",),
+                descriptions={"analyze_price_trend": "分析商品价格历史走势"},
+                examples={"analyze_price_trend": ["price history of this product", "has it gotten cheaper"]},
+            ),
+        ]
+        for agent in agents:
+            await agent.start()
+            await agent.register(router.url)  # waits until its vectors are in
+        try:
+            client = await create_client(router.url, client_config=ClientConfig(streaming=False))
+            async with client:
+                task = await final_task(
+                    client, user_message([new_text_part("how much does this cost?")], None)
+                )
+            assert task.status.state == TaskState.TASK_STATE_COMPLETED
+            (result,) = get_data_parts(task.artifacts[0].parts)
+            assert result["agent"] == "price-agent"
+            assert result["echo"] == {"text": "how much does this cost?"}
+        finally:
+            for agent in agents:
+                await agent.stop()

@@ -97,3 +97,13 @@ async def test_the_list_follows_the_registry(bridge) -> None:
             await twin.stop()
         finally:
             await stock.stop()
+
+
+def test_building_the_server_leaves_the_process_logging_alone() -> None:
+    """MCPServer calls logging.basicConfig; ReachMCP puts the root logger back as it was."""
+    import logging
+
+    root = logging.getLogger()
+    before = (list(root.handlers), root.level)
+    ReachMCP("http://127.0.0.1:9")
+    assert (list(root.handlers), root.level) == before

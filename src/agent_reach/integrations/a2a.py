@@ -25,18 +25,26 @@ import httpx
 import orjson
 
 from agent_reach import __version__
-from agent_reach.exceptions import ConfigError, RegistryError
+from agent_reach.exceptions import ConfigError, RegistryError, RequestError
 from agent_reach.integrations import missing_extra
 from agent_reach.protocol import MAX_CAPABILITIES, MAX_EXAMPLE_CHARS, MAX_EXAMPLES, AgentProfile
 from agent_reach.server.app import RouterApp
 from agent_reach.server.catalog import catalog
 from agent_reach.server.guard import Action
-from agent_reach.server.http import Receive, Scope, Send, error_body, send_json
+from agent_reach.server.http import (
+    ClientGone,
+    Receive,
+    Scope,
+    Send,
+    error_body,
+    header_map,
+    read_body,
+    send_json,
+)
 from agent_reach.transport.a2a import result_of, whole_numbers
 
 try:
     from a2a.client import A2ACardResolver
-    from a2a.helpers.proto_helpers import new_data_part, new_text_part
     from a2a.server.agent_execution import AgentExecutor, RequestContext
     from a2a.server.context import ServerCallContext
     from a2a.server.events import EventQueue
@@ -48,16 +56,10 @@ try:
         AgentCard,
         AgentInterface,
         AgentSkill,
-        Artifact,
-        Message,
-        Part,
-        Role,
         Task,
-        TaskState,
-        TaskStatus,
     )
     from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH
-    from google.protobuf.json_format import MessageToDict
+    from google.protobuf.json_format import MessageToDict, ParseDict
     from starlette.applications import Starlette
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise missing_extra("a2a", exc) from exc
@@ -105,93 +107,102 @@ def router_card(app: RouterApp, public_url: str, *, name: str = "Agent-Reach Rou
     )
 
 
-def envelope_for(
-    message: Message, request_metadata: dict[str, Any], context_id: str | None
-) -> dict[str, Any]:
-    """The ReachRequest for one A2A message.
+def envelope_for(message: dict[str, Any], request_metadata: dict[str, Any]) -> dict[str, Any]:
+    """The ReachRequest for one A2A message (its JSON form, as on the wire).
 
     A DataPart's data is the payload (the first one, when there are several); a text-only
     message is ``{"text": ...}``. ``metadata.skill`` (on the message or the request) is the
-    task; without it the text is the task, routed by meaning.
+    task; without it the text is the task, routed by meaning. ``contextId`` is the
+    conversation; ``metadata.timeoutMs`` the budget.
     """
-    metadata = {**request_metadata, **MessageToDict(message.metadata)}
-    texts = [part.text for part in message.parts if part.HasField("text")]
-    data = [whole_numbers(MessageToDict(part.data)) for part in message.parts if part.HasField("data")]
-    text = "\n".join(texts)
+    found = message.get("metadata")
+    metadata = {**request_metadata, **(found if isinstance(found, dict) else {})}
+    parts = [p for p in message.get("parts") or [] if isinstance(p, dict)]
+    text = "\n".join(p["text"] for p in parts if isinstance(p.get("text"), str))
+    data = [whole_numbers(p["data"]) for p in parts if "data" in p]
     payload = data[0] if data and isinstance(data[0], dict) else {"text": text}
     skill = metadata.get("skill")
-    envelope: dict[str, Any] = {"payload": payload, "sourceAgent": str(metadata.get("sourceAgent") or "a2a")}
+    envelope: dict[str, Any] = {
+        "payload": payload,
+        "sourceAgent": str(metadata.get("sourceAgent") or "a2a")[:256],
+    }
     if isinstance(skill, str) and skill:
         envelope["targetTask"] = skill
     else:
         envelope["targetTask"] = text[:1024] or "-"
         envelope["preferences"] = {"strategy": "semantic_route"}
     timeout = metadata.get("timeoutMs")
-    if isinstance(timeout, int | float) and timeout > 0:
+    if isinstance(timeout, int | float) and not isinstance(timeout, bool) and timeout > 0:
         envelope.setdefault("preferences", {})["timeoutMs"] = int(timeout)
-    if context_id:
-        envelope["conversationId"] = context_id
+    if isinstance(message.get("contextId"), str) and message["contextId"]:
+        envelope["conversationId"] = message["contextId"]
     return envelope
 
 
-def result_parts(result: Any) -> list[Part]:
+def result_parts(result: Any) -> list[dict[str, Any]]:
     """A Reach ``result`` as A2A parts: text as a TextPart, anything else as one DataPart."""
-    if isinstance(result, str):
-        return [new_text_part(result)]
-    return [new_data_part(result)]
+    return [{"text": result}] if isinstance(result, str) else [{"data": result}]
+
+
+def task_for(reply: dict[str, Any], message: dict[str, Any], task_id: str, context_id: str) -> dict[str, Any]:
+    """The A2A task (JSON) a ReachResponse ends in: completed with the result as an artifact,
+    or failed with the status and the whole ReachResponse error in its status message."""
+    task: dict[str, Any] = {"id": task_id, "contextId": context_id, "history": [message]}
+    if reply.get("status") == "SUCCESS":
+        task["status"] = {"state": "TASK_STATE_COMPLETED"}
+        meta = {"handlerAgentId": reply.get("handlerAgentId"), "traceId": reply.get("traceId")}
+        task["artifacts"] = [
+            {
+                "artifactId": uuid.uuid4().hex,
+                "name": "result",
+                "parts": result_parts(reply.get("result")),
+                "metadata": meta,
+            }
+        ]
+        return task
+    error = reply.get("error") or {}
+    note = {
+        "messageId": uuid.uuid4().hex,
+        "role": "ROLE_AGENT",
+        "contextId": context_id,
+        "taskId": task_id,
+        "parts": [
+            {"text": f"{reply.get('status')}: {error.get('message', '')}"},
+            # The whole ReachResponse error, so an A2A caller can branch on its code.
+            {"data": {"status": reply.get("status"), "traceId": reply.get("traceId"), "error": error}},
+        ],
+    }
+    task["status"] = {"state": "TASK_STATE_FAILED", "message": note}
+    return task
+
+
+async def run_message(
+    app: RouterApp, message: dict[str, Any], metadata: dict[str, Any], task_id: str, context_id: str
+) -> dict[str, Any]:
+    """One A2A message through the Router's dispatcher, in process: the task it ends in."""
+    message = {**message, "contextId": context_id}
+    _, body = await app.parts.dispatcher.handle(orjson.dumps(envelope_for(message, metadata)))
+    return task_for(orjson.loads(body), message, task_id, context_id)
 
 
 class ReachExecutor(AgentExecutor):
-    """Runs each A2A message as one ReachRequest through the Router's own dispatcher."""
+    """Runs each A2A message as one ReachRequest through the Router's own dispatcher (the path
+    of every A2A call the fast path below does not take: HTTP+JSON, streaming, A2A 0.3)."""
 
     def __init__(self, app: RouterApp) -> None:
         self.app = app
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
-        message = context.message
-        if message is None:
+        if context.message is None:
             return
-        task_id = context.task_id or uuid.uuid4().hex
-        context_id = context.context_id or uuid.uuid4().hex
-        envelope = envelope_for(message, context.metadata, context_id)
-        _, body = await self.app.parts.dispatcher.handle(orjson.dumps(envelope))
-        reply = orjson.loads(body)
-        if reply.get("status") == "SUCCESS":
-            artifact = Artifact(
-                artifact_id=uuid.uuid4().hex,
-                name="result",
-                parts=result_parts(reply.get("result")),
-                metadata={"handlerAgentId": reply.get("handlerAgentId"), "traceId": reply.get("traceId")},
-            )
-            task = Task(
-                id=task_id,
-                context_id=context_id,
-                status=TaskStatus(state=TaskState.TASK_STATE_COMPLETED),
-                artifacts=[artifact],
-                history=[message],
-            )
-        else:
-            error = reply.get("error") or {}
-            note = Message(
-                message_id=uuid.uuid4().hex,
-                role=Role.ROLE_AGENT,
-                context_id=context_id,
-                task_id=task_id,
-                parts=[
-                    new_text_part(f"{reply.get('status')}: {error.get('message', '')}"),
-                    # The whole ReachResponse error, so an A2A caller can branch on its code.
-                    new_data_part(
-                        {"status": reply.get("status"), "traceId": reply.get("traceId"), "error": error}
-                    ),
-                ],
-            )
-            task = Task(
-                id=task_id,
-                context_id=context_id,
-                status=TaskStatus(state=TaskState.TASK_STATE_FAILED, message=note),
-                history=[message],
-            )
-        await event_queue.enqueue_event(task)
+        task = await run_message(
+            self.app,
+            MessageToDict(context.message),
+            context.metadata,
+            context.task_id or uuid.uuid4().hex,
+            context.context_id or uuid.uuid4().hex,
+        )
+        await event_queue.enqueue_event(ParseDict(task, Task()))
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         """A Reach request runs to its deadline and cannot be cancelled half-way."""
@@ -227,8 +238,9 @@ class A2AExport:
         self.public_url = public_url.rstrip("/")
         self.name = name
         card = router_card(app, public_url, name=name)
+        self.tasks = BoundedTaskStore()
         handler = DefaultRequestHandlerV2(
-            agent_executor=ReachExecutor(app), task_store=BoundedTaskStore(), agent_card=card
+            agent_executor=ReachExecutor(app), task_store=self.tasks, agent_card=card
         )
         routes = [
             *create_agent_card_routes(card, card_modifier=self._live_card),
@@ -254,7 +266,85 @@ class A2AExport:
             body = error_body(denial.status.value, denial.message)
             await send_json(send, denial.http_status, body, list(denial.headers) or None)
             return
+        if path == JSONRPC_PATH and scope["method"] == "POST":
+            await self._jsonrpc(scope, receive, send)
+            return
         await self.a2a(scope, receive, send)
+
+    async def _jsonrpc(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A blocking A2A 1.0 ``SendMessage`` is answered here, straight from the dispatcher:
+        a2a-sdk's request handler (task events, queues, protobuf at every step) costs about
+        2 ms per call. Anything else (another method, streaming, push configuration, a task
+        being continued, A2A 0.3, a malformed request) goes to a2a-sdk with the body replayed."""
+        server = self.router.config.server
+        headers = header_map(scope)
+        try:
+            body = await read_body(receive, headers, server.body_limit_bytes, server.body_timeout_seconds)
+        except RequestError as exc:
+            await send_json(send, exc.http_status, error_body(exc.code, exc.message))
+            return
+        except ClientGone:
+            return
+        request = _fast_send_message(body, headers)
+        if request is None:
+            await self.a2a(scope, _replay(body), send)
+            return
+        message, metadata = request["params"]["message"], request["params"].get("metadata") or {}
+        task = await run_message(
+            self.router, message, metadata, uuid.uuid4().hex, message.get("contextId") or uuid.uuid4().hex
+        )
+        # Kept like a2a-sdk keeps its tasks, so GetTask finds it.
+        await self.tasks.save(ParseDict(task, Task()), ServerCallContext())
+        answer = orjson.dumps({"jsonrpc": "2.0", "id": request.get("id"), "result": {"task": task}})
+        await send_json(send, 200, answer)
+
+
+def _fast_send_message(body: bytes, headers: dict[bytes, bytes]) -> dict[str, Any] | None:
+    """The request, when it is a blocking 1.0 SendMessage the fast path may answer; else None."""
+    version = headers.get(b"a2a-version", b"1.0").strip()
+    if not version.startswith(b"1."):
+        return None
+    try:
+        request = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if (
+        not isinstance(request, dict)
+        or request.get("jsonrpc") != "2.0"
+        or request.get("method") != "SendMessage"
+    ):
+        return None
+    params = request.get("params")
+    if not isinstance(params, dict) or not isinstance(params.get("message"), dict):
+        return None
+    message = params["message"]
+    config = params.get("configuration") or {}
+    if (
+        not isinstance(config, dict)
+        or config.get("returnImmediately")
+        or config.get("taskPushNotificationConfig")
+        or message.get("taskId")
+        or not isinstance(message.get("parts"), list)
+        or not message["parts"]
+        or not isinstance(params.get("metadata") or {}, dict)
+        or params.get("tenant")
+    ):
+        return None
+    return request
+
+
+def _replay(body: bytes) -> Receive:
+    """An ASGI ``receive`` that hands over a body already read, then waits for disconnect."""
+    sent = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return {"type": "http.disconnect"}
+
+    return receive
 
 
 # ----------------------------------------------------------------------------------- import

@@ -73,7 +73,13 @@ class ReachMCP(MCPServer):
         timeout_ms: int | None = None,
         name: str = "agent-reach",
     ) -> None:
+        # MCPServer's constructor calls logging.basicConfig (a Rich handler on the root logger at
+        # INFO). A library must not change the process's logging: put the root logger back.
+        root = logging.getLogger()
+        handlers, level = list(root.handlers), root.level
         super().__init__(name=name, instructions="Each tool is a task routed by an Agent-Reach Router.")
+        root.handlers[:] = handlers
+        root.setLevel(level)
         self.router_url = router_url.rstrip("/")
         self.poll_interval_s = poll_interval_s
         self.timeout_ms = timeout_ms
