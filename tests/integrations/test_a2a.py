@@ -100,7 +100,7 @@ async def test_the_router_card_lists_routed_tasks_as_skills(exporting_router) ->
 
     async with httpx.AsyncClient(base_url=exporting_router.url) as http:
         card = (await http.get("/.well-known/agent-card.json")).json()
-        assert [s["id"] for s in card["skills"]] == ["echo"]
+        assert [s["id"] for s in card["skills"]] == ["echo", "agent-reach:by-meaning"]
         assert card["skills"][0]["description"] == "repeat the payload"
         bindings = {i["protocolBinding"] for i in card["supportedInterfaces"]}
         assert bindings == {"JSONRPC", "HTTP+JSON"}
@@ -108,7 +108,7 @@ async def test_the_router_card_lists_routed_tasks_as_skills(exporting_router) ->
         try:
             await late.register(exporting_router.url, vectors=False)
             card = (await http.get("/.well-known/agent-card.json")).json()
-            assert [s["id"] for s in card["skills"]] == ["echo", "late_task"]
+            assert [s["id"] for s in card["skills"]] == ["echo", "late_task", "agent-reach:by-meaning"]
         finally:
             await late.stop()
 

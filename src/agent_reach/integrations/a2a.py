@@ -69,6 +69,8 @@ REST_PATH = "/a2a/rest"
 # Finished tasks an exporting Router keeps for GetTask; older ones are dropped first.
 TASKS_KEPT = 1000
 _MODES = ["application/json", "text/plain"]
+# The card's skill for messages routed by meaning; naming it is the same as naming none.
+BY_MEANING = "agent-reach:by-meaning"
 
 
 # ----------------------------------------------------------------------------------- export
@@ -89,6 +91,17 @@ def router_card(app: RouterApp, public_url: str, *, name: str = "Agent-Reach Rou
         )
         for row in catalog(app.parts.registry)
     ]
+    # Always last, so the card is never without skills (the spec requires one): plain text.
+    skills.append(
+        AgentSkill(
+            id=BY_MEANING,
+            name="route by meaning",
+            description="Send plain text without metadata.skill: the Router picks the task it means.",
+            tags=["agent-reach"],
+            input_modes=["text/plain"],
+            output_modes=_MODES,
+        )
+    )
     return AgentCard(
         name=name,
         description=(
@@ -126,7 +139,7 @@ def envelope_for(message: dict[str, Any], request_metadata: dict[str, Any]) -> d
         "payload": payload,
         "sourceAgent": str(metadata.get("sourceAgent") or "a2a")[:256],
     }
-    if isinstance(skill, str) and skill:
+    if isinstance(skill, str) and skill and skill != BY_MEANING:
         envelope["targetTask"] = skill
     else:
         envelope["targetTask"] = text[:1024] or "-"
