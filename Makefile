@@ -22,9 +22,9 @@ test: install
 	scripts/test-deps
 	$(BIN)/python -m pytest -q -n 2
 
-# The core suite only: no etcd clusters, fuzzing or held-out semantic evaluation.
+# The core suite only: no etcd clusters, fuzzing, held-out semantic evaluation or framework bridges.
 test-fast: install
-	$(BIN)/python -m pytest -q -n 2 -m "not etcd and not fuzz and not semantic_eval"
+	$(BIN)/python -m pytest -q -n 2 -m "not etcd and not fuzz and not semantic_eval and not integrations"
 
 check: install
 	scripts/check

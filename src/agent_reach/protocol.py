@@ -166,7 +166,9 @@ class Capability(_ProfileModel):
 class Network(_ProfileModel):
     """Where the Router reaches the agent."""
 
-    protocol: Literal["http"] = "http"
+    # How the Router talks to it: ``http`` is this protocol's ReachRequest POST; ``a2a`` is an
+    # A2A agent (JSON-RPC binding), sent each request as an A2A SendMessage (transport/a2a.py).
+    protocol: Literal["http", "a2a"] = "http"
     endpoint: Annotated[str, StringConstraints(max_length=2048)]
 
     @field_validator("endpoint")
@@ -369,6 +371,10 @@ class AgentStatus(BaseModel):
     # Routing by meaning: pending (exact task only so far), ready, or unavailable (embedder
     # down; retried). Absent when the Router has semantic routing switched off.
     vectors: Literal["pending", "ready", "unavailable"] | None = None
+    # Bridged agents only (absent for a leased Reach agent): its wire protocol, and whether it is
+    # a managed (lease-less) registration whose liveness is the health checks' alone.
+    protocol: Literal["http", "a2a"] | None = None
+    managed: bool | None = None
 
 
 def json_schemas() -> dict[str, dict[str, Any]]:

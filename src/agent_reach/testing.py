@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import aiohttp
+import uvicorn
 from aiohttp import web
 
 from agent_reach import jsoncodec
@@ -31,6 +32,7 @@ from agent_reach.transport.fake import Answer, FakeEndpoint, FakeTransport
 
 __all__ = [
     "Answer",
+    "AsgiServer",
     "BackgroundLoop",
     "FakeAgent",
     "FakeEndpoint",
@@ -45,6 +47,33 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 Mode = Literal["ok", "error", "retryable_error", "http500", "reset", "garbage"]
 
 
+class AsgiServer:
+    """Serve any ASGI app on ``127.0.0.1`` in the running loop (``async with``): a framework's
+    own server (an a2a-sdk agent, say) beside a Router in a test."""
+
+    def __init__(self, app: ASGIApp, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="auto")
+        config.setup_event_loop = lambda: None  # type: ignore[method-assign]
+        self._server = uvicorn.Server(config)
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> AsgiServer:
+        self._task = asyncio.create_task(self._server.serve())
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()
+                raise RuntimeError("the server did not start")
+            await asyncio.sleep(0.01)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._server.should_exit = True
+        if self._task is not None:
+            await self._task
+
+
 class RouterServer:
     """Serve a :class:`RouterApp` on ``127.0.0.1`` in the running loop (``async with``)."""
 
@@ -53,11 +82,13 @@ class RouterServer:
         config: RouterConfig | None = None,
         *,
         middleware: Callable[[ASGIApp], ASGIApp] | None = None,
+        port: int | None = None,
         **app_kwargs: Any,
     ) -> None:
-        """``middleware(app)`` wraps what is served, e.g. to hold some replies back in a test."""
+        """``middleware(app)`` wraps what is served, e.g. to hold some replies back in a test;
+        ``port`` is where to listen (a wrapper that must know its own URL picks it first)."""
         self.app = RouterApp(config or RouterConfig(), **app_kwargs)
-        self.port = free_port()
+        self.port = port or free_port()
         scheme = "https" if self.app.config.server.tls_cert_file else "http"
         self.url = f"{scheme}://127.0.0.1:{self.port}"
         self._server = RouterProcess(uvicorn_config(self.app, "127.0.0.1", self.port), self.app)

@@ -218,3 +218,40 @@ async def test_a_compacted_revision_makes_the_router_read_everything_again(etcd,
                 await other.stop()
         finally:
             await agent.stop()
+
+
+async def test_a_managed_registration_is_shared_and_never_expires(etcd, client):
+    """An admin's lease-less registration (an imported A2A agent) lives in etcd until deregistered."""
+    policy = etcd_policy(etcd, registry={"lease_ttl_seconds": 2})
+    async with RouterServer(policy) as a, RouterServer(policy) as b:
+        body = {
+            "id": "imported",
+            "network": {"endpoint": "http://127.0.0.1:9/reach"},
+            "capabilities": [{"task": "echo"}],
+            "managed": True,
+        }
+        resp = await client.post(f"{a.url}/agents", json=body)
+        assert resp.status_code == 201, resp.text
+        lease = resp.json()["leaseId"]
+        await eventually(lambda: listed(client, b, "imported"))
+        key = "/agent-reach/v1/agents/imported"
+        raw = (await client.post(etcd.members[0].client_url + "/v3/kv/range", json={"key": _b64(key)})).json()
+        assert raw["kvs"][0].get("lease", "0") == "0"  # no etcd lease: nothing expires it
+        assert (
+            await client.put(f"{b.url}/agents/imported/lease", json={"leaseId": lease})
+        ).status_code == 200
+        resp = await client.delete(f"{b.url}/agents/imported", headers={"X-Reach-Lease": lease})
+        assert resp.status_code == 204
+
+        async def gone_everywhere() -> bool:
+            return await listed(client, a, "imported") is None and await listed(client, b, "imported") is None
+
+        await eventually(gone_everywhere)
+        raw = (await client.post(etcd.members[0].client_url + "/v3/kv/range", json={"key": _b64(key)})).json()
+        assert not raw.get("kvs")
+
+
+def _b64(text: str) -> str:
+    import base64
+
+    return base64.b64encode(text.encode()).decode()

@@ -58,6 +58,16 @@ def _default_port() -> int:
     return int(raw)
 
 
+def _a2a_export(app_: Any, public_url: str) -> Any:
+    """The A2A export in front of the Router (``--a2a``); a one-line error without the extra."""
+    try:
+        from agent_reach.integrations.a2a import A2AExport
+    except ConfigError as exc:
+        _fail(exc.message)
+    export = A2AExport(app_, public_url)
+    return lambda _app: export  # the export already holds the app
+
+
 def _run_workers(count: int, child: list[str], endpoints: list[str]) -> None:
     """Supervise ``count`` Router processes on one port; only over a shared (etcd) registry."""
     if not endpoints:
@@ -85,6 +95,14 @@ def router(
         int, typer.Option(min=1, max=64, help="Router processes on one port (needs the etcd registry).")
     ] = 1,
     worker: Annotated[int | None, typer.Option(hidden=True, help="This process is worker N.")] = None,
+    a2a: Annotated[
+        str | None,
+        typer.Option(
+            "--a2a",
+            help="Also serve A2A (the agent card and both bindings), announcing this public base URL "
+            "(needs the a2a extra).",
+        ),
+    ] = None,
 ) -> None:
     """Run the Router. SIGHUP (or a change to the policy file) reloads the policy."""
     from agent_reach.config import RouterConfig
@@ -109,14 +127,14 @@ def router(
         _fail(exc.message)
     shared = bool(endpoints) and policy.registry.backend != "memory"
     if workers > 1:
+        options = {
+            "--config": config_path,
+            "--log-level": log_level,
+            "--log-format": log_format,
+            "--a2a": a2a,
+        }
         child = ["router", "--host", host, "--port", str(bind_port)]
-        for flag, value in (
-            ("--config", config_path),
-            ("--log-level", log_level),
-            ("--log-format", log_format),
-        ):
-            if value is not None:
-                child += [flag, str(value)]
+        child += [item for flag, value in options.items() if value is not None for item in (flag, str(value))]
         _run_workers(workers, child, endpoints if shared else [])
     try:
         # Both read the TLS files now: a bad one is a one-line error, not a traceback from uvicorn.
@@ -141,9 +159,19 @@ def router(
         f"[reach-router] {who} on {scheme}://{host}:{bind_port} "
         f"(registry: {registry}, lease ttl {policy.registry.lease_ttl_seconds:g}s)"
     )
+    middleware = None if a2a is None else _a2a_export(app_, a2a)
+    ready += "" if a2a is None else f"; A2A card at {a2a.rstrip('/')}/.well-known/agent-card.json"
     # The line is printed once the port is bound, never before a bind that fails. Workers share
     # the port: each binds its own socket with SO_REUSEPORT.
-    serve(app_, host, bind_port, loop="uvloop", on_ready=lambda: _say(ready), reuse_port=worker is not None)
+    serve(
+        app_,
+        host,
+        bind_port,
+        loop="uvloop",
+        on_ready=lambda: _say(ready),
+        reuse_port=worker is not None,
+        middleware=middleware,
+    )
 
 
 @app.command()
@@ -411,6 +439,7 @@ def version() -> None:
 
 
 # Registered last, so `reach --help` lists the everyday commands first.
+from agent_reach.cli import bridges as _bridge_commands  # noqa: E402, F401
 from agent_reach.cli import semantic as _semantic_commands  # noqa: E402, F401
 
 

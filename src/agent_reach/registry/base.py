@@ -66,11 +66,15 @@ class AgentEntry:
     # Where the entry came from in a shared store (0 for the in-memory registry).
     revision: int = 0
     backend_lease: int = 0
+    # A managed entry has no lease to keep: an admin registered it on the agent's behalf (an
+    # imported A2A agent), it never expires by time, and its liveness is the health checks'.
+    managed: bool = False
 
-    # Copies of the profile's id and endpoint as plain attributes: they are read several times
-    # per candidate on every request, and a property through the profile costs each time.
+    # Copies of the profile's id, endpoint and wire protocol as plain attributes: they are read
+    # several times per candidate on every request, and a property through the profile costs.
     id: str = field(init=False)
     endpoint: str = field(init=False)
+    protocol: str = field(init=False)
 
     def __post_init__(self) -> None:
         self.id = self.profile.id
@@ -80,6 +84,7 @@ class AgentEntry:
             self.lease_tag = fingerprint(self.lease_id)
         if self.instance_id is not None and self.instance_digest is None:
             self.instance_digest = digest(self.instance_id)
+        self.protocol = self.profile.network.protocol
 
     @property
     def routable(self) -> bool:
@@ -201,6 +206,7 @@ class Registry(abc.ABC):
         lease_id: str | None = None,
         instance_id: str | None = None,
         holder: str | None = None,
+        managed: bool = False,
     ) -> tuple[AgentEntry, bool]:
         """Register or replace ``profile``; returns the entry and whether it is new. The entry's
         ``lease_id`` is the lease to give the registrant.
@@ -208,6 +214,11 @@ class Registry(abc.ABC):
         A live id is replaced in place (same lease) when ``lease_id`` is its lease, or when the
         registration is the same registrant's: the same ``instance_id`` and the same endpoint (a
         retry of a registration whose answer was lost). Otherwise raises ``AgentIdConflict``.
+
+        ``managed``: the entry has no lease to renew (``ttl_seconds`` 0). It is never made
+        suspect or offline by time, only by health checks, and stays until deregistered with
+        its ``lease_id`` (which it still gets, as the credential to replace or remove it). The
+        caller (the admin API) decides who may ask for it.
         """
 
     @abc.abstractmethod

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import secrets
 import socket
@@ -243,13 +244,14 @@ class EtcdRegistry(MemoryRegistry):
             return None
         caps, validators = compile_capabilities(profile)
         now = self._clock.monotonic()
+        managed = bool(record.get("managed", False))
         return AgentEntry(
             profile=profile,
             lease_id=lease_id,
             ttl_seconds=ttl,
             last_heartbeat=now,
             last_heartbeat_wall=float(record.get("at") or self._clock.time()),
-            expires_at=now + ttl,
+            expires_at=math.inf if managed else now + ttl,
             capabilities=caps,
             validators=validators,
             holder=record.get("holder"),
@@ -258,6 +260,7 @@ class EtcdRegistry(MemoryRegistry):
             lease_tag=str(record.get("leaseTag") or "-"),
             revision=kv.mod_revision,
             backend_lease=kv.lease,
+            managed=managed,
         )
 
     # -- the watch ---------------------------------------------------------------------------
@@ -347,6 +350,7 @@ class EtcdRegistry(MemoryRegistry):
         lease_id: str | None = None,
         instance_id: str | None = None,
         holder: str | None = None,
+        managed: bool = False,
     ) -> tuple[AgentEntry, bool]:
         key = self.keys.agent(profile.id)
         deadline = self._deadline()
@@ -360,32 +364,11 @@ class EtcdRegistry(MemoryRegistry):
             # Replacing with the lease: it stays. The same registrant, whose answer was lost: a new
             # lease id on the same etcd lease (the store does not know the old one, only its digest).
             secret = lease_id if replacing and lease_id is not None else new_secret_lease()
-            record = {
-                "state": _LIVE,
-                "profile": profile.model_dump(mode="json", by_alias=True, exclude_none=True),
-                "ttl": current.ttl_seconds if replacing and current else self.policy.lease_ttl_seconds,
-                "leaseDigest": "",
-                "leaseTag": "",
-                "instanceDigest": None,
-                "holder": holder,
-                "at": self._clock.time(),
-                "router": self.router,
-            }
-            entry = AgentEntry(
-                profile=profile,
-                lease_id=secret,
-                ttl_seconds=float(record["ttl"]),
-                last_heartbeat=self._clock.monotonic(),
-                last_heartbeat_wall=float(record["at"]),
-                expires_at=self._clock.monotonic() + float(record["ttl"]),
-                instance_id=instance_id,
-                holder=holder,
-            )
-            entry.capabilities, entry.validators = compile_capabilities(profile)
-            record.update(
-                leaseDigest=entry.lease_digest, leaseTag=entry.lease_tag, instanceDigest=entry.instance_digest
-            )
-            value = orjson.dumps(record)
+            if managed:
+                ttl = 0.0
+            else:
+                ttl = current.ttl_seconds if replacing and current else self.policy.lease_ttl_seconds
+            entry, value = self._draft(profile, secret, ttl, instance_id, holder, managed)
             if replacing and current is not None and kv is not None:
                 done = await self._replace(key, value, kv, deadline)
                 entry.backend_lease = kv.lease
@@ -403,6 +386,43 @@ class EtcdRegistry(MemoryRegistry):
             return entry, not replacing
         raise AgentIdConflict(f"agent id {profile.id!r} is being registered concurrently elsewhere; retry")
 
+    def _draft(
+        self,
+        profile: AgentProfile,
+        secret: str,
+        ttl: float,
+        instance_id: str | None,
+        holder: str | None,
+        managed: bool,
+    ) -> tuple[AgentEntry, bytes]:
+        """The entry this Router will hold, and the record etcd will (digests, never secrets)."""
+        now = self._clock.monotonic()
+        entry = AgentEntry(
+            profile=profile,
+            lease_id=secret,
+            ttl_seconds=ttl,
+            last_heartbeat=now,
+            last_heartbeat_wall=self._clock.time(),
+            expires_at=math.inf if managed else now + ttl,
+            instance_id=instance_id,
+            holder=holder,
+            managed=managed,
+        )
+        entry.capabilities, entry.validators = compile_capabilities(profile)
+        record = {
+            "state": _LIVE,
+            "profile": profile.model_dump(mode="json", by_alias=True, exclude_none=True),
+            "ttl": ttl,
+            "managed": managed,
+            "leaseDigest": entry.lease_digest,
+            "leaseTag": entry.lease_tag,
+            "instanceDigest": entry.instance_digest,
+            "holder": holder,
+            "at": entry.last_heartbeat_wall,
+            "router": self.router,
+        }
+        return entry, orjson.dumps(record)
+
     async def _replace(self, key: str, value: bytes, kv: KeyValue, deadline: float) -> int | None:
         try:
             result = await self.client.txn(
@@ -418,7 +438,8 @@ class EtcdRegistry(MemoryRegistry):
         self, key: str, value: bytes, entry: AgentEntry, deadline: float
     ) -> tuple[int | None, int]:
         try:
-            lease = await self.client.grant(entry.ttl_seconds, deadline=deadline)
+            # A managed entry has no lease: its key stays until it is deregistered.
+            lease = 0 if entry.managed else await self.client.grant(entry.ttl_seconds, deadline=deadline)
             result = await self.client.txn(
                 [compare_create(key, 0)], [put_op(key, value, lease)], [range_op(key)], deadline=deadline
             )
@@ -427,10 +448,11 @@ class EtcdRegistry(MemoryRegistry):
         if result.succeeded:
             return result.revision, lease
         held = result.ranges[0][0] if result.ranges and result.ranges[0] else None
-        if held is not None and held.lease == lease:
+        if held is not None and lease and held.lease == lease:
             # Our own write, applied on a member whose answer was lost and then retried.
             return held.mod_revision, lease
-        self._background.spawn(self._revoke_quietly(lease), "revoke")
+        if lease:
+            self._background.spawn(self._revoke_quietly(lease), "revoke")
         return None, 0
 
     async def _revoke_quietly(self, lease: int) -> None:
@@ -461,6 +483,8 @@ class EtcdRegistry(MemoryRegistry):
 
     async def renew(self, agent_id: str, lease_id: str) -> AgentEntry:
         entry = await self._holder_of(agent_id, lease_id)
+        if entry.managed:
+            return self._entries.get(agent_id) or entry  # no lease to extend; it never expires
         try:
             ttl = await self.client.keepalive(entry.backend_lease, deadline=self._deadline())
         except EtcdRejected as exc:
@@ -490,7 +514,10 @@ class EtcdRegistry(MemoryRegistry):
                     [put_op(key, tombstone, kv.lease)],
                     deadline=self._deadline(),
                 )
-                await self.client.revoke(kv.lease, deadline=self._deadline())
+                if kv.lease:
+                    await self.client.revoke(kv.lease, deadline=self._deadline())
+                else:  # a managed entry's key has no lease to take it away
+                    await self.client.delete(key, deadline=self._deadline())
             except EtcdRejected as exc:
                 raise RegistryUnavailable(f"etcd refused the write: {exc.message}") from exc
             if result.succeeded:

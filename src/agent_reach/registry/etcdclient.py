@@ -265,6 +265,10 @@ class EtcdClient:
         answer = await self.call("/v3/kv/put", body, deadline=deadline)
         return int(answer["header"]["revision"])
 
+    async def delete(self, key: str, *, deadline: float | None = None) -> int:
+        answer = await self.call("/v3/kv/deleterange", {"key": _b64(key)}, deadline=deadline)
+        return int(answer["header"]["revision"])
+
     async def txn(
         self,
         compare: list[dict[str, Any]],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 from collections.abc import Collection
 
@@ -71,23 +72,25 @@ class MemoryRegistry(Registry):
         lease_id: str | None = None,
         instance_id: str | None = None,
         holder: str | None = None,
+        managed: bool = False,
     ) -> tuple[AgentEntry, bool]:
         now = self._clock.monotonic()
         current = self._entries.get(profile.id)
         replacing = self.check_replace(current, profile, lease_id, instance_id)
         caps, validators = compile_capabilities(profile)
-        ttl = self.policy.lease_ttl_seconds
+        ttl = 0.0 if managed else self.policy.lease_ttl_seconds
         entry = AgentEntry(
             profile=profile,
             lease_id=current.lease_id if replacing and current else new_lease_id(),
             ttl_seconds=ttl,
             last_heartbeat=now,
             last_heartbeat_wall=self._clock.time(),
-            expires_at=now + ttl,
+            expires_at=math.inf if managed else now + ttl,
             capabilities=caps,
             validators=validators,
             instance_id=instance_id,
             holder=holder,
+            managed=managed,
         )
         self._install(entry, replacing)
         return entry, not replacing
@@ -133,7 +136,8 @@ class MemoryRegistry(Registry):
         now = self._clock.monotonic()
         entry.last_heartbeat = now
         entry.last_heartbeat_wall = self._clock.time()
-        entry.expires_at = now + entry.ttl_seconds
+        if not entry.managed:
+            entry.expires_at = now + entry.ttl_seconds
         if entry.lease_status is AgentStatusValue.SUSPECT:
             entry.lease_status = AgentStatusValue.AVAILABLE
             self._changed(entry)
@@ -181,6 +185,8 @@ class MemoryRegistry(Registry):
         now = self._clock.monotonic()
         suspect_after = self.policy.suspect_after
         for entry in list(self._entries.values()):
+            if entry.managed:
+                continue  # no lease: only health checks and deregistration change it
             if entry.status is AgentStatusValue.OFFLINE:
                 self._drop_if_gone(entry, now)
             elif now >= entry.expires_at:

@@ -193,7 +193,11 @@ class AttemptRun:
         self.parts.stats.started(choice.entry.id)
         try:
             result = await self.parts.transport.send(
-                choice.entry.endpoint, body, headers, AttemptLimits(connect_s, read_s, total_s)
+                choice.entry.endpoint,
+                body,
+                headers,
+                AttemptLimits(connect_s, read_s, total_s),
+                choice.entry.protocol,
             )
         except AttemptError as exc:
             self.account(choice, started, span_id, exc)

@@ -32,6 +32,7 @@ from agent_reach.exceptions import (
 from agent_reach.observability.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from agent_reach.protocol import AgentProfile, error_details
 from agent_reach.router import answer
+from agent_reach.server.catalog import catalog
 from agent_reach.server.components import RouterParts
 from agent_reach.server.guard import Principal, principal_of
 from agent_reach.server.http import Receive, Scope, Send, check_json_content_type, error_body, read_body
@@ -84,6 +85,23 @@ def _instance_id(data: dict[str, Any]) -> str | None:
     return value
 
 
+def _managed(request: Request, data: dict[str, Any]) -> bool:
+    """The body's ``managed`` flag: a lease-less registration, which only an admin may make.
+
+    An agent token renews its own lease; a managed entry (an imported A2A agent, say) has none,
+    so whoever registers it takes responsibility for removing it: that is an operator.
+    """
+    value = data.get("managed", False)
+    if not isinstance(value, bool):
+        raise InvalidProfile(
+            "managed must be true or false", details=[{"field": "managed", "message": "expected a boolean"}]
+        )
+    principal = principal_of(request.scope)
+    if value and principal.role != "admin":
+        raise Forbidden(f"the token {principal.label} may not make a managed (lease-less) registration")
+    return value
+
+
 class AdminApi:
     """Every endpoint but the ``POST /reach`` hot path."""
 
@@ -113,6 +131,7 @@ class AdminApi:
             Route("/agents/{agent_id}", self.deregister, methods=["DELETE"]),
             Route("/admin/agents", self.list_agents, methods=["GET"]),
             Route("/admin/agents/{agent_id}", self.get_agent, methods=["GET"]),
+            Route("/admin/capabilities", self.list_capabilities, methods=["GET"]),
             Route("/healthz", self.healthz, methods=["GET"]),
             Route("/readyz", self.readyz, methods=["GET"]),
             Route("/openapi.json", self.openapi, methods=["GET"]),
@@ -151,6 +170,7 @@ class AdminApi:
             )
         # The registrant's own token: a retry with the same one (and endpoint) gets its lease back.
         instance_id = _instance_id(data)
+        managed = _managed(request, data)
         try:
             profile = AgentProfile.model_validate(data)
         except ValidationError as exc:
@@ -167,6 +187,7 @@ class AdminApi:
             lease_id=lease_id,
             instance_id=instance_id,
             holder=principal.key if principal.role == "agent" else None,
+            managed=managed,
         )
         registration = {
             "agentId": entry.id,
@@ -245,6 +266,9 @@ class AdminApi:
         if entry is None:
             return _error(404, "AGENT_NOT_FOUND", f"no agent {request.path_params['agent_id']!r}")
         return _Json(self.parts.agent_status(entry))
+
+    async def list_capabilities(self, request: Request) -> Response:
+        return _Json(catalog(self.parts.registry))
 
     async def healthz(self, request: Request) -> Response:
         worker = self.parts.worker

@@ -255,6 +255,10 @@ class RouterParts:
             "circuit": self.breakers.state(entry.id).value,
             "stats": self.stats.snapshot(entry.id),
         }
+        if entry.protocol != "http" or entry.managed:
+            # Additions for bridged agents: shown only where they differ from a leased Reach agent.
+            status["protocol"] = entry.protocol
+            status["managed"] = entry.managed
         if self.vectors is not None:
             # An addition to the protocol: whether the agent is routable by meaning yet.
             state = self.vectors.state(entry.id)

@@ -202,6 +202,21 @@ def _registry_paths() -> dict[str, Operation]:
     }
 
 
+_SCHEMA_OR_NULL: dict[str, Any] = {"anyOf": [{"type": "object"}, {"type": "null"}]}
+_CAPABILITY_ROW: dict[str, Any] = {
+    "type": "object",
+    "required": ["task", "description", "examples", "inputSchema", "outputSchema", "agents"],
+    "properties": {
+        "task": {"type": "string"},
+        "description": {"type": "string"},
+        "examples": {"type": "array", "items": {"type": "string"}},
+        "inputSchema": _SCHEMA_OR_NULL,
+        "outputSchema": _SCHEMA_OR_NULL,
+        "agents": {"type": "array", "items": {"type": "string"}},
+    },
+}
+
+
 def _admin_paths() -> dict[str, Operation]:
     limit = {"type": "integer", "minimum": 1, "maximum": 1000}
     return {
@@ -219,6 +234,12 @@ def _admin_paths() -> dict[str, Operation]:
                     "200": _json(_ref("AgentStatus"), "the agent"),
                     "404": _json(_ERROR, "AGENT_NOT_FOUND"),
                 },
+            }
+        },
+        "/admin/capabilities": {
+            "get": {
+                "summary": "Every routable task: description, examples, JSON Schemas, agents (for bridges)",
+                "responses": {"200": _json({"type": "array", "items": _CAPABILITY_ROW}, "capabilities")},
             }
         },
         "/admin/traces": {

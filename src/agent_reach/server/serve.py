@@ -102,12 +102,17 @@ def serve(
     *,
     on_ready: Callable[[], None] | None = None,
     reuse_port: bool = False,
+    middleware: Callable[[RouterApp], Any] | None = None,
     **extra: Any,
 ) -> None:
     """Run the Router until SIGINT or SIGTERM (blocking; an entry point's call).
 
     ``on_ready`` runs once the port is bound and the app has started; ``reuse_port`` shares the
-    port with other workers.
+    port with other workers; ``middleware(app)`` is the ASGI app served in front of the Router
+    (the A2A export), which must pass lifespan through.
     """
     sockets = [reuse_port_socket(host, port)] if reuse_port else None
-    RouterProcess(uvicorn_config(app, host, port, **extra), app, on_ready).run(sockets=sockets)
+    process = RouterProcess(uvicorn_config(app, host, port, **extra), app, on_ready)
+    if middleware is not None:
+        process.config.app = middleware(app)
+    process.run(sockets=sockets)

@@ -40,8 +40,14 @@ class Transport(Protocol):
         """Release every connection."""
         ...
 
-    async def send(self, url: str, body: bytes, headers: dict[str, str], limits: AttemptLimits) -> Any:
-        """POST a ReachRequest; the agent's ``result``, or an AttemptError subclass."""
+    async def send(
+        self, url: str, body: bytes, headers: dict[str, str], limits: AttemptLimits, protocol: str = "http"
+    ) -> Any:
+        """POST a ReachRequest; the agent's ``result``, or an AttemptError subclass.
+
+        ``protocol`` is the agent profile's ``network.protocol``: ``http`` sends the envelope as
+        it is, ``a2a`` as an A2A ``SendMessage`` (:mod:`.a2a`), with the answer mapped back.
+        """
         ...
 
     async def probe(self, url: str, timeout_s: float) -> bool:

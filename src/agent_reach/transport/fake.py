@@ -97,7 +97,10 @@ class FakeTransport:
         else:
             await asyncio.sleep(seconds)
 
-    async def send(self, url: str, body: bytes, headers: dict[str, str], limits: AttemptLimits) -> Any:
+    async def send(
+        self, url: str, body: bytes, headers: dict[str, str], limits: AttemptLimits, protocol: str = "http"
+    ) -> Any:
+        # Scripted endpoints answer the same whatever the wire format: the protocol is not faked.
         target = self.endpoints.get(url)
         if target is None:
             raise ConnectFailed(f"nothing listens at {url}", refused=True)

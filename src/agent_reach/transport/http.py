@@ -25,6 +25,7 @@ from agent_reach.exceptions import (
     ConnectFailed,
     DeliveryFailed,
 )
+from agent_reach.transport import a2a
 from agent_reach.transport.base import DEFAULT_RESPONSE_LIMIT, AttemptLimits, classify_answer, too_large
 from agent_reach.transport.urlguard import UrlGuard
 
@@ -137,8 +138,24 @@ class HttpTransport:
             raise RuntimeError("HttpTransport.open() was not awaited")
         return self._session
 
-    async def send(self, url: str, body: bytes, headers: dict[str, str], limits: AttemptLimits) -> Any:
+    async def send(
+        self, url: str, body: bytes, headers: dict[str, str], limits: AttemptLimits, protocol: str = "http"
+    ) -> Any:
         """POST ``body`` to ``url`` and return the agent's ``result``.
+
+        An ``a2a`` agent gets the envelope as an A2A ``SendMessage`` and its task is mapped back
+        (:mod:`.a2a`); the connection, limits and guard are the same for both.
+        """
+        if protocol == "a2a":
+            status, raw = await self.exchange(url, a2a.send_message(body), a2a.headers(headers), limits)
+            return a2a.classify(status, raw)
+        status, raw = await self.exchange(url, body, headers, limits)
+        return classify_answer(status, raw)
+
+    async def exchange(
+        self, url: str, body: bytes, headers: dict[str, str], limits: AttemptLimits
+    ) -> tuple[int, bytes]:
+        """POST ``body`` to ``url``: the HTTP status and the whole answer body.
 
         ``total_s`` is a hard ceiling on the whole attempt, on the event loop's clock: aiohttp's
         own read timer only starts once the request is written, which under load is late.
@@ -173,7 +190,7 @@ class HttpTransport:
             # A URL the standard library accepted at registration but aiohttp cannot use
             # (``http://[::1]]:80/``): this agent cannot be reached; the request fails over.
             raise ConnectFailed(f"the agent's endpoint is not a usable URL ({type(exc).__name__})") from exc
-        return classify_answer(status, raw)
+        return status, raw
 
     async def _read(self, resp: aiohttp.ClientResponse) -> bytes:
         """The whole answer body, or RESPONSE_TOO_LARGE once it passes the limit.

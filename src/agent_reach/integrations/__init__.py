@@ -1,0 +1,43 @@
+"""Bridges to the frameworks agents already live in: LangGraph, AutoGen, A2A and MCP.
+
+Each module is an optional extra (``pip install agent-reach[langgraph]``, ``[autogen]``,
+``[a2a]``, ``[mcp]``) and imports its framework only when the module itself is imported, so
+the core never needs any of them. Nothing is imported here for the same reason.
+
+- :mod:`.langgraph`: ``reach_node`` (a graph node that calls the Router) and ``graph_agent``.
+- :mod:`.autogen`: ``router_tools`` (capabilities as AssistantAgent tools) and ``autogen_agent``.
+- :mod:`.a2a`: ``A2AExport`` (the Router as an A2A server) and ``import_agent`` (an A2A agent
+  into the registry; forwarding to it needs no extra, see ``transport/a2a.py``).
+- :mod:`.mcp`: ``ReachMCP`` (the Router's capabilities as live MCP tools; ``reach mcp``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+from agent_reach.exceptions import ConfigError
+
+# What tool-calling APIs accept as a name: MCP allows dots too; OpenAI-style functions do not.
+_PLAIN = {True: re.compile(r"^[A-Za-z0-9_.-]{1,64}$"), False: re.compile(r"^[A-Za-z0-9_-]{1,64}$")}
+_NOT_PLAIN = {True: re.compile(r"[^A-Za-z0-9_.-]+"), False: re.compile(r"[^A-Za-z0-9_-]+")}
+
+
+def tool_name(task: str, *, dots: bool = True) -> str:
+    """The tool name of a task: the task itself where the API allows it, else a stable slug.
+
+    A slug is the task's ASCII letters and digits plus 8 hex digits of its SHA-256, so two tasks
+    never share a name and a name depends on nothing but its task: a second agent serving the
+    task, or a change of its description, never renames the tool.
+    """
+    if _PLAIN[dots].match(task):
+        return task
+    ascii_part = _NOT_PLAIN[dots].sub("_", task).strip("_")[:40] or "task"
+    return f"{ascii_part}_{hashlib.sha256(task.encode()).hexdigest()[:8]}"
+
+
+def missing_extra(extra: str, exc: ImportError) -> ConfigError:
+    """The error for a bridge whose package is not installed, naming the extra to install."""
+    return ConfigError(
+        f"the {extra} bridge needs its optional dependencies: pip install 'agent-reach[{extra}]' ({exc})"
+    )
