@@ -15,8 +15,39 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import AsyncGenerator
+from typing import TYPE_CHECKING
 
 from agent_reach.exceptions import ConfigError
+
+if TYPE_CHECKING:
+    from agent_reach.sdk import ReachClient
+
+# Closers parked until their loop shuts down; held here so none is collected (and run) early.
+_PARKED: set[AsyncGenerator[None, None]] = set()
+
+
+async def close_with_loop(client: ReachClient) -> ReachClient:
+    """Close ``client`` when the running event loop shuts down, and return it.
+
+    A bridge that makes its own client (the graph author or the AutoGen user gave none) has no
+    moment to close it. An async generator parked at its first ``yield`` gives one:
+    ``asyncio.run`` finalizes pending async generators before closing the loop, so the session
+    is closed then, with no "Unclosed client session" at exit.
+    """
+
+    async def closer() -> AsyncGenerator[None, None]:
+        try:
+            yield
+        finally:
+            _PARKED.discard(parked)
+            await client.aclose()
+
+    parked = closer()
+    _PARKED.add(parked)
+    await parked.__anext__()
+    return client
+
 
 # What tool-calling APIs accept as a name: MCP allows dots too; OpenAI-style functions do not.
 _PLAIN = {True: re.compile(r"^[A-Za-z0-9_.-]{1,64}$"), False: re.compile(r"^[A-Za-z0-9_-]{1,64}$")}

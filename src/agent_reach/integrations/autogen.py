@@ -19,7 +19,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict
 
 from agent_reach.exceptions import RouterUnavailable
-from agent_reach.integrations import missing_extra, tool_name
+from agent_reach.integrations import close_with_loop, missing_extra, tool_name
 from agent_reach.sdk import AgentConfig, ReachAgent, ReachClient
 from agent_reach.sdk.auth import auth_headers
 from agent_reach.sdk.client import router_url_from_env
@@ -89,7 +89,7 @@ async def router_tools(
             rows = resp.json()
     except (httpx.HTTPError, ValueError) as exc:
         raise RouterUnavailable(f"cannot read {url}/admin/capabilities: {exc!r}") from exc
-    caller = client or ReachClient(url, source_agent="autogen")
+    caller = client or await close_with_loop(ReachClient(url, source_agent="autogen"))
     return [
         ReachTool(row, caller, timeout_ms=timeout_ms) for row in rows if tasks is None or row["task"] in tasks
     ]

@@ -13,10 +13,11 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from agent_reach.integrations import missing_extra
+from agent_reach.integrations import close_with_loop, missing_extra
 from agent_reach.protocol import Status
 from agent_reach.sdk import AgentConfig, ReachAgent, ReachClient, ReachContext
 
@@ -61,6 +62,25 @@ def thread_id(config: RunnableConfig | None) -> str | None:
     return None if value is None else str(value)
 
 
+class _LoopClients:
+    """The node's own ReachClient, one per event loop (aiohttp makes its session inside the
+    running loop, and a graph may be run by several ``asyncio.run`` calls in turn), each closed
+    when its loop shuts down."""
+
+    def __init__(self, router_url: str | None, source_agent: str) -> None:
+        self.router_url = router_url
+        self.source_agent = source_agent
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._client: ReachClient | None = None
+
+    async def get(self) -> ReachClient:
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._loop is not loop:
+            client = ReachClient(self.router_url, source_agent=self.source_agent)
+            self._client, self._loop = await close_with_loop(client), loop
+        return self._client
+
+
 def reach_node(  # noqa: PLR0913 - each keyword is one choice a graph author makes
     task: str,
     *,
@@ -82,17 +102,15 @@ def reach_node(  # noqa: PLR0913 - each keyword is one choice a graph author mak
     ``response_key`` also stores the trace id, handler and attempts (to see a failover).
     ``options`` are :meth:`ReachClient.call`'s (``timeout_ms``, ``strategy``, ...).
     """
-    holder: list[ReachClient] = [client] if client is not None else []
+    own = _LoopClients(router_url, source_agent)
 
     async def node(state: Any, config: RunnableConfig) -> dict[str, Any]:
-        if not holder:
-            # Made on first use, inside the loop the graph runs in (aiohttp needs that).
-            holder.append(ReachClient(router_url, source_agent=source_agent))
         call_options = dict(options)
         conversation = thread_id(config)
         if conversation is not None:
             call_options.setdefault("conversation_id", conversation)
-        reply = await holder[0].call(task, payload_from(state, inputs), **call_options)
+        caller = client if client is not None else await own.get()
+        reply = await caller.call(task, payload_from(state, inputs), **call_options)
         update: dict[str, Any] = {
             output: reply.result if reply.ok else None,
             status_key: str(reply.status),

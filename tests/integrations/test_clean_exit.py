@@ -1,0 +1,77 @@
+"""A script using a bridge's own client exits cleanly: no "Unclosed client session" at the end."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("langgraph")
+pytest.importorskip("autogen_agentchat")
+
+from agent_reach.config import RouterConfig
+from agent_reach.testing import FakeAgent, RouterServer
+
+pytestmark = pytest.mark.integrations
+
+ROOT = Path(__file__).resolve().parents[2]
+POLICY = {"health": {"enabled": False}, "embedding": {"backend": "none"}, "limits": {"loop_lag_ms": 10_000}}
+
+LANGGRAPH = """
+import asyncio
+from typing import Any, TypedDict
+from langgraph.graph import END, START, StateGraph
+from agent_reach.integrations.langgraph import reach_node
+
+class S(TypedDict, total=False):
+    n: int
+    result: Any
+    reach_status: str
+
+graph = StateGraph(S)
+graph.add_node("echo", reach_node("echo", inputs=["n"]))
+graph.add_edge(START, "echo")
+graph.add_edge("echo", END)
+compiled = graph.compile()
+for run in range(2):  # two asyncio.run calls: a client per loop, each closed with it
+    print(asyncio.run(compiled.ainvoke({"n": run}))["reach_status"])
+"""
+
+AUTOGEN = """
+import asyncio
+from autogen_core import CancellationToken
+from agent_reach.integrations.autogen import router_tools
+
+async def main():
+    tools = await router_tools()
+    print(await tools[0].run_json({"n": 1}, CancellationToken()))
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("script", [LANGGRAPH, AUTOGEN], ids=["langgraph", "autogen"])
+async def test_a_bridge_closes_the_client_it_made(script: str) -> None:
+    """The node or tools made their own ReachClient; it is closed when the script's loop ends."""
+    async with RouterServer(RouterConfig.model_validate(POLICY)) as router:
+        agent = await FakeAgent("echo-1", result={"ok": True}).start()
+        try:
+            await agent.register(router.url)
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-c",
+                script,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env={**os.environ, "REACH_ROUTER_URL": router.url},
+                cwd=ROOT,
+            )
+            out, err = await asyncio.wait_for(proc.communicate(), 60)
+        finally:
+            await agent.stop()
+    assert proc.returncode == 0, err.decode()
+    assert "Unclosed" not in err.decode(), err.decode()
+    assert "SUCCESS" in out.decode() or "'ok': True" in out.decode(), out.decode()
