@@ -330,10 +330,11 @@ class EtcdRegistry(MemoryRegistry):
     def _set_degraded(self, reason: str | None) -> None:
         if reason is not None and self._degraded is None:
             log.warning(
-                "[registry] %s: routing from the snapshot of %d agents (revision %d); "
+                "[registry] %s: routing from the snapshot (%d agent%s, revision %d); "
                 "registrations and renewals fail until it is back",
                 reason,
                 len(self._entries),
+                "" if len(self._entries) == 1 else "s",
                 self.revision,
             )
         elif reason is None and self._degraded is not None:
