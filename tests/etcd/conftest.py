@@ -25,7 +25,9 @@ def etcd(tmp_path: Path) -> Iterator[EtcdCluster]:
 def etcd_policy(cluster: EtcdCluster, **sections: Any) -> RouterConfig:
     """A Router policy on ``cluster``: no embedder (routes by task), no lag shedding on a busy box."""
     policy: dict[str, Any] = {
-        "registry": {"etcd": {"endpoints": cluster.endpoints.split(",")}},
+        # A loaded test machine can hold an etcd write (an fsync) for seconds: these tests are
+        # about sharing, not deadlines; the degraded-mode tests set their own.
+        "registry": {"etcd": {"endpoints": cluster.endpoints.split(","), "request_timeout_seconds": 20}},
         "embedding": {"backend": "none"},
         "limits": {"loop_lag_ms": 10_000},
     }

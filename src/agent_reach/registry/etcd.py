@@ -114,6 +114,7 @@ class EtcdRegistry(MemoryRegistry):
         self.revision = 0  # the last revision applied to the snapshot
         self.loaded = False  # a first full read has been applied
         self._degraded: str | None = None
+        self._misses = 0  # ping rounds in a row that no member answered
         self._last_error = "not connected yet"
         self._watching: str | None = None
         self._restart = asyncio.Event()
@@ -312,20 +313,27 @@ class EtcdRegistry(MemoryRegistry):
             self._apply(events)
 
     async def _ping(self) -> None:
-        """Is etcd there? Degraded when no member answers; a silent watch member is left."""
-        etcd = self.policy.etcd
-        timeout = min(etcd.attempt_timeout_seconds, max(etcd.ping_interval_seconds, 0.2))
+        """Is etcd there? Degraded when no member answers twice running; a silent watch member
+        is left for one that answers."""
+        timeout = self.policy.etcd.attempt_timeout_seconds
         watching = self._watching
         if watching is not None and await self.client.status(watching, timeout):
-            self._set_degraded(None)
+            self._answered()
             return
         for endpoint in self.client.endpoints:
             if endpoint != watching and await self.client.status(endpoint, timeout):
                 self.client.prefer(endpoint)
                 self._restart.set()  # the stream's member is silent (frozen?): follow another
-                self._set_degraded(None)
+                self._answered()
                 return
-        self._set_degraded(f"etcd unreachable at {', '.join(self.client.endpoints)}")
+        # One slow answer on a loaded machine is not an outage: two misses in a row are.
+        self._misses += 1
+        if self._misses >= 2:
+            self._set_degraded(f"etcd unreachable at {', '.join(self.client.endpoints)}")
+
+    def _answered(self) -> None:
+        self._misses = 0
+        self._set_degraded(None)
 
     def _set_degraded(self, reason: str | None) -> None:
         if reason is not None and self._degraded is None:
