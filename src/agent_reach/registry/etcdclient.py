@@ -265,6 +265,11 @@ class EtcdClient:
         answer = await self.call("/v3/kv/put", body, deadline=deadline)
         return int(answer["header"]["revision"])
 
+    async def delete(self, key: str, *, deadline: float | None = None) -> int:
+        """Delete ``key``; returns how many keys went (0 when it was not there)."""
+        answer = await self.call("/v3/kv/deleterange", {"key": _b64(key)}, deadline=deadline)
+        return int(answer.get("deleted") or 0)
+
     async def txn(
         self,
         compare: list[dict[str, Any]],
