@@ -71,7 +71,9 @@ async def _learning_router(
             (await http.post("/agents", json=agent.profile())).raise_for_status()
         vectors = server.app.parts.vectors
         assert vectors is not None
-        while any(vectors.state(a.agent_id) is not VectorState.READY for a in agents):
+        for _ in range(3000):  # registered by POST, not FakeAgent.register: wait for the vectors here
+            if all(vectors.state(a.agent_id) is VectorState.READY for a in agents):
+                break
             await asyncio.sleep(0.02)
         yield server, http, agents
         for agent in agents:
@@ -102,11 +104,12 @@ async def reach(http: httpx.AsyncClient, task: str, token: str | None = None, **
 
 async def learned_count(http: httpx.AsyncClient, count: int) -> dict[str, Any]:
     """GET /admin/learned once it lists ``count`` routes and every learned vector is in."""
-    while True:
+    for _ in range(3000):  # bounded: a route that never arrives fails the test
         listing: dict[str, Any] = (await http.get("/admin/learned")).json()
         if listing["count"] == count and listing["pendingVectors"] == 0:
             return listing
         await asyncio.sleep(0.02)
+    raise AssertionError(f"never reached {count} learned routes")
 
 
 async def test_a_confirmed_retry_is_learned_and_routes_the_phrase(

@@ -175,7 +175,9 @@ def calibrate(
             if learned:
                 point = (report.threshold, report.margin)
                 _print_corpus(asyncio.run(evaluate_corpus(labelled, embedder, fixed=point, learn=True)))
-                out.print("after learning the calibration half's refused and wrong questions", highlight=False)
+                out.print(
+                    "after learning the calibration half's refused and wrong questions", highlight=False
+                )
             return
         data = read_yaml(labelled)
         result = asyncio.run(run_calibration(data, embedder, current=current))

@@ -149,9 +149,9 @@ async def score_phrases(
         )
         index.add(f"calibration:{cap['task']}", cap["task"], texts, await embedder.embed(texts, "passage"))
     if learned:
-        vectors = await embedder.embed([phrase for phrase, _ in learned], "passage")
-        for i, ((phrase, task), vector) in enumerate(zip(learned, vectors, strict=True)):
-            index.add(f"{LEARNED}{i}", task, [phrase], vector[None, :])
+        rows = await embedder.embed([text for text, _ in learned], "passage")
+        for i, ((text, task), row) in enumerate(zip(learned, rows, strict=True)):
+            index.add(f"{LEARNED}{i}", task, [text], row[None, :])
     background = await embedder.embed(list(BACKGROUND), "passage")
     queries = await embedder.embed([p["text"] for p in phrases], "query")
     scored = []
