@@ -278,6 +278,17 @@ class MeritPolicy(_Section):
     min_factor: Annotated[float, Field(gt=0, le=1)] = 0.01
 
 
+class LearningPolicy(_Section):
+    """Learning from confirmed routes (issue #15 item 3): phrases remembered for a task."""
+
+    # Off by default: a learned phrase changes where later requests go, so an operator opts in.
+    enabled: bool = False
+    # The most phrases kept (shared by every Router on a shared registry); the oldest go first.
+    max_phrases: Annotated[int, Field(ge=1, le=1_000_000)] = 10_000
+    # How long after a refusal by meaning a caller's explicit retry still confirms that phrase.
+    window_seconds: Positive = 120
+
+
 class RoutingPolicy(_Section):
     """How candidates are chosen and ranked."""
 
@@ -290,6 +301,7 @@ class RoutingPolicy(_Section):
     # (["*"]: everywhere). A caller asking for strategy semantic_route enables it for its request.
     semantic_tasks: list[str] = []
     merit: MeritPolicy = MeritPolicy()
+    learning: LearningPolicy = LearningPolicy()
 
 
 class EmbeddingPolicy(_Section):

@@ -132,6 +132,13 @@ class TraceIdInUse(RequestError):
     code = "TRACE_ID_IN_USE"
 
 
+class LearningDisabled(RequestError):
+    """An operator confirmed a route while ``routing.learning.enabled`` is false."""
+
+    code = "LEARNING_DISABLED"
+    http_status = 409
+
+
 class Overloaded(ReachError):
     """The Router sheds load; the caller should come back after ``retry_after_s``."""
 

@@ -38,6 +38,9 @@ class DecisionRecord:
     source: str
     started: float  # monotonic
     conversation_id: str | None = None
+    # Who sent it: the principal's key ("-" while auth is off). Route learning matches a retry
+    # to a refusal only from the same caller.
+    caller: str = "-"
     started_wall: float = 0.0  # epoch seconds, for display
     parent_span_id: str | None = None  # from the caller's traceparent: links hops into a tree
     matched_task: str | None = None  # the declared task that supplied candidates (safe as a label)

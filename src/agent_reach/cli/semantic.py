@@ -142,6 +142,14 @@ def calibrate(
             "fit on its calibration half, report its held-out half in three profile conditions.",
         ),
     ] = False,
+    learned: Annotated[
+        bool,
+        typer.Option(
+            "--learned",
+            help="With --corpus: also report the held-out half after learning from confirmed routes "
+            "(every calibration-half question refused or routed wrong, confirmed for its task).",
+        ),
+    ] = False,
 ) -> None:
     """Measure semantic routing on labelled phrases: k-fold held-out figures, and a proposed
     threshold and margin for the model."""
@@ -164,6 +172,12 @@ def calibrate(
             report = asyncio.run(evaluate_corpus(labelled, embedder))
             _print_corpus(report)
             _print_outcome("fitted on the calibration half", report.calibration)
+            if learned:
+                point = (report.threshold, report.margin)
+                _print_corpus(asyncio.run(evaluate_corpus(labelled, embedder, fixed=point, learn=True)))
+                out.print(
+                    "after learning the calibration half's refused and wrong questions", highlight=False
+                )
             return
         data = read_yaml(labelled)
         result = asyncio.run(run_calibration(data, embedder, current=current))

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import abc
 import hashlib
+import heapq
 import hmac
-from collections.abc import Callable, Collection
+import re
+import unicodedata
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from agent_reach.clock import iso_utc
+from agent_reach.clock import SYSTEM_CLOCK, iso_utc
 from agent_reach.config import RegistryPolicy
 from agent_reach.protocol import AgentProfile, AgentStatusValue, Capability
 from agent_reach.schema import PayloadValidator
@@ -110,7 +113,32 @@ class AgentEntry:
         return changed
 
 
+@dataclass(slots=True, frozen=True)
+class LearnedRoute:
+    """A phrase confirmed for a task: by a caller's successful explicit retry, or by an operator."""
+
+    phrase: str  # as it was confirmed; routes match it normalized (normalize_phrase)
+    task: str
+    source: str  # "caller" or "operator"
+    at: float  # epoch seconds of the (latest) confirmation
+
+    def to_json(self) -> dict[str, object]:
+        return {"phrase": self.phrase, "task": self.task, "source": self.source, "at": self.at}
+
+
+_SPACES = re.compile(r"\s+")
+
+
+def normalize_phrase(text: str) -> str:
+    """The form a learned phrase is matched in: NFKC (full-width and half-width alike), casefolded,
+    runs of whitespace as one space, no space at either end. "Where is  MY parcel" and
+    "where is my parcel" are one phrase; a paraphrase is not (the semantic index serves those)."""
+    return _SPACES.sub(" ", unicodedata.normalize("NFKC", text).casefold()).strip()
+
+
 Listener = Callable[[RegistryEvent, AgentEntry], None]
+# (normalized phrase, the route, or None when it was forgotten or evicted).
+LearnedListener = Callable[[str, "LearnedRoute | None"], None]
 # (agent id, reason, reporting Router): another Router saw the agent fail (shared backends only).
 FailureListener = Callable[[str, str, str], None]
 
@@ -152,6 +180,9 @@ class Registry(abc.ABC):
     def __init__(self) -> None:
         self._listeners: list[Listener] = []
         self._failure_listeners: list[FailureListener] = []
+        self._learned_listeners: list[LearnedListener] = []
+        # Learned routes by normalized phrase, in the order they were (re)confirmed.
+        self._learned: dict[str, LearnedRoute] = {}
 
     def subscribe(self, listener: Listener) -> None:
         """Call ``listener(event, entry)`` on every change, synchronously and in order."""
@@ -179,6 +210,58 @@ class Registry(abc.ABC):
 
     def publish_vectors(self, model: str, agent_id: str, block: bytes) -> None:  # noqa: B027
         """Share the vectors this Router embedded for ``agent_id``; backends of one Router ignore it."""
+
+    # -- learned routes (issue #15 item 3) ---------------------------------------------------
+    #
+    # Kept in the registry, not in the Router, so that on a shared backend what one Router
+    # learned routes on every other. Reads are a local snapshot like the agents; writes are async.
+
+    def subscribe_learned(self, listener: LearnedListener) -> None:
+        """Call ``listener(phrase_key, route_or_None)`` whenever a learned route arrives or goes."""
+        self._learned_listeners.append(listener)
+
+    def learned(self) -> Mapping[str, LearnedRoute]:
+        """Every learned route, by normalized phrase (a snapshot read: no I/O)."""
+        return self._learned
+
+    async def remember(self, phrase: str, task: str, source: str, *, limit: int) -> LearnedRoute:
+        """Learn ``phrase`` -> ``task`` (a newer confirmation replaces an older one), keeping at
+        most ``limit`` phrases: the oldest confirmations are forgotten first."""
+        route = LearnedRoute(phrase, task, source, self._now())
+        self._keep(route)
+        for key in self._excess(limit):
+            self._drop_learned(key)
+        return route
+
+    async def forget(self, phrase: str) -> bool:
+        """Forget a learned phrase (any spelling that normalizes alike); False when unknown."""
+        return self._drop_learned(normalize_phrase(phrase))
+
+    def _now(self) -> float:
+        """Epoch seconds of a confirmation (backends with a clock use theirs)."""
+        return SYSTEM_CLOCK.time()
+
+    def _keep(self, route: LearnedRoute) -> str:
+        key = normalize_phrase(route.phrase)
+        self._learned.pop(key, None)  # re-confirmed: it is the newest again
+        self._learned[key] = route
+        for listener in self._learned_listeners:
+            listener(key, route)
+        return key
+
+    def _drop_learned(self, key: str) -> bool:
+        if self._learned.pop(key, None) is None:
+            return False
+        for listener in self._learned_listeners:
+            listener(key, None)
+        return True
+
+    def _excess(self, limit: int) -> list[str]:
+        """The phrase keys beyond ``limit``, oldest confirmation first."""
+        over = len(self._learned) - limit
+        if over <= 0:
+            return []
+        return [key for key, _ in heapq.nsmallest(over, self._learned.items(), key=lambda kv: kv[1].at)]
 
     def degraded(self) -> str | None:
         """``None`` while writes can be made durable, else why not: routing goes on from the

@@ -5,6 +5,7 @@ Keys, under ``registry.etcd.prefix`` (``/agent-reach/v1`` by default)::
     {prefix}/agents/{agent_id}             the profile and its lease (JSON), on the agent's etcd lease
     {prefix}/health/{agent_id}/{router}    a Router's report that the agent fails (short lease)
     {prefix}/vectors/{model}/{agent_id}    capability vectors embedded by one Router, for the others
+    {prefix}/learned/{sha256(phrase)}      a learned route (JSON: phrase, task, source, at), no lease
 
 - An agent's lease *is* an etcd lease: registration grants it, a renewal (on any Router) keeps
   it alive, and when it runs out etcd deletes the key by itself. The lease id given to the agent
@@ -22,6 +23,7 @@ Keys, under ``registry.etcd.prefix`` (``/agent-reach/v1`` by default)::
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import math
 import os
@@ -44,7 +46,14 @@ from agent_reach.exceptions import (
     RegistryUnavailable,
 )
 from agent_reach.protocol import AgentProfile, AgentStatusValue
-from agent_reach.registry.base import AgentEntry, RegistryEvent, compile_capabilities, holds_lease
+from agent_reach.registry.base import (
+    AgentEntry,
+    LearnedRoute,
+    RegistryEvent,
+    compile_capabilities,
+    holds_lease,
+    normalize_phrase,
+)
 from agent_reach.registry.etcdclient import (
     Compacted,
     EtcdClient,
@@ -82,6 +91,7 @@ class Keys:
         self.agents = prefix + "/agents/"
         self.health = prefix + "/health/"
         self.vectors = prefix + "/vectors/"
+        self.learned = prefix + "/learned/"
 
     def agent(self, agent_id: str) -> str:
         return self.agents + agent_id
@@ -91,6 +101,10 @@ class Keys:
 
     def vector_block(self, model: str, agent_id: str) -> str:
         return f"{self.vectors}{quote(model, safe='')}/{agent_id}"
+
+    def learned_route(self, phrase_key: str) -> str:
+        # A digest, not the phrase: caller text never becomes part of a key.
+        return self.learned + hashlib.sha256(phrase_key.encode()).hexdigest()
 
 
 class EtcdRegistry(MemoryRegistry):
@@ -120,6 +134,9 @@ class EtcdRegistry(MemoryRegistry):
         self._restart = asyncio.Event()
         self._blocks: dict[tuple[str, str], bytes] = {}
         self._reported: dict[str, float] = {}
+        # etcd key -> normalized phrase, and the revision applied for it (a watch event of a
+        # write this Router made itself is not applied twice).
+        self._learned_keys: dict[str, tuple[str, int]] = {}
         self.resyncs = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -177,6 +194,9 @@ class EtcdRegistry(MemoryRegistry):
         rest = [kv for kv in kvs if not kv.key.startswith(self.keys.vectors)]
         self._apply([Event(kv, deleted=False) for kv in first + rest])
         present = {kv.key[len(self.keys.agents) :] for kv in kvs if kv.key.startswith(self.keys.agents)}
+        learned = {kv.key for kv in kvs if kv.key.startswith(self.keys.learned)}
+        for key in [k for k in self._learned_keys if k not in learned]:
+            self._apply_learned(KeyValue(key, b"", 0, revision, 0), deleted=True)  # forgotten meanwhile
         for entry in list(self._entries.values()):
             # Gone from etcd while this Router was not watching: its lease ran out meanwhile.
             if entry.id not in present and entry.status is not AgentStatusValue.OFFLINE:
@@ -201,6 +221,8 @@ class EtcdRegistry(MemoryRegistry):
                         self._blocks[block] = kv.value
             elif kv.key.startswith(self.keys.health) and not event.deleted:
                 self._apply_failure(kv)
+            elif kv.key.startswith(self.keys.learned):
+                self._apply_learned(kv, deleted=event.deleted)
             self.revision = max(self.revision, kv.mod_revision)
 
     def _apply_agent(self, agent_id: str, kv: KeyValue, *, deleted: bool) -> bool:
@@ -571,6 +593,56 @@ class EtcdRegistry(MemoryRegistry):
             return
         record = self._decode(kv) or {}
         self._emit_failure(agent_id, str(record.get("reason", "failing")), router)
+
+    # -- learned routes ----------------------------------------------------------------------
+
+    def _apply_learned(self, kv: KeyValue, *, deleted: bool) -> None:
+        known = self._learned_keys.get(kv.key)
+        if known is not None and known[1] >= kv.mod_revision and not deleted:
+            return  # this Router wrote it already
+        if deleted:
+            if known is not None:
+                del self._learned_keys[kv.key]
+                self._drop_learned(known[0])
+            return
+        record = self._decode(kv) or {}
+        try:
+            route = LearnedRoute(
+                str(record["phrase"]), str(record["task"]), str(record["source"]), float(record["at"])
+            )
+        except (KeyError, TypeError, ValueError):
+            log.warning("[registry] skipping %s: not a learned route", kv.key)
+            return
+        self._learned_keys[kv.key] = (self._keep(route), kv.mod_revision)
+
+    async def remember(self, phrase: str, task: str, source: str, *, limit: int) -> LearnedRoute:
+        route = LearnedRoute(phrase, task, source, self._now())
+        phrase_key = normalize_phrase(phrase)
+        key = self.keys.learned_route(phrase_key)
+        value = orjson.dumps({**route.to_json(), "router": self.router})
+        # The bound holds across Routers: whoever writes past it removes the oldest.
+        room = limit if phrase_key in self._learned else limit - 1
+        victims = [old for old in self._excess(room) if old != phrase_key]
+        try:
+            revision = await self.client.put(key, value, deadline=self._deadline())
+            for old in victims:
+                await self.client.delete(self.keys.learned_route(old), deadline=self._deadline())
+        except EtcdRejected as exc:
+            raise RegistryUnavailable(f"etcd refused the write: {exc.message}") from exc
+        self._apply_learned(KeyValue(key, value, 0, revision, 0), deleted=False)
+        for old in victims:
+            self._apply_learned(KeyValue(self.keys.learned_route(old), b"", 0, revision, 0), deleted=True)
+        return route
+
+    async def forget(self, phrase: str) -> bool:
+        key = self.keys.learned_route(normalize_phrase(phrase))
+        try:
+            deleted = await self.client.delete(key, deadline=self._deadline())
+        except EtcdRejected as exc:
+            raise RegistryUnavailable(f"etcd refused the write: {exc.message}") from exc
+        known = key in self._learned_keys
+        self._apply_learned(KeyValue(key, b"", 0, self.revision, 0), deleted=True)
+        return bool(deleted) or known
 
     # -- shared capability vectors -----------------------------------------------------------
 

@@ -266,8 +266,9 @@ class EtcdClient:
         return int(answer["header"]["revision"])
 
     async def delete(self, key: str, *, deadline: float | None = None) -> int:
+        """Delete ``key``; returns how many keys went (0 when it was not there)."""
         answer = await self.call("/v3/kv/deleterange", {"key": _b64(key)}, deadline=deadline)
-        return int(answer["header"]["revision"])
+        return int(answer.get("deleted") or 0)
 
     async def txn(
         self,

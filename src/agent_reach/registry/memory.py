@@ -63,6 +63,9 @@ class MemoryRegistry(Registry):
     async def _sweep_tick(self) -> None:
         self.sweep()
 
+    def _now(self) -> float:
+        return self._clock.time()
+
     # -- writes ------------------------------------------------------------------------------
 
     async def register(

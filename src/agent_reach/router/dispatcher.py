@@ -120,11 +120,13 @@ class Dispatcher:
         trace_header: str | None = None,
         parent: tuple[str, str] | None = None,
         owner: str | None = None,
+        caller: str = "-",
     ) -> Reply:
         """Decode ``body`` as a ReachRequest and serve it; never raises for bad input.
 
         ``parent`` is the (trace id, span id) of the caller's W3C ``traceparent``, if any;
-        ``owner`` is who may fetch an async result later (None: anyone, when auth is off).
+        ``owner`` is who may fetch an async result later (None: anyone, when auth is off);
+        ``caller`` is the principal's key, for the decision record.
         """
         started = self.clock.monotonic()
         hint = _safe_trace_id(trace_header) or (parent[0] if parent else None)
@@ -147,6 +149,7 @@ class Dispatcher:
             started=started,
             started_wall=self.clock.time(),
             conversation_id=request.conversation_id,
+            caller=caller,
             parent_span_id=parent[1] if parent else None,
             mode=request.preferences.mode,
         )

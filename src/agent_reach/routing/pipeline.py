@@ -4,6 +4,9 @@
 2. the task mapping table (``routing.task_map``): an alias or phrase becomes its canonical task,
    and wins over anything semantic;
 3. exact match: every agent declaring the task (from the registry's task index, no scan);
+3b. a learned route (``routing.learning``, opt-in): a phrase confirmed for a task before, matched
+   normalized (:func:`~agent_reach.registry.base.normalize_phrase`), while some agent declares
+   that task;
 4. ``semantic_route``, only where the policy enables it (``routing.semantic_tasks`` patterns, or
    a caller asking for it) and exact match found nobody: the nearest declared task above the
    threshold and clear of the runner-up by the margin; else a refusal listing the best scores;
@@ -25,13 +28,14 @@ from agent_reach.config import RoutingPolicy
 from agent_reach.exceptions import NoAvailableHandler, SemanticUnavailable, UnknownTask
 from agent_reach.protocol import AgentStatusValue, CandidateReason, ReachRequest, Strategy
 from agent_reach.record import DecisionRecord
-from agent_reach.registry.base import AgentEntry, Registry
+from agent_reach.registry.base import AgentEntry, Registry, normalize_phrase
 from agent_reach.resilience.affinity import AffinityTable
 from agent_reach.resilience.breaker import BreakerBoard
 from agent_reach.routing.base import Choice, Ranker
 from agent_reach.routing.exact import ExactMatch
 from agent_reach.routing.stats import StatsBook
 from agent_reach.routing.weighted import Merit, WeightedRoundRobin
+from agent_reach.secrets import loggable
 from agent_reach.semantic.vectors import CapabilityVectors
 
 _OUT = {
@@ -83,12 +87,27 @@ class Pipeline:
     def canonical(self, task: str) -> str:
         return self.policy.task_map.get(task, task)
 
+    def learned_task(self, text: str) -> str | None:
+        """The task ``text`` was learned for, when learning is on and an agent declares it now
+        (a learned route whose task nobody declares any more is kept, unused)."""
+        if not self.policy.learning.enabled:
+            return None
+        learned = self.registry.learned()
+        if not learned:
+            return None
+        route = learned.get(normalize_phrase(text))
+        if route is None or not self.registry.by_task(route.task):
+            return None
+        return route.task
+
     def wants_semantic(self, request: ReachRequest) -> bool:
         """True when this request would be routed semantically (so it needs a query vector)."""
         if self.vectors is None or request.target_agent:
             return False
         task = request.target_task
         if task in self.policy.task_map or self.registry.by_task(task):
+            return False
+        if self.learned_task(task) is not None:
             return False
         if self.strategy(request) is Strategy.SEMANTIC_ROUTE:
             return True
@@ -141,9 +160,16 @@ class Pipeline:
         else:
             record.rule = strategy.value if strategy is not Strategy.SEMANTIC_ROUTE else "exact_match"
         similarity: float | None = None
-        if not self.registry.by_task(task) and mapped is None and self.wants_semantic(request):
-            task, similarity = self._semantic(request, record)
-            record.rule = "semantic_route"
+        if not self.registry.by_task(task) and mapped is None:
+            learned = self.learned_task(task)
+            if learned is not None:
+                # Its own rule, so a learned route is told apart from the operator's task map.
+                record.rule = "learned"
+                record.note("learned", f"{loggable(task)} -> {learned}")
+                task = learned
+            elif self.wants_semantic(request):
+                task, similarity = self._semantic(request, record)
+                record.rule = "semantic_route"
         if not self.registry.by_task(task):
             raise UnknownTask(task, list(record.rejected))
         return task, similarity

@@ -9,6 +9,7 @@ possible; the threshold sits in the middle of the gap it was found in, not on it
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,7 +17,7 @@ import numpy as np
 
 from agent_reach.exceptions import ConfigError
 from agent_reach.semantic.embedders.base import Embedder
-from agent_reach.semantic.index import BACKGROUND, SemanticIndex, capability_texts
+from agent_reach.semantic.index import BACKGROUND, LEARNED, SemanticIndex, capability_texts
 
 MARGINS = [round(float(x), 4) for x in np.arange(0.0, 0.0501, 0.0025)]
 
@@ -131,15 +132,26 @@ def propose(phrases: list[Scored], max_wrong: float = 0.0) -> Outcome:
 
 
 async def score_phrases(
-    caps: list[dict[str, Any]], phrases: list[dict[str, Any]], embedder: Embedder
+    caps: list[dict[str, Any]],
+    phrases: list[dict[str, Any]],
+    embedder: Embedder,
+    learned: Sequence[tuple[str, str]] = (),
 ) -> list[Scored]:
-    """Score every phrase against the capabilities exactly as the Router scores a request."""
+    """Score every phrase against the capabilities exactly as the Router scores a request.
+
+    ``learned``: (phrase, task) routes confirmed before, indexed as the Router indexes them (one
+    more example row of their task), to measure what learning buys on phrases never seen.
+    """
     index = SemanticIndex(dim=embedder.dim or 384)
     for cap in caps:
         texts = capability_texts(
             cap["task"], str(cap.get("description") or ""), list(cap.get("examples") or [])
         )
         index.add(f"calibration:{cap['task']}", cap["task"], texts, await embedder.embed(texts, "passage"))
+    if learned:
+        rows = await embedder.embed([text for text, _ in learned], "passage")
+        for i, ((text, task), row) in enumerate(zip(learned, rows, strict=True)):
+            index.add(f"{LEARNED}{i}", task, [text], row[None, :])
     background = await embedder.embed(list(BACKGROUND), "passage")
     queries = await embedder.embed([p["text"] for p in phrases], "query")
     scored = []

@@ -165,11 +165,27 @@ def direction(question: Question, corpus: Corpus) -> str | None:
 
 
 async def score_questions(
-    corpus: Corpus, condition: str, indices: list[int], embedder: Embedder
+    corpus: Corpus,
+    condition: str,
+    indices: list[int],
+    embedder: Embedder,
+    learned: list[tuple[str, str]] | None = None,
 ) -> list[Scored]:
     caps = [profile(c, condition) for c in corpus.capabilities]
     phrases = [{"text": corpus.questions[i].text, "expect": corpus.questions[i].expect} for i in indices]
-    return await score_phrases(caps, phrases, embedder)
+    return await score_phrases(caps, phrases, embedder, learned or ())
+
+
+def confirmations(scored: list[Scored], threshold: float, margin: float) -> list[tuple[str, str]]:
+    """The routes a Router with learning on would have been taught by these questions: each
+    in-scope one it refused or sent to a wrong task, confirmed for its right task (by the caller's
+    explicit retry after a refusal, or by an operator after a wrong route)."""
+    taught = []
+    for p in scored:
+        routed = p.best is not None and p.score >= threshold and p.gap >= margin
+        if p.expect is not None and not (routed and p.best == p.expect):
+            taught.append((p.text, p.expect))
+    return taught
 
 
 def tally(scored: list[Scored], threshold: float, margin: float) -> Figures:
@@ -178,23 +194,29 @@ def tally(scored: list[Scored], threshold: float, margin: float) -> Figures:
 
 
 async def evaluate_corpus(
-    folder: Path, embedder: Embedder, *, fixed: tuple[float, float] | None = None
+    folder: Path, embedder: Embedder, *, fixed: tuple[float, float] | None = None, learn: bool = False
 ) -> CorpusReport:
     """Fit the operating point on the calibration half (all three conditions together, as one
     Router meets all kinds of profiles), then report the held-out half with it.
 
     ``fixed`` skips the fit and reports the held-out half at a given (threshold, margin), e.g. the
-    one shipped for the model.
+    one shipped for the model. ``learn`` simulates learning from confirmed routes: every in-scope
+    question of the *calibration* half that was refused or routed wrong is confirmed for its right
+    task and indexed as a learned phrase; the held-out half (whose phrases were never confirmed)
+    is then scored at the same operating point. That is what learning buys on unseen phrases.
     """
     corpus = load_corpus(folder)
     calibration: list[Scored] = []
+    by_condition: dict[str, list[Scored]] = {}
     for condition in CONDITIONS:
-        calibration += await score_questions(corpus, condition, corpus.calibration, embedder)
+        by_condition[condition] = await score_questions(corpus, condition, corpus.calibration, embedder)
+        calibration += by_condition[condition]
     fitted = propose(calibration, MAX_WRONG)
     threshold, margin = fixed if fixed is not None else (fitted.threshold, fitted.margin)
     results = []
     for condition in CONDITIONS:
-        scored = await score_questions(corpus, condition, corpus.heldout, embedder)
+        taught = confirmations(by_condition[condition], threshold, margin) if learn else None
+        scored = await score_questions(corpus, condition, corpus.heldout, embedder, taught)
         result = ConditionResult(condition, Figures())
         for i, phrase in zip(corpus.heldout, scored, strict=True):
             question = corpus.questions[i]

@@ -27,6 +27,11 @@ import numpy.typing as npt
 
 Vector = npt.NDArray[np.float32]
 
+# Rows a learned phrase brings are held by a pseudo-agent named with this prefix (no agent id can
+# start with a NUL). They count as examples of their task, but never make a task routable alone:
+# a task only learned rows hold (its agents left) is not scored at all.
+LEARNED = "\x00learned:"
+
 # Rows the int8 scan hands to exact scoring, at least. The int8 error on a cosine is about 0.001
 # (per-row scales); the best rows of the best tasks stand well inside the first 64.
 SHORTLIST = 64
@@ -120,6 +125,7 @@ class SemanticIndex:
         self._task_rows: dict[str, set[int]] = {}
         self._users: dict[int, set[str]] = {}  # row -> agents using it
         self._agent_rows: dict[str, list[int]] = {}
+        self._task_agents: dict[str, set[str]] = {}  # task -> agents (not learned rows) declaring it
         self._free: list[int] = []
 
     def _allocate(self, capacity: int) -> None:
@@ -147,6 +153,8 @@ class SemanticIndex:
             else:
                 raise ValueError(f"vectors of dimension {vectors.shape[1]} in an index of {self.dim}")
         rows = self._agent_rows.setdefault(agent_id, [])
+        if not agent_id.startswith(LEARNED):
+            self._task_agents.setdefault(task, set()).add(agent_id)
         for text, vector in zip(texts, vectors, strict=True):
             key = (task, text)
             row = self._row.get(key)
@@ -186,6 +194,12 @@ class SemanticIndex:
             users = self._users.get(row)
             if users is None:
                 continue
+            key = self._key_of[row]
+            if key is not None and key[0] in self._task_agents:
+                agents = self._task_agents[key[0]]
+                agents.discard(agent_id)
+                if not agents:
+                    del self._task_agents[key[0]]
             users.discard(agent_id)
             if not users:
                 del self._users[row]
@@ -218,7 +232,7 @@ class SemanticIndex:
         seen: list[str] = []
         for row in index[np.argsort(-approx[index])]:
             task = self._task_of[row]
-            if task is not None and task not in seen:
+            if task is not None and task not in seen and task in self._task_agents:
                 seen.append(task)
                 if len(seen) == k * 2:
                     break

@@ -5,19 +5,24 @@
   retried in the background.
 - A request's text is embedded as a query only on a cache miss; the pipeline itself only ever
   reads the cache, so no model call sits on the decision.
+- While learning is on (``routing.learning.enabled``), each learned phrase (from the registry,
+  so from any Router) is embedded as a passage and indexed as one more example row of its task:
+  paraphrases of a confirmed phrase benefit too, not only the phrase itself.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from agent_reach.config import EmbeddingPolicy
 from agent_reach.exceptions import EmbeddingError
 from agent_reach.lifecycle import Background
-from agent_reach.registry.base import AgentEntry, Registry, RegistryEvent
+from agent_reach.registry.base import AgentEntry, LearnedRoute, Registry, RegistryEvent
 from agent_reach.semantic.embedders.base import Embedder
 from agent_reach.semantic.index import (
     BACKGROUND,
+    LEARNED,
     QueryCache,
     SemanticIndex,
     Vector,
@@ -47,6 +52,11 @@ class CapabilityVectors:
         self.queue = EmbeddingQueue(self._embed_passages, lambda e: self.registry.get(e.id) is e)
         self._background = Background("reach-vectors")
         registry.subscribe(self._on_registry)
+        # Learned phrases waiting for their vector: phrase key -> (task, phrase).
+        self.learning = False
+        self._learned_todo: dict[str, tuple[str, str]] = {}
+        self._learned_wake = asyncio.Event()
+        registry.subscribe_learned(self._on_learned)
 
     def thresholds(self) -> tuple[float, float] | None:
         """``(threshold, margin)`` for the model in use, or None when it has none (not calibrated)."""
@@ -61,6 +71,45 @@ class CapabilityVectors:
             self._pending.pop(entry.id, None)
             self._ready.discard(entry.id)
             self.queue.drop(entry.id)
+
+    # -- learned phrases as example rows -----------------------------------------------------
+
+    def set_learning(self, enabled: bool) -> None:
+        """Index every learned phrase (on), or drop their rows (off); follows policy reloads."""
+        if enabled == self.learning:
+            return
+        self.learning = enabled
+        for key, route in list(self.registry.learned().items()):
+            self._on_learned(key, route if enabled else None)
+
+    def learned_pending(self) -> int:
+        """Learned phrases not in the index yet (their vectors are on the way)."""
+        return len(self._learned_todo)
+
+    def _on_learned(self, key: str, route: LearnedRoute | None) -> None:
+        self.index.remove_agent(LEARNED + key)
+        self._learned_todo.pop(key, None)
+        if route is not None and self.learning:
+            self._learned_todo[key] = (route.task, route.phrase)
+            self._learned_wake.set()
+
+    async def _learn_loop(self) -> None:
+        """Embed learned phrases a few at a time, off the request path."""
+        while True:
+            await self._learned_wake.wait()
+            self._learned_wake.clear()
+            while self._learned_todo:
+                batch = list(self._learned_todo.items())[:16]
+                try:
+                    vectors = await self.embedder.embed([phrase for _, (_, phrase) in batch], "passage")
+                except EmbeddingError as exc:
+                    self._failed(exc)
+                    break  # the retry tick wakes this loop again
+                self._recovered()
+                for (key, wanted), vector in zip(batch, vectors, strict=True):
+                    if self._learned_todo.get(key) == wanted:  # not replaced or forgotten meanwhile
+                        del self._learned_todo[key]
+                        self.index.add(LEARNED + key, wanted[0], [wanted[1]], vector[None, :])
 
     def state(self, agent_id: str) -> VectorState | None:
         """Whether an agent is routable by meaning yet; None for an agent this never saw."""
@@ -228,6 +277,7 @@ class CapabilityVectors:
             self._background.every(lambda: self.policy.retry_seconds, self._retry_pending, "retry")
             self._background.spawn(self._warm_up(), "warm-up")
             self._background.spawn(self.queue.run(self._job_done, self._job_failed), "queue")
+            self._background.spawn(self._learn_loop(), "learned")
 
     async def _warm_up(self) -> None:
         # Load the model and embed the background texts before the first semantic request needs them.
@@ -243,6 +293,8 @@ class CapabilityVectors:
 
     async def _retry_pending(self) -> None:
         """Queue again every agent whose vectors failed; the queue drops those that left."""
+        if self._learned_todo:
+            self._learned_wake.set()
         for agent_id, entry in list(self._pending.items()):
             del self._pending[agent_id]
             if self.registry.get(agent_id) is entry:

@@ -21,9 +21,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from agent_reach.clock import iso_utc
 from agent_reach.exceptions import (
     Forbidden,
     InvalidProfile,
+    LearningDisabled,
     OutboundRefused,
     RegistryError,
     RegistryFull,
@@ -31,6 +33,7 @@ from agent_reach.exceptions import (
 )
 from agent_reach.observability.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from agent_reach.protocol import AgentProfile, error_details
+from agent_reach.registry.base import LearnedRoute, normalize_phrase
 from agent_reach.router import answer
 from agent_reach.server.catalog import catalog
 from agent_reach.server.components import RouterParts
@@ -140,6 +143,9 @@ class AdminApi:
             Route("/admin/traces", self.list_traces, methods=["GET"]),
             Route("/admin/traces/{trace_id}", self.get_trace, methods=["GET"]),
             Route("/admin/reload", self.reload, methods=["POST"]),
+            Route("/admin/learned", self.list_learned, methods=["GET"]),
+            Route("/admin/learned", self.confirm_learned, methods=["POST"]),
+            Route("/admin/learned", self.forget_learned, methods=["DELETE"]),
         ]
 
     async def _read_json(self, request: Request) -> Any:
@@ -336,6 +342,70 @@ class AdminApi:
             )
         return _Json({"status": "reloaded", "path": str(self.policy.path)})
 
+    # -- learned routes ----------------------------------------------------------------------
+
+    def _learned_view(self, route: LearnedRoute) -> dict[str, Any]:
+        return {
+            **route.to_json(),
+            "at": iso_utc(route.at),
+            # False: no agent declares the task now; the route is kept, and unused until one does.
+            "declared": bool(self.parts.registry.by_task(route.task)),
+        }
+
+    async def list_learned(self, request: Request) -> Response:
+        policy = self.parts.config.routing.learning
+        routes = sorted(self.parts.registry.learned().values(), key=lambda r: -r.at)
+        vectors = self.parts.vectors
+        return _Json(
+            {
+                "enabled": policy.enabled,
+                "maxPhrases": policy.max_phrases,
+                "count": len(routes),
+                # Learned phrases whose example row is still being embedded (0 without an embedder).
+                "pendingVectors": 0 if vectors is None else vectors.learned_pending(),
+                "learned": [self._learned_view(r) for r in routes],
+            }
+        )
+
+    async def confirm_learned(self, request: Request) -> Response:
+        """An operator confirms ``phrase`` -> ``task`` (the second way a route is confirmed)."""
+        data = await self._read_json(request)
+        phrase = data.get("phrase") if isinstance(data, dict) else None
+        task = data.get("task") if isinstance(data, dict) else None
+        faults = []
+        if not isinstance(phrase, str) or not _printable_text(phrase) or not normalize_phrase(phrase):
+            faults.append({"field": "phrase", "message": "a printable string of 1 to 1024 characters"})
+        if not isinstance(task, str) or not task:
+            faults.append({"field": "task", "message": "a declared task name"})
+        if faults:
+            raise RequestError(
+                'the body must be {"phrase": "...", "task": "..."}: ' + ", ".join(f["field"] for f in faults),
+                details=faults,
+            )
+        assert isinstance(phrase, str) and isinstance(task, str)
+        policy = self.parts.config.routing.learning
+        if not policy.enabled:
+            raise LearningDisabled("learning is off: set routing.learning.enabled to true first")
+        if not self.parts.registry.by_task(task):
+            # A typo would otherwise be kept and silently never used.
+            raise RequestError(
+                f"no agent declares task {task!r}",
+                details=[{"field": "task", "message": "no agent declares it"}],
+            )
+        route = await self.parts.registry.remember(phrase, task, "operator", limit=policy.max_phrases)
+        return _Json(self._learned_view(route), status_code=201)
+
+    async def forget_learned(self, request: Request) -> Response:
+        phrase = request.query_params.get("phrase")
+        if not phrase:
+            raise RequestError(
+                "give the phrase to forget: DELETE /admin/learned?phrase=...",
+                details=[{"field": "phrase", "message": "required"}],
+            )
+        if not await self.parts.registry.forget(phrase):
+            return _error(404, "NOT_FOUND", "no learned route for that phrase")
+        return Response(status_code=204)
+
     # -- errors ------------------------------------------------------------------------------
 
     async def _on_reach_error(self, request: Request, exc: Exception) -> Response:
@@ -346,6 +416,11 @@ class AdminApi:
         assert isinstance(exc, HTTPException)
         code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(exc.status_code, "HTTP_ERROR")
         return _error(exc.status_code, code, f"{request.method} {request.url.path}: {exc.detail}")
+
+
+def _printable_text(text: str) -> bool:
+    """As a ReachRequest's ``targetTask``: 1 to 1024 characters, no control characters."""
+    return 0 < len(text) <= 1024 and not any(ord(c) < 0x20 or ord(c) == 0x7F for c in text)
 
 
 def _may_register(request: Request, agent_id: str, tasks: list[str] | None = None) -> None:

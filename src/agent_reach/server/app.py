@@ -115,10 +115,11 @@ class RouterApp:
                 return
             except ClientGone:
                 return
-            owner = principal_of(scope).key if self.auth_on else None
+            caller = principal_of(scope).key
+            owner = caller if self.auth_on else None
             try:
                 status, payload = await parts.dispatcher.handle(
-                    body, trace_header=trace_hint, parent=parent, owner=owner
+                    body, trace_header=trace_hint, parent=parent, owner=owner, caller=caller
                 )
             except Exception:
                 # A bug, not bad input: still one ReachResponse, and the traceback stays here.

@@ -25,6 +25,7 @@ from agent_reach.resilience.health import HealthChecker
 from agent_reach.resilience.retry import RetryBudget
 from agent_reach.resilience.shedding import LoadShedder
 from agent_reach.router.dispatcher import Dispatcher
+from agent_reach.router.learning import RouteLearner
 from agent_reach.router.results import ResultStore
 from agent_reach.routing.pipeline import Pipeline
 from agent_reach.routing.stats import StatsBook
@@ -75,6 +76,7 @@ class RouterParts:
     metrics: RouterMetrics
     trace_log: TraceLog
     url_guard: UrlGuard
+    learner: RouteLearner
     dispatcher: Dispatcher = field(init=False)
     health: HealthChecker = field(init=False)
     # Which worker of `reach router --workers N` this is (shown by /healthz); None alone.
@@ -127,7 +129,10 @@ class RouterParts:
             ),
             trace_log=TraceLog(redact_fields=config.logging.redact),
             url_guard=url_guard,
+            learner=RouteLearner(registry, config.routing.learning, clock=clock),
         )
+        if vectors is not None:
+            vectors.set_learning(config.routing.learning.enabled)
         parts._wire()
         return parts
 
@@ -156,7 +161,7 @@ class RouterParts:
         # Switched off, the store and metrics still exist (the endpoints answer, empty) but are
         # not fed: that is what the overhead benchmark compares against.
         config = self.config
-        observers: list[Observer] = [self.trace_log]
+        observers: list[Observer] = [self.trace_log, self.learner]
         if config.metrics.enabled:
             observers.append(self.metrics)
         if config.tracing.enabled:
@@ -176,8 +181,10 @@ class RouterParts:
         self.dispatcher.apply(config, self.budget)
         self.pipeline.apply(config.routing)
         self.stats.tau = config.routing.merit.ewma_tau_seconds
+        self.learner.policy = config.routing.learning
         if self.vectors is not None:
             self.vectors.policy = config.embedding
+            self.vectors.set_learning(config.routing.learning.enabled)
         self.registry.apply(config.registry)
         self.breakers.policy = config.breaker
         self.breakers.overrides = config.tasks
@@ -203,6 +210,7 @@ class RouterParts:
     async def close(self) -> None:
         """Stop background work and close connections, the reverse of :meth:`start`."""
         await self.dispatcher.close()
+        await self.learner.close()
         await self.health.close()
         await self.shedder.close()
         if self.vectors is not None:

@@ -15,11 +15,13 @@ from agent_reach.exceptions import (
     AgentNotFound,
     BodyTimeout,
     InvalidProfile,
+    LearningDisabled,
     LeaseMismatch,
     LeaseNotFound,
     PayloadTooLarge,
     RegistryError,
     RegistryFull,
+    RegistryUnavailable,
     RequestError,
     UnsupportedMediaType,
 )
@@ -41,6 +43,33 @@ def _path_param(name: str) -> dict[str, Any]:
 
 
 _ERROR = {"type": "object", "properties": {"error": _ref("ErrorInfo")}, "required": ["error"]}
+_LEARNED_BODY = {
+    "type": "object",
+    "properties": {"phrase": {"type": "string"}, "task": {"type": "string"}},
+    "required": ["phrase", "task"],
+}
+_LEARNED_ROUTE = {
+    "type": "object",
+    "properties": {
+        "phrase": {"type": "string"},
+        "task": {"type": "string"},
+        "source": {"type": "string", "enum": ["caller", "operator"]},
+        "at": {"type": "string"},
+        "declared": {"type": "boolean"},
+    },
+    "required": ["phrase", "task", "source", "at", "declared"],
+}
+_LEARNED_LIST = {
+    "type": "object",
+    "properties": {
+        "enabled": {"type": "boolean"},
+        "maxPhrases": {"type": "integer"},
+        "count": {"type": "integer"},
+        "pendingVectors": {"type": "integer"},
+        "learned": {"type": "array", "items": _LEARNED_ROUTE},
+    },
+    "required": ["enabled", "maxPhrases", "count", "pendingVectors", "learned"],
+}
 _LEASE_BODY = {"type": "object", "properties": {"leaseId": {"type": "string"}}, "required": ["leaseId"]}
 
 # How a request body is refused before its endpoint reads it (http.read_body and the JSON
@@ -259,6 +288,32 @@ def _admin_paths() -> dict[str, Operation]:
                 "parameters": [_path_param("trace_id")],
                 "responses": {"200": {"description": "the trace"}, "404": _json(_ERROR, "TRACE_NOT_FOUND")},
             }
+        },
+        "/admin/learned": {
+            "get": {
+                "summary": "Learned routes (routing.learning), newest first",
+                "responses": {"200": _json(_LEARNED_LIST, "the learned routes and the policy")},
+            },
+            "post": {
+                "summary": "Confirm a route: remember a phrase for a declared task (needs learning on)",
+                "requestBody": {"required": True, **_json(_LEARNED_BODY, "the phrase and its task")},
+                "responses": {
+                    "201": _json(_LEARNED_ROUTE, "remembered (a newer confirmation replaces an older one)"),
+                    **error_responses(LearningDisabled, RegistryUnavailable, body=True),
+                },
+            },
+            "delete": {
+                "summary": "Forget a learned phrase (matched normalized)",
+                "parameters": [
+                    {"name": "phrase", "in": "query", "required": True, "schema": {"type": "string"}}
+                ],
+                "responses": {
+                    "204": {"description": "forgotten"},
+                    "400": _json(_ERROR, "no phrase given"),
+                    "404": _json(_ERROR, "NOT_FOUND: no learned route for that phrase"),
+                    **error_responses(RegistryUnavailable),
+                },
+            },
         },
         "/admin/reload": {
             "post": {

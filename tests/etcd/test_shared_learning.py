@@ -1,0 +1,62 @@
+"""Learned routes travel through etcd: what one Router learns routes on another."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import pytest
+
+from agent_reach.testing import FakeAgent, RouterServer
+from tests.etcd.conftest import etcd_policy
+
+pytestmark = pytest.mark.etcd
+
+
+async def _count(http: httpx.AsyncClient, url: str, count: int) -> dict[str, Any]:
+    """GET /admin/learned on ``url`` once it lists ``count`` routes (the watch brings them)."""
+    for _ in range(3000):  # bounded: a route that never arrives fails the test
+        listing: dict[str, Any] = (await http.get(f"{url}/admin/learned")).json()
+        if listing["count"] == count:
+            return listing
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"never reached {count} learned routes")
+
+
+async def test_a_route_learned_on_one_router_routes_on_the_other(etcd, client) -> None:
+    """Confirmed on A, it routes on B; forgotten on B, A stops routing it; the bound holds
+    across both; a Router started later reads them all."""
+    policy = etcd_policy(
+        etcd, routing={"learning": {"enabled": True, "max_phrases": 2}}, health={"enabled": False}
+    )
+    agent = await FakeAgent("parcel", tasks=("track_parcel",)).start()
+    try:
+        async with RouterServer(policy) as a, RouterServer(policy) as b:
+            await agent.register(a.url)
+            made = await client.post(
+                f"{a.url}/admin/learned", json={"phrase": "Where is my parcel", "task": "track_parcel"}
+            )
+            assert made.status_code == 201, made.text
+            await _count(client, b.url, 1)
+            routed = (await client.post(f"{b.url}/reach", json={"targetTask": "where is my parcel"})).json()
+            assert routed["status"] == "SUCCESS", routed
+            assert (
+                await client.delete(f"{b.url}/admin/learned", params={"phrase": "WHERE is my parcel"})
+            ).status_code == 204
+            await _count(client, a.url, 0)
+            refused = (await client.post(f"{a.url}/reach", json={"targetTask": "where is my parcel"})).json()
+            assert refused["status"] == "NO_AVAILABLE_HANDLER"
+            for i, router in enumerate((a, b, a)):
+                made = await client.post(
+                    f"{router.url}/admin/learned", json={"phrase": f"phrase {i}", "task": "track_parcel"}
+                )
+                assert made.status_code == 201
+                await _count(client, a.url if router is b else b.url, min(i + 1, 2))
+            listing = await _count(client, a.url, 2)
+            assert sorted(r["phrase"] for r in listing["learned"]) == ["phrase 1", "phrase 2"]
+            async with RouterServer(policy) as c:
+                joined = await _count(client, c.url, 2)
+                assert sorted(r["phrase"] for r in joined["learned"]) == ["phrase 1", "phrase 2"]
+    finally:
+        await agent.stop()
