@@ -24,7 +24,9 @@ from router_overhead import Bench
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--seconds", type=float, default=10.0, help="seconds of profiling under load")
     parser.add_argument("--out", type=Path, default=Path("bench/flame-router.svg"))
     parser.add_argument("--format", default="flamegraph", choices=["flamegraph", "speedscope", "raw"])
@@ -43,8 +45,19 @@ def main(argv: list[str] | None = None) -> int:
         router, url = bench.start_router(agent_url, policy=args.policy)
         bench.wrk(url, 32, 1, 1.0)  # warm-up
         cmd = [
-            spy, "record", "--pid", str(router.pid), "--duration", str(int(args.seconds)),
-            "--rate", str(args.rate), "--format", args.format, "--output", str(args.out), "--nonblocking",
+            spy,
+            "record",
+            "--pid",
+            str(router.pid),
+            "--duration",
+            str(int(args.seconds)),
+            "--rate",
+            str(args.rate),
+            "--format",
+            args.format,
+            "--output",
+            str(args.out),
+            "--nonblocking",
         ]
         if args.gil:
             cmd.append("--gil")
