@@ -13,6 +13,9 @@ bounds the head of every request, before the ASGI app sees it:
 
 The body has its own timeout in the app (:func:`agent_reach.server.http.read_body`), and idle
 keep-alive connections close after uvicorn's ``timeout_keep_alive``.
+
+It also sends each response head and its body in one write (:class:`_OneWrite`): uvicorn writes
+them separately, which is two system calls per response on the hot path.
 """
 
 from __future__ import annotations
@@ -26,6 +29,44 @@ from agent_reach.config import ServerPolicy
 from agent_reach.server.http import BODY_COMPLETE
 
 _REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
+
+
+class _OneWrite:
+    """The connection's transport as uvicorn's response cycle sees it: a write is held back
+    until the next write on it, or until the end of the event loop's turn, whichever comes
+    first, so a response head and its body leave in one ``write``. Nothing is reordered (a
+    held write goes out before anything else written or closed) and nothing waits longer
+    than the turn in which it was written."""
+
+    __slots__ = ("_held", "_loop", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._held: bytes | None = None
+
+    def write(self, data: bytes) -> None:
+        held = self._held
+        if held is None:
+            self._held = data
+            self._loop.call_soon(self.flush)
+        else:
+            self._held = None
+            self._transport.write(held + data)
+
+    def flush(self) -> None:
+        held = self._held
+        if held is not None:
+            self._held = None
+            self._transport.write(held)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        # Everything else (is_closing, get_extra_info, ...) is the transport's own.
+        return getattr(self._transport, name)
 
 
 class GuardedHttpTools(HttpToolsProtocol):
@@ -45,6 +86,7 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._head_timer: asyncio.TimerHandle | None = self.loop.call_later(
             self.header_timeout_s, self._head_too_slow
         )
+        self._one_write = _OneWrite(transport, self.loop)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -92,6 +134,8 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._head_bytes = 0
         self._disarm()
         super().on_headers_complete()
+        if self.cycle is not None:
+            self.cycle.transport = self._one_write  # type: ignore[assignment]
 
     def on_body(self, body: bytes) -> None:
         if not self._refused:
@@ -130,6 +174,7 @@ class GuardedHttpTools(HttpToolsProtocol):
         """Answer ``status`` with a short text and close: the app never sees the request."""
         self._refused = True
         self._disarm()
+        self._one_write.flush()  # a response still held goes out first
         if self.transport.is_closing():
             return
         body = message.encode()

@@ -1,12 +1,13 @@
-"""The aiohttp implementation of the transport contract: one pooled client session.
+"""The HTTP implementation of the transport contract.
 
-This is the only Router module that imports an HTTP client. Its errors become the project's own
-here, with ``raise ... from exc``, and nowhere else.
+Forwarding a request (``send``, on every call) goes through the lean pooled client of
+:mod:`.fastclient`; the rare calls (health probes, holds checks, ``replyTo`` deliveries) through
+one shared aiohttp session. Both use the same TLS context and URL guard. Their errors become the
+project's own here, with ``raise ... from exc``, and nowhere else.
 """
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 import socket
 import ssl
@@ -17,6 +18,7 @@ import orjson
 from aiohttp.abc import AbstractResolver
 from aiohttp.resolver import DefaultResolver
 
+from agent_reach import __version__
 from agent_reach.config import OutboundPolicy
 from agent_reach.exceptions import (
     AttemptTimeout,
@@ -26,7 +28,8 @@ from agent_reach.exceptions import (
     DeliveryFailed,
 )
 from agent_reach.transport import a2a
-from agent_reach.transport.base import DEFAULT_RESPONSE_LIMIT, AttemptLimits, classify_answer, too_large
+from agent_reach.transport.base import DEFAULT_RESPONSE_LIMIT, AttemptLimits, classify_answer
+from agent_reach.transport.fastclient import BadUrl, BrokenBody, ConnectTimeout, Disconnected, Pool
 from agent_reach.transport.urlguard import UrlGuard
 
 # What a failed probe, holds check or delivery can raise; all mean "no".
@@ -56,8 +59,8 @@ def client_tls(policy: OutboundPolicy) -> ssl.SSLContext:
 
 def tls_failure(exc: aiohttp.ClientSSLError | ssl.SSLError) -> str:
     """What went wrong in a TLS handshake, in words an operator can act on."""
-    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
-        cause = exc.certificate_error
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError | ssl.SSLCertVerificationError):
+        cause = exc.certificate_error if isinstance(exc, aiohttp.ClientConnectorCertificateError) else exc
         detail = getattr(cause, "verify_message", None) or str(cause)
         return (
             f"TLS: the agent's certificate was refused ({detail}); "
@@ -95,7 +98,7 @@ class _GuardedResolver(AbstractResolver):
 
 
 class HttpTransport:
-    """Talks to agents over one shared ``aiohttp.ClientSession``, created inside the loop."""
+    """Talks to agents: a lean pool for forwarding, an ``aiohttp.ClientSession`` for the rest."""
 
     def __init__(
         self,
@@ -111,8 +114,17 @@ class HttpTransport:
         self._guard = guard or UrlGuard()
         self._ssl = client_tls(tls or OutboundPolicy())
         self._session: aiohttp.ClientSession | None = None
+        self._pool: Pool | None = None
 
     async def open(self) -> None:
+        if self._pool is None:
+            self._pool = Pool(
+                size=self._pool_size,
+                response_limit=self._response_limit,
+                guard=self._guard,
+                tls=self._ssl,
+                user_agent=f"agent-reach/{__version__}",
+            )
         if self._session is None:
             # One TLS context for every call on the session: agents, probes, holds, replyTo.
             connector = aiohttp.TCPConnector(
@@ -128,6 +140,9 @@ class HttpTransport:
             )
 
     async def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -157,59 +172,36 @@ class HttpTransport:
     ) -> tuple[int, bytes]:
         """POST ``body`` to ``url``: the HTTP status and the whole answer body.
 
-        ``total_s`` is a hard ceiling on the whole attempt, on the event loop's clock: aiohttp's
-        own read timer only starts once the request is written, which under load is late.
+        Connect timeout, read timeout (between two reads) and ``total_s`` (a hard ceiling on the
+        whole attempt, on the event loop's clock) as aiohttp had them; answers over the limit
+        are RESPONSE_TOO_LARGE.
         """
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=limits.connect_s, sock_read=limits.read_s)
+        pool = self._pool
+        if pool is None:
+            raise RuntimeError("HttpTransport.open() was not awaited")
         try:
-            async with (
-                asyncio.timeout(limits.total_s),
-                self._http.post(
-                    url, data=body, headers=headers, timeout=timeout, allow_redirects=False
-                ) as resp,
-            ):
-                raw = await self._read(resp)
-                status = resp.status
-        except aiohttp.ConnectionTimeoutError as exc:
+            return await pool.post(url, body, headers, limits.connect_s, limits.read_s, limits.total_s)
+        except ConnectTimeout as exc:
             raise ConnectFailed(f"connect timeout after {limits.connect_s * 1000:.0f} ms") from exc
-        except (aiohttp.ClientSSLError, ssl.SSLError) as exc:
-            # Before the generic branches: both are connection errors too, but "TLS" is the news.
+        except ssl.SSLError as exc:
+            # Before the generic branches: a certificate error is an OSError and a ValueError too.
             raise ConnectFailed(tls_failure(exc)) from exc
-        except TimeoutError as exc:  # aiohttp's read timeouts subclass it, as does the ceiling
+        except TimeoutError as exc:  # the read timeout, or the attempt's ceiling
             waited = min(limits.read_s, limits.total_s) * 1000
             raise AttemptTimeout(f"no answer within {waited:.0f} ms") from exc
-        except aiohttp.ClientConnectorError as exc:
-            refused = isinstance(exc.os_error, ConnectionRefusedError)
-            raise ConnectFailed(f"{type(exc).__name__}: {exc}", refused=refused) from exc
-        except aiohttp.ClientPayloadError as exc:
+        except BrokenBody as exc:
             raise BadAgentResponse(f"broken response body: {exc}") from exc
-        except (aiohttp.ClientConnectionError, OSError) as exc:
-            # Reset, unreachable, or the server hung up: all network errors.
-            raise ConnectFailed(f"{type(exc).__name__}: {exc}") from exc
-        except ValueError as exc:
-            # A URL the standard library accepted at registration but aiohttp cannot use
+        except Disconnected as exc:
+            raise ConnectFailed(f"ServerDisconnected: {exc}") from exc
+        except BadUrl as exc:
+            # A URL the standard library accepted at registration but that cannot be requested
             # (``http://[::1]]:80/``): this agent cannot be reached; the request fails over.
-            raise ConnectFailed(f"the agent's endpoint is not a usable URL ({type(exc).__name__})") from exc
-        return status, raw
-
-    async def _read(self, resp: aiohttp.ClientResponse) -> bytes:
-        """The whole answer body, or RESPONSE_TOO_LARGE once it passes the limit.
-
-        ``StreamReader.read(n)`` returns whatever is buffered (often 64 KiB), not ``n`` bytes, so
-        the body is gathered chunk by chunk until EOF.
-        """
-        limit = self._response_limit
-        length = resp.content_length
-        if length is not None and length > limit:
-            raise too_large(f"the agent's answer of {length} bytes is over the {limit}-byte limit")
-        chunks: list[bytes] = []
-        received = 0
-        async for chunk in resp.content.iter_any():
-            received += len(chunk)
-            if received > limit:
-                raise too_large(f"the agent's answer is over the {limit}-byte limit")
-            chunks.append(chunk)
-        return b"".join(chunks)
+            raise ConnectFailed(f"the agent's endpoint is not a usable URL ({exc})") from exc
+        except OSError as exc:
+            # Refused, reset, unreachable, a name that does not resolve (or only to refused
+            # addresses): all network errors.
+            refused = isinstance(exc, ConnectionRefusedError)
+            raise ConnectFailed(f"{type(exc).__name__}: {exc}", refused=refused) from exc
 
     async def probe(self, url: str, timeout_s: float) -> bool:
         try:
