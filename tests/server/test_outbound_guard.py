@@ -10,6 +10,7 @@ from aiohttp import web
 
 from agent_reach.config import OutboundPolicy, RouterConfig
 from agent_reach.exceptions import OutboundRefused
+from agent_reach.protocol import AgentProfile
 from agent_reach.testing import FakeAgent, RouterServer, free_port
 from agent_reach.transport.urlguard import UrlGuard
 
@@ -181,3 +182,34 @@ async def test_no_redirect_echoes_the_host_header(http) -> None:
     resp = await http.get("/metrics/", headers={"Host": "evil.example"}, follow_redirects=False)
     assert resp.status_code == 404
     assert "location" not in resp.headers
+
+
+async def test_connect_time_check_catches_a_literal_address_that_bypassed_the_api() -> None:
+    """A literal loopback endpoint put straight into the registry (as from a shared store) is not called."""
+    config = RouterConfig.model_validate(
+        {"health": {"enabled": False}, "outbound": {"allow_loopback": False}}
+    )
+    async with RouterServer(config) as router:
+        agent = await FakeAgent("sneaky").start()
+        try:
+            # Past the API's check: written into the registry directly, as etcd's watch would.
+            await router.app.parts.registry.register(AgentProfile.model_validate(agent.profile()))
+            async with httpx.AsyncClient(base_url=router.url) as client:
+                answer = (await client.post("/reach", json={"targetTask": "echo"})).json()
+            assert answer["status"] != "SUCCESS"
+            assert agent.received == []
+        finally:
+            await agent.stop()
+
+
+async def test_health_probes_skip_a_refused_literal_address() -> None:
+    """The probe client checks literal addresses too: a refused one is never probed."""
+    config = RouterConfig.model_validate({"outbound": {"allow_loopback": False}})
+    async with RouterServer(config) as router:
+        agent = await FakeAgent("probed").start()
+        try:
+            transport = router.app.parts.transport
+            assert await transport.probe(f"http://127.0.0.1:{agent.port}/healthz", 2.0) is False
+            assert agent.health_probes == 0
+        finally:
+            await agent.stop()

@@ -13,8 +13,8 @@ Kept from the aiohttp path, on purpose and exactly:
   reads of the answer, from the moment the request is written) and the attempt's hard ceiling;
 - whole answers up to ``response_limit`` bytes, ``RESPONSE_TOO_LARGE`` past it, whether
   announced by Content-Length or found while reading (gzip/deflate answers counted decoded);
-- the outbound URL guard at connect time: a name is resolved, then every address the guard
-  refuses is dropped (literal addresses are not re-checked here, as aiohttp did not either);
+- the outbound URL guard at connect time: a literal address is checked, a name is checked and
+  resolved, then every address the guard refuses is dropped;
 - TLS (and mTLS) with the transport's one ``SSLContext``;
 - URLs are parsed with yarl, aiohttp's own parser, so an endpoint aiohttp refused is refused.
 
@@ -35,6 +35,7 @@ from typing import cast
 import httptools
 import yarl
 
+from agent_reach.exceptions import OutboundRefused
 from agent_reach.transport.base import too_large
 from agent_reach.transport.urlguard import UrlGuard
 
@@ -416,13 +417,23 @@ class Pool:
         raise last
 
     async def _resolve(self, host: str, port: int) -> list[str]:
-        """The addresses to try for ``host``; names pass the URL guard, literals go as they are."""
+        """The addresses to try for ``host``, every one passed by the URL guard.
+
+        Literal addresses and names are checked here too, not only at registration: with a
+        shared registry, a profile can reach a Router's snapshot without passing its API.
+        """
         bare = host[1:-1] if host.startswith("[") else host
         try:
-            ipaddress.ip_address(bare)
+            literal = ipaddress.ip_address(bare.split("%", 1)[0])
         except ValueError:
-            pass
+            try:
+                self._guard.check_name(host)
+            except OutboundRefused as exc:
+                raise OSError(f"{host}: {exc.message}") from exc
         else:
+            refusal = self._guard.refusal(literal)
+            if refusal is not None:
+                raise OSError(f"{host} {refusal}")
             return [bare]
         loop = self._loop
         assert loop is not None

@@ -26,6 +26,7 @@ from agent_reach.exceptions import (
     ConfigError,
     ConnectFailed,
     DeliveryFailed,
+    OutboundRefused,
 )
 from agent_reach.transport import a2a
 from agent_reach.transport.base import DEFAULT_RESPONSE_LIMIT, AttemptLimits, classify_answer
@@ -203,7 +204,21 @@ class HttpTransport:
             refused = isinstance(exc, ConnectionRefusedError)
             raise ConnectFailed(f"{type(exc).__name__}: {exc}", refused=refused) from exc
 
+    def _refused(self, url: str) -> str | None:
+        """Why the guard refuses ``url`` now (a literal address, a name, the allow-list), or None.
+
+        The resolver only sees names; a literal address must be checked here. With a shared
+        registry, an endpoint can reach the snapshot without passing the registration API.
+        """
+        try:
+            self._guard.check_url(url)
+        except OutboundRefused as exc:
+            return exc.message
+        return None
+
     async def probe(self, url: str, timeout_s: float) -> bool:
+        if self._refused(url) is not None:
+            return False
         try:
             async with self._http.get(
                 url, timeout=aiohttp.ClientTimeout(total=timeout_s), allow_redirects=False
@@ -213,6 +228,8 @@ class HttpTransport:
             return False
 
     async def holds(self, url: str, timeout_s: float) -> bool:
+        if self._refused(url) is not None:
+            return False
         try:
             async with self._http.get(
                 url, timeout=aiohttp.ClientTimeout(total=timeout_s), allow_redirects=False
@@ -225,6 +242,9 @@ class HttpTransport:
         return isinstance(answer, dict) and answer.get("holds") is True
 
     async def deliver(self, url: str, body: bytes, headers: dict[str, str], timeout_s: float) -> None:
+        refused = self._refused(url)
+        if refused is not None:
+            raise DeliveryFailed(f"URL refused: {refused}")
         try:
             async with self._http.post(
                 url,
