@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 
@@ -255,3 +256,82 @@ def _b64(text: str) -> str:
     import base64
 
     return base64.b64encode(text.encode()).decode()
+
+
+async def test_an_agent_token_quota_holds_under_concurrent_registrations(etcd, client, monkeypatch):
+    """Ten registrations of one token at once through one Router: its quota of 2 holds, and an
+    agent whose lease expired no longer counts against it."""
+    monkeypatch.setenv("REACH_AGENT_TOKEN", "quota-agent-token-1234")
+    monkeypatch.setenv("REACH_ADMIN_TOKEN", "quota-admin-token-5678")
+    headers = {"Authorization": "Bearer quota-agent-token-1234"}
+    admin = {"Authorization": "Bearer quota-admin-token-5678"}
+    policy = etcd_policy(etcd, registry={"max_agents_per_token": 2, "lease_ttl_seconds": 2})
+    async with RouterServer(policy) as a:
+        bodies = [
+            {
+                "id": f"q-{i}",
+                "network": {"endpoint": "http://127.0.0.1:9/reach"},
+                "capabilities": [{"task": "t"}],
+            }
+            for i in range(10)
+        ]
+        answers = await asyncio.gather(
+            *(client.post(f"{a.url}/agents", json=b, headers=headers) for b in bodies)
+        )
+        codes = sorted(r.status_code for r in answers)
+        assert codes.count(201) == 2, codes
+        assert set(codes) == {201, 503}
+
+        async def both_offline() -> bool:
+            rows = (await client.get(f"{a.url}/admin/agents", headers=admin)).json()
+            return bool(rows) and all(row["status"] == "offline" for row in rows)
+
+        await eventually(both_offline)
+        resp = await client.post(f"{a.url}/agents", json={**bodies[0], "id": "q-new"}, headers=headers)
+        assert resp.status_code == 201, resp.text
+
+
+async def test_a_record_under_another_ids_key_is_ignored(etcd, client):
+    """A value written into etcd by something else, naming another id, never enters the snapshot."""
+    async with RouterServer(etcd_policy(etcd)) as a:
+        agent = await FakeAgent("beta").start()
+        try:
+            await agent.register(a.url)
+            forged = {
+                "state": "live",
+                "profile": {**agent.profile(), "network": {"endpoint": "http://127.0.0.1:9/reach"}},
+                "ttl": 60,
+                "leaseDigest": "x",
+            }
+            put = {"key": _b64("/agent-reach/v1/agents/evil"), "value": _b64(json.dumps(forged))}
+            await client.post(etcd.members[0].client_url + "/v3/kv/put", json=put)
+            nan = {**forged, "profile": {**forged["profile"], "id": "nan-ttl"}, "ttl": "nan"}
+            put = {"key": _b64("/agent-reach/v1/agents/nan-ttl"), "value": _b64(json.dumps(nan))}
+            await client.post(etcd.members[0].client_url + "/v3/kv/put", json=put)
+            marker = await FakeAgent("marker").start()
+            try:
+                await marker.register(a.url)  # written after both: once it is seen, they were too
+                await eventually(lambda: listed(client, a, "marker"))
+            finally:
+                await marker.stop()
+            assert (await listed(client, a, "beta"))["endpoint"] == agent.endpoint
+            assert await listed(client, a, "evil") is None
+            assert await listed(client, a, "nan-ttl") is None
+        finally:
+            await agent.stop()
+
+
+async def test_a_same_registrant_retry_through_the_same_router_keeps_its_lease(etcd, client):
+    """A lost answer retried through the Router that granted the lease gets that very lease back."""
+    async with RouterServer(etcd_policy(etcd)) as a:
+        body = {
+            "id": "retrier",
+            "network": {"endpoint": "http://127.0.0.1:9003/reach"},
+            "capabilities": [{"task": "echo"}],
+            "instanceId": "instance-token-of-this-process-0123456789",
+        }
+        first = (await client.post(f"{a.url}/agents", json=body)).json()
+        again = await client.post(f"{a.url}/agents", json=body)
+        assert again.status_code == 200
+        assert again.json()["leaseId"] == first["leaseId"]
+        assert again.json()["ttlSeconds"] == first["ttlSeconds"] == 60

@@ -243,7 +243,7 @@ class EtcdRegistry(MemoryRegistry):
                 self._remove(current)
                 self._emit(RegistryEvent.DEREGISTERED, current)
             return False
-        entry = self._entry(record, kv)
+        entry = self._entry(record, kv, expect_id=agent_id)
         if entry is None:
             return False
         self._install(entry, current is not None and current.status is not AgentStatusValue.OFFLINE)
@@ -255,15 +255,27 @@ class EtcdRegistry(MemoryRegistry):
         except orjson.JSONDecodeError:
             log.warning("[registry] skipping %s: not JSON (written by something else?)", kv.key)
             return None
-        return record if isinstance(record, dict) else None
+        if not isinstance(record, dict):
+            log.warning("[registry] skipping %s: not a JSON object (written by something else?)", kv.key)
+            return None
+        return record
 
-    def _entry(self, record: dict[str, Any], kv: KeyValue, lease_id: str = "") -> AgentEntry | None:
+    def _entry(
+        self, record: dict[str, Any], kv: KeyValue, lease_id: str = "", expect_id: str | None = None
+    ) -> AgentEntry | None:
         try:
             profile = AgentProfile.model_validate(record["profile"])
             ttl = float(record["ttl"])
             lease_digest = str(record["leaseDigest"])
+            if not (ttl == 0 or 0 < ttl < 1e9):  # NaN, infinities and negatives fail both
+                raise ValueError("ttl")
+            if expect_id is not None and profile.id != expect_id:
+                # A record under another id's key would route that id to its endpoint while
+                # etcd holds the real one, and never leave the snapshot.
+                raise ValueError(f"the key holds the profile of {profile.id!r}")
         except (KeyError, TypeError, ValueError, ValidationError) as exc:
-            log.warning("[registry] skipping %s: not an agent record (%s)", kv.key, type(exc).__name__)
+            why = type(exc).__name__ if isinstance(exc, ValidationError) else str(exc) or type(exc).__name__
+            log.warning("[registry] skipping %s: not an agent record (%s)", kv.key, why)
             return None
         caps, validators = compile_capabilities(profile)
         now = self._clock.monotonic()
@@ -394,7 +406,10 @@ class EtcdRegistry(MemoryRegistry):
             replacing = self.check_replace(current, profile, lease_id, instance_id)
             # Replacing with the lease: it stays. The same registrant, whose answer was lost: a new
             # lease id on the same etcd lease (the store does not know the old one, only its digest).
-            secret = lease_id if replacing and lease_id is not None else new_secret_lease()
+            secret = lease_id if replacing and lease_id is not None else None
+            if secret is None and replacing and current is not None:
+                secret = self._known_lease(profile.id, current)
+            secret = secret or new_secret_lease()
             if managed:
                 ttl = 0.0
             else:
@@ -416,6 +431,15 @@ class EtcdRegistry(MemoryRegistry):
             self.revision = max(self.revision, done)
             return entry, not replacing
         raise AgentIdConflict(f"agent id {profile.id!r} is being registered concurrently elsewhere; retry")
+
+    def _known_lease(self, agent_id: str, current: AgentEntry) -> str | None:
+        """The lease itself, when this Router granted ``current``'s (it keeps what it gave out):
+        a same-registrant retry through it gets the same lease back. Another Router knows only
+        the digest, so it can only issue a new lease id on the same etcd lease."""
+        local = self._entries.get(agent_id)
+        if local is not None and local.lease_id and local.lease_digest == current.lease_digest:
+            return local.lease_id
+        return None
 
     def _draft(
         self,

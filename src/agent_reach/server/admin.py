@@ -7,9 +7,10 @@ its policy file and whether it has started; it never reaches back into the ASGI 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -32,7 +33,7 @@ from agent_reach.exceptions import (
     RequestError,
 )
 from agent_reach.observability.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from agent_reach.protocol import AgentProfile, error_details
+from agent_reach.protocol import AgentProfile, AgentStatusValue, error_details
 from agent_reach.registry.base import LearnedRoute, normalize_phrase
 from agent_reach.router import answer
 from agent_reach.server.catalog import catalog
@@ -113,6 +114,8 @@ class AdminApi:
         self.policy = policy
         self._started = started
         self._openapi: dict[str, Any] | None = None
+        # Registrations between their quota check and their write, per agent token.
+        self._reserved: dict[str, list[str]] = {}
         self.app = Starlette(
             routes=self._routes(),
             exception_handlers={
@@ -186,29 +189,52 @@ class AdminApi:
             ) from exc
         principal = principal_of(request.scope)
         _may_register(request, profile.id, profile.tasks)
-        self._check_quota(principal, profile.id)
-        await self._check_endpoint(profile.network.endpoint)
-        entry, created = await self.parts.registry.register(
-            profile,
-            lease_id=lease_id,
-            instance_id=instance_id,
-            holder=principal.key if principal.role == "agent" else None,
-            managed=managed,
-        )
+        # Held from the check to the write: concurrent registrations of one token count each other.
+        with self._reserve(principal, profile.id):
+            await self._check_endpoint(profile.network.endpoint)
+            entry, created = await self.parts.registry.register(
+                profile,
+                lease_id=lease_id,
+                instance_id=instance_id,
+                holder=principal.key if principal.role == "agent" else None,
+                managed=managed,
+            )
         registration = {
             "agentId": entry.id,
             "leaseId": entry.lease_id,
-            "ttlSeconds": entry.ttl_seconds,
+            "ttlSeconds": _seconds(entry.ttl_seconds),
             "status": entry.status.value,
         }
         return _Json(registration, status_code=201 if created else 200)
+
+    @contextlib.contextmanager
+    def _reserve(self, principal: Principal, agent_id: str) -> Iterator[None]:
+        """Check the token's quota and hold a place for ``agent_id`` until the write is done."""
+        self._check_quota(principal, agent_id)
+        if principal.role != "agent":
+            yield
+            return
+        held = self._reserved.setdefault(principal.key, [])
+        held.append(agent_id)
+        try:
+            yield
+        finally:
+            held.remove(agent_id)
+            if not held:
+                del self._reserved[principal.key]
 
     def _check_quota(self, principal: Principal, agent_id: str) -> None:
         """An agent token holds at most registry.max_agents_per_token live agents."""
         if principal.role != "agent":
             return
         # Counted from the registry itself, so a shared one counts what every Router registered.
-        mine = sum(1 for e in self.parts.registry.agents() if e.holder == principal.key and e.id != agent_id)
+        # Live agents only: a token whose agents crashed is not locked out for the grace period.
+        mine = sum(
+            1
+            for e in self.parts.registry.agents()
+            if e.holder == principal.key and e.id != agent_id and e.status is not AgentStatusValue.OFFLINE
+        )
+        mine += sum(1 for held in self._reserved.get(principal.key, ()) if held != agent_id)
         cap = self.parts.config.registry.max_agents_per_token
         if mine >= cap:
             raise RegistryFull(
@@ -245,7 +271,7 @@ class AdminApi:
             )
         _may_register(request, request.path_params["agent_id"])
         entry = await self.parts.registry.renew(request.path_params["agent_id"], lease_id)
-        return _Json({"agentId": entry.id, "leaseId": lease_id, "ttlSeconds": entry.ttl_seconds})
+        return _Json({"agentId": entry.id, "leaseId": lease_id, "ttlSeconds": _seconds(entry.ttl_seconds)})
 
     async def deregister(self, request: Request) -> Response:
         lease_id = request.headers.get("x-reach-lease")
@@ -447,3 +473,8 @@ async def _resolve(host: str) -> list[Address]:
 
 
 __all__ = ["AdminApi", "whole_number"]
+
+
+def _seconds(value: float) -> float | int:
+    """``ttlSeconds`` as the policy wrote it: 60, not 60.0, whichever backend stored it."""
+    return int(value) if float(value).is_integer() else value
