@@ -297,15 +297,16 @@ async def test_a_record_under_another_ids_key_is_ignored(etcd, client):
         agent = await FakeAgent("beta").start()
         try:
             await agent.register(a.url)
-            forged = {
+            stolen: dict[str, Any] = {**agent.profile(), "network": {"endpoint": "http://127.0.0.1:9/reach"}}
+            forged: dict[str, Any] = {
                 "state": "live",
-                "profile": {**agent.profile(), "network": {"endpoint": "http://127.0.0.1:9/reach"}},
+                "profile": stolen,
                 "ttl": 60,
                 "leaseDigest": "x",
             }
             put = {"key": _b64("/agent-reach/v1/agents/evil"), "value": _b64(json.dumps(forged))}
             await client.post(etcd.members[0].client_url + "/v3/kv/put", json=put)
-            nan = {**forged, "profile": {**forged["profile"], "id": "nan-ttl"}, "ttl": "nan"}
+            nan = {**forged, "profile": {**stolen, "id": "nan-ttl"}, "ttl": "nan"}
             put = {"key": _b64("/agent-reach/v1/agents/nan-ttl"), "value": _b64(json.dumps(nan))}
             await client.post(etcd.members[0].client_url + "/v3/kv/put", json=put)
             marker = await FakeAgent("marker").start()
@@ -314,7 +315,8 @@ async def test_a_record_under_another_ids_key_is_ignored(etcd, client):
                 await eventually(lambda: listed(client, a, "marker"))
             finally:
                 await marker.stop()
-            assert (await listed(client, a, "beta"))["endpoint"] == agent.endpoint
+            beta = await listed(client, a, "beta")
+            assert beta is not None and beta["endpoint"] == agent.endpoint
             assert await listed(client, a, "evil") is None
             assert await listed(client, a, "nan-ttl") is None
         finally:
