@@ -65,7 +65,7 @@ def test_the_reference_services_are_there():
         SERVICES
     )
     assert re.search(r"etcd:v3\.5\.", SERVICES["etcd"]["image"])
-    assert "7200:7200" in SERVICES["reach-router"]["ports"]
+    assert "127.0.0.1:7200:7200" in SERVICES["reach-router"]["ports"]  # loopback: auth is off
 
 
 def test_every_reach_variable_the_compose_file_sets_is_read_by_the_code():

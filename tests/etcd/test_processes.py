@@ -213,3 +213,42 @@ def test_a_three_member_cluster_loses_a_follower_then_its_leader_under_traffic(t
         assert set(outcomes) == {"SUCCESS"}
     finally:
         group.stop()
+
+
+def test_workers_on_a_taken_port_stop_with_one_line(tmp_path, etcd):
+    """--workers 2 on a port another process holds: a one-line error and an exit, no restart loop."""
+    import socket
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        proc = Proc(
+            ["router", "--port", str(port), "--workers", "2"],
+            tmp_path / "taken.log",
+            {"REACH_ETCD_ENDPOINTS": etcd.endpoints},
+        )
+        assert proc.popen.wait(60) != 0
+        text = proc.text()
+        proc.stop()
+    assert "cannot bind" in text and "a worker cannot start" in text
+    assert "Traceback" not in text
+    assert text.count("restarting") <= 2
+
+
+def test_workers_leave_with_their_supervisor_even_on_kill_9(routers):
+    """kill -9 of the supervisor: its workers get SIGTERM from the kernel and free the port."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    supervisor = routers.router(port, "--workers", "2", log="orphans")
+    supervisor.signal(signal.SIGKILL)
+    supervisor.popen.wait()
+
+    def port_closed() -> bool:
+        try:
+            httpx.get(f"{url}/healthz", timeout=0.5)
+        except httpx.HTTPError:
+            return True
+        return False
+
+    wait_for(port_closed, timeout=20)

@@ -226,3 +226,56 @@ async def test_plain_text_is_routed_by_meaning() -> None:
         finally:
             for agent in agents:
                 await agent.stop()
+
+
+async def test_a2a_tasks_belong_to_the_caller_that_made_them(monkeypatch) -> None:
+    """With auth on, one caller's task is invisible to another token (GetTask and the list)."""
+    import httpx
+
+    monkeypatch.setenv("REACH_CALLER_TOKEN", "caller-one-token-1111,caller-two-token-2222")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    config = RouterConfig.model_validate(POLICY)
+    async with RouterServer(config, port=port, middleware=lambda app: A2AExport(app, url)) as router:  # type: ignore[arg-type]
+        agent = await FakeAgent("echo-agent", tasks=("echo",)).start()
+        try:
+            # Registered in process: the test's tokens are callers', not agents'.
+            from agent_reach.protocol import AgentProfile
+
+            await router.app.parts.registry.register(AgentProfile.model_validate(agent.profile()))
+            one = {"Authorization": "Bearer caller-one-token-1111", "A2A-Version": "1.0"}
+            two = {"Authorization": "Bearer caller-two-token-2222", "A2A-Version": "1.0"}
+            send = {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "SendMessage",
+                "params": {
+                    "message": {"messageId": "m1", "role": "ROLE_USER", "parts": [{"data": {"n": 1}}]},
+                    "metadata": {"skill": "echo", "timeoutMs": 1e308},
+                },
+            }
+            async with httpx.AsyncClient(base_url=url, timeout=10) as http:
+                made = (await http.post("/a2a/jsonrpc", json=send, headers=one)).json()
+                task_id = made["result"]["task"]["id"]
+                get = {"jsonrpc": "2.0", "id": 2, "method": "GetTask", "params": {"id": task_id}}
+                mine = (await http.post("/a2a/jsonrpc", json=get, headers=one)).json()
+                theirs = (await http.post("/a2a/jsonrpc", json=get, headers=two)).json()
+                listed = (await http.get("/a2a/rest/tasks", headers=two)).json()
+            assert mine["result"]["id"] == task_id
+            assert "error" in theirs and "result" not in theirs
+            assert task_id not in str(listed)
+        finally:
+            await agent.stop()
+
+
+async def test_a_body_nested_too_deep_is_refused_before_a2a_sdk_parses_it(exporting_router) -> None:
+    """server.max_json_depth holds on /a2a/* too: a 400, not a recursion error inside the SDK."""
+    import httpx
+
+    deep = b"[" * 5000 + b"]" * 5000
+    base = exporting_router.url
+    async with httpx.AsyncClient(base_url=base, timeout=10) as http:
+        for path in ("/a2a/jsonrpc", "/a2a/rest/message:send"):
+            resp = await http.post(path, content=deep, headers={"Content-Type": "application/json"})
+            assert resp.status_code == 400, (path, resp.text)
+            assert resp.json()["error"]["code"] == "INVALID_REQUEST"

@@ -73,3 +73,61 @@ async def test_reach_a2a_import_registers_the_card() -> None:
             status = (await http.get("/admin/agents/summariser")).json()
         assert status["protocol"] == "a2a" and status["managed"] is True
         assert status["endpoint"] == f"{agent.url}/rpc"
+
+
+async def test_reach_mcp_over_http_wants_its_bearer_token() -> None:
+    """`reach mcp --http` with REACH_MCP_TOKEN: 401 without it, the tools with it; and beyond
+    loopback without a token it refuses to start, since it calls the Router with REACH_TOKEN."""
+    async with RouterServer(RouterConfig.model_validate(POLICY)) as router:
+        agent = await FakeAgent("echo-agent", tasks=("echo",), input_schema={"text": "string"}).start()
+        port = free_port()
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            *("-m", "agent_reach", "mcp", "--router", router.url, "--http", str(port)),
+            env={**child_env(), "REACH_MCP_TOKEN": "mcp-client-token-42"},
+            cwd=ROOT,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        try:
+            await agent.register(router.url, vectors=False)
+            url = f"http://127.0.0.1:{port}/mcp"
+            async with httpx.AsyncClient(timeout=10) as http:
+                for _ in range(300):
+                    try:
+                        refused = await http.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
+                        break
+                    except httpx.ConnectError:
+                        await asyncio.sleep(0.05)
+                assert refused.status_code == 401
+            import httpx2  # the HTTP client the mcp package itself uses
+            from mcp.client.streamable_http import streamable_http_client
+
+            authorized = httpx2.AsyncClient(
+                headers={"Authorization": "Bearer mcp-client-token-42"}, timeout=httpx2.Timeout(30)
+            )
+            async with Client(streamable_http_client(url, http_client=authorized)) as client:
+                assert [t.name for t in (await client.list_tools()).tools] == ["echo"]
+        finally:
+            proc.terminate()
+            await proc.wait()
+            await agent.stop()
+    exposed = await asyncio.create_subprocess_exec(
+        sys.executable,
+        *(
+            "-m",
+            "agent_reach",
+            "mcp",
+            "--router",
+            "http://127.0.0.1:9",
+            "--http",
+            "7999",
+            "--host",
+            "0.0.0.0",
+        ),
+        env={k: v for k, v in child_env().items() if k != "REACH_MCP_TOKEN"},
+        cwd=ROOT,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(exposed.communicate(), 30)
+    assert exposed.returncode != 0
+    assert b"REACH_MCP_TOKEN" in err and b"Traceback" not in err

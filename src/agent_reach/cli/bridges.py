@@ -17,6 +17,17 @@ a2a_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="The A2A
 app.add_typer(a2a_app, name="a2a")
 
 
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def _router_url(router: str | None) -> str:
     from agent_reach.sdk.client import router_url_from_env
 
@@ -67,12 +78,26 @@ def mcp(
         from agent_reach.integrations.mcp import ReachMCP
     except ConfigError as exc:
         _fail(exc.message)
+    tokens = [t.strip() for t in os.environ.get("REACH_MCP_TOKEN", "").split(",") if t.strip()]
+    if http is not None and not tokens and not _is_loopback(host):
+        # The bridge calls the Router with REACH_TOKEN: open on the network, anyone could.
+        _fail(
+            f"--host {host} serves MCP beyond this machine: set REACH_MCP_TOKEN "
+            "(the bearer token its clients must send)"
+        )
     server = ReachMCP(_router_url(router), poll_interval_s=poll_interval, timeout_ms=timeout_ms)
     try:
         if http is None:
             asyncio.run(server.serve_stdio())
         else:
+            if not tokens and os.environ.get("REACH_TOKEN"):
+                err.print(
+                    "[reach-mcp] WARNING: no REACH_MCP_TOKEN: any process on this machine can call "
+                    "the Router through this bridge with your REACH_TOKEN",
+                    markup=False,
+                    highlight=False,
+                )
             err.print(f"[reach-mcp] http://{host}:{http}/mcp", markup=False, highlight=False)
-            asyncio.run(server.serve_http(host, http))
+            asyncio.run(server.serve_http(host, http, tokens=tokens))
     except RouterUnavailable as exc:
         _fail(exc.message, 1)

@@ -58,6 +58,11 @@ def _default_port() -> int:
     return int(raw)
 
 
+# A worker's exit code when it cannot start at all (e.g. its port is taken): the supervisor then
+# stops rather than restart it forever.
+WORKER_CANNOT_START = 3
+
+
 def _a2a_export(app_: Any, public_url: str) -> Any:
     """The A2A export in front of the Router (``--a2a``); a one-line error without the extra."""
     try:
@@ -163,15 +168,18 @@ def router(
     ready += "" if a2a is None else f"; A2A card at {a2a.rstrip('/')}/.well-known/agent-card.json"
     # The line is printed once the port is bound, never before a bind that fails. Workers share
     # the port: each binds its own socket with SO_REUSEPORT.
-    serve(
-        app_,
-        host,
-        bind_port,
-        loop="uvloop",
-        on_ready=lambda: _say(ready),
-        reuse_port=worker is not None,
-        middleware=middleware,
-    )
+    try:
+        serve(
+            app_,
+            host,
+            bind_port,
+            loop="uvloop",
+            on_ready=lambda: _say(ready),
+            reuse_port=worker is not None,
+            middleware=middleware,
+        )
+    except ConfigError as exc:  # a worker's own bind (SO_REUSEPORT) failed: say why, once
+        _fail(exc.message, WORKER_CANNOT_START)
 
 
 @app.command()

@@ -10,6 +10,7 @@ worker would be unknown to the others.
 
 from __future__ import annotations
 
+import ctypes
 import signal
 import subprocess
 import sys
@@ -17,6 +18,10 @@ import time
 from collections.abc import Callable
 from types import FrameType
 
+# The exit code of a worker that cannot start at all (cli/main.py, WORKER_CANNOT_START).
+CANNOT_START = 3
+# Linux's prctl(PR_SET_PDEATHSIG): a worker gets SIGTERM when the supervisor dies, even by kill -9.
+_PR_SET_PDEATHSIG = 1
 # A worker that dies sooner than this after its start is restarted after a growing pause.
 _QUICK_DEATH_S = 10.0
 _MAX_PAUSE_S = 30.0
@@ -32,7 +37,9 @@ class Worker:
         self.restart_at: float | None = None
 
     def start(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "agent_reach", *self.argv])
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "agent_reach", *self.argv], preexec_fn=_die_with_parent
+        )
         self.started = time.monotonic()
         self.restart_at = None
 
@@ -43,11 +50,17 @@ class Worker:
     def wait(self) -> int:
         return 0 if self.proc is None else self.proc.wait()
 
-    def tend(self, say: Callable[[str], None]) -> None:
-        """Start the worker again if it died: at once the first time, later if it keeps dying."""
+    def tend(self, say: Callable[[str], None]) -> bool:
+        """Start the worker again if it died: at once the first time, later if it keeps dying.
+
+        False when it cannot start at all (it said why, e.g. the port is taken): restarting it
+        would only repeat that.
+        """
         code = None if self.proc is None else self.proc.poll()
         if code is None:
-            return
+            return True
+        if code == CANNOT_START:
+            return False
         now = time.monotonic()
         if self.restart_at is None:
             quick = now - self.started < _QUICK_DEATH_S
@@ -56,6 +69,16 @@ class Worker:
             say(f"[reach-router] worker {self.index} exited ({code}); restarting in {self.pause:g}s")
         elif now >= self.restart_at:
             self.start()
+        return True
+
+
+def _die_with_parent() -> None:
+    """In the worker, before exec: be sent SIGTERM if the supervisor goes, however it goes."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass  # not Linux: a killed supervisor leaves its workers to be stopped by hand
 
 
 def supervise(count: int, worker_argv: Callable[[int], list[str]], say: Callable[[str], None]) -> int:
@@ -74,8 +97,10 @@ def supervise(count: int, worker_argv: Callable[[int], list[str]], say: Callable
     for worker in workers:
         worker.start()
     while not stopping:
-        for worker in workers:
-            worker.tend(say)
+        if not all(worker.tend(say) for worker in workers):
+            say("[reach-router] a worker cannot start (see its error above); stopping")
+            forward(signal.SIGTERM, None)
+            break
         time.sleep(0.1)
     codes = [worker.wait() for worker in workers]
     return 0 if all(code in (0, -signal.SIGTERM, -signal.SIGINT) for code in codes) else 1

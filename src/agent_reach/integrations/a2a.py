@@ -15,6 +15,7 @@ card. Forwarding to it is the core's (``transport/a2a.py``); only the import nee
 
 from __future__ import annotations
 
+import math
 import re
 import uuid
 from collections import deque
@@ -24,13 +25,13 @@ from urllib.parse import urlsplit
 import httpx
 import orjson
 
-from agent_reach import __version__
+from agent_reach import __version__, jsoncodec
 from agent_reach.exceptions import ConfigError, RegistryError, RequestError
 from agent_reach.integrations import missing_extra
 from agent_reach.protocol import MAX_CAPABILITIES, MAX_EXAMPLE_CHARS, MAX_EXAMPLES, AgentProfile
 from agent_reach.server.app import RouterApp
 from agent_reach.server.catalog import catalog
-from agent_reach.server.guard import Action
+from agent_reach.server.guard import Action, principal_of
 from agent_reach.server.http import (
     ClientGone,
     Receive,
@@ -44,6 +45,7 @@ from agent_reach.server.http import (
 from agent_reach.transport.a2a import result_of, whole_numbers
 
 try:
+    from a2a.auth.user import User
     from a2a.client import A2ACardResolver
     from a2a.server.agent_execution import AgentExecutor, RequestContext
     from a2a.server.context import ServerCallContext
@@ -61,6 +63,7 @@ try:
     from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH
     from google.protobuf.json_format import MessageToDict, ParseDict
     from starlette.applications import Starlette
+    from starlette.authentication import SimpleUser
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise missing_extra("a2a", exc) from exc
 
@@ -145,8 +148,15 @@ def envelope_for(message: dict[str, Any], request_metadata: dict[str, Any]) -> d
         envelope["targetTask"] = text[:1024] or "-"
         envelope["preferences"] = {"strategy": "semantic_route"}
     timeout = metadata.get("timeoutMs")
-    if isinstance(timeout, int | float) and not isinstance(timeout, bool) and timeout > 0:
-        envelope.setdefault("preferences", {})["timeoutMs"] = int(timeout)
+    if (
+        isinstance(timeout, int | float)
+        and not isinstance(timeout, bool)
+        and math.isfinite(timeout)
+        and timeout > 0
+    ):
+        # Capped to a 32-bit count: the Router caps it further (limits.max_timeout_ms); a bigger
+        # number would not even encode.
+        envelope.setdefault("preferences", {})["timeoutMs"] = int(min(timeout, 2**31 - 1))
     if isinstance(message.get("contextId"), str) and message["contextId"]:
         envelope["conversationId"] = message["contextId"]
     return envelope
@@ -222,21 +232,46 @@ class ReachExecutor(AgentExecutor):
         raise ConfigError("Agent-Reach requests cannot be cancelled")
 
 
+class _Owner(User):
+    """A task's owner as a2a-sdk sees it: the caller's token fingerprint (``auth-off`` with auth
+    off). a2a-sdk's store keys tasks by owner, so one caller cannot read another's tasks."""
+
+    def __init__(self, key: str) -> None:
+        self._key = key
+
+    @property
+    def is_authenticated(self) -> bool:
+        return True
+
+    @property
+    def user_name(self) -> str:
+        return self._key
+
+
+def owner_context(key: str) -> ServerCallContext:
+    return ServerCallContext(user=_Owner(key))
+
+
 class BoundedTaskStore(InMemoryTaskStore):
-    """An in-memory task store that forgets the oldest tasks past ``limit``: a Router runs for
-    months, and every A2A call leaves a task behind."""
+    """An in-memory task store, kept per owner, that forgets the oldest tasks past ``limit``: a
+    Router runs for months, and every A2A call leaves a task behind."""
 
     def __init__(self, limit: int = TASKS_KEPT) -> None:
         super().__init__()
-        self._order: deque[str] = deque()
+        self._order: deque[tuple[str, str]] = deque()
+        self._seen: set[tuple[str, str]] = set()
         self._limit = limit
 
     async def save(self, task: Task, context: ServerCallContext) -> None:
-        if task.id not in self._order:
-            self._order.append(task.id)
+        key = (context.user.user_name, task.id)
+        if key not in self._seen:
+            self._seen.add(key)
+            self._order.append(key)
         await super().save(task, context)
         while len(self._order) > self._limit:
-            await self.delete(self._order.popleft(), context)
+            owner, task_id = self._order.popleft()
+            self._seen.discard((owner, task_id))
+            await self.delete(task_id, owner_context(owner))
 
 
 class A2AExport:
@@ -279,25 +314,36 @@ class A2AExport:
             body = error_body(denial.status.value, denial.message)
             await send_json(send, denial.http_status, body, list(denial.headers) or None)
             return
-        if path == JSONRPC_PATH and scope["method"] == "POST":
-            await self._jsonrpc(scope, receive, send)
-            return
-        await self.a2a(scope, receive, send)
+        # a2a-sdk scopes its tasks to ``scope["user"]``: the caller's token, as GET /reach/{id} is.
+        scope = {**scope, "user": SimpleUser(principal_of(scope).key)}
+        if scope["method"] not in ("POST", "PUT", "PATCH"):
+            await self.a2a(scope, receive, send)
+        else:
+            await self._with_body(scope, receive, send)
 
-    async def _jsonrpc(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """A blocking A2A 1.0 ``SendMessage`` is answered here, straight from the dispatcher:
-        a2a-sdk's request handler (task events, queues, protobuf at every step) costs about
-        2 ms per call. Anything else (another method, streaming, push configuration, a task
-        being continued, A2A 0.3, a malformed request) goes to a2a-sdk with the body replayed."""
+    async def _with_body(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Read the body here, under the Router's body limits and JSON depth, before a2a-sdk
+        parses it; then the fast path or a2a-sdk with the body replayed."""
         server = self.router.config.server
         headers = header_map(scope)
         try:
             body = await read_body(receive, headers, server.body_limit_bytes, server.body_timeout_seconds)
+            _check_depth(body, server.max_json_depth)
         except RequestError as exc:
             await send_json(send, exc.http_status, error_body(exc.code, exc.message))
             return
         except ClientGone:
             return
+        if scope["path"] == JSONRPC_PATH and scope["method"] == "POST":
+            await self._jsonrpc(scope, body, headers, send)
+        else:
+            await self.a2a(scope, _replay(body), send)
+
+    async def _jsonrpc(self, scope: Scope, body: bytes, headers: dict[bytes, bytes], send: Send) -> None:
+        """A blocking A2A 1.0 ``SendMessage`` is answered here, straight from the dispatcher:
+        a2a-sdk's request handler (task events, queues, protobuf at every step) costs about
+        2 ms per call. Anything else (another method, streaming, push configuration, a task
+        being continued, A2A 0.3, a malformed request) goes to a2a-sdk with the body replayed."""
         request = _fast_send_message(body, headers)
         if request is None:
             await self.a2a(scope, _replay(body), send)
@@ -306,10 +352,26 @@ class A2AExport:
         task = await run_message(
             self.router, message, metadata, uuid.uuid4().hex, message.get("contextId") or uuid.uuid4().hex
         )
-        # Kept like a2a-sdk keeps its tasks, so GetTask finds it.
-        await self.tasks.save(ParseDict(task, Task()), ServerCallContext())
+        # Kept like a2a-sdk keeps its tasks (per owner), so the caller's GetTask finds it.
+        owner = scope["user"].display_name
+        await self.tasks.save(ParseDict(task, Task()), owner_context(owner))
         answer = orjson.dumps({"jsonrpc": "2.0", "id": request.get("id"), "result": {"task": task}})
         await send_json(send, 200, answer)
+
+
+def _check_depth(body: bytes, limit: int) -> None:
+    """Refuse (400) a body nested deeper than ``server.max_json_depth``, as ``POST /reach`` does:
+    a2a-sdk's own parser would recurse until it fails."""
+    if not jsoncodec.may_nest_deeper(body, limit):
+        return
+    try:
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        if "depth" in str(exc).lower() or "recursion" in str(exc).lower():
+            raise RequestError(f"the body nests deeper than {limit} levels") from exc
+        return  # not JSON at all: a2a-sdk answers that in its own words
+    if jsoncodec.depth(value, limit) > limit:
+        raise RequestError(f"the body nests deeper than {limit} levels")
 
 
 def _fast_send_message(body: bytes, headers: dict[bytes, bytes]) -> dict[str, Any] | None:

@@ -16,8 +16,11 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import logging
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
@@ -190,12 +193,20 @@ class ReachMCP(MCPServer):
             group.cancel_scope.cancel()
         await self.aclose()
 
-    async def serve_http(self, host: str, port: int, path: str = "/mcp") -> None:
-        """Serve MCP over streamable HTTP at ``http://host:port{path}`` (``reach mcp --http``)."""
+    async def serve_http(
+        self, host: str, port: int, path: str = "/mcp", *, tokens: Sequence[str] = ()
+    ) -> None:
+        """Serve MCP over streamable HTTP at ``http://host:port{path}`` (``reach mcp --http``).
+
+        With ``tokens``, every request must carry one as ``Authorization: Bearer``: the bridge
+        calls the Router with its own credentials, so whoever reaches it acts with them.
+        """
         import uvicorn
 
         await self._first_list()
-        app = self.streamable_http_app(streamable_http_path=path, host=host)
+        app: Any = self.streamable_http_app(streamable_http_path=path, host=host)
+        if tokens:
+            app = _BearerOnly(app, tokens)
         server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
         watcher = asyncio.create_task(self.watch())
         try:
@@ -209,6 +220,37 @@ class ReachMCP(MCPServer):
             await self.refresh()
         except RouterUnavailable as exc:
             log.warning("%s; starting with no tools", exc.message)
+
+
+class _BearerOnly:
+    """ASGI: answer 401 unless the request carries one of ``tokens`` (compared in constant time)."""
+
+    def __init__(self, app: Any, tokens: Sequence[str]) -> None:
+        self.app = app
+        self._digests = [hashlib.sha256(t.encode()).digest() for t in tokens]
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and not self._allowed(scope):
+            body = (
+                b'{"error":{"code":"UNAUTHORIZED","message":"a bearer token (REACH_MCP_TOKEN) is required"}}'
+            )
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 401,
+                    "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})
+            return
+        await self.app(scope, receive, send)
+
+    def _allowed(self, scope: dict[str, Any]) -> bool:
+        for name, value in scope.get("headers", ()):
+            if name == b"authorization" and value[:7].lower() == b"bearer ":
+                given = hashlib.sha256(value[7:].strip()).digest()
+                return any(hmac.compare_digest(given, d) for d in self._digests)
+        return False
 
 
 def _error_result(message: str, detail: dict[str, Any]) -> CallToolResult:
