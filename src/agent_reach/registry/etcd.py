@@ -428,6 +428,10 @@ class EtcdRegistry(MemoryRegistry):
                 self._install(
                     entry, current_local is not None and current_local.status is not AgentStatusValue.OFFLINE
                 )
+            elif current_local.revision == done and not current_local.lease_id:
+                # The watch brought this very write in before its answer did: it could not know
+                # the lease, only its digest. Keep it, so a retry here gets the same lease back.
+                current_local.lease_id = entry.lease_id
             self.revision = max(self.revision, done)
             return entry, not replacing
         raise AgentIdConflict(f"agent id {profile.id!r} is being registered concurrently elsewhere; retry")
