@@ -169,7 +169,8 @@ class RouterApp:
         await self.parts.start()
         if self.policy_file.path is not None:
             self.policy_file.remember()
-            self._background.every(lambda: 1.0, self.policy_file.check, "policy-watch")
+        # Without a file too: a SIGHUP is then answered with a line saying there is nothing to reload.
+        self._background.every(lambda: 1.0, self.policy_file.check, "policy-watch")
         self.started = True
 
     def begin_drain(self, at_monotonic: float) -> None:

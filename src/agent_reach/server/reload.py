@@ -46,11 +46,11 @@ class PolicyFile:
 
     async def check(self) -> None:
         """Reload when asked to, or when the file changed since it was last seen."""
-        if self.path is None:
-            return
         if self.reload_requested:
             self.reload_requested = False
-            self.reload()
+            self.reload()  # says so when there is no file: a SIGHUP must never vanish silently
+        if self.path is None:
+            return
         try:
             mtime = self.path.stat().st_mtime
         except OSError:
