@@ -6,12 +6,13 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
-from agent_reach.testing import free_port
+from agent_reach.testing import BackgroundLoop, RouterServer, free_port
 
 AGENT_PY = """
 from agent_reach.sdk import ReachAgent
@@ -136,3 +137,34 @@ def test_a_router_out_of_reach_is_one_line(tmp_path: Path, args: list[str]) -> N
     line = one_line_failure(result)
     assert result.returncode == 1
     assert "127.0.0.1" in line
+
+
+@pytest.fixture
+def background() -> Iterator[BackgroundLoop]:
+    """An event loop on a thread, for a Router the CLI subprocesses talk to."""
+    with BackgroundLoop() as bg:
+        yield bg
+
+
+@pytest.mark.parametrize("args", [["agents"], ["agents", "--json"], ["trace", "t-1"]])
+def test_a_router_that_refuses_the_token_is_one_line(
+    tmp_path: Path, args: list[str], background: BackgroundLoop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """agents and trace against a Router with auth on and no token: one line naming REACH_TOKEN."""
+    monkeypatch.setenv("REACH_ADMIN_TOKEN", "cli-admin-token-3141")
+    router: RouterServer = background.run(RouterServer().__aenter__())
+    background.on_close(lambda: router.__aexit__(None, None, None))
+    monkeypatch.delenv("REACH_ADMIN_TOKEN")
+    env = {**os.environ, "COLUMNS": "80", "REACH_ROUTER_URL": router.url}
+    env.pop("REACH_TOKEN", None)
+    result = subprocess.run(
+        [sys.executable, "-m", "agent_reach", *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+    line = one_line_failure(result)
+    assert result.returncode == 1
+    assert "401" in line and "REACH_TOKEN" in line

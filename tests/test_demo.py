@@ -104,3 +104,24 @@ def test_demo_with_etcd_runs_two_routers_over_one_registry(tmp_path: Path) -> No
     assert "[reach-client] deregistered agent: price-query-agent" in text
     assert "[reach-client] deregistered agent: promotion-agent" in text
     assert "Traceback" not in text
+
+
+def test_demo_on_a_taken_port_says_so_and_fails(tmp_path: Path) -> None:
+    """A Router port already in use: one line naming it and a non-zero exit, never "demo is up"."""
+    import socket
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "agent_reach", "demo", "--port", str(port), "--free-ports"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    text = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert f"port {port}" in text and "is taken" in text
+    assert "demo is up" not in text and "Traceback" not in text

@@ -190,3 +190,14 @@ async def test_a_graph_served_as_a_reach_agent(router) -> None:
             assert reply.status == "SUCCESS" and reply.result == 42
     finally:
         await agent.stop()
+
+
+def test_branch_on_with_failure_sends_every_other_status_to_one_path() -> None:
+    """branch_on(failure=...) maps SUCCESS to itself and any other status to the failure path."""
+    from agent_reach.integrations.langgraph import branch_on
+
+    route = branch_on(failure="sorry")
+    assert route({"reach_status": "SUCCESS"}) == "SUCCESS"
+    assert route({"reach_status": "INVALID_REQUEST"}) == "sorry"
+    assert route({"reach_status": "OVERLOADED"}) == "sorry"
+    assert branch_on()({"reach_status": "TIMEOUT"}) == "TIMEOUT"

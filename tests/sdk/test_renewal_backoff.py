@@ -45,3 +45,29 @@ def test_matching_callbacks_are_not_flagged() -> None:
     assert callback_trap("http://127.0.0.1:8001/reach", "http://localhost:7200") is None
     assert callback_trap("http://price-agent:8001/reach", "http://reach-router:7200") is None
     assert callback_trap("http://price-agent:8001/reach", "http://127.0.0.1:7200") is None
+
+
+def test_refused_credentials_end_registration_at_once(monkeypatch) -> None:
+    """401 from a Router with auth on: a ConfigError naming REACH_TOKEN, not retries forever."""
+    import pytest
+
+    from agent_reach.exceptions import ConfigError
+    from agent_reach.testing import BackgroundLoop, RouterServer
+
+    monkeypatch.setenv("REACH_ADMIN_TOKEN", "sdk-admin-token-2718")
+    with BackgroundLoop() as background:
+        router: RouterServer = background.run(RouterServer().__aenter__())
+        background.on_close(lambda: router.__aexit__(None, None, None))
+        monkeypatch.delenv("REACH_ADMIN_TOKEN")
+        monkeypatch.delenv("REACH_TOKEN", raising=False)
+        profile = {
+            "id": "no-token",
+            "network": {"endpoint": "http://127.0.0.1:9/reach"},
+            "capabilities": [{"task": "t"}],
+        }
+        lease = LeaseKeeper(router.url, profile, callback="http://127.0.0.1:9/reach", tasks=["t"])
+        try:
+            with pytest.raises(ConfigError, match="REACH_TOKEN"):
+                lease.register_until_done()
+        finally:
+            lease.close()

@@ -281,6 +281,8 @@ def list_agents(
         rows: list[dict[str, Any]] = resp.json()
     except (httpx.HTTPError, ValueError) as exc:
         _fail(f"cannot read {url}/admin/agents: {exc}", code=1)
+    if resp.status_code != 200 or not isinstance(rows, list):
+        _fail(_refusal(resp, "/admin/agents"), code=1)
     if as_json:
         out.print_json(data=rows)
         return
@@ -288,6 +290,19 @@ def list_agents(
         out.print(f"no agents registered at {url}", markup=False)
         return
     out.print(_agents_table(rows, url, wide))
+
+
+def _refusal(resp: Any, what: str) -> str:
+    """One line for a Router that refused an admin read: the status, its code and message, and a
+    hint when it is about credentials."""
+    try:
+        error = resp.json().get("error") or {}
+    except (ValueError, AttributeError):
+        error = {}
+    line = f"{what}: HTTP {resp.status_code} {error.get('code', '')}: {error.get('message', '')}".rstrip(": ")
+    if resp.status_code in (401, 403):
+        line += " (set REACH_TOKEN to an admin token)"
+    return line
 
 
 _STATUS_COLOUR = {"available": "green", "suspect": "yellow", "unhealthy": "red", "offline": "dim"}
@@ -413,6 +428,8 @@ def trace(
         _fail(f"cannot reach {url}: {exc}", code=1)
     if resp.status_code == 404:
         _fail(f"no trace {trace_id!r} at {url} (unknown, or evicted from the trace store)", code=1)
+    if resp.status_code != 200:
+        _fail(_refusal(resp, "/admin/traces"), code=1)
     try:
         data = resp.json()
     except ValueError:

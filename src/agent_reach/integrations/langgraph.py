@@ -130,11 +130,16 @@ def reach_node(  # noqa: PLR0913 - each keyword is one choice a graph author mak
     return node
 
 
-def branch_on(status_key: str = "reach_status") -> Callable[[State], str]:
-    """The path function of a conditional edge: the status the last Reach node wrote."""
+def branch_on(status_key: str = "reach_status", *, failure: str | None = None) -> Callable[[State], str]:
+    """The path function of a conditional edge: the status the last Reach node wrote.
+
+    With ``failure``, every status but ``SUCCESS`` goes to that one path, so a path map of two
+    entries covers them all (a status missing from a path map is a KeyError inside LangGraph).
+    """
 
     def route(state: State) -> str:
-        return str(state.get(status_key) or Status.SUCCESS)
+        status = str(state.get(status_key) or Status.SUCCESS)
+        return status if failure is None or status == Status.SUCCESS else failure
 
     return route
 

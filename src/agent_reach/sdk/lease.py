@@ -112,7 +112,8 @@ class LeaseKeeper:
     def register_until_done(self) -> bool:
         """Register, retrying with backoff while the Router is away or the id is still held.
 
-        Returns False when :meth:`stop` interrupted it. A refused profile (400/422) is final.
+        Returns False when :meth:`stop` interrupted it. A refused profile (400/422) is final, and
+        so are refused credentials (401/403): retrying cannot change either.
         """
         delay = 0.1
         while not self._stop.is_set():
@@ -122,6 +123,11 @@ class LeaseKeeper:
             except RegistrationRefused as exc:
                 if exc.status in (400, 422):
                     raise ConfigError(f"the Router refused the profile: {exc}") from exc
+                if exc.status in (401, 403):
+                    raise ConfigError(
+                        f"the Router refused the registration: {exc} (REACH_TOKEN must be an agent "
+                        "token allowed this id and these tasks, or an admin token)"
+                    ) from exc
                 log.warning("[reach-client] registration refused (%s); retrying in %.1fs", exc, delay)
             except httpx.HTTPError as exc:
                 log.warning(

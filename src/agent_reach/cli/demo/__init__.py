@@ -11,6 +11,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -95,6 +96,7 @@ def run_demo(port: int, examples: Path, *, free_ports: bool = False, etcd: bool 
     missing = [str(p) for p in configs.values() if not p.is_file()]
     if missing:
         raise ConfigError(f"demo files not found: {', '.join(missing)} (check --examples)")
+    _check_ports_free(port, configs, free_ports)
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "REACH_ROUTER_URL": url, "PYTHONUNBUFFERED": "1"}
     lock = threading.Lock()
@@ -124,7 +126,8 @@ def run_demo(port: int, examples: Path, *, free_ports: bool = False, etcd: bool 
                 str(examples / folder / "agent.py") + ":agent",
             ]
             procs.append(_spawn(name, args, _agent_env(env, free_ports), lock))
-        _run_until_stopped(urls, procs, lock, len(urls))
+        if not _run_until_stopped(urls, procs, lock, len(urls)):
+            raise ConfigError("the demo stopped: a process could not start or ended (see its lines above)")
 
 
 def _shared_services(
@@ -157,15 +160,37 @@ def _stop(proc: subprocess.Popen[str]) -> None:
             proc.kill()
 
 
+def _check_ports_free(port: int, configs: dict[str, Path], free_ports: bool) -> None:
+    """Refuse to start on a taken port: the demo would otherwise find another Router there and
+    say it is up while its own processes fail to bind."""
+    from agent_reach.sdk.config import AgentConfig
+
+    wanted = {port: "the Router (--port)"}
+    if not free_ports:
+        for name, path in configs.items():
+            config = AgentConfig.load(path, env={})
+            wanted[config.port] = f"{name} (--free-ports moves it)"
+            if config.profile.health_check.port:
+                wanted[config.profile.health_check.port] = f"{name}'s health port (--free-ports moves it)"
+    for number, who in wanted.items():
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", number))
+            except OSError as exc:
+                raise ConfigError(f"port {number}, for {who}, is taken: {exc.strerror or exc}") from exc
+
+
 def _run_until_stopped(
     urls: list[str], procs: list[subprocess.Popen[str]], lock: threading.Lock, routers: int
-) -> None:
+) -> bool:
+    """Run until Ctrl-C or SIGTERM; False when the demo did not come up or a process ended."""
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     url = urls[0]
     try:
-        if all(_wait_ready(u, {name for name, _ in AGENTS}, procs) for u in urls):
+        came_up = all(_wait_ready(u, {name for name, _ in AGENTS}, procs) for u in urls)
+        if came_up:
             shared = (
                 f"\n  Second Router at {urls[1]}, sharing the registry through etcd." if len(urls) > 1 else ""
             )
@@ -173,8 +198,8 @@ def _run_until_stopped(
                 print(
                     f"\n  Agent-Reach demo is up: Router at {url} with {len(AGENTS)} agents.{shared}\n"
                     f"  Try:  curl -s {urls[-1]}/admin/agents\n"
-                    f"        reach call query_product_price --payload '{SAMPLE_PAYLOAD}'\n"
-                    f"        reach agents\n"
+                    f"        reach call query_product_price --router {url} --payload '{SAMPLE_PAYLOAD}'\n"
+                    f"        reach agents --router {url}\n"
                     "  Ctrl-C stops everything.\n",
                     flush=True,
                 )
@@ -184,6 +209,7 @@ def _run_until_stopped(
             stop.set()
         while not stop.is_set() and all(p.poll() is None for p in procs):
             stop.wait(0.5)
+        return stop.is_set() and all(p.poll() is None for p in procs) and came_up
     finally:
         # Agents first, so they deregister while the Routers still listen.
         for proc in procs[routers:] + procs[:routers]:
