@@ -194,3 +194,17 @@ async def test_sdk_agent_handles_a_semantic_route() -> None:
             assert response.result == {"price": 8.8, "currency": "CNY"}
         finally:
             await agent.stop()
+
+
+async def test_a_refusal_with_nothing_registered_says_so() -> None:
+    """With no capability embedded yet, the refusal names that, not a best score of zero."""
+    config = RouterConfig.model_validate({"health": {"enabled": False}, "limits": {"loop_lag_ms": 10_000}})
+    async with RouterServer(config) as server, httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+        body = (
+            await http.post(
+                "/reach",
+                json={"targetTask": "what is the weather", "preferences": {"strategy": "semantic_route"}},
+            )
+        ).json()
+    assert body["status"] == "NO_AVAILABLE_HANDLER"
+    assert "ready to route by meaning" in body["error"]["message"]

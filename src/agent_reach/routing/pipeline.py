@@ -271,6 +271,11 @@ class Pipeline:
             for best_task, score in verdict.best:
                 for entry in self.registry.by_task(best_task):
                     record.reject(entry.id, verdict.reason, round(score, 4), best_task)
+            if not verdict.best:
+                # Nothing to compare with: saying "best score 0.000" would blame the question.
+                raise self._no_handler(
+                    record, f"no capability is ready to route by meaning yet, so {text!r} matches none"
+                )
             why = (
                 f"best score {verdict.score:.3f} is below the threshold {threshold:.3f}"
                 if verdict.reason == "below_threshold"

@@ -117,6 +117,10 @@ def run_demo(port: int, examples: Path, *, free_ports: bool = False, etcd: bool 
             )
             for i, u in enumerate(urls)
         ]
+        # Agents start once the Router answers, so none opens with "Router unreachable, retrying".
+        # A Router that cannot start is reported by _run_until_stopped below.
+        with contextlib.suppress(ConfigError):
+            _wait_healthy(f"{url}/healthz", procs[0], "the Router")
         for name, folder in AGENTS:
             args = [
                 "agent",
@@ -143,12 +147,26 @@ def _shared_services(
     embed_port = free_port()
     embedder = _spawn("embedding", ["embed-server", "--port", str(embed_port)], env, lock)
     stack.callback(_stop, embedder)
+    # The Routers start once it answers: otherwise each warns that its embedder failed.
+    _wait_healthy(f"http://127.0.0.1:{embed_port}/healthz", embedder, "the embedding service")
     with lock:
         print(f"  etcd at {cluster.endpoints}; embedding service on port {embed_port}", flush=True)
     return {
         "REACH_ETCD_ENDPOINTS": cluster.endpoints,
         "REACH_EMBEDDING_URL": f"http://127.0.0.1:{embed_port}",
     }
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen[str], what: str, limit_s: float = 60) -> None:
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end and proc.poll() is None:
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise ConfigError(f"{what} did not answer at {url} (see its lines above)")
 
 
 def _stop(proc: subprocess.Popen[str]) -> None:
