@@ -14,7 +14,7 @@ from agent_reach.semantic.calibrate import calibrate, evaluate
 from agent_reach.semantic.embedders.base import calibrated_thresholds
 from agent_reach.semantic.embedders.local import MODEL_NAME, LocalEmbedder
 from agent_reach.semantic.evaluation import cross_validate
-from agent_reach.testing import FakeAgent, RouterServer
+from agent_reach.testing import FakeAgent, RouterServer, wait_vectors
 from tests.helpers import log_lines, price_agent
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "routing_phrases.yaml"
@@ -50,6 +50,8 @@ async def semantic_router() -> AsyncIterator[tuple[RouterServer, httpx.AsyncClie
         {
             "health": {"enabled": False},
             "routing": {"semantic_tasks": ["*"], "task_map": {"比价": "query_product_price"}},
+            # The model shares the machine with the suite: lag shedding is tested on its own.
+            "limits": {"loop_lag_ms": 10_000},
         }
     )
     async with RouterServer(config) as server, httpx.AsyncClient(base_url=server.url, timeout=30) as http:
@@ -160,7 +162,13 @@ async def test_sdk_agent_handles_a_semantic_route() -> None:
     from agent_reach.testing import free_port
 
     template = price_agent()
-    config = RouterConfig.from_mapping({"health": {"enabled": False}, "routing": {"semantic_tasks": ["*"]}})
+    config = RouterConfig.from_mapping(
+        {
+            "health": {"enabled": False},
+            "routing": {"semantic_tasks": ["*"]},
+            "limits": {"loop_lag_ms": 10_000},
+        }
+    )
     async with RouterServer(config) as server:
         agent = ReachAgent(
             AgentConfig.from_mapping(
@@ -188,6 +196,8 @@ async def test_sdk_agent_handles_a_semantic_route() -> None:
 
         await agent.start()
         try:
+            # Vectors follow registration off the request path: wait for them, as FakeAgent does.
+            await wait_vectors(server.url, "price-agent")
             async with ReachClient(server.url) as client:
                 response = await client.call("当前芒果多少钱", {"product_id": "MANGO"})
             assert response.ok, response
