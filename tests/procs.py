@@ -68,6 +68,21 @@ CHAOS_APP = str(ROOT / "examples" / "chaos_agent" / "agent.py") + ":agent"
 CHAOS_CONFIG = str(ROOT / "examples" / "chaos_agent" / "reach_config.yaml")
 
 
+def chaos_agent(tmp: Path, name: str, router_url: str, port: int, health: int) -> Proc:
+    """The chaos example agent as a process, its faults read from ``tmp/<name>.faults.json``."""
+    return Proc(
+        ["agent", "--config", CHAOS_CONFIG, "--app", CHAOS_APP],
+        tmp / f"{name}.log",
+        env={
+            "REACH_SELF_ID": name,
+            "REACH_CALLBACK_URL": f"http://127.0.0.1:{port}/reach",
+            "REACH_HEALTH_PORT": str(health),
+            "REACH_ROUTER_URL": router_url,
+            "REACH_FAULT_FILE": str(tmp / f"{name}.faults.json"),
+        },
+    )
+
+
 class Drill:
     """A Router process and chaos agent processes, each agent with its own fault file.
 
@@ -102,17 +117,7 @@ class Drill:
             self.ports[name] = (free_port(), free_port())
             self.fault(name)
         port, health = self.ports[name]
-        proc = Proc(
-            ["agent", "--config", CHAOS_CONFIG, "--app", CHAOS_APP],
-            self.tmp / f"{name}.log",
-            env={
-                "REACH_SELF_ID": name,
-                "REACH_CALLBACK_URL": f"http://127.0.0.1:{port}/reach",
-                "REACH_HEALTH_PORT": str(health),
-                "REACH_ROUTER_URL": self.url,
-                "REACH_FAULT_FILE": str(self.tmp / f"{name}.faults.json"),
-            },
-        )
+        proc = chaos_agent(self.tmp, name, self.url, port, health)
         self.agents[name] = proc
         return proc
 

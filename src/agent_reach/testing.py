@@ -47,6 +47,23 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 Mode = Literal["ok", "error", "retryable_error", "http500", "reset", "garbage"]
 
 
+async def _serve_until_started(server: uvicorn.Server, what: str) -> asyncio.Task[None]:
+    """Start ``server`` in the running loop; return once it listens (raise if it cannot)."""
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()
+            raise RuntimeError(f"{what} did not start")
+        await asyncio.sleep(0.01)
+    return task
+
+
+async def _stop(server: uvicorn.Server, task: asyncio.Task[None] | None) -> None:
+    server.should_exit = True
+    if task is not None:
+        await task
+
+
 class AsgiServer:
     """Serve any ASGI app on ``127.0.0.1`` in the running loop (``async with``): a framework's
     own server (an a2a-sdk agent, say) beside a Router in a test."""
@@ -60,18 +77,11 @@ class AsgiServer:
         self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> AsgiServer:
-        self._task = asyncio.create_task(self._server.serve())
-        while not self._server.started:
-            if self._task.done():
-                self._task.result()
-                raise RuntimeError("the server did not start")
-            await asyncio.sleep(0.01)
+        self._task = await _serve_until_started(self._server, "the server")
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        self._server.should_exit = True
-        if self._task is not None:
-            await self._task
+        await _stop(self._server, self._task)
 
 
 class RouterServer:
@@ -99,18 +109,11 @@ class RouterServer:
 
     async def __aenter__(self) -> RouterServer:
         self._server.config.setup_event_loop = lambda: None  # type: ignore[method-assign]
-        self._task = asyncio.create_task(self._server.serve())
-        while not self._server.started:
-            if self._task.done():
-                self._task.result()
-                raise RuntimeError("the Router did not start")
-            await asyncio.sleep(0.01)
+        self._task = await _serve_until_started(self._server, "the Router")
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        self._server.should_exit = True
-        if self._task is not None:
-            await self._task
+        await _stop(self._server, self._task)
 
 
 @dataclass

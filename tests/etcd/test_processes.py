@@ -15,7 +15,7 @@ import yaml
 
 from agent_reach.cli.etcd import EtcdCluster
 from agent_reach.testing import free_port
-from tests.procs import CHAOS_APP, CHAOS_CONFIG, Proc, wait_for
+from tests.procs import Proc, chaos_agent, wait_for
 
 pytestmark = pytest.mark.etcd
 
@@ -47,17 +47,7 @@ class EtcdRouters:
 
     def agent(self, name: str, router_url: str) -> Proc:
         (self.tmp / f"{name}.faults.json").write_text("{}")
-        proc = Proc(
-            ["agent", "--config", CHAOS_CONFIG, "--app", CHAOS_APP],
-            self.tmp / f"{name}.log",
-            env={
-                "REACH_SELF_ID": name,
-                "REACH_CALLBACK_URL": f"http://127.0.0.1:{free_port()}/reach",
-                "REACH_HEALTH_PORT": str(free_port()),
-                "REACH_ROUTER_URL": router_url,
-                "REACH_FAULT_FILE": str(self.tmp / f"{name}.faults.json"),
-            },
-        )
+        proc = chaos_agent(self.tmp, name, router_url, free_port(), free_port())
         self.procs.append(proc)
         wait_for(lambda: "registration successful" in proc.text(), timeout=30)
         return proc

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from agent_reach.clock import ManualClock
-from agent_reach.config import RegistryPolicy
 from agent_reach.exceptions import AgentIdConflict
 from agent_reach.protocol import AgentProfile, AgentStatusValue
 from agent_reach.registry import MemoryRegistry
@@ -20,16 +19,6 @@ def a2a_profile(agent_id: str = "imported") -> AgentProfile:
             "health_check": {"path": "/.well-known/agent-card.json"},
         }
     )
-
-
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
-@pytest.fixture
-def registry(clock: ManualClock) -> MemoryRegistry:
-    return MemoryRegistry(RegistryPolicy(lease_ttl_seconds=2, offline_grace_seconds=5), clock=clock)
 
 
 async def test_a_managed_entry_never_expires_by_time(registry: MemoryRegistry, clock: ManualClock) -> None:

@@ -28,16 +28,6 @@ def profile(agent_id: str, *tasks: str) -> AgentProfile:
     )
 
 
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
-@pytest.fixture
-def registry(clock: ManualClock) -> MemoryRegistry:
-    return MemoryRegistry(RegistryPolicy(lease_ttl_seconds=2, offline_grace_seconds=5), clock=clock)
-
-
 async def test_register_starts_available_with_a_lease(registry: MemoryRegistry) -> None:
     """A new registration is available, holds a hex lease and the configured TTL."""
     entry, created = await registry.register(profile("a"))

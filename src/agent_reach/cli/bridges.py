@@ -9,23 +9,12 @@ from typing import Annotated
 
 import typer
 
-from agent_reach.cli.console import RouterOpt, app, err, out
+from agent_reach.cli.console import RouterOpt, app, err, is_loopback, out
 from agent_reach.cli.console import fail as _fail
 from agent_reach.exceptions import ConfigError, RegistryError, RouterUnavailable
 
 a2a_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="The A2A bridge.")
 app.add_typer(a2a_app, name="a2a")
-
-
-def _is_loopback(host: str) -> bool:
-    import ipaddress
-
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _router_url(router: str | None) -> str:
@@ -79,7 +68,7 @@ def mcp(
     except ConfigError as exc:
         _fail(exc.message)
     tokens = [t.strip() for t in os.environ.get("REACH_MCP_TOKEN", "").split(",") if t.strip()]
-    if http is not None and not tokens and not _is_loopback(host):
+    if http is not None and not tokens and not is_loopback(host):
         # The bridge calls the Router with REACH_TOKEN: open on the network, anyone could.
         _fail(
             f"--host {host} serves MCP beyond this machine: set REACH_MCP_TOKEN "

@@ -15,7 +15,7 @@ import typer
 from rich.table import Table
 
 from agent_reach import __version__
-from agent_reach.cli.console import RouterOpt, app, err, out
+from agent_reach.cli.console import RouterOpt, app, err, is_loopback, out
 from agent_reach.cli.console import fail as _fail
 from agent_reach.exceptions import ConfigError, RouterUnavailable
 
@@ -28,17 +28,6 @@ __all__ = ["app", "main"]
 def _say(line: str) -> None:
     """One status line on stderr, as it is: no markup, no highlighting, never wrapped."""
     err.print(line, markup=False, highlight=False, soft_wrap=True)
-
-
-def _is_loopback(host: str) -> bool:
-    import ipaddress
-
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _router_verify() -> ssl.SSLContext | Literal[True]:
@@ -152,7 +141,7 @@ def router(
         signal.signal(signal.SIGHUP, lambda *_: setattr(app_.policy_file, "reload_requested", True))
     # Everything built so far lives as long as the process: keep it out of every GC pass.
     gc.freeze()
-    if not app_.auth_on and not _is_loopback(host):
+    if not app_.auth_on and not is_loopback(host):
         _say(
             f"[reach-router] WARNING: listening on {host} with auth off: anyone who can reach it can "
             "register, call and administer it. Set REACH_ADMIN_TOKEN (and agent and caller tokens)."

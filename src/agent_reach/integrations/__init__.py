@@ -16,12 +16,12 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import AsyncGenerator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from agent_reach.exceptions import ConfigError
 
 if TYPE_CHECKING:
-    from agent_reach.sdk import ReachClient
+    from agent_reach.sdk import ReachAgent, ReachClient
 
 # Closers parked until their loop shuts down; held here so none is collected (and run) early.
 _PARKED: set[AsyncGenerator[None, None]] = set()
@@ -72,3 +72,17 @@ def missing_extra(extra: str, exc: ImportError) -> ConfigError:
     return ConfigError(
         f"the {extra} bridge needs its optional dependencies: pip install 'agent-reach[{extra}]' ({exc})"
     )
+
+
+def single_capability_agent(
+    agent_id: str, endpoint: str, capability: dict[str, Any], router_url: str | None, source: str
+) -> ReachAgent:
+    """A Reach agent serving one ``capability``: how a framework's graph or agent joins a Router."""
+    from agent_reach.sdk import AgentConfig, ReachAgent
+
+    mapping: dict[str, Any] = {
+        "agent": {"id": agent_id, "network": {"endpoint": endpoint}, "capabilities": [capability]}
+    }
+    if router_url is not None:
+        mapping["router"] = {"url": router_url}
+    return ReachAgent(AgentConfig.from_mapping(mapping, source=source))

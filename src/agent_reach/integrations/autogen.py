@@ -19,8 +19,8 @@ import orjson
 from pydantic import BaseModel, ConfigDict
 
 from agent_reach.exceptions import RouterUnavailable
-from agent_reach.integrations import close_with_loop, missing_extra, tool_name
-from agent_reach.sdk import AgentConfig, ReachAgent, ReachClient
+from agent_reach.integrations import close_with_loop, missing_extra, single_capability_agent, tool_name
+from agent_reach.sdk import ReachAgent, ReachClient
 from agent_reach.sdk.auth import auth_headers
 from agent_reach.sdk.client import router_url_from_env
 
@@ -117,12 +117,7 @@ def autogen_agent(
         "examples": list(examples),
         "input_schema": {"text": "string"},
     }
-    mapping: dict[str, Any] = {
-        "agent": {"id": agent_id, "network": {"endpoint": endpoint}, "capabilities": [capability]}
-    }
-    if router_url is not None:
-        mapping["router"] = {"url": router_url}
-    reach = ReachAgent(AgentConfig.from_mapping(mapping, source=f"autogen_agent({agent_id})"))
+    reach = single_capability_agent(agent_id, endpoint, capability, router_url, f"autogen_agent({agent_id})")
     lock = asyncio.Lock()
 
     @reach.capability(task)

@@ -17,9 +17,9 @@ import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from agent_reach.integrations import close_with_loop, missing_extra
+from agent_reach.integrations import close_with_loop, missing_extra, single_capability_agent
 from agent_reach.protocol import Status
-from agent_reach.sdk import AgentConfig, ReachAgent, ReachClient, ReachContext
+from agent_reach.sdk import ReachAgent, ReachClient, ReachContext
 
 try:
     from langchain_core.runnables import RunnableConfig
@@ -165,12 +165,7 @@ def graph_agent(  # noqa: PLR0913 - the profile's fields, one keyword each
     capability: dict[str, Any] = {"task": task, "description": description, "examples": list(examples)}
     if input_schema is not None:
         capability["input_schema"] = input_schema
-    mapping: dict[str, Any] = {
-        "agent": {"id": agent_id, "network": {"endpoint": endpoint}, "capabilities": [capability]},
-    }
-    if router_url is not None:
-        mapping["router"] = {"url": router_url}
-    agent = ReachAgent(AgentConfig.from_mapping(mapping, source=f"graph_agent({agent_id})"))
+    agent = single_capability_agent(agent_id, endpoint, capability, router_url, f"graph_agent({agent_id})")
 
     @agent.capability(task)
     async def run_graph(payload: dict[str, Any], ctx: ReachContext) -> Any:

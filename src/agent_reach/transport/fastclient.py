@@ -447,17 +447,7 @@ class Pool:
             if len(self._names) >= 4096:
                 self._names.clear()
             self._names[(host, port)] = (now + DNS_TTL_S, found)
-        allowed = []
-        reason = ""
-        for address in found:
-            refusal = self._guard.refusal(ipaddress.ip_address(address.split("%", 1)[0]))
-            if refusal is None:
-                allowed.append(address)
-            else:
-                reason = refusal
-        if not allowed:
-            raise OSError(f"{host} resolves only to refused addresses ({reason})")
-        return allowed
+        return self._guard.allowed(host, found, str)
 
     def release(self, conn: _Conn) -> None:
         """Put a connection whose answer was read whole back in the pool."""

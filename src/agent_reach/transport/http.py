@@ -8,7 +8,6 @@ project's own here, with ``raise ... from exc``, and nowhere else.
 
 from __future__ import annotations
 
-import ipaddress
 import socket
 import ssl
 from typing import Any
@@ -82,17 +81,7 @@ class _GuardedResolver(AbstractResolver):
 
     async def resolve(self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET) -> Any:
         found = await self._inner.resolve(host, port, family)
-        allowed = []
-        reason = ""
-        for item in found:
-            refusal = self._guard.refusal(ipaddress.ip_address(item["host"]))
-            if refusal is None:
-                allowed.append(item)
-            else:
-                reason = refusal
-        if not allowed:
-            raise OSError(f"{host} resolves only to refused addresses ({reason})")
-        return allowed
+        return self._guard.allowed(host, found, lambda item: str(item["host"]))
 
     async def close(self) -> None:
         await self._inner.close()

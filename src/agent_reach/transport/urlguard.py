@@ -17,11 +17,15 @@ from __future__ import annotations
 import ipaddress
 import socket
 import unicodedata
+from collections.abc import Callable, Sequence
 from fnmatch import fnmatchcase
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 from agent_reach.config import OutboundPolicy
 from agent_reach.exceptions import OutboundRefused
+
+T = TypeVar("T")
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -83,6 +87,23 @@ class UrlGuard:
         reason = self.refusal(address)
         if reason is not None:
             raise OutboundRefused(reason)
+
+    def allowed(self, host: str, found: Sequence[T], address_of: Callable[[T], str]) -> list[T]:
+        """What ``host`` resolved to, less every address the guard refuses; an OSError (a network
+        error to the client that resolved) naming the rule when nothing is left. Checked on
+        every connection, so a name that resolves to a refused address, at once or after a
+        rebinding, is never connected to."""
+        kept = []
+        reason = ""
+        for item in found:
+            refusal = self.refusal(ipaddress.ip_address(address_of(item).split("%", 1)[0]))
+            if refusal is None:
+                kept.append(item)
+            else:
+                reason = refusal
+        if not kept:
+            raise OSError(f"{host} resolves only to refused addresses ({reason})")
+        return kept
 
     def refusal(self, address: Address) -> str | None:
         """Why ``address`` is refused, or None when it may be called."""
