@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from agent_reach.observability.series import CounterSeries, HistogramSeries
 from agent_reach.protocol import AgentStatusValue
 from agent_reach.record import DecisionRecord
 from agent_reach.registry.base import AgentEntry, Registry, RegistryEvent
@@ -100,82 +101,68 @@ class RouterMetrics:
     ) -> None:
         self._registry = registry
         self.prom = CollectorRegistry(auto_describe=True)
-        prom = self.prom
-        self.requests = Counter(
-            "reach_requests",
-            "Requests by task, handling agent and final status",
-            ["task", "agent", "status"],
-            registry=prom,
+        # In the order prometheus-client's own families were registered, so a scrape reads the
+        # same as before the counting moved to plain numbers (see observability/series.py).
+        self.requests = CounterSeries(
+            "reach_requests", "Requests by task, handling agent and final status", ("task", "agent", "status")
         )
-        self.match_score = Histogram(
-            "reach_route_match_score",
-            "Score of the selected route",
-            ["strategy"],
-            buckets=_SCORE_BUCKETS,
-            registry=prom,
+        self.match_score = HistogramSeries(
+            "reach_route_match_score", "Score of the selected route", ("strategy",), _SCORE_BUCKETS
         )
-        self.circuit_trips = Counter(
-            "reach_agent_circuit_trips", "Times an agent's breaker opened", ["agent"], registry=prom
+        self.circuit_trips = CounterSeries(
+            "reach_agent_circuit_trips", "Times an agent's breaker opened", ("agent",)
         )
-        self.latency = Histogram(
+        self.latency = HistogramSeries(
             "reach_end_to_end_latency_seconds",
             "Router latency of a request, end to end",
-            ["task"],
-            buckets=_LATENCY_BUCKETS,
-            registry=prom,
+            ("task",),
+            _LATENCY_BUCKETS,
         )
-        self.retries = Counter("reach_retries", "Same-agent retries by reason", ["reason"], registry=prom)
-        self.failovers = Counter(
-            "reach_failovers", "Failovers to another agent by reason", ["reason"], registry=prom
+        self.retries = CounterSeries("reach_retries", "Same-agent retries by reason", ("reason",))
+        self.failovers = CounterSeries("reach_failovers", "Failovers to another agent by reason", ("reason",))
+        self.lease_expiries = CounterSeries(
+            "reach_lease_expiries", "Leases that ran out (agent went offline)"
         )
-        self.lease_expiries = Counter(
-            "reach_lease_expiries", "Leases that ran out (agent went offline)", registry=prom
+        self.health_failures = CounterSeries(
+            "reach_health_check_failures", "Failed health probes by agent", ("agent",)
         )
-        self.health_failures = Counter(
-            "reach_health_check_failures", "Failed health probes by agent", ["agent"], registry=prom
+        self.attempts = CounterSeries("reach_upstream_attempts", "Upstream attempts by outcome", ("outcome",))
+        self.semantic_refusals = CounterSeries(
+            "reach_semantic_refusals", "Requests refused because no capability scored above the threshold"
         )
-        self.attempts = Counter(
-            "reach_upstream_attempts", "Upstream attempts by outcome", ["outcome"], registry=prom
-        )
-        self.semantic_refusals = Counter(
-            "reach_semantic_refusals",
-            "Requests refused because no capability scored above the threshold",
-            registry=prom,
-        )
-        self._request_children: dict[tuple[str, str, str], Any] = {}
-        self._latency_children: dict[str, Any] = {}
-        self._attempt_children: dict[str, Any] = {}
-        prom.register(_LiveState(registry, breakers, stats, inflight, embedding_up))
+        for family in (
+            self.requests,
+            self.match_score,
+            self.circuit_trips,
+            self.latency,
+            self.retries,
+            self.failovers,
+            self.lease_expiries,
+            self.health_failures,
+            self.attempts,
+            self.semantic_refusals,
+        ):
+            self.prom.register(family)
+        self.prom.register(_LiveState(registry, breakers, stats, inflight, embedding_up))
 
     def __call__(self, record: DecisionRecord) -> None:
+        # Runs on every request, on the event loop: a dict update per family, no locks.
         task = record.matched_task or UNKNOWN_TASK
         agent = record.handler or (record.attempts[-1].agent_id if record.attempts else NO_AGENT)
         status = record.status.value if record.status is not None else "UNKNOWN"
-        # Labelled children are cached: .labels() takes a lock and hashes its arguments on every
-        # call, and this runs on every request. The caches are as bounded as the labels are.
-        key = (task, agent, status)
-        counter = self._request_children.get(key)
-        if counter is None:
-            counter = self._request_children[key] = self.requests.labels(task, agent, status)
-        counter.inc()
-        latency = self._latency_children.get(task)
-        if latency is None:
-            latency = self._latency_children[task] = self.latency.labels(task)
-        latency.observe(record.duration_ms / 1000)
+        self.requests.inc((task, agent, status))
+        self.latency.observe((task,), record.duration_ms / 1000)
         if record.score is not None and record.strategy:
             strategy = "semantic_route" if record.semantic is not None else record.strategy
-            self.match_score.labels(strategy).observe(record.score)
+            self.match_score.observe((strategy,), record.score)
         for attempt in record.attempts:
-            counter = self._attempt_children.get(attempt.outcome)
-            if counter is None:
-                counter = self._attempt_children[attempt.outcome] = self.attempts.labels(attempt.outcome)
-            counter.inc()
+            self.attempts.inc((attempt.outcome,))
         for reason in record.retries:
-            self.retries.labels(reason).inc()
+            self.retries.inc((reason,))
         for reason in record.failovers:
-            self.failovers.labels(reason).inc()
+            self.failovers.inc((reason,))
         for agent_id in record.circuit_trips:
-            self.circuit_trips.labels(agent_id).inc()
+            self.circuit_trips.inc((agent_id,))
         if record.semantic_refused:
             self.semantic_refusals.inc()
 
@@ -185,7 +172,7 @@ class RouterMetrics:
 
     def on_probe(self, agent_id: str, ok: bool) -> None:
         if not ok:
-            self.health_failures.labels(agent_id).inc()
+            self.health_failures.inc((agent_id,))
 
     def exposition(self) -> bytes:
         """The Prometheus text format of every metric."""

@@ -57,40 +57,7 @@ class _Hop(NamedTuple):
 
     @classmethod
     def of(cls, r: DecisionRecord) -> _Hop:
-        extra = (
-            orjson.dumps({"semantic": r.semantic, "scores": r.explain}) if r.semantic or r.explain else b""
-        )
-        return cls(
-            r.trace_id,
-            r.started,
-            r.started_wall,
-            r.task,
-            r.source,
-            r.matched_task,
-            r.status.value if r.status else None,
-            r.http_status,
-            r.handler,
-            r.duration_ms,
-            r.mode,
-            r.conversation_id,
-            r.parent_span_id,
-            r.rule,
-            r.strategy,
-            tuple(r.candidates),
-            tuple((c["agentId"], c["reason"], c.get("score")) for c in r.rejected),
-            r.selected,
-            r.score,
-            r.affinity,
-            extra,
-            tuple(
-                (a.agent_id, a.outcome, a.duration_ms, a.span_id, a.offset_ms, a.score) for a in r.attempts
-            ),
-            tuple(r.events),
-            tuple(r.retries),
-            tuple(r.failovers),
-            tuple(r.circuit_trips),
-            r.error_code,
-        )
+        return cls._make(_freeze(r))
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -143,38 +110,94 @@ class _Hop(NamedTuple):
         }
 
 
+def _freeze(r: DecisionRecord) -> tuple[Any, ...]:
+    """The hop as a plain tuple in `_Hop`'s field order: built by one tuple display on every
+    request, and, being an exact tuple of strings, numbers and tuples, untracked by the GC after
+    its first pass. `_Hop` wraps it only when the store is queried."""
+    return (
+        r.trace_id,
+        r.started,
+        r.started_wall,
+        r.task,
+        r.source,
+        r.matched_task,
+        r.status.value if r.status else None,
+        r.http_status,
+        r.handler,
+        r.duration_ms,
+        r.mode,
+        r.conversation_id,
+        r.parent_span_id,
+        r.rule,
+        r.strategy,
+        tuple(r.candidates),
+        tuple([(c["agentId"], c["reason"], c.get("score")) for c in r.rejected]) if r.rejected else (),
+        r.selected,
+        r.score,
+        r.affinity,
+        orjson.dumps({"semantic": r.semantic, "scores": r.explain}) if r.semantic or r.explain else b"",
+        tuple([(a.agent_id, a.outcome, a.duration_ms, a.span_id, a.offset_ms, a.score) for a in r.attempts]),
+        tuple(r.events) if r.events else (),
+        tuple(r.retries) if r.retries else (),
+        tuple(r.failovers) if r.failovers else (),
+        tuple(r.circuit_trips) if r.circuit_trips else (),
+        r.error_code,
+    )
+
+
 class TraceStore:
     """Keeps the last ``size`` hops; memory is fixed whatever the traffic."""
 
     def __init__(self, size: int = 10_000) -> None:
         self.size = size
-        self._ring: deque[_Hop] = deque()
-        self._by_trace: dict[str, list[_Hop]] = {}
+        self._ring: deque[tuple[Any, ...]] = deque()
+        # traceId -> its one hop, or a list of its hops once a trace has several (most have one:
+        # no list is made per request).
+        self._by_trace: dict[str, Any] = {}
 
     def __call__(self, record: DecisionRecord) -> None:
-        if self.size <= 0:
+        size = self.size
+        if size <= 0:
             return
-        while len(self._ring) >= self.size:
-            old = self._ring.popleft()
-            hops = self._by_trace.get(old.trace_id)
-            if hops is not None:
-                hops.remove(old)
-                if not hops:
-                    del self._by_trace[old.trace_id]
-        hop = _Hop.of(record)
-        self._ring.append(hop)
-        self._by_trace.setdefault(record.trace_id, []).append(hop)
+        ring = self._ring
+        index = self._by_trace
+        while len(ring) >= size:
+            old = ring.popleft()
+            held = index.get(old[0])
+            if held is old:
+                del index[old[0]]
+            elif type(held) is list:
+                held.remove(old)
+                if len(held) == 1:
+                    index[old[0]] = held[0]
+        hop = _freeze(record)
+        ring.append(hop)
+        trace_id = record.trace_id
+        held = index.get(trace_id)
+        if held is None:
+            index[trace_id] = hop
+        elif type(held) is list:
+            held.append(hop)
+        else:
+            index[trace_id] = [held, hop]
 
     def __len__(self) -> int:
         return len(self._ring)
 
+    def _stored(self, trace_id: str) -> list[_Hop]:
+        held = self._by_trace.get(trace_id)
+        if held is None:
+            return []
+        hops = [_Hop._make(h) for h in (held if type(held) is list else (held,))]
+        return sorted(hops, key=lambda h: h.started)
+
     def hops(self, trace_id: str) -> list[dict[str, Any]]:
         """The hops of one trace, oldest first, as dicts."""
-        return [h.to_dict() for h in sorted(self._by_trace.get(trace_id, ()), key=lambda h: h.started)]
+        return [h.to_dict() for h in self._stored(trace_id)]
 
     def trace(self, trace_id: str) -> dict[str, Any] | None:
         """``{"traceId", "hops": [...], "tree": [...]}``, or None for an unknown traceId."""
-        stored = sorted(self._by_trace.get(trace_id, ()), key=lambda h: h.started)
+        stored = self._stored(trace_id)
         if not stored:
             return None
         rendered = []
@@ -213,7 +236,8 @@ class TraceStore:
     ) -> list[dict[str, Any]]:
         """Summaries of the newest hops, filtered by task and status."""
         found: list[dict[str, Any]] = []
-        for hop in reversed(self._ring):
+        for raw in reversed(self._ring):
+            hop = _Hop._make(raw)
             if task is not None and hop.task != task and hop.matched_task != task:
                 continue
             if status is not None and hop.status != status:

@@ -1,0 +1,108 @@
+"""Counters and histograms kept as plain numbers, turned into Prometheus samples at scrape time.
+
+prometheus-client's ``Counter.labels(...).inc()`` takes a lock and walks its child machinery on
+every call; ``Histogram.observe`` takes a lock per bucket value. The Router counts on one event
+loop, so a labelled series here is one dict entry and a request costs a dict lookup and an add.
+What a scrape sees is what prometheus-client's own families would print, sample for sample
+(names, ``_total``/``_bucket``/``_count``/``_sum``/``_created``, label sets and order): the
+exposition is still prometheus-client's.
+"""
+
+from __future__ import annotations
+
+import time
+from bisect import bisect_left
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+Labels = tuple[str, ...]
+
+
+class CounterSeries(Collector):
+    """A counter family: label values -> running total, plus when each series was first seen."""
+
+    def __init__(
+        self, name: str, doc: str, labelnames: Labels = (), *, now: Callable[[], float] = time.time
+    ) -> None:
+        self.name = name
+        self.doc = doc
+        self.labelnames = labelnames
+        self._now = now
+        self.values: dict[Labels, float] = {}
+        self.created: dict[Labels, float] = {}
+        if not labelnames:
+            # An unlabelled counter exists from the start, at zero, as prometheus-client's does.
+            self.values[()] = 0.0
+            self.created[()] = now()
+
+    def inc(self, labels: Labels = (), amount: float = 1.0) -> None:
+        try:
+            self.values[labels] += amount
+        except KeyError:
+            self.values[labels] = amount
+            self.created[labels] = self._now()
+
+    def get(self, labels: Labels = ()) -> float:
+        return self.values.get(labels, 0.0)
+
+    def collect(self) -> Iterator[Metric]:
+        family = Metric(self.name, self.doc, "counter")
+        names = self.labelnames
+        created = self.created
+        for labels, value in list(self.values.items()):
+            tags = dict(zip(names, labels, strict=True))
+            family.add_sample(self.name + "_total", tags, value)
+            family.add_sample(self.name + "_created", tags, created[labels])
+        yield family
+
+
+class HistogramSeries(Collector):
+    """A histogram family with fixed upper bounds; a series is per-bucket counts and a sum."""
+
+    def __init__(
+        self,
+        name: str,
+        doc: str,
+        labelnames: Labels,
+        buckets: tuple[float, ...],
+        *,
+        now: Callable[[], float] = time.time,
+    ) -> None:
+        self.name = name
+        self.doc = doc
+        self.labelnames = labelnames
+        self.bounds = tuple(float(b) for b in buckets)
+        self._le = [floatToGoString(b) for b in self.bounds] + ["+Inf"]  # type: ignore[no-untyped-call]
+        self._now = now
+        # labels -> [count in bucket 0, ..., count above the last bound (+Inf), sum]
+        self.series: dict[Labels, list[float]] = {}
+        self.created: dict[Labels, float] = {}
+
+    def observe(self, labels: Labels, value: float) -> None:
+        row = self.series.get(labels)
+        if row is None:
+            row = self.series[labels] = [0.0] * (len(self.bounds) + 2)
+            self.created[labels] = self._now()
+        # Buckets are "less than or equal": the first bound >= value takes it.
+        row[bisect_left(self.bounds, value)] += 1.0
+        row[-1] += value
+
+    def collect(self) -> Iterator[Metric]:
+        family = Metric(self.name, self.doc, "histogram")
+        name = self.name
+        for labels, row in list(self.series.items()):
+            tags = dict(zip(self.labelnames, labels, strict=True))
+            running = 0.0
+            for le, count in zip(self._le, row, strict=False):
+                running += count
+                family.add_sample(name + "_bucket", {**tags, "le": le}, running)
+            family.add_sample(name + "_count", tags, running)
+            family.add_sample(name + "_sum", tags, row[-1])
+            family.add_sample(name + "_created", tags, self.created[labels])
+        yield family
+
+
+__all__ = ["CounterSeries", "HistogramSeries"]

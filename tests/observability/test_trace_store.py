@@ -1,0 +1,50 @@
+"""The trace store's ring: bounded, indexed by traceId, and exact for traces of several hops."""
+
+from __future__ import annotations
+
+from agent_reach.observability.traces import TraceStore
+from agent_reach.protocol import Status
+from agent_reach.record import AttemptRecord, DecisionRecord
+
+
+def _record(trace_id: str, started: float, *, parent: str | None = None, span: str = "") -> DecisionRecord:
+    record = DecisionRecord(
+        trace_id=trace_id, task="echo", source="targetTask", started=started, parent_span_id=parent
+    )
+    record.matched_task = "echo"
+    record.status = Status.SUCCESS
+    record.handler = "a1"
+    record.attempts.append(AttemptRecord("a1", "SUCCESS", 1.0, span_id=span or f"{int(started):016x}"))
+    return record
+
+
+def test_eviction_keeps_the_index_exact_for_multi_hop_traces() -> None:
+    """Hops of one trace leave the ring oldest first; the trace shrinks, then disappears."""
+    store = TraceStore(size=3)
+    store(_record("t1", 1.0, span="s1"))
+    store(_record("t1", 2.0, parent="s1", span="s2"))
+    store(_record("t2", 3.0))
+    trace = store.trace("t1")
+    assert trace is not None
+    assert [hop["hop"] for hop in trace["hops"]] == [0, 1]
+    assert trace["tree"][0]["children"][0]["hop"] == 1
+
+    store(_record("t3", 4.0))  # evicts t1's first hop
+    assert [h["startedAt"] for h in store.hops("t1")] == [store.hops("t1")[0]["startedAt"]]
+    assert len(store.hops("t1")) == 1
+    store(_record("t4", 5.0))  # evicts t1's second hop
+    assert store.trace("t1") is None
+    assert len(store) == 3
+    assert [s["traceId"] for s in store.recent()] == ["t4", "t3", "t2"]
+
+
+def test_a_trace_id_reused_after_eviction_starts_afresh() -> None:
+    """A traceId whose hops were all evicted and that comes back holds only its new hop."""
+    store = TraceStore(size=2)
+    store(_record("t1", 1.0))
+    store(_record("t2", 2.0))
+    store(_record("t3", 3.0))
+    store(_record("t1", 4.0))
+    assert len(store.hops("t1")) == 1
+    assert store.recent(status="SUCCESS", limit=1)[0]["traceId"] == "t1"
+    assert store.hops("unknown") == []
