@@ -27,7 +27,7 @@ async def measure(requests: int, rounds: int) -> dict[str, float]:
     import httpx
 
     from agent_reach.config import RouterConfig
-    from agent_reach.record import DecisionRecord
+    from agent_reach.record import DecisionRecord, Observer
     from agent_reach.testing import FakeAgent, RouterServer
 
     config = RouterConfig.model_validate({"embedding": {"backend": "none"}, "health": {"enabled": False}})
@@ -41,7 +41,7 @@ async def measure(requests: int, rounds: int) -> dict[str, float]:
             async with httpx.AsyncClient() as http:
                 await http.post(router.url + "/reach", json={"targetTask": "echo", "payload": {"n": 1}})
             record = got[-1]
-            observers = {
+            observers: dict[str, Observer] = {
                 "metrics": parts.metrics,
                 "trace store": parts.traces,
                 "trace lines": parts.trace_log,

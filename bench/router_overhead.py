@@ -537,12 +537,12 @@ class Bench:
             f"  auth on: router-auth req/s at c{c} / router req/s at c{c} = {auth_ratio:.2f}"
             f" (target >= {MIN_AUTH_RATIO:.2f})  {verdict(targets['auth_ratio_c32'])}",
         ]
-        other = results.get("router-other")
-        if other is not None and other.c32 is not None:
+        compared = results.get("router-other")
+        if compared is not None and compared.c32 is not None:
             lines.append(
-                f"  router-other ({self.args.compare_src}): {other.c32.rps:,.0f} req/s at c{c}, "
-                f"{other.c32.rps / baseline.c32.rps:.2f} x baseline; this Router {ratio:.2f} x; "
-                f"this / other = {router.c32.rps / other.c32.rps:.2f}"
+                f"  router-other ({self.args.compare_src}): {compared.c32.rps:,.0f} req/s at c{c}, "
+                f"{compared.c32.rps / baseline.c32.rps:.2f} x baseline; this Router {ratio:.2f} x; "
+                f"this / other = {router.c32.rps / compared.c32.rps:.2f}"
             )
         if memory is not None:
             per_request = memory.growth / max(1, memory.requests)
