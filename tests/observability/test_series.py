@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from agent_reach.observability.series import CounterSeries, HistogramSeries
 
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
-OBSERVED = [0.0, 0.001, 0.0010001, 0.003, 0.7, 1.0, 29.9, 30.0, 31.0, 1e9, -1.0]
+OBSERVED = [0.0, 0.001, 0.0010001, 0.003, 0.7, 1.0, 29.9, 30.0, 31.0, 1e9, -1.0, float("inf"), float("nan")]
 
 
 def _without_created(text: bytes) -> str:
@@ -43,7 +43,7 @@ def test_counters_and_histograms_print_as_prometheus_client_does() -> None:
     my_expiries.inc(amount=2)
 
     assert _without_created(generate_latest(ours)) == _without_created(generate_latest(theirs))
-    assert my_requests.get(("echo", "a1", "SUCCESS")) == 7.0
+    assert my_requests.get(("echo", "a1", "SUCCESS")) == 8.0
 
 
 def test_created_is_the_time_a_series_was_first_seen() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -29,10 +30,13 @@ KEY = "sk-test-0123456789abcdef"
 class FakeOpenAI:
     """An OpenAI-style /v1/embeddings that records requests and answers rows out of order."""
 
-    def __init__(self, *, key: str | None = KEY, answer: Any = None, status: int = 200) -> None:
+    def __init__(
+        self, *, key: str | None = KEY, answer: Any = None, status: int = 200, body: bytes = b"{}"
+    ) -> None:
         self.key = key
         self.answer = answer
         self.status = status
+        self.body = body
         self.requests: list[dict[str, Any]] = []
         self.app = Starlette(routes=[Route("/v1/embeddings", self.embeddings, methods=["POST"])])
 
@@ -42,7 +46,7 @@ class FakeOpenAI:
         body = orjson.loads(await request.body())
         self.requests.append(body)
         if self.status != 200:
-            return Response(b"{}", status_code=self.status)
+            return Response(self.body, status_code=self.status)
         if self.answer is not None:
             return Response(orjson.dumps(self.answer), media_type="application/json")
         # Row i is [len(text), i + 1, 0]: the test can tell which text a row belongs to.
@@ -88,7 +92,8 @@ async def test_prefixes_batches_key_and_order(monkeypatch: pytest.MonkeyPatch) -
     expected /= np.linalg.norm(expected, axis=1, keepdims=True)
     assert np.allclose(vectors, expected)
     assert passages.shape == (1, 3)
-    assert embedder.model == "e5-large" and embedder.thresholds is None
+    assert embedder.model == "e5-large (query prefix 'query: ', passage prefix 'passage: ')"
+    assert embedder.thresholds is None
 
 
 async def test_errors_are_clear_and_never_show_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -105,8 +110,24 @@ async def test_errors_are_clear_and_never_show_the_key(monkeypatch: pytest.Monke
     cases: list[tuple[FakeOpenAI, type[Exception], str]] = [
         (FakeOpenAI(key=None, status=500), EmbeddingUnavailable, "HTTP 500"),
         (FakeOpenAI(key=None, answer={"data": [{"index": 0}]}), EmbeddingError, "not embeddings"),
-        (FakeOpenAI(key=None, answer={"data": []}), EmbeddingError, "0 embeddings for 1 texts"),
+        (FakeOpenAI(key=None, answer={"data": []}), EmbeddingError, "returned 0 embeddings for 1 texts"),
         (FakeOpenAI(key=None, answer=[1, 2]), EmbeddingError, "not embeddings"),
+        (
+            FakeOpenAI(key=None, answer={"data": [{"index": 0, "embedding": ["x"]}]}),
+            EmbeddingError,
+            "not embeddings",
+        ),
+        (
+            FakeOpenAI(key=None, answer={"data": [{"index": 1, "embedding": [1.0]}]}),
+            EmbeddingError,
+            "indices",
+        ),
+        (FakeOpenAI(key=None, answer={"data": [{"index": 0, "embedding": []}]}), EmbeddingError, "shape"),
+        (
+            FakeOpenAI(key=None, status=400, body=b'{"error": "you must provide a model parameter"}'),
+            EmbeddingUnavailable,
+            "you must provide a model parameter",
+        ),
     ]
     for fake, error, needle in cases:
         async with AsgiServer(fake.app) as server:
@@ -119,11 +140,65 @@ async def test_errors_are_clear_and_never_show_the_key(monkeypatch: pytest.Monke
         await OpenAIEmbedder(f"http://127.0.0.1:{free_port()}/v1").embed(["a"], "query")
 
 
+async def test_malformed_answers_and_awkward_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ragged or resized rows, duplicate indices, oversized answers and odd keys are clear errors."""
+    ragged = {"data": [{"index": 0, "embedding": [1.0, 2.0]}, {"index": 1, "embedding": [1.0]}]}
+    twice = {"data": [{"index": 0, "embedding": [1.0]}, {"index": 0, "embedding": [2.0]}]}
+    for answer, needle in [(ragged, "not embeddings"), (twice, "indices")]:
+        async with AsgiServer(FakeOpenAI(key=None, answer=answer).app) as server:
+            embedder = OpenAIEmbedder(f"{server.url}/v1")
+            with pytest.raises(EmbeddingError, match=needle):
+                await embedder.embed(["a", "b"], "passage")
+            await embedder.close()
+
+    fake = FakeOpenAI(key=None)
+    async with AsgiServer(fake.app) as server:
+        embedder = OpenAIEmbedder(f"{server.url}/v1")
+        await embedder.embed(["a"], "passage")  # 3 wide
+        fake.answer = {"data": [{"index": 0, "embedding": [1.0, 2.0]}]}
+        with pytest.raises(EmbeddingError, match="2-dimensional vectors; the index holds 3"):
+            await embedder.embed(["a"], "query")
+        fake.answer = None
+        monkeypatch.setattr("agent_reach.semantic.embedders.http.MAX_ANSWER_BYTES", 50)
+        with pytest.raises(EmbeddingError, match="over 50 bytes"):
+            await embedder.embed(["a", "b", "c"], "passage")
+        await embedder.close()
+    monkeypatch.undo()
+
+    # A key mounted from a file ends in a newline: it is stripped. One with a control character
+    # inside is refused without being shown; an error answer that echoes secrets is masked.
+    monkeypatch.setenv("REACH_EMBEDDING_API_KEY", KEY + "\n")
+    echo = FakeOpenAI(
+        status=400, body=f'{{"error": "bad key {KEY}", "auth": "Bearer sk-other-123456"}}'.encode()
+    )
+    async with AsgiServer(FakeOpenAI().app) as server, AsgiServer(echo.app) as echoing:
+        embedder = OpenAIEmbedder(f"{server.url}/v1")
+        assert (await embedder.embed(["a"], "query")).shape == (1, 3)
+        await embedder.close()
+        embedder = OpenAIEmbedder(f"{echoing.url}/v1")
+        with pytest.raises(EmbeddingUnavailable) as echoed:
+            await embedder.embed(["a"], "query")
+        await embedder.close()
+    assert "HTTP 400" in echoed.value.message and "***" in echoed.value.message
+    assert KEY not in echoed.value.message and "sk-other" not in echoed.value.message
+    monkeypatch.setenv("REACH_EMBEDDING_API_KEY", "sk-a\x01b")
+    with pytest.raises(EmbeddingUnavailable, match="control characters") as bad:
+        await OpenAIEmbedder("http://127.0.0.1:1/v1").embed(["a"], "query")
+    assert "sk-a" not in bad.value.message
+
+
 def test_the_policy_selects_it_and_checks_its_fields() -> None:
     """backend: openai needs a URL; the key's variable name must be a variable name."""
     embedder = build_embedder(EmbeddingPolicy(backend="openai", url="http://gpu:8000/v1", model="bge-m3"))
     assert isinstance(embedder, OpenAIEmbedder)
     assert embedder.endpoint == "http://gpu:8000/v1/embeddings" and embedder.model == "bge-m3"
+    azure = OpenAIEmbedder("https://x.openai.azure.com/openai/deployments/e5/?api-version=2024-02-01")
+    assert (
+        azure.endpoint == "https://x.openai.azure.com/openai/deployments/e5/embeddings?api-version=2024-02-01"
+    )
+    # What changes the vectors is part of the name their shared copies are kept under.
+    e5 = OpenAIEmbedder("http://gpu/v1", model="e5", query_prefix="query: ", send_input_type=True)
+    assert e5.model == "e5 (query prefix 'query: ', input_type)"
     with pytest.raises(ConfigError, match="no URL"):
         build_embedder(EmbeddingPolicy(backend="openai"))
     with pytest.raises(ConfigError, match="api_key_env"):
@@ -178,3 +253,40 @@ async def test_a_router_routes_by_meaning_through_an_openai_compatible_service(
             finally:
                 await agent.stop()
     assert all(secret not in record.getMessage() for record in caplog.records)
+
+
+async def test_a_broken_service_delays_vectors_and_never_stops_them() -> None:
+    """Rows of mixed widths mark the agent's vectors unavailable; once the service mends, they come."""
+    fake = FakeOpenAI(key=None, answer={"data": [{"index": 0, "embedding": [1.0, 2.0]}, {"index": 1}]})
+    async with AsgiServer(fake.app) as embed:
+        config = RouterConfig.from_mapping(
+            {
+                "health": {"enabled": False},
+                "routing": {"semantic_tasks": ["*"]},
+                "embedding": {
+                    "backend": "openai",
+                    "url": f"{embed.url}/v1",
+                    "model": "fake",
+                    "retry_seconds": 0.2,
+                    "threshold": 0.0,
+                    "margin": 0.0,
+                },
+            }
+        )
+        async with RouterServer(config) as router, httpx.AsyncClient(base_url=router.url, timeout=20) as http:
+            agent = price_agent()
+            await agent.start()
+            try:
+                await agent.register(router.url)
+                await wait_vectors(router.url, "price-agent")
+                status = (await http.get("/admin/agents/price-agent")).json()
+                assert status["vectors"] == "unavailable"
+                fake.answer = None  # mended
+                for _ in range(200):
+                    status = (await http.get("/admin/agents/price-agent")).json()
+                    if status["vectors"] == "ready":
+                        break
+                    await asyncio.sleep(0.05)
+                assert status["vectors"] == "ready"
+            finally:
+                await agent.stop()

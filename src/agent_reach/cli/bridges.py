@@ -13,7 +13,9 @@ from agent_reach.cli.console import RouterOpt, app, err, is_loopback, out
 from agent_reach.cli.console import fail as _fail
 from agent_reach.exceptions import ConfigError, RegistryError, RouterUnavailable
 
-a2a_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="The A2A bridge.")
+a2a_app = typer.Typer(
+    no_args_is_help=True, rich_markup_mode=None, pretty_exceptions_show_locals=False, help="The A2A bridge."
+)
 app.add_typer(a2a_app, name="a2a")
 
 

@@ -13,6 +13,9 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     rich_markup_mode=None,
+    # A traceback must never print local variables: they hold bearer tokens and API keys (an
+    # HTTP client's headers, say). Older typer releases showed them by default.
+    pretty_exceptions_show_locals=False,
     help="Agent-Reach: the Router, agents and tools around them.",
 )
 

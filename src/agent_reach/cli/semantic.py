@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import numpy as np
 import typer
@@ -12,6 +13,12 @@ from rich.table import Table
 from agent_reach.cli.console import app, err, out
 from agent_reach.cli.console import fail as _fail
 from agent_reach.exceptions import ConfigError
+
+if TYPE_CHECKING:
+    from agent_reach.semantic.embedders.base import Embedder
+    from agent_reach.semantic.evaluation import CorpusReport
+
+T = TypeVar("T")
 
 
 @app.command("embed-server")
@@ -124,6 +131,31 @@ def _print_corpus(report: Any) -> None:
     )
 
 
+async def _closing(embedder: Embedder, work: Awaitable[T]) -> T:
+    """``work``, then the embedder's sessions and threads released, in the one event loop."""
+    try:
+        return await work
+    finally:
+        await embedder.close()
+
+
+async def _corpus_reports(
+    folder: Path, embedder: Embedder, learned: bool
+) -> tuple[CorpusReport, CorpusReport | None]:
+    """The held-out report, and with ``learned`` the one after learning, in one event loop: an
+    HTTP embedder's session belongs to the loop it was opened in."""
+    from agent_reach.semantic.evaluation import evaluate_corpus
+
+    async def both() -> tuple[CorpusReport, CorpusReport | None]:
+        report = await evaluate_corpus(folder, embedder)
+        if not learned:
+            return report, None
+        point = (report.threshold, report.margin)
+        return report, await evaluate_corpus(folder, embedder, fixed=point, learn=True)
+
+    return await _closing(embedder, both())
+
+
 @app.command()
 def calibrate(
     labelled: Annotated[
@@ -159,7 +191,7 @@ def calibrate(
     from agent_reach.exceptions import EmbeddingError
     from agent_reach.semantic.calibrate import calibrate as run_calibration
     from agent_reach.semantic.embedders import build_embedder
-    from agent_reach.semantic.evaluation import cross_validate, evaluate_corpus
+    from agent_reach.semantic.evaluation import cross_validate
 
     try:
         policy = RouterConfig.load(config)
@@ -169,18 +201,17 @@ def calibrate(
             current = (policy.embedding.threshold, policy.embedding.margin or 0.0)
         err.print(f"embedding {labelled} with {embedder.model} ...", highlight=False)
         if corpus:
-            report = asyncio.run(evaluate_corpus(labelled, embedder))
+            report, after = asyncio.run(_corpus_reports(labelled, embedder, learned))
             _print_corpus(report)
             _print_outcome("fitted on the calibration half", report.calibration)
-            if learned:
-                point = (report.threshold, report.margin)
-                _print_corpus(asyncio.run(evaluate_corpus(labelled, embedder, fixed=point, learn=True)))
+            if after is not None:
+                _print_corpus(after)
                 out.print(
                     "after learning the calibration half's refused and wrong questions", highlight=False
                 )
             return
         data = read_yaml(labelled)
-        result = asyncio.run(run_calibration(data, embedder, current=current))
+        result = asyncio.run(_closing(embedder, run_calibration(data, embedder, current=current)))
         validation = cross_validate(result.phrases, folds)
     except (ConfigError, EmbeddingError) as exc:
         _fail(exc.message)

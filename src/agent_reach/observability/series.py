@@ -14,11 +14,18 @@ import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
 
+from prometheus_client import metrics as prom_metrics
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 Labels = tuple[str, ...]
+
+
+def _created_series() -> bool:
+    # prometheus-client's switch (PROMETHEUS_DISABLE_CREATED_SERIES, or its disable function),
+    # read at scrape time so the Router and its families agree with the SDK's agents.
+    return bool(getattr(prom_metrics, "_use_created", True))
 
 
 class CounterSeries(Collector):
@@ -55,7 +62,8 @@ class CounterSeries(Collector):
         for labels, value in list(self.values.items()):
             tags = dict(zip(names, labels, strict=True))
             family.add_sample(self.name + "_total", tags, value)
-            family.add_sample(self.name + "_created", tags, created[labels])
+            if _created_series():
+                family.add_sample(self.name + "_created", tags, created[labels])
         yield family
 
 
@@ -86,6 +94,10 @@ class HistogramSeries(Collector):
         if row is None:
             row = self.series[labels] = [0.0] * (len(self.bounds) + 2)
             self.created[labels] = self._now()
+        if value != value:
+            # NaN is in no bucket (and not counted), only in the sum, as prometheus-client has it.
+            row[-1] += value
+            return
         # Buckets are "less than or equal": the first bound >= value takes it.
         row[bisect_left(self.bounds, value)] += 1.0
         row[-1] += value
@@ -101,7 +113,8 @@ class HistogramSeries(Collector):
                 family.add_sample(name + "_bucket", {**tags, "le": le}, running)
             family.add_sample(name + "_count", tags, running)
             family.add_sample(name + "_sum", tags, row[-1])
-            family.add_sample(name + "_created", tags, self.created[labels])
+            if _created_series():
+                family.add_sample(name + "_created", tags, self.created[labels])
         yield family
 
 

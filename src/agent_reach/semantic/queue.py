@@ -10,6 +10,7 @@ once, and by meaning as soon as its vectors are in.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -20,6 +21,8 @@ import numpy as np
 from agent_reach.exceptions import EmbeddingError
 from agent_reach.registry.base import AgentEntry
 from agent_reach.semantic.index import Vector
+
+log = logging.getLogger("agent_reach.semantic")
 
 # Texts per model call: small enough that a turn is short, big enough to batch well.
 BATCH = 8
@@ -110,6 +113,13 @@ class EmbeddingQueue:
             except EmbeddingError as exc:
                 self._jobs.pop(agent_id, None)
                 failed(job, exc)
+                return
+            except Exception as exc:
+                # An embedder's bug must not end this loop for good: the job fails like any
+                # embedding failure (and is retried), and the traceback is logged once here.
+                log.exception("embedding %s failed unexpectedly", agent_id)
+                self._jobs.pop(agent_id, None)
+                failed(job, EmbeddingError(f"the embedder failed: {type(exc).__name__}"))
                 return
         if self._jobs.get(agent_id) is not job:
             return  # replaced or dropped while its batch was embedded

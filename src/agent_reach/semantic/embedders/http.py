@@ -10,7 +10,9 @@
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import numpy as np
@@ -20,6 +22,12 @@ from agent_reach.exceptions import EmbeddingError, EmbeddingUnavailable
 from agent_reach.semantic.embedders.base import Kind, Vectors, calibrated_thresholds, normalise
 
 DEFAULT_API_KEY_ENV = "REACH_EMBEDDING_API_KEY"
+# An answer larger than this is refused: 32 texts of 16,384 floats as JSON stay well below it.
+MAX_ANSWER_BYTES = 64 * 1024 * 1024
+MAX_DIM = 16_384
+_SECRETS = re.compile(
+    r"(?i)(bearer\s+\S+|\bsk-[\w-]{6,}|\b(?:api[_-]?key|token)[\"']?\s*[:=]\s*[\"']?[^\s\"',}]+)"
+)
 
 
 class HttpEmbedder:
@@ -77,12 +85,18 @@ class OpenAIEmbedder:
     """``POST {url}/embeddings {"model", "input": [...]}`` -> ``{"data": [{"index", "embedding"}]}``.
 
     ``url`` is the API base (``http://gpu-box:8000/v1``); a URL that already ends in
-    ``/embeddings`` is used as it is. The bearer key is read from the environment variable
-    ``api_key_env`` when set there, and never appears in a log line or an error. Query and passage
-    texts get the model's prefixes (e5: ``"query: "`` and ``"passage: "``); with
-    ``send_input_type`` the kind also goes as ``"input_type"`` (NVIDIA NIM, ``reach
-    embed-server``). A model served this way has no built-in thresholds: ``reach calibrate``
-    measures it and proposes ``embedding.threshold`` and ``embedding.margin``.
+    ``/embeddings`` is used as it is (a query string, such as Azure's ``?api-version=``, is kept).
+    The bearer key is read from the environment variable ``api_key_env`` when set there, and never
+    appears in a log line or an error. Query and passage texts get the model's prefixes (e5:
+    ``"query: "`` and ``"passage: "``); with ``send_input_type`` the kind also goes as
+    ``"input_type"`` (NVIDIA NIM, ``reach embed-server``). A model served this way has no built-in
+    thresholds: ``reach calibrate`` measures it and proposes ``embedding.threshold`` and
+    ``embedding.margin``.
+
+    Whatever the service answers, the Router gets unit vectors of one width or an
+    ``EmbeddingError``: rows of mixed widths, strings, NaN, missing or repeated indices, a width
+    that changes between answers, or an answer over ``MAX_ANSWER_BYTES`` are refused, so a
+    misbehaving service marks the embedder down instead of breaking the index.
     """
 
     def __init__(
@@ -97,11 +111,21 @@ class OpenAIEmbedder:
         batch_size: int = 32,
         timeout_ms: int = 2000,
     ) -> None:
-        base = url.rstrip("/")
-        self.endpoint = base if base.endswith("/embeddings") else f"{base}/embeddings"
+        parts = urlsplit(url)
+        path = parts.path.rstrip("/")
+        if not path.endswith("/embeddings"):
+            path = f"{path}/embeddings"
+        self.endpoint = urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
         self.requested_model = model
-        # Fixed from the start: it names the vectors shared through etcd and the thresholds.
-        self.model = model or f"openai:{self.endpoint}"
+        # Fixed from the start: it names the vectors shared through etcd, so whatever changes
+        # the vectors (the prefixes, input_type) is part of it.
+        name = model or f"openai:{urlunsplit((parts.scheme, parts.netloc, path, '', ''))}"
+        variant = [
+            f"{kind} prefix {p!r}" for kind, p in (("query", query_prefix), ("passage", passage_prefix)) if p
+        ]
+        if send_input_type:
+            variant.append("input_type")
+        self.model = f"{name} ({', '.join(variant)})" if variant else name
         self.dim = 0
         self._api_key_env = api_key_env
         self._prefix: dict[str, str] = {"query": query_prefix, "passage": passage_prefix}
@@ -115,9 +139,15 @@ class OpenAIEmbedder:
         # Served models are calibrated by their users: the built-in table only knows the bundled one.
         return None
 
-    def _headers(self) -> dict[str, str]:
+    def _key(self) -> str:
+        # Secrets mounted from files often end in a newline; a header cannot carry one.
+        key = os.environ.get(self._api_key_env, "").strip()
+        if any(ord(c) < 32 or ord(c) == 127 for c in key):
+            raise EmbeddingUnavailable(f"the key in ${self._api_key_env} contains control characters")
+        return key
+
+    def _headers(self, key: str) -> dict[str, str]:
         headers = {"Content-Type": "application/json"}
-        key = os.environ.get(self._api_key_env, "")
         if key:
             headers["Authorization"] = f"Bearer {key}"
         return headers
@@ -125,16 +155,17 @@ class OpenAIEmbedder:
     async def embed(self, texts: list[str], kind: Kind) -> Vectors:
         prefix = self._prefix[kind]
         inputs = [prefix + text for text in texts] if prefix else list(texts)
-        rows: list[Any] = []
+        key = self._key()
+        parts: list[Vectors] = []
         for start in range(0, len(inputs), self._batch_size):
-            rows.extend(await self._embed_batch(inputs[start : start + self._batch_size], kind))
-        vectors = np.asarray(rows, dtype=np.float32)
-        if vectors.ndim != 2 or vectors.shape[0] != len(texts) or vectors.shape[1] == 0:
-            raise EmbeddingError(f"embedding service returned {vectors.shape} for {len(texts)} texts")
+            parts.append(await self._embed_batch(inputs[start : start + self._batch_size], kind, key))
+        if not parts:
+            raise EmbeddingError("nothing to embed")
+        vectors = np.concatenate(parts) if len(parts) > 1 else parts[0]
         self.dim = int(vectors.shape[1])
         return normalise(vectors)
 
-    async def _embed_batch(self, inputs: list[str], kind: Kind) -> list[Any]:
+    async def _embed_batch(self, inputs: list[str], kind: Kind, key: str) -> Vectors:
         if self._session is None:
             self._session = aiohttp.ClientSession()
         body: dict[str, Any] = {"input": inputs, "encoding_format": "float"}
@@ -144,34 +175,86 @@ class OpenAIEmbedder:
             body["input_type"] = kind
         try:
             async with self._session.post(
-                self.endpoint, data=orjson.dumps(body), headers=self._headers(), timeout=self._timeout
+                self.endpoint, data=orjson.dumps(body), headers=self._headers(key), timeout=self._timeout
             ) as resp:
-                raw = await resp.read()
                 status = resp.status
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                raw = await _read_capped(resp, MAX_ANSWER_BYTES)
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
             raise EmbeddingUnavailable(
                 f"embedding service at {self.endpoint} unreachable: {type(exc).__name__}"
             ) from exc
+        if raw is None:
+            raise EmbeddingError(
+                f"embedding service at {self.endpoint} answered over {MAX_ANSWER_BYTES} bytes"
+            )
         if status in (401, 403):
             raise EmbeddingUnavailable(
                 f"embedding service at {self.endpoint} answered HTTP {status}: "
                 f"check the key in ${self._api_key_env}"
             )
         if status != 200:
-            raise EmbeddingUnavailable(f"embedding service at {self.endpoint} answered HTTP {status}")
+            raise EmbeddingUnavailable(
+                f"embedding service at {self.endpoint} answered HTTP {status}: {_excerpt(raw, key)}"
+            )
+        return self._vectors(raw, len(inputs))
+
+    def _vectors(self, raw: bytes, count: int) -> Vectors:
+        """The answer's rows in input order, checked: one width, finite numbers, indices 0..n-1."""
         try:
-            answer = orjson.loads(raw)
-            items = sorted(answer["data"], key=lambda item: int(item["index"]))
-            rows = [item["embedding"] for item in items]
+            data = orjson.loads(raw)["data"]
+            by_index = {int(item["index"]): item["embedding"] for item in data}
+            if len(data) != count:
+                raise EmbeddingError(
+                    f"embedding service at {self.endpoint} returned {len(data)} embeddings for {count} texts"
+                )
+            if sorted(by_index) != list(range(count)):
+                raise EmbeddingError(
+                    f"embedding service at {self.endpoint} returned indices {sorted(by_index)[:8]} "
+                    f"for {count} texts (wanted 0 to {count - 1}, once each)"
+                )
+            vectors = np.asarray([by_index[i] for i in range(count)], dtype=np.float32)
+        except EmbeddingError:
+            raise
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             raise EmbeddingError(
-                f"embedding service at {self.endpoint} answered something that is not embeddings"
+                f"embedding service at {self.endpoint} answered something that is not embeddings "
+                "(a list of float vectors under data[].embedding)"
             ) from exc
-        if len(rows) != len(inputs):
-            raise EmbeddingError(f"embedding service returned {len(rows)} embeddings for {len(inputs)} texts")
-        return rows
+        if vectors.ndim != 2 or not 0 < vectors.shape[1] <= MAX_DIM:
+            raise EmbeddingError(
+                f"embedding service at {self.endpoint} returned vectors of shape {vectors.shape}"
+            )
+        if self.dim and vectors.shape[1] != self.dim:
+            raise EmbeddingError(
+                f"embedding service at {self.endpoint} returned {vectors.shape[1]}-dimensional vectors; "
+                f"the index holds {self.dim}-dimensional ones (a changed model needs a Router restart)"
+            )
+        if not np.isfinite(vectors).all():
+            raise EmbeddingError(f"embedding service at {self.endpoint} returned non-finite numbers")
+        return vectors
 
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+async def _read_capped(resp: aiohttp.ClientResponse, limit: int) -> bytes | None:
+    """The whole body, or None once it passes ``limit`` bytes."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in resp.content.iter_chunked(256 * 1024):
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _excerpt(raw: bytes, key: str) -> str:
+    """A short, printable piece of an error answer, with anything like a key masked."""
+    text = raw[:300].decode("utf-8", "replace")
+    if key:
+        text = text.replace(key, "***")
+    text = _SECRETS.sub("***", text)
+    return " ".join(text.split())[:200] or "(empty answer)"
