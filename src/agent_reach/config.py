@@ -304,6 +304,13 @@ class RoutingPolicy(_Section):
     learning: LearningPolicy = LearningPolicy()
 
 
+class Calibration(_Section):
+    """One model's operating point, as `reach calibrate` proposes it."""
+
+    threshold: Annotated[float, Field(ge=-1, le=1)]
+    margin: Annotated[float, Field(ge=0, le=2)] = 0.0
+
+
 class EmbeddingPolicy(_Section):
     """The embedder behind semantic_route, and its thresholds."""
 
@@ -330,6 +337,22 @@ class EmbeddingPolicy(_Section):
     # (see `reach calibrate`). A model without one refuses semantic routes until it is set.
     threshold: Annotated[float, Field(ge=-1, le=1)] | None = None
     margin: Annotated[float, Field(ge=0, le=2)] | None = None
+    # Operating points by model name (the name `reach calibrate` prints): the one of the model in
+    # use applies when threshold is null, so switching models never carries one model's
+    # threshold over to another.
+    calibrations: dict[str, Calibration] = {}
+
+    def operating_point(self, model: str, default: tuple[float, float] | None) -> tuple[float, float] | None:
+        """(threshold, margin) for ``model``: threshold/margin if set, else its calibration, else
+        ``default`` (the built-in one), else None."""
+        known = self.calibrations.get(model)
+        base = (known.threshold, known.margin) if known is not None else default
+        threshold = self.threshold if self.threshold is not None else (base[0] if base else None)
+        if threshold is None:
+            return None
+        margin = self.margin if self.margin is not None else (base[1] if base else 0.0)
+        return float(threshold), float(margin)
+
     # How often to retry vectors for agents registered while the embedder was down.
     retry_seconds: Positive = 5
 

@@ -235,9 +235,11 @@ async def test_a_router_routes_by_meaning_through_an_openai_compatible_service(
                     "model": "multilingual-e5-small",
                     "send_input_type": True,
                     "timeout_ms": 15000,
-                    # The bundled model's calibrated operating point: the service runs that model.
-                    "threshold": 0.0830,
-                    "margin": 0.015,
+                    # The bundled model's operating point, kept for the served model by its name
+                    # (as `reach calibrate` prints it): the service runs that model.
+                    "calibrations": {
+                        "multilingual-e5-small (input_type)": {"threshold": 0.0830, "margin": 0.015}
+                    },
                 },
             }
         )

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import numpy as np
+import orjson
 import typer
 from rich.table import Table
 
@@ -131,6 +132,17 @@ def _print_corpus(report: Any) -> None:
     )
 
 
+def _print_calibration(model: str, threshold: float, margin: float) -> None:
+    """The policy lines that apply an operating point to this model only."""
+    out.print(
+        f"embedding:\n  calibrations:\n    {orjson.dumps(model).decode()}: "
+        f"{{threshold: {threshold:.4f}, margin: {margin:.4f}}}",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
+
+
 async def _closing(embedder: Embedder, work: Awaitable[T]) -> T:
     """``work``, then the embedder's sessions and threads released, in the one event loop."""
     try:
@@ -196,14 +208,13 @@ def calibrate(
     try:
         policy = RouterConfig.load(config)
         embedder = build_embedder(policy.embedding)
-        current = embedder.thresholds
-        if policy.embedding.threshold is not None:
-            current = (policy.embedding.threshold, policy.embedding.margin or 0.0)
+        current = policy.embedding.operating_point(embedder.model, embedder.thresholds)
         err.print(f"embedding {labelled} with {embedder.model} ...", highlight=False)
         if corpus:
             report, after = asyncio.run(_corpus_reports(labelled, embedder, learned))
             _print_corpus(report)
             _print_outcome("fitted on the calibration half", report.calibration)
+            _print_calibration(report.model, report.threshold, report.margin)
             if after is not None:
                 _print_corpus(after)
                 out.print(
@@ -231,8 +242,8 @@ def calibrate(
         _print_outcome("current ", result.current)
     _print_outcome("proposed", result.proposed)
     out.print(
-        f"set embedding.threshold: {result.proposed.threshold:.4f} and embedding.margin: "
-        f"{result.proposed.margin:.4f} in the Router's policy to use the proposal (the current and "
-        "proposed lines are fitted to these phrases; the k-fold line is the honest one)",
+        "to use the proposal, add it to the Router's policy (the current and proposed lines are "
+        "fitted to these phrases; the k-fold line is the honest one):",
         highlight=False,
     )
+    _print_calibration(result.model, result.proposed.threshold, result.proposed.margin)

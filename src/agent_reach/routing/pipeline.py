@@ -253,7 +253,7 @@ class Pipeline:
         if limits is None:
             raise SemanticUnavailable(
                 f"no calibrated threshold for embedding model {self.vectors.embedder.model!r}: "
-                "run `reach calibrate` and set embedding.threshold",
+                "run `reach calibrate` and add the calibration it prints to the policy",
                 [],
             )
         threshold, margin = limits

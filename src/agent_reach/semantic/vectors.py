@@ -60,10 +60,7 @@ class CapabilityVectors:
 
     def thresholds(self) -> tuple[float, float] | None:
         """``(threshold, margin)`` for the model in use, or None when it has none (not calibrated)."""
-        default = self.embedder.thresholds
-        threshold = self.policy.threshold if self.policy.threshold is not None else (default and default[0])
-        margin = self.policy.margin if self.policy.margin is not None else (default[1] if default else 0.0)
-        return None if threshold is None else (float(threshold), float(margin))
+        return self.policy.operating_point(self.embedder.model, self.embedder.thresholds)
 
     def _on_registry(self, event: RegistryEvent, entry: AgentEntry) -> None:
         if event in (RegistryEvent.DEREGISTERED, RegistryEvent.REMOVED, RegistryEvent.REPLACED):
