@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
@@ -58,6 +60,20 @@ class FakeOpenAI:
             orjson.dumps({"object": "list", "data": data[::-1], "model": body.get("model", "m")}),
             media_type="application/json",
         )
+
+
+@asynccontextmanager
+async def _price_agent_behind(config: RouterConfig) -> AsyncIterator[httpx.AsyncClient]:
+    """A Router with the price agent registered and its vectors settled, and a client for it."""
+    async with RouterServer(config) as router, httpx.AsyncClient(base_url=router.url, timeout=20) as http:
+        agent = price_agent()
+        await agent.start()
+        try:
+            await agent.register(router.url)
+            await wait_vectors(router.url, "price-agent")
+            yield http
+        finally:
+            await agent.stop()
 
 
 async def test_prefixes_batches_key_and_order(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -243,17 +259,10 @@ async def test_a_router_routes_by_meaning_through_an_openai_compatible_service(
                 },
             }
         )
-        async with RouterServer(config) as router, httpx.AsyncClient(base_url=router.url, timeout=20) as http:
-            agent = price_agent()
-            await agent.start()
-            try:
-                await agent.register(router.url)
-                await wait_vectors(router.url, "price-agent")
-                answer = (await http.post("/reach", json={"targetTask": "当前芒果多少钱"})).json()
-                assert answer["status"] == "SUCCESS", answer
-                assert answer["handlerAgentId"] == "price-agent"
-            finally:
-                await agent.stop()
+        async with _price_agent_behind(config) as http:
+            answer = (await http.post("/reach", json={"targetTask": "当前芒果多少钱"})).json()
+            assert answer["status"] == "SUCCESS", answer
+            assert answer["handlerAgentId"] == "price-agent"
     assert all(secret not in record.getMessage() for record in caplog.records)
 
 
@@ -275,20 +284,13 @@ async def test_a_broken_service_delays_vectors_and_never_stops_them() -> None:
                 },
             }
         )
-        async with RouterServer(config) as router, httpx.AsyncClient(base_url=router.url, timeout=20) as http:
-            agent = price_agent()
-            await agent.start()
-            try:
-                await agent.register(router.url)
-                await wait_vectors(router.url, "price-agent")
+        async with _price_agent_behind(config) as http:
+            status = (await http.get("/admin/agents/price-agent")).json()
+            assert status["vectors"] == "unavailable"
+            fake.answer = None  # mended
+            for _ in range(200):
                 status = (await http.get("/admin/agents/price-agent")).json()
-                assert status["vectors"] == "unavailable"
-                fake.answer = None  # mended
-                for _ in range(200):
-                    status = (await http.get("/admin/agents/price-agent")).json()
-                    if status["vectors"] == "ready":
-                        break
-                    await asyncio.sleep(0.05)
-                assert status["vectors"] == "ready"
-            finally:
-                await agent.stop()
+                if status["vectors"] == "ready":
+                    break
+                await asyncio.sleep(0.05)
+            assert status["vectors"] == "ready"
