@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
+
+import numpy as np
+
 from agent_reach.observability.traces import TraceStore
 from agent_reach.protocol import Status
 from agent_reach.record import AttemptRecord, DecisionRecord
@@ -48,3 +52,15 @@ def test_a_trace_id_reused_after_eviction_starts_afresh() -> None:
     assert len(store.hops("t1")) == 1
     assert store.recent(status="SUCCESS", limit=1)[0]["traceId"] == "t1"
     assert store.hops("unknown") == []
+
+
+def test_a_value_json_cannot_hold_does_not_lose_the_hop() -> None:
+    """An unexpected type in the record (a Decimal score, a numpy float) still leaves the hop stored."""
+    store = TraceStore(size=2)
+    record = _record("t1", 1.0)
+    record.reject("a2", "low_score", score=Decimal("0.25"))  # type: ignore[arg-type]
+    record.score = np.float32(0.5)  # type: ignore[assignment]
+    store(record)
+    hop = store.hops("t1")[0]
+    assert hop["decision"]["rejected"] == [{"agentId": "a2", "reason": "low_score", "score": "0.25"}]
+    assert hop["decision"]["score"] == 0.5

@@ -181,7 +181,8 @@ class TraceStore:
                 held.remove(old)
                 if len(held) == 1:
                     index[old_id] = held[0]
-        hop = orjson.dumps(_freeze(record), option=orjson.OPT_SERIALIZE_NUMPY)
+        # Anything orjson cannot write (never expected) is kept as its text rather than losing the hop.
+        hop = orjson.dumps(_freeze(record), default=str, option=orjson.OPT_SERIALIZE_NUMPY)
         trace_id = record.trace_id
         ids.append(trace_id)
         hops.append(hop)
