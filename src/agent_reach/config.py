@@ -342,6 +342,12 @@ class EmbeddingPolicy(_Section):
     # threshold over to another.
     calibrations: dict[str, Calibration] = {}
 
+    @model_validator(mode="after")
+    def _url_is_http(self) -> EmbeddingPolicy:
+        if self.url is not None and not self.url.lower().startswith(("http://", "https://")):
+            raise ValueError(f"url must start with http:// or https://, not {self.url!r}")
+        return self
+
     def operating_point(self, model: str, default: tuple[float, float] | None) -> tuple[float, float] | None:
         """(threshold, margin) for ``model``: threshold/margin if set, else its calibration, else
         ``default`` (the built-in one), else None."""

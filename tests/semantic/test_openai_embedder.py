@@ -6,12 +6,14 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 import orjson
 import pytest
+import yaml
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -294,3 +296,42 @@ async def test_a_broken_service_delays_vectors_and_never_stops_them() -> None:
                     break
                 await asyncio.sleep(0.05)
             assert status["vectors"] == "ready"
+
+
+async def test_start_line_and_reload(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The Router names its embedder and operating point at start; a reload applies a calibration
+    and says that a changed URL needs a restart."""
+    caplog.set_level(logging.INFO)
+    async with AsgiServer(FakeOpenAI(key=None).app) as embed:
+        path = tmp_path / "router.yaml"
+        embedding: dict[str, Any] = {"backend": "openai", "url": f"{embed.url}/v1", "model": "m"}
+        policy = {"health": {"enabled": False}, "embedding": embedding}
+        path.write_text(yaml.safe_dump(policy))
+        async with (
+            RouterServer(RouterConfig.load(path), config_path=path) as router,
+            httpx.AsyncClient(base_url=router.url) as http,
+        ):
+            vectors = router.app.parts.vectors
+            assert vectors is not None
+            for _ in range(200):
+                if any("semantic routing: embedder m" in r.getMessage() for r in caplog.records):
+                    break
+                await asyncio.sleep(0.02)
+            assert any(
+                "embedder m has no calibration" in r.getMessage() and "holds none" in r.getMessage()
+                for r in caplog.records
+            )
+            assert vectors.thresholds() is None
+            embedding["calibrations"] = {"m": {"threshold": 0.3, "margin": 0.01}}
+            embedding["url"] = "http://127.0.0.1:9/v1"
+            path.write_text(yaml.safe_dump(policy))
+            assert (await http.post("/admin/reload")).status_code == 200
+            assert vectors.thresholds() == (0.3, 0.01)
+            assert any(
+                "embedding.url changed: the embedder is built at start; restart" in r.getMessage()
+                for r in caplog.records
+            )
+    with pytest.raises(ConfigError, match="must start with http"):
+        RouterConfig.from_mapping({"embedding": {"backend": "openai", "url": "127.0.0.1:7300/v1"}})
+    with pytest.raises(EmbeddingUnavailable, match="unreachable: cannot connect"):
+        await OpenAIEmbedder(f"http://127.0.0.1:{free_port()}/v1").embed(["a"], "query")

@@ -253,7 +253,8 @@ class Pipeline:
         if limits is None:
             raise SemanticUnavailable(
                 f"no calibrated threshold for embedding model {self.vectors.embedder.model!r}: "
-                "run `reach calibrate` and add the calibration it prints to the policy",
+                "run `reach calibrate` and add the calibration it prints to the policy "
+                f"(embedding.calibrations holds {sorted(self.vectors.policy.calibrations) or 'none'})",
                 [],
             )
         threshold, margin = limits

@@ -125,7 +125,11 @@ def load_corpus(folder: Path) -> Corpus:
         caps = yaml.safe_load((folder / "capabilities.yaml").read_text(encoding="utf-8"))
         split = yaml.safe_load((folder / "split.yaml").read_text(encoding="utf-8"))
     except OSError as exc:
-        raise ConfigError(f"evaluation corpus at {folder}: {exc}") from exc
+        raise ConfigError(
+            f"evaluation corpus at {folder}: {exc}. The project's corpus is tests/data/eval in its "
+            "source repository (not in the installed package); without --corpus, `reach calibrate` "
+            "takes a YAML file of your own capabilities and labelled phrases (see the README)"
+        ) from exc
     if split.get("questions_sha256") != hashlib.sha256(raw).hexdigest():
         raise ConfigError(f"{folder}/questions.yaml changed since split.yaml was made: the split is stale")
     questions = [

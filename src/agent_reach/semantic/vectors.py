@@ -283,6 +283,27 @@ class CapabilityVectors:
             await self.embedder.embed(["warm-up"], "query")  # loads the query lane's model too
         except EmbeddingError as exc:
             self._failed(exc)
+            return
+        self.describe()
+
+    def describe(self) -> None:
+        """One line on what routes by meaning: the model and its operating point, or why not."""
+        point = self.thresholds()
+        if point is None:
+            log.warning(
+                "semantic routing: embedder %s has no calibration, so routes by meaning are refused "
+                "until `reach calibrate` has measured it and its calibration is in the policy "
+                "(embedding.calibrations holds %s)",
+                self.embedder.model,
+                sorted(self.policy.calibrations) or "none",
+            )
+        else:
+            log.info(
+                "semantic routing: embedder %s, threshold %.4f, margin %.4f",
+                self.embedder.model,
+                point[0],
+                point[1],
+            )
 
     async def close(self) -> None:
         await self._background.close()

@@ -47,6 +47,22 @@ _TLS_KEYS = (
 )
 
 
+# The embedder is built once at start (a model loaded, a client opened, vectors indexed with it):
+# a reload applies the thresholds, not another embedder.
+_EMBEDDER_KEYS = (
+    "backend",
+    "url",
+    "model_path",
+    "model",
+    "api_key_env",
+    "query_prefix",
+    "passage_prefix",
+    "send_input_type",
+    "batch_size",
+    "timeout_ms",
+)
+
+
 def _warn_tls_changes(old: RouterConfig, new: RouterConfig) -> None:
     for section, keys in _TLS_KEYS:
         for key in keys:
@@ -54,6 +70,13 @@ def _warn_tls_changes(old: RouterConfig, new: RouterConfig) -> None:
                 router_log.warning(
                     "%s.%s changed: TLS files are read at start; restart to use it", section, key
                 )
+    for key in _EMBEDDER_KEYS:
+        if getattr(old.embedding, key) != getattr(new.embedding, key):
+            router_log.warning(
+                "embedding.%s changed: the embedder is built at start; restart to use it "
+                "(thresholds and calibrations apply now)",
+                key,
+            )
 
 
 @dataclass(eq=False)

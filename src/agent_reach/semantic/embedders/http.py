@@ -181,7 +181,7 @@ class OpenAIEmbedder:
                 raw = await _read_capped(resp, MAX_ANSWER_BYTES)
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
             raise EmbeddingUnavailable(
-                f"embedding service at {self.endpoint} unreachable: {type(exc).__name__}"
+                f"embedding service at {self.endpoint} unreachable: {_why(exc)}"
             ) from exc
         if raw is None:
             raise EmbeddingError(
@@ -193,8 +193,9 @@ class OpenAIEmbedder:
                 f"check the key in ${self._api_key_env}"
             )
         if status != 200:
+            hint = " (embedding.url is the API base, usually ending in /v1)" if status == 404 else ""
             raise EmbeddingUnavailable(
-                f"embedding service at {self.endpoint} answered HTTP {status}: {_excerpt(raw, key)}"
+                f"embedding service at {self.endpoint} answered HTTP {status}: {_excerpt(raw, key)}{hint}"
             )
         return self._vectors(raw, len(inputs))
 
@@ -249,6 +250,15 @@ async def _read_capped(resp: aiohttp.ClientResponse, limit: int) -> bytes | None
             return None
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def _why(exc: Exception) -> str:
+    """A few words on a failed connection, without the request (and so without its headers)."""
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return f"cannot connect ({exc.os_error.strerror or type(exc.os_error).__name__})"
+    if isinstance(exc, TimeoutError | aiohttp.ServerTimeoutError):
+        return "no answer within embedding.timeout_ms"
+    return type(exc).__name__
 
 
 def _excerpt(raw: bytes, key: str) -> str:
