@@ -267,6 +267,7 @@ async def test_policy_reload(tmp_path: Path) -> None:
         path.write_text("retries: {max_per_request: many}\n")
         resp = await http.post("/admin/reload")
         assert resp.status_code == 422
+        assert "retries.max_per_request" in resp.json()["error"]["message"]
         assert server.app.config.retries.max_per_request == 2
         for agent in agents:
             await agent.stop()

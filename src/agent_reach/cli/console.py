@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Annotated, Any, NoReturn
 
 import typer
@@ -20,6 +22,9 @@ app = typer.Typer(
 )
 
 
+PIPED_WIDTH = 160
+
+
 class _Console:
     """A Rich console made afresh on each use, so the terminal width (or ``COLUMNS``) is read
     when a command prints, not when the module was imported."""
@@ -28,7 +33,13 @@ class _Console:
         self._stderr = stderr
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(Console(stderr=self._stderr), name)
+        stream = sys.stderr if self._stderr else sys.stdout
+        width = None
+        if "COLUMNS" not in os.environ and not stream.isatty():
+            # Piped into a file or another program: Rich would assume 80 columns and cut table
+            # cells ("descripti…") and wrap figures mid-line.
+            width = PIPED_WIDTH
+        return getattr(Console(stderr=self._stderr, width=width), name)
 
 
 out: Any = _Console()

@@ -364,7 +364,9 @@ class AdminApi:
             return _error(409, "NO_POLICY_FILE", "the Router was started without a policy file")
         if not self.policy.reload():
             return _error(
-                422, "INVALID_CONFIG", "the new policy file is invalid; the old one is kept (see log)"
+                422,
+                "INVALID_CONFIG",
+                f"the new policy file is invalid; the old one is kept: {self.policy.last_error}",
             )
         return _Json({"status": "reloaded", "path": str(self.policy.path)})
 

@@ -23,6 +23,7 @@ class PolicyFile:
         # Set from a signal handler (SIGHUP), acted on by the next check() on the event loop:
         # a handler must not swap the policy in the middle of a request's bytecode.
         self.reload_requested = False
+        self.last_error: str | None = None  # why the last reload was refused, for /admin/reload
 
     def reload(self) -> bool:
         """Re-read the file now; False (and the old policy kept) when it is missing or invalid."""
@@ -33,7 +34,9 @@ class PolicyFile:
             config = RouterConfig.load(self.path)
         except ConfigError as exc:
             log.error("policy reload rejected, keeping the old policy: %s", exc.message)
+            self.last_error = exc.message
             return False
+        self.last_error = None
         self._apply(config)
         log.info("policy reloaded from %s", self.path)
         return True
