@@ -19,7 +19,7 @@ from agent_reach.config import RouterConfig
 from agent_reach.sdk import AgentConfig, ReachAgent
 from agent_reach.server.http import Receive, Scope, Send
 from agent_reach.testing import ASGIApp, BackgroundLoop, RouterServer, free_port
-from tests.procs import CHAOS_APP, CHAOS_CONFIG, Proc, wait_for
+from tests.procs import Proc, chaos_agent, wait_for
 
 # The requirement: gone within 2 s of the signal. Measured from sending it to seeing the exit.
 STOP_BOUND_S = 2.0
@@ -87,18 +87,8 @@ def quiet_router(ttl: float = 60.0) -> RouterConfig:
 
 
 def start_agent(tmp_path: Path, name: str, router_url: str) -> Proc:
-    """The chaos agent as a real process (``python -m agent_reach agent``)."""
-    return Proc(
-        ["agent", "--config", CHAOS_CONFIG, "--app", CHAOS_APP],
-        tmp_path / f"{name}.log",
-        env={
-            "REACH_SELF_ID": name,
-            "REACH_CALLBACK_URL": f"http://127.0.0.1:{free_port()}/reach",
-            "REACH_HEALTH_PORT": str(free_port()),
-            "REACH_ROUTER_URL": router_url,
-            "REACH_FAULT_FILE": str(tmp_path / "no-faults.json"),
-        },
-    )
+    """The chaos agent as a real process (``python -m agent_reach agent``), with no faults."""
+    return chaos_agent(tmp_path, name, router_url, free_port(), free_port())
 
 
 def stop_with(proc: Proc, sig: int) -> float:

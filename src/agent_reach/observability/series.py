@@ -59,10 +59,11 @@ class CounterSeries(Collector):
         family = Metric(self.name, self.doc, "counter")
         names = self.labelnames
         created = self.created
+        with_created = _created_series()
         for labels, value in list(self.values.items()):
             tags = dict(zip(names, labels, strict=True))
             family.add_sample(self.name + "_total", tags, value)
-            if _created_series():
+            if with_created:
                 family.add_sample(self.name + "_created", tags, created[labels])
         yield family
 
@@ -105,6 +106,7 @@ class HistogramSeries(Collector):
     def collect(self) -> Iterator[Metric]:
         family = Metric(self.name, self.doc, "histogram")
         name = self.name
+        with_created = _created_series()
         for labels, row in list(self.series.items()):
             tags = dict(zip(self.labelnames, labels, strict=True))
             running = 0.0
@@ -113,7 +115,7 @@ class HistogramSeries(Collector):
                 family.add_sample(name + "_bucket", {**tags, "le": le}, running)
             family.add_sample(name + "_count", tags, running)
             family.add_sample(name + "_sum", tags, row[-1])
-            if _created_series():
+            if with_created:
                 family.add_sample(name + "_created", tags, self.created[labels])
         yield family
 

@@ -56,10 +56,6 @@ class _Hop(NamedTuple):
     def span_ids(self) -> tuple[str, ...]:
         return tuple(a[3] for a in self.attempts)
 
-    @classmethod
-    def of(cls, r: DecisionRecord) -> _Hop:
-        return cls._make(_freeze(r))
-
     def summary(self) -> dict[str, Any]:
         return {
             "traceId": self.trace_id,

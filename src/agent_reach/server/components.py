@@ -63,7 +63,8 @@ _EMBEDDER_KEYS = (
 )
 
 
-def _warn_tls_changes(old: RouterConfig, new: RouterConfig) -> None:
+def _warn_restart_only_changes(old: RouterConfig, new: RouterConfig) -> None:
+    """Say which changed keys a reload cannot apply: TLS files and the embedder are set up at start."""
     for section, keys in _TLS_KEYS:
         for key in keys:
             if getattr(getattr(old, section), key) != getattr(getattr(new, section), key):
@@ -197,7 +198,7 @@ class RouterParts:
 
     def apply(self, config: RouterConfig) -> None:
         """Switch every part to a new policy. Requests in flight keep the one they started with."""
-        _warn_tls_changes(self.config, config)
+        _warn_restart_only_changes(self.config, config)
         self.config = config
         self.url_guard.policy = config.outbound
         self.budget.apply(config.retry_budget)

@@ -90,8 +90,8 @@ class OpenAIEmbedder:
     appears in a log line or an error. Query and passage texts get the model's prefixes (e5:
     ``"query: "`` and ``"passage: "``); with ``send_input_type`` the kind also goes as
     ``"input_type"`` (NVIDIA NIM, ``reach embed-server``). A model served this way has no built-in
-    thresholds: ``reach calibrate`` measures it and proposes ``embedding.threshold`` and
-    ``embedding.margin``.
+    thresholds: ``reach calibrate`` measures it and prints its operating point as an
+    ``embedding.calibrations`` entry under :attr:`model`.
 
     Whatever the service answers, the Router gets unit vectors of one width or an
     ``EmbeddingError``: rows of mixed widths, strings, NaN, missing or repeated indices, a width
