@@ -13,6 +13,7 @@ import httpx
 import pytest
 from aiohttp import web
 
+from agent_reach.clock import ManualClock
 from agent_reach.config import RouterConfig
 from agent_reach.sdk import AgentConfig, ReachAgent, ReachContext
 from agent_reach.testing import FakeAgent, RouterServer, free_port
@@ -30,8 +31,11 @@ async def cluster(
     policy: dict[str, Any] = {"health": {"enabled": False}}
     if marker is not None:
         policy.update(marker.args[0])
+    # A test that moves the Router's time by hand asks for its clock with ``@pytest.mark.clock``.
+    clock_marker = request.node.get_closest_marker("clock")
+    extra: dict[str, Any] = {"clock": clock_marker.args[0]} if clock_marker is not None else {}
     started: list[FakeAgent] = []
-    async with RouterServer(RouterConfig.from_mapping(policy)) as server:
+    async with RouterServer(RouterConfig.from_mapping(policy), **extra) as server:
         async with httpx.AsyncClient(base_url=server.url, timeout=10) as http:
 
             async def make(agent_id: str, **kwargs: Any) -> FakeAgent:
@@ -45,13 +49,18 @@ async def cluster(
             await agent.stop()
 
 
+BREAKER_CLOCK = ManualClock()
+
+
 def trace_lines(caplog: pytest.LogCaptureFixture, trace_id: str) -> list[str]:
     return [line for line in log_lines(caplog) if line.startswith(f"[{trace_id}]")]
 
 
-@pytest.mark.policy({"breaker": {"failure_threshold": 3, "open_seconds": 0.3, "open_on_refused": False}})
+@pytest.mark.policy({"breaker": {"failure_threshold": 3, "open_seconds": 30, "open_on_refused": False}})
+@pytest.mark.clock(BREAKER_CLOCK)
 async def test_breaker_opens_skips_and_recovers(cluster, caplog: pytest.LogCaptureFixture) -> None:
-    """Three failures open a's breaker (logged, in /admin/agents); requests skip a; a probe closes it."""
+    """Three failures open a's breaker (logged, in /admin/agents); requests skip a; a probe closes it.
+    The Router's clock moves only by hand, so a slow machine cannot end the open period early."""
     _server, http, make = cluster
     caplog.set_level(logging.INFO, logger="agent_reach.trace")
     a = await make("a", mode="http500", weight=100)
@@ -68,7 +77,7 @@ async def test_breaker_opens_skips_and_recovers(cluster, caplog: pytest.LogCaptu
     assert [x["agentId"] for x in skipped["attempts"]] == ["b"]
     calls_while_open = len(a.received)
     a.mode = "ok"
-    await asyncio.sleep(0.35)
+    BREAKER_CLOCK.advance(31)
     probe = (await http.post("/reach", json={"traceId": "br-probe", "targetTask": "echo"})).json()
     assert probe["handlerAgentId"] == "a"
     assert len(a.received) == calls_while_open + 1
