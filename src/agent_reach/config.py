@@ -330,7 +330,11 @@ class EmbeddingPolicy(_Section):
     passage_prefix: Annotated[str, Field(max_length=200)] = ""
     send_input_type: bool = False
     batch_size: Annotated[int, Field(ge=1, le=2048)] = 32  # texts per request (TEI's default cap is 32)
+    # One query's vector, on the request path.
     timeout_ms: PositiveMs = 2000
+    # Anything else (capability texts as agents register, `reach calibrate`'s batches): off the
+    # request path, and a larger served model can take seconds per batch.
+    batch_timeout_ms: PositiveMs = 60_000
     # Query vectors kept by text (LRU), so repeated phrasings never reach the model.
     cache_size: Annotated[int, Field(ge=0, le=10_000_000)] = 10_000
     # Cosine thresholds are per model; null takes the calibrated default for the model in use

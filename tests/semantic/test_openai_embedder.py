@@ -35,12 +35,19 @@ class FakeOpenAI:
     """An OpenAI-style /v1/embeddings that records requests and answers rows out of order."""
 
     def __init__(
-        self, *, key: str | None = KEY, answer: Any = None, status: int = 200, body: bytes = b"{}"
+        self,
+        *,
+        key: str | None = KEY,
+        answer: Any = None,
+        status: int = 200,
+        body: bytes = b"{}",
+        delay_s: float = 0.0,
     ) -> None:
         self.key = key
         self.answer = answer
         self.status = status
         self.body = body
+        self.delay_s = delay_s
         self.requests: list[dict[str, Any]] = []
         self.app = Starlette(routes=[Route("/v1/embeddings", self.embeddings, methods=["POST"])])
 
@@ -49,6 +56,8 @@ class FakeOpenAI:
             return Response(b'{"error": "bad key"}', status_code=401)
         body = orjson.loads(await request.body())
         self.requests.append(body)
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
         if self.status != 200:
             return Response(self.body, status_code=self.status)
         if self.answer is not None:
@@ -156,6 +165,41 @@ async def test_errors_are_clear_and_never_show_the_key(monkeypatch: pytest.Monke
         assert needle in str(raised.value)
     with pytest.raises(EmbeddingUnavailable, match="unreachable"):
         await OpenAIEmbedder(f"http://127.0.0.1:{free_port()}/v1").embed(["a"], "query")
+
+
+async def test_one_query_and_a_batch_have_their_own_timeouts() -> None:
+    """A service taking 0.5 s per answer: one query gives up after embedding.timeout_ms and
+    says so; capability texts (a batch, off the request path) wait embedding.batch_timeout_ms."""
+    for backend in ("openai", "http"):
+        if backend == "openai":
+            fake = FakeOpenAI(key=None, delay_s=0.5)
+            app, path = fake.app, "/v1"
+        else:
+            app, path = build_embed_app(LocalEmbedder()), ""
+            app = _slowed(app, 0.5)
+        async with AsgiServer(app) as server:
+            policy = EmbeddingPolicy(
+                backend=backend, url=f"{server.url}{path}", timeout_ms=100, batch_timeout_ms=20_000
+            )
+            embedder = build_embedder(policy)
+            try:
+                with pytest.raises(EmbeddingUnavailable, match=r"no answer within embedding\.timeout_ms"):
+                    await embedder.embed(["how much is it"], "query")
+                vectors = await embedder.embed(["price: current price", "promotions"], "passage")
+                assert vectors.shape[0] == 2
+            finally:
+                await embedder.close()
+
+
+def _slowed(app: Any, delay_s: float) -> Any:
+    """``app`` answering every HTTP request ``delay_s`` late."""
+
+    async def slow(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            await asyncio.sleep(delay_s)
+        await app(scope, receive, send)
+
+    return slow
 
 
 async def test_malformed_answers_and_awkward_keys(monkeypatch: pytest.MonkeyPatch) -> None:

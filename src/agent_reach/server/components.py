@@ -60,6 +60,7 @@ _EMBEDDER_KEYS = (
     "send_input_type",
     "batch_size",
     "timeout_ms",
+    "batch_timeout_ms",
 )
 
 

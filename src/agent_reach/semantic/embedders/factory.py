@@ -7,10 +7,14 @@ HTTP client needs no model at all.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from agent_reach.config import EmbeddingPolicy
 from agent_reach.exceptions import ConfigError
 from agent_reach.semantic.embedders.base import Embedder
+
+if TYPE_CHECKING:
+    from agent_reach.semantic.embedders.http import EmbedTimeouts
 
 
 def build_embedder(policy: EmbeddingPolicy) -> Embedder:
@@ -26,7 +30,7 @@ def build_embedder(policy: EmbeddingPolicy) -> Embedder:
             raise ConfigError(
                 "embedding.backend is http but no URL: set embedding.url or REACH_EMBEDDING_URL"
             )
-        return HttpEmbedder(url, timeout_ms=policy.timeout_ms)
+        return HttpEmbedder(url, timeouts=_timeouts(policy))
     if backend == "openai":
         from agent_reach.semantic.embedders.http import OpenAIEmbedder
 
@@ -43,7 +47,7 @@ def build_embedder(policy: EmbeddingPolicy) -> Embedder:
             passage_prefix=policy.passage_prefix,
             send_input_type=policy.send_input_type,
             batch_size=policy.batch_size,
-            timeout_ms=policy.timeout_ms,
+            timeouts=_timeouts(policy),
         )
     if backend == "sentence_transformers":
         from agent_reach.semantic.embedders.st import SentenceTransformerEmbedder
@@ -52,3 +56,9 @@ def build_embedder(policy: EmbeddingPolicy) -> Embedder:
     from agent_reach.semantic.embedders.local import LocalEmbedder
 
     return LocalEmbedder()
+
+
+def _timeouts(policy: EmbeddingPolicy) -> EmbedTimeouts:
+    from agent_reach.semantic.embedders.http import EmbedTimeouts
+
+    return EmbedTimeouts(policy.timeout_ms, policy.batch_timeout_ms)

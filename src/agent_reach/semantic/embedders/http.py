@@ -30,14 +30,31 @@ _SECRETS = re.compile(
 )
 
 
+class EmbedTimeouts:
+    """A caller's one query waits ``timeout_ms`` (embedding.timeout_ms); anything else is a batch
+    off the request path (capability texts, calibration) and waits ``batch_timeout_ms``."""
+
+    __slots__ = ("_batch", "_query")
+
+    def __init__(self, timeout_ms: int = 2000, batch_timeout_ms: int = 60_000) -> None:
+        self._query = aiohttp.ClientTimeout(total=timeout_ms / 1000)
+        self._batch = aiohttp.ClientTimeout(total=batch_timeout_ms / 1000)
+
+    def of(self, texts: list[str], kind: Kind) -> tuple[aiohttp.ClientTimeout, str]:
+        """The timeout for embedding ``texts``, and the setting that holds it."""
+        if kind == "query" and len(texts) == 1:
+            return self._query, "embedding.timeout_ms"
+        return self._batch, "embedding.batch_timeout_ms"
+
+
 class HttpEmbedder:
     """``POST {url}/embed {"texts", "kind"}`` -> ``{"model", "dim", "vectors"}``."""
 
-    def __init__(self, url: str, *, timeout_ms: int = 2000) -> None:
+    def __init__(self, url: str, *, timeouts: EmbedTimeouts | None = None) -> None:
         self.url = url.rstrip("/")
         self.model = f"http:{self.url}"
         self.dim = 0
-        self._timeout = aiohttp.ClientTimeout(total=timeout_ms / 1000)
+        self._timeouts = timeouts or EmbedTimeouts()
         self._session: aiohttp.ClientSession | None = None
 
     @property
@@ -47,18 +64,19 @@ class HttpEmbedder:
     async def embed(self, texts: list[str], kind: Kind) -> Vectors:
         if self._session is None:
             self._session = aiohttp.ClientSession()
+        timeout, setting = self._timeouts.of(texts, kind)
         try:
             async with self._session.post(
                 f"{self.url}/embed",
                 data=orjson.dumps({"texts": texts, "kind": kind}),
                 headers={"Content-Type": "application/json"},
-                timeout=self._timeout,
+                timeout=timeout,
             ) as resp:
                 raw = await resp.read()
                 status = resp.status
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise EmbeddingUnavailable(
-                f"embedding service at {self.url} unreachable: {type(exc).__name__}"
+                f"embedding service at {self.url} unreachable: {_why(exc, setting)}"
             ) from exc
         if status != 200:
             raise EmbeddingUnavailable(f"embedding service at {self.url} answered HTTP {status}")
@@ -109,7 +127,7 @@ class OpenAIEmbedder:
         passage_prefix: str = "",
         send_input_type: bool = False,
         batch_size: int = 32,
-        timeout_ms: int = 2000,
+        timeouts: EmbedTimeouts | None = None,
     ) -> None:
         parts = urlsplit(url)
         path = parts.path.rstrip("/")
@@ -131,7 +149,7 @@ class OpenAIEmbedder:
         self._prefix: dict[str, str] = {"query": query_prefix, "passage": passage_prefix}
         self._send_input_type = send_input_type
         self._batch_size = batch_size
-        self._timeout = aiohttp.ClientTimeout(total=timeout_ms / 1000)
+        self._timeouts = timeouts or EmbedTimeouts()
         self._session: aiohttp.ClientSession | None = None
 
     @property
@@ -168,6 +186,7 @@ class OpenAIEmbedder:
     async def _embed_batch(self, inputs: list[str], kind: Kind, key: str) -> Vectors:
         if self._session is None:
             self._session = aiohttp.ClientSession()
+        timeout, setting = self._timeouts.of(inputs, kind)
         body: dict[str, Any] = {"input": inputs, "encoding_format": "float"}
         if self.requested_model:
             body["model"] = self.requested_model
@@ -175,13 +194,16 @@ class OpenAIEmbedder:
             body["input_type"] = kind
         try:
             async with self._session.post(
-                self.endpoint, data=orjson.dumps(body), headers=self._headers(key), timeout=self._timeout
+                self.endpoint,
+                data=orjson.dumps(body),
+                headers=self._headers(key),
+                timeout=timeout,
             ) as resp:
                 status = resp.status
                 raw = await _read_capped(resp, MAX_ANSWER_BYTES)
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
             raise EmbeddingUnavailable(
-                f"embedding service at {self.endpoint} unreachable: {_why(exc)}"
+                f"embedding service at {self.endpoint} unreachable: {_why(exc, setting)}"
             ) from exc
         if raw is None:
             raise EmbeddingError(
@@ -252,12 +274,13 @@ async def _read_capped(resp: aiohttp.ClientResponse, limit: int) -> bytes | None
     return b"".join(chunks)
 
 
-def _why(exc: Exception) -> str:
-    """A few words on a failed connection, without the request (and so without its headers)."""
+def _why(exc: Exception, setting: str) -> str:
+    """A few words on a failed connection, without the request (and so without its headers);
+    ``setting`` names the timeout that applied."""
     if isinstance(exc, aiohttp.ClientConnectorError):
         return f"cannot connect ({exc.os_error.strerror or type(exc.os_error).__name__})"
     if isinstance(exc, TimeoutError | aiohttp.ServerTimeoutError):
-        return "no answer within embedding.timeout_ms"
+        return f"no answer within {setting}"
     return type(exc).__name__
 
 
