@@ -242,3 +242,23 @@ def test_workers_leave_with_their_supervisor_even_on_kill_9(routers):
         return False
 
     wait_for(port_closed, timeout=20)
+
+
+def test_a_second_workers_group_on_the_same_port_is_refused(routers, tmp_path):
+    """Two `reach router --workers 2` on one port: SO_REUSEPORT would split callers between
+    them silently; the second stops with a line naming the first, which keeps serving."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    first = routers.router(port, "--workers", "2", log="first")
+    second = Proc(
+        ["router", "--port", str(port), "--config", str(routers.config), "--workers", "2"],
+        tmp_path / "second.log",
+        routers.env,
+    )
+    assert second.popen.wait(30) != 0
+    text = second.text()
+    second.stop()
+    holder = f"(pid {first.popen.pid})"
+    assert f"port {port} is already served by another `reach router --workers` {holder}" in text
+    assert "Traceback" not in text
+    assert httpx.get(f"{url}/readyz", timeout=10).status_code == 200

@@ -70,10 +70,17 @@ def _run_workers(count: int, child: list[str], endpoints: list[str]) -> None:
             "registry.etcd.endpoints): each worker is a Router process, and with in-memory "
             "registries an agent registered at one worker would be unknown to the others"
         )
-    from agent_reach.cli.workers import supervise
+    from agent_reach.cli.workers import PortClaimed, claim_port, supervise
 
-    _say(f"[reach-router] {count} workers on port {child[4]} (registry: etcd {', '.join(endpoints)})")
-    raise typer.Exit(supervise(count, lambda index: [*child, "--worker", str(index)], _say))
+    port = int(child[4])
+    try:
+        claim = claim_port(port)
+    except PortClaimed as exc:
+        _fail(str(exc))
+    with claim:
+        _say(f"[reach-router] {count} workers on port {port} (registry: etcd {', '.join(endpoints)})")
+        code = supervise(count, lambda index: [*child, "--worker", str(index)], _say)
+    raise typer.Exit(code)
 
 
 @app.command()

@@ -6,17 +6,27 @@ connections over them), passes SIGTERM, SIGINT and SIGHUP on, and starts a worke
 dies, with a growing pause if it keeps dying. Workers share state only through etcd, which is
 why ``--workers`` needs it: with N private in-memory registries, an agent registered at one
 worker would be unknown to the others.
+
+``SO_REUSEPORT`` would as gladly let a second supervisor's workers join the same port, and the
+kernel would then split the callers between two groups with nothing said. So a supervisor first
+claims the port with a lock (:func:`claim_port`), held for its life and freed by the kernel
+however it ends.
 """
 
 from __future__ import annotations
 
 import ctypes
+import fcntl
+import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from types import FrameType
+from typing import IO
 
 # The exit code of a worker that cannot start at all (cli/main.py, WORKER_CANNOT_START).
 CANNOT_START = 3
@@ -79,6 +89,33 @@ def _die_with_parent() -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     except (OSError, AttributeError):
         pass  # not Linux: a killed supervisor leaves its workers to be stopped by hand
+
+
+class PortClaimed(Exception):
+    """Another supervisor holds the port."""
+
+
+def claim_port(port: int, lock_dir: Path | None = None) -> IO[str]:
+    """Hold this user's lock for ``port`` (keep the returned file open as long as the workers
+    run); PortClaimed, naming the holder, when another supervisor has it."""
+    folder = lock_dir or Path(tempfile.gettempdir()) / f"agent-reach-{os.getuid()}"
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    handle = (folder / f"router-port-{port}.lock").open("a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "unknown"
+        handle.close()
+        raise PortClaimed(
+            f"port {port} is already served by another `reach router --workers` (pid {holder}); "
+            "stop it first, or pick another --port"
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle
 
 
 def supervise(count: int, worker_argv: Callable[[int], list[str]], say: Callable[[str], None]) -> int:
