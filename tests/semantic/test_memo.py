@@ -55,3 +55,20 @@ async def test_each_text_reaches_the_model_once_per_kind_and_rows_are_the_models
         await memo.embed([], "query")
     await memo.close()
     assert inner.closed
+
+
+async def test_the_name_is_the_inner_embedders_even_when_it_changes() -> None:
+    """An HTTP embedder takes the name its service reports with the first answer; the memo shows
+    that name, so the calibration it prints is keyed as the Router will look it up."""
+
+    class Renaming(Recording):
+        model = "http:http://127.0.0.1:1"
+
+        async def embed(self, texts: list[str], kind: Kind) -> Vectors:
+            self.model = "served-e5"
+            return await super().embed(texts, kind)
+
+    memo = MemoEmbedder(Renaming())
+    assert memo.model == "http:http://127.0.0.1:1" and memo.dim == 0
+    await memo.embed(["a"], "passage")
+    assert memo.model == "served-e5" and memo.dim == 3

@@ -70,16 +70,16 @@ def _run_workers(count: int, child: list[str], endpoints: list[str]) -> None:
             "registry.etcd.endpoints): each worker is a Router process, and with in-memory "
             "registries an agent registered at one worker would be unknown to the others"
         )
-    from agent_reach.cli.workers import PortClaimed, claim_port, supervise
+    from agent_reach.cli.workers import claim_port, supervise
 
     port = int(child[4])
     try:
         claim = claim_port(port)
-    except PortClaimed as exc:
-        _fail(str(exc))
+    except ConfigError as exc:
+        _fail(exc.message)
     with claim:
         _say(f"[reach-router] {count} workers on port {port} (registry: etcd {', '.join(endpoints)})")
-        code = supervise(count, lambda index: [*child, "--worker", str(index)], _say)
+        code = supervise(count, lambda index: [*child, "--worker", str(index)], _say, (claim.fd,))
     raise typer.Exit(code)
 
 

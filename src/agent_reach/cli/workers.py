@@ -9,8 +9,8 @@ worker would be unknown to the others.
 
 ``SO_REUSEPORT`` would as gladly let a second supervisor's workers join the same port, and the
 kernel would then split the callers between two groups with nothing said. So a supervisor first
-claims the port with a lock (:func:`claim_port`), held for its life and freed by the kernel
-however it ends.
+claims the port with a lock (:func:`claim_port`), held by it and its workers until the last of
+them exits, however it ends.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import ctypes
 import fcntl
 import os
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -26,7 +27,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import IO
+
+from agent_reach.exceptions import ConfigError
 
 # The exit code of a worker that cannot start at all (cli/main.py, WORKER_CANNOT_START).
 CANNOT_START = 3
@@ -38,9 +40,10 @@ _MAX_PAUSE_S = 30.0
 
 
 class Worker:
-    def __init__(self, index: int, argv: list[str]) -> None:
+    def __init__(self, index: int, argv: list[str], keep_fds: tuple[int, ...] = ()) -> None:
         self.index = index
         self.argv = argv
+        self.keep_fds = keep_fds
         self.proc: subprocess.Popen[bytes] | None = None
         self.started = 0.0
         self.pause = 0.5
@@ -48,7 +51,9 @@ class Worker:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agent_reach", *self.argv], preexec_fn=_die_with_parent
+            [sys.executable, "-m", "agent_reach", *self.argv],
+            preexec_fn=_die_with_parent,
+            pass_fds=self.keep_fds,
         )
         self.started = time.monotonic()
         self.restart_at = None
@@ -91,36 +96,79 @@ def _die_with_parent() -> None:
         pass  # not Linux: a killed supervisor leaves its workers to be stopped by hand
 
 
-class PortClaimed(Exception):
+class PortClaimed(ConfigError):
     """Another supervisor holds the port."""
 
 
-def claim_port(port: int, lock_dir: Path | None = None) -> IO[str]:
-    """Hold this user's lock for ``port`` (keep the returned file open as long as the workers
-    run); PortClaimed, naming the holder, when another supervisor has it."""
-    folder = lock_dir or Path(tempfile.gettempdir()) / f"agent-reach-{os.getuid()}"
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    handle = (folder / f"router-port-{port}.lock").open("a+")
+class PortClaim:
+    """This supervisor's hold on its port: an open, locked file. Its descriptor is also handed to
+    every worker, so the lock lasts until the last process of the group has exited (after a
+    ``kill -9`` of the supervisor, its workers still finish their calls on the port)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def __enter__(self) -> PortClaim:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _lock_folder() -> Path:
+    """This user's runtime folder for locks: $XDG_RUNTIME_DIR when set, else one in /tmp."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isabs(runtime):
+        return Path(runtime) / "agent-reach"
+    return Path(tempfile.gettempdir()) / f"agent-reach-{os.getuid()}"
+
+
+def claim_port(port: int, lock_dir: Path | None = None) -> PortClaim:
+    """Hold this user's lock for ``port`` while the group runs. PortClaimed, naming the holder,
+    when another supervisor has it; ConfigError when the lock folder is not this user's own."""
+    folder = lock_dir or _lock_folder()
+    path = folder / f"router-port-{port}.lock"
     try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # A folder someone else made (in a shared /tmp) could point the lock file anywhere.
+        info = os.lstat(folder)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
+            raise ConfigError(
+                f"cannot claim port {port}: {folder} is not a private folder of this user "
+                f"(owner uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):o}); remove it, or set "
+                "XDG_RUNTIME_DIR"
+            )
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise ConfigError(f"cannot claim port {port}: {exc.strerror or exc} ({path})") from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        handle.seek(0)
-        holder = handle.read().strip() or "unknown"
-        handle.close()
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
         raise PortClaimed(
             f"port {port} is already served by another `reach router --workers` (pid {holder}); "
             "stop it first, or pick another --port"
         ) from None
-    handle.seek(0)
-    handle.truncate()
-    handle.write(f"{os.getpid()}\n")
-    handle.flush()
-    return handle
+    # Written before cutting to length, so a reader never finds the file empty.
+    pid = f"{os.getpid()}\n".encode()
+    os.pwrite(fd, pid, 0)
+    os.ftruncate(fd, len(pid))
+    return PortClaim(fd)
 
 
-def supervise(count: int, worker_argv: Callable[[int], list[str]], say: Callable[[str], None]) -> int:
-    """Run ``count`` workers until a signal stops them all; returns the exit code."""
-    workers = [Worker(i, worker_argv(i)) for i in range(count)]
+def supervise(
+    count: int,
+    worker_argv: Callable[[int], list[str]],
+    say: Callable[[str], None],
+    keep_fds: tuple[int, ...] = (),
+) -> int:
+    """Run ``count`` workers until a signal stops them all; returns the exit code. Each worker
+    inherits ``keep_fds`` (the port claim)."""
+    workers = [Worker(i, worker_argv(i), keep_fds) for i in range(count)]
     stopping: list[int] = []
 
     def forward(sig: int, frame: FrameType | None) -> None:

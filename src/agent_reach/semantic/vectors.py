@@ -16,7 +16,7 @@ import asyncio
 import logging
 
 from agent_reach.config import EmbeddingPolicy
-from agent_reach.exceptions import EmbeddingError
+from agent_reach.exceptions import EmbeddingError, EmbeddingUnavailable
 from agent_reach.lifecycle import Background
 from agent_reach.registry.base import AgentEntry, LearnedRoute, Registry, RegistryEvent
 from agent_reach.semantic.embedders.base import Embedder
@@ -43,6 +43,8 @@ class CapabilityVectors:
         self.policy = policy or EmbeddingPolicy()
         self.index = SemanticIndex(dim=embedder.dim or 384)
         self.background: Vector | None = None
+        # One embedding of the background texts at a time, shared by whoever needs it first.
+        self._background_job: asyncio.Future[None] | None = None
         self.cache = QueryCache(self.policy.cache_size)
         self.up = True  # False after the embedder failed, until it answers again
         self.last_error: str | None = None
@@ -233,10 +235,40 @@ class CapabilityVectors:
             return 0.0
         return float((self.background @ query).mean())
 
+    def _background_embedding(self) -> asyncio.Future[None]:
+        """The one embedding of the background texts under way, started if none is."""
+        job = self._background_job
+        if job is None or (job.done() and (job.cancelled() or job.exception() is not None)):
+            job = self._background_job = asyncio.ensure_future(self._embed_background())
+            job.add_done_callback(self._background_done)
+        return job
+
+    def _background_done(self, job: asyncio.Future[None]) -> None:
+        # Read here, so a failure nobody awaited (a retry's) is reported, never left unretrieved.
+        if not job.cancelled() and isinstance(job.exception(), EmbeddingError):
+            self._failed(job.exception())  # type: ignore[arg-type]
+
+    async def _embed_background(self) -> None:
+        self.background = await self.embedder.embed(list(BACKGROUND), "passage")
+
     async def ensure_background(self) -> None:
         """Embed the background texts once (they calibrate every score)."""
         if self.background is None:
-            self.background = await self.embedder.embed(list(BACKGROUND), "passage")
+            await self._background_embedding()
+
+    async def _background_for_query(self) -> None:
+        """The background, waited for at most ``embedding.timeout_ms``: a caller is waiting. The
+        embedding goes on (as a batch, with ``batch_timeout_ms``) for the callers after it."""
+        if self.background is not None:
+            return
+        job = self._background_embedding()
+        try:
+            await asyncio.wait_for(asyncio.shield(job), self.policy.timeout_ms / 1000)
+        except TimeoutError:
+            raise EmbeddingUnavailable(
+                "the embedder has not yet embedded the background texts every score is measured "
+                "against (no answer within embedding.timeout_ms)"
+            ) from None
 
     async def query_vector(self, text: str) -> Vector:
         """The query vector for ``text``: from the cache, else from the embedder (then cached)."""
@@ -244,7 +276,7 @@ class CapabilityVectors:
         if cached is not None:
             return cached
         try:
-            await self.ensure_background()
+            await self._background_for_query()
             vector: Vector = (await self.embedder.embed([text], "query"))[0]
         except EmbeddingError as exc:
             self._failed(exc)
@@ -306,11 +338,16 @@ class CapabilityVectors:
             )
 
     async def close(self) -> None:
+        if self._background_job is not None and not self._background_job.done():
+            self._background_job.cancel()
         await self._background.close()
         await self.embedder.close()
 
     async def _retry_pending(self) -> None:
-        """Queue again every agent whose vectors failed; the queue drops those that left."""
+        """Queue again every agent whose vectors failed; the queue drops those that left. A
+        background that failed is embedded again too, off the request path."""
+        if self.background is None:
+            self._background_embedding()
         if self._learned_todo:
             self._learned_wake.set()
         for agent_id, entry in list(self._pending.items()):

@@ -28,8 +28,16 @@ def calibrated_thresholds(model: str) -> tuple[float, float] | None:
 class Embedder(Protocol):
     """Turns texts into L2-normalised vectors; cosine similarity is then a dot product."""
 
-    model: str
-    dim: int
+    @property
+    def model(self) -> str:
+        """The model's name (calibrations are keyed by it); a served one may learn it from its
+        first answer."""
+        ...
+
+    @property
+    def dim(self) -> int:
+        """The vectors' width; 0 until known."""
+        ...
 
     @property
     def thresholds(self) -> tuple[float, float] | None:

@@ -174,19 +174,24 @@ class OpenAIEmbedder:
         prefix = self._prefix[kind]
         inputs = [prefix + text for text in texts] if prefix else list(texts)
         key = self._key()
+        # Chosen for the whole call: a one-text remainder of a long call is still a batch.
+        limit = self._timeouts.of(inputs, kind)
         parts: list[Vectors] = []
         for start in range(0, len(inputs), self._batch_size):
-            parts.append(await self._embed_batch(inputs[start : start + self._batch_size], kind, key))
+            chunk = inputs[start : start + self._batch_size]
+            parts.append(await self._embed_batch(chunk, kind, key, limit))
         if not parts:
             raise EmbeddingError("nothing to embed")
         vectors = np.concatenate(parts) if len(parts) > 1 else parts[0]
         self.dim = int(vectors.shape[1])
         return normalise(vectors)
 
-    async def _embed_batch(self, inputs: list[str], kind: Kind, key: str) -> Vectors:
+    async def _embed_batch(
+        self, inputs: list[str], kind: Kind, key: str, limit: tuple[aiohttp.ClientTimeout, str]
+    ) -> Vectors:
         if self._session is None:
             self._session = aiohttp.ClientSession()
-        timeout, setting = self._timeouts.of(inputs, kind)
+        client_timeout, setting = limit
         body: dict[str, Any] = {"input": inputs, "encoding_format": "float"}
         if self.requested_model:
             body["model"] = self.requested_model
@@ -197,7 +202,7 @@ class OpenAIEmbedder:
                 self.endpoint,
                 data=orjson.dumps(body),
                 headers=self._headers(key),
-                timeout=timeout,
+                timeout=client_timeout,
             ) as resp:
                 status = resp.status
                 raw = await _read_capped(resp, MAX_ANSWER_BYTES)

@@ -22,11 +22,19 @@ class MemoEmbedder:
 
     def __init__(self, inner: Embedder, on_embedded: Callable[[int], None] | None = None) -> None:
         self.inner = inner
-        self.model = inner.model
-        self.dim = inner.dim
         self.embedded = 0
         self._on_embedded = on_embedded
         self._seen: dict[tuple[Kind, str], Vectors] = {}
+
+    # The inner embedder's own, read each time: an HTTP embedder takes the name the service
+    # reports with its first answer, and calibrations are keyed by that name.
+    @property
+    def model(self) -> str:
+        return self.inner.model
+
+    @property
+    def dim(self) -> int:
+        return self.inner.dim
 
     @property
     def thresholds(self) -> tuple[float, float] | None:
@@ -40,7 +48,6 @@ class MemoEmbedder:
             rows = await self.inner.embed(missing, kind)
             for text, row in zip(missing, rows, strict=True):
                 self._seen[(kind, text)] = row
-            self.dim = self.inner.dim
             self.embedded += len(missing)
             if self._on_embedded is not None:
                 self._on_embedded(self.embedded)
