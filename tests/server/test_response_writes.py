@@ -115,7 +115,7 @@ async def test_a_refusal_on_reach_is_one_whole_answer_with_its_extra_headers() -
     config = RouterConfig.model_validate({"limits": limits})
     async with RouterServer(config) as router:
         agent = await FakeAgent("a").start()
-        agent.delay_s = 1.0
+        agent.delay_s = 3.0  # the first call stays in flight well past the second one
         try:
             await agent.register(router.url, vectors=False)
             first = asyncio.ensure_future(exchange(router.port, post_reach(), 1, close_wait_s=0))
