@@ -169,7 +169,8 @@ async def test_errors_are_clear_and_never_show_the_key(monkeypatch: pytest.Monke
 
 async def test_one_query_and_a_batch_have_their_own_timeouts() -> None:
     """A service taking 0.5 s per answer: one query gives up after embedding.timeout_ms and
-    says so; capability texts (a batch, off the request path) wait embedding.batch_timeout_ms."""
+    says so; capability texts and several questions at once (batches, off the request path) wait
+    embedding.batch_timeout_ms."""
     for backend in ("openai", "http"):
         if backend == "openai":
             fake = FakeOpenAI(key=None, delay_s=0.5)
@@ -179,7 +180,11 @@ async def test_one_query_and_a_batch_have_their_own_timeouts() -> None:
             app = _slowed(app, 0.5)
         async with AsgiServer(app) as server:
             policy = EmbeddingPolicy(
-                backend=backend, url=f"{server.url}{path}", timeout_ms=100, batch_timeout_ms=20_000
+                backend=backend,
+                url=f"{server.url}{path}",
+                timeout_ms=100,
+                batch_timeout_ms=20_000,
+                batch_size=2,  # openai: three texts go as two requests, the second of one text
             )
             embedder = build_embedder(policy)
             try:
@@ -187,6 +192,9 @@ async def test_one_query_and_a_batch_have_their_own_timeouts() -> None:
                     await embedder.embed(["how much is it"], "query")
                 vectors = await embedder.embed(["price: current price", "promotions"], "passage")
                 assert vectors.shape[0] == 2
+                # Three questions at once (as reach calibrate asks): a batch, its one-text remainder too.
+                queries = await embedder.embed(["how much", "any discount", "where is it"], "query")
+                assert queries.shape[0] == 3
             finally:
                 await embedder.close()
 
