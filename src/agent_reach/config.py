@@ -115,11 +115,22 @@ class EtcdPolicy(_Section):
     failure_ttl_seconds: Annotated[int, Field(ge=2, le=3600)] = 10
     # Keep capability vectors in etcd, keyed by model, so a joining Router need not embed them.
     share_vectors: bool = True
+    # etcd's own authentication: the user (or REACH_ETCD_USERNAME), and the environment variable
+    # that holds its password (the password itself never sits in the policy file).
+    username: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    password_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] = "REACH_ETCD_PASSWORD"
+    # TLS to https:// members, always verified: a CA bundle (PEM) trusted instead of the system
+    # store, and a client certificate (its key may sit in the same file) for members that ask.
+    ca_file: str | None = None
+    client_cert_file: str | None = None
+    client_key_file: str | None = None
 
     @model_validator(mode="after")
     def _prefix_shape(self) -> EtcdPolicy:
         if not self.prefix.startswith("/") or self.prefix.endswith("/"):
             raise ValueError("prefix must start with / and not end with one, e.g. /agent-reach/v1")
+        if self.client_key_file is not None and self.client_cert_file is None:
+            raise ValueError("client_key_file needs client_cert_file (the certificate it belongs to)")
         return self
 
 

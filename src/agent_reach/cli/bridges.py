@@ -9,9 +9,10 @@ from typing import Annotated
 
 import typer
 
-from agent_reach.cli.console import RouterOpt, app, err, is_loopback, out
+from agent_reach.cli.console import RouterOpt, app, err, out
 from agent_reach.cli.console import fail as _fail
 from agent_reach.exceptions import ConfigError, RegistryError, RouterUnavailable
+from agent_reach.ports import is_loopback
 
 a2a_app = typer.Typer(
     no_args_is_help=True, rich_markup_mode=None, pretty_exceptions_show_locals=False, help="The A2A bridge."

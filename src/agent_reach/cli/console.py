@@ -51,18 +51,6 @@ RouterOpt = Annotated[
 ]
 
 
-def is_loopback(host: str) -> bool:
-    """Whether a listening address stays on this machine (``localhost`` or a loopback address)."""
-    import ipaddress
-
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def fail(message: str, code: int = 2) -> NoReturn:
     """One line on stderr and a non-zero exit; the message is printed as is, never as markup."""
     err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)

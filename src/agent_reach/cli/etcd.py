@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import shutil
 import signal
+import ssl
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,14 +39,21 @@ class EtcdMember:
     client_port: int = field(default_factory=free_port)
     peer_port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
+    # Serve clients over TLS: (certificate, key, the CA file that verifies them). Peers stay on
+    # plain loopback HTTP.
+    tls: tuple[str, str, str] | None = None
+    extra_args: Sequence[str] = ()
 
     @property
     def endpoint(self) -> str:
-        return f"127.0.0.1:{self.client_port}"
+        return self.client_url if self.tls else f"127.0.0.1:{self.client_port}"
 
     @property
     def client_url(self) -> str:
-        return f"http://127.0.0.1:{self.client_port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.client_port}"
+
+    def _verify(self) -> ssl.SSLContext | bool:
+        return ssl.create_default_context(cafile=self.tls[2]) if self.tls else True
 
     @property
     def peer_url(self) -> str:
@@ -69,6 +78,8 @@ class EtcdMember:
                 "--election-timeout", "1000",
                 "--logger", "zap",
                 "--log-level", "warn",
+                *(["--cert-file", self.tls[0], "--key-file", self.tls[1]] if self.tls else []),
+                *self.extra_args,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -84,21 +95,25 @@ class EtcdMember:
 
     def healthy(self, timeout: float = 0.5) -> bool:
         try:
-            answer = httpx.get(self.client_url + "/health", timeout=timeout).json()
+            answer = httpx.get(self.client_url + "/health", timeout=timeout, verify=self._verify()).json()
         except (httpx.HTTPError, ValueError):
             return False
         return bool(answer.get("health") == "true")
 
     def member_id(self) -> str | None:
         try:
-            answer = httpx.post(self.client_url + "/v3/maintenance/status", json={}, timeout=0.5).json()
+            answer = httpx.post(
+                self.client_url + "/v3/maintenance/status", json={}, timeout=0.5, verify=self._verify()
+            ).json()
         except (httpx.HTTPError, ValueError):
             return None
         return str(answer.get("header", {}).get("member_id")) if answer.get("leader") else None
 
     def is_leader(self) -> bool:
         try:
-            answer = httpx.post(self.client_url + "/v3/maintenance/status", json={}, timeout=0.5).json()
+            answer = httpx.post(
+                self.client_url + "/v3/maintenance/status", json={}, timeout=0.5, verify=self._verify()
+            ).json()
         except (httpx.HTTPError, ValueError):
             return False
         return bool(answer.get("leader")) and answer["leader"] == answer.get("header", {}).get("member_id")
@@ -132,8 +147,17 @@ class EtcdMember:
 class EtcdCluster:
     """``size`` members on loopback sharing one cluster; ``endpoints`` is REACH_ETCD_ENDPOINTS."""
 
-    def __init__(self, base: Path, size: int = 1) -> None:
-        self.members = [EtcdMember(f"m{i}", base / f"m{i}") for i in range(size)]
+    def __init__(
+        self,
+        base: Path,
+        size: int = 1,
+        *,
+        tls: tuple[str, str, str] | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        self.members = [
+            EtcdMember(f"m{i}", base / f"m{i}", tls=tls, extra_args=extra_args) for i in range(size)
+        ]
         self.initial_cluster = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
 
     @property

@@ -15,9 +15,10 @@ import typer
 from rich.table import Table
 
 from agent_reach import __version__
-from agent_reach.cli.console import RouterOpt, app, err, is_loopback, out
+from agent_reach.cli.console import RouterOpt, app, err, out
 from agent_reach.cli.console import fail as _fail
 from agent_reach.exceptions import ConfigError, RouterUnavailable
+from agent_reach.ports import is_loopback
 
 if TYPE_CHECKING:
     import ssl

@@ -29,9 +29,10 @@ import math
 import os
 import secrets
 import socket
+import ssl
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import orjson
 from pydantic import ValidationError
@@ -41,10 +42,12 @@ from agent_reach.config import RegistryPolicy
 from agent_reach.exceptions import (
     AgentIdConflict,
     AgentNotFound,
+    ConfigError,
     LeaseMismatch,
     LeaseNotFound,
     RegistryUnavailable,
 )
+from agent_reach.ports import is_loopback
 from agent_reach.protocol import AgentProfile, AgentStatusValue
 from agent_reach.registry.base import (
     AgentEntry,
@@ -117,13 +120,21 @@ class EtcdRegistry(MemoryRegistry):
         endpoints: Sequence[str],
         clock: Clock = SYSTEM_CLOCK,
         router: str | None = None,
+        tls: ssl.SSLContext | None = None,
+        credentials: tuple[str, str] | None = None,
     ) -> None:
         super().__init__(policy, clock=clock)
         etcd = self.policy.etcd
         self.keys = Keys(etcd.prefix)
         self.client = EtcdClient(
-            endpoints, attempt_timeout=etcd.attempt_timeout_seconds, deadline=etcd.request_timeout_seconds
+            endpoints,
+            attempt_timeout=etcd.attempt_timeout_seconds,
+            deadline=etcd.request_timeout_seconds,
+            tls=tls,
+            credentials=credentials,
         )
+        self._user = credentials[0] if credentials else None
+        self._refusal: str | None = None  # the last refusal the watch loop logged
         self.router = router or router_name()
         self.revision = 0  # the last revision applied to the snapshot
         self.loaded = False  # a first full read has been applied
@@ -142,17 +153,66 @@ class EtcdRegistry(MemoryRegistry):
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
+        self._warn_plain_login()
         await self.client.open()
         try:
             await self._resync()
+        except EtcdRejected as exc:
+            # etcd answered, and said no (a wrong password, a role without the prefix): nothing
+            # would work, so the Router stops with a line saying what to change.
+            await self.client.close()
+            raise ConfigError(self._refusal_hint(exc)) from exc
         except RegistryUnavailable as exc:
             # Serve anyway: /readyz says why not ready, and the watch loop keeps trying.
             self._last_error = exc.message
             log.warning("[registry] etcd at %s: %s; retrying", ", ".join(self.client.endpoints), exc.message)
+        if self.client.auth_off:
+            log.warning(
+                "[registry] registry.etcd.username is set but etcd has authentication off: "
+                "whoever reaches etcd can change the registry"
+            )
         await super().start()
         etcd = self.policy.etcd
         self._background.spawn(self._watch_loop(), "watch")
         self._background.every(lambda: etcd.ping_interval_seconds, self._ping, "ping")
+
+    def _warn_plain_login(self) -> None:
+        if self._user is None:
+            return
+        exposed = [
+            e
+            for e in self.client.endpoints
+            if e.startswith("http://") and not is_loopback(urlsplit(e).hostname or "")
+        ]
+        if exposed:
+            log.warning(
+                "[registry] the etcd password for %r goes unencrypted to %s: use https:// endpoints",
+                self._user,
+                ", ".join(exposed),
+            )
+
+    def _refusal_hint(self, exc: EtcdRejected) -> str:
+        """etcd's refusal, and the setting that fixes it."""
+        where = ", ".join(self.client.endpoints)
+        prefix = self.keys.root.rstrip("/")
+        if exc.token_refused and self._user is None:
+            hint = (
+                "etcd has authentication on: name a user in registry.etcd.username "
+                "(or REACH_ETCD_USERNAME) and its password in REACH_ETCD_PASSWORD"
+            )
+        elif "authentication failed" in exc.message:
+            hint = (
+                f"check registry.etcd.username (or REACH_ETCD_USERNAME) and the password in "
+                f"{self.policy.etcd.password_env}"
+            )
+        elif exc.code == 7 or "permission denied" in exc.message:
+            hint = (
+                f"the etcd user {self._user or '(none)'} needs read and write on the prefix {prefix}/, e.g. "
+                f"etcdctl role grant-permission ROLE --prefix=true readwrite {prefix}/"
+            )
+        else:
+            hint = "see etcd's log"
+        return f"etcd at {where} refused the Router: {exc.message}; {hint}"
 
     def apply(self, policy: RegistryPolicy) -> None:
         # The endpoints and prefix are read at start: a shared store is not switched under load.
@@ -320,6 +380,14 @@ class EtcdRegistry(MemoryRegistry):
                 self._last_error = exc.message
                 log.debug("[registry] watch: %s", exc.message)
                 self.client.rotate()
+            except EtcdRejected as exc:
+                # Its users or roles changed under a running Router: say so once per refusal,
+                # and keep trying (an operator may grant the permission back).
+                message = self._refusal_hint(exc)
+                self._last_error = message
+                if message != self._refusal:
+                    log.warning("[registry] %s", message)
+                    self._refusal = message
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
 

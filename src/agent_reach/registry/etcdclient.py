@@ -5,6 +5,12 @@ or gRPC stack beside the Router's own HTTP client, it is served by every etcd 3.
 each call gets the deadline the registry gives it, which is what keeps a frozen member from
 hanging a registration. Keys and values travel base64-encoded; 64-bit integers travel as strings.
 
+Members may be ``https://``: the TLS context the registry passes verifies them. With etcd's
+authentication on, the client logs in with a user and password (``/v3/auth/authenticate``), sends
+the token on every call and watch, and logs in again when etcd says the token is no longer valid
+(simple tokens lapse after ``--auth-token-ttl`` idle seconds). Neither password nor token is ever
+part of an error message.
+
 Several members may be given. A call starts on the member that answered last and moves on to
 the next one when a member refuses, times out or has no leader, until the call's deadline. Every
 failure is mapped here, at the edge, to :class:`~agent_reach.exceptions.RegistryUnavailable`
@@ -15,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import ssl
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -29,6 +36,11 @@ from agent_reach.exceptions import RegistryUnavailable
 # moment later) may: unavailable (no leader, leader changed), deadline exceeded, aborted.
 _RETRYABLE_CODES = {4, 10, 14}
 _NOT_FOUND = 5
+_PERMISSION_DENIED = 7
+_FAILED_PRECONDITION = 9
+# What etcd answers when the token is missing, lapsed or predates a change to its users: logging
+# in again fixes each (a missing token: etcd turned authentication on after the client started).
+_TOKEN_REFUSALS = ("invalid auth token", "user name is empty", "revision of auth store is old")
 # A watch event can carry a whole profile with its examples, or a vector block: bound a line,
 # so a broken member cannot make the Router buffer without end.
 MAX_LINE_BYTES = 32 * 1024 * 1024
@@ -45,6 +57,11 @@ class EtcdRejected(Exception):
     @property
     def not_found(self) -> bool:
         return self.code == _NOT_FOUND
+
+    @property
+    def token_refused(self) -> bool:
+        """etcd wants a (fresh) login: the token is missing, lapsed or stale."""
+        return any(refusal in self.message for refusal in _TOKEN_REFUSALS)
 
 
 class Compacted(Exception):
@@ -137,6 +154,8 @@ class EtcdClient:
         *,
         attempt_timeout: float = 1.5,
         deadline: float = 4.0,
+        tls: ssl.SSLContext | None = None,
+        credentials: tuple[str, str] | None = None,
     ) -> None:
         if not endpoints:
             raise ValueError("at least one etcd endpoint is needed")
@@ -145,13 +164,23 @@ class EtcdClient:
         self.deadline = deadline
         self._current = 0  # the member that answered last: calls start there
         self._session: aiohttp.ClientSession | None = None
+        self._tls = tls
+        self._credentials = credentials
+        # The login's token; "" once etcd said its authentication is off (nothing to send).
+        self._token: str | None = None
+        self._login = asyncio.Lock()  # one login at a time; the others use its token
+        self.logins = 0
+        # etcd answered that authentication is off although a user was configured.
+        self.auth_off = False
 
     async def open(self) -> None:
         if self._session is None:
             # No pool-wide timeout: each call sets its own, and a watch stream has none.
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=None),
-                connector=aiohttp.TCPConnector(limit=64, enable_cleanup_closed=True),
+                connector=aiohttp.TCPConnector(
+                    limit=64, enable_cleanup_closed=True, ssl=self._tls if self._tls is not None else True
+                ),
             )
 
     async def close(self) -> None:
@@ -181,10 +210,65 @@ class EtcdClient:
     # -- one call, with failover ------------------------------------------------------------
 
     async def call(self, path: str, body: dict[str, Any], *, deadline: float | None = None) -> dict[str, Any]:
-        """POST ``body`` to ``path`` on the members in turn until one answers or time runs out."""
+        """POST ``body`` to ``path`` on the members in turn until one answers or time runs out.
+
+        With a login configured, the call carries its token; when etcd refuses the token, the
+        client logs in again and repeats the call once, within the same deadline.
+        """
         budget = self.deadline if deadline is None else deadline
         end = time.monotonic() + budget
         payload = orjson.dumps(body)
+        if self._credentials is None:
+            return await self._call_until(path, payload, end, budget)
+        token = await self._logged_in(end, budget)
+        try:
+            return await self._call_until(path, payload, end, budget)
+        except EtcdRejected as exc:
+            if not exc.token_refused:
+                raise
+        await self._log_in_again(token, end, budget)
+        return await self._call_until(path, payload, end, budget)
+
+    # -- authentication ----------------------------------------------------------------------
+
+    def _headers(self) -> dict[str, str]:
+        if self._token:
+            return {"Content-Type": "application/json", "Authorization": self._token}
+        return {"Content-Type": "application/json"}
+
+    async def _logged_in(self, end: float, budget: float) -> str | None:
+        """The token to call with, logging in first when there is none yet."""
+        if self._token is None:
+            await self._log_in_again(None, end, budget)
+        return self._token
+
+    async def _log_in_again(self, stale: str | None, end: float, budget: float) -> None:
+        """Replace the token ``stale`` (None: there is none) unless another call already has."""
+        async with self._login:
+            if self._token is not None and self._token != stale:
+                return  # a concurrent call logged in meanwhile: use its token
+            self._token = None
+            assert self._credentials is not None
+            user, password = self._credentials
+            credentials = orjson.dumps({"name": user, "password": password})
+            try:
+                answer = await self._call_until("/v3/auth/authenticate", credentials, end, budget)
+            except EtcdRejected as exc:
+                if exc.code == _FAILED_PRECONDITION and "not enabled" in exc.message:
+                    self._token = ""  # authentication is off in etcd: calls go without a token
+                    self.auth_off = True
+                    return
+                raise EtcdRejected(exc.code, f"logging in to etcd as {user!r}: {exc.message}") from exc
+            self._token = str(answer.get("token") or "")
+            self.auth_off = False
+            self.logins += 1
+
+    def _drop_token(self, token: str | None) -> None:
+        """Forget ``token`` (etcd refused it), so the next call logs in again."""
+        if self._credentials is not None and self._token == token:
+            self._token = None
+
+    async def _call_until(self, path: str, payload: bytes, end: float, budget: float) -> dict[str, Any]:
         last = "no member answered"
         tries = 0
         while True:
@@ -212,10 +296,13 @@ class EtcdClient:
             async with self.session.post(
                 endpoint + path,
                 data=payload,
-                headers={"Content-Type": "application/json"},
+                headers=self._headers(),
                 timeout=aiohttp.ClientTimeout(total=limit_s),
             ) as resp:
                 raw = await resp.read()
+        except aiohttp.ClientConnectorCertificateError as exc:
+            # Another member will not have a better certificate: say what is wrong, not "down".
+            raise _MemberDown(f"TLS: its certificate was refused ({exc.certificate_error})") from exc
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise _MemberDown(type(exc).__name__) from exc
         try:
@@ -331,33 +418,42 @@ class EtcdClient:
                 "start_revision": str(start_revision),
             }
         }
+        token = None
+        if self._credentials is not None:
+            token = await self._logged_in(time.monotonic() + self.deadline, self.deadline)
         try:
             async with self.session.post(
                 endpoint + "/v3/watch",
                 data=orjson.dumps(body),
-                headers={"Content-Type": "application/json"},
+                headers=self._headers(),
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.attempt_timeout),
             ) as resp:
                 if resp.status != 200:
                     raise RegistryUnavailable(f"etcd watch on {endpoint} answered HTTP {resp.status}")
                 async for line in _lines(resp.content):
-                    message = orjson.loads(line)
-                    result = message.get("result") or {}
-                    if "error" in message:
-                        raise RegistryUnavailable(f"etcd watch on {endpoint}: {message['error']}")
-                    compacted = int(result.get("compact_revision", 0))
-                    if compacted:
-                        raise Compacted(compacted)
-                    if result.get("canceled"):
-                        raise RegistryUnavailable(f"etcd cancelled the watch on {endpoint}")
-                    events = [
-                        Event(_kv(raw["kv"]), raw.get("type") == "DELETE")
-                        for raw in result.get("events") or []
-                    ]
+                    events = self._watch_events(orjson.loads(line), endpoint, token)
                     if events:
                         yield events
         except (TimeoutError, aiohttp.ClientError, OSError, orjson.JSONDecodeError) as exc:
             raise RegistryUnavailable(f"etcd watch on {endpoint} broke: {type(exc).__name__}") from exc
+
+    def _watch_events(self, message: dict[str, Any], endpoint: str, token: str | None) -> list[Event]:
+        """The events of one watch message; raises what a refusal or a broken stream means."""
+        result = message.get("result") or {}
+        if "error" in message:
+            raise RegistryUnavailable(f"etcd watch on {endpoint}: {message['error']}")
+        compacted = int(result.get("compact_revision", 0))
+        if compacted:
+            raise Compacted(compacted)
+        if result.get("canceled"):
+            reason = str(result.get("cancel_reason") or "no reason given")
+            refusal = EtcdRejected(_PERMISSION_DENIED, reason)
+            if refusal.token_refused:
+                self._drop_token(token)  # the next try logs in again
+            elif "permission denied" in reason:
+                raise refusal
+            raise RegistryUnavailable(f"etcd cancelled the watch on {endpoint}: {reason}")
+        return [Event(_kv(raw["kv"]), raw.get("type") == "DELETE") for raw in result.get("events") or []]
 
 
 class _MemberDown(Exception):

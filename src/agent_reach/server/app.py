@@ -194,6 +194,12 @@ class RouterApp:
             if message["type"] == "lifespan.startup":
                 try:
                     await self.startup()
+                except ConfigError as exc:
+                    # The operator's to fix, and the message says how: one line, no traceback.
+                    log.error("router start-up failed: %s", exc.message)
+                    # No message for uvicorn: it would print the same line again.
+                    await send({"type": "lifespan.startup.failed", "message": ""})
+                    return
                 except Exception as exc:
                     log.exception("router start-up failed")
                     await send({"type": "lifespan.startup.failed", "message": str(exc)})

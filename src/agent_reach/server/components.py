@@ -72,6 +72,13 @@ def _warn_restart_only_changes(old: RouterConfig, new: RouterConfig) -> None:
                 router_log.warning(
                     "%s.%s changed: TLS files are read at start; restart to use it", section, key
                 )
+    old_etcd, new_etcd = old.registry.etcd, new.registry.etcd
+    for key in type(old_etcd).model_fields:
+        if getattr(old_etcd, key) != getattr(new_etcd, key):
+            registry_log.warning(
+                "registry.etcd.%s changed: the connection to etcd is set up at start; restart to use it",
+                key,
+            )
     for key in _EMBEDDER_KEYS:
         if getattr(old.embedding, key) != getattr(new.embedding, key):
             router_log.warning(

@@ -22,11 +22,11 @@ from agent_reach.config import OutboundPolicy
 from agent_reach.exceptions import (
     AttemptTimeout,
     BadAgentResponse,
-    ConfigError,
     ConnectFailed,
     DeliveryFailed,
     OutboundRefused,
 )
+from agent_reach.tls import verifying_context
 from agent_reach.transport import a2a
 from agent_reach.transport.base import DEFAULT_RESPONSE_LIMIT, AttemptLimits, classify_answer
 from agent_reach.transport.fastclient import BadUrl, BrokenBody, ConnectTimeout, Disconnected, Pool
@@ -42,19 +42,7 @@ def client_tls(policy: OutboundPolicy) -> ssl.SSLContext:
     Built when the Router is built, so a missing or unreadable file stops it at start with a
     ConfigError naming the key, not at the first call to an HTTPS agent.
     """
-    try:
-        context = ssl.create_default_context(cafile=policy.ca_file)
-    except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(f"outbound.ca_file: cannot load {policy.ca_file!r}: {exc}") from exc
-    if policy.client_cert_file is not None:
-        try:
-            context.load_cert_chain(policy.client_cert_file, policy.client_key_file)
-        except (OSError, ssl.SSLError) as exc:
-            raise ConfigError(
-                f"outbound.client_cert_file: cannot load {policy.client_cert_file!r}"
-                f" (key {policy.client_key_file or 'in the same file'}): {exc}"
-            ) from exc
-    return context
+    return verifying_context("outbound", policy.ca_file, policy.client_cert_file, policy.client_key_file)
 
 
 def tls_failure(exc: aiohttp.ClientSSLError | ssl.SSLError) -> str:

@@ -1,0 +1,218 @@
+"""Routers over an etcd that demands TLS and a login, as a production etcd does."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import ssl
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trustme
+
+from agent_reach.cli.etcd import EtcdCluster
+from agent_reach.config import RouterConfig
+from agent_reach.exceptions import ConfigError
+from agent_reach.ports import free_port
+from agent_reach.registry.etcd import EtcdRegistry
+from agent_reach.registry.etcdclient import prefix_end
+from agent_reach.registry.factory import build_registry
+from agent_reach.testing import FakeAgent, RouterServer
+from tests.etcd.test_shared_registry import eventually, listed
+
+pytestmark = pytest.mark.etcd
+
+PASSWORD = "reach-pw-7f3a9c"  # a test etcd's only
+PW_ENV = "REACH_TEST_ETCD_PASSWORD"
+PREFIX = "/agent-reach/v1"
+TOKEN_TTL_S = 2
+
+
+@dataclass
+class SecuredEtcd:
+    cluster: EtcdCluster
+    ca_file: str
+
+    @property
+    def endpoint(self) -> str:
+        return self.cluster.endpoints
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def _secure(url: str, ca_file: str) -> None:
+    """Users as an operator sets them up: root, ``reach`` with read-write on the prefix, and
+    ``stranger`` with read-write elsewhere; then authentication on."""
+    grants = {"reach": PREFIX + "/", "stranger": "/elsewhere/"}
+    with httpx.Client(base_url=url, verify=ssl.create_default_context(cafile=ca_file), timeout=10) as http:
+
+        def call(path: str, body: dict[str, Any]) -> None:
+            resp = http.post(path, json=body)
+            assert resp.status_code == 200 and "code" not in resp.json(), resp.text
+
+        call("/v3/auth/user/add", {"name": "root", "password": "root-pw"})
+        call("/v3/auth/role/add", {"name": "root"})
+        call("/v3/auth/user/grant", {"user": "root", "role": "root"})
+        for user, prefix in grants.items():
+            call("/v3/auth/role/add", {"name": user})
+            perm = {"permType": "READWRITE", "key": _b64(prefix), "range_end": _b64(prefix_end(prefix))}
+            call("/v3/auth/role/grant", {"name": user, "perm": perm})
+            call("/v3/auth/user/add", {"name": user, "password": PASSWORD})
+            call("/v3/auth/user/grant", {"user": user, "role": user})
+        call("/v3/auth/enable", {})
+
+
+@pytest.fixture
+def secured(tmp_path: Path) -> Iterator[SecuredEtcd]:
+    """One etcd member serving clients over TLS only, with authentication on and short tokens."""
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    paths = {name: str(tmp_path / f"{name}.pem") for name in ("ca", "cert", "key")}
+    ca.cert_pem.write_to_path(paths["ca"])
+    cert.cert_chain_pems[0].write_to_path(paths["cert"])
+    cert.private_key_pem.write_to_path(paths["key"])
+    cluster = EtcdCluster(
+        tmp_path / "etcd",
+        1,
+        tls=(paths["cert"], paths["key"], paths["ca"]),
+        extra_args=("--auth-token-ttl", str(TOKEN_TTL_S)),
+    )
+    with cluster:
+        _secure(cluster.members[0].client_url, paths["ca"])
+        yield SecuredEtcd(cluster, paths["ca"])
+
+
+def policy(etcd: SecuredEtcd, **etcd_settings: Any) -> RouterConfig:
+    settings: dict[str, Any] = {
+        "endpoints": [etcd.endpoint],
+        "ca_file": etcd.ca_file,
+        "username": "reach",
+        "password_env": PW_ENV,
+        "request_timeout_seconds": 20,
+        **etcd_settings,
+    }
+    return RouterConfig.model_validate(
+        {
+            "registry": {"etcd": settings},
+            "embedding": {"backend": "none"},
+            "limits": {"loop_lag_ms": 10_000},
+        }
+    )
+
+
+async def test_routers_share_a_registry_over_tls_with_a_login(secured, monkeypatch, caplog):
+    """A registration at A reaches B through a TLS, logged-in etcd; no log line holds a secret."""
+    monkeypatch.setenv(PW_ENV, PASSWORD)
+    caplog.set_level(logging.DEBUG)
+    async with RouterServer(policy(secured)) as a, RouterServer(policy(secured)) as b:
+        agent = await FakeAgent("echo-1", result={"ok": 1}).start()
+        try:
+            async with httpx.AsyncClient(timeout=15) as client:
+                await agent.register(a.url)
+                await eventually(lambda: listed(client, b, "echo-1"))
+                resp = await client.post(f"{b.url}/reach", json={"targetTask": "echo", "payload": {}})
+                assert resp.json()["status"] == "SUCCESS"
+                assert (await client.get(f"{b.url}/readyz")).json() == {"status": "ready"}
+            registry = a.app.parts.registry
+            assert isinstance(registry, EtcdRegistry)
+            token = registry.client._token
+        finally:
+            await agent.stop()
+    assert token
+    assert PASSWORD not in caplog.text
+    assert token not in caplog.text
+
+
+async def test_a_lapsed_token_is_replaced_and_no_call_fails(secured, monkeypatch):
+    """etcd forgets an idle token after its TTL; the next registration logs in again and succeeds."""
+    monkeypatch.setenv(PW_ENV, PASSWORD)
+    async with RouterServer(policy(secured)) as a:
+        first, second = await FakeAgent("echo-1").start(), await FakeAgent("echo-2").start()
+        try:
+            await first.register(a.url)
+            registry = a.app.parts.registry
+            assert isinstance(registry, EtcdRegistry)
+            logins, token = registry.client.logins, registry.client._token
+            await asyncio.sleep(TOKEN_TTL_S * 2)  # idle: etcd drops the token
+            await second.register(a.url)  # raises unless 201
+            assert registry.client.logins == logins + 1
+            assert registry.client._token not in (None, token)
+        finally:
+            await first.stop()
+            await second.stop()
+
+
+async def _start_refused(etcd: SecuredEtcd, environ: dict[str, str], **etcd_settings: Any) -> str:
+    registry = build_registry(policy(etcd, **etcd_settings).registry, environ=environ)
+    try:
+        with pytest.raises(ConfigError) as err:
+            await registry.start()
+    finally:
+        await registry.close()
+    return err.value.message
+
+
+async def test_a_wrong_password_stops_the_start_naming_the_settings(secured):
+    """etcd refuses the login: a ConfigError that names the user's settings, not the password."""
+    message = await _start_refused(secured, {PW_ENV: "not-the-password"})
+    assert "authentication failed" in message
+    assert PW_ENV in message and "registry.etcd.username" in message
+    assert "not-the-password" not in message
+
+
+async def test_no_login_against_an_etcd_that_wants_one_says_which_settings_to_add(secured):
+    """Without a user, etcd says the user name is empty; the error says where to set one."""
+    message = await _start_refused(secured, {}, username=None)
+    assert "etcd has authentication on" in message
+    assert "REACH_ETCD_PASSWORD" in message
+
+
+async def test_a_user_without_the_prefix_is_told_which_permission_to_grant(secured):
+    """A role that does not cover the prefix: the error names the prefix and the grant."""
+    message = await _start_refused(secured, {PW_ENV: PASSWORD}, username="stranger")
+    assert "permission denied" in message
+    assert f"readwrite {PREFIX}/" in message
+
+
+async def test_an_untrusted_certificate_leaves_the_router_not_ready_saying_why(secured):
+    """Without the CA the member's certificate is refused: not ready, and the reason says TLS."""
+    config = policy(secured, ca_file=None, request_timeout_seconds=1, attempt_timeout_seconds=0.5)
+    registry = build_registry(config.registry, environ={PW_ENV: PASSWORD})
+    try:
+        await registry.start()
+        reason = registry.ready()
+    finally:
+        await registry.close()
+    assert reason is not None and "TLS: its certificate was refused" in reason
+
+
+def test_the_router_command_stops_with_one_line_on_a_wrong_password(secured, tmp_path: Path):
+    """`reach router` against a refusing etcd exits non-zero with a line and no traceback."""
+    config = tmp_path / "router.yaml"
+    config.write_text(
+        "registry:\n  etcd:\n"
+        f"    endpoints: ['{secured.endpoint}']\n    ca_file: {secured.ca_file}\n"
+        f"    username: reach\n    password_env: {PW_ENV}\n"
+        "embedding:\n  backend: none\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "agent_reach", "router", "--port", str(free_port()), "--config", str(config)],
+        env={"PATH": "/usr/bin:/bin", PW_ENV: "wrong-password-123"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert "authentication failed" in output
+    assert "Traceback" not in output
+    assert "wrong-password-123" not in output
