@@ -335,6 +335,9 @@ class EmbeddingPolicy(_Section):
     # the bearer key (the key itself never sits in the policy file).
     model: str | None = None
     api_key_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] = "REACH_EMBEDDING_API_KEY"
+    # The header that carries the key: Authorization sends "Bearer <key>"; any other name sends
+    # the key alone (Azure OpenAI: api-key).
+    api_key_header: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$")] = "Authorization"
     # For openai: text put before queries and capability texts (e5 models: "query: ", "passage: "),
     # and whether the kind is also sent as "input_type" (NVIDIA NIM, reach embed-server).
     query_prefix: Annotated[str, Field(max_length=200)] = ""

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -22,7 +24,7 @@ from starlette.routing import Route
 from agent_reach.config import EmbeddingPolicy, RouterConfig
 from agent_reach.exceptions import ConfigError, EmbeddingError, EmbeddingUnavailable
 from agent_reach.semantic.embedders import build_embedder
-from agent_reach.semantic.embedders.http import OpenAIEmbedder
+from agent_reach.semantic.embedders.http import ApiKey, OpenAIEmbedder, _retry_after
 from agent_reach.semantic.embedders.local import LocalEmbedder
 from agent_reach.server.embedding import build_embed_app
 from agent_reach.testing import AsgiServer, RouterServer, free_port, wait_vectors
@@ -42,20 +44,32 @@ class FakeOpenAI:
         status: int = 200,
         body: bytes = b"{}",
         delay_s: float = 0.0,
+        key_header: str = "authorization",
+        busy: list[tuple[int, str | None]] | None = None,
     ) -> None:
         self.key = key
+        self.key_header = key_header
+        # Answers given first, one per request: (status, Retry-After or None).
+        self.busy = list(busy or [])
         self.answer = answer
         self.status = status
         self.body = body
         self.delay_s = delay_s
         self.requests: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
         self.app = Starlette(routes=[Route("/v1/embeddings", self.embeddings, methods=["POST"])])
 
     async def embeddings(self, request: Request) -> Response:
-        if self.key is not None and request.headers.get("authorization") != f"Bearer {self.key}":
+        wanted = f"Bearer {self.key}" if self.key_header == "authorization" else self.key
+        if self.key is not None and request.headers.get(self.key_header) != wanted:
             return Response(b'{"error": "bad key"}', status_code=401)
         body = orjson.loads(await request.body())
         self.requests.append(body)
+        self.headers.append(dict(request.headers))
+        if self.busy:
+            status, retry_after = self.busy.pop(0)
+            headers = {"Retry-After": retry_after} if retry_after is not None else {}
+            return Response(b'{"error": "slow down"}', status_code=status, headers=headers)
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         if self.status != 200:
@@ -95,7 +109,7 @@ async def test_prefixes_batches_key_and_order(monkeypatch: pytest.MonkeyPatch) -
         embedder = OpenAIEmbedder(
             f"{server.url}/v1",
             model="e5-large",
-            api_key_env="MY_EMBED_KEY",
+            api_key=ApiKey("MY_EMBED_KEY"),
             query_prefix="query: ",
             passage_prefix="passage: ",
             batch_size=2,
@@ -387,3 +401,64 @@ async def test_start_line_and_reload(tmp_path: Path, caplog: pytest.LogCaptureFi
         RouterConfig.from_mapping({"embedding": {"backend": "openai", "url": "127.0.0.1:7300/v1"}})
     with pytest.raises(EmbeddingUnavailable, match="unreachable: cannot connect"):
         await OpenAIEmbedder(f"http://127.0.0.1:{free_port()}/v1").embed(["a"], "query")
+
+
+async def test_a_busy_service_is_asked_again_after_its_retry_after() -> None:
+    """429 and 503 on a batch of capability texts: sent again after Retry-After, then embedded."""
+    past = "Wed, 21 Oct 2015 07:28:00 GMT"  # an HTTP date already gone: no wait
+    fake = FakeOpenAI(key=None, busy=[(429, "0"), (503, past)])
+    async with AsgiServer(fake.app) as server:
+        embedder = OpenAIEmbedder(f"{server.url}/v1")
+        try:
+            vectors = await embedder.embed(["a", "bb"], "passage")
+        finally:
+            await embedder.close()
+    assert vectors.shape == (2, 3)
+    assert len(fake.requests) == 3 and embedder.busy_retries == 2
+
+
+async def test_a_query_is_not_retried_and_a_batch_gives_up_after_its_retries() -> None:
+    """A caller's query fails at once, saying the service is busy; a batch stops after 5 tries."""
+    fake = FakeOpenAI(key=None, busy=[(429, "7")])
+    async with AsgiServer(fake.app) as server:
+        embedder = OpenAIEmbedder(f"{server.url}/v1")
+        try:
+            with pytest.raises(
+                EmbeddingUnavailable, match=r"HTTP 429 \(busy or rate limited\); it asked to retry after 7 s"
+            ):
+                await embedder.embed(["how much is it"], "query")
+            assert len(fake.requests) == 1
+            fake.busy = [(429, "0")] * 5
+            with pytest.raises(EmbeddingUnavailable, match=r"HTTP 429 \(busy or rate limited\) 5 times"):
+                await embedder.embed(["a", "b"], "passage")
+        finally:
+            await embedder.close()
+    assert len(fake.requests) == 6
+
+
+async def test_the_key_goes_in_the_header_the_policy_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    """embedding.api_key_header: api-key (Azure) sends the key alone there, and no Authorization."""
+    monkeypatch.setenv("REACH_EMBEDDING_API_KEY", KEY)
+    fake = FakeOpenAI(key_header="api-key")
+    policy = EmbeddingPolicy(backend="openai", url="http://127.0.0.1:9/v1", api_key_header="api-key")
+    async with AsgiServer(fake.app) as server:
+        embedder = build_embedder(policy.model_copy(update={"url": f"{server.url}/v1"}))
+        try:
+            await embedder.embed(["a"], "passage")
+        finally:
+            await embedder.close()
+    assert fake.headers[0]["api-key"] == KEY
+    assert "authorization" not in fake.headers[0]
+    with pytest.raises(ValueError, match="api_key_header"):
+        EmbeddingPolicy(api_key_header="Bad Header:")
+
+
+def test_retry_after_reads_seconds_and_dates_and_ignores_nonsense() -> None:
+    """Seconds or an HTTP date; a negative wait is none; unreadable or infinite is absent."""
+    assert _retry_after("120") == 120.0
+    assert _retry_after(" 1.5 ") == 1.5
+    assert _retry_after("-3") == 0.0
+    assert _retry_after("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0
+    assert 3000 < (_retry_after(email.utils.formatdate(time.time() + 3600, usegmt=True)) or 0) <= 3600
+    for bad in (None, "", "soon", "inf", "nan"):
+        assert _retry_after(bad) is None

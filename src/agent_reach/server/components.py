@@ -55,6 +55,7 @@ _EMBEDDER_KEYS = (
     "model_path",
     "model",
     "api_key_env",
+    "api_key_header",
     "query_prefix",
     "passage_prefix",
     "send_input_type",

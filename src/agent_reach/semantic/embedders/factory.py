@@ -32,7 +32,7 @@ def build_embedder(policy: EmbeddingPolicy) -> Embedder:
             )
         return HttpEmbedder(url, timeouts=_timeouts(policy))
     if backend == "openai":
-        from agent_reach.semantic.embedders.http import OpenAIEmbedder
+        from agent_reach.semantic.embedders.http import ApiKey, OpenAIEmbedder
 
         if not url:
             raise ConfigError(
@@ -42,7 +42,7 @@ def build_embedder(policy: EmbeddingPolicy) -> Embedder:
         return OpenAIEmbedder(
             url,
             model=policy.model,
-            api_key_env=policy.api_key_env,
+            api_key=ApiKey(policy.api_key_env, policy.api_key_header),
             query_prefix=policy.query_prefix,
             passage_prefix=policy.passage_prefix,
             send_input_type=policy.send_input_type,

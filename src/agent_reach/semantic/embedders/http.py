@@ -9,8 +9,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import email.utils
+import math
 import os
 import re
+import time
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -25,6 +30,13 @@ DEFAULT_API_KEY_ENV = "REACH_EMBEDDING_API_KEY"
 # An answer larger than this is refused: 32 texts of 16,384 floats as JSON stay well below it.
 MAX_ANSWER_BYTES = 64 * 1024 * 1024
 MAX_DIM = 16_384
+# A batch the service turns away as busy (429, 503) is asked again this many times, after the
+# wait its Retry-After names (at most RETRY_WAIT_CAP_S), else after 1, 2, 4 ... s. A caller's
+# query is never retried: it is on the request path, and its answer says the service is busy.
+BUSY_RETRIES = 4
+RETRY_WAIT_CAP_S = 30.0
+_BUSY = (429, 503)
+QUERY_SETTING = "embedding.timeout_ms"
 _SECRETS = re.compile(
     r"(?i)(bearer\s+\S+|\bsk-[\w-]{6,}|\b(?:api[_-]?key|token)[\"']?\s*[:=]\s*[\"']?[^\s\"',}]+)"
 )
@@ -43,7 +55,7 @@ class EmbedTimeouts:
     def of(self, texts: list[str], kind: Kind) -> tuple[aiohttp.ClientTimeout, str]:
         """The timeout for embedding ``texts``, and the setting that holds it."""
         if kind == "query" and len(texts) == 1:
-            return self._query, "embedding.timeout_ms"
+            return self._query, QUERY_SETTING
         return self._batch, "embedding.batch_timeout_ms"
 
 
@@ -99,17 +111,40 @@ class HttpEmbedder:
             self._session = None
 
 
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    """Where a service's key is read (an environment variable, at each call) and how it is sent:
+    ``Authorization: Bearer <key>``, or the key alone in another header (Azure: ``api-key``)."""
+
+    env: str = DEFAULT_API_KEY_ENV
+    header: str = "Authorization"
+
+    def read(self) -> str:
+        # Secrets mounted from files often end in a newline; a header cannot carry one.
+        key = os.environ.get(self.env, "").strip()
+        if any(ord(c) < 32 or ord(c) == 127 for c in key):
+            raise EmbeddingUnavailable(f"the key in ${self.env} contains control characters")
+        return key
+
+    def headers(self, key: str) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        if key:
+            headers[self.header] = f"Bearer {key}" if self.header.lower() == "authorization" else key
+        return headers
+
+
 class OpenAIEmbedder:
     """``POST {url}/embeddings {"model", "input": [...]}`` -> ``{"data": [{"index", "embedding"}]}``.
 
     ``url`` is the API base (``http://gpu-box:8000/v1``); a URL that already ends in
     ``/embeddings`` is used as it is (a query string, such as Azure's ``?api-version=``, is kept).
-    The bearer key is read from the environment variable ``api_key_env`` when set there, and never
-    appears in a log line or an error. Query and passage texts get the model's prefixes (e5:
-    ``"query: "`` and ``"passage: "``); with ``send_input_type`` the kind also goes as
-    ``"input_type"`` (NVIDIA NIM, ``reach embed-server``). A model served this way has no built-in
-    thresholds: ``reach calibrate`` measures it and prints its operating point as an
-    ``embedding.calibrations`` entry under :attr:`model`.
+    The key (see :class:`ApiKey`) never appears in a log line or an error. A batch of capability
+    texts the service turns away as busy (429, 503) is sent again after its ``Retry-After``.
+    Query and passage texts get the model's prefixes (e5: ``"query: "`` and ``"passage: "``);
+    with ``send_input_type`` the kind also goes as ``"input_type"`` (NVIDIA NIM, ``reach
+    embed-server``). A model served this way has no built-in thresholds: ``reach calibrate``
+    measures it and prints its operating point as an ``embedding.calibrations`` entry under
+    :attr:`model`.
 
     Whatever the service answers, the Router gets unit vectors of one width or an
     ``EmbeddingError``: rows of mixed widths, strings, NaN, missing or repeated indices, a width
@@ -122,7 +157,7 @@ class OpenAIEmbedder:
         url: str,
         *,
         model: str | None = None,
-        api_key_env: str = DEFAULT_API_KEY_ENV,
+        api_key: ApiKey | None = None,
         query_prefix: str = "",
         passage_prefix: str = "",
         send_input_type: bool = False,
@@ -145,7 +180,8 @@ class OpenAIEmbedder:
             variant.append("input_type")
         self.model = f"{name} ({', '.join(variant)})" if variant else name
         self.dim = 0
-        self._api_key_env = api_key_env
+        self._api_key = api_key or ApiKey()
+        self.busy_retries = 0  # batches asked again after a 429 or 503, since start
         self._prefix: dict[str, str] = {"query": query_prefix, "passage": passage_prefix}
         self._send_input_type = send_input_type
         self._batch_size = batch_size
@@ -157,23 +193,10 @@ class OpenAIEmbedder:
         # Served models are calibrated by their users: the built-in table only knows the bundled one.
         return None
 
-    def _key(self) -> str:
-        # Secrets mounted from files often end in a newline; a header cannot carry one.
-        key = os.environ.get(self._api_key_env, "").strip()
-        if any(ord(c) < 32 or ord(c) == 127 for c in key):
-            raise EmbeddingUnavailable(f"the key in ${self._api_key_env} contains control characters")
-        return key
-
-    def _headers(self, key: str) -> dict[str, str]:
-        headers = {"Content-Type": "application/json"}
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
-        return headers
-
     async def embed(self, texts: list[str], kind: Kind) -> Vectors:
         prefix = self._prefix[kind]
         inputs = [prefix + text for text in texts] if prefix else list(texts)
-        key = self._key()
+        key = self._api_key.read()
         # Chosen for the whole call: a one-text remainder of a long call is still a batch.
         limit = self._timeouts.of(inputs, kind)
         parts: list[Vectors] = []
@@ -197,19 +220,22 @@ class OpenAIEmbedder:
             body["model"] = self.requested_model
         if self._send_input_type:
             body["input_type"] = kind
-        try:
-            async with self._session.post(
-                self.endpoint,
-                data=orjson.dumps(body),
-                headers=self._headers(key),
-                timeout=client_timeout,
-            ) as resp:
-                status = resp.status
-                raw = await _read_capped(resp, MAX_ANSWER_BYTES)
-        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
-            raise EmbeddingUnavailable(
-                f"embedding service at {self.endpoint} unreachable: {_why(exc, setting)}"
-            ) from exc
+        payload = orjson.dumps(body)
+        retries = 0 if setting == QUERY_SETTING else BUSY_RETRIES
+        for attempt in range(retries + 1):
+            status, raw, retry_after = await self._post(payload, key, client_timeout, setting)
+            if status not in _BUSY:
+                break
+            if attempt == retries:
+                waited = f" {retries + 1} times" if retries else ""
+                later = f"; it asked to retry after {retry_after:g} s" if retry_after is not None else ""
+                raise EmbeddingUnavailable(
+                    f"embedding service at {self.endpoint} answered HTTP {status} (busy or rate "
+                    f"limited){waited}{later}"
+                )
+            self.busy_retries += 1
+            wait = retry_after if retry_after is not None else float(2**attempt)
+            await asyncio.sleep(min(wait, RETRY_WAIT_CAP_S))
         if raw is None:
             raise EmbeddingError(
                 f"embedding service at {self.endpoint} answered over {MAX_ANSWER_BYTES} bytes"
@@ -217,7 +243,7 @@ class OpenAIEmbedder:
         if status in (401, 403):
             raise EmbeddingUnavailable(
                 f"embedding service at {self.endpoint} answered HTTP {status}: "
-                f"check the key in ${self._api_key_env}"
+                f"check the key in ${self._api_key.env}"
             )
         if status != 200:
             hint = " (embedding.url is the API base, usually ending in /v1)" if status == 404 else ""
@@ -225,6 +251,22 @@ class OpenAIEmbedder:
                 f"embedding service at {self.endpoint} answered HTTP {status}: {_excerpt(raw, key)}{hint}"
             )
         return self._vectors(raw, len(inputs))
+
+    async def _post(
+        self, payload: bytes, key: str, client_timeout: aiohttp.ClientTimeout, setting: str
+    ) -> tuple[int, bytes | None, float | None]:
+        """One request: the status, the body (None past MAX_ANSWER_BYTES), and Retry-After."""
+        assert self._session is not None
+        try:
+            async with self._session.post(
+                self.endpoint, data=payload, headers=self._api_key.headers(key), timeout=client_timeout
+            ) as resp:
+                raw = await _read_capped(resp, MAX_ANSWER_BYTES)
+                return resp.status, raw, _retry_after(resp.headers.get("Retry-After"))
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+            raise EmbeddingUnavailable(
+                f"embedding service at {self.endpoint} unreachable: {_why(exc, setting)}"
+            ) from exc
 
     def _vectors(self, raw: bytes, count: int) -> Vectors:
         """The answer's rows in input order, checked: one width, finite numbers, indices 0..n-1."""
@@ -277,6 +319,23 @@ async def _read_capped(resp: aiohttp.ClientResponse, limit: int) -> bytes | None
             return None
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Seconds to wait from a Retry-After header (seconds or an HTTP date); None when absent or
+    unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        seconds = when.timestamp() - time.time()
+    return max(seconds, 0.0) if math.isfinite(seconds) else None
 
 
 def _why(exc: Exception, setting: str) -> str:
