@@ -9,6 +9,7 @@ import ssl
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,10 +20,10 @@ import trustme
 
 from agent_reach.cli.etcd import EtcdCluster
 from agent_reach.config import RouterConfig
-from agent_reach.exceptions import ConfigError
+from agent_reach.exceptions import ConfigError, RegistryUnavailable
 from agent_reach.ports import free_port
 from agent_reach.registry.etcd import EtcdRegistry
-from agent_reach.registry.etcdclient import prefix_end
+from agent_reach.registry.etcdclient import EtcdClient, prefix_end
 from agent_reach.registry.factory import build_registry
 from agent_reach.testing import FakeAgent, RouterServer
 from tests.etcd.test_shared_registry import eventually, listed
@@ -47,6 +48,15 @@ class SecuredEtcd:
 
 def _b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
+
+
+def _as_root(etcd: SecuredEtcd, path: str, body: dict[str, Any]) -> None:
+    """One call as etcd's root user (an operator at etcdctl)."""
+    context = ssl.create_default_context(cafile=etcd.ca_file)
+    with httpx.Client(base_url=etcd.cluster.members[0].client_url, verify=context, timeout=10) as http:
+        login = http.post("/v3/auth/authenticate", json={"name": "root", "password": "root-pw"}).json()
+        resp = http.post(path, json=body, headers={"Authorization": login["token"]})
+        assert resp.status_code == 200 and "code" not in resp.json(), resp.text
 
 
 def _secure(url: str, ca_file: str) -> None:
@@ -74,6 +84,20 @@ def _secure(url: str, ca_file: str) -> None:
 @pytest.fixture
 def secured(tmp_path: Path) -> Iterator[SecuredEtcd]:
     """One etcd member serving clients over TLS only, with authentication on and short tokens."""
+    with _tls_etcd(tmp_path) as etcd:
+        _secure(etcd.cluster.members[0].client_url, etcd.ca_file)
+        yield etcd
+
+
+@pytest.fixture
+def tls_only(tmp_path: Path) -> Iterator[SecuredEtcd]:
+    """The same member with authentication still off (a test turns it on)."""
+    with _tls_etcd(tmp_path) as etcd:
+        yield etcd
+
+
+@contextmanager
+def _tls_etcd(tmp_path: Path) -> Iterator[SecuredEtcd]:
     ca = trustme.CA()
     cert = ca.issue_cert("127.0.0.1")
     paths = {name: str(tmp_path / f"{name}.pem") for name in ("ca", "cert", "key")}
@@ -87,7 +111,6 @@ def secured(tmp_path: Path) -> Iterator[SecuredEtcd]:
         extra_args=("--auth-token-ttl", str(TOKEN_TTL_S)),
     )
     with cluster:
-        _secure(cluster.members[0].client_url, paths["ca"])
         yield SecuredEtcd(cluster, paths["ca"])
 
 
@@ -173,7 +196,7 @@ async def test_no_login_against_an_etcd_that_wants_one_says_which_settings_to_ad
     """Without a user, etcd says the user name is empty; the error says where to set one."""
     message = await _start_refused(secured, {}, username=None)
     assert "etcd has authentication on" in message
-    assert "REACH_ETCD_PASSWORD" in message
+    assert PW_ENV in message  # the variable this policy reads the password from
 
 
 async def test_a_user_without_the_prefix_is_told_which_permission_to_grant(secured):
@@ -216,3 +239,64 @@ def test_the_router_command_stops_with_one_line_on_a_wrong_password(secured, tmp
     assert "authentication failed" in output
     assert "Traceback" not in output
     assert "wrong-password-123" not in output
+
+
+async def test_a_password_changed_under_a_running_router_is_503_and_degraded_until_restored(
+    secured, monkeypatch
+):
+    """A refused login while running: registrations get 503 saying why, /readyz says degraded;
+    when the password is back, both recover without a restart."""
+    monkeypatch.setenv(PW_ENV, PASSWORD)
+    async with RouterServer(policy(secured)) as a, httpx.AsyncClient(timeout=15) as client:
+        first, second = await FakeAgent("echo-1").start(), await FakeAgent("echo-2").start()
+        try:
+            await first.register(a.url)
+            _as_root(secured, "/v3/auth/user/changepw", {"name": "reach", "password": "changed-pw"})
+            resp = await client.post(f"{a.url}/agents", json=second.profile())
+            assert resp.status_code == 503, resp.text
+            error = resp.json()["error"]
+            assert error["code"] == "REGISTRY_UNAVAILABLE"
+            assert "authentication failed" in error["message"] and PW_ENV in error["message"]
+            ready = (await client.get(f"{a.url}/readyz")).json()
+            assert ready["status"] == "degraded" and "authentication failed" in ready["reason"]
+            _as_root(secured, "/v3/auth/user/changepw", {"name": "reach", "password": PASSWORD})
+            await second.register(a.url)
+            assert (await client.get(f"{a.url}/readyz")).json() == {"status": "ready"}
+        finally:
+            await first.stop()
+            await second.stop()
+
+
+async def test_authentication_turned_on_under_a_router_without_a_login_names_the_settings(tls_only):
+    """etcd starts demanding a login: the Router without one says which settings to add."""
+    async with RouterServer(policy(tls_only, username=None)) as a, httpx.AsyncClient(timeout=15) as client:
+        agent = await FakeAgent("echo-1").start()
+        try:
+            _secure(tls_only.cluster.members[0].client_url, tls_only.ca_file)
+            resp = await client.post(f"{a.url}/agents", json=agent.profile())
+            assert resp.status_code == 503, resp.text
+            assert "etcd has authentication on" in resp.json()["error"]["message"]
+            ready = (await client.get(f"{a.url}/readyz")).json()
+            assert ready["status"] == "degraded" and "registry.etcd.username" in ready["reason"]
+        finally:
+            await agent.stop()
+
+
+async def test_waiting_for_another_calls_login_keeps_to_the_callers_deadline(secured):
+    """A short call queued behind a long call's login to a hung member gives up on its own
+    deadline, before the long call ends."""
+    member = secured.cluster.members[0]
+    tls = ssl.create_default_context(cafile=secured.ca_file)
+    client = EtcdClient([secured.endpoint], tls=tls, credentials=("reach", PASSWORD), attempt_timeout=10)
+    await client.open()
+    member.freeze()
+    try:
+        long = asyncio.ensure_future(client.get("/agent-reach/v1/x", deadline=10))
+        await asyncio.sleep(0.1)  # the long call holds the login
+        with pytest.raises(RegistryUnavailable, match=r"within 0\.5 s \(waiting for another call's login\)"):
+            await client.get("/agent-reach/v1/x", deadline=0.5)
+        assert not long.done()
+    finally:
+        member.thaw()
+        await asyncio.gather(long, return_exceptions=True)
+        await client.close()

@@ -109,3 +109,15 @@ def test_a_login_over_plain_http_beyond_loopback_is_warned_about(caplog):
         "use https:// endpoints"
     ]
     assert "pw-9d1e" not in caplog.text
+
+
+def test_members_that_mix_https_and_plain_http_are_refused():
+    """One plain member among https ones would carry the registry, and the login, in clear."""
+    with pytest.raises(ConfigError, match="mix https:// with plain ones"):
+        etcd_tls(EtcdPolicy(), ["https://etcd-1:2379", "10.0.0.2:2379"])
+
+
+def test_a_password_from_a_secret_file_loses_its_newline_and_a_user_its_spaces():
+    """A mounted secret ends in a newline that is not part of the password; names are trimmed."""
+    env = {"REACH_ETCD_PASSWORD": "pw with spaces \n"}
+    assert etcd_credentials(EtcdPolicy(username=" reach "), environ=env) == ("reach", "pw with spaces ")

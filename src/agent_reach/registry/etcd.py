@@ -134,7 +134,9 @@ class EtcdRegistry(MemoryRegistry):
             credentials=credentials,
         )
         self._user = credentials[0] if credentials else None
-        self._refusal: str | None = None  # the last refusal the watch loop logged
+        # Why etcd refuses this Router now (its login or permission), while it does: the snapshot
+        # no longer follows etcd, so the Router says it is degraded until etcd serves it again.
+        self._refused: str | None = None
         self.router = router or router_name()
         self.revision = 0  # the last revision applied to the snapshot
         self.loaded = False  # a first full read has been applied
@@ -198,7 +200,7 @@ class EtcdRegistry(MemoryRegistry):
         if exc.token_refused and self._user is None:
             hint = (
                 "etcd has authentication on: name a user in registry.etcd.username "
-                "(or REACH_ETCD_USERNAME) and its password in REACH_ETCD_PASSWORD"
+                f"(or REACH_ETCD_USERNAME) and its password in {self.policy.etcd.password_env}"
             )
         elif "authentication failed" in exc.message:
             hint = (
@@ -228,7 +230,7 @@ class EtcdRegistry(MemoryRegistry):
         return None
 
     def degraded(self) -> str | None:
-        return self._degraded
+        return self._degraded or self._refused
 
     def _deadline(self) -> float:
         # Degraded: one member's timeout, not the whole deadline: the caller learns at once.
@@ -265,6 +267,7 @@ class EtcdRegistry(MemoryRegistry):
         if self.loaded:
             log.info("[registry] resynced from etcd: %d agents at revision %d", len(present), revision)
         self.loaded = True
+        self._serving()
         self.resyncs += 1
 
     def _apply(self, events: list[Event]) -> None:
@@ -381,13 +384,8 @@ class EtcdRegistry(MemoryRegistry):
                 log.debug("[registry] watch: %s", exc.message)
                 self.client.rotate()
             except EtcdRejected as exc:
-                # Its users or roles changed under a running Router: say so once per refusal,
-                # and keep trying (an operator may grant the permission back).
-                message = self._refusal_hint(exc)
-                self._last_error = message
-                if message != self._refusal:
-                    log.warning("[registry] %s", message)
-                    self._refusal = message
+                # Keep trying: an operator may grant the permission back.
+                self._note_refusal(exc)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
 
@@ -411,8 +409,17 @@ class EtcdRegistry(MemoryRegistry):
             await asyncio.gather(stream, return_exceptions=True)
 
     async def _consume(self, endpoint: str) -> None:
-        async for events in self.client.watch(endpoint, self.keys.root, self.revision + 1):
+        # A watch that etcd creates has passed its login and permission check: etcd serves again.
+        async for events in self.client.watch(
+            endpoint, self.keys.root, self.revision + 1, on_created=self._serving
+        ):
             self._apply(events)
+
+    def _serving(self) -> None:
+        """etcd serves this Router again (a read or a watch went through)."""
+        if self._refused is not None:
+            log.warning("[registry] etcd accepts the Router again")
+            self._refused = None
 
     async def _ping(self) -> None:
         """Is etcd there? Degraded when no member answers twice running; a silent watch member
@@ -466,7 +473,7 @@ class EtcdRegistry(MemoryRegistry):
         key = self.keys.agent(profile.id)
         deadline = self._deadline()
         for _ in range(3):
-            _, kv = await self.client.get(key, deadline=deadline)
+            _, kv = await self._get(key, deadline)
             record = self._decode(kv) if kv is not None else None
             current = None
             if kv is not None and record is not None and record.get("state") != _GONE:
@@ -558,7 +565,7 @@ class EtcdRegistry(MemoryRegistry):
         except EtcdRejected as exc:
             if exc.not_found:  # its etcd lease ran out between the read and the write
                 return None
-            raise RegistryUnavailable(f"etcd refused the write: {exc.message}") from exc
+            raise self._refused_call(exc, "the write") from exc
         return result.revision if result.succeeded else None
 
     async def _create(
@@ -571,7 +578,7 @@ class EtcdRegistry(MemoryRegistry):
                 [compare_create(key, 0)], [put_op(key, value, lease)], [range_op(key)], deadline=deadline
             )
         except EtcdRejected as exc:
-            raise RegistryUnavailable(f"etcd refused the write: {exc.message}") from exc
+            raise self._refused_call(exc, "the write") from exc
         if result.succeeded:
             return result.revision, lease
         held = result.ranges[0][0] if result.ranges and result.ranges[0] else None
@@ -588,9 +595,33 @@ class EtcdRegistry(MemoryRegistry):
         except (RegistryUnavailable, EtcdRejected) as exc:
             log.debug("[registry] could not revoke an unused lease (%s); it expires by itself", exc)
 
+    async def _get(self, key: str, deadline: float) -> tuple[int, KeyValue | None]:
+        try:
+            found = await self.client.get(key, deadline=deadline)
+        except EtcdRejected as exc:
+            raise self._refused_call(exc, "the read") from exc
+        self._serving()
+        return found
+
+    def _refused_call(self, exc: EtcdRejected, what: str) -> RegistryUnavailable:
+        """A call etcd refused, as the 503 its caller gets; a refused login or permission also
+        makes the Router degraded until etcd serves it again."""
+        if exc.token_refused or exc.code == 7 or "authentication failed" in exc.message:
+            self._note_refusal(exc)
+            return RegistryUnavailable(self._refusal_hint(exc))
+        return RegistryUnavailable(f"etcd refused {what}: {exc.message}")
+
+    def _note_refusal(self, exc: EtcdRejected) -> None:
+        message = self._refusal_hint(exc)
+        self._last_error = message
+        if message != self._refused:
+            # Once per refusal: an operator changed users or roles under a running Router.
+            log.warning("[registry] %s; routing from the snapshot until it is fixed", message)
+            self._refused = message
+
     async def _authoritative(self, agent_id: str) -> AgentEntry | None:
         """The entry as etcd has it now (the snapshot may lag by a watch event)."""
-        _, kv = await self.client.get(self.keys.agent(agent_id), deadline=self._deadline())
+        _, kv = await self._get(self.keys.agent(agent_id), self._deadline())
         record = self._decode(kv) if kv is not None else None
         if kv is None or record is None or record.get("state") == _GONE:
             return None
@@ -615,7 +646,7 @@ class EtcdRegistry(MemoryRegistry):
         try:
             ttl = await self.client.keepalive(entry.backend_lease, deadline=self._deadline())
         except EtcdRejected as exc:
-            raise RegistryUnavailable(f"etcd refused the renewal: {exc.message}") from exc
+            raise self._refused_call(exc, "the renewal") from exc
         if ttl <= 0:
             raise LeaseNotFound(f"the lease of agent {agent_id!r} has expired; register again")
         local = self._entries.get(agent_id)
@@ -632,7 +663,7 @@ class EtcdRegistry(MemoryRegistry):
         except LeaseNotFound as exc:
             raise AgentNotFound(f"no agent {agent_id!r} is registered") from exc
         key = self.keys.agent(agent_id)
-        _, kv = await self.client.get(key, deadline=self._deadline())
+        _, kv = await self._get(key, self._deadline())
         if kv is not None and kv.lease == entry.backend_lease:
             tombstone = orjson.dumps({"state": _GONE, "router": self.router})
             try:
@@ -646,7 +677,7 @@ class EtcdRegistry(MemoryRegistry):
                 else:  # a managed entry's key has no lease to take it away
                     await self.client.delete(key, deadline=self._deadline())
             except EtcdRejected as exc:
-                raise RegistryUnavailable(f"etcd refused the write: {exc.message}") from exc
+                raise self._refused_call(exc, "the write") from exc
             if result.succeeded:
                 self.revision = max(self.revision, result.revision)
         local = self._entries.get(agent_id)
@@ -724,7 +755,7 @@ class EtcdRegistry(MemoryRegistry):
             for old in victims:
                 await self.client.delete(self.keys.learned_route(old), deadline=self._deadline())
         except EtcdRejected as exc:
-            raise RegistryUnavailable(f"etcd refused the write: {exc.message}") from exc
+            raise self._refused_call(exc, "the write") from exc
         self._apply_learned(KeyValue(key, value, 0, revision, 0), deleted=False)
         for old in victims:
             self._apply_learned(KeyValue(self.keys.learned_route(old), b"", 0, revision, 0), deleted=True)
@@ -735,7 +766,7 @@ class EtcdRegistry(MemoryRegistry):
         try:
             deleted = await self.client.delete(key, deadline=self._deadline())
         except EtcdRejected as exc:
-            raise RegistryUnavailable(f"etcd refused the write: {exc.message}") from exc
+            raise self._refused_call(exc, "the write") from exc
         known = key in self._learned_keys
         self._apply_learned(KeyValue(key, b"", 0, self.revision, 0), deleted=True)
         return bool(deleted) or known

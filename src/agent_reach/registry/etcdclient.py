@@ -23,7 +23,7 @@ import asyncio
 import base64
 import ssl
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -243,25 +243,40 @@ class EtcdClient:
         return self._token
 
     async def _log_in_again(self, stale: str | None, end: float, budget: float) -> None:
-        """Replace the token ``stale`` (None: there is none) unless another call already has."""
-        async with self._login:
-            if self._token is not None and self._token != stale:
-                return  # a concurrent call logged in meanwhile: use its token
-            self._token = None
-            assert self._credentials is not None
-            user, password = self._credentials
-            credentials = orjson.dumps({"name": user, "password": password})
-            try:
-                answer = await self._call_until("/v3/auth/authenticate", credentials, end, budget)
-            except EtcdRejected as exc:
-                if exc.code == _FAILED_PRECONDITION and "not enabled" in exc.message:
-                    self._token = ""  # authentication is off in etcd: calls go without a token
-                    self.auth_off = True
-                    return
-                raise EtcdRejected(exc.code, f"logging in to etcd as {user!r}: {exc.message}") from exc
-            self._token = str(answer.get("token") or "")
-            self.auth_off = False
-            self.logins += 1
+        """Replace the token ``stale`` (None: there is none) unless another call already has.
+
+        Waiting for another call's login counts against this call's deadline too (the login
+        itself keeps to it like any call)."""
+        try:
+            async with asyncio.timeout(max(end - time.monotonic(), 0.0)):
+                await self._login.acquire()
+        except TimeoutError as exc:
+            raise RegistryUnavailable(
+                f"etcd did not answer within {budget:g} s (waiting for another call's login)"
+            ) from exc
+        try:
+            await self._log_in_locked(stale, end, budget)
+        finally:
+            self._login.release()
+
+    async def _log_in_locked(self, stale: str | None, end: float, budget: float) -> None:
+        if self._token is not None and self._token != stale:
+            return  # a concurrent call logged in meanwhile: use its token
+        self._token = None
+        assert self._credentials is not None
+        user, password = self._credentials
+        credentials = orjson.dumps({"name": user, "password": password})
+        try:
+            answer = await self._call_until("/v3/auth/authenticate", credentials, end, budget)
+        except EtcdRejected as exc:
+            if exc.code == _FAILED_PRECONDITION and "not enabled" in exc.message:
+                self._token = ""  # authentication is off in etcd: calls go without a token
+                self.auth_off = True
+                return
+            raise EtcdRejected(exc.code, f"logging in to etcd as {user!r}: {exc.message}") from exc
+        self._token = str(answer.get("token") or "")
+        self.auth_off = False
+        self.logins += 1
 
     def _drop_token(self, token: str | None) -> None:
         """Forget ``token`` (etcd refused it), so the next call logs in again."""
@@ -298,11 +313,16 @@ class EtcdClient:
                 data=payload,
                 headers=self._headers(),
                 timeout=aiohttp.ClientTimeout(total=limit_s),
+                # A member never redirects; a login's body (the password) must not follow one.
+                allow_redirects=False,
             ) as resp:
                 raw = await resp.read()
         except aiohttp.ClientConnectorCertificateError as exc:
             # Another member will not have a better certificate: say what is wrong, not "down".
             raise _MemberDown(f"TLS: its certificate was refused ({exc.certificate_error})") from exc
+        except aiohttp.ClientOSError as exc:
+            # Says what the socket or TLS layer said (say, "certificate required"), never the request.
+            raise _MemberDown(f"{type(exc).__name__}: {exc.strerror or exc.errno}") from exc
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise _MemberDown(type(exc).__name__) from exc
         try:
@@ -405,8 +425,11 @@ class EtcdClient:
 
     # -- watch -------------------------------------------------------------------------------
 
-    async def watch(self, endpoint: str, prefix: str, start_revision: int) -> AsyncIterator[list[Event]]:
-        """Stream batches of events under ``prefix`` from ``start_revision`` on ``endpoint``.
+    async def watch(
+        self, endpoint: str, prefix: str, start_revision: int, *, on_created: Callable[[], None] | None = None
+    ) -> AsyncIterator[list[Event]]:
+        """Stream batches of events under ``prefix`` from ``start_revision`` on ``endpoint``;
+        ``on_created`` runs when etcd has accepted the watch.
 
         Ends (returns) when the member closes the stream; raises :class:`Compacted` when the
         revision is gone, and :class:`RegistryUnavailable` when the member cannot be reached.
@@ -427,11 +450,15 @@ class EtcdClient:
                 data=orjson.dumps(body),
                 headers=self._headers(),
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.attempt_timeout),
+                allow_redirects=False,
             ) as resp:
                 if resp.status != 200:
                     raise RegistryUnavailable(f"etcd watch on {endpoint} answered HTTP {resp.status}")
                 async for line in _lines(resp.content):
-                    events = self._watch_events(orjson.loads(line), endpoint, token)
+                    message = orjson.loads(line)
+                    events = self._watch_events(message, endpoint, token)
+                    if on_created is not None and (message.get("result") or {}).get("created"):
+                        on_created()
                     if events:
                         yield events
         except (TimeoutError, aiohttp.ClientError, OSError, orjson.JSONDecodeError) as exc:
@@ -448,10 +475,10 @@ class EtcdClient:
         if result.get("canceled"):
             reason = str(result.get("cancel_reason") or "no reason given")
             refusal = EtcdRejected(_PERMISSION_DENIED, reason)
-            if refusal.token_refused:
+            if refusal.token_refused and self._credentials is not None:
                 self._drop_token(token)  # the next try logs in again
-            elif "permission denied" in reason:
-                raise refusal
+            elif refusal.token_refused or "permission denied" in reason:
+                raise refusal  # no login would help, or no login is configured: the operator's
             raise RegistryUnavailable(f"etcd cancelled the watch on {endpoint}: {reason}")
         return [Event(_kv(raw["kv"]), raw.get("type") == "DELETE") for raw in result.get("events") or []]
 

@@ -38,8 +38,9 @@ def etcd_credentials(policy: EtcdPolicy, environ: Mapping[str, str] = os.environ
     only from the environment variable ``registry.etcd.password_env`` names. One without the
     other is a ConfigError: a half-set login is a mistake, not a wish to go without one.
     """
-    user = policy.username or environ.get("REACH_ETCD_USERNAME", "").strip() or None
-    password = environ.get(policy.password_env) or None
+    user = (policy.username or environ.get("REACH_ETCD_USERNAME", "")).strip() or None
+    # Secrets mounted from files often end in a newline that is not part of the password.
+    password = environ.get(policy.password_env, "").rstrip("\r\n") or None
     if user is None and password is None:
         return None
     if user is None:
@@ -63,7 +64,13 @@ def etcd_tls(policy: EtcdPolicy, endpoints: Sequence[str]) -> ssl.SSLContext | N
     connection is encrypted and it would not be.
     """
     tls_files = [key for key in ("ca_file", "client_cert_file") if getattr(policy, key) is not None]
-    if not any(e.strip().lower().startswith("https://") for e in endpoints):
+    secure = [e.strip().lower().startswith("https://") for e in endpoints]
+    if any(secure) and not all(secure):
+        raise ConfigError(
+            "etcd endpoints mix https:// with plain ones: calls to the plain ones would go "
+            "unencrypted; write every member as https://host:port, or none"
+        )
+    if not any(secure):
         if tls_files:
             raise ConfigError(
                 f"registry.etcd.{tls_files[0]} is set but no etcd endpoint is https://: "
