@@ -234,7 +234,11 @@ class RouterParts:
     async def start(self) -> None:
         """Open the client pool and start background work (leases, health, lag, embeddings)."""
         await self.transport.open()
-        await self.registry.start()
+        try:
+            await self.registry.start()
+        except Exception:
+            await self.transport.close()  # the start is over: leave no pool open behind it
+            raise
         await self.health.start()
         await self.shedder.start()
         if self.vectors is not None:
