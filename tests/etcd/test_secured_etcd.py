@@ -62,7 +62,11 @@ def _as_root(etcd: SecuredEtcd, path: str, body: dict[str, Any]) -> None:
 def _secure(url: str, ca_file: str) -> None:
     """Users as an operator sets them up: root, ``reach`` with read-write on the prefix, and
     ``stranger`` with read-write elsewhere; then authentication on."""
-    grants = {"reach": PREFIX + "/", "stranger": "/elsewhere/"}
+    grants = {
+        "reach": (PREFIX + "/", "READWRITE"),
+        "stranger": ("/elsewhere/", "READWRITE"),
+        "reader": (PREFIX + "/", "READ"),
+    }
     with httpx.Client(base_url=url, verify=ssl.create_default_context(cafile=ca_file), timeout=10) as http:
 
         def call(path: str, body: dict[str, Any]) -> None:
@@ -72,9 +76,9 @@ def _secure(url: str, ca_file: str) -> None:
         call("/v3/auth/user/add", {"name": "root", "password": "root-pw"})
         call("/v3/auth/role/add", {"name": "root"})
         call("/v3/auth/user/grant", {"user": "root", "role": "root"})
-        for user, prefix in grants.items():
+        for user, (prefix, kind) in grants.items():
             call("/v3/auth/role/add", {"name": user})
-            perm = {"permType": "READWRITE", "key": _b64(prefix), "range_end": _b64(prefix_end(prefix))}
+            perm = {"permType": kind, "key": _b64(prefix), "range_end": _b64(prefix_end(prefix))}
             call("/v3/auth/role/grant", {"name": user, "perm": perm})
             call("/v3/auth/user/add", {"name": user, "password": PASSWORD})
             call("/v3/auth/user/grant", {"user": user, "role": user})
@@ -158,7 +162,8 @@ async def test_routers_share_a_registry_over_tls_with_a_login(secured, monkeypat
 async def test_a_lapsed_token_is_replaced_and_no_call_fails(secured, monkeypatch):
     """etcd forgets an idle token after its TTL; the next registration logs in again and succeeds."""
     monkeypatch.setenv(PW_ENV, PASSWORD)
-    async with RouterServer(policy(secured)) as a:
+    # Pings seldom: each one reads with the token, which would keep it alive.
+    async with RouterServer(policy(secured, ping_interval_seconds=30)) as a:
         first, second = await FakeAgent("echo-1").start(), await FakeAgent("echo-2").start()
         try:
             await first.register(a.url)
@@ -172,6 +177,10 @@ async def test_a_lapsed_token_is_replaced_and_no_call_fails(secured, monkeypatch
         finally:
             await first.stop()
             await second.stop()
+
+
+async def _is(read: Any, wanted: str) -> bool:
+    return bool(await read() == wanted)
 
 
 async def _start_refused(etcd: SecuredEtcd, environ: dict[str, str], **etcd_settings: Any) -> str:
@@ -200,22 +209,29 @@ async def test_no_login_against_an_etcd_that_wants_one_says_which_settings_to_ad
 
 
 async def test_a_user_without_the_prefix_is_told_which_permission_to_grant(secured):
-    """A role that does not cover the prefix: the error names the prefix and the grant."""
-    message = await _start_refused(secured, {PW_ENV: PASSWORD}, username="stranger")
-    assert "permission denied" in message
-    assert f"readwrite {PREFIX}/" in message
+    """A role that does not cover the prefix, or may only read it: the error names the grant."""
+    for user in ("stranger", "reader"):
+        message = await _start_refused(secured, {PW_ENV: PASSWORD}, username=user)
+        assert "permission denied" in message
+        assert f"readwrite {PREFIX}/" in message
+
+
+async def _not_ready_reason(etcd: SecuredEtcd, **etcd_settings: Any) -> str | None:
+    """Why a registry that cannot reach etcd is not ready after its start (short deadlines)."""
+    config = policy(etcd, request_timeout_seconds=1, attempt_timeout_seconds=0.5, **etcd_settings)
+    registry = build_registry(config.registry, environ={PW_ENV: PASSWORD})
+    try:
+        await registry.start()
+        return registry.ready()
+    finally:
+        await registry.close()
 
 
 async def test_an_untrusted_certificate_leaves_the_router_not_ready_saying_why(secured):
     """Without the CA the member's certificate is refused: not ready, and the reason says TLS."""
-    config = policy(secured, ca_file=None, request_timeout_seconds=1, attempt_timeout_seconds=0.5)
-    registry = build_registry(config.registry, environ={PW_ENV: PASSWORD})
-    try:
-        await registry.start()
-        reason = registry.ready()
-    finally:
-        await registry.close()
+    reason = await _not_ready_reason(secured, ca_file=None)
     assert reason is not None and "TLS: its certificate was refused" in reason
+    assert "registry.etcd.ca_file" in reason
 
 
 def test_the_router_command_stops_with_one_line_on_a_wrong_password(secured, tmp_path: Path):
@@ -252,6 +268,12 @@ async def test_a_password_changed_under_a_running_router_is_503_and_degraded_unt
         try:
             await first.register(a.url)
             _as_root(secured, "/v3/auth/user/changepw", {"name": "reach", "password": "changed-pw"})
+
+            async def readiness() -> str:
+                return str((await client.get(f"{a.url}/readyz")).json()["status"])
+
+            # Noticed without any registration: the Router checks its access as it pings.
+            await eventually(lambda: _is(readiness, "degraded"), limit_s=20)
             resp = await client.post(f"{a.url}/agents", json=second.profile())
             assert resp.status_code == 503, resp.text
             error = resp.json()["error"]
@@ -260,8 +282,8 @@ async def test_a_password_changed_under_a_running_router_is_503_and_degraded_unt
             ready = (await client.get(f"{a.url}/readyz")).json()
             assert ready["status"] == "degraded" and "authentication failed" in ready["reason"]
             _as_root(secured, "/v3/auth/user/changepw", {"name": "reach", "password": PASSWORD})
+            await eventually(lambda: _is(readiness, "ready"), limit_s=20)  # again with no call
             await second.register(a.url)
-            assert (await client.get(f"{a.url}/readyz")).json() == {"status": "ready"}
         finally:
             await first.stop()
             await second.stop()
@@ -300,3 +322,10 @@ async def test_waiting_for_another_calls_login_keeps_to_the_callers_deadline(sec
         member.thaw()
         await asyncio.gather(long, return_exceptions=True)
         await client.close()
+
+
+async def test_plain_http_to_a_tls_member_is_not_ready_and_says_to_write_https(secured):
+    """etcd drops a plain-HTTP client on its TLS port; the reason says to write https://."""
+    plain = secured.endpoint.removeprefix("https://")
+    reason = await _not_ready_reason(secured, endpoints=[plain], ca_file=None)
+    assert reason is not None and "write it as https://" in reason

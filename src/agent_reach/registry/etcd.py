@@ -65,6 +65,7 @@ from agent_reach.registry.etcdclient import (
     KeyValue,
     compare_create,
     compare_mod,
+    compare_never,
     put_op,
     range_op,
 )
@@ -95,6 +96,9 @@ class Keys:
         self.health = prefix + "/health/"
         self.vectors = prefix + "/vectors/"
         self.learned = prefix + "/learned/"
+        # Never written: a read of it, and a write to it that is checked but never done, tell
+        # whether etcd lets this Router read and write the prefix.
+        self.access_check = prefix + "/access-check"
 
     def agent(self, agent_id: str) -> str:
         return self.agents + agent_id
@@ -159,6 +163,7 @@ class EtcdRegistry(MemoryRegistry):
         await self.client.open()
         try:
             await self._resync()
+            await self._may_write()
         except EtcdRejected as exc:
             # etcd answered, and said no (a wrong password, a role without the prefix): nothing
             # would work, so the Router stops with a line saying what to change.
@@ -421,6 +426,25 @@ class EtcdRegistry(MemoryRegistry):
             log.warning("[registry] etcd accepts the Router again")
             self._refused = None
 
+    async def _may_write(self) -> None:
+        """Raise EtcdRejected unless etcd lets this Router write the prefix (a read-only role
+        would otherwise pass the start and fail each registration)."""
+        key = self.keys.access_check
+        await self.client.txn([compare_never(key)], [put_op(key, b"")], deadline=self._deadline())
+
+    async def _check_access(self) -> None:
+        """A logged-in read: etcd's status answers anyone, so only this notices that etcd stopped
+        accepting the Router (a changed password, a revoked role, authentication turned on), and
+        that it accepts it again."""
+        try:
+            await self.client.get(self.keys.access_check, deadline=self.policy.etcd.attempt_timeout_seconds)
+        except EtcdRejected as exc:
+            self._refused_call(exc, "the read")
+        except RegistryUnavailable:
+            pass  # reachability is the status check's to judge
+        else:
+            self._serving()
+
     async def _ping(self) -> None:
         """Is etcd there? Degraded when no member answers twice running; a silent watch member
         is left for one that answers."""
@@ -428,12 +452,14 @@ class EtcdRegistry(MemoryRegistry):
         watching = self._watching
         if watching is not None and await self.client.status(watching, timeout):
             self._answered()
+            await self._check_access()
             return
         for endpoint in self.client.endpoints:
             if endpoint != watching and await self.client.status(endpoint, timeout):
                 self.client.prefer(endpoint)
                 self._restart.set()  # the stream's member is silent (frozen?): follow another
                 self._answered()
+                await self._check_access()
                 return
         # One slow answer on a loaded machine is not an outage: two misses in a row are.
         self._misses += 1

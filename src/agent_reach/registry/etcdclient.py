@@ -31,6 +31,7 @@ import aiohttp
 import orjson
 
 from agent_reach.exceptions import RegistryUnavailable
+from agent_reach.secrets import loggable
 
 # gRPC codes an etcd member answers while it cannot serve now but another one (or the same one a
 # moment later) may: unavailable (no leader, leader changed), deadline exceeded, aborted.
@@ -122,6 +123,12 @@ def normalize_endpoint(endpoint: str) -> str:
 def compare_create(key: str, revision: int) -> dict[str, Any]:
     """A txn comparison: the key's create revision equals ``revision`` (0: it does not exist)."""
     return {"key": _b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": str(revision)}
+
+
+def compare_never(key: str) -> dict[str, Any]:
+    """A txn comparison that is never true (a key's version below 0): its success branch is
+    checked against the caller's permissions but never run."""
+    return {"key": _b64(key), "target": "VERSION", "result": "LESS", "version": "0"}
 
 
 def compare_mod(key: str, revision: int) -> dict[str, Any]:
@@ -317,18 +324,16 @@ class EtcdClient:
                 allow_redirects=False,
             ) as resp:
                 raw = await resp.read()
-        except aiohttp.ClientConnectorCertificateError as exc:
-            # Another member will not have a better certificate: say what is wrong, not "down".
-            raise _MemberDown(f"TLS: its certificate was refused ({exc.certificate_error})") from exc
-        except aiohttp.ClientOSError as exc:
-            # Says what the socket or TLS layer said (say, "certificate required"), never the request.
-            raise _MemberDown(f"{type(exc).__name__}: {exc.strerror or exc.errno}") from exc
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            raise _MemberDown(type(exc).__name__) from exc
+            raise _MemberDown(_failure(endpoint, exc)) from exc
         try:
             answer = orjson.loads(raw) if raw else {}
         except orjson.JSONDecodeError as exc:
-            raise _MemberDown(f"HTTP {resp.status}, not JSON") from exc
+            # Not etcd's JSON (a proxy's page, the gateway refusing a client certificate): its
+            # first words say more than "not JSON" does.
+            raise _MemberDown(
+                f"HTTP {resp.status}, not JSON: {loggable(raw[:200].decode(errors='replace'))}"
+            ) from exc
         if not isinstance(answer, dict):
             raise _MemberDown(f"HTTP {resp.status}, unexpected answer")
         code = answer.get("code")
@@ -481,6 +486,27 @@ class EtcdClient:
                 raise refusal  # no login would help, or no login is configured: the operator's
             raise RegistryUnavailable(f"etcd cancelled the watch on {endpoint}: {reason}")
         return [Event(_kv(raw["kv"]), raw.get("type") == "DELETE") for raw in result.get("events") or []]
+
+
+def _failure(endpoint: str, exc: BaseException) -> str:
+    """What went wrong reaching a member, with the setting that usually fixes it; never the
+    request (its headers hold the token)."""
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+        return (
+            f"TLS: its certificate was refused ({exc.certificate_error}); trust the CA that signed "
+            "it with registry.etcd.ca_file, and name this host in the certificate"
+        )
+    if isinstance(exc, aiohttp.ClientOSError):
+        said = str(exc.strerror or exc.errno)
+        if "CERTIFICATE" in said.upper() and "ALERT" in said.upper():
+            return f"TLS: {said}; it asks for a client certificate: set registry.etcd.client_cert_file"
+        return f"{type(exc).__name__}: {said}"
+    if isinstance(exc, aiohttp.ServerDisconnectedError) and endpoint.startswith("http://"):
+        return (
+            "it closed the connection without answering (a member that serves TLS does that to "
+            "plain HTTP: write it as https://)"
+        )
+    return type(exc).__name__
 
 
 class _MemberDown(Exception):
