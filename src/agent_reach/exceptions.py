@@ -294,9 +294,22 @@ class SemanticUnavailable(NoAvailableHandler):
 
 
 class EmbeddingDown(NoAvailableHandler):
-    """The embedder failed on this request's text; exact task names still work."""
+    """The embedder failed on this request's text; exact task names still work. When the
+    embedding service said when to come back, so does the answer (``retryAfterSeconds``)."""
 
     code = "EMBEDDING_UNAVAILABLE"
+
+    def __init__(
+        self, message: str, candidates: list[dict[str, Any]], *, retry_after_s: int | None = None
+    ) -> None:
+        super().__init__(message, candidates)
+        self.retry_after_s = retry_after_s
+
+    def to_error(self) -> dict[str, Any]:
+        error = super().to_error()
+        if self.retry_after_s is not None:
+            error["retryAfterSeconds"] = self.retry_after_s
+        return error
 
 
 class ContextUnavailable(RoutingError):
@@ -400,6 +413,11 @@ class EmbeddingError(ReachError):
 
 
 class EmbeddingUnavailable(EmbeddingError):
-    """The model cannot be loaded, or the embedding service cannot be reached."""
+    """The model cannot be loaded, or the embedding service cannot be reached (or is busy, and
+    said for how long: ``retry_after_s``)."""
 
     code = "EMBEDDING_UNAVAILABLE"
+
+    def __init__(self, message: str, *, retry_after_s: int | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s

@@ -22,7 +22,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from agent_reach.config import EmbeddingPolicy, RouterConfig
-from agent_reach.exceptions import ConfigError, EmbeddingError, EmbeddingUnavailable
+from agent_reach.exceptions import ConfigError, EmbeddingDown, EmbeddingError, EmbeddingUnavailable
 from agent_reach.semantic.embedders import build_embedder
 from agent_reach.semantic.embedders.http import ApiKey, OpenAIEmbedder, _retry_after
 from agent_reach.semantic.embedders.local import LocalEmbedder
@@ -462,3 +462,25 @@ def test_retry_after_reads_seconds_and_dates_and_ignores_nonsense() -> None:
     assert 3000 < (_retry_after(email.utils.formatdate(time.time() + 3600, usegmt=True)) or 0) <= 3600
     for bad in (None, "", "soon", "inf", "nan"):
         assert _retry_after(bad) is None
+
+
+async def test_queries_wait_out_the_retry_after_without_asking_and_callers_are_told_when() -> None:
+    """After a 429 with Retry-After, later queries fail at once without reaching the service,
+    and the caller's answer carries retryAfterSeconds."""
+    fake = FakeOpenAI(key=None, busy=[(429, "60")])
+    async with AsgiServer(fake.app) as server:
+        embedder = OpenAIEmbedder(f"{server.url}/v1")
+        try:
+            with pytest.raises(EmbeddingUnavailable) as first:
+                await embedder.embed(["how much is it"], "query")
+            with pytest.raises(EmbeddingUnavailable) as second:
+                await embedder.embed(["and now?"], "query")
+        finally:
+            await embedder.close()
+    assert len(fake.requests) == 1
+    assert first.value.retry_after_s == 60
+    # The Router holds back for at most RETRY_WAIT_CAP_S (30 s) whatever the service asked.
+    assert second.value.retry_after_s is not None and 25 <= second.value.retry_after_s <= 30
+    down = EmbeddingDown("semantic routing is unavailable", [], retry_after_s=second.value.retry_after_s)
+    assert down.to_error()["retryAfterSeconds"] == second.value.retry_after_s
+    assert "retryAfterSeconds" not in EmbeddingDown("down", []).to_error()

@@ -295,7 +295,9 @@ class Dispatcher:
             await vectors.query_vector(request.target_task)
         except EmbeddingError as exc:
             raise EmbeddingDown(
-                f"semantic routing is unavailable: {exc.message}; exact task names still work", []
+                f"semantic routing is unavailable: {exc.message}; exact task names still work",
+                [],
+                retry_after_s=getattr(exc, "retry_after_s", None),
             ) from exc
 
     def _timeout(self, request: ReachRequest, task: str) -> Timeout:

@@ -182,6 +182,9 @@ class OpenAIEmbedder:
         self.dim = 0
         self._api_key = api_key or ApiKey()
         self.busy_retries = 0  # batches asked again after a 429 or 503, since start
+        # Until then (monotonic seconds) the service asked not to be sent queries: one caller's
+        # 429 is not followed by every other caller's.
+        self._busy_until = 0.0
         self._prefix: dict[str, str] = {"query": query_prefix, "passage": passage_prefix}
         self._send_input_type = send_input_type
         self._batch_size = batch_size
@@ -220,22 +223,7 @@ class OpenAIEmbedder:
             body["model"] = self.requested_model
         if self._send_input_type:
             body["input_type"] = kind
-        payload = orjson.dumps(body)
-        retries = 0 if setting == QUERY_SETTING else BUSY_RETRIES
-        for attempt in range(retries + 1):
-            status, raw, retry_after = await self._post(payload, key, client_timeout, setting)
-            if status not in _BUSY:
-                break
-            if attempt == retries:
-                waited = f" {retries + 1} times" if retries else ""
-                later = f"; it asked to retry after {retry_after:g} s" if retry_after is not None else ""
-                raise EmbeddingUnavailable(
-                    f"embedding service at {self.endpoint} answered HTTP {status} (busy or rate "
-                    f"limited){waited}{later}"
-                )
-            self.busy_retries += 1
-            wait = retry_after if retry_after is not None else float(2**attempt)
-            await asyncio.sleep(min(wait, RETRY_WAIT_CAP_S))
+        status, raw = await self._post_patiently(orjson.dumps(body), key, client_timeout, setting)
         if raw is None:
             raise EmbeddingError(
                 f"embedding service at {self.endpoint} answered over {MAX_ANSWER_BYTES} bytes"
@@ -251,6 +239,37 @@ class OpenAIEmbedder:
                 f"embedding service at {self.endpoint} answered HTTP {status}: {_excerpt(raw, key)}{hint}"
             )
         return self._vectors(raw, len(inputs))
+
+    async def _post_patiently(
+        self, payload: bytes, key: str, client_timeout: aiohttp.ClientTimeout, setting: str
+    ) -> tuple[int, bytes | None]:
+        """Post, and post a batch again while the service says it is busy (429, 503) and the
+        retries last; a query goes once, and not at all while the service asked to wait."""
+        query = setting == QUERY_SETTING
+        wait_s = self._busy_until - time.monotonic()
+        if query and wait_s > 0:
+            raise self._busy(429, wait_s, "")
+        retries = 0 if query else BUSY_RETRIES
+        for attempt in range(retries + 1):
+            status, raw, retry_after = await self._post(payload, key, client_timeout, setting)
+            if status not in _BUSY:
+                return status, raw
+            if retry_after is not None:
+                self._busy_until = time.monotonic() + min(retry_after, RETRY_WAIT_CAP_S)
+            if attempt == retries:
+                raise self._busy(status, retry_after, f" {retries + 1} times" if retries else "")
+            self.busy_retries += 1
+            wait = retry_after if retry_after is not None else float(2**attempt)
+            await asyncio.sleep(min(wait, RETRY_WAIT_CAP_S))
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _busy(self, status: int, retry_after: float | None, times: str) -> EmbeddingUnavailable:
+        later = f"; it asked to retry after {retry_after:.0f} s" if retry_after is not None else ""
+        return EmbeddingUnavailable(
+            f"embedding service at {self.endpoint} answered HTTP {status} "
+            f"(busy or rate limited){times}{later}",
+            retry_after_s=math.ceil(retry_after) if retry_after is not None else None,
+        )
 
     async def _post(
         self, payload: bytes, key: str, client_timeout: aiohttp.ClientTimeout, setting: str
