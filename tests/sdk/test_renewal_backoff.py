@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import httpx
+
 from agent_reach.sdk.agent import callback_trap
-from agent_reach.sdk.lease import LeaseKeeper
+from agent_reach.sdk.lease import LeaseKeeper, _said
 
 
 def keeper(ttl: float) -> LeaseKeeper:
@@ -71,3 +73,11 @@ def test_refused_credentials_end_registration_at_once(monkeypatch) -> None:
                 lease.register_until_done()
         finally:
             lease.close()
+
+
+def test_a_failed_renewal_is_logged_with_the_routers_reason() -> None:
+    """The agent's log says why the Router refused (etcd's refusal, say), not only the status."""
+    answer = {"error": {"code": "REGISTRY_UNAVAILABLE", "message": "etcd refused the Router:\nx"}}
+    assert _said(httpx.Response(503, json=answer)) == ": etcd refused the Router:\\nx"
+    assert _said(httpx.Response(503, content=b"<html>busy</html>")) == ""
+    assert _said(httpx.Response(503, json=["not", "an", "object"])) == ""

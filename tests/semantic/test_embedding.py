@@ -108,6 +108,7 @@ async def test_router_degrades_to_exact_match_when_the_service_is_down(
         assert semantic["status"] == "NO_AVAILABLE_HANDLER"
         assert semantic["error"]["code"] == "EMBEDDING_UNAVAILABLE"
         assert "exact task names still work" in semantic["error"]["message"]
+        assert f"127.0.0.1:{port}" not in semantic["error"]["message"]  # no address for callers
         metrics = (await http.get("/metrics")).text
         assert "reach_embedding_up 0.0" in metrics
         assert any(

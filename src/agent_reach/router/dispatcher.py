@@ -53,6 +53,8 @@ from agent_reach.transport.urlguard import UrlGuard
 log = logging.getLogger("agent_reach.dispatcher")
 
 _TRACE_ID = re.compile(TRACE_ID_PATTERN)
+# "at http://10.0.0.5:8080/v1/embeddings" in an embedder's error: dropped before a caller sees it.
+_SERVICE_ADDRESS = re.compile(r" at [A-Za-z][A-Za-z0-9+.-]*://\S+")
 
 # The trace-log event each kind of ending writes, most specific first.
 _ENDINGS: tuple[tuple[type[ReachError], str], ...] = (
@@ -294,8 +296,10 @@ class Dispatcher:
         try:
             await vectors.query_vector(request.target_task)
         except EmbeddingError as exc:
+            # The caller learns what failed, not where the embedding service lives (the log has it).
+            reason = _SERVICE_ADDRESS.sub("", exc.message)
             raise EmbeddingDown(
-                f"semantic routing is unavailable: {exc.message}; exact task names still work",
+                f"semantic routing is unavailable: {reason}; exact task names still work",
                 [],
                 retry_after_s=getattr(exc, "retry_after_s", None),
             ) from exc

@@ -28,7 +28,7 @@ from agent_reach.clock import SYSTEM_CLOCK, Clock
 from agent_reach.exceptions import ConfigError
 from agent_reach.sdk.auth import auth_headers
 from agent_reach.sdk.tls import router_verify
-from agent_reach.secrets import fingerprint
+from agent_reach.secrets import fingerprint, loggable
 
 log = logging.getLogger("agent_reach.sdk")
 
@@ -218,7 +218,10 @@ class LeaseKeeper:
             else:
                 wait, backoff = self.retry_after(resp.status_code, backoff)
                 log.warning(
-                    "[reach-client] lease renewal answered HTTP %s; retrying in %.1fs", resp.status_code, wait
+                    "[reach-client] lease renewal answered HTTP %s%s; retrying in %.1fs",
+                    resp.status_code,
+                    _said(resp),
+                    wait,
                 )
 
     def retry_after(self, status: int, backoff: float) -> tuple[float, float]:
@@ -273,3 +276,13 @@ class LeaseKeeper:
         """Close the HTTP client, unless a thread still uses it (process exit will end it)."""
         if self._thread is None and not self._opening:
             self._http.close()
+
+
+def _said(resp: httpx.Response) -> str:
+    """``": <the Router's error message>"`` when the answer carries one, else nothing."""
+    try:
+        error = resp.json().get("error")
+    except (ValueError, AttributeError):
+        return ""
+    message = error.get("message") if isinstance(error, dict) else None
+    return f": {loggable(message, 300)}" if isinstance(message, str) else ""
