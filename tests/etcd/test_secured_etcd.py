@@ -329,3 +329,40 @@ async def test_plain_http_to_a_tls_member_is_not_ready_and_says_to_write_https(s
     plain = secured.endpoint.removeprefix("https://")
     reason = await _not_ready_reason(secured, endpoints=[plain], ca_file=None)
     assert reason is not None and "write it as https://" in reason
+
+
+async def test_a_role_cut_to_read_only_stays_degraded_until_it_may_write_again(secured, monkeypatch):
+    """Reads still work for a read-only role, so only a write may clear the refusal: /readyz
+    stays degraded across pings, and turns ready once the role may write again."""
+    monkeypatch.setenv(PW_ENV, PASSWORD)
+    prefix = PREFIX + "/"
+    span = {"key": _b64(prefix), "range_end": _b64(prefix_end(prefix))}
+    async with (
+        RouterServer(policy(secured, ping_interval_seconds=0.2)) as a,
+        httpx.AsyncClient(timeout=15) as client,
+    ):
+        agent = await FakeAgent("echo-1").start()
+        try:
+
+            async def readiness() -> str:
+                return str((await client.get(f"{a.url}/readyz")).json()["status"])
+
+            _as_root(secured, "/v3/auth/role/revoke", {"role": "reach", **span})
+            _as_root(secured, "/v3/auth/role/grant", {"name": "reach", "perm": {"permType": "READ", **span}})
+            resp = await client.post(f"{a.url}/agents", json=agent.profile())
+            assert resp.status_code == 503 and "permission denied" in resp.json()["error"]["message"]
+            registry = a.app.parts.registry
+            assert isinstance(registry, EtcdRegistry)
+            pings = registry._pings
+            await eventually(lambda: _more_pings(registry, pings + 12), limit_s=30)
+            assert await readiness() == "degraded"  # many pings later, reads succeeding throughout
+            write = {"permType": "READWRITE", **span}
+            _as_root(secured, "/v3/auth/role/grant", {"name": "reach", "perm": write})
+            await eventually(lambda: _is(readiness, "ready"), limit_s=30)
+            await agent.register(a.url)
+        finally:
+            await agent.stop()
+
+
+async def _more_pings(registry: EtcdRegistry, wanted: int) -> bool:
+    return registry._pings >= wanted

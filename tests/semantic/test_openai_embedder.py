@@ -484,3 +484,28 @@ async def test_queries_wait_out_the_retry_after_without_asking_and_callers_are_t
     down = EmbeddingDown("semantic routing is unavailable", [], retry_after_s=second.value.retry_after_s)
     assert down.to_error()["retryAfterSeconds"] == second.value.retry_after_s
     assert "retryAfterSeconds" not in EmbeddingDown("down", []).to_error()
+
+
+async def test_an_answer_ends_the_pause_and_a_paused_query_names_the_status_it_followed() -> None:
+    """A 503 with Retry-After pauses queries (saying 503, not 429); the next answer ends it."""
+    fake = FakeOpenAI(key=None, busy=[(503, "20")])
+    async with AsgiServer(fake.app) as server:
+        embedder = OpenAIEmbedder(f"{server.url}/v1")
+        try:
+            with pytest.raises(EmbeddingUnavailable):
+                await embedder.embed(["q1"], "query")
+            with pytest.raises(EmbeddingUnavailable, match=r"is busy \(it answered HTTP 503") as paused:
+                await embedder.embed(["q2"], "query")
+            assert paused.value.retry_after_s is not None and paused.value.retry_after_s <= 20
+            await embedder.embed(["a capability text"], "passage")  # answered: the pause is over
+            await embedder.embed(["q3"], "query")
+        finally:
+            await embedder.close()
+    assert [r["input"] for r in fake.requests] == [["q1"], ["a capability text"], ["q3"]]
+
+
+def test_credentials_in_the_service_url_are_never_shown() -> None:
+    """user:password@ in embedding.url stays out of the model's name (logs, etcd keys, errors)."""
+    embedder = OpenAIEmbedder("http://svc:hunter2@gpu-box:8000/v1")
+    assert "hunter2" not in embedder.model and "hunter2" not in embedder.shown
+    assert embedder.endpoint.startswith("http://svc:hunter2@")  # still used to call it

@@ -141,6 +141,10 @@ class EtcdRegistry(MemoryRegistry):
         # Why etcd refuses this Router now (its login or permission), while it does: the snapshot
         # no longer follows etcd, so the Router says it is degraded until etcd serves it again.
         self._refused: str | None = None
+        # The refusal was of a write: only a write that etcd allows clears it (a read-only role
+        # still reads, and must not look ready).
+        self._refused_write = False
+        self._pings = 0
         self.router = router or router_name()
         self.revision = 0  # the last revision applied to the snapshot
         self.loaded = False  # a first full read has been applied
@@ -374,6 +378,7 @@ class EtcdRegistry(MemoryRegistry):
             try:
                 if not self.loaded:
                     await self._resync()
+                    await self._check_write()  # etcd was out of reach at start: check it now
                 await self._watch_once()
                 delay = 0.1
             except Compacted as exc:
@@ -420,11 +425,12 @@ class EtcdRegistry(MemoryRegistry):
         ):
             self._apply(events)
 
-    def _serving(self) -> None:
-        """etcd serves this Router again (a read or a watch went through)."""
-        if self._refused is not None:
+    def _serving(self, *, wrote: bool = False) -> None:
+        """etcd served this Router (a read or a watch went through; ``wrote``: a write did)."""
+        if self._refused is not None and (wrote or not self._refused_write):
             log.warning("[registry] etcd accepts the Router again")
             self._refused = None
+            self._refused_write = False
 
     async def _may_write(self) -> None:
         """Raise EtcdRejected unless etcd lets this Router write the prefix (a read-only role
@@ -432,10 +438,28 @@ class EtcdRegistry(MemoryRegistry):
         key = self.keys.access_check
         await self.client.txn([compare_never(key)], [put_op(key, b"")], deadline=self._deadline())
 
+    async def _check_write(self) -> None:
+        """:meth:`_may_write`, noting a refusal instead of raising it."""
+        try:
+            await self._may_write()
+        except EtcdRejected as exc:
+            self._refused_call(exc, "the write", write=True)
+        else:
+            self._serving(wrote=True)
+
     async def _check_access(self) -> None:
         """A logged-in read: etcd's status answers anyone, so only this notices that etcd stopped
-        accepting the Router (a changed password, a revoked role, authentication turned on), and
-        that it accepts it again."""
+        accepting the Router (a changed password, a revoked role, authentication turned on).
+
+        While refused, it checks every fifth ping only (a failed etcd login costs etcd a password
+        hash), and with a write when a write was refused: that checked-but-never-run write is a
+        raft entry, so it is not sent while all is well."""
+        self._pings += 1
+        if self._refused is not None and self._pings % 5:
+            return
+        if self._refused is not None and self._refused_write:
+            await self._check_write()
+            return
         try:
             await self.client.get(self.keys.access_check, deadline=self.policy.etcd.attempt_timeout_seconds)
         except EtcdRejected as exc:
@@ -591,7 +615,7 @@ class EtcdRegistry(MemoryRegistry):
         except EtcdRejected as exc:
             if exc.not_found:  # its etcd lease ran out between the read and the write
                 return None
-            raise self._refused_call(exc, "the write") from exc
+            raise self._refused_call(exc, "the write", write=True) from exc
         return result.revision if result.succeeded else None
 
     async def _create(
@@ -604,7 +628,8 @@ class EtcdRegistry(MemoryRegistry):
                 [compare_create(key, 0)], [put_op(key, value, lease)], [range_op(key)], deadline=deadline
             )
         except EtcdRejected as exc:
-            raise self._refused_call(exc, "the write") from exc
+            raise self._refused_call(exc, "the write", write=True) from exc
+        self._serving(wrote=True)
         if result.succeeded:
             return result.revision, lease
         held = result.ranges[0][0] if result.ranges and result.ranges[0] else None
@@ -629,15 +654,16 @@ class EtcdRegistry(MemoryRegistry):
         self._serving()
         return found
 
-    def _refused_call(self, exc: EtcdRejected, what: str) -> RegistryUnavailable:
+    def _refused_call(self, exc: EtcdRejected, what: str, *, write: bool = False) -> RegistryUnavailable:
         """A call etcd refused, as the 503 its caller gets; a refused login or permission also
         makes the Router degraded until etcd serves it again."""
         if exc.token_refused or exc.code == 7 or "authentication failed" in exc.message:
-            self._note_refusal(exc)
+            self._note_refusal(exc, write=write)
             return RegistryUnavailable(self._refusal_hint(exc))
         return RegistryUnavailable(f"etcd refused {what}: {exc.message}")
 
-    def _note_refusal(self, exc: EtcdRejected) -> None:
+    def _note_refusal(self, exc: EtcdRejected, *, write: bool = False) -> None:
+        self._refused_write = write
         message = self._refusal_hint(exc)
         self._last_error = message
         if message != self._refused:
@@ -703,7 +729,7 @@ class EtcdRegistry(MemoryRegistry):
                 else:  # a managed entry's key has no lease to take it away
                     await self.client.delete(key, deadline=self._deadline())
             except EtcdRejected as exc:
-                raise self._refused_call(exc, "the write") from exc
+                raise self._refused_call(exc, "the write", write=True) from exc
             if result.succeeded:
                 self.revision = max(self.revision, result.revision)
         local = self._entries.get(agent_id)
@@ -781,7 +807,7 @@ class EtcdRegistry(MemoryRegistry):
             for old in victims:
                 await self.client.delete(self.keys.learned_route(old), deadline=self._deadline())
         except EtcdRejected as exc:
-            raise self._refused_call(exc, "the write") from exc
+            raise self._refused_call(exc, "the write", write=True) from exc
         self._apply_learned(KeyValue(key, value, 0, revision, 0), deleted=False)
         for old in victims:
             self._apply_learned(KeyValue(self.keys.learned_route(old), b"", 0, revision, 0), deleted=True)
@@ -792,7 +818,7 @@ class EtcdRegistry(MemoryRegistry):
         try:
             deleted = await self.client.delete(key, deadline=self._deadline())
         except EtcdRejected as exc:
-            raise self._refused_call(exc, "the write") from exc
+            raise self._refused_call(exc, "the write", write=True) from exc
         known = key in self._learned_keys
         self._apply_learned(KeyValue(key, b"", 0, self.revision, 0), deleted=True)
         return bool(deleted) or known

@@ -303,7 +303,9 @@ class EtcdClient:
             try:
                 answer = await self._post(endpoint, path, payload, min(self.attempt_timeout, remaining))
             except _MemberDown as exc:
-                last = f"{endpoint}: {exc}"
+                # A bare timeout says less than what another try said (a refused certificate, say).
+                if str(exc) not in _BARE or last == "no member answered":
+                    last = f"{endpoint}: {exc}"
             else:
                 self._current = index
                 return answer
@@ -330,10 +332,11 @@ class EtcdClient:
             answer = orjson.loads(raw) if raw else {}
         except orjson.JSONDecodeError as exc:
             # Not etcd's JSON (a proxy's page, the gateway refusing a client certificate): its
-            # first words say more than "not JSON" does.
-            raise _MemberDown(
-                f"HTTP {resp.status}, not JSON: {loggable(raw[:200].decode(errors='replace'))}"
-            ) from exc
+            # first words say more than "not JSON" does; never for a login, whose body a proxy
+            # might echo, password included.
+            login = path.endswith("/authenticate")
+            said = "" if login else f": {loggable(raw[:200].decode(errors='replace'))}"
+            raise _MemberDown(f"HTTP {resp.status}, not JSON{said}") from exc
         if not isinstance(answer, dict):
             raise _MemberDown(f"HTTP {resp.status}, unexpected answer")
         code = answer.get("code")
@@ -507,6 +510,10 @@ def _failure(endpoint: str, exc: BaseException) -> str:
             "plain HTTP: write it as https://)"
         )
     return type(exc).__name__
+
+
+# Failures that say only that time ran out.
+_BARE = {"TimeoutError", "ServerTimeoutError"}
 
 
 class _MemberDown(Exception):

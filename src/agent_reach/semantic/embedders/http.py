@@ -16,7 +16,7 @@ import os
 import re
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
@@ -24,6 +24,7 @@ import numpy as np
 import orjson
 
 from agent_reach.exceptions import EmbeddingError, EmbeddingUnavailable
+from agent_reach.secrets import loggable_url
 from agent_reach.semantic.embedders.base import Kind, Vectors, calibrated_thresholds, normalise
 
 DEFAULT_API_KEY_ENV = "REACH_EMBEDDING_API_KEY"
@@ -64,7 +65,8 @@ class HttpEmbedder:
 
     def __init__(self, url: str, *, timeouts: EmbedTimeouts | None = None) -> None:
         self.url = url.rstrip("/")
-        self.model = f"http:{self.url}"
+        self.shown = loggable_url(self.url)  # for logs and errors: no credentials, no query
+        self.model = f"http:{self.shown}"
         self.dim = 0
         self._timeouts = timeouts or EmbedTimeouts()
         self._session: aiohttp.ClientSession | None = None
@@ -88,16 +90,16 @@ class HttpEmbedder:
                 status = resp.status
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise EmbeddingUnavailable(
-                f"embedding service at {self.url} unreachable: {_why(exc, setting)}"
+                f"embedding service at {self.shown} unreachable: {_why(exc, setting)}"
             ) from exc
         if status != 200:
-            raise EmbeddingUnavailable(f"embedding service at {self.url} answered HTTP {status}")
+            raise EmbeddingUnavailable(f"embedding service at {self.shown} answered HTTP {status}")
         try:
             answer = orjson.loads(raw)
             vectors = np.asarray(answer["vectors"], dtype=np.float32)
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             raise EmbeddingError(
-                f"embedding service at {self.url} answered something that is not vectors"
+                f"embedding service at {self.shown} answered something that is not vectors"
             ) from exc
         if vectors.ndim != 2 or vectors.shape[0] != len(texts):
             raise EmbeddingError(f"embedding service returned {vectors.shape} for {len(texts)} texts")
@@ -169,10 +171,12 @@ class OpenAIEmbedder:
         if not path.endswith("/embeddings"):
             path = f"{path}/embeddings"
         self.endpoint = urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
+        # What logs, errors and the model's name show: no user:password@, no query string.
+        self.shown = loggable_url(self.endpoint)
         self.requested_model = model
         # Fixed from the start: it names the vectors shared through etcd, so whatever changes
         # the vectors (the prefixes, input_type) is part of it.
-        name = model or f"openai:{urlunsplit((parts.scheme, parts.netloc, path, '', ''))}"
+        name = model or f"openai:{self.shown}"
         variant = [
             f"{kind} prefix {p!r}" for kind, p in (("query", query_prefix), ("passage", passage_prefix)) if p
         ]
@@ -185,6 +189,7 @@ class OpenAIEmbedder:
         # Until then (monotonic seconds) the service asked not to be sent queries: one caller's
         # 429 is not followed by every other caller's.
         self._busy_until = 0.0
+        self._busy_status = 429
         self._prefix: dict[str, str] = {"query": query_prefix, "passage": passage_prefix}
         self._send_input_type = send_input_type
         self._batch_size = batch_size
@@ -225,18 +230,16 @@ class OpenAIEmbedder:
             body["input_type"] = kind
         status, raw = await self._post_patiently(orjson.dumps(body), key, client_timeout, setting)
         if raw is None:
-            raise EmbeddingError(
-                f"embedding service at {self.endpoint} answered over {MAX_ANSWER_BYTES} bytes"
-            )
+            raise EmbeddingError(f"embedding service at {self.shown} answered over {MAX_ANSWER_BYTES} bytes")
         if status in (401, 403):
             raise EmbeddingUnavailable(
-                f"embedding service at {self.endpoint} answered HTTP {status}: "
+                f"embedding service at {self.shown} answered HTTP {status}: "
                 f"check the key in ${self._api_key.env}"
             )
         if status != 200:
             hint = " (embedding.url is the API base, usually ending in /v1)" if status == 404 else ""
             raise EmbeddingUnavailable(
-                f"embedding service at {self.endpoint} answered HTTP {status}: {_excerpt(raw, key)}{hint}"
+                f"embedding service at {self.shown} answered HTTP {status}: {_excerpt(raw, key)}{hint}"
             )
         return self._vectors(raw, len(inputs))
 
@@ -248,14 +251,16 @@ class OpenAIEmbedder:
         query = setting == QUERY_SETTING
         wait_s = self._busy_until - time.monotonic()
         if query and wait_s > 0:
-            raise self._busy(429, wait_s, "")
+            self._still_busy(wait_s)
         retries = 0 if query else BUSY_RETRIES
         for attempt in range(retries + 1):
             status, raw, retry_after = await self._post(payload, key, client_timeout, setting)
             if status not in _BUSY:
+                self._busy_until = 0.0  # it answered: whatever wait it asked for is over
                 return status, raw
             if retry_after is not None:
                 self._busy_until = time.monotonic() + min(retry_after, RETRY_WAIT_CAP_S)
+                self._busy_status = status
             if attempt == retries:
                 raise self._busy(status, retry_after, f" {retries + 1} times" if retries else "")
             self.busy_retries += 1
@@ -263,11 +268,17 @@ class OpenAIEmbedder:
             await asyncio.sleep(min(wait, RETRY_WAIT_CAP_S))
         raise AssertionError("unreachable: the last attempt returns or raises")
 
+    def _still_busy(self, wait_s: float) -> NoReturn:
+        raise EmbeddingUnavailable(
+            f"embedding service at {self.shown} is busy (it answered HTTP {self._busy_status} and "
+            f"asked for a pause; retry after {math.ceil(wait_s)} s)",
+            retry_after_s=math.ceil(wait_s),
+        )
+
     def _busy(self, status: int, retry_after: float | None, times: str) -> EmbeddingUnavailable:
-        later = f"; it asked to retry after {retry_after:.0f} s" if retry_after is not None else ""
+        later = f"; it asked to retry after {math.ceil(retry_after)} s" if retry_after is not None else ""
         return EmbeddingUnavailable(
-            f"embedding service at {self.endpoint} answered HTTP {status} "
-            f"(busy or rate limited){times}{later}",
+            f"embedding service at {self.shown} answered HTTP {status} (busy or rate limited){times}{later}",
             retry_after_s=math.ceil(retry_after) if retry_after is not None else None,
         )
 
@@ -284,7 +295,7 @@ class OpenAIEmbedder:
                 return resp.status, raw, _retry_after(resp.headers.get("Retry-After"))
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
             raise EmbeddingUnavailable(
-                f"embedding service at {self.endpoint} unreachable: {_why(exc, setting)}"
+                f"embedding service at {self.shown} unreachable: {_why(exc, setting)}"
             ) from exc
 
     def _vectors(self, raw: bytes, count: int) -> Vectors:
@@ -294,11 +305,11 @@ class OpenAIEmbedder:
             by_index = {int(item["index"]): item["embedding"] for item in data}
             if len(data) != count:
                 raise EmbeddingError(
-                    f"embedding service at {self.endpoint} returned {len(data)} embeddings for {count} texts"
+                    f"embedding service at {self.shown} returned {len(data)} embeddings for {count} texts"
                 )
             if sorted(by_index) != list(range(count)):
                 raise EmbeddingError(
-                    f"embedding service at {self.endpoint} returned indices {sorted(by_index)[:8]} "
+                    f"embedding service at {self.shown} returned indices {sorted(by_index)[:8]} "
                     f"for {count} texts (wanted 0 to {count - 1}, once each)"
                 )
             vectors = np.asarray([by_index[i] for i in range(count)], dtype=np.float32)
@@ -306,20 +317,20 @@ class OpenAIEmbedder:
             raise
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             raise EmbeddingError(
-                f"embedding service at {self.endpoint} answered something that is not embeddings "
+                f"embedding service at {self.shown} answered something that is not embeddings "
                 "(a list of float vectors under data[].embedding)"
             ) from exc
         if vectors.ndim != 2 or not 0 < vectors.shape[1] <= MAX_DIM:
             raise EmbeddingError(
-                f"embedding service at {self.endpoint} returned vectors of shape {vectors.shape}"
+                f"embedding service at {self.shown} returned vectors of shape {vectors.shape}"
             )
         if self.dim and vectors.shape[1] != self.dim:
             raise EmbeddingError(
-                f"embedding service at {self.endpoint} returned {vectors.shape[1]}-dimensional vectors; "
+                f"embedding service at {self.shown} returned {vectors.shape[1]}-dimensional vectors; "
                 f"the index holds {self.dim}-dimensional ones (a changed model needs a Router restart)"
             )
         if not np.isfinite(vectors).all():
-            raise EmbeddingError(f"embedding service at {self.endpoint} returned non-finite numbers")
+            raise EmbeddingError(f"embedding service at {self.shown} returned non-finite numbers")
         return vectors
 
     async def close(self) -> None:
