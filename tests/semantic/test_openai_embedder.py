@@ -509,3 +509,30 @@ def test_credentials_in_the_service_url_are_never_shown() -> None:
     embedder = OpenAIEmbedder("http://svc:hunter2@gpu-box:8000/v1")
     assert "hunter2" not in embedder.model and "hunter2" not in embedder.shown
     assert embedder.endpoint.startswith("http://svc:hunter2@")  # still used to call it
+
+
+async def test_a_router_without_a_query_cache_still_routes_by_meaning() -> None:
+    """embedding.cache_size 0 means no reuse between requests, not a refusal for every one."""
+    fake = FakeOpenAI(key=None)
+    async with AsgiServer(fake.app) as embed:
+        config = RouterConfig.from_mapping(
+            {
+                "health": {"enabled": False},
+                "routing": {"semantic_tasks": ["*"]},
+                "embedding": {
+                    "backend": "openai",
+                    "url": f"{embed.url}/v1",
+                    "model": "fake",
+                    "cache_size": 0,
+                    "threshold": 0.0,
+                    "margin": 0.0,
+                },
+            }
+        )
+        async with _price_agent_behind(config) as http:
+            for text in ("how much is a mango", "price of apples", "how much is a mango"):
+                answer = (await http.post("/reach", json={"targetTask": text})).json()
+                assert answer["status"] == "SUCCESS", answer
+                assert answer["handlerAgentId"] == "price-agent"
+    asked = [r["input"][0] for r in fake.requests if len(r["input"]) == 1 and r["input"][0] != "warm-up"]
+    assert asked == ["how much is a mango", "price of apples", "how much is a mango"]  # one slot only

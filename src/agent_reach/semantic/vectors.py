@@ -45,7 +45,9 @@ class CapabilityVectors:
         self.background: Vector | None = None
         # One embedding of the background texts at a time, shared by whoever needs it first.
         self._background_job: asyncio.Future[None] | None = None
-        self.cache = QueryCache(self.policy.cache_size)
+        # At least one slot: the request that embedded its text reads the vector back from here
+        # (cache_size 0 means no reuse between requests, not no vector at all).
+        self.cache = QueryCache(max(self.policy.cache_size, 1))
         self.up = True  # False after the embedder failed, until it answers again
         self.last_error: str | None = None
         self._pending: dict[str, AgentEntry] = {}
