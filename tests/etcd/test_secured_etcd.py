@@ -273,7 +273,7 @@ async def test_a_password_changed_under_a_running_router_is_503_and_degraded_unt
                 return str((await client.get(f"{a.url}/readyz")).json()["status"])
 
             # Noticed without any registration: the Router checks its access as it pings.
-            await eventually(lambda: _is(readiness, "degraded"), limit_s=20)
+            await eventually(lambda: _is(readiness, "degraded"), limit_s=45)
             resp = await client.post(f"{a.url}/agents", json=second.profile())
             assert resp.status_code == 503, resp.text
             error = resp.json()["error"]
@@ -282,7 +282,7 @@ async def test_a_password_changed_under_a_running_router_is_503_and_degraded_unt
             ready = (await client.get(f"{a.url}/readyz")).json()
             assert ready["status"] == "degraded" and "authentication failed" in ready["reason"]
             _as_root(secured, "/v3/auth/user/changepw", {"name": "reach", "password": PASSWORD})
-            await eventually(lambda: _is(readiness, "ready"), limit_s=20)  # again with no call
+            await eventually(lambda: _is(readiness, "ready"), limit_s=45)  # again with no call
             await second.register(a.url)
         finally:
             await first.stop()
@@ -358,7 +358,7 @@ async def test_a_role_cut_to_read_only_stays_degraded_until_it_may_write_again(s
             assert await readiness() == "degraded"  # many pings later, reads succeeding throughout
             write = {"permType": "READWRITE", **span}
             _as_root(secured, "/v3/auth/role/grant", {"name": "reach", "perm": write})
-            await eventually(lambda: _is(readiness, "ready"), limit_s=30)
+            await eventually(lambda: _is(readiness, "ready"), limit_s=45)
             await agent.register(a.url)
         finally:
             await agent.stop()
