@@ -76,7 +76,8 @@ class _LiveState(Collector):
         )
         yield GaugeMetricFamily(
             "reach_registry_degraded",
-            "1 while the registry's store (etcd) is out of reach: routing from the snapshot",
+            "1 while the registry's store (etcd) is out of reach or refuses the Router: "
+            "routing from the snapshot",
             value=0 if self._registry.degraded() is None else 1,
         )
         up = self._embedding_up()
