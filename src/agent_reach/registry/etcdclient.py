@@ -45,6 +45,9 @@ _TOKEN_REFUSALS = ("invalid auth token", "user name is empty", "revision of auth
 # A watch event can carry a whole profile with its examples, or a vector block: bound a line,
 # so a broken member cannot make the Router buffer without end.
 MAX_LINE_BYTES = 32 * 1024 * 1024
+# One answer to a call: a page of 500 keys with vector blocks stays far below it. A member (or
+# whatever answers at its address) that sends more is treated as broken, not buffered to the end.
+MAX_ANSWER_BYTES = 256 * 1024 * 1024
 
 
 class EtcdRejected(Exception):
@@ -325,9 +328,15 @@ class EtcdClient:
                 # A member never redirects; a login's body (the password) must not follow one.
                 allow_redirects=False,
             ) as resp:
-                raw = await resp.read()
+                raw = await _read_capped(resp.content, MAX_ANSWER_BYTES)
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise _MemberDown(_failure(endpoint, exc)) from exc
+        if raw is None:
+            raise _MemberDown(f"HTTP {resp.status}, an answer over {MAX_ANSWER_BYTES} bytes")
+        if 300 <= resp.status < 400:
+            raise _MemberDown(
+                f"HTTP {resp.status}: a redirect, which an etcd member never sends (not followed)"
+            )
         try:
             answer = orjson.loads(raw) if raw else {}
         except orjson.JSONDecodeError as exc:
@@ -518,6 +527,18 @@ _BARE = {"TimeoutError", "ServerTimeoutError"}
 
 class _MemberDown(Exception):
     """One member did not answer usefully; the call moves on to the next."""
+
+
+async def _read_capped(stream: aiohttp.StreamReader, limit: int) -> bytes | None:
+    """The whole answer, or None once it passes ``limit`` bytes (the rest is never buffered)."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in stream.iter_any():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 async def _lines(stream: aiohttp.StreamReader) -> AsyncIterator[bytes]:
