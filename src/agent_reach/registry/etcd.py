@@ -461,7 +461,10 @@ class EtcdRegistry(MemoryRegistry):
             await self._check_write()
             return
         try:
-            await self.client.get(self.keys.access_check, deadline=self.policy.etcd.attempt_timeout_seconds)
+            # Serializable: the member checks the login and permission itself, no leader round trip.
+            await self.client.get(
+                self.keys.access_check, deadline=self.policy.etcd.attempt_timeout_seconds, serializable=True
+            )
         except EtcdRejected as exc:
             self._refused_call(exc, "the read")
         except RegistryUnavailable:

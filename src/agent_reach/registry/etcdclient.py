@@ -359,9 +359,15 @@ class EtcdClient:
 
     # -- key-value ---------------------------------------------------------------------------
 
-    async def get(self, key: str, *, deadline: float | None = None) -> tuple[int, KeyValue | None]:
-        """``(store revision, the key-value or None)``."""
-        answer = await self.call("/v3/kv/range", {"key": _b64(key)}, deadline=deadline)
+    async def get(
+        self, key: str, *, deadline: float | None = None, serializable: bool = False
+    ) -> tuple[int, KeyValue | None]:
+        """``(store revision, the key-value or None)``; ``serializable`` reads the member's own
+        copy, without asking the leader (enough where only etcd's permission check matters)."""
+        body: dict[str, Any] = {"key": _b64(key)}
+        if serializable:
+            body["serializable"] = True
+        answer = await self.call("/v3/kv/range", body, deadline=deadline)
         kvs = answer.get("kvs") or []
         return int(answer["header"]["revision"]), (_kv(kvs[0]) if kvs else None)
 
