@@ -87,6 +87,24 @@ class FakeOpenAI:
         )
 
 
+def _routing_through(embed: AsgiServer, **embedding: Any) -> RouterConfig:
+    """A Router that routes every task by meaning through the fake service, any score accepted."""
+    settings = {
+        "backend": "openai",
+        "url": f"{embed.url}/v1",
+        "model": "fake",
+        "threshold": 0.0,
+        "margin": 0.0,
+    }
+    return RouterConfig.from_mapping(
+        {
+            "health": {"enabled": False},
+            "routing": {"semantic_tasks": ["*"]},
+            "embedding": {**settings, **embedding},
+        }
+    )
+
+
 @asynccontextmanager
 async def _price_agent_behind(config: RouterConfig) -> AsyncIterator[httpx.AsyncClient]:
     """A Router with the price agent registered and its vectors settled, and a client for it."""
@@ -338,20 +356,7 @@ async def test_a_broken_service_delays_vectors_and_never_stops_them() -> None:
     """Rows of mixed widths mark the agent's vectors unavailable; once the service mends, they come."""
     fake = FakeOpenAI(key=None, answer={"data": [{"index": 0, "embedding": [1.0, 2.0]}, {"index": 1}]})
     async with AsgiServer(fake.app) as embed:
-        config = RouterConfig.from_mapping(
-            {
-                "health": {"enabled": False},
-                "routing": {"semantic_tasks": ["*"]},
-                "embedding": {
-                    "backend": "openai",
-                    "url": f"{embed.url}/v1",
-                    "model": "fake",
-                    "retry_seconds": 0.2,
-                    "threshold": 0.0,
-                    "margin": 0.0,
-                },
-            }
-        )
+        config = _routing_through(embed, retry_seconds=0.2)
         async with _price_agent_behind(config) as http:
             status = (await http.get("/admin/agents/price-agent")).json()
             assert status["vectors"] == "unavailable"
@@ -515,20 +520,7 @@ async def test_a_router_without_a_query_cache_still_routes_by_meaning() -> None:
     """embedding.cache_size 0 means no reuse between requests, not a refusal for every one."""
     fake = FakeOpenAI(key=None)
     async with AsgiServer(fake.app) as embed:
-        config = RouterConfig.from_mapping(
-            {
-                "health": {"enabled": False},
-                "routing": {"semantic_tasks": ["*"]},
-                "embedding": {
-                    "backend": "openai",
-                    "url": f"{embed.url}/v1",
-                    "model": "fake",
-                    "cache_size": 0,
-                    "threshold": 0.0,
-                    "margin": 0.0,
-                },
-            }
-        )
+        config = _routing_through(embed, cache_size=0)
         async with _price_agent_behind(config) as http:
             for text in ("how much is a mango", "price of apples", "how much is a mango"):
                 answer = (await http.post("/reach", json={"targetTask": text})).json()
