@@ -16,6 +16,7 @@ Run (after ``scripts/bench-deps`` for wrk, and ``scripts/test-deps`` for etcd)::
 
     .venv/bin/python bench/etcd_registry.py
     .venv/bin/python bench/etcd_registry.py --agents 1000 --duration 10 --rounds 3
+    .venv/bin/python bench/etcd_registry.py --secured     # etcd over TLS with its login on
 """
 
 from __future__ import annotations
@@ -80,6 +81,26 @@ WORDS = [
 ]
 
 
+# With --secured: what every Router on etcd gets besides the endpoints (its login, its CA).
+SECURED: dict[str, Any] = {"env": {}, "policy": ""}
+SECURED_PASSWORD = "bench-etcd-pw-31c7"
+
+
+def secured_cluster(tmp: Path, name: str) -> EtcdCluster:
+    """A member serving TLS only, with authentication on and a user for the Routers' prefix."""
+    import trustme  # a dev dependency, as the bench is
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    files = {part: str(tmp / f"{name}-{part}.pem") for part in ("ca", "cert", "key")}
+    ca.cert_pem.write_to_path(files["ca"])
+    cert.cert_chain_pems[0].write_to_path(files["cert"])
+    cert.private_key_pem.write_to_path(files["key"])
+    SECURED["env"] = {"REACH_ETCD_USERNAME": "reach", "REACH_ETCD_PASSWORD": SECURED_PASSWORD}
+    SECURED["policy"] = f"  etcd:\n    ca_file: {files['ca']}\n"
+    return EtcdCluster(tmp / f"etcd-{name}", 1, tls=(files["cert"], files["key"], files["ca"]))
+
+
 def progress(message: str) -> None:
     print(f"  .. {message}", file=sys.stderr, flush=True)
 
@@ -88,14 +109,15 @@ def router(
     tmp: Path, name: str, port: int, etcd: str | None, *, embedding: str = "none", workers: int = 1
 ) -> Server:
     policy = tmp / f"{name}.yaml"
+    access = SECURED["policy"] if etcd else ""
     policy.write_text(
-        f"registry:\n  lease_ttl_seconds: 3600\nembedding:\n  backend: {embedding}\n"
+        f"registry:\n  lease_ttl_seconds: 3600\n{access}embedding:\n  backend: {embedding}\n"
         "limits:\n  loop_lag_ms: 10000\nlogging:\n  level: WARNING\n"
     )
     argv = [sys.executable, "-m", "agent_reach", "router", "--port", str(port), "--config", str(policy)]
     if workers > 1:
         argv += ["--workers", str(workers)]
-    env = {"REACH_ETCD_ENDPOINTS": etcd or ""}
+    env = {"REACH_ETCD_ENDPOINTS": etcd or "", **(SECURED["env"] if etcd else {})}
     server = Server(name, argv, tmp / f"{name}.log", env)
     server.start()
     wait_ready(f"http://127.0.0.1:{port}", server)
@@ -240,7 +262,8 @@ _METRIC = re.compile(r"^(\w+)(\{[^}]*\})? ([0-9.e+-]+)$", re.M)
 
 
 def etcd_counters(cluster: EtcdCluster) -> dict[str, float]:
-    text = httpx.get(cluster.members[0].client_url + "/metrics", timeout=5).text
+    member = cluster.members[0]
+    text = httpx.get(member.client_url + "/metrics", timeout=5, verify=member.verify_context()).text
     totals: dict[str, float] = {"requests": 0.0, "received": 0.0, "sent": 0.0}
     for name, _labels, value in _METRIC.findall(text):
         if name == "grpc_server_handled_total":
@@ -330,6 +353,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--renew-every", type=float, default=20.0)
     parser.add_argument("--parts", default="overhead,scale,renewals,workers")
+    parser.add_argument(
+        "--secured", action="store_true", help="etcd serving TLS only, with its authentication on"
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="reach-bench-etcd-") as raw:
         tmp = Path(raw)
@@ -342,7 +368,11 @@ def main(argv: list[str] | None = None) -> int:
         try:
             parts = {"overhead": overhead, "scale": scale, "renewals": renewals, "workers": workers}
             for name in args.parts.split(","):
-                with EtcdCluster(tmp / f"etcd-{name}", 1) as cluster:
+                cluster = secured_cluster(tmp, name) if args.secured else EtcdCluster(tmp / f"etcd-{name}", 1)
+                with cluster:
+                    if args.secured:
+                        prefix = "/agent-reach/v1/"
+                        cluster.secure("bench-root-pw", {"reach": (SECURED_PASSWORD, prefix, "READWRITE")})
                     parts[name](tmp, cluster, agent_url, args)
         finally:
             agent.stop()

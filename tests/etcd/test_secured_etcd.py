@@ -59,37 +59,25 @@ def _as_root(etcd: SecuredEtcd, path: str, body: dict[str, Any]) -> None:
         assert resp.status_code == 200 and "code" not in resp.json(), resp.text
 
 
-def _secure(url: str, ca_file: str) -> None:
-    """Users as an operator sets them up: root, ``reach`` with read-write on the prefix, and
-    ``stranger`` with read-write elsewhere; then authentication on."""
-    grants = {
-        "reach": (PREFIX + "/", "READWRITE"),
-        "stranger": ("/elsewhere/", "READWRITE"),
-        "reader": (PREFIX + "/", "READ"),
-    }
-    with httpx.Client(base_url=url, verify=ssl.create_default_context(cafile=ca_file), timeout=10) as http:
-
-        def call(path: str, body: dict[str, Any]) -> None:
-            resp = http.post(path, json=body)
-            assert resp.status_code == 200 and "code" not in resp.json(), resp.text
-
-        call("/v3/auth/user/add", {"name": "root", "password": "root-pw"})
-        call("/v3/auth/role/add", {"name": "root"})
-        call("/v3/auth/user/grant", {"user": "root", "role": "root"})
-        for user, (prefix, kind) in grants.items():
-            call("/v3/auth/role/add", {"name": user})
-            perm = {"permType": kind, "key": _b64(prefix), "range_end": _b64(prefix_end(prefix))}
-            call("/v3/auth/role/grant", {"name": user, "perm": perm})
-            call("/v3/auth/user/add", {"name": user, "password": PASSWORD})
-            call("/v3/auth/user/grant", {"user": user, "role": user})
-        call("/v3/auth/enable", {})
+def _secure(etcd: SecuredEtcd) -> None:
+    """Users as an operator sets them up: ``reach`` with read-write on the prefix, ``stranger``
+    with read-write elsewhere and ``reader`` with read only; then authentication on."""
+    prefix = PREFIX + "/"
+    etcd.cluster.secure(
+        "root-pw",
+        {
+            "reach": (PASSWORD, prefix, "READWRITE"),
+            "stranger": (PASSWORD, "/elsewhere/", "READWRITE"),
+            "reader": (PASSWORD, prefix, "READ"),
+        },
+    )
 
 
 @pytest.fixture
 def secured(tmp_path: Path) -> Iterator[SecuredEtcd]:
     """One etcd member serving clients over TLS only, with authentication on and short tokens."""
     with _tls_etcd(tmp_path) as etcd:
-        _secure(etcd.cluster.members[0].client_url, etcd.ca_file)
+        _secure(etcd)
         yield etcd
 
 
@@ -294,7 +282,7 @@ async def test_authentication_turned_on_under_a_router_without_a_login_names_the
     async with RouterServer(policy(tls_only, username=None)) as a, httpx.AsyncClient(timeout=15) as client:
         agent = await FakeAgent("echo-1").start()
         try:
-            _secure(tls_only.cluster.members[0].client_url, tls_only.ca_file)
+            _secure(tls_only)
             resp = await client.post(f"{a.url}/agents", json=agent.profile())
             assert resp.status_code == 503, resp.text
             assert "etcd has authentication on" in resp.json()["error"]["message"]

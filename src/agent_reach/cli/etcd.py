@@ -7,14 +7,16 @@ election timeout), so a killed leader is replaced within a few seconds.
 
 from __future__ import annotations
 
+import base64
 import shutil
 import signal
 import ssl
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -52,7 +54,7 @@ class EtcdMember:
     def client_url(self) -> str:
         return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.client_port}"
 
-    def _verify(self) -> ssl.SSLContext | bool:
+    def verify_context(self) -> ssl.SSLContext | bool:
         return ssl.create_default_context(cafile=self.tls[2]) if self.tls else True
 
     @property
@@ -95,7 +97,9 @@ class EtcdMember:
 
     def healthy(self, timeout: float = 0.5) -> bool:
         try:
-            answer = httpx.get(self.client_url + "/health", timeout=timeout, verify=self._verify()).json()
+            answer = httpx.get(
+                self.client_url + "/health", timeout=timeout, verify=self.verify_context()
+            ).json()
         except (httpx.HTTPError, ValueError):
             return False
         return bool(answer.get("health") == "true")
@@ -103,7 +107,7 @@ class EtcdMember:
     def member_id(self) -> str | None:
         try:
             answer = httpx.post(
-                self.client_url + "/v3/maintenance/status", json={}, timeout=0.5, verify=self._verify()
+                self.client_url + "/v3/maintenance/status", json={}, timeout=0.5, verify=self.verify_context()
             ).json()
         except (httpx.HTTPError, ValueError):
             return None
@@ -112,7 +116,7 @@ class EtcdMember:
     def is_leader(self) -> bool:
         try:
             answer = httpx.post(
-                self.client_url + "/v3/maintenance/status", json={}, timeout=0.5, verify=self._verify()
+                self.client_url + "/v3/maintenance/status", json={}, timeout=0.5, verify=self.verify_context()
             ).json()
         except (httpx.HTTPError, ValueError):
             return False
@@ -185,6 +189,28 @@ class EtcdCluster:
                     raise RuntimeError(f"etcd member {member.name} not healthy after {timeout} s")
                 time.sleep(0.05)
 
+    def secure(self, root_password: str, users: Mapping[str, tuple[str, str, str]]) -> None:
+        """Turn etcd's authentication on, as an operator would: a root user, then each user
+        ``name -> (password, key prefix, READ | WRITE | READWRITE)`` with a role of its name."""
+        member = self.members[0]
+        with httpx.Client(base_url=member.client_url, verify=member.verify_context(), timeout=10) as http:
+
+            def call(path: str, body: dict[str, Any]) -> None:
+                answer = http.post(path, json=body).json()
+                if "code" in answer:
+                    raise RuntimeError(f"etcd {path}: {answer.get('message')}")
+
+            call("/v3/auth/user/add", {"name": "root", "password": root_password})
+            call("/v3/auth/role/add", {"name": "root"})
+            call("/v3/auth/user/grant", {"user": "root", "role": "root"})
+            for name, (password, prefix, kind) in users.items():
+                span = {"key": _b64(prefix), "range_end": _b64(_after(prefix))}
+                call("/v3/auth/role/add", {"name": name})
+                call("/v3/auth/role/grant", {"name": name, "perm": {"permType": kind, **span}})
+                call("/v3/auth/user/add", {"name": name, "password": password})
+                call("/v3/auth/user/grant", {"user": name, "role": name})
+            call("/v3/auth/enable", {})
+
     def leader(self) -> EtcdMember | None:
         return next((m for m in self.members if m.running and m.is_leader()), None)
 
@@ -197,3 +223,12 @@ class EtcdCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def _after(prefix: str) -> str:
+    """The first key past every key that starts with ``prefix`` (etcd's range_end)."""
+    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
