@@ -36,7 +36,7 @@ import aiohttp
 import httpx
 
 import wrk_runner
-from agent_reach.cli.etcd import EtcdCluster
+from agent_reach.cli.etcd import EtcdCluster, loopback_tls
 from servers import Server, free_port
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -88,17 +88,10 @@ SECURED_PASSWORD = "bench-etcd-pw-31c7"
 
 def secured_cluster(tmp: Path, name: str) -> EtcdCluster:
     """A member serving TLS only, with authentication on and a user for the Routers' prefix."""
-    import trustme  # a dev dependency, as the bench is
-
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1")
-    files = {part: str(tmp / f"{name}-{part}.pem") for part in ("ca", "cert", "key")}
-    ca.cert_pem.write_to_path(files["ca"])
-    cert.cert_chain_pems[0].write_to_path(files["cert"])
-    cert.private_key_pem.write_to_path(files["key"])
+    tls = loopback_tls(tmp, name)
     SECURED["env"] = {"REACH_ETCD_USERNAME": "reach", "REACH_ETCD_PASSWORD": SECURED_PASSWORD}
-    SECURED["policy"] = f"  etcd:\n    ca_file: {files['ca']}\n"
-    return EtcdCluster(tmp / f"etcd-{name}", 1, tls=(files["cert"], files["key"], files["ca"]))
+    SECURED["policy"] = f"  etcd:\n    ca_file: {tls[2]}\n"
+    return EtcdCluster(tmp / f"etcd-{name}", 1, tls=tls)
 
 
 def progress(message: str) -> None:

@@ -16,9 +16,8 @@ from typing import Any
 
 import httpx
 import pytest
-import trustme
 
-from agent_reach.cli.etcd import EtcdCluster
+from agent_reach.cli.etcd import EtcdCluster, loopback_tls
 from agent_reach.config import RouterConfig
 from agent_reach.exceptions import ConfigError, RegistryUnavailable
 from agent_reach.ports import free_port
@@ -90,20 +89,10 @@ def tls_only(tmp_path: Path) -> Iterator[SecuredEtcd]:
 
 @contextmanager
 def _tls_etcd(tmp_path: Path) -> Iterator[SecuredEtcd]:
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1")
-    paths = {name: str(tmp_path / f"{name}.pem") for name in ("ca", "cert", "key")}
-    ca.cert_pem.write_to_path(paths["ca"])
-    cert.cert_chain_pems[0].write_to_path(paths["cert"])
-    cert.private_key_pem.write_to_path(paths["key"])
-    cluster = EtcdCluster(
-        tmp_path / "etcd",
-        1,
-        tls=(paths["cert"], paths["key"], paths["ca"]),
-        extra_args=("--auth-token-ttl", str(TOKEN_TTL_S)),
-    )
+    tls = loopback_tls(tmp_path, "etcd")
+    cluster = EtcdCluster(tmp_path / "etcd", 1, tls=tls, extra_args=("--auth-token-ttl", str(TOKEN_TTL_S)))
     with cluster:
-        yield SecuredEtcd(cluster, paths["ca"])
+        yield SecuredEtcd(cluster, tls[2])
 
 
 def policy(etcd: SecuredEtcd, **etcd_settings: Any) -> RouterConfig:

@@ -22,6 +22,21 @@ import httpx
 
 from agent_reach.exceptions import ConfigError
 from agent_reach.ports import free_port
+from agent_reach.registry.etcdclient import prefix_end
+
+
+def loopback_tls(folder: Path, name: str) -> tuple[str, str, str]:
+    """A fresh CA and a certificate for 127.0.0.1 in ``folder``, as ``(certificate, key, CA)``
+    for :class:`EtcdCluster`'s ``tls``: for the tests and benches (trustme is a dev dependency)."""
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    files = {part: str(folder / f"{name}-{part}.pem") for part in ("cert", "key", "ca")}
+    cert.cert_chain_pems[0].write_to_path(files["cert"])
+    cert.private_key_pem.write_to_path(files["key"])
+    ca.cert_pem.write_to_path(files["ca"])
+    return files["cert"], files["key"], files["ca"]
 
 
 def etcd_binary() -> str:
@@ -204,7 +219,7 @@ class EtcdCluster:
             call("/v3/auth/role/add", {"name": "root"})
             call("/v3/auth/user/grant", {"user": "root", "role": "root"})
             for name, (password, prefix, kind) in users.items():
-                span = {"key": _b64(prefix), "range_end": _b64(_after(prefix))}
+                span = {"key": _b64(prefix), "range_end": _b64(prefix_end(prefix))}
                 call("/v3/auth/role/add", {"name": name})
                 call("/v3/auth/role/grant", {"name": name, "perm": {"permType": kind, **span}})
                 call("/v3/auth/user/add", {"name": name, "password": password})
@@ -227,8 +242,3 @@ class EtcdCluster:
 
 def _b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
-
-
-def _after(prefix: str) -> str:
-    """The first key past every key that starts with ``prefix`` (etcd's range_end)."""
-    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
