@@ -34,13 +34,13 @@ from typing import Any, TypedDict
 import aiohttp
 from aiohttp import web
 
-from agent_reach.config import RouterConfig
-from agent_reach.integrations.a2a import A2AExport
-from agent_reach.integrations.autogen import router_tools
-from agent_reach.integrations.langgraph import reach_node
-from agent_reach.integrations.mcp import ReachMCP
-from agent_reach.sdk import ReachClient
-from agent_reach.testing import AsgiServer, FakeAgent, RouterServer, free_port
+from reachmesh.config import RouterConfig
+from reachmesh.integrations.a2a import A2AExport
+from reachmesh.integrations.autogen import router_tools
+from reachmesh.integrations.langgraph import reach_node
+from reachmesh.integrations.mcp import ReachMCP
+from reachmesh.sdk import ReachClient
+from reachmesh.testing import AsgiServer, FakeAgent, RouterServer, free_port
 
 Call = Callable[[], Awaitable[Any]]
 POLICY = {

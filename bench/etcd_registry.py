@@ -36,7 +36,7 @@ import aiohttp
 import httpx
 
 import wrk_runner
-from agent_reach.cli.etcd import EtcdCluster, loopback_tls
+from reachmesh.cli.etcd import EtcdCluster, loopback_tls
 from servers import Server, free_port
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -107,7 +107,7 @@ def router(
         f"registry:\n  lease_ttl_seconds: 3600\n{access}embedding:\n  backend: {embedding}\n"
         "limits:\n  loop_lag_ms: 10000\nlogging:\n  level: WARNING\n"
     )
-    argv = [sys.executable, "-m", "agent_reach", "router", "--port", str(port), "--config", str(policy)]
+    argv = [sys.executable, "-m", "reachmesh", "router", "--port", str(port), "--config", str(policy)]
     if workers > 1:
         argv += ["--workers", str(workers)]
     env = {"REACH_ETCD_ENDPOINTS": etcd or "", **(SECURED["env"] if etcd else {})}

@@ -18,11 +18,11 @@ from pathlib import Path
 
 # Which part of the Router a stack belongs to: the first pattern found in it wins.
 PARTS = (
-    ("upstream client", ("aiohttp/", "transport/http.py", "transport/fastclient.py")),
+    ("upstream client", ("aiohttp/", "transport/http.py", "transport/pool.py")),
     ("trace lines", ("observability/logging.py",)),
     ("metrics", ("observability/metrics.py", "prometheus_client/")),
     ("trace store", ("observability/traces.py",)),
-    ("envelope decode", ("_decode (agent_reach/router/dispatcher.py",)),
+    ("envelope decode", ("_decode (reachmesh/router/dispatcher.py",)),
     ("uvicorn: writing the response", ("RequestResponseCycle.send",)),
     ("uvicorn: reading requests", ("GuardedHttpTools", "HttpToolsProtocol")),
 )

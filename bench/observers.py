@@ -26,9 +26,9 @@ import time
 async def measure(requests: int, rounds: int) -> dict[str, float]:
     import httpx
 
-    from agent_reach.config import RouterConfig
-    from agent_reach.record import DecisionRecord, Observer
-    from agent_reach.testing import FakeAgent, RouterServer
+    from reachmesh.config import RouterConfig
+    from reachmesh.record import DecisionRecord, Observer
+    from reachmesh.testing import FakeAgent, RouterServer
 
     config = RouterConfig.model_validate({"embedding": {"backend": "none"}, "health": {"enabled": False}})
     got: list[DecisionRecord] = []

@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for tests.pro
 
 from tests.procs import Drill, Proc, wait_for
 
-from agent_reach.testing import FakeAgent, RouterServer, free_port
+from reachmesh.testing import FakeAgent, RouterServer, free_port
 
 MISSED: list[str] = []
 

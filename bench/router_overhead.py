@@ -24,7 +24,7 @@ Run (after ``scripts/bench-deps``, which installs wrk)::
     .venv/bin/python bench/router_overhead.py
     .venv/bin/python bench/router_overhead.py --duration 10 --json bench-results.json
 
-The Router is started as ``python -m agent_reach``, so PYTHONPATH picks its code; to measure the
+The Router is started as ``python -m reachmesh``, so PYTHONPATH picks its code; to measure the
 committed Router while src/ is being edited::
 
     git archive HEAD src | tar -x -C /tmp/reach-head
@@ -243,7 +243,7 @@ class Bench:
         base = f"http://127.0.0.1:{port}"
         argv = pinned(
             self.server_core,
-            [sys.executable, "-m", "agent_reach", "router", "--port", str(port), "--config", str(config)],
+            [sys.executable, "-m", "reachmesh", "router", "--port", str(port), "--config", str(config)],
         )
         # The trace lines are a default feature, so the default level (INFO) is what is measured;
         # another level only shows what logging costs.
@@ -664,7 +664,7 @@ def median_path(rounds: list[PathResult]) -> PathResult:
 
 def router_source() -> str:
     """Where the Router's code is imported from, and its git state: the tree may be mid-edit."""
-    probe = "import agent_reach, os; print(os.path.dirname(os.path.dirname(agent_reach.__file__)))"
+    probe = "import reachmesh, os; print(os.path.dirname(os.path.dirname(reachmesh.__file__)))"
     found = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=False)
     where = found.stdout.strip() or "?"
     head = subprocess.run(

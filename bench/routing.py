@@ -25,19 +25,19 @@ from typing import Any
 
 import numpy as np
 
-from agent_reach.clock import ManualClock
-from agent_reach.config import RegistryPolicy, RoutingPolicy
-from agent_reach.protocol import AgentProfile, ReachRequest
-from agent_reach.record import DecisionRecord
-from agent_reach.registry.memory import MemoryRegistry
-from agent_reach.resilience.affinity import AffinityTable
-from agent_reach.resilience.breaker import BreakerBoard
-from agent_reach.resilience.retry import RetryBudget
-from agent_reach.routing.pipeline import Pipeline
-from agent_reach.routing.stats import StatsBook
-from agent_reach.semantic.embedders.local import LocalEmbedder
-from agent_reach.semantic.index import SemanticIndex
-from agent_reach.semantic.vectors import CapabilityVectors
+from reachmesh.clock import ManualClock
+from reachmesh.config import RegistryPolicy, RoutingPolicy
+from reachmesh.protocol import AgentProfile, ReachRequest
+from reachmesh.record import DecisionRecord
+from reachmesh.registry.memory import MemoryRegistry
+from reachmesh.resilience.affinity import AffinityTable
+from reachmesh.resilience.breaker import BreakerBoard
+from reachmesh.resilience.retry import RetryBudget
+from reachmesh.routing.pipeline import Pipeline
+from reachmesh.routing.stats import StatsBook
+from reachmesh.semantic.embedders.local import LocalEmbedder
+from reachmesh.semantic.index import SemanticIndex
+from reachmesh.semantic.vectors import CapabilityVectors
 
 
 def pct(samples: list[float]) -> dict[str, float]:

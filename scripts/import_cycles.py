@@ -1,4 +1,4 @@
-"""Fail when any two modules of agent_reach import each other, directly or round a loop.
+"""Fail when any two modules of reachmesh import each other, directly or round a loop.
 
 import-linter's layer contracts work between packages; this looks at every module, and counts
 deferred imports (inside functions or under TYPE_CHECKING) as imports too, because a circle that
@@ -55,11 +55,11 @@ class _Tarjan:
 
 
 def main() -> int:
-    found = cycles("agent_reach")
+    found = cycles("reachmesh")
     for component in found:
         print("import circle: " + " <-> ".join(component))
     if not found:
-        print("no import circles between agent_reach modules")
+        print("no import circles between reachmesh modules")
     return 1 if found else 0
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent_reach.observability.logging import TRACE_LOGGER, split_lines
-from agent_reach.testing import FakeAgent
+from reachmesh.observability.logging import TRACE_LOGGER, split_lines
+from reachmesh.testing import FakeAgent
 
 
 def log_lines(caplog: pytest.LogCaptureFixture, logger: str = TRACE_LOGGER) -> list[str]:

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import yaml
 
-from agent_reach.testing import free_port
+from reachmesh.testing import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,7 +26,7 @@ class Proc:
         self.log = log
         self._file = log.open("ab")
         self.popen = subprocess.Popen(
-            [sys.executable, "-m", "agent_reach", *args],
+            [sys.executable, "-m", "reachmesh", *args],
             stdout=self._file,
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},

@@ -7,8 +7,8 @@ from typing import Any
 import orjson
 import pytest
 
-from agent_reach.exceptions import AgentRejected, BadAgentResponse
-from agent_reach.transport import a2a
+from reachmesh.exceptions import AgentRejected, BadAgentResponse
+from reachmesh.transport import a2a
 
 
 def answer(result: Any) -> bytes:

@@ -10,9 +10,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from agent_reach.cli.main import app
-from agent_reach.config import RouterConfig
-from agent_reach.testing import BackgroundLoop, FakeAgent, RouterServer, free_port
+from reachmesh.cli.main import app
+from reachmesh.config import RouterConfig
+from reachmesh.testing import BackgroundLoop, FakeAgent, RouterServer, free_port
 
 runner = CliRunner()
 
@@ -157,7 +157,7 @@ def test_agent_refuses_a_bad_config(tmp_path: Path) -> None:
         "agent:\n  id: Bad Id\n  network: {endpoint: http://127.0.0.1:1/r}\n  capabilities: [{task: t}]\n"
     )
     app_file = tmp_path / "app.py"
-    app_file.write_text("from agent_reach.sdk import ReachAgent\nagent = ReachAgent()\n")
+    app_file.write_text("from reachmesh.sdk import ReachAgent\nagent = ReachAgent()\n")
     result = runner.invoke(app, ["agent", "--config", str(bad), "--app", f"{app_file}:agent"])
     assert result.exit_code == 2
     assert "agent.id" in result.output

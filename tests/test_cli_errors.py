@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent_reach.testing import BackgroundLoop, RouterServer, free_port
+from reachmesh.testing import BackgroundLoop, RouterServer, free_port
 
 AGENT_PY = """
-from agent_reach.sdk import ReachAgent
+from reachmesh.sdk import ReachAgent
 
 agent = ReachAgent()
 
@@ -29,7 +29,7 @@ async def echo(payload: dict) -> dict:
 def reach(*args: str, cwd: Path, timeout: float = 20) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "COLUMNS": "80", "REACH_ROUTER_URL": f"http://127.0.0.1:{free_port()}"}
     return subprocess.run(
-        [sys.executable, "-m", "agent_reach", *args],
+        [sys.executable, "-m", "reachmesh", *args],
         cwd=cwd,
         env=env,
         capture_output=True,
@@ -158,7 +158,7 @@ def test_a_router_that_refuses_the_token_is_one_line(
     env = {**os.environ, "COLUMNS": "80", "REACH_ROUTER_URL": router.url}
     env.pop("REACH_TOKEN", None)
     result = subprocess.run(
-        [sys.executable, "-m", "agent_reach", *args],
+        [sys.executable, "-m", "reachmesh", *args],
         cwd=tmp_path,
         env=env,
         capture_output=True,

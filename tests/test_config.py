@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from agent_reach.config import RouterConfig
-from agent_reach.exceptions import ConfigError
+from reachmesh.config import RouterConfig
+from reachmesh.exceptions import ConfigError
 
 
 def test_defaults_match_the_protocol() -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agent_reach.testing import free_port
+from reachmesh.testing import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -25,7 +25,7 @@ def test_demo_runs_the_reference_session(tmp_path: Path) -> None:
     log = tmp_path / "demo.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "agent_reach", "demo", "--port", str(port), "--free-ports"],
+            [sys.executable, "-m", "reachmesh", "demo", "--port", str(port), "--free-ports"],
             # Any folder: the demo's agents and policy ship inside the package.
             cwd=tmp_path,
             stdout=out,
@@ -75,7 +75,7 @@ def test_demo_with_etcd_runs_two_routers_over_one_registry(tmp_path: Path) -> No
     log = tmp_path / "demo.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "agent_reach", "demo", "--etcd", "--port", str(port), "--free-ports"],
+            [sys.executable, "-m", "reachmesh", "demo", "--etcd", "--port", str(port), "--free-ports"],
             cwd=tmp_path,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -115,7 +115,7 @@ def test_demo_on_a_taken_port_says_so_and_fails(tmp_path: Path) -> None:
         holder.listen()
         port = holder.getsockname()[1]
         result = subprocess.run(
-            [sys.executable, "-m", "agent_reach", "demo", "--port", str(port), "--free-ports"],
+            [sys.executable, "-m", "reachmesh", "demo", "--port", str(port), "--free-ports"],
             cwd=tmp_path,
             capture_output=True,
             text=True,

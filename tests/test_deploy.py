@@ -17,11 +17,11 @@ import pytest
 import typer
 import yaml
 
-from agent_reach.cli.apps import load_app
-from agent_reach.cli.main import app
-from agent_reach.config import RouterConfig
-from agent_reach.sdk.agent import callback_trap
-from agent_reach.sdk.config import AgentConfig
+from reachmesh.cli.apps import load_app
+from reachmesh.cli.main import app
+from reachmesh.config import RouterConfig
+from reachmesh.sdk.agent import callback_trap
+from reachmesh.sdk.config import AgentConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -32,7 +32,7 @@ IN_IMAGE = {"/app": ROOT}
 
 def variables_the_code_reads() -> set[str]:
     found: set[str] = set()
-    for path in (ROOT / "src" / "agent_reach").rglob("*.py"):
+    for path in (ROOT / "src" / "reachmesh").rglob("*.py"):
         found |= set(re.findall(r"\"(REACH_[A-Z_]+)\"", path.read_text()))
     return found
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from agent_reach.config import RouterConfig
+from reachmesh.config import RouterConfig
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 

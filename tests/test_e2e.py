@@ -12,12 +12,12 @@ import httpx
 import pytest
 import yaml
 
-from agent_reach.testing import free_port
+from reachmesh.testing import free_port
 from tests.procs import ROOT, Proc, wait_for
 
 pytestmark = pytest.mark.e2e
 
-EXAMPLES = ROOT / "src" / "agent_reach" / "cli" / "demo"
+EXAMPLES = ROOT / "src" / "reachmesh" / "cli" / "demo"
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 
 
@@ -64,7 +64,7 @@ class Cluster:
         path = self.tmp / f"{name}.yaml"
         path.write_text(yaml.safe_dump(config, allow_unicode=True))
         proc = Proc(
-            ["agent", "--config", str(path), "--app", f"agent_reach.cli.demo.{folder}.agent:agent"],
+            ["agent", "--config", str(path), "--app", f"reachmesh.cli.demo.{folder}.agent:agent"],
             self.tmp / f"{name}.log",
         )
         self.agents[name] = proc

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent_reach.protocol import HTTP_STATUS, Status
-from agent_reach.testing import BackgroundLoop, FakeAgent, RouterServer
+from reachmesh.protocol import HTTP_STATUS, Status
+from reachmesh.testing import BackgroundLoop, FakeAgent, RouterServer
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),

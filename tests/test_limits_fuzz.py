@@ -20,15 +20,15 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from agent_reach.config import RouterConfig
-from agent_reach.protocol import (
+from reachmesh.config import RouterConfig
+from reachmesh.protocol import (
     MAX_CAPABILITIES,
     MAX_EXAMPLE_CHARS,
     MAX_EXAMPLES,
     MAX_PROFILE_EXAMPLES,
     MAX_SCHEMA_DEPTH,
 )
-from agent_reach.testing import BackgroundLoop, FakeAgent, RouterServer
+from reachmesh.testing import BackgroundLoop, FakeAgent, RouterServer
 
 pytestmark = pytest.mark.fuzz
 

@@ -8,10 +8,10 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from agent_reach.config import RouterConfig
-from agent_reach.names import look_alike_problem
-from agent_reach.protocol import AgentProfile, ReachRequest
-from agent_reach.testing import FakeAgent, RouterServer
+from reachmesh.config import RouterConfig
+from reachmesh.names import look_alike_problem
+from reachmesh.protocol import AgentProfile, ReachRequest
+from reachmesh.testing import FakeAgent, RouterServer
 from tests.helpers import price_agent
 
 # (name, the phrase its refusal names, or None when the name is allowed)

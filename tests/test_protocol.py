@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from agent_reach.protocol import (
+from reachmesh.protocol import (
     HTTP_STATUS,
     AgentProfile,
     ReachRequest,

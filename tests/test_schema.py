@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent_reach.schema import PayloadValidator, check_schema, is_full_schema, to_json_schema
+from reachmesh.schema import PayloadValidator, check_schema, is_full_schema, to_json_schema
 
 
 def test_shorthand_expands_with_optional_fields() -> None:

@@ -20,9 +20,9 @@ import schemathesis
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from agent_reach.config import RouterConfig
-from agent_reach.server.openapi import openapi_document
-from agent_reach.testing import BackgroundLoop, FakeAgent, RouterServer
+from reachmesh.config import RouterConfig
+from reachmesh.server.openapi import openapi_document
+from reachmesh.testing import BackgroundLoop, FakeAgent, RouterServer
 
 CONFIG = Path(__file__).resolve().parent.parent / "schemathesis.toml"
 

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from aiohttp import web
 
-from agent_reach.testing import BackgroundLoop, FakeAgent, free_port
+from reachmesh.testing import BackgroundLoop, FakeAgent, free_port
 from tests.procs import Proc, wait_for
 
 DRAIN_S = 3.0

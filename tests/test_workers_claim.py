@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from agent_reach.cli.workers import PortClaimed, claim_port
-from agent_reach.exceptions import ConfigError
+from reachmesh.cli.workers import PortClaimed, claim_port
+from reachmesh.exceptions import ConfigError
 
 
 def test_a_second_claim_on_a_port_names_the_holder_and_a_freed_port_can_be_claimed(tmp_path: Path) -> None:

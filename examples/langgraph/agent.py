@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent_reach.sdk import ReachAgent
+from reachmesh.sdk import ReachAgent
 
 agent = ReachAgent()
 

@@ -9,8 +9,8 @@ from typing import Any
 import httpx
 import pytest
 
-from agent_reach.cli.etcd import EtcdCluster
-from agent_reach.config import RouterConfig
+from reachmesh.cli.etcd import EtcdCluster
+from reachmesh.config import RouterConfig
 
 pytestmark = pytest.mark.etcd
 

@@ -8,7 +8,7 @@ import time
 import httpx
 import pytest
 
-from agent_reach.testing import FakeAgent, RouterServer
+from reachmesh.testing import FakeAgent, RouterServer
 from tests.etcd.conftest import etcd_policy
 from tests.etcd.test_shared_registry import eventually, listed
 

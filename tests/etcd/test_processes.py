@@ -13,8 +13,8 @@ import httpx
 import pytest
 import yaml
 
-from agent_reach.cli.etcd import EtcdCluster
-from agent_reach.testing import free_port
+from reachmesh.cli.etcd import EtcdCluster
+from reachmesh.testing import free_port
 from tests.procs import Proc, chaos_agent, wait_for
 
 pytestmark = pytest.mark.etcd

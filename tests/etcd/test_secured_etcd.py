@@ -17,14 +17,14 @@ from typing import Any
 import httpx
 import pytest
 
-from agent_reach.cli.etcd import EtcdCluster, loopback_tls
-from agent_reach.config import RouterConfig
-from agent_reach.exceptions import ConfigError, RegistryUnavailable
-from agent_reach.ports import free_port
-from agent_reach.registry.etcd import EtcdRegistry
-from agent_reach.registry.etcdclient import EtcdClient, prefix_end
-from agent_reach.registry.factory import build_registry
-from agent_reach.testing import FakeAgent, RouterServer
+from reachmesh.cli.etcd import EtcdCluster, loopback_tls
+from reachmesh.config import RouterConfig
+from reachmesh.exceptions import ConfigError, RegistryUnavailable
+from reachmesh.ports import free_port
+from reachmesh.registry.etcd import EtcdRegistry
+from reachmesh.registry.etcdclient import EtcdClient, prefix_end
+from reachmesh.registry.factory import build_registry
+from reachmesh.testing import FakeAgent, RouterServer
 from tests.etcd.test_shared_registry import eventually, listed
 
 pytestmark = pytest.mark.etcd
@@ -221,7 +221,7 @@ def test_the_router_command_stops_with_one_line_on_a_wrong_password(secured, tmp
         "embedding:\n  backend: none\n"
     )
     done = subprocess.run(
-        [sys.executable, "-m", "agent_reach", "router", "--port", str(free_port()), "--config", str(config)],
+        [sys.executable, "-m", "reachmesh", "router", "--port", str(free_port()), "--config", str(config)],
         env={"PATH": "/usr/bin:/bin", PW_ENV: "wrong-password-123"},
         capture_output=True,
         text=True,

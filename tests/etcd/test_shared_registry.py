@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from agent_reach.testing import FakeAgent, RouterServer
+from reachmesh.testing import FakeAgent, RouterServer
 from tests.etcd.conftest import etcd_policy
 
 pytestmark = pytest.mark.etcd

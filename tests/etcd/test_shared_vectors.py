@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent_reach.semantic.queue import VectorState
-from agent_reach.testing import FakeAgent, RouterServer, wait_vectors
+from reachmesh.semantic.queue import VectorState
+from reachmesh.testing import FakeAgent, RouterServer, wait_vectors
 from tests.etcd.conftest import etcd_policy
 
 pytestmark = pytest.mark.etcd

@@ -33,10 +33,10 @@ from a2a.types import (
 from google.protobuf.json_format import MessageToDict
 from starlette.applications import Starlette
 
-from agent_reach.config import RouterConfig
-from agent_reach.integrations.a2a import A2AExport, import_agent
-from agent_reach.sdk import ReachClient
-from agent_reach.testing import AsgiServer, FakeAgent, RouterServer, free_port
+from reachmesh.config import RouterConfig
+from reachmesh.integrations.a2a import A2AExport, import_agent
+from reachmesh.sdk import ReachClient
+from reachmesh.testing import AsgiServer, FakeAgent, RouterServer, free_port
 
 pytestmark = pytest.mark.integrations
 
@@ -240,7 +240,7 @@ async def test_a2a_tasks_belong_to_the_caller_that_made_them(monkeypatch) -> Non
         agent = await FakeAgent("echo-agent", tasks=("echo",)).start()
         try:
             # Registered in process: the test's tokens are callers', not agents'.
-            from agent_reach.protocol import AgentProfile
+            from reachmesh.protocol import AgentProfile
 
             await router.app.parts.registry.register(AgentProfile.model_validate(agent.profile()))
             one = {"Authorization": "Bearer caller-one-token-1111", "A2A-Version": "1.0"}

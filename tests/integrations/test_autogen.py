@@ -12,10 +12,10 @@ from autogen_core import CancellationToken, FunctionCall
 from autogen_core.models import CreateResult, ModelFamily, ModelInfo, RequestUsage
 from autogen_ext.models.replay import ReplayChatCompletionClient
 
-from agent_reach.config import RouterConfig
-from agent_reach.integrations.autogen import autogen_agent, router_tools
-from agent_reach.sdk import ReachClient
-from agent_reach.testing import FakeAgent, RouterServer, free_port
+from reachmesh.config import RouterConfig
+from reachmesh.integrations.autogen import autogen_agent, router_tools
+from reachmesh.sdk import ReachClient
+from reachmesh.testing import FakeAgent, RouterServer, free_port
 
 pytestmark = pytest.mark.integrations
 

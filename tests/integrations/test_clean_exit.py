@@ -12,8 +12,8 @@ import pytest
 pytest.importorskip("langgraph")
 pytest.importorskip("autogen_agentchat")
 
-from agent_reach.config import RouterConfig
-from agent_reach.testing import FakeAgent, RouterServer
+from reachmesh.config import RouterConfig
+from reachmesh.testing import FakeAgent, RouterServer
 
 pytestmark = pytest.mark.integrations
 
@@ -24,7 +24,7 @@ LANGGRAPH = """
 import asyncio
 from typing import Any, TypedDict
 from langgraph.graph import END, START, StateGraph
-from agent_reach.integrations.langgraph import reach_node
+from reachmesh.integrations.langgraph import reach_node
 
 class S(TypedDict, total=False):
     n: int
@@ -43,7 +43,7 @@ for run in range(2):  # two asyncio.run calls: a client per loop, each closed wi
 AUTOGEN = """
 import asyncio
 from autogen_core import CancellationToken
-from agent_reach.integrations.autogen import router_tools
+from reachmesh.integrations.autogen import router_tools
 
 async def main():
     tools = await router_tools()

@@ -15,8 +15,8 @@ pytest.importorskip("a2a")
 
 from mcp import Client, StdioServerParameters
 
-from agent_reach.config import RouterConfig
-from agent_reach.testing import AsgiServer, FakeAgent, RouterServer, free_port
+from reachmesh.config import RouterConfig
+from reachmesh.testing import AsgiServer, FakeAgent, RouterServer, free_port
 from tests.integrations.test_a2a import ScriptedA2AAgent, a2a_agent_app
 from tests.procs import ROOT
 
@@ -37,7 +37,7 @@ async def test_reach_mcp_over_stdio() -> None:
             await agent.register(router.url, vectors=False)
             params = StdioServerParameters(
                 command=sys.executable,
-                args=["-m", "agent_reach", "mcp", "--router", router.url, "--poll-interval", "0.2"],
+                args=["-m", "reachmesh", "mcp", "--router", router.url, "--poll-interval", "0.2"],
                 env=child_env(),
                 cwd=ROOT,
             )
@@ -59,7 +59,7 @@ async def test_reach_a2a_import_registers_the_card() -> None:
     ):
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
-            *("-m", "agent_reach", "a2a", "import", agent.url, "--router", router.url, "--id", "summariser"),
+            *("-m", "reachmesh", "a2a", "import", agent.url, "--router", router.url, "--id", "summariser"),
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             env=child_env(),
@@ -83,7 +83,7 @@ async def test_reach_mcp_over_http_wants_its_bearer_token() -> None:
         port = free_port()
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
-            *("-m", "agent_reach", "mcp", "--router", router.url, "--http", str(port)),
+            *("-m", "reachmesh", "mcp", "--router", router.url, "--http", str(port)),
             env={**child_env(), "REACH_MCP_TOKEN": "mcp-client-token-42"},
             cwd=ROOT,
             stderr=asyncio.subprocess.DEVNULL,
@@ -115,7 +115,7 @@ async def test_reach_mcp_over_http_wants_its_bearer_token() -> None:
         sys.executable,
         *(
             "-m",
-            "agent_reach",
+            "reachmesh",
             "mcp",
             "--router",
             "http://127.0.0.1:9",

@@ -18,10 +18,10 @@ pytest.importorskip("langgraph")
 
 from langgraph.graph import END, START, StateGraph
 
-from agent_reach.config import RouterConfig
-from agent_reach.integrations.langgraph import branch_on, graph_agent, reach_node
-from agent_reach.sdk import ReachClient
-from agent_reach.testing import FakeAgent, RouterServer, free_port
+from reachmesh.config import RouterConfig
+from reachmesh.integrations.langgraph import branch_on, graph_agent, reach_node
+from reachmesh.sdk import ReachClient
+from reachmesh.testing import FakeAgent, RouterServer, free_port
 from tests.procs import ROOT, Proc
 
 pytestmark = pytest.mark.integrations
@@ -194,7 +194,7 @@ async def test_a_graph_served_as_a_reach_agent(router) -> None:
 
 def test_branch_on_with_failure_sends_every_other_status_to_one_path() -> None:
     """branch_on(failure=...) maps SUCCESS to itself and any other status to the failure path."""
-    from agent_reach.integrations.langgraph import branch_on
+    from reachmesh.integrations.langgraph import branch_on
 
     route = branch_on(failure="sorry")
     assert route({"reach_status": "SUCCESS"}) == "SUCCESS"

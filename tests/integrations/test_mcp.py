@@ -13,9 +13,9 @@ pytest.importorskip("mcp")
 
 from mcp import Client
 
-from agent_reach.config import RouterConfig
-from agent_reach.integrations.mcp import ReachMCP, tool_name
-from agent_reach.testing import AsgiServer, FakeAgent, RouterServer
+from reachmesh.config import RouterConfig
+from reachmesh.integrations.mcp import ReachMCP, tool_name
+from reachmesh.testing import AsgiServer, FakeAgent, RouterServer
 
 pytestmark = pytest.mark.integrations
 

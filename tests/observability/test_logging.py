@@ -9,9 +9,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from agent_reach.observability import logging as reach_logging
-from agent_reach.protocol import Status
-from agent_reach.record import AttemptRecord, DecisionRecord
+from reachmesh.observability import logging as reach_logging
+from reachmesh.protocol import Status
+from reachmesh.record import AttemptRecord, DecisionRecord
 
 
 def record() -> DecisionRecord:
@@ -30,7 +30,7 @@ def record() -> DecisionRecord:
 def configured() -> Iterator[io.StringIO]:
     """configure() writing to a buffer; the global logging state is restored afterwards."""
     buffer = io.StringIO()
-    root = logging.getLogger("agent_reach")
+    root = logging.getLogger("reachmesh")
     saved = (root.level, root.propagate, list(root.handlers), reach_logging._handler, reach_logging._format)
     reach_logging._handler = None
     try:

@@ -14,11 +14,11 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent_reach.config import RouterConfig
-from agent_reach.observability.logging import JsonFormatter
-from agent_reach.observability.tracecontext import w3c_trace_id
-from agent_reach.sdk import AgentConfig, ReachAgent, ReachContext
-from agent_reach.testing import FakeAgent, RouterServer, free_port
+from reachmesh.config import RouterConfig
+from reachmesh.observability.logging import JsonFormatter
+from reachmesh.observability.tracecontext import w3c_trace_id
+from reachmesh.sdk import AgentConfig, ReachAgent, ReachContext
+from reachmesh.testing import FakeAgent, RouterServer, free_port
 
 
 def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -36,7 +36,7 @@ def value(parsed: dict, name: str, **labels: str) -> float:
 
 async def test_drill_metrics_trace_and_json_logs(caplog: pytest.LogCaptureFixture) -> None:
     """A retry and a failover show in /metrics with exact counts, in the trace in order, and in JSON logs."""
-    caplog.set_level(logging.INFO, logger="agent_reach.trace")
+    caplog.set_level(logging.INFO, logger="reachmesh.trace")
     config = RouterConfig.from_mapping({"health": {"enabled": False}})
     async with RouterServer(config) as server, httpx.AsyncClient(base_url=server.url) as http:
         dead = await FakeAgent("dead", weight=10).start()
@@ -93,7 +93,7 @@ async def test_drill_metrics_trace_and_json_logs(caplog: pytest.LogCaptureFixtur
     lines = [
         json.loads(text)
         for r in caplog.records
-        if r.name == "agent_reach.trace"
+        if r.name == "reachmesh.trace"
         for text in formatter.format(r).split("\n")
     ]
     mine = [line for line in lines if "drill-1" in line["message"]]

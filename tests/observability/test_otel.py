@@ -10,10 +10,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from agent_reach.observability.otel import OtelExporter
-from agent_reach.observability.tracecontext import w3c_trace_id
-from agent_reach.protocol import Status
-from agent_reach.record import AttemptRecord, DecisionRecord
+from reachmesh.observability.otel import OtelExporter
+from reachmesh.observability.tracecontext import w3c_trace_id
+from reachmesh.protocol import Status
+from reachmesh.record import AttemptRecord, DecisionRecord
 
 
 def test_hop_and_attempt_spans() -> None:
@@ -54,8 +54,8 @@ async def test_sdk_emits_a_span_per_handled_request() -> None:
     import httpx
     from opentelemetry import trace
 
-    from agent_reach.sdk import AgentConfig, ReachAgent
-    from agent_reach.testing import RouterServer, free_port
+    from reachmesh.sdk import AgentConfig, ReachAgent
+    from reachmesh.testing import RouterServer, free_port
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()

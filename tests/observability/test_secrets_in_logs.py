@@ -7,9 +7,9 @@ import logging
 import httpx
 import pytest
 
-from agent_reach.config import RouterConfig
-from agent_reach.secrets import fingerprint, loggable, loggable_url
-from agent_reach.testing import FakeAgent, RouterServer
+from reachmesh.config import RouterConfig
+from reachmesh.secrets import fingerprint, loggable, loggable_url
+from reachmesh.testing import FakeAgent, RouterServer
 
 MARKER = "tok-3b1f9c2e-secret-marker"
 FORGED = "2026-11-30T00:00:00.000Z INFO [registry] registered evil"

@@ -6,7 +6,7 @@ import re
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from agent_reach.observability.series import CounterSeries, HistogramSeries
+from reachmesh.observability.series import CounterSeries, HistogramSeries
 
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 OBSERVED = [0.0, 0.001, 0.0010001, 0.003, 0.7, 1.0, 29.9, 30.0, 31.0, 1e9, -1.0, float("inf"), float("nan")]

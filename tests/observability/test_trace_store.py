@@ -6,9 +6,9 @@ from decimal import Decimal
 
 import numpy as np
 
-from agent_reach.observability.traces import TraceStore
-from agent_reach.protocol import Status
-from agent_reach.record import AttemptRecord, DecisionRecord
+from reachmesh.observability.traces import TraceStore
+from reachmesh.protocol import Status
+from reachmesh.record import AttemptRecord, DecisionRecord
 
 
 def _record(trace_id: str, started: float, *, parent: str | None = None, span: str = "") -> DecisionRecord:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from agent_reach.clock import ManualClock
-from agent_reach.config import RegistryPolicy
-from agent_reach.registry.memory import MemoryRegistry
+from reachmesh.clock import ManualClock
+from reachmesh.config import RegistryPolicy
+from reachmesh.registry.memory import MemoryRegistry
 
 
 @pytest.fixture

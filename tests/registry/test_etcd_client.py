@@ -10,10 +10,10 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from agent_reach.exceptions import RegistryUnavailable
-from agent_reach.registry import etcdclient
-from agent_reach.registry.etcdclient import EtcdClient
-from agent_reach.testing import AsgiServer
+from reachmesh.exceptions import RegistryUnavailable
+from reachmesh.registry import etcdclient
+from reachmesh.registry.etcdclient import EtcdClient
+from reachmesh.testing import AsgiServer
 
 
 class OddMember:

@@ -11,12 +11,12 @@ import pytest
 import trustme
 import yaml
 
-from agent_reach.config import EtcdPolicy, RegistryPolicy, RouterConfig
-from agent_reach.exceptions import ConfigError
-from agent_reach.registry.etcd import EtcdRegistry
-from agent_reach.registry.factory import build_registry, etcd_credentials, etcd_tls
-from agent_reach.registry.memory import MemoryRegistry
-from agent_reach.testing import RouterServer
+from reachmesh.config import EtcdPolicy, RegistryPolicy, RouterConfig
+from reachmesh.exceptions import ConfigError
+from reachmesh.registry.etcd import EtcdRegistry
+from reachmesh.registry.factory import build_registry, etcd_credentials, etcd_tls
+from reachmesh.registry.memory import MemoryRegistry
+from reachmesh.testing import RouterServer
 
 
 def test_no_login_is_configured_by_default():

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 
-from agent_reach.clock import ManualClock
-from agent_reach.config import LearningPolicy
-from agent_reach.protocol import Status
-from agent_reach.record import DecisionRecord
-from agent_reach.registry.base import LearnedRoute, normalize_phrase
-from agent_reach.registry.memory import MemoryRegistry
-from agent_reach.router.learning import RouteLearner
+from reachmesh.clock import ManualClock
+from reachmesh.config import LearningPolicy
+from reachmesh.protocol import Status
+from reachmesh.record import DecisionRecord
+from reachmesh.registry.base import LearnedRoute, normalize_phrase
+from reachmesh.registry.memory import MemoryRegistry
+from reachmesh.router.learning import RouteLearner
 
 
 def test_phrases_are_matched_normalized() -> None:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from agent_reach.clock import ManualClock
-from agent_reach.exceptions import AgentIdConflict
-from agent_reach.protocol import AgentProfile, AgentStatusValue
-from agent_reach.registry import MemoryRegistry
+from reachmesh.clock import ManualClock
+from reachmesh.exceptions import AgentIdConflict
+from reachmesh.protocol import AgentProfile, AgentStatusValue
+from reachmesh.registry import MemoryRegistry
 
 
 def a2a_profile(agent_id: str = "imported") -> AgentProfile:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from agent_reach.clock import ManualClock
-from agent_reach.config import RegistryPolicy
-from agent_reach.exceptions import AgentIdConflict, AgentNotFound, LeaseMismatch, LeaseNotFound
-from agent_reach.protocol import AgentProfile, AgentStatusValue
-from agent_reach.registry import MemoryRegistry, RegistryEvent
+from reachmesh.clock import ManualClock
+from reachmesh.config import RegistryPolicy
+from reachmesh.exceptions import AgentIdConflict, AgentNotFound, LeaseMismatch, LeaseNotFound
+from reachmesh.protocol import AgentProfile, AgentStatusValue
+from reachmesh.registry import MemoryRegistry, RegistryEvent
 
 
 def status_of(registry: MemoryRegistry, agent_id: str) -> AgentStatusValue:

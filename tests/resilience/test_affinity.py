@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from agent_reach.clock import ManualClock
-from agent_reach.config import AffinityPolicy
-from agent_reach.resilience.affinity import AffinityTable
+from reachmesh.clock import ManualClock
+from reachmesh.config import AffinityPolicy
+from reachmesh.resilience.affinity import AffinityTable
 
 
 def test_binding_expires_after_ttl() -> None:

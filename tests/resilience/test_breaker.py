@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from agent_reach.clock import ManualClock
-from agent_reach.config import BreakerPolicy, TaskOverride
-from agent_reach.resilience.breaker import BreakerBoard, BreakerState, Permit
+from reachmesh.clock import ManualClock
+from reachmesh.config import BreakerPolicy, TaskOverride
+from reachmesh.resilience.breaker import BreakerBoard, BreakerState, Permit
 
 
 def board(**policy: object) -> tuple[BreakerBoard, ManualClock]:

@@ -6,13 +6,13 @@ import asyncio
 
 import httpx
 
-from agent_reach.clock import ManualClock
-from agent_reach.config import HealthPolicy, RouterConfig
-from agent_reach.protocol import AgentProfile
-from agent_reach.registry import MemoryRegistry
-from agent_reach.resilience.health import HealthChecker, health_url
-from agent_reach.testing import FakeAgent, RouterServer
-from agent_reach.transport.http import HttpTransport
+from reachmesh.clock import ManualClock
+from reachmesh.config import HealthPolicy, RouterConfig
+from reachmesh.protocol import AgentProfile
+from reachmesh.registry import MemoryRegistry
+from reachmesh.resilience.health import HealthChecker, health_url
+from reachmesh.testing import FakeAgent, RouterServer
+from reachmesh.transport.http import HttpTransport
 
 
 async def wait_status(http: httpx.AsyncClient, agent_id: str, status: str, limit: float = 3.0) -> float:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from agent_reach.clock import ManualClock
-from agent_reach.config import RetryBudgetPolicy
-from agent_reach.resilience.retry import RetryBudget
+from reachmesh.clock import ManualClock
+from reachmesh.config import RetryBudgetPolicy
+from reachmesh.resilience.retry import RetryBudget
 
 
 def test_allowance_is_ratio_of_requests_plus_minimum() -> None:

@@ -13,10 +13,10 @@ import httpx
 import pytest
 from aiohttp import web
 
-from agent_reach.clock import ManualClock
-from agent_reach.config import RouterConfig
-from agent_reach.sdk import AgentConfig, ReachAgent, ReachContext
-from agent_reach.testing import FakeAgent, RouterServer, free_port
+from reachmesh.clock import ManualClock
+from reachmesh.config import RouterConfig
+from reachmesh.sdk import AgentConfig, ReachAgent, ReachContext
+from reachmesh.testing import FakeAgent, RouterServer, free_port
 from tests.helpers import log_lines
 
 MakeAgent = Callable[..., Awaitable[FakeAgent]]
@@ -62,7 +62,7 @@ async def test_breaker_opens_skips_and_recovers(cluster, caplog: pytest.LogCaptu
     """Three failures open a's breaker (logged, in /admin/agents); requests skip a; a probe closes it.
     The Router's clock moves only by hand, so a slow machine cannot end the open period early."""
     _server, http, make = cluster
-    caplog.set_level(logging.INFO, logger="agent_reach.trace")
+    caplog.set_level(logging.INFO, logger="reachmesh.trace")
     a = await make("a", mode="http500", weight=100)
     await make("b", weight=1)
     for i in range(3):
@@ -102,7 +102,7 @@ async def test_every_candidate_open_is_no_handler_with_circuit_reasons(cluster) 
 async def test_spent_retry_budget_fails_fast(cluster, caplog: pytest.LogCaptureFixture) -> None:
     """With the budget spent, no retry or failover happens, and the trace says so."""
     _server, http, make = cluster
-    caplog.set_level(logging.INFO, logger="agent_reach.trace")
+    caplog.set_level(logging.INFO, logger="reachmesh.trace")
     await make("a", mode="http500", weight=10)
     b = await make("b")
     body = (await http.post("/reach", json={"traceId": "bud-1", "targetTask": "echo"})).json()
@@ -244,7 +244,7 @@ async def test_failing_reply_to_is_retried_then_logged(cluster, caplog: pytest.L
     """A refusing replyTo is tried reply_attempts times, then logged; the result stays fetchable."""
     _server, http, make = cluster
     await make("a")
-    caplog.set_level(logging.INFO, logger="agent_reach.async")
+    caplog.set_level(logging.INFO, logger="reachmesh.async")
     dead = f"http://127.0.0.1:{free_port()}/cb"
     await http.post(
         "/reach",

@@ -8,10 +8,10 @@ import logging
 import orjson
 import pytest
 
-from agent_reach.config import AsyncPolicy
-from agent_reach.router.asyncmode import AsyncRequests
-from agent_reach.router.results import ResultStore
-from agent_reach.testing import FakeTransport, ManualClock
+from reachmesh.config import AsyncPolicy
+from reachmesh.router.asyncmode import AsyncRequests
+from reachmesh.router.results import ResultStore
+from reachmesh.testing import FakeTransport, ManualClock
 
 LISTENER = "http://caller.test/replies"
 
@@ -67,7 +67,7 @@ async def test_delivery_gives_up_after_the_window_and_says_so(caplog: pytest.Log
     policy = AsyncPolicy(reply_window_seconds=120)
     runner = requests(policy, fake, clock, sleeper)
     started = clock.monotonic()
-    with caplog.at_level(logging.ERROR, logger="agent_reach.async"):
+    with caplog.at_level(logging.ERROR, logger="reachmesh.async"):
         assert not await runner.deliver("t-gone", LISTENER, b"{}")
     assert clock.monotonic() - started <= 120
     assert sum(sleeper.waits) > 60  # it kept trying for most of the window, not 0.6 s
@@ -96,7 +96,7 @@ async def test_drain_lets_running_requests_finish_and_abandons_the_rest(
     for i in range(5):
         runner.start(f"job-{i}", job(f"job-{i}", fast=i < 2), LISTENER)
     await asyncio.sleep(0.01)
-    with caplog.at_level(logging.ERROR, logger="agent_reach.async"):
+    with caplog.at_level(logging.ERROR, logger="reachmesh.async"):
         await runner.drain(0.05)
     statuses = sorted(orjson.loads(body)["status"] for body in listener.delivered)
     assert statuses == ["SUCCESS", "SUCCESS", "TIMEOUT", "TIMEOUT", "TIMEOUT"]

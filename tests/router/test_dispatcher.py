@@ -8,10 +8,10 @@ from typing import Any
 import orjson
 import pytest
 
-from agent_reach.config import RouterConfig
-from agent_reach.protocol import AgentProfile, ReachResponse
-from agent_reach.server.components import RouterParts
-from agent_reach.testing import Answer, FakeTransport, ManualClock
+from reachmesh.config import RouterConfig
+from reachmesh.protocol import AgentProfile, ReachResponse
+from reachmesh.server.components import RouterParts
+from reachmesh.testing import Answer, FakeTransport, ManualClock
 
 WIRE_KEYS = {"version", "traceId", "status", "handlerAgentId", "durationMs", "result", "error", "attempts"}
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import httpx
 
-from agent_reach.config import RouterConfig
-from agent_reach.testing import FakeAgent, RouterServer
+from reachmesh.config import RouterConfig
+from reachmesh.testing import FakeAgent, RouterServer
 from tests.helpers import price_agent
 
 

@@ -6,14 +6,14 @@ from collections import Counter
 
 import pytest
 
-from agent_reach.clock import ManualClock
-from agent_reach.config import RegistryPolicy
-from agent_reach.exceptions import NoAvailableHandler
-from agent_reach.protocol import AgentProfile, AgentStatusValue, ReachRequest
-from agent_reach.record import DecisionRecord
-from agent_reach.registry import MemoryRegistry
-from agent_reach.routing import Pipeline
-from agent_reach.routing.exact import SmoothWeighted
+from reachmesh.clock import ManualClock
+from reachmesh.config import RegistryPolicy
+from reachmesh.exceptions import NoAvailableHandler
+from reachmesh.protocol import AgentProfile, AgentStatusValue, ReachRequest
+from reachmesh.record import DecisionRecord
+from reachmesh.registry import MemoryRegistry
+from reachmesh.routing import Pipeline
+from reachmesh.routing.exact import SmoothWeighted
 
 
 def test_smooth_weighted_shares_match_weights() -> None:

@@ -9,12 +9,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agent_reach.config import RouterConfig, read_yaml
-from agent_reach.semantic.calibrate import calibrate, evaluate
-from agent_reach.semantic.embedders.base import calibrated_thresholds
-from agent_reach.semantic.embedders.local import MODEL_NAME, LocalEmbedder
-from agent_reach.semantic.evaluation import cross_validate
-from agent_reach.testing import FakeAgent, RouterServer, wait_vectors
+from reachmesh.config import RouterConfig, read_yaml
+from reachmesh.semantic.calibrate import calibrate, evaluate
+from reachmesh.semantic.embedders.base import calibrated_thresholds
+from reachmesh.semantic.embedders.local import MODEL_NAME, LocalEmbedder
+from reachmesh.semantic.evaluation import cross_validate
+from reachmesh.testing import FakeAgent, RouterServer, wait_vectors
 from tests.helpers import log_lines, price_agent
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "routing_phrases.yaml"
@@ -82,7 +82,7 @@ async def test_reference_scenario(semantic_router, caplog: pytest.LogCaptureFixt
     price question too close to the trend task and a flight question are refused, naming the best
     candidates with their scores."""
     server, http = semantic_router
-    caplog.set_level(logging.INFO, logger="agent_reach.trace")
+    caplog.set_level(logging.INFO, logger="reachmesh.trace")
     body = await route(http, "how much does a mango cost now", traceId="sem-en")
     assert body["status"] == "SUCCESS", body
     assert body["handlerAgentId"] == "price-agent"
@@ -158,8 +158,8 @@ async def test_labelled_set_cross_validates_without_wrong_routes() -> None:
 
 async def test_sdk_agent_handles_a_semantic_route() -> None:
     """An SDK agent, bound by its declared task, serves a request phrased in free text."""
-    from agent_reach.sdk import AgentConfig, ReachAgent, ReachClient
-    from agent_reach.testing import free_port
+    from reachmesh.sdk import AgentConfig, ReachAgent, ReachClient
+    from reachmesh.testing import free_port
 
     template = price_agent()
     config = RouterConfig.from_mapping(

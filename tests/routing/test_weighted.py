@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Collection
 
-from agent_reach.clock import ManualClock
-from agent_reach.config import RegistryPolicy, RoutingPolicy
-from agent_reach.protocol import AgentProfile, ReachRequest
-from agent_reach.record import DecisionRecord
-from agent_reach.registry import MemoryRegistry
-from agent_reach.routing import Pipeline
-from agent_reach.routing.stats import StatsBook
+from reachmesh.clock import ManualClock
+from reachmesh.config import RegistryPolicy, RoutingPolicy
+from reachmesh.protocol import AgentProfile, ReachRequest
+from reachmesh.record import DecisionRecord
+from reachmesh.registry import MemoryRegistry
+from reachmesh.routing import Pipeline
+from reachmesh.routing.stats import StatsBook
 
 WRR = ReachRequest.model_validate({"targetTask": "t", "preferences": {"strategy": "weighted_round_robin"}})
 

@@ -12,13 +12,13 @@ from typing import Any
 import httpx
 import pytest
 
-from agent_reach.clock import ManualClock
-from agent_reach.config import RouterConfig
-from agent_reach.exceptions import ConfigError, RouterUnavailable
-from agent_reach.sdk import AgentConfig, AgentError, ReachAgent, ReachClient, ReachContext, SyncReachClient
-from agent_reach.sdk.lease import LeaseKeeper
-from agent_reach.secrets import fingerprint
-from agent_reach.testing import RouterServer, free_port
+from reachmesh.clock import ManualClock
+from reachmesh.config import RouterConfig
+from reachmesh.exceptions import ConfigError, RouterUnavailable
+from reachmesh.sdk import AgentConfig, AgentError, ReachAgent, ReachClient, ReachContext, SyncReachClient
+from reachmesh.sdk.lease import LeaseKeeper
+from reachmesh.secrets import fingerprint
+from reachmesh.testing import RouterServer, free_port
 
 
 def agent_config(
@@ -57,7 +57,7 @@ async def test_registers_with_the_four_log_lines(
     router: RouterServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     """start() registers and logs the four [reach-client] lines of §8; stop() deregisters."""
-    caplog.set_level(logging.INFO, logger="agent_reach.sdk")
+    caplog.set_level(logging.INFO, logger="reachmesh.sdk")
     agent = ReachAgent(agent_config(router.url, tasks=("echo", "other")))
     agent.capability("echo")(lambda payload: payload)
     agent.capability("other")(lambda payload: payload)

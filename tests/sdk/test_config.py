@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from agent_reach.exceptions import ConfigError
-from agent_reach.sdk.config import AgentConfig
+from reachmesh.exceptions import ConfigError
+from reachmesh.sdk.config import AgentConfig
 
 GOOD = """
 agent:

@@ -15,10 +15,10 @@ from typing import Any
 import orjson
 import pytest
 
-from agent_reach.config import RouterConfig
-from agent_reach.sdk import AgentConfig, ReachAgent
-from agent_reach.server.http import Receive, Scope, Send
-from agent_reach.testing import ASGIApp, BackgroundLoop, RouterServer, free_port
+from reachmesh.config import RouterConfig
+from reachmesh.sdk import AgentConfig, ReachAgent
+from reachmesh.server.asgi import Receive, Scope, Send
+from reachmesh.testing import ASGIApp, BackgroundLoop, RouterServer, free_port
 from tests.procs import Proc, chaos_agent, wait_for
 
 # The requirement: gone within 2 s of the signal. Measured from sending it to seeing the exit.
@@ -87,7 +87,7 @@ def quiet_router(ttl: float = 60.0) -> RouterConfig:
 
 
 def start_agent(tmp_path: Path, name: str, router_url: str) -> Proc:
-    """The chaos agent as a real process (``python -m agent_reach agent``), with no faults."""
+    """The chaos agent as a real process (``python -m reachmesh agent``), with no faults."""
     return chaos_agent(tmp_path, name, router_url, free_port(), free_port())
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import httpx
 
-from agent_reach.sdk.agent import callback_trap
-from agent_reach.sdk.lease import LeaseKeeper, _said
+from reachmesh.sdk.agent import callback_trap
+from reachmesh.sdk.lease import LeaseKeeper, _said
 
 
 def keeper(ttl: float) -> LeaseKeeper:
@@ -53,8 +53,8 @@ def test_refused_credentials_end_registration_at_once(monkeypatch) -> None:
     """401 from a Router with auth on: a ConfigError naming REACH_TOKEN, not retries forever."""
     import pytest
 
-    from agent_reach.exceptions import ConfigError
-    from agent_reach.testing import BackgroundLoop, RouterServer
+    from reachmesh.exceptions import ConfigError
+    from reachmesh.testing import BackgroundLoop, RouterServer
 
     monkeypatch.setenv("REACH_ADMIN_TOKEN", "sdk-admin-token-2718")
     with BackgroundLoop() as background:

@@ -8,11 +8,11 @@ import asyncio
 import numpy as np
 import pytest
 
-from agent_reach.config import EmbeddingPolicy
-from agent_reach.exceptions import EmbeddingUnavailable
-from agent_reach.registry.memory import MemoryRegistry
-from agent_reach.semantic.embedders.base import Kind, Vectors, normalise
-from agent_reach.semantic.vectors import CapabilityVectors
+from reachmesh.config import EmbeddingPolicy
+from reachmesh.exceptions import EmbeddingUnavailable
+from reachmesh.registry.memory import MemoryRegistry
+from reachmesh.semantic.embedders.base import Kind, Vectors, normalise
+from reachmesh.semantic.vectors import CapabilityVectors
 
 
 class HeldPassages:

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import uvicorn
 
-from agent_reach.config import EmbeddingPolicy, RouterConfig
-from agent_reach.exceptions import EmbeddingUnavailable
-from agent_reach.semantic.embedders import build_embedder
-from agent_reach.semantic.embedders.http import HttpEmbedder
-from agent_reach.semantic.embedders.local import LocalEmbedder
-from agent_reach.server.embedding import build_embed_app
-from agent_reach.testing import FakeAgent, RouterServer, free_port
+from reachmesh.config import EmbeddingPolicy, RouterConfig
+from reachmesh.embedserver.app import build_embed_app
+from reachmesh.exceptions import EmbeddingUnavailable
+from reachmesh.semantic.embedders import build_embedder
+from reachmesh.semantic.embedders.http import HttpEmbedder
+from reachmesh.semantic.embedders.local import LocalEmbedder
+from reachmesh.testing import FakeAgent, RouterServer, free_port
 from tests.helpers import price_agent
 
 
@@ -69,7 +69,7 @@ async def test_router_degrades_to_exact_match_when_the_service_is_down(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Service down: exact names still route, semantic requests get a clear error, log and metric say why."""
-    caplog.set_level(logging.INFO, logger="agent_reach.semantic")
+    caplog.set_level(logging.INFO, logger="reachmesh.semantic")
     port = free_port()
     service = uvicorn.Server(
         uvicorn.Config(build_embed_app(LocalEmbedder()), host="127.0.0.1", port=port, log_level="warning")

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from agent_reach.semantic.embedders.local import LocalEmbedder
-from agent_reach.semantic.evaluation import evaluate_corpus
+from reachmesh.semantic.embedders.local import LocalEmbedder
+from reachmesh.semantic.evaluation import evaluate_corpus
 
 CORPUS = Path(__file__).resolve().parent.parent / "data" / "eval"
 

@@ -11,9 +11,9 @@ from typing import Any
 import httpx
 import pytest
 
-from agent_reach.config import LearningPolicy, RouterConfig
-from agent_reach.semantic.queue import VectorState
-from agent_reach.testing import FakeAgent, RouterServer
+from reachmesh.config import LearningPolicy, RouterConfig
+from reachmesh.semantic.queue import VectorState
+from reachmesh.testing import FakeAgent, RouterServer
 from tests.helpers import log_lines
 
 # Idiom the bundled model does not tie to prices: refused below the threshold with these agents.
@@ -118,7 +118,7 @@ async def test_a_confirmed_retry_is_learned_and_routes_the_phrase(
     """Refused by meaning, then the same conversation names the task and succeeds: the phrase is
     learned, routes exactly (spelled loosely too) and is an example row of its task."""
     server, http, _ = learning_router
-    caplog.set_level(logging.INFO, logger="agent_reach.trace")
+    caplog.set_level(logging.INFO, logger="reachmesh.trace")
     refused = await reach(http, REFUSED, conversationId="c1")
     assert refused["status"] == "NO_AVAILABLE_HANDLER", refused
     assert all("score" in c for c in refused["error"]["candidates"])  # the refusal still names them

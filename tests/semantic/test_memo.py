@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agent_reach.exceptions import EmbeddingError
-from agent_reach.semantic.embedders.base import Kind, Vectors, normalise
-from agent_reach.semantic.embedders.memo import MemoEmbedder
+from reachmesh.exceptions import EmbeddingError
+from reachmesh.semantic.embedders.base import Kind, Vectors, normalise
+from reachmesh.semantic.embedders.memo import MemoEmbedder
 
 
 class Recording:

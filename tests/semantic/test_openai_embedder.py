@@ -21,13 +21,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from agent_reach.config import EmbeddingPolicy, RouterConfig
-from agent_reach.exceptions import ConfigError, EmbeddingDown, EmbeddingError, EmbeddingUnavailable
-from agent_reach.semantic.embedders import build_embedder
-from agent_reach.semantic.embedders.http import ApiKey, OpenAIEmbedder, _retry_after
-from agent_reach.semantic.embedders.local import LocalEmbedder
-from agent_reach.server.embedding import build_embed_app
-from agent_reach.testing import AsgiServer, RouterServer, free_port, wait_vectors
+from reachmesh.config import EmbeddingPolicy, RouterConfig
+from reachmesh.embedserver.app import build_embed_app
+from reachmesh.exceptions import ConfigError, EmbeddingDown, EmbeddingError, EmbeddingUnavailable
+from reachmesh.semantic.embedders import build_embedder
+from reachmesh.semantic.embedders.http import ApiKey, OpenAIEmbedder, _retry_after
+from reachmesh.semantic.embedders.local import LocalEmbedder
+from reachmesh.testing import AsgiServer, RouterServer, free_port, wait_vectors
 from tests.helpers import price_agent
 
 KEY = "sk-test-0123456789abcdef"
@@ -261,7 +261,7 @@ async def test_malformed_answers_and_awkward_keys(monkeypatch: pytest.MonkeyPatc
         with pytest.raises(EmbeddingError, match="2-dimensional vectors; the index holds 3"):
             await embedder.embed(["a"], "query")
         fake.answer = None
-        monkeypatch.setattr("agent_reach.semantic.embedders.http.MAX_ANSWER_BYTES", 50)
+        monkeypatch.setattr("reachmesh.semantic.embedders.http.MAX_ANSWER_BYTES", 50)
         with pytest.raises(EmbeddingError, match="over 50 bytes"):
             await embedder.embed(["a", "b", "c"], "passage")
         await embedder.close()

@@ -6,9 +6,9 @@ import time
 
 import httpx
 
-from agent_reach.config import RouterConfig
-from agent_reach.protocol import MAX_CAPABILITIES, MAX_EXAMPLE_CHARS, MAX_PROFILE_EXAMPLES
-from agent_reach.testing import FakeAgent, RouterServer, wait_vectors
+from reachmesh.config import RouterConfig
+from reachmesh.protocol import MAX_CAPABILITIES, MAX_EXAMPLE_CHARS, MAX_PROFILE_EXAMPLES
+from reachmesh.testing import FakeAgent, RouterServer, wait_vectors
 
 
 def big_profile(agent_id: str, capabilities: int, examples: int, chars: int) -> dict:

@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from agent_reach.config import RouterConfig
-from agent_reach.testing import FakeAgent, RouterServer
+from reachmesh.config import RouterConfig
+from reachmesh.testing import FakeAgent, RouterServer
 
 ADMIN, CALLER, AGENT, OTHER_CALLER = "adm-5e1f", "cal-77aa", "agt-09b3", "cal-other-31"
 PRICE, OTHER = "agt-price-44", "agt-other-45"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from agent_reach.config import RouterConfig
-from agent_reach.testing import RouterServer
+from reachmesh.config import RouterConfig
+from reachmesh.testing import RouterServer
 
 
 async def test_the_catalogue_lists_tasks_with_json_schemas(http, make_agent) -> None:

@@ -7,8 +7,8 @@ import json
 import httpx
 import pytest
 
-from agent_reach.config import RouterConfig
-from agent_reach.testing import FakeAgent, RouterServer
+from reachmesh.config import RouterConfig
+from reachmesh.testing import FakeAgent, RouterServer
 
 BIG = 123456789012345678901234567890
 

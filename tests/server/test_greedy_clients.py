@@ -10,8 +10,8 @@ import httpx
 import psutil
 import pytest
 
-from agent_reach.config import RouterConfig
-from agent_reach.testing import FakeAgent, RouterServer
+from reachmesh.config import RouterConfig
+from reachmesh.testing import FakeAgent, RouterServer
 
 MANY_HEADERS = (
     b"GET /healthz HTTP/1.1\r\nHost: r\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(150)) + b"\r\n"

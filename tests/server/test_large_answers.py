@@ -8,8 +8,8 @@ import httpx
 import orjson
 import pytest
 
-from agent_reach.config import RouterConfig
-from agent_reach.testing import FakeAgent, RouterServer
+from reachmesh.config import RouterConfig
+from reachmesh.testing import FakeAgent, RouterServer
 
 KB = 1024
 MB = 1024 * 1024

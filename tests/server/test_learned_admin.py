@@ -9,8 +9,8 @@ from typing import Any
 import httpx
 import pytest
 
-from agent_reach.config import RouterConfig
-from agent_reach.testing import FakeAgent, RouterServer
+from reachmesh.config import RouterConfig
+from reachmesh.testing import FakeAgent, RouterServer
 
 ADMIN, CALLER, AGENT = "adm-secret", "caller-secret", "agent-secret"
 

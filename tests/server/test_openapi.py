@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from agent_reach.protocol import HTTP_STATUS
-from agent_reach.server.openapi import openapi_document
+from reachmesh.protocol import HTTP_STATUS
+from reachmesh.server.openapi import openapi_document
 
 
 def test_reach_declares_every_status_the_router_answers_with() -> None:

@@ -8,11 +8,11 @@ import httpx
 import pytest
 from aiohttp import web
 
-from agent_reach.config import OutboundPolicy, RouterConfig
-from agent_reach.exceptions import OutboundRefused
-from agent_reach.protocol import AgentProfile
-from agent_reach.testing import FakeAgent, RouterServer, free_port
-from agent_reach.transport.urlguard import UrlGuard
+from reachmesh.config import OutboundPolicy, RouterConfig
+from reachmesh.exceptions import OutboundRefused
+from reachmesh.protocol import AgentProfile
+from reachmesh.testing import FakeAgent, RouterServer, free_port
+from reachmesh.transport.urlguard import UrlGuard
 
 FORBIDDEN = [
     "http://169.254.169.254/latest/meta-data",

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from agent_reach.testing import RouterServer
+from reachmesh.testing import RouterServer
 from tests.helpers import log_lines
 
 JSON = {"Content-Type": "application/json"}
@@ -167,7 +167,7 @@ async def test_body_over_the_limit_is_413(http) -> None:
 
 async def test_body_limit_is_configurable() -> None:
     """server.body_limit_bytes sets the limit."""
-    from agent_reach.config import RouterConfig
+    from reachmesh.config import RouterConfig
 
     config = RouterConfig.from_mapping({"server": {"body_limit_bytes": 100}})
     async with RouterServer(config) as server, httpx.AsyncClient(base_url=server.url) as http:
@@ -255,7 +255,7 @@ async def test_trace_lines(http, make_agent, caplog: pytest.LogCaptureFixture) -
     """Every routed request writes the four trace lines of §7, in order."""
     await make_agent("price-query-agent")
     await make_agent("promotion-agent")
-    caplog.set_level(logging.INFO, logger="agent_reach.trace")
+    caplog.set_level(logging.INFO, logger="reachmesh.trace")
     await reach(
         http,
         {"traceId": "trace-demo-001", "sourceAgent": "user-proxy", "targetTask": "echo", "targetAgent": ""},
@@ -273,8 +273,8 @@ async def test_failover_is_in_the_trace(http, make_agent, caplog: pytest.LogCapt
     a = await make_agent("a", weight=10)
     await make_agent("b")
     await a.stop()
-    caplog.set_level(logging.INFO, logger="agent_reach.trace")
+    caplog.set_level(logging.INFO, logger="reachmesh.trace")
     await reach(http, {"traceId": "tr-2", "targetTask": "echo"})
-    text = "\n".join(r.getMessage() for r in caplog.records if r.name == "agent_reach.trace")
+    text = "\n".join(r.getMessage() for r in caplog.records if r.name == "reachmesh.trace")
     assert "[tr-2] retry: a, attempt=2, reason=connect_error" in text
     assert "[tr-2] failover: a -> b (connect_error)" in text

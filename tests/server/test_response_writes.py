@@ -7,8 +7,8 @@ import asyncio
 import httptools
 import orjson
 
-from agent_reach.config import RouterConfig
-from agent_reach.testing import FakeAgent, RouterServer
+from reachmesh.config import RouterConfig
+from reachmesh.testing import FakeAgent, RouterServer
 
 CALL = b'{"targetTask": "echo", "payload": {"n": 1}}'
 

@@ -12,14 +12,14 @@ import httpx
 import pytest
 import trustme
 
-from agent_reach.config import OutboundPolicy, RouterConfig, ServerPolicy
-from agent_reach.exceptions import ConfigError, ConnectFailed, RouterUnavailable
-from agent_reach.sdk import AgentConfig, ReachAgent, ReachClient, SyncReachClient
-from agent_reach.sdk.tls import router_verify
-from agent_reach.server.serve import tls_settings
-from agent_reach.testing import FakeAgent, RouterServer, free_port
-from agent_reach.transport.base import AttemptLimits
-from agent_reach.transport.http import HttpTransport
+from reachmesh.config import OutboundPolicy, RouterConfig, ServerPolicy
+from reachmesh.exceptions import ConfigError, ConnectFailed, RouterUnavailable
+from reachmesh.sdk import AgentConfig, ReachAgent, ReachClient, SyncReachClient
+from reachmesh.sdk.tls import router_verify
+from reachmesh.server.serve import tls_settings
+from reachmesh.testing import FakeAgent, RouterServer, free_port
+from reachmesh.transport.base import AttemptLimits
+from reachmesh.transport.http import HttpTransport
 
 LIMITS = AttemptLimits(connect_s=2, read_s=5, total_s=10)
 REQUEST = {"targetTask": "echo", "payload": {"x": 1}}

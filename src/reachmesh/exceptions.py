@@ -1,0 +1,423 @@
+"""The one error tree of Agent-Reach.
+
+Every error the package raises on purpose is a :class:`ReachError`. Third-party errors (the HTTP
+client, YAML, a backend) are mapped to one of these at the edge with ``raise ... from exc``, so a
+caller never has to know which library sat underneath.
+
+::
+
+    ReachError
+    ├── ConfigError                  a policy file or reach_config.yaml that does not validate
+    ├── RequestError                 INVALID_REQUEST: the envelope or the payload is wrong
+    │   ├── PayloadTooLarge          the body is over the configured limit (413)
+    │   ├── UnsupportedMediaType     the body is not JSON (415)
+    │   ├── BodyTimeout              the body did not arrive in time (408)
+    │   └── TraceIdInUse             an async request already uses this traceId
+    ├── Overloaded                   429 OVERLOADED: the Router is shedding load
+    ├── InternalError                500 INTERNAL_ERROR: a bug in the Router itself
+    ├── RegistryError                the registry refused a write
+    │   ├── InvalidProfile           422 INVALID_PROFILE, with the field paths at fault
+    │   ├── AgentIdConflict          409 AGENT_ID_CONFLICT: the id's lease is live and not yours
+    │   ├── RegistryFull             503 REGISTRY_FULL: registry.max_agents are registered
+    │   ├── LeaseNotFound            404 LEASE_NOT_FOUND: the lease expired or never existed
+    │   ├── LeaseMismatch            403 FORBIDDEN: the lease belongs to another registration
+    │   ├── Forbidden                403 FORBIDDEN: the token may not register this id or task
+    │   └── AgentNotFound            404 AGENT_NOT_FOUND
+    ├── RoutingError                 no agent may take the request
+    │   ├── NoAvailableHandler       503 NO_AVAILABLE_HANDLER, with error.candidates
+    │   │   ├── UnknownTask          no agent declares the task; suggests the nearest ones
+    │   │   ├── SemanticUnavailable  no query vector or no calibrated threshold
+    │   │   └── EmbeddingDown        the embedder failed on this request's text
+    │   ├── ContextUnavailable       409 CONTEXT_UNAVAILABLE: no agent holds the conversation
+    │   └── DeadlineExceeded         504 TIMEOUT: the overall budget ran out
+    ├── AttemptError                 one upstream attempt failed (internal to the dispatcher)
+    │   ├── ConnectFailed            refused, reset, unreachable or connect timeout
+    │   ├── AttemptTimeout           the agent did not answer in time
+    │   ├── BadAgentResponse         5xx, or an answer that is not a valid agent reply
+    │   └── AgentRejected            the agent answered AGENT_ERROR, or a 4xx
+    ├── OutboundRefused              a URL the Router will not call (the rule is named)
+    ├── DeliveryFailed               a replyTo URL did not take an async answer
+    ├── ClientError                  the SDK could not talk to the Router
+    │   └── RouterUnavailable        connection refused, timeout, or a non-JSON answer
+    └── EmbeddingError               the embedder failed
+        └── EmbeddingUnavailable     the model cannot load, or the embedding service is down
+
+``AttemptError`` carries ``retryable`` so that the dispatcher decides failover from one flag.
+Every error that ends a request carries the ReachResponse ``status`` it is answered with, so the
+Router has one way out: the error becomes the response's ``error`` object, unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from reachmesh.protocol import HTTP_STATUS, Status
+
+
+class ReachError(Exception):
+    """Base class of every error Agent-Reach raises on purpose."""
+
+    code: str = "REACH_ERROR"
+    # The ReachResponse status a request ends with when this error ends it.
+    status: Status = Status.INTERNAL_ERROR
+    http_status: int = 500
+
+    def __init__(self, message: str, *, details: list[dict[str, Any]] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+    def to_error(self) -> dict[str, Any]:
+        """The wire ``error`` object: ``{"code", "message", "details"?}``."""
+        error: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.details:
+            error["details"] = self.details
+        return error
+
+
+class ConfigError(ReachError):
+    """A configuration file is missing, unreadable or invalid; the message names the field."""
+
+    code = "INVALID_CONFIG"
+
+
+class RequestError(ReachError):
+    """The caller sent an envelope or payload that cannot be served (INVALID_REQUEST).
+
+    ``trace_id`` and ``task`` are what could still be read of a bad envelope, for the answer and
+    the trace lines.
+    """
+
+    code = "INVALID_REQUEST"
+    status = Status.INVALID_REQUEST
+    http_status = 400
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        details: list[dict[str, Any]] | None = None,
+        trace_id: str | None = None,
+        task: Any = None,
+    ) -> None:
+        super().__init__(message, details=details)
+        self.trace_id = trace_id
+        self.task = task
+
+
+class PayloadTooLarge(RequestError):
+    """The request body exceeds the configured limit."""
+
+    code = "PAYLOAD_TOO_LARGE"
+    http_status = 413
+
+
+class UnsupportedMediaType(RequestError):
+    """The request declares a content type that is not JSON."""
+
+    code = "UNSUPPORTED_MEDIA_TYPE"
+    http_status = 415
+
+
+class BodyTimeout(RequestError):
+    """The client sent its headers but not its whole body within the server's body timeout."""
+
+    code = "BODY_TIMEOUT"
+    http_status = 408
+
+
+class TraceIdInUse(RequestError):
+    """An async request is pending or finished under this traceId; a second one would hide it."""
+
+    code = "TRACE_ID_IN_USE"
+
+
+class LearningDisabled(RequestError):
+    """An operator confirmed a route while ``routing.learning.enabled`` is false."""
+
+    code = "LEARNING_DISABLED"
+    http_status = 409
+
+
+class Overloaded(ReachError):
+    """The Router sheds load; the caller should come back after ``retry_after_s``."""
+
+    code = "OVERLOADED"
+    status = Status.OVERLOADED
+    http_status = HTTP_STATUS[Status.OVERLOADED]
+
+    def __init__(self, reason: str, *, retry_after_s: int) -> None:
+        super().__init__(f"the Router is shedding load: {reason}")
+        self.reason = reason
+        self.retry_after_s = retry_after_s
+
+    def to_error(self) -> dict[str, Any]:
+        return {**super().to_error(), "retryAfterSeconds": self.retry_after_s}
+
+
+class AccessDenied(ReachError):
+    """The guard refused the request: no or wrong credentials, or outside the caller's role."""
+
+    def __init__(self, status: Status, message: str, http_status: int) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = status.value
+        self.http_status = http_status
+
+
+class InternalError(ReachError):
+    """The Router failed (a bug): the caller still gets a ReachResponse; the traceback stays in the log."""
+
+    code = "INTERNAL_ERROR"
+
+    def __init__(self, message: str = "the Router failed; see its log") -> None:
+        super().__init__(message)
+
+
+class RegistryError(ReachError):
+    """The registry refused a write."""
+
+    http_status = 400
+
+
+class InvalidProfile(RegistryError):
+    """The agent profile does not validate."""
+
+    code = "INVALID_PROFILE"
+    http_status = 422
+
+
+class AgentIdConflict(RegistryError):
+    """Another registration holds a live lease on this agent id."""
+
+    code = "AGENT_ID_CONFLICT"
+    http_status = 409
+
+
+class RegistryFull(RegistryError):
+    """The registry holds as many agents as the policy allows (``registry.max_agents``)."""
+
+    code = "REGISTRY_FULL"
+    http_status = 503
+
+
+class RegistryUnavailable(RegistryError):
+    """The registry's store (etcd) did not answer in time: the write was not made; retry later.
+
+    Routing goes on from the Router's snapshot meanwhile (degraded mode)."""
+
+    code = "REGISTRY_UNAVAILABLE"
+    http_status = 503
+
+
+class LeaseNotFound(RegistryError):
+    """The lease expired or never existed; the agent should register again."""
+
+    code = "LEASE_NOT_FOUND"
+    http_status = 404
+
+
+class LeaseMismatch(RegistryError):
+    """The caller presented a lease that is not the one this agent holds."""
+
+    code = "FORBIDDEN"
+    http_status = 403
+
+
+class Forbidden(RegistryError):
+    """The credentials do not allow this agent id or task (an agent token outside its globs)."""
+
+    code = "FORBIDDEN"
+    http_status = 403
+
+
+class AgentNotFound(RegistryError):
+    """No agent is registered under this id."""
+
+    code = "AGENT_NOT_FOUND"
+    http_status = 404
+
+
+class RoutingError(ReachError):
+    """No agent may take the request; ``candidates`` says why, one reason per agent."""
+
+    code = "NO_AVAILABLE_HANDLER"
+    status = Status.NO_AVAILABLE_HANDLER
+    http_status = HTTP_STATUS[Status.NO_AVAILABLE_HANDLER]
+
+    def __init__(self, message: str, candidates: list[dict[str, Any]] | None = None) -> None:
+        super().__init__(message)
+        self.candidates = candidates
+
+    def to_error(self) -> dict[str, Any]:
+        error = super().to_error()
+        if self.candidates is not None:
+            error["candidates"] = self.candidates
+        return error
+
+
+class NoAvailableHandler(RoutingError):
+    """No candidate is left."""
+
+    def __init__(self, message: str, candidates: list[dict[str, Any]]) -> None:
+        super().__init__(message, candidates)
+
+
+class UnknownTask(NoAvailableHandler):
+    """No agent declares the task; ``suggestions`` names declared tasks near it."""
+
+    def __init__(self, task: str, candidates: list[dict[str, Any]]) -> None:
+        super().__init__(f"no agent declares task {task!r}", candidates)
+        self.task = task
+        self.suggestions: list[dict[str, Any]] = []
+
+    def suggest(self, suggestions: list[dict[str, Any]], hint: str) -> None:
+        """Name the nearest declared tasks (by spelling, by meaning) and how to route free text."""
+        self.suggestions = suggestions
+        if suggestions:
+            names = ", ".join(f"{s['task']!r} ({s['by']})" for s in suggestions)
+            self.message = f"{self.message}; did you mean {names}?"
+        if hint:
+            self.message = f"{self.message} {hint}"
+
+    def to_error(self) -> dict[str, Any]:
+        error = super().to_error()
+        if self.suggestions:
+            error["suggestions"] = self.suggestions
+        return error
+
+
+class SemanticUnavailable(NoAvailableHandler):
+    """A semantic route was needed but cannot be computed (no vector, no threshold)."""
+
+    code = "SEMANTIC_UNAVAILABLE"
+
+
+class EmbeddingDown(NoAvailableHandler):
+    """The embedder failed on this request's text; exact task names still work. When the
+    embedding service said when to come back, so does the answer (``retryAfterSeconds``)."""
+
+    code = "EMBEDDING_UNAVAILABLE"
+
+    def __init__(
+        self, message: str, candidates: list[dict[str, Any]], *, retry_after_s: int | None = None
+    ) -> None:
+        super().__init__(message, candidates)
+        self.retry_after_s = retry_after_s
+
+    def to_error(self) -> dict[str, Any]:
+        error = super().to_error()
+        if self.retry_after_s is not None:
+            error["retryAfterSeconds"] = self.retry_after_s
+        return error
+
+
+class ContextUnavailable(RoutingError):
+    """A contextBound conversation's agent is gone and no other confirms it holds the context."""
+
+    code = "CONTEXT_UNAVAILABLE"
+    status = Status.CONTEXT_UNAVAILABLE
+    http_status = HTTP_STATUS[Status.CONTEXT_UNAVAILABLE]
+
+
+class DeadlineExceeded(RoutingError):
+    """The request's overall budget ran out before an agent answered."""
+
+    code = "TIMEOUT"
+    status = Status.TIMEOUT
+    http_status = HTTP_STATUS[Status.TIMEOUT]
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+
+
+class AttemptError(ReachError):
+    """One upstream attempt failed. ``reason`` is the candidate reason it maps to."""
+
+    reason = "agent_error"
+    retryable = True
+
+
+class ConnectFailed(AttemptError):
+    """The agent could not be reached: refused, reset, unreachable, or connect timeout."""
+
+    code = "CONNECT_ERROR"
+    reason = "connect_error"
+
+    def __init__(self, message: str, *, refused: bool = False) -> None:
+        super().__init__(message)
+        # Refused: nothing listens on the agent's port, so the process is gone or not started.
+        self.refused = refused
+
+
+class AttemptTimeout(AttemptError):
+    """The agent did not answer within the attempt's read timeout or the deadline."""
+
+    code = "TIMEOUT"
+    reason = "timeout"
+
+
+class BadAgentResponse(AttemptError):
+    """The agent answered 5xx, or something that is not a valid agent reply."""
+
+    code = "BAD_AGENT_RESPONSE"
+    reason = "agent_error"
+
+
+class AgentRejected(AttemptError):
+    """The agent answered ``AGENT_ERROR`` (or a 4xx); ``retryable`` is the agent's word."""
+
+    code = "AGENT_ERROR"
+    reason = "agent_error"
+    status = Status.AGENT_ERROR
+    http_status = HTTP_STATUS[Status.AGENT_ERROR]
+
+    def __init__(self, error: dict[str, Any], *, retryable: bool) -> None:
+        super().__init__(str(error.get("message") or "the agent reported an error"))
+        self.error = error
+        self.retryable = retryable
+
+    def to_error(self) -> dict[str, Any]:
+        return self.error
+
+
+class OutboundRefused(ReachError):
+    """A URL the Router will not call: the message names the rule (SSRF guard)."""
+
+    code = "URL_REFUSED"
+    http_status = 422
+
+
+class DeliveryFailed(ReachError):
+    """A ``replyTo`` URL refused, failed or did not answer 2xx; the message says how."""
+
+    code = "DELIVERY_FAILED"
+
+
+class ClientError(ReachError):
+    """The SDK could not complete a call to the Router."""
+
+    code = "CLIENT_ERROR"
+
+
+class RouterUnavailable(ClientError):
+    """The Router refused the connection, timed out, or answered something that is not JSON."""
+
+    code = "ROUTER_UNAVAILABLE"
+
+
+class EmbeddingError(ReachError):
+    """The embedder failed to produce vectors."""
+
+    code = "EMBEDDING_ERROR"
+
+
+class EmbeddingUnavailable(EmbeddingError):
+    """The model cannot be loaded, or the embedding service cannot be reached (or is busy, and
+    said for how long: ``retry_after_s``)."""
+
+    code = "EMBEDDING_UNAVAILABLE"
+
+    def __init__(self, message: str, *, retry_after_s: int | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s

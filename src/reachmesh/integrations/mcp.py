@@ -1,0 +1,262 @@
+"""The Router's capabilities as MCP tools (mcp 2.x ``MCPServer``; the ``mcp`` extra; ``reach mcp``).
+
+- One tool per routable task, its input schema the capability's ``input_schema`` as JSON
+  Schema, its description the capability's (read from ``GET /admin/capabilities``).
+- The list follows the registry live: :meth:`ReachMCP.watch` re-reads the catalogue every
+  ``poll_interval_s`` and, when the set of tools changed, sends
+  ``notifications/tools/list_changed``: on ``subscriptions/listen`` streams (MCP 2026-07-28)
+  and to every handshake-era session that listed tools.
+- Tool names never change when a second agent serves a task: a name is a function of the task
+  alone (:func:`tool_name`).
+- A call is one ReachRequest through the Router, with its routing, failover and breakers; a
+  result comes back as structured content, a failure as an error result with the
+  ReachResponse's status and error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import logging
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+import orjson
+
+from reachmesh.exceptions import RouterUnavailable
+from reachmesh.integrations import missing_extra, tool_name
+from reachmesh.sdk import ReachClient
+from reachmesh.sdk.auth import auth_headers
+
+try:
+    import anyio
+    from mcp.server.context import ServerRequestContext
+    from mcp.server.lowlevel.server import NotificationOptions
+    from mcp.server.mcpserver import MCPServer
+    from mcp.server.mcpserver.context import Context
+    from mcp.server.stdio import stdio_server
+    from mcp.shared.subscriptions import ToolsListChanged
+    from mcp_types import CallToolResult, ListToolsResult, PaginatedRequestParams, TextContent
+    from mcp_types import Tool as MCPTool
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise missing_extra("mcp", exc) from exc
+
+log = logging.getLogger("reachmesh.mcp")
+
+_ANY_OBJECT: dict[str, Any] = {"type": "object"}
+
+
+def tools_from(rows: list[dict[str, Any]]) -> dict[str, MCPTool]:
+    """The tools for a capability catalogue, by name."""
+    tools: dict[str, MCPTool] = {}
+    for row in rows:
+        name = tool_name(row["task"])
+        description = row["description"] or f"Agent-Reach task {row['task']}"
+        tools[name] = MCPTool(
+            name=name,
+            title=row["task"],
+            description=description,
+            input_schema=row["inputSchema"] or _ANY_OBJECT,
+            _meta={"agent-reach/task": row["task"]},
+        )
+    return tools
+
+
+class ReachMCP(MCPServer):
+    """An MCP server whose tools are the Router's capabilities, called through the Router."""
+
+    def __init__(
+        self,
+        router_url: str,
+        *,
+        poll_interval_s: float = 1.0,
+        timeout_ms: int | None = None,
+        name: str = "agent-reach",
+    ) -> None:
+        # MCPServer's constructor calls logging.basicConfig (a Rich handler on the root logger at
+        # INFO). A library must not change the process's logging: put the root logger back.
+        root = logging.getLogger()
+        handlers, level = list(root.handlers), root.level
+        super().__init__(name=name, instructions="Each tool is a task routed by an Agent-Reach Router.")
+        root.handlers[:] = handlers
+        root.setLevel(level)
+        self.router_url = router_url.rstrip("/")
+        self.poll_interval_s = poll_interval_s
+        self.timeout_ms = timeout_ms
+        self.tools: dict[str, MCPTool] = {}
+        self._tasks: dict[str, str] = {}  # tool name -> task
+        self._sessions: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._client: ReachClient | None = None
+        self._http: httpx.AsyncClient | None = None
+        self.changes = 0  # how many list changes were announced (for tests and logs)
+
+    # -- the tool list -----------------------------------------------------------------------
+
+    async def list_tools(self) -> list[MCPTool]:
+        return list(self.tools.values())
+
+    def _tool_input_schema(self, name: str) -> dict[str, Any] | None:
+        tool = self.tools.get(name)
+        return None if tool is None else tool.input_schema
+
+    async def _handle_list_tools(
+        self, ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
+    ) -> ListToolsResult:
+        # A handshake-era session that lists tools gets list_changed later; a modern one
+        # listens for it on subscriptions/listen instead (sending it there is dropped).
+        self._sessions.add(ctx.session)
+        return ListToolsResult(tools=await self.list_tools())
+
+    async def refresh(self) -> bool:
+        """Re-read the catalogue; True (and list_changed sent) when the tools changed."""
+        if self._http is None:
+            self._http = httpx.AsyncClient(headers=auth_headers(), timeout=10)
+        try:
+            resp = await self._http.get(f"{self.router_url}/admin/capabilities")
+            resp.raise_for_status()
+            rows = resp.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            raise RouterUnavailable(f"cannot read {self.router_url}/admin/capabilities: {exc!r}") from exc
+        tools = tools_from(rows)
+        if tools == self.tools:
+            return False
+        self.tools = tools
+        self._tasks = {tool_name(row["task"]): row["task"] for row in rows}
+        self.changes += 1
+        await self._announce()
+        return True
+
+    async def _announce(self) -> None:
+        await self._subscriptions.publish(ToolsListChanged())
+        for session in list(self._sessions):
+            try:
+                await session.send_tool_list_changed()
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError, RuntimeError):
+                self._sessions.discard(session)  # that client went away
+
+    async def watch(self) -> None:
+        """Follow the registry until cancelled; a Router that does not answer keeps the last list."""
+        while True:
+            try:
+                await self.refresh()
+            except RouterUnavailable as exc:
+                log.warning("%s", exc.message)
+            await asyncio.sleep(self.poll_interval_s)
+
+    # -- calls -------------------------------------------------------------------------------
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
+    ) -> CallToolResult:
+        task = self._tasks.get(name)
+        if task is None:
+            return _error_result(f"unknown tool {name!r}", {"status": "NO_AVAILABLE_HANDLER"})
+        if self._client is None:
+            self._client = ReachClient(self.router_url, source_agent="mcp")
+        options: dict[str, Any] = {} if self.timeout_ms is None else {"timeout_ms": self.timeout_ms}
+        try:
+            reply = await self._client.call(task, arguments, **options)
+        except RouterUnavailable as exc:
+            return _error_result(exc.message, {"status": "ROUTER_UNAVAILABLE"})
+        if reply.ok:
+            structured = reply.result if isinstance(reply.result, dict) else {"result": reply.result}
+            text = orjson.dumps(reply.result).decode()
+            return CallToolResult(
+                content=[TextContent(type="text", text=text)], structured_content=structured
+            )
+        error = reply.error.model_dump(by_alias=True, exclude_none=True) if reply.error else {}
+        message = f"{reply.status}: {error.get('message', '')}"
+        return _error_result(
+            message, {"status": str(reply.status), "traceId": reply.trace_id, "error": error}
+        )
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+        if self._http is not None:
+            await self._http.aclose()
+
+    # -- serving -----------------------------------------------------------------------------
+
+    async def serve_stdio(self) -> None:
+        """Serve MCP on stdin/stdout while following the registry (``reach mcp``)."""
+        await self._first_list()
+        async with stdio_server() as (read, write), anyio.create_task_group() as group:
+            group.start_soon(self.watch)
+            options = self._lowlevel_server.create_initialization_options(
+                NotificationOptions(tools_changed=True)
+            )
+            await self._lowlevel_server.run(read, write, options)
+            group.cancel_scope.cancel()
+        await self.aclose()
+
+    async def serve_http(
+        self, host: str, port: int, path: str = "/mcp", *, tokens: Sequence[str] = ()
+    ) -> None:
+        """Serve MCP over streamable HTTP at ``http://host:port{path}`` (``reach mcp --http``).
+
+        With ``tokens``, every request must carry one as ``Authorization: Bearer``: the bridge
+        calls the Router with its own credentials, so whoever reaches it acts with them.
+        """
+        import uvicorn
+
+        await self._first_list()
+        app: Any = self.streamable_http_app(streamable_http_path=path, host=host)
+        if tokens:
+            app = _BearerOnly(app, tokens)
+        server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+        watcher = asyncio.create_task(self.watch())
+        try:
+            await server.serve()
+        finally:
+            watcher.cancel()
+            await self.aclose()
+
+    async def _first_list(self) -> None:
+        try:
+            await self.refresh()
+        except RouterUnavailable as exc:
+            log.warning("%s; starting with no tools", exc.message)
+
+
+class _BearerOnly:
+    """ASGI: answer 401 unless the request carries one of ``tokens`` (compared in constant time)."""
+
+    def __init__(self, app: Any, tokens: Sequence[str]) -> None:
+        self.app = app
+        self._digests = [hashlib.sha256(t.encode()).digest() for t in tokens]
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and not self._allowed(scope):
+            body = (
+                b'{"error":{"code":"UNAUTHORIZED","message":"a bearer token (REACH_MCP_TOKEN) is required"}}'
+            )
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 401,
+                    "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})
+            return
+        await self.app(scope, receive, send)
+
+    def _allowed(self, scope: dict[str, Any]) -> bool:
+        for name, value in scope.get("headers", ()):
+            if name == b"authorization" and value[:7].lower() == b"bearer ":
+                given = hashlib.sha256(value[7:].strip()).digest()
+                return any(hmac.compare_digest(given, d) for d in self._digests)
+        return False
+
+
+def _error_result(message: str, detail: dict[str, Any]) -> CallToolResult:
+    return CallToolResult(
+        content=[TextContent(type="text", text=message)], structured_content=detail, is_error=True
+    )
+
+
+__all__ = ["ReachMCP", "tool_name", "tools_from"]

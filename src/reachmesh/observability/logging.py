@@ -1,0 +1,290 @@
+"""Log set-up and the trace log lines of PROTOCOL.md §7.
+
+Two formats: ``text`` keeps the protocol's lines exactly (``[traceId] route: ...`` after a
+timestamp and level); ``json`` writes one object per line, and trace lines carry ``traceId``,
+``task``, ``agent``, ``event`` and the durations as fields. Payloads are never logged unless
+``log_payloads`` is on, and then with the configured fields redacted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import time
+from collections.abc import Iterable, Mapping
+from fnmatch import fnmatchcase
+from typing import Any, Literal
+
+import orjson
+
+from reachmesh.record import DecisionRecord
+from reachmesh.secrets import loggable
+
+TRACE_LOGGER = "reachmesh.trace"
+REDACTED = "***"
+
+
+class TraceHandler(logging.StreamHandler[Any]):
+    """The stderr handler, which also writes the trace lines in batches.
+
+    The trace lines of every request finished in one turn of the event loop go out in one write
+    at the end of that turn, instead of one write (and one system call) per request. Nothing is
+    held longer than that turn, and nothing is reordered: any other log record, a ``flush()``
+    and the interpreter's exit (``logging.shutdown`` flushes every handler) write the pending
+    lines first. A background thread was not used: the Router runs on one core, where handing
+    lines to a thread costs a wake-up and a context switch each time, and saves no CPU.
+    """
+
+    def __init__(self, stream: Any = None) -> None:
+        super().__init__(stream)
+        self._pending: list[str] = []
+        # The loop a flush is scheduled on; a test may close one loop and start another.
+        self._scheduled_on: asyncio.AbstractEventLoop | None = None
+
+    def defer(self, text: str) -> None:
+        """Write ``text`` (whole lines) at the end of this turn of the running loop, or now."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._pending.append(text)
+            self.write_pending()
+            return
+        self._pending.append(text)
+        if self._scheduled_on is not loop:
+            self._scheduled_on = loop
+            loop.call_soon(self.write_pending)
+
+    def write_pending(self) -> None:
+        self._scheduled_on = None
+        if not self._pending:
+            return
+        self.acquire()
+        try:
+            pending, self._pending = self._pending, []
+            stream = self.stream
+            stream.write("".join(pending))
+            stream.flush()
+        finally:
+            self.release()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self._pending:
+            self.write_pending()
+        super().emit(record)
+
+    def flush(self) -> None:
+        if self._pending:
+            self.write_pending()
+        super().flush()
+
+
+_handler: TraceHandler | None = None
+
+
+def _stamp(created: float, msecs: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created)) + f".{int(msecs):03d}Z"
+
+
+class TextFormatter(logging.Formatter):
+    """``2026-01-15T10:24:18.302Z INFO <message>``, the prefix repeated on each line of a message."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        prefix = f"{_stamp(record.created, record.msecs)} {record.levelname} "
+        message = record.getMessage()
+        line = prefix + message.replace("\n", "\n" + prefix) if "\n" in message else prefix + message
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line; the ``reach`` extra of a record becomes top-level fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        head = {"ts": _stamp(record.created, record.msecs), "level": record.levelname, "logger": record.name}
+        out = []
+        for message, fields in split_lines(record):
+            line = {**head, "message": message, **fields}
+            if record.exc_info:
+                line["exception"] = self.formatException(record.exc_info)
+            out.append(orjson.dumps(line, default=str).decode())
+        return "\n".join(out)
+
+
+def configure(
+    level: str = "INFO",
+    fmt: Literal["text", "json"] = "text",
+    levels: Mapping[str, str] | None = None,
+    stream: Any = None,
+) -> None:
+    """Send Agent-Reach's logs to stderr, one line per record. Calling again changes the format."""
+    global _handler
+    # The Router logs on every request: skip the caller lookup and the thread/process fields
+    # no formatter here prints.
+    logging._srcfile = None
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
+    root = logging.getLogger("reachmesh")
+    root.setLevel(level)
+    for name, name_level in (levels or {}).items():
+        logging.getLogger(name).setLevel(name_level)
+    if _handler is None:
+        _handler = TraceHandler(stream if stream is not None else sys.stderr)
+        root.addHandler(_handler)
+        root.propagate = False
+    _handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    global _format
+    _format = fmt
+
+
+_format: str = "text"
+_stamp_second = -1
+_stamp_prefix = ""
+
+
+def _fast_stamp(now: float) -> str:
+    """``_stamp`` with the seconds part cached: it changes once a second, requests come faster."""
+    global _stamp_second, _stamp_prefix
+    second = int(now)
+    if second != _stamp_second:
+        _stamp_second = second
+        _stamp_prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+    return f"{_stamp_prefix}.{int((now - second) * 1000):03d}Z"
+
+
+def fast_writer(logger: logging.Logger) -> TraceHandler | None:
+    """The stream to write ``logger``'s lines to directly, or None when logging must decide.
+
+    Only when the lines would end up in exactly the handler :func:`configure` installed (no
+    other handler on the way, as in tests with ``caplog``): then a request's lines are formatted
+    here and handed to the handler's batch, skipping LogRecord creation and handler dispatch.
+    """
+    node: logging.Logger | None = logger
+    while node is not None:
+        if node.handlers and node.handlers != [_handler]:
+            return None
+        if node.handlers or not node.propagate:
+            break
+        node = node.parent
+    if node is None or _handler is None or not node.handlers:
+        return None
+    return _handler
+
+
+def redact(value: Any, fields: Iterable[str]) -> Any:
+    """A copy of ``value`` with every key matching ``fields`` masked: any depth, any case, and
+    glob patterns (``*token*`` catches ``accessToken`` and ``x_token_id``)."""
+    names = {f.lower() for f in fields if not any(c in f for c in "*?[")}
+    patterns = [f.lower() for f in fields if any(c in f for c in "*?[")]
+
+    def secret(key: object) -> bool:
+        name = str(key).lower()
+        return name in names or any(fnmatchcase(name, p) for p in patterns)
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: (REDACTED if secret(k) else walk(v)) for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        return node
+
+    return walk(value)
+
+
+class TraceLog:
+    """The observer that writes a request's trace lines from its finished record.
+
+    All of a request's lines go out as one log record (one formatting pass, one write): the
+    text formatter puts the timestamp on each line, the JSON formatter writes one object per
+    line with the fields in ``reach_lines``. Per-line records cost about four times as much CPU,
+    and the Router writes these for every request.
+    """
+
+    def __init__(self, logger: logging.Logger | None = None, *, redact_fields: Iterable[str] = ()) -> None:
+        self._log = logger or logging.getLogger(TRACE_LOGGER)
+        self.redact_fields = list(redact_fields)
+
+    def __call__(self, record: DecisionRecord) -> None:
+        if not self._log.isEnabledFor(logging.INFO):
+            return
+        lines, fields = self._lines(record)
+        base = {"traceId": record.trace_id, "task": record.task, "agent": record.selected}
+        self._write(lines, fields, base)
+
+    def _lines(self, record: DecisionRecord) -> tuple[list[str], list[dict[str, Any]]]:
+        """The request's trace lines, and the structured fields of each for the JSON format."""
+        tid = record.trace_id
+        status = record.status.value if record.status else "-"
+        # Caller text: a line separator, NEL or bidi control must not start or fake a line.
+        lines = [f"[{tid}] route: {loggable(record.source)} -> {loggable(record.task)}"]
+        fields: list[dict[str, Any]] = [{"event": "route", "source": record.source}]
+        if record.payload is not None:
+            lines.append(
+                f"[{tid}] payload: {orjson.dumps(redact(record.payload, self.redact_fields)).decode()}"
+            )
+            fields.append({"event": "payload"})
+        if record.candidates:
+            lines.append(f"[{tid}] candidate agents: {', '.join(record.candidates)}")
+            fields.append({"event": "candidates", "candidates": record.candidates})
+        if record.selected is not None:
+            if record.score is not None:
+                lines.append(f"[{tid}] select {record.selected} by {record.rule} (score={record.score:.2f})")
+            else:
+                lines.append(f"[{tid}] select {record.selected} by {record.rule}")
+            fields.append({"event": "select", "rule": record.rule, "score": record.score})
+        attempts = iter(record.attempts)
+        for kind, text in record.events:
+            lines.append(f"[{tid}] {kind}: {text}")
+            attempt = next(attempts, None) if kind == "forward" else None
+            if attempt is not None:
+                fields.append(
+                    {
+                        "event": kind,
+                        "agent": attempt.agent_id,
+                        "durationMs": attempt.duration_ms,
+                        "outcome": attempt.outcome,
+                    }
+                )
+            else:
+                fields.append({"event": kind})
+        lines.append(f"[{tid}] done: {status} in {record.duration_ms:.1f}ms")
+        fields.append(
+            {
+                "event": "done",
+                "agent": record.handler,
+                "status": status,
+                "durationMs": record.duration_ms,
+                "httpStatus": record.http_status,
+            }
+        )
+        return lines, fields
+
+    def _write(self, lines: list[str], fields: list[dict[str, Any]], base: dict[str, Any]) -> None:
+        log = self._log
+        handler = fast_writer(log)
+        if handler is None:
+            log.info("\n".join(lines), extra={"reach_lines": fields, "reach": base})
+            return
+        stamp = _fast_stamp(time.time())
+        if _format == "json":
+            head = {"ts": stamp, "level": "INFO", "logger": log.name}
+            text = "\n".join(
+                orjson.dumps({**head, "message": line, **base, **extra}, default=str).decode()
+                for line, extra in zip(lines, fields, strict=True)
+            )
+        else:
+            prefix = f"{stamp} INFO "
+            text = prefix + ("\n" + prefix).join(lines)
+        handler.defer(text + "\n")
+
+
+def split_lines(record: logging.LogRecord) -> list[tuple[str, dict[str, Any]]]:
+    """The (message, fields) pairs of a log record: one per line of a trace record, else one."""
+    message = record.getMessage()
+    base = getattr(record, "reach", None) or {}
+    per_line = getattr(record, "reach_lines", None)
+    if not per_line:
+        return [(message, dict(base))]
+    return [(text, {**base, **extra}) for text, extra in zip(message.split("\n"), per_line, strict=False)]

@@ -1,0 +1,183 @@
+"""Prometheus metrics (PROTOCOL.md §9), read from finished decision records.
+
+Label cardinality is bounded by construction: ``task`` is a task some agent declared (anything
+else, such as a caller's free text or a typo, is ``_unknown``), ``agent`` is a registered agent
+id (``_none`` when no agent was involved), ``status`` and the reasons are closed enums. So the
+series grow with the registry, never with the traffic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from reachmesh.observability.series import CounterSeries, HistogramSeries
+from reachmesh.protocol import AgentStatusValue
+from reachmesh.record import DecisionRecord
+from reachmesh.registry.base import AgentEntry, Registry, RegistryEvent
+from reachmesh.resilience.breaker import BreakerBoard, BreakerState
+from reachmesh.routing.stats import StatsBook
+
+UNKNOWN_TASK = "_unknown"
+NO_AGENT = "_none"
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+_SCORE_BUCKETS = (0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0)
+_CIRCUIT_VALUE = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
+
+
+class _LiveState(Collector):
+    """Gauges read at scrape time: registry size by status, breaker state and in-flight per agent."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        breakers: BreakerBoard,
+        stats: StatsBook,
+        inflight: Callable[[], int],
+        embedding_up: Callable[[], bool | None],
+    ) -> None:
+        self._registry = registry
+        self._breakers = breakers
+        self._stats = stats
+        self._inflight = inflight
+        self._embedding_up = embedding_up
+
+    def collect(self) -> Iterable[Any]:
+        agents = self._registry.agents()
+        by_status = GaugeMetricFamily(
+            "reach_registry_agents", "Registered agents by status", labels=["status"]
+        )
+        counts = dict.fromkeys(AgentStatusValue, 0)
+        for entry in agents:
+            counts[entry.status] += 1
+        for status, count in counts.items():
+            by_status.add_metric([status.value], count)
+        yield by_status
+        circuit = GaugeMetricFamily(
+            "reach_agent_circuit_state",
+            "Breaker state per agent: 0 closed, 1 half-open, 2 open",
+            labels=["agent"],
+        )
+        agent_inflight = GaugeMetricFamily(
+            "reach_agent_inflight_requests", "Requests in flight per agent", labels=["agent"]
+        )
+        for entry in agents:
+            circuit.add_metric([entry.id], _CIRCUIT_VALUE[self._breakers.state(entry.id)])
+            agent_inflight.add_metric([entry.id], self._stats.snapshot(entry.id)["inflight"])
+        yield circuit
+        yield agent_inflight
+        yield GaugeMetricFamily(
+            "reach_inflight_requests", "Requests in flight in the Router", value=self._inflight()
+        )
+        yield GaugeMetricFamily(
+            "reach_registry_degraded",
+            "1 while the registry's store (etcd) is out of reach or refuses the Router: "
+            "routing from the snapshot",
+            value=0 if self._registry.degraded() is None else 1,
+        )
+        up = self._embedding_up()
+        if up is not None:
+            yield GaugeMetricFamily(
+                "reach_embedding_up",
+                "1 while the embedder answers; 0 while semantic routes are refused",
+                value=1 if up else 0,
+            )
+
+
+class RouterMetrics:
+    """The Router's metric families, one CollectorRegistry per Router (so tests stay apart)."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        breakers: BreakerBoard,
+        stats: StatsBook,
+        inflight: Callable[[], int],
+        embedding_up: Callable[[], bool | None] = lambda: None,
+    ) -> None:
+        self._registry = registry
+        self.prom = CollectorRegistry(auto_describe=True)
+        # In the order prometheus-client's own families were registered, so a scrape reads the
+        # same as before the counting moved to plain numbers (see observability/series.py).
+        self.requests = CounterSeries(
+            "reach_requests", "Requests by task, handling agent and final status", ("task", "agent", "status")
+        )
+        self.match_score = HistogramSeries(
+            "reach_route_match_score", "Score of the selected route", ("strategy",), _SCORE_BUCKETS
+        )
+        self.circuit_trips = CounterSeries(
+            "reach_agent_circuit_trips", "Times an agent's breaker opened", ("agent",)
+        )
+        self.latency = HistogramSeries(
+            "reach_end_to_end_latency_seconds",
+            "Router latency of a request, end to end",
+            ("task",),
+            _LATENCY_BUCKETS,
+        )
+        self.retries = CounterSeries("reach_retries", "Same-agent retries by reason", ("reason",))
+        self.failovers = CounterSeries("reach_failovers", "Failovers to another agent by reason", ("reason",))
+        self.lease_expiries = CounterSeries(
+            "reach_lease_expiries", "Leases that ran out (agent went offline)"
+        )
+        self.health_failures = CounterSeries(
+            "reach_health_check_failures", "Failed health probes by agent", ("agent",)
+        )
+        self.attempts = CounterSeries("reach_upstream_attempts", "Upstream attempts by outcome", ("outcome",))
+        self.semantic_refusals = CounterSeries(
+            "reach_semantic_refusals", "Requests refused because no capability scored above the threshold"
+        )
+        for family in (
+            self.requests,
+            self.match_score,
+            self.circuit_trips,
+            self.latency,
+            self.retries,
+            self.failovers,
+            self.lease_expiries,
+            self.health_failures,
+            self.attempts,
+            self.semantic_refusals,
+        ):
+            self.prom.register(family)
+        self.prom.register(_LiveState(registry, breakers, stats, inflight, embedding_up))
+
+    def __call__(self, record: DecisionRecord) -> None:
+        # Runs on every request, on the event loop: a dict update per family, no locks.
+        task = record.matched_task or UNKNOWN_TASK
+        agent = record.handler or (record.attempts[-1].agent_id if record.attempts else NO_AGENT)
+        status = record.status.value if record.status is not None else "UNKNOWN"
+        self.requests.inc((task, agent, status))
+        self.latency.observe((task,), record.duration_ms / 1000)
+        if record.score is not None and record.strategy:
+            strategy = "semantic_route" if record.semantic is not None else record.strategy
+            self.match_score.observe((strategy,), record.score)
+        for attempt in record.attempts:
+            self.attempts.inc((attempt.outcome,))
+        for reason in record.retries:
+            self.retries.inc((reason,))
+        for reason in record.failovers:
+            self.failovers.inc((reason,))
+        for agent_id in record.circuit_trips:
+            self.circuit_trips.inc((agent_id,))
+        if record.semantic_refused:
+            self.semantic_refusals.inc()
+
+    def on_registry(self, event: RegistryEvent, entry: AgentEntry) -> None:
+        if event is RegistryEvent.OFFLINE:
+            self.lease_expiries.inc()
+
+    def on_probe(self, agent_id: str, ok: bool) -> None:
+        if not ok:
+            self.health_failures.inc((agent_id,))
+
+    def exposition(self) -> bytes:
+        """The Prometheus text format of every metric."""
+        return generate_latest(self.prom)
+
+
+__all__ = ["CONTENT_TYPE", "RouterMetrics"]

@@ -1,0 +1,87 @@
+"""The decision record: one per request, written by the pipeline, read by every observer.
+
+The pipeline stages never log or count on their own. They write here, and observers (the trace
+log, metrics, the trace store) read the finished record, so adding an observer never touches the
+pipeline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from reachmesh.protocol import Status
+
+
+@dataclass(slots=True)
+class AttemptRecord:
+    """One upstream attempt."""
+
+    agent_id: str
+    outcome: str  # SUCCESS, or the reason it failed (connect_error, timeout, agent_error)
+    duration_ms: float
+    span_id: str = ""  # the W3C span id sent to the agent in `traceparent`
+    offset_ms: float = 0.0  # when the attempt started, from the start of the request
+    score: float | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"agentId": self.agent_id, "outcome": self.outcome, "durationMs": self.duration_ms}
+
+
+@dataclass(slots=True)
+class DecisionRecord:
+    """Everything decided about one request, in order."""
+
+    trace_id: str
+    task: str
+    source: str
+    started: float  # monotonic
+    conversation_id: str | None = None
+    # Who sent it: the principal's key ("-" while auth is off). Route learning matches a retry
+    # to a refusal only from the same caller.
+    caller: str = "-"
+    started_wall: float = 0.0  # epoch seconds, for display
+    parent_span_id: str | None = None  # from the caller's traceparent: links hops into a tree
+    matched_task: str | None = None  # the declared task that supplied candidates (safe as a label)
+    mode: str = "sync"
+    affinity: str | None = None  # the agent the conversation was bound to, when one was
+    rule: str | None = None  # what picked the pool: target_agent or the strategy
+    strategy: str | None = None
+    candidates: list[str] = field(default_factory=list)
+    rejected: list[dict[str, Any]] = field(default_factory=list)
+    selected: str | None = None
+    score: float | None = None
+    attempts: list[AttemptRecord] = field(default_factory=list)
+    # Ordered (kind, text) notes beyond the four fixed lines: retry, failover, no handler...
+    events: list[tuple[str, str]] = field(default_factory=list)
+    retries: list[str] = field(default_factory=list)  # reasons of same-agent retries
+    failovers: list[str] = field(default_factory=list)  # reasons of failovers
+    circuit_trips: list[str] = field(default_factory=list)  # agents whose breaker opened
+    explain: list[dict[str, Any]] = field(default_factory=list)  # per-candidate score factors
+    semantic: dict[str, Any] | None = None  # the semantic match: score, runner-up, threshold, best
+    semantic_refused: bool = False
+    payload: Any = None  # only kept when payload logging is switched on
+    status: Status | None = None
+    http_status: int = 0
+    error_code: str | None = None
+    error: dict[str, Any] | None = None  # the response's error object, as the caller gets it
+    result: Any = None  # the handler's result, on SUCCESS
+    handler: str | None = None
+    duration_ms: float = 0.0
+
+    def note(self, kind: str, text: str) -> None:
+        """Add an ordered event line, e.g. ``note("retry", "price-agent, attempt=2")``."""
+        self.events.append((kind, text))
+
+    def reject(self, agent_id: str, reason: str, score: float | None = None, task: str | None = None) -> None:
+        """Record a candidate that will not handle the request, why, and for which task."""
+        item: dict[str, Any] = {"agentId": agent_id, "reason": reason}
+        if task is not None:
+            item["task"] = task
+        if score is not None:
+            item["score"] = score
+        self.rejected.append(item)
+
+
+Observer = Callable[[DecisionRecord], None]

@@ -1,0 +1,10 @@
+"""Where agents live: a small async contract (:mod:`.base`) and its backends.
+
+The in-memory backend is the embedded default and also the test double; an etcd backend
+(ROADMAP step 5) implements the same contract with watches feeding the same local snapshot.
+"""
+
+from reachmesh.registry.base import AgentEntry, Registry, RegistryEvent
+from reachmesh.registry.memory import MemoryRegistry
+
+__all__ = ["AgentEntry", "MemoryRegistry", "Registry", "RegistryEvent"]

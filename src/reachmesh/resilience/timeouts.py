@@ -1,0 +1,47 @@
+"""Layered timeouts and the per-request deadline.
+
+A request carries three limits: how long to wait for a connection, how long to wait for one
+agent's answer, and the overall budget. The overall budget becomes a :class:`Deadline` that is
+passed down, so that no retry or failover starts after it and the agent learns how much time is
+left (``X-Reach-Deadline-Ms``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from reachmesh.clock import Clock
+
+
+@dataclass(frozen=True, slots=True)
+class Timeout:
+    """The three limits of one request, in milliseconds."""
+
+    connect_ms: int
+    read_ms: int
+    overall_ms: int
+
+    def attempt_limits(self, remaining_ms: float) -> tuple[float, float, float]:
+        """Connect, read and whole-attempt limits in seconds for one attempt, never past the deadline."""
+        remaining = max(remaining_ms, 0.0) / 1000.0
+        connect = min(self.connect_ms / 1000.0, remaining)
+        read = min(self.read_ms / 1000.0, remaining)
+        return connect, read, min((self.connect_ms + self.read_ms) / 1000.0, remaining)
+
+
+class Deadline:
+    """A point in time on a :class:`Clock` after which no new work starts."""
+
+    __slots__ = ("_at", "_clock")
+
+    def __init__(self, clock: Clock, budget_ms: float) -> None:
+        self._clock = clock
+        self._at = clock.monotonic() + budget_ms / 1000.0
+
+    def remaining_ms(self) -> float:
+        """Milliseconds left; negative once the deadline has passed."""
+        return (self._at - self._clock.monotonic()) * 1000.0
+
+    @property
+    def expired(self) -> bool:
+        return self._clock.monotonic() >= self._at

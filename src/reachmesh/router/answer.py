@@ -1,0 +1,81 @@
+"""The one way out: every ReachResponse the Router sends is encoded here, from its record.
+
+A request ends in exactly one of two ways, a result or a :class:`~reachmesh.exceptions.ReachError`
+(whose ``status`` and ``to_error()`` are the response's). :func:`conclude` writes that ending into
+the decision record and :func:`encode` turns the record into the response body; nothing else in
+the Router builds a ReachResponse.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from reachmesh import jsoncodec
+from reachmesh.clock import Clock
+from reachmesh.exceptions import ReachError
+from reachmesh.observability.tracecontext import new_trace_id
+from reachmesh.protocol import HTTP_STATUS, PROTOCOL_VERSION, Status
+from reachmesh.record import DecisionRecord
+from reachmesh.router.results import Reply
+
+
+def conclude(
+    record: DecisionRecord, clock: Clock, *, result: Any = None, error: ReachError | None = None
+) -> None:
+    """Write the request's ending (a result, or the error that ended it) into ``record``."""
+    record.duration_ms = round((clock.monotonic() - record.started) * 1000, 2)
+    if error is None:
+        record.status, record.http_status, record.result = Status.SUCCESS, HTTP_STATUS[Status.SUCCESS], result
+        return
+    record.status = error.status
+    record.http_status = error.http_status
+    record.error = error.to_error()
+    record.error_code = record.error.get("code")
+
+
+def accept(record: DecisionRecord) -> None:
+    """Mark ``record`` as an async request accepted for later."""
+    record.status, record.http_status = Status.ACCEPTED, HTTP_STATUS[Status.ACCEPTED]
+
+
+def encode(record: DecisionRecord) -> Reply:
+    """The HTTP status and ReachResponse body of a concluded record."""
+    status = record.status or Status.INTERNAL_ERROR
+    body = jsoncodec.dumps(
+        {
+            "version": PROTOCOL_VERSION,
+            "traceId": record.trace_id,
+            "status": status.value,
+            "handlerAgentId": record.handler,
+            "durationMs": record.duration_ms,
+            "result": record.result,
+            "error": record.error,
+            "attempts": [a.to_wire() for a in record.attempts],
+        }
+    )
+    return record.http_status or HTTP_STATUS[status], body
+
+
+def bare_record(
+    clock: Clock, trace_id: str | None, task: str = "-", started: float | None = None
+) -> DecisionRecord:
+    """A record for a request that never reached routing (refused at the door)."""
+    return DecisionRecord(
+        trace_id=trace_id or new_trace_id(),
+        task=task,
+        source="-",
+        started=clock.monotonic() if started is None else started,
+        started_wall=clock.time(),
+    )
+
+
+def standalone(clock: Clock, trace_id: str | None, *, error: ReachError | None = None) -> Reply:
+    """A whole ReachResponse outside the pipeline: an internal error, a guard's refusal, or
+    (with no error) an async request still pending."""
+    record = bare_record(clock, trace_id)
+    if error is None:
+        accept(record)
+    else:
+        conclude(record, clock, error=error)
+        record.duration_ms = 0  # no request ran: the answer reports none
+    return encode(record)

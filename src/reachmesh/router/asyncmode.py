@@ -1,0 +1,166 @@
+"""``mode: async``: accept at once, run the request in the background, keep and deliver its answer.
+
+The answer is kept in the :class:`~reachmesh.router.results.ResultStore` for
+``GET /reach/{traceId}`` and, when the caller gave a ``replyTo``, POSTed there through the
+transport, retried with exponential backoff and jitter for ``reply_window_seconds``.
+
+Nothing accepted is lost silently: on shutdown, requests still running get until the drain
+deadline; the rest are logged as abandoned by traceId, their stored result becomes ``TIMEOUT``,
+and their ``replyTo`` is sent that ``TIMEOUT`` once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from reachmesh.clock import SYSTEM_CLOCK, Clock
+from reachmesh.config import AsyncPolicy
+from reachmesh.exceptions import DeadlineExceeded, DeliveryFailed
+from reachmesh.router import answer
+from reachmesh.router.results import Reply, ResultStore
+from reachmesh.secrets import loggable_url
+from reachmesh.transport.base import Transport
+
+log = logging.getLogger("reachmesh.async")
+
+Run = Callable[[], Awaitable[Reply]]
+Sleep = Callable[[float], Awaitable[None]]
+
+# Jitter from a private generator: it must not share or disturb the process-wide `random`.
+_jitter = random.Random()
+
+
+@dataclass(eq=False)
+class _Accepted:
+    trace_id: str
+    reply_to: str | None
+    task: asyncio.Task[None] | None = None
+
+
+class AsyncRequests:
+    """Runs accepted async requests and delivers their answers."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        results: ResultStore,
+        policy: AsyncPolicy,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        sleep: Sleep = asyncio.sleep,
+    ) -> None:
+        self.transport = transport
+        self.results = results
+        self.policy = policy
+        self._clock = clock
+        self._sleep = sleep
+        self._running: dict[str, _Accepted] = {}
+        self._deliveries: dict[asyncio.Task[bool], tuple[str, str]] = {}
+
+    def __len__(self) -> int:
+        return len(self._running)
+
+    def start(self, trace_id: str, run: Run, reply_to: str | None, owner: str | None = None) -> None:
+        """Run ``run()`` in the background; its answer is stored, then delivered to ``reply_to``.
+
+        ``owner`` (a token's fingerprint) is the only caller besides an admin who may fetch it.
+        """
+        self.results.start(trace_id, owner)
+        accepted = _Accepted(trace_id, reply_to)
+        self._running[trace_id] = accepted
+        accepted.task = asyncio.create_task(self._serve(accepted, run), name=f"reach-async-{trace_id}")
+
+    async def _serve(self, accepted: _Accepted, run: Run) -> None:
+        try:
+            reply = await run()
+        finally:
+            self._running.pop(accepted.trace_id, None)
+        self.results.finish(accepted.trace_id, reply)
+        if accepted.reply_to:
+            # Delivery outlives the request: it is tracked apart, so draining waits only for work.
+            delivery = asyncio.create_task(self.deliver(accepted.trace_id, accepted.reply_to, reply[1]))
+            self._deliveries[delivery] = (accepted.trace_id, accepted.reply_to)
+            delivery.add_done_callback(lambda task: self._deliveries.pop(task, None))
+
+    def _backoff_s(self, attempt: int) -> float:
+        policy = self.policy
+        ceiling = min(policy.reply_backoff_max_ms, policy.reply_backoff_ms * 2.0 ** (attempt - 1))
+        return float(ceiling * _jitter.uniform(0.5, 1.0) / 1000)
+
+    async def deliver(self, trace_id: str, url: str, body: bytes) -> bool:
+        """POST the ReachResponse to ``replyTo`` until it is taken or the window closes."""
+        policy = self.policy
+        headers = {"Content-Type": "application/json", "X-Reach-Trace-Id": trace_id}
+        closes = self._clock.monotonic() + policy.reply_window_seconds
+        last, attempt = "", 0
+        while attempt < policy.reply_attempts:
+            attempt += 1
+            try:
+                await self.transport.deliver(url, body, headers, policy.reply_timeout_ms / 1000)
+            except DeliveryFailed as exc:
+                last = exc.message
+            else:
+                log.info("[%s] reply delivered to %s (attempt %d)", trace_id, loggable_url(url), attempt)
+                return True
+            wait = self._backoff_s(attempt)
+            if self._clock.monotonic() + wait >= closes:
+                break
+            await self._sleep(wait)
+        log.error(
+            "[%s] reply to %s failed after %d attempts over %.0f s (%s); the result stays at GET /reach/%s",
+            trace_id,
+            loggable_url(url),
+            attempt,
+            policy.reply_window_seconds,
+            last,
+            trace_id,
+        )
+        return False
+
+    async def drain(self, timeout_s: float) -> None:
+        """Give running requests ``timeout_s`` to finish; abandon the rest, loudly."""
+        tasks = [a.task for a in self._running.values() if a.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=max(timeout_s, 0.0))
+        abandoned = list(self._running.values())
+        for accepted in abandoned:
+            if accepted.task is not None:
+                accepted.task.cancel()
+        if abandoned:
+            await asyncio.gather(*(a.task for a in abandoned if a.task is not None), return_exceptions=True)
+        for accepted in abandoned:
+            await self._abandon(accepted)
+        for delivery, (trace_id, url) in list(self._deliveries.items()):
+            delivery.cancel()
+            log.error("[%s] reply to %s still undelivered at shutdown", trace_id, loggable_url(url))
+        if self._deliveries:
+            await asyncio.gather(*self._deliveries, return_exceptions=True)
+
+    async def _abandon(self, accepted: _Accepted) -> None:
+        log.error("[%s] async request abandoned at shutdown: answered TIMEOUT", accepted.trace_id)
+        error = DeadlineExceeded("the Router shut down before this async request finished")
+        reply = answer.standalone(self._clock, accepted.trace_id, error=error)
+        self.results.finish(accepted.trace_id, reply)
+        if accepted.reply_to:
+            try:
+                await self.transport.deliver(
+                    accepted.reply_to,
+                    reply[1],
+                    {"Content-Type": "application/json", "X-Reach-Trace-Id": accepted.trace_id},
+                    min(self.policy.reply_timeout_ms / 1000, 2.0),
+                )
+            except DeliveryFailed as exc:
+                log.error(
+                    "[%s] the TIMEOUT answer did not reach %s (%s)",
+                    accepted.trace_id,
+                    loggable_url(accepted.reply_to),
+                    exc,
+                )
+
+    async def close(self) -> None:
+        """Abandon whatever still runs, at once."""
+        await self.drain(0.0)

@@ -1,0 +1,278 @@
+"""The attempt loop of one request, as an object: admit, try, account.
+
+- :meth:`AttemptRun.admit` decides whether a candidate may be tried at all: the per-request cap,
+  its payload (for failover targets), the conversation context, its circuit breaker, and the
+  retry budget for a failover;
+- :meth:`AttemptRun.try_agent` tries it, retrying once on the same agent after a network error;
+- :meth:`AttemptRun.account` books each attempt's outcome: stats, the record, the breaker.
+
+The run returns the winning agent's result or raises the error that ends the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+from urllib.parse import quote
+
+from reachmesh import jsoncodec
+from reachmesh.clock import Clock
+from reachmesh.config import RouterConfig
+from reachmesh.exceptions import (
+    AgentRejected,
+    AttemptError,
+    ConnectFailed,
+    ContextUnavailable,
+    DeadlineExceeded,
+    NoAvailableHandler,
+)
+from reachmesh.observability.tracecontext import new_span_id, w3c_trace_id
+from reachmesh.protocol import CandidateReason, ReachRequest
+from reachmesh.record import AttemptRecord, DecisionRecord
+from reachmesh.resilience.affinity import AffinityTable
+from reachmesh.resilience.breaker import BreakerBoard, BreakerState, Permit
+from reachmesh.resilience.retry import RetryBudget
+from reachmesh.resilience.timeouts import Deadline, Timeout
+from reachmesh.routing.base import Choice
+from reachmesh.routing.stats import StatsBook
+from reachmesh.transport.base import AttemptLimits, Transport
+
+# A private generator for backoff jitter: it needs no cryptographic strength and must not
+# share (or disturb) the process-wide `random` state that user code may seed.
+_jitter = random.Random()
+
+# No attempt starts with less time than this left: the event loop may fire a timer up to its
+# clock resolution early, and an attempt that cannot finish only delays the TIMEOUT answer.
+MIN_ATTEMPT_MS = 2.0
+
+
+@dataclass(slots=True)
+class Forwarding:
+    """What every attempt of the Router shares: the parts, the policy and the clock."""
+
+    transport: Transport
+    breakers: BreakerBoard
+    affinity: AffinityTable
+    budget: RetryBudget
+    stats: StatsBook
+    config: RouterConfig
+    clock: Clock
+
+
+class Success(NamedTuple):
+    """An attempt that succeeded, and the agent's result (one per request: kept cheap)."""
+
+    result: Any
+
+
+class AttemptRun:
+    """The attempts of one request over its ranked choices."""
+
+    def __init__(
+        self,
+        parts: Forwarding,
+        request: ReachRequest,
+        data: dict[str, Any],
+        record: DecisionRecord,
+        task: str,
+        timeout: Timeout,
+        max_retries: int,
+    ) -> None:
+        self.parts = parts
+        self.request = request
+        self.data = data
+        self.record = record
+        self.task = task
+        self.timeout = timeout
+        self.deadline = Deadline(parts.clock, timeout.overall_ms)
+        self.attempts_left = 1 + max_retries
+        self.budget_spent = False
+        # The agent a contextBound conversation is bound to: once it is out of the picture, only
+        # agents that confirm they hold the conversation qualify.
+        self.bound_agent = (
+            record.affinity if request.preferences.context_bound and request.conversation_id else None
+        )
+        self.last_failure: tuple[str, str] | None = None  # (agent, reason) of the last failed agent
+        self._w3c_trace = w3c_trace_id(record.trace_id)
+
+    async def run(self, choices: list[Choice]) -> Any:
+        """The result of the first agent that succeeds; else the error that ends the request."""
+        for index, choice in enumerate(choices):
+            if not await self.admit(index, choice):
+                continue
+            success = await self.try_agent(choice)
+            if success is not None:
+                return success.result
+        raise self.exhausted()
+
+    # -- admission ---------------------------------------------------------------------------
+
+    async def admit(self, index: int, choice: Choice) -> bool:
+        """Whether ``choice`` may be tried; a refusal is written to the record with its reason."""
+        record, agent_id = self.record, choice.entry.id
+        reason = await self._refusal(index, choice)
+        if reason is not None:
+            record.reject(agent_id, reason, choice.score, self.task)
+            return False
+        permit, change = self.parts.breakers.acquire(agent_id, self.task)
+        if permit is Permit.DENY:
+            record.reject(agent_id, CandidateReason.CIRCUIT_OPEN, choice.score, self.task)
+            return False
+        if change is BreakerState.HALF_OPEN:
+            record.note("circuit half_open", f"agent {agent_id} (probe request)")
+        if self.last_failure is not None:
+            failed, why = self.last_failure
+            if not self.parts.budget.try_spend():
+                record.note("retry budget", f"exhausted; no failover from {failed} ({why})")
+                self.budget_spent = True
+                record.reject(agent_id, CandidateReason.BUDGET_EXHAUSTED, choice.score, self.task)
+                return False
+            record.failovers.append(why)
+            record.note("failover", f"{failed} -> {agent_id} ({why})")
+        return True
+
+    async def _refusal(self, index: int, choice: Choice) -> str | None:
+        if self.attempts_left <= 0 or self.budget_spent:
+            return CandidateReason.BUDGET_EXHAUSTED
+        if index > 0 and choice.validator is not None and choice.validator.errors(self.request.payload):
+            return CandidateReason.INVALID_PAYLOAD
+        bound_elsewhere = self.bound_agent is not None and choice.entry.id != self.bound_agent
+        if bound_elsewhere and not await self._holds(choice):
+            return CandidateReason.NO_CONTEXT
+        return None
+
+    async def _holds(self, choice: Choice) -> bool:
+        """Ask an agent whether it holds the conversation; only ``200 {"holds": true}`` confirms."""
+        assert self.request.conversation_id is not None
+        limit_ms = min(self.parts.config.timeouts.connect_ms + 500, max(self.deadline.remaining_ms(), 0))
+        if limit_ms <= 0:
+            return False
+        url = conversation_url(choice.entry.endpoint, self.request.conversation_id)
+        return await self.parts.transport.holds(url, limit_ms / 1000)
+
+    # -- trying ------------------------------------------------------------------------------
+
+    async def try_agent(self, choice: Choice) -> Success | None:
+        """Try one agent, with same-agent retries: its Success, or None to fail over."""
+        self.data["targetAgent"] = choice.entry.id
+        body = jsoncodec.dumps(self.data)
+        same_agent_left = self.parts.config.retries.same_agent
+        while True:
+            exc = await self._attempt(choice, body)
+            if isinstance(exc, Success):
+                return exc
+            if isinstance(exc, AgentRejected) and not exc.retryable:
+                self.record.handler = choice.entry.id
+                raise exc
+            self._check_deadline()
+            if self._may_retry_same(exc, same_agent_left):
+                same_agent_left -= 1
+                await self._backoff()
+                continue
+            self.record.reject(choice.entry.id, exc.reason, choice.score, self.task)
+            self.last_failure = (choice.entry.id, exc.reason)
+            return None
+
+    async def _attempt(self, choice: Choice, body: bytes) -> Success | AttemptError:
+        """One attempt, accounted; its Success or its failure."""
+        self._check_deadline()
+        remaining = self.deadline.remaining_ms()
+        self.attempts_left -= 1
+        connect_s, read_s, total_s = self.timeout.attempt_limits(remaining)
+        span_id = new_span_id()
+        headers = {
+            "Content-Type": "application/json",
+            "X-Reach-Trace-Id": self.record.trace_id,
+            "traceparent": f"00-{self._w3c_trace}-{span_id}-01",
+            "X-Reach-Deadline-Ms": str(int(remaining)),
+        }
+        clock = self.parts.clock
+        started = clock.monotonic()
+        self.parts.stats.started(choice.entry.id)
+        try:
+            result = await self.parts.transport.send(
+                choice.entry.endpoint,
+                body,
+                headers,
+                AttemptLimits(connect_s, read_s, total_s),
+                choice.entry.protocol,
+            )
+        except AttemptError as exc:
+            self.account(choice, started, span_id, exc)
+            return exc
+        self.account(choice, started, span_id, None)
+        self.record.handler = choice.entry.id
+        if self.request.conversation_id:
+            self.parts.affinity.bind(self.request.conversation_id, choice.entry.id)
+        return Success(result)
+
+    def _may_retry_same(self, exc: AttemptError, same_agent_left: int) -> bool:
+        """A network error may be retried on the same agent, within the cap and the budget."""
+        if exc.reason != CandidateReason.CONNECT_ERROR or same_agent_left <= 0 or self.attempts_left <= 0:
+            return False
+        agent_id = self.record.attempts[-1].agent_id
+        if not self.parts.budget.try_spend():
+            self.record.note("retry budget", f"exhausted; no retry of {agent_id} ({exc.reason})")
+            self.budget_spent = True
+            return False
+        self.record.retries.append(exc.reason)
+        self.record.note("retry", f"{agent_id}, attempt={len(self.record.attempts) + 1}, reason={exc.reason}")
+        return True
+
+    # -- accounting --------------------------------------------------------------------------
+
+    def account(self, choice: Choice, started: float, span_id: str, exc: AttemptError | None) -> None:
+        """Book one attempt: stats, the attempt record, the trace line and the breaker."""
+        agent_id, record = choice.entry.id, self.record
+        took = round((self.parts.clock.monotonic() - started) * 1000, 2)
+        # An agent that refuses on purpose is healthy; it only failed this request.
+        healthy = exc is None or isinstance(exc, AgentRejected)
+        refused = isinstance(exc, ConnectFailed) and exc.refused
+        outcome = "SUCCESS" if exc is None else exc.reason
+        self.parts.stats.finished(agent_id, ok=healthy, latency_ms=took)
+        offset = round((started - record.started) * 1000, 2)
+        record.attempts.append(AttemptRecord(agent_id, outcome, took, span_id, offset, choice.score))
+        detail = "" if exc is None else f", outcome={exc.reason}"
+        record.note("forward", f"{agent_id}, duration={took:.0f}ms{detail}")
+        change = self.parts.breakers.record(agent_id, self.task, ok=healthy, refused=refused)
+        if change is BreakerState.OPEN:
+            record.circuit_trips.append(agent_id)
+            why = "connection refused" if refused else "consecutive failures or a failed probe"
+            record.note("circuit open", f"agent {agent_id} ({why})")
+        elif change is BreakerState.CLOSED:
+            record.note("circuit closed", f"agent {agent_id}")
+
+    # -- endings -----------------------------------------------------------------------------
+
+    def _check_deadline(self) -> None:
+        if self.deadline.remaining_ms() <= MIN_ATTEMPT_MS:
+            raise DeadlineExceeded(f"the overall budget of {self.timeout.overall_ms} ms ran out")
+
+    async def _backoff(self) -> None:
+        base = self.parts.config.retries.backoff_ms
+        if base <= 0:
+            return
+        wait_ms = min(base * _jitter.uniform(0.5, 1.5), max(self.deadline.remaining_ms(), 0.0))
+        await asyncio.sleep(wait_ms / 1000.0)
+
+    def exhausted(self) -> ContextUnavailable | NoAvailableHandler:
+        """The error for a run in which no candidate succeeded."""
+        record = self.record
+        if self.bound_agent is not None and any(
+            c.get("reason") == CandidateReason.NO_CONTEXT for c in record.rejected
+        ):
+            return ContextUnavailable(
+                f"conversation {self.request.conversation_id!r} is bound to {self.bound_agent!r}, which "
+                "cannot take it, and no other agent confirms it holds the conversation",
+                list(record.rejected),
+            )
+        return NoAvailableHandler(
+            f"every candidate for {self.task!r} failed or was skipped", list(record.rejected)
+        )
+
+
+def conversation_url(endpoint: str, conversation_id: str) -> str:
+    """Where an agent says whether it holds a conversation; the id is one escaped path segment."""
+    return f"{endpoint.rstrip('/')}/conversations/{quote(conversation_id, safe='')}"

@@ -1,0 +1,380 @@
+"""The dispatcher: one ReachRequest in, exactly one ReachResponse out.
+
+Data flows one way: the body is decoded into a :class:`ReachRequest`, the routing
+:class:`~reachmesh.routing.pipeline.Pipeline` ranks the candidates, the payload is checked
+against the chosen capability's ``input_schema``, an :class:`~.attempts.AttemptRun` forwards it
+under the deadline, and :mod:`.answer` encodes the ending. Observers read the finished
+:class:`DecisionRecord`. ``mode: async`` answers ``ACCEPTED`` at once and runs the same path in
+the background (:mod:`.asyncmode`).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from pydantic import ValidationError
+
+from reachmesh import jsoncodec
+from reachmesh.clock import SYSTEM_CLOCK, Clock
+from reachmesh.config import RouterConfig
+from reachmesh.exceptions import (
+    ContextUnavailable,
+    DeadlineExceeded,
+    EmbeddingDown,
+    EmbeddingError,
+    InternalError,
+    OutboundRefused,
+    Overloaded,
+    ReachError,
+    RequestError,
+    RoutingError,
+    TraceIdInUse,
+    UnknownTask,
+)
+from reachmesh.observability.tracecontext import new_trace_id
+from reachmesh.protocol import TRACE_ID_PATTERN, ReachRequest, error_details
+from reachmesh.record import DecisionRecord, Observer
+from reachmesh.resilience.breaker import BreakerBoard
+from reachmesh.resilience.retry import RetryBudget
+from reachmesh.resilience.timeouts import Timeout
+from reachmesh.router import answer
+from reachmesh.router.asyncmode import AsyncRequests
+from reachmesh.router.attempts import AttemptRun, Forwarding
+from reachmesh.router.results import Reply, ResultStore
+from reachmesh.router.suggest import Suggester
+from reachmesh.routing.pipeline import Pipeline
+from reachmesh.routing.stats import StatsBook
+from reachmesh.transport.base import Transport
+from reachmesh.transport.urlguard import UrlGuard
+
+log = logging.getLogger("reachmesh.dispatcher")
+
+_TRACE_ID = re.compile(TRACE_ID_PATTERN)
+# "at http://10.0.0.5:8080/v1/embeddings" in an embedder's error: dropped before a caller sees it.
+_SERVICE_ADDRESS = re.compile(r" at [A-Za-z][A-Za-z0-9+.-]*://\S+")
+
+# The trace-log event each kind of ending writes, most specific first.
+_ENDINGS: tuple[tuple[type[ReachError], str], ...] = (
+    (ContextUnavailable, "context unavailable"),
+    (DeadlineExceeded, "timeout"),
+    (RoutingError, "no handler"),
+    (RequestError, "invalid request"),
+    (Overloaded, "overloaded"),
+)
+
+
+class Dispatcher:
+    """Runs the request pipeline. Holds no per-request state between calls."""
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        transport: Transport,
+        config: RouterConfig,
+        *,
+        stats: StatsBook | None = None,
+        budget: RetryBudget | None = None,
+        results: ResultStore | None = None,
+        observers: Iterable[Observer] = (),
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.pipeline = pipeline
+        self.clock = clock
+        # Where replyTo URLs are checked; the composition root hands in the Router's own guard.
+        self.url_guard = UrlGuard()
+        self.observers = list(observers)
+        self.forwarding = Forwarding(
+            transport=transport,
+            breakers=pipeline.breakers,
+            affinity=pipeline.affinity,
+            budget=RetryBudget(config.retry_budget, clock=clock) if budget is None else budget,
+            stats=StatsBook() if stats is None else stats,
+            config=config,
+            clock=clock,
+        )
+        self.results = ResultStore(config.async_mode, clock=clock) if results is None else results
+        self.suggester = Suggester(pipeline.registry, pipeline.vectors, clock)
+        self.async_requests = AsyncRequests(transport, self.results, config.async_mode, clock=clock)
+
+    @property
+    def config(self) -> RouterConfig:
+        return self.forwarding.config
+
+    def apply(self, config: RouterConfig, budget: RetryBudget) -> None:
+        """Take a reloaded policy; requests in flight keep the one they started with."""
+        self.forwarding.config = config
+        self.forwarding.budget = budget
+        self.async_requests.policy = config.async_mode
+
+    @property
+    def breakers(self) -> BreakerBoard:
+        return self.pipeline.breakers
+
+    # -- entry points ------------------------------------------------------------------------
+
+    async def handle(
+        self,
+        body: bytes,
+        *,
+        trace_header: str | None = None,
+        parent: tuple[str, str] | None = None,
+        owner: str | None = None,
+        caller: str = "-",
+    ) -> Reply:
+        """Decode ``body`` as a ReachRequest and serve it; never raises for bad input.
+
+        ``parent`` is the (trace id, span id) of the caller's W3C ``traceparent``, if any;
+        ``owner`` is who may fetch an async result later (None: anyone, when auth is off);
+        ``caller`` is the principal's key, for the decision record.
+        """
+        started = self.clock.monotonic()
+        hint = _safe_trace_id(trace_header) or (parent[0] if parent else None)
+        try:
+            request, data = _decode(body, self.config.server.max_json_depth)
+        except RequestError as exc:
+            return self.refuse(exc, started=started, trace_id=exc.trace_id or hint, task=exc.task)
+        try:
+            self._check_timeouts(request)
+        except RequestError as exc:
+            return self.refuse(
+                exc, started=started, trace_id=request.trace_id or hint, task=request.target_task
+            )
+        trace_id = request.trace_id or hint or new_trace_id()
+        data["traceId"] = trace_id
+        record = DecisionRecord(
+            trace_id=trace_id,
+            task=request.target_task,
+            source=request.source_agent or "-",
+            started=started,
+            started_wall=self.clock.time(),
+            conversation_id=request.conversation_id,
+            caller=caller,
+            parent_span_id=parent[1] if parent else None,
+            mode=request.preferences.mode,
+        )
+        if self.config.logging.log_payloads:
+            record.payload = request.payload
+        if request.preferences.mode == "async":
+            return self._accept(request, data, record, owner)
+        return await self.dispatch(request, data, record)
+
+    def _check_timeouts(self, request: ReachRequest) -> None:
+        """A caller's timeouts stay within the policy's cap (limits.max_timeout_ms)."""
+        cap = self.config.limits.max_timeout_ms
+        prefs = request.preferences
+        asked = {
+            "preferences.timeoutMs": prefs.timeout_ms,
+            "preferences.connectTimeoutMs": prefs.connect_timeout_ms,
+            "preferences.readTimeoutMs": prefs.read_timeout_ms,
+        }
+        over = [(field, value) for field, value in asked.items() if value is not None and value > cap]
+        if over:
+            raise RequestError(
+                f"{over[0][0]} of {over[0][1]} ms is over the Router's cap of {cap} ms",
+                details=[{"field": field, "message": f"at most {cap} ms"} for field, _ in over],
+            )
+
+    def refuse(
+        self,
+        error: ReachError,
+        *,
+        started: float | None = None,
+        trace_id: str | None = None,
+        task: Any = None,
+    ) -> Reply:
+        """Answer a request refused before routing: INVALID_REQUEST (or 413/415), OVERLOADED."""
+        label = task if isinstance(task, str) and _printable(task) else "-"
+        record = answer.bare_record(self.clock, trace_id, label, started)
+        return self._finish(record, error=error)
+
+    def shed(self, reason: str, *, trace_id: str | None = None) -> Reply:
+        """Answer OVERLOADED at once: the Router is shedding load."""
+        return self.refuse(
+            Overloaded(reason, retry_after_s=self.config.limits.retry_after_seconds), trace_id=trace_id
+        )
+
+    # -- async mode --------------------------------------------------------------------------
+
+    def _accept(
+        self, request: ReachRequest, data: dict[str, Any], record: DecisionRecord, owner: str | None
+    ) -> Reply:
+        trace_id = record.trace_id
+        if self.results.known(trace_id):
+            error = TraceIdInUse(f"traceId {trace_id!r} is already in use by an async request")
+            return self.refuse(error, trace_id=trace_id, task=request.target_task)
+        reply_to = request.preferences.reply_to
+        if reply_to is not None:
+            try:
+                self.url_guard.check_url(reply_to)
+            except OutboundRefused as exc:
+                refused = RequestError(
+                    f"preferences.replyTo is refused: {exc.message}",
+                    details=[{"field": "preferences.replyTo", "message": exc.message}],
+                )
+                return self.refuse(refused, trace_id=trace_id, task=request.target_task)
+        if self.results.pending >= self.config.limits.max_inflight:
+            return self.shed(f"{self.results.pending} async requests pending", trace_id=trace_id)
+
+        async def run() -> Reply:
+            try:
+                return await self.dispatch(request, data, record)
+            except Exception:  # a bug: the caller still gets one ReachResponse
+                log.exception("[%s] async request failed inside the Router", trace_id)
+                return answer.standalone(self.clock, trace_id, error=InternalError())
+
+        self.async_requests.start(trace_id, run, request.preferences.reply_to, owner)
+        return answer.standalone(self.clock, trace_id)
+
+    async def drain(self, timeout_s: float) -> None:
+        """Let accepted async requests finish within ``timeout_s``; abandon the rest, loudly."""
+        await self.async_requests.drain(timeout_s)
+
+    async def close(self) -> None:
+        """Abandon async requests still running (each is logged and answered TIMEOUT)."""
+        await self.async_requests.close()
+
+    # -- routing and attempts ----------------------------------------------------------------
+
+    async def dispatch(self, request: ReachRequest, data: dict[str, Any], record: DecisionRecord) -> Reply:
+        """Route and forward a validated request. ``data`` is its decoded body, forwarded as is."""
+        try:
+            result = await self._route_and_forward(request, data, record)
+        except ReachError as exc:
+            return self._finish(record, error=exc)
+        return self._finish(record, result=result)
+
+    async def _route_and_forward(
+        self, request: ReachRequest, data: dict[str, Any], record: DecisionRecord
+    ) -> Any:
+        self.forwarding.budget.on_request()
+        await self._ensure_query_vector(request)
+        try:
+            choices = self.pipeline.decide(request, record)
+        except UnknownTask as exc:
+            exc.suggest(*await self.suggester.nearest(exc.task))
+            raise
+        first = choices[0]
+        if first.validator is not None:
+            faults = first.validator.errors(request.payload)
+            if faults:
+                raise RequestError(
+                    f"payload does not match the input_schema of {request.target_task!r} "
+                    f"({', '.join(f['field'] for f in faults)})",
+                    details=faults,
+                )
+        record.selected = first.entry.id
+        record.score = first.score
+        task = request.target_task
+        if record.matched_task is not None and record.matched_task != task:
+            # Routed by the mapping table or by meaning: the agent gets the task it declared, and
+            # the caller's own words beside it.
+            data["targetTask"] = record.matched_task
+            data["requestedTask"] = task
+            task = record.matched_task
+        # Per-task policy follows the declared task, however the caller phrased it.
+        run = AttemptRun(
+            self.forwarding,
+            request,
+            data,
+            record,
+            task,
+            self._timeout(request, task),
+            self._max_retries(request, task),
+        )
+        return await run.run(choices)
+
+    async def _ensure_query_vector(self, request: ReachRequest) -> None:
+        """The one place a model may be called: a semantic request whose text is not cached yet."""
+        vectors = self.pipeline.vectors
+        if vectors is None or not self.pipeline.wants_semantic(request):
+            return
+        if vectors.cached(request.target_task) is not None:
+            return
+        try:
+            await vectors.query_vector(request.target_task)
+        except EmbeddingError as exc:
+            # The caller learns what failed, not where the embedding service lives (the log has it).
+            reason = _SERVICE_ADDRESS.sub("", exc.message)
+            raise EmbeddingDown(
+                f"semantic routing is unavailable: {reason}; exact task names still work",
+                [],
+                retry_after_s=getattr(exc, "retry_after_s", None),
+            ) from exc
+
+    def _timeout(self, request: ReachRequest, task: str) -> Timeout:
+        policy = self.config.timeouts
+        override = self.config.tasks.get(task)
+        prefs = request.preferences
+        connect = prefs.connect_timeout_ms or (override and override.connect_ms) or policy.connect_ms
+        read = prefs.read_timeout_ms or (override and override.read_ms) or policy.read_ms
+        overall = (
+            prefs.timeout_ms
+            or (override and override.overall_ms)
+            or policy.overall_ms
+            or connect + read + self.config.retries.allowance_ms
+        )
+        return Timeout(connect_ms=connect, read_ms=read, overall_ms=overall)
+
+    def _max_retries(self, request: ReachRequest, task: str) -> int:
+        override = self.config.tasks.get(task)
+        cap = self.config.retries.max_per_request
+        if override is not None and override.max_retries is not None:
+            cap = override.max_retries
+        asked = request.preferences.retry_count
+        return cap if asked is None else min(asked, cap)
+
+    # -- the one way out ---------------------------------------------------------------------
+
+    def _finish(
+        self, record: DecisionRecord, *, result: Any = None, error: ReachError | None = None
+    ) -> Reply:
+        if error is not None:
+            for kind, event in _ENDINGS:
+                if isinstance(error, kind):
+                    record.note(event, error.reason if isinstance(error, Overloaded) else error.message)
+                    break
+        answer.conclude(record, self.clock, result=result, error=error)
+        for observer in self.observers:
+            try:
+                observer(record)
+            except Exception:  # an observer's bug must never cost the caller the answer
+                log.exception("observer %r failed", observer)
+        return answer.encode(record)
+
+
+def _decode(body: bytes, max_depth: int) -> tuple[ReachRequest, dict[str, Any]]:
+    """The request and its decoded body; RequestError (with what is known of it) if it is bad."""
+    try:
+        data = jsoncodec.loads(body)
+    except jsoncodec.JSONDecodeError as exc:
+        raise RequestError(f"body is not valid JSON: {exc.msg}") from exc
+    if not isinstance(data, dict):
+        raise RequestError("body must be a JSON object (a ReachRequest)")
+    if jsoncodec.may_nest_deeper(body, max_depth) and jsoncodec.depth(data, max_depth) > max_depth:
+        raise RequestError(
+            f"the body nests deeper than {max_depth} levels (server.max_json_depth)",
+            details=[{"field": "(body)", "message": f"at most {max_depth} levels of nesting"}],
+            trace_id=_safe_trace_id(data.get("traceId")),
+        )
+    try:
+        return ReachRequest.model_validate(data), data
+    except ValidationError as exc:
+        details = error_details(exc)
+        fields = ", ".join(d["field"] for d in details)
+        raise RequestError(
+            f"invalid ReachRequest: {fields}",
+            details=details,
+            trace_id=_safe_trace_id(data.get("traceId")),
+            task=data.get("targetTask"),
+        ) from exc
+
+
+def _safe_trace_id(value: Any) -> str | None:
+    return value if isinstance(value, str) and _TRACE_ID.match(value) else None
+
+
+def _printable(text: str) -> bool:
+    return len(text) <= 256 and text.isprintable()

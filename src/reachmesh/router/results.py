@@ -1,0 +1,65 @@
+"""Results of ``mode: async`` requests, kept for a while and fetched by traceId.
+
+Bounded: at most ``max_results`` finished results (oldest dropped first) and each kept for
+``result_ttl_seconds``; pending requests are bounded by the Router's in-flight limit.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from reachmesh.clock import SYSTEM_CLOCK, Clock
+from reachmesh.config import AsyncPolicy
+
+# (HTTP status, ReachResponse body), as reachmesh.router.answer encodes it.
+Reply = tuple[int, bytes]
+
+
+class ResultStore:
+    """traceId -> pending, or the finished (HTTP status, ReachResponse body)."""
+
+    def __init__(self, policy: AsyncPolicy | None = None, *, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.policy = policy or AsyncPolicy()
+        self._clock = clock
+        self._pending: set[str] = set()
+        self._owners: dict[str, str] = {}
+        self._done: OrderedDict[str, tuple[Reply, float]] = OrderedDict()
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def known(self, trace_id: str) -> bool:
+        return trace_id in self._pending or self.get(trace_id) is not None
+
+    def start(self, trace_id: str, owner: str | None = None) -> None:
+        self._pending.add(trace_id)
+        if owner is not None:
+            self._owners[trace_id] = owner
+
+    def owner(self, trace_id: str) -> str | None:
+        """Who started the request (a token's fingerprint), or None when auth was off."""
+        return self._owners.get(trace_id)
+
+    def finish(self, trace_id: str, reply: Reply) -> None:
+        self._pending.discard(trace_id)
+        self._done[trace_id] = (reply, self._clock.monotonic() + self.policy.result_ttl_seconds)
+        self._done.move_to_end(trace_id)
+        while len(self._done) > self.policy.max_results:
+            gone, _ = self._done.popitem(last=False)
+            self._owners.pop(gone, None)
+
+    def is_pending(self, trace_id: str) -> bool:
+        return trace_id in self._pending
+
+    def get(self, trace_id: str) -> Reply | None:
+        """The finished reply, or None (unknown, pending or expired)."""
+        found = self._done.get(trace_id)
+        if found is None:
+            return None
+        reply, expires = found
+        if self._clock.monotonic() >= expires:
+            del self._done[trace_id]
+            self._owners.pop(trace_id, None)
+            return None
+        return reply

@@ -1,0 +1,290 @@
+"""The routing pipeline: candidates, hard filters, rank, affinity.
+
+1. ``targetAgent``: when set, only that agent (it must declare the task);
+2. the task mapping table (``routing.task_map``): an alias or phrase becomes its canonical task,
+   and wins over anything semantic;
+3. exact match: every agent declaring the task (from the registry's task index, no scan);
+3b. a learned route (``routing.learning``, opt-in): a phrase confirmed for a task before, matched
+   normalized (:func:`~reachmesh.registry.base.normalize_phrase`), while some agent declares
+   that task;
+4. ``semantic_route``, only where the policy enables it (``routing.semantic_tasks`` patterns, or
+   a caller asking for it) and exact match found nobody: the nearest declared task above the
+   threshold and clear of the runner-up by the margin; else a refusal listing the best scores;
+5. hard filters: the ``filterAgentIds`` allowlist, status (offline and unhealthy out, suspect
+   last), the circuit breaker (open and no probe due: out);
+6. rank by the strategy: ``exact_match`` (weighted rotation by ``routing_weight``),
+   ``weighted_round_robin`` (weight x merit), or, for a semantic route, similarity then merit;
+7. affinity: the agent a ``conversationId`` is bound to goes first while it is routable.
+
+Each decision and rejection is written to the decision record. Nothing here does I/O: the query
+vector of a semantic request is fetched by the dispatcher first, and only read from the cache here.
+"""
+
+from __future__ import annotations
+
+from fnmatch import fnmatchcase
+
+from reachmesh.config import RoutingPolicy
+from reachmesh.exceptions import NoAvailableHandler, SemanticUnavailable, UnknownTask
+from reachmesh.protocol import AgentStatusValue, CandidateReason, ReachRequest, Strategy
+from reachmesh.record import DecisionRecord
+from reachmesh.registry.base import AgentEntry, Registry, normalize_phrase
+from reachmesh.resilience.affinity import AffinityTable
+from reachmesh.resilience.breaker import BreakerBoard
+from reachmesh.routing.base import Choice, Ranker
+from reachmesh.routing.exact import ExactMatch
+from reachmesh.routing.stats import StatsBook
+from reachmesh.routing.weighted import Merit, WeightedRoundRobin
+from reachmesh.secrets import loggable
+from reachmesh.semantic.vectors import CapabilityVectors
+
+_OUT = {
+    AgentStatusValue.OFFLINE: CandidateReason.OFFLINE,
+    AgentStatusValue.UNHEALTHY: CandidateReason.UNHEALTHY,
+}
+
+
+class Pipeline:
+    """Turns a request into an ordered list of :class:`Choice`, or raises NoAvailableHandler."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        policy: RoutingPolicy | None = None,
+        *,
+        breakers: BreakerBoard | None = None,
+        affinity: AffinityTable | None = None,
+        stats: StatsBook | None = None,
+        vectors: CapabilityVectors | None = None,
+    ) -> None:
+        self.registry = registry
+        self.policy = policy or RoutingPolicy()
+        # `is None`, not `or`: an empty board or table is falsy (it has a length).
+        self.breakers = BreakerBoard() if breakers is None else breakers
+        self.affinity = AffinityTable() if affinity is None else affinity
+        self.vectors = vectors
+        self.exact = ExactMatch()
+        self.merit = Merit(StatsBook() if stats is None else stats, self.policy.merit)
+        self.weighted = WeightedRoundRobin(self.merit)
+
+    def apply(self, policy: RoutingPolicy) -> None:
+        self.policy = policy
+        self.merit.policy = policy.merit
+
+    def forget(self, agent_id: str) -> None:
+        """Drop per-agent ranking state when an agent leaves the registry."""
+        self.exact.rotation.forget(agent_id)
+        self.weighted.rotation.forget(agent_id)
+
+    # -- strategy and semantic gating ---------------------------------------------------------
+
+    def strategy(self, request: ReachRequest) -> Strategy:
+        wanted = request.preferences.strategy
+        if wanted is None or not self.policy.allow_caller_strategy:
+            return self.policy.default_strategy
+        return wanted
+
+    def canonical(self, task: str) -> str:
+        return self.policy.task_map.get(task, task)
+
+    def learned_task(self, text: str) -> str | None:
+        """The task ``text`` was learned for, when learning is on and an agent declares it now
+        (a learned route whose task nobody declares any more is kept, unused)."""
+        if not self.policy.learning.enabled:
+            return None
+        learned = self.registry.learned()
+        if not learned:
+            return None
+        route = learned.get(normalize_phrase(text))
+        if route is None or not self.registry.by_task(route.task):
+            return None
+        return route.task
+
+    def wants_semantic(self, request: ReachRequest) -> bool:
+        """True when this request would be routed semantically (so it needs a query vector)."""
+        if self.vectors is None or request.target_agent:
+            return False
+        task = request.target_task
+        if task in self.policy.task_map or self.registry.by_task(task):
+            return False
+        if self.learned_task(task) is not None:
+            return False
+        if self.strategy(request) is Strategy.SEMANTIC_ROUTE:
+            return True
+        return any(fnmatchcase(task, pattern) for pattern in self.policy.semantic_tasks)
+
+    # -- the decision: candidates, filters, rank, affinity -------------------------------------
+
+    def decide(self, request: ReachRequest, record: DecisionRecord) -> list[Choice]:
+        """The ranked choices for ``request``, each stage written to ``record``."""
+        strategy = self.strategy(request)
+        record.strategy = strategy.value
+        similarity: float | None = None
+        if request.target_agent:
+            task, target = self._targeted(request, record)
+            pool = [target]
+        else:
+            task, similarity = self._by_task(request, record, strategy)
+            pool = list(self.registry.by_task(task))
+        record.matched_task = task
+        record.candidates = [e.id for e in pool]
+        groups = self._filter(request, record, task, pool, similarity)
+        ranked = self._rank(record, strategy, task, groups, similarity)
+        return self._affinity_first(request, record, ranked)
+
+    def _targeted(self, request: ReachRequest, record: DecisionRecord) -> tuple[str, AgentEntry]:
+        """``targetAgent``: only that agent, and it must declare the task."""
+        assert request.target_agent is not None
+        record.rule = "target_agent"
+        entry = self.registry.get(request.target_agent)
+        if entry is None:
+            record.reject(request.target_agent, CandidateReason.UNKNOWN_AGENT)
+            raise self._no_handler(record, f"targetAgent {request.target_agent!r} is not registered")
+        task = self.canonical(request.target_task)
+        if task not in entry.capabilities:
+            record.candidates.append(entry.id)
+            record.reject(entry.id, CandidateReason.NO_CAPABILITY, task=task)
+            raise self._no_handler(record, f"targetAgent {entry.id!r} does not declare task {task!r}")
+        return task, entry
+
+    def _by_task(
+        self, request: ReachRequest, record: DecisionRecord, strategy: Strategy
+    ) -> tuple[str, float | None]:
+        """The declared task that supplies candidates: mapped, exact, or found by meaning."""
+        task = request.target_task
+        mapped = self.policy.task_map.get(task)
+        if mapped is not None:
+            record.rule = "task_map"
+            record.note("task map", f"{task} -> {mapped}")
+            task = mapped
+        else:
+            record.rule = strategy.value if strategy is not Strategy.SEMANTIC_ROUTE else "exact_match"
+        similarity: float | None = None
+        if not self.registry.by_task(task) and mapped is None:
+            learned = self.learned_task(task)
+            if learned is not None:
+                # Its own rule, so a learned route is told apart from the operator's task map.
+                record.rule = "learned"
+                record.note("learned", f"{loggable(task)} -> {learned}")
+                task = learned
+            elif self.wants_semantic(request):
+                task, similarity = self._semantic(request, record)
+                record.rule = "semantic_route"
+        if not self.registry.by_task(task):
+            raise UnknownTask(task, list(record.rejected))
+        return task, similarity
+
+    def _filter(
+        self,
+        request: ReachRequest,
+        record: DecisionRecord,
+        task: str,
+        pool: list[AgentEntry],
+        similarity: float | None,
+    ) -> tuple[list[AgentEntry], list[AgentEntry]]:
+        """Hard filters: the allowlist, status and breaker. Available agents, then suspect ones."""
+        allow = request.preferences.filter_agent_ids
+        allowed = set(allow) if allow is not None else None
+        eligible: list[AgentEntry] = []
+        last_resort: list[AgentEntry] = []
+        for entry in pool:
+            if allowed is not None and entry.id not in allowed:
+                record.reject(entry.id, CandidateReason.FILTERED, similarity, task)
+            elif not entry.routable:
+                record.reject(entry.id, _OUT[entry.status], similarity, task)
+            elif self.breakers.blocked(entry.id, task):
+                record.reject(entry.id, CandidateReason.CIRCUIT_OPEN, similarity, task)
+            elif entry.status is AgentStatusValue.AVAILABLE:
+                eligible.append(entry)
+            else:
+                last_resort.append(entry)
+        if not eligible and not last_resort:
+            raise self._no_handler(record, f"no routable agent for task {task!r}")
+        return eligible, last_resort
+
+    def _rank(
+        self,
+        record: DecisionRecord,
+        strategy: Strategy,
+        task: str,
+        groups: tuple[list[AgentEntry], ...],
+        similarity: float | None,
+    ) -> list[Choice]:
+        """Each group in order, ranked by the strategy; a semantic route ranks by merit too."""
+        ranker: Ranker = self.exact
+        if similarity is not None or strategy is not Strategy.EXACT_MATCH:
+            ranker = self.weighted
+        ranked: list[Choice] = []
+        for group in groups:
+            if group:
+                ranking = ranker.rank(task, group, similarity)
+                ranked.extend(ranking.choices)
+                record.explain.extend(ranking.explain)
+        return ranked
+
+    def _affinity_first(
+        self, request: ReachRequest, record: DecisionRecord, ranked: list[Choice]
+    ) -> list[Choice]:
+        """The agent a conversation is bound to goes first while it is routable."""
+        if not request.conversation_id:
+            return ranked
+        bound_agent = self.affinity.get(request.conversation_id)
+        if bound_agent is None:
+            return ranked
+        record.affinity = bound_agent
+        for i, choice in enumerate(ranked):
+            if choice.entry.id == bound_agent:
+                if i:
+                    ranked.insert(0, ranked.pop(i))
+                break
+        return ranked
+
+    def _semantic(self, request: ReachRequest, record: DecisionRecord) -> tuple[str, float]:
+        """The task a free-text request means, or a refusal with the best scores."""
+        assert self.vectors is not None
+        text = request.target_task
+        query = self.vectors.cached(text)
+        if query is None:
+            reason = self.vectors.last_error or "no query vector"
+            raise SemanticUnavailable(
+                f"semantic routing is unavailable ({reason}); exact task names still work", []
+            )
+        limits = self.vectors.thresholds()
+        if limits is None:
+            raise SemanticUnavailable(
+                f"no calibrated threshold for embedding model {self.vectors.embedder.model!r}: "
+                "run `reach calibrate` and add the calibration it prints to the policy "
+                f"(embedding.calibrations holds {sorted(self.vectors.policy.calibrations) or 'none'})",
+                [],
+            )
+        threshold, margin = limits
+        verdict = self.vectors.index.judge(query, threshold, margin, self.vectors.baseline(query))
+        record.semantic = {
+            "score": round(verdict.score, 4),
+            "runnerUp": None if verdict.runner_up is None else round(verdict.runner_up, 4),
+            "threshold": threshold,
+            "margin": margin,
+            "verdict": verdict.reason,
+            "best": [{"task": t, "score": round(s, 4)} for t, s in verdict.best],
+        }
+        if verdict.task is None:
+            record.semantic_refused = True
+            for best_task, score in verdict.best:
+                for entry in self.registry.by_task(best_task):
+                    record.reject(entry.id, verdict.reason, round(score, 4), best_task)
+            if not verdict.best:
+                # Nothing to compare with: saying "best score 0.000" would blame the question.
+                raise self._no_handler(
+                    record, f"no capability is ready to route by meaning yet, so {text!r} matches none"
+                )
+            why = (
+                f"best score {verdict.score:.3f} is below the threshold {threshold:.3f}"
+                if verdict.reason == "below_threshold"
+                else f"best score {verdict.score:.3f} is within {margin:.3f} of the runner-up"
+            )
+            raise self._no_handler(record, f"no capability matches {text!r} well enough: {why}")
+        return verdict.task, verdict.score
+
+    @staticmethod
+    def _no_handler(record: DecisionRecord, message: str) -> NoAvailableHandler:
+        return NoAvailableHandler(message, list(record.rejected))

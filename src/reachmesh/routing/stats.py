@@ -1,0 +1,103 @@
+"""Per-agent request statistics, as shown in ``AgentStatus.stats``.
+
+Memory is O(agents): a fixed window of recent latencies per agent, dropped when the agent
+leaves the registry.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Any
+
+from reachmesh.clock import SYSTEM_CLOCK, Clock
+
+LATENCY_WINDOW = 256
+
+
+class _AgentStats:
+    __slots__ = (
+        "ewma_latency_ms",
+        "ewma_success",
+        "failures",
+        "inflight",
+        "last_sample",
+        "latencies",
+        "requests",
+    )
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.failures = 0
+        self.inflight = 0
+        self.latencies: deque[float] = deque(maxlen=LATENCY_WINDOW)
+        # Time-decayed EWMAs: how much a sample moves them depends on the time since the last
+        # one, so they react within seconds whether an agent sees 1 or 1,000 requests/s.
+        self.ewma_latency_ms: float | None = None
+        self.ewma_success = 1.0
+        self.last_sample = 0.0
+
+
+class StatsBook:
+    """Counts requests, failures, in-flight calls and recent latencies for each agent."""
+
+    __slots__ = ("_agents", "_clock", "tau")
+
+    def __init__(self, *, clock: Clock = SYSTEM_CLOCK, tau_seconds: float = 2.0) -> None:
+        self._agents: dict[str, _AgentStats] = {}
+        self._clock = clock
+        self.tau = tau_seconds
+
+    def started(self, agent_id: str) -> None:
+        stats = self._agents.get(agent_id)
+        if stats is None:
+            stats = self._agents[agent_id] = _AgentStats()
+        stats.inflight += 1
+
+    def finished(self, agent_id: str, *, ok: bool, latency_ms: float) -> None:
+        stats = self._agents.get(agent_id)
+        if stats is None:  # forgotten mid-flight: the agent left the registry
+            return
+        stats.inflight -= 1
+        stats.requests += 1
+        if not ok:
+            stats.failures += 1
+        stats.latencies.append(latency_ms)
+        now = self._clock.monotonic()
+        if stats.ewma_latency_ms is None:
+            stats.ewma_latency_ms = latency_ms
+            stats.ewma_success = 1.0 if ok else 0.0
+        else:
+            alpha = 1.0 - math.exp(-max(now - stats.last_sample, 0.0) / self.tau)
+            alpha = max(alpha, 0.01)  # a burst of samples in one instant still counts a little
+            stats.ewma_latency_ms += alpha * (latency_ms - stats.ewma_latency_ms)
+            stats.ewma_success += alpha * ((1.0 if ok else 0.0) - stats.ewma_success)
+        stats.last_sample = now
+
+    def merit(self, agent_id: str) -> tuple[float, float | None]:
+        """``(EWMA success rate, EWMA latency in ms or None before any sample)``."""
+        stats = self._agents.get(agent_id)
+        if stats is None:
+            return 1.0, None
+        return stats.ewma_success, stats.ewma_latency_ms
+
+    def forget(self, agent_id: str) -> None:
+        self._agents.pop(agent_id, None)
+
+    def snapshot(self, agent_id: str) -> dict[str, Any]:
+        """``{"requests", "successRate", "p50LatencyMs", "inflight"}`` for one agent."""
+        stats = self._agents.get(agent_id)
+        if stats is None or stats.requests == 0:
+            return {
+                "requests": 0,
+                "successRate": 1.0,
+                "p50LatencyMs": None,
+                "inflight": stats.inflight if stats else 0,
+            }
+        window = sorted(stats.latencies)
+        return {
+            "requests": stats.requests,
+            "successRate": round(1 - stats.failures / stats.requests, 4),
+            "p50LatencyMs": round(window[len(window) // 2], 2),
+            "inflight": stats.inflight,
+        }

@@ -1,0 +1,194 @@
+"""Callers' side: send a ReachRequest to the Router and get the ReachResponse back.
+
+:class:`ReachClient` is async (one pooled aiohttp session); :class:`SyncReachClient` is the same
+API for synchronous code. Both return the ReachResponse for every answer the Router gives,
+errors included; they raise :class:`RouterUnavailable` only when there is no answer to return.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import aiohttp
+import httpx
+from pydantic import ValidationError
+
+from reachmesh import jsoncodec
+from reachmesh.exceptions import RouterUnavailable
+from reachmesh.protocol import PROTOCOL_VERSION, ReachResponse
+from reachmesh.sdk.auth import auth_headers
+from reachmesh.sdk.config import DEFAULT_ROUTER_URL
+from reachmesh.sdk.tls import router_verify
+
+# The Router answers within the request's budget; this is how long to wait when none is given.
+DEFAULT_WAIT_S = 60.0
+# Slack over the budget for the Router's own answer to arrive.
+SLACK_S = 2.0
+
+
+def router_url_from_env(url: str | None) -> str:
+    return (url or os.environ.get("REACH_ROUTER_URL") or DEFAULT_ROUTER_URL).rstrip("/")
+
+
+def build_request(  # noqa: PLR0913 - one keyword per envelope field a caller may set
+    task: str,
+    payload: dict[str, Any] | None = None,
+    *,
+    target_agent: str | None = None,
+    timeout_ms: int | None = None,
+    conversation_id: str | None = None,
+    filter_agent_ids: list[str] | None = None,
+    strategy: str | None = None,
+    trace_id: str | None = None,
+    retry_count: int | None = None,
+    context_bound: bool = False,
+    source_agent: str | None = None,
+) -> dict[str, Any]:
+    """The ReachRequest envelope for one call, with only the keys that were given."""
+    prefs: dict[str, Any] = {}
+    if timeout_ms is not None:
+        prefs["timeoutMs"] = timeout_ms
+    if filter_agent_ids is not None:
+        prefs["filterAgentIds"] = filter_agent_ids
+    if strategy is not None:
+        prefs["strategy"] = strategy
+    if retry_count is not None:
+        prefs["retryCount"] = retry_count
+    if context_bound:
+        prefs["contextBound"] = True
+    envelope: dict[str, Any] = {
+        "version": PROTOCOL_VERSION,
+        "targetTask": task,
+        "payload": payload or {},
+        "preferences": prefs,
+    }
+    for key, value in (
+        ("traceId", trace_id),
+        ("conversationId", conversation_id),
+        ("sourceAgent", source_agent),
+        ("targetAgent", target_agent),
+    ):
+        if value:
+            envelope[key] = value
+    return envelope
+
+
+def prepare(
+    task: str,
+    payload: dict[str, Any] | None,
+    headers: dict[str, str] | None,
+    source_agent: str | None,
+    options: dict[str, Any],
+) -> tuple[bytes, dict[str, str], float]:
+    """The body, headers and client-side wait of one call, shared by both clients."""
+    options.setdefault("source_agent", source_agent)
+    envelope = build_request(task, payload, **options)
+    sent = {"Content-Type": "application/json", **(headers or {})}
+    return jsoncodec.dumps(envelope), sent, _wait_s(options.get("timeout_ms"))
+
+
+def _wait_s(timeout_ms: int | None) -> float:
+    return DEFAULT_WAIT_S if timeout_ms is None else timeout_ms / 1000 + SLACK_S
+
+
+def parse_response(status: int, raw: bytes) -> ReachResponse:
+    """The ReachResponse in a Router answer; RouterUnavailable when it holds none."""
+    try:
+        return ReachResponse.model_validate(jsoncodec.loads(raw))
+    except (jsoncodec.JSONDecodeError, ValidationError) as exc:
+        raise RouterUnavailable(f"the Router answered HTTP {status} without a ReachResponse") from exc
+
+
+class ReachClient:
+    """Async client: ``await client.call("query_product_price", {...}, timeout_ms=4000)``."""
+
+    def __init__(self, router_url: str | None = None, *, source_agent: str | None = None) -> None:
+        self.router_url = router_url_from_env(router_url)
+        self.source_agent = source_agent
+        # Read now, so a bad REACH_CA_FILE fails here and not at the first call.
+        self._verify = router_verify()
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> ReachClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _http(self) -> aiohttp.ClientSession:
+        # Created lazily so that it belongs to the loop that first uses it.
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(ssl=self._verify),
+                cookie_jar=aiohttp.DummyCookieJar(),
+                headers=auth_headers(),
+            )
+        return self._session
+
+    async def call(
+        self,
+        task: str,
+        payload: dict[str, Any] | None = None,
+        *,
+        headers: dict[str, str] | None = None,
+        **options: Any,
+    ) -> ReachResponse:
+        """Send one request; see :func:`build_request` for the options."""
+        body, sent, wait_s = prepare(task, payload, headers, self.source_agent, options)
+        try:
+            async with self._http().post(
+                f"{self.router_url}/reach",
+                data=body,
+                headers=sent,
+                timeout=aiohttp.ClientTimeout(total=wait_s),
+            ) as resp:
+                raw = await resp.read()
+                status = resp.status
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise RouterUnavailable(f"cannot reach the Router at {self.router_url}: {exc!r}") from exc
+        return parse_response(status, raw)
+
+
+class SyncReachClient:
+    """Blocking client with the same API as :class:`ReachClient`."""
+
+    def __init__(self, router_url: str | None = None, *, source_agent: str | None = None) -> None:
+        self.router_url = router_url_from_env(router_url)
+        self.source_agent = source_agent
+        self._http = httpx.Client(headers=auth_headers(), verify=router_verify())
+
+    def __enter__(self) -> SyncReachClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def call(
+        self,
+        task: str,
+        payload: dict[str, Any] | None = None,
+        *,
+        headers: dict[str, str] | None = None,
+        **options: Any,
+    ) -> ReachResponse:
+        """Send one request; see :func:`build_request` for the options."""
+        body, sent, wait_s = prepare(task, payload, headers, self.source_agent, options)
+        try:
+            resp = self._http.post(
+                f"{self.router_url}/reach",
+                content=body,
+                headers=sent,
+                timeout=wait_s,
+            )
+        except httpx.HTTPError as exc:
+            raise RouterUnavailable(f"cannot reach the Router at {self.router_url}: {exc!r}") from exc
+        return parse_response(resp.status_code, resp.content)

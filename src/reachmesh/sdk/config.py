@@ -1,0 +1,166 @@
+"""``reach_config.yaml``: an agent's profile plus where it finds the Router and what it binds.
+
+```yaml
+agent:            # the profile of PROTOCOL.md §1, sent to the Router as is
+  id: price-query-agent
+  network: {endpoint: http://127.0.0.1:7301/reach}
+  capabilities: [...]
+router:           # optional
+  url: http://127.0.0.1:7200
+  registration_timeout_seconds: 5   # per attempt; a retry after a lost reply keeps the lease
+server:           # optional: where the SDK listens; default 127.0.0.1 and the endpoint's port
+  host: 127.0.0.1
+  port: 7301
+  tls_cert_file: agent.crt   # optional, with tls_key_file: serve the callback over HTTPS
+  tls_key_file: agent.key    # (the endpoint must then be https://)
+```
+
+The environment wins over the file: ``REACH_SELF_ID`` (agent.id), ``REACH_ROUTER_URL``
+(router.url), ``REACH_CALLBACK_URL`` (agent.network.endpoint) and, an addition to the
+protocol, ``REACH_HEALTH_PORT`` (agent.health_check.port). ``REACH_CA_FILE`` is the CA bundle an
+HTTPS Router's certificate is checked against (see :mod:`reachmesh.sdk.tls`).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from pydantic import ValidationError
+
+from reachmesh.config import read_yaml
+from reachmesh.exceptions import ConfigError
+from reachmesh.protocol import AgentProfile, error_details
+from reachmesh.sdk.lease import DEFAULT_REGISTRATION_TIMEOUT_S
+
+DEFAULT_ROUTER_URL = "http://127.0.0.1:7200"
+_KNOWN_TOP = {"agent", "router", "server"}
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    """A validated agent configuration."""
+
+    profile: AgentProfile
+    router_url: str = DEFAULT_ROUTER_URL
+    host: str = "127.0.0.1"
+    port: int = 0
+    registration_timeout_seconds: float = DEFAULT_REGISTRATION_TIMEOUT_S
+    # HTTPS for the callback: the certificate chain and key (PEM), both or neither.
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+
+    @property
+    def callback_path(self) -> str:
+        return urlsplit(self.profile.network.endpoint).path or "/"
+
+    @property
+    def health_port(self) -> int | None:
+        return self.profile.health_check.port
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], *, env: dict[str, str] | None = None) -> AgentConfig:
+        """Read, override from the environment, and validate ``path``; raises ConfigError."""
+        return cls.from_mapping(read_yaml(path), source=str(path), env=env)
+
+    @classmethod
+    def from_mapping(
+        cls, data: Any, *, source: str = "reach_config.yaml", env: dict[str, str] | None = None
+    ) -> AgentConfig:
+        env = dict(os.environ) if env is None else env
+        if not isinstance(data, dict):
+            raise ConfigError(f"{source}: the top level must be a mapping with an `agent:` key")
+        unknown = sorted(set(data) - _KNOWN_TOP)
+        if unknown:
+            raise ConfigError(
+                f"{source}: unknown top-level key(s) {', '.join(unknown)}; "
+                f"expected {', '.join(sorted(_KNOWN_TOP))}"
+            )
+        agent = copy.deepcopy(data.get("agent"))
+        if not isinstance(agent, dict):
+            raise ConfigError(f"{source}: agent: is required and must be a mapping (the profile)")
+        _apply_env(agent, env)
+        try:
+            profile = AgentProfile.model_validate(agent)
+        except ValidationError as exc:
+            details = error_details(exc, prefix="agent")
+            lines = "; ".join(f"{d['field']}: {d['message']}" for d in details)
+            raise ConfigError(f"{source}: {lines}", details=details) from exc
+
+        router = data.get("router") or {}
+        server = data.get("server") or {}
+        if not isinstance(router, dict) or not isinstance(server, dict):
+            raise ConfigError(f"{source}: router: and server: must be mappings")
+        router_url = env.get("REACH_ROUTER_URL") or router.get("url") or DEFAULT_ROUTER_URL
+        parts = urlsplit(str(router_url))
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(f"{source}: router.url must be an http(s) URL, got {router_url!r}")
+        endpoint = urlsplit(profile.network.endpoint)
+        port = server.get("port", endpoint.port or (443 if endpoint.scheme == "https" else 80))
+        if not isinstance(port, int) or not 0 <= port <= 65535:
+            raise ConfigError(f"{source}: server.port must be a port number, got {port!r}")
+        host = server.get("host", "127.0.0.1")
+        if not isinstance(host, str) or not host:
+            raise ConfigError(f"{source}: server.host must be a host name or address")
+        timeout = router.get("registration_timeout_seconds", DEFAULT_REGISTRATION_TIMEOUT_S)
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= 300:
+            raise ConfigError(
+                f"{source}: router.registration_timeout_seconds must be a number of seconds "
+                f"from 0 to 300, got {timeout!r}"
+            )
+        cert_file, key_file = _server_tls(server, profile, source)
+        return cls(
+            profile=profile,
+            router_url=str(router_url).rstrip("/"),
+            host=host,
+            port=port,
+            registration_timeout_seconds=float(timeout),
+            tls_cert_file=cert_file,
+            tls_key_file=key_file,
+        )
+
+
+def _server_tls(server: dict[str, Any], profile: AgentProfile, source: str) -> tuple[str | None, str | None]:
+    """``server.tls_cert_file`` and ``server.tls_key_file``: both or neither, and only for https."""
+    cert_file, key_file = server.get("tls_cert_file"), server.get("tls_key_file")
+    if cert_file is None and key_file is None:
+        return None, None
+    if not isinstance(cert_file, str) or not isinstance(key_file, str) or not cert_file or not key_file:
+        raise ConfigError(f"{source}: server.tls_cert_file and server.tls_key_file go together (two paths)")
+    if urlsplit(profile.network.endpoint).scheme != "https":
+        # The Router would speak cleartext to a TLS port: every call would fail, so say it now.
+        raise ConfigError(
+            f"{source}: server.tls_cert_file is set, so agent.network.endpoint must be https://"
+        )
+    if profile.health_check.port is not None:
+        # The Router probes the health port with the endpoint's scheme, and the small health
+        # server there speaks plain HTTP only.
+        raise ConfigError(f"{source}: a separate health_check.port is plain HTTP; drop it to serve HTTPS")
+    return cert_file, key_file
+
+
+def find_config(path: str | os.PathLike[str] | None = None) -> Path:
+    """``path``, else ``REACH_AGENT_CONFIG``, else ``./reach_config.yaml``."""
+    chosen = path or os.environ.get("REACH_AGENT_CONFIG") or "reach_config.yaml"
+    return Path(chosen)
+
+
+def _apply_env(agent: dict[str, Any], env: dict[str, str]) -> None:
+    """Override the profile from REACH_SELF_ID, REACH_HEALTH_PORT and REACH_CALLBACK_URL."""
+    if env.get("REACH_SELF_ID"):
+        agent["id"] = env["REACH_SELF_ID"]
+    if env.get("REACH_HEALTH_PORT"):
+        found_check = agent.get("health_check")
+        check: dict[str, Any] = found_check if isinstance(found_check, dict) else {}
+        raw = env["REACH_HEALTH_PORT"]
+        if not (raw.isascii() and raw.isdigit()):
+            raise ConfigError(f"REACH_HEALTH_PORT must be a port number, got {raw!r}")
+        agent["health_check"] = {**check, "port": int(raw)}
+    if env.get("REACH_CALLBACK_URL"):
+        found = agent.get("network")
+        network: dict[str, Any] = found if isinstance(found, dict) else {}
+        agent["network"] = {**network, "endpoint": env["REACH_CALLBACK_URL"]}

@@ -1,0 +1,359 @@
+"""Capability vectors: the bridge between the embedder (async, may fail) and the semantic index.
+
+- At registration, each capability's texts are embedded as passages and put in the index. When
+  the embedder is down the agent is still registered (exact match serves it) and its vectors are
+  retried in the background.
+- A request's text is embedded as a query only on a cache miss; the pipeline itself only ever
+  reads the cache, so no model call sits on the decision.
+- While learning is on (``routing.learning.enabled``), each learned phrase (from the registry,
+  so from any Router) is embedded as a passage and indexed as one more example row of its task:
+  paraphrases of a confirmed phrase benefit too, not only the phrase itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from reachmesh.config import EmbeddingPolicy
+from reachmesh.exceptions import EmbeddingError, EmbeddingUnavailable
+from reachmesh.lifecycle import Background
+from reachmesh.registry.base import AgentEntry, LearnedRoute, Registry, RegistryEvent
+from reachmesh.semantic.embedders.base import Embedder
+from reachmesh.semantic.index import (
+    BACKGROUND,
+    LEARNED,
+    QueryCache,
+    SemanticIndex,
+    Vector,
+    capability_texts,
+)
+from reachmesh.semantic.queue import EmbeddingQueue, Job, VectorState
+from reachmesh.semantic.shared import decode_block, encode_block
+
+log = logging.getLogger("reachmesh.semantic")
+
+
+class CapabilityVectors:
+    """Owns the embedder, the index and the query cache; keeps the index in step with the registry."""
+
+    def __init__(self, embedder: Embedder, registry: Registry, policy: EmbeddingPolicy | None = None) -> None:
+        self.embedder = embedder
+        self.registry = registry
+        self.policy = policy or EmbeddingPolicy()
+        self.index = SemanticIndex(dim=embedder.dim or 384)
+        self.background: Vector | None = None
+        # One embedding of the background texts at a time, shared by whoever needs it first.
+        self._background_job: asyncio.Future[None] | None = None
+        # At least one slot: the request that embedded its text reads the vector back from here
+        # (cache_size 0 means no reuse between requests, not no vector at all).
+        self.cache = QueryCache(max(self.policy.cache_size, 1))
+        self.up = True  # False after the embedder failed, until it answers again
+        self.last_error: str | None = None
+        self._pending: dict[str, AgentEntry] = {}
+        self._ready: set[str] = set()
+        self.shared_hits = 0  # agents made ready from another Router's vectors, not embedded here
+        self.queue = EmbeddingQueue(self._embed_passages, lambda e: self.registry.get(e.id) is e)
+        self._background = Background("reach-vectors")
+        registry.subscribe(self._on_registry)
+        # Learned phrases waiting for their vector: phrase key -> (task, phrase).
+        self.learning = False
+        self._learned_todo: dict[str, tuple[str, str]] = {}
+        self._learned_wake = asyncio.Event()
+        registry.subscribe_learned(self._on_learned)
+
+    def thresholds(self) -> tuple[float, float] | None:
+        """``(threshold, margin)`` for the model in use, or None when it has none (not calibrated)."""
+        return self.policy.operating_point(self.embedder.model, self.embedder.thresholds)
+
+    def _on_registry(self, event: RegistryEvent, entry: AgentEntry) -> None:
+        if event in (RegistryEvent.DEREGISTERED, RegistryEvent.REMOVED, RegistryEvent.REPLACED):
+            self.index.remove_agent(entry.id)
+            self._pending.pop(entry.id, None)
+            self._ready.discard(entry.id)
+            self.queue.drop(entry.id)
+
+    # -- learned phrases as example rows -----------------------------------------------------
+
+    def set_learning(self, enabled: bool) -> None:
+        """Index every learned phrase (on), or drop their rows (off); follows policy reloads."""
+        if enabled == self.learning:
+            return
+        self.learning = enabled
+        for key, route in list(self.registry.learned().items()):
+            self._on_learned(key, route if enabled else None)
+
+    def learned_pending(self) -> int:
+        """Learned phrases not in the index yet (their vectors are on the way)."""
+        return len(self._learned_todo)
+
+    def _on_learned(self, key: str, route: LearnedRoute | None) -> None:
+        self.index.remove_agent(LEARNED + key)
+        self._learned_todo.pop(key, None)
+        if route is not None and self.learning:
+            self._learned_todo[key] = (route.task, route.phrase)
+            self._learned_wake.set()
+
+    async def _learn_loop(self) -> None:
+        """Embed learned phrases a few at a time, off the request path."""
+        while True:
+            await self._learned_wake.wait()
+            self._learned_wake.clear()
+            while self._learned_todo:
+                batch = list(self._learned_todo.items())[:16]
+                try:
+                    vectors = await self.embedder.embed([phrase for _, (_, phrase) in batch], "passage")
+                except EmbeddingError as exc:
+                    self._failed(exc)
+                    break  # the retry tick wakes this loop again
+                self._recovered()
+                for (key, wanted), vector in zip(batch, vectors, strict=True):
+                    if self._learned_todo.get(key) == wanted:  # not replaced or forgotten meanwhile
+                        del self._learned_todo[key]
+                        self.index.add(LEARNED + key, wanted[0], [wanted[1]], vector[None, :])
+
+    def state(self, agent_id: str) -> VectorState | None:
+        """Whether an agent is routable by meaning yet; None for an agent this never saw."""
+        if agent_id in self._ready:
+            return VectorState.READY
+        if agent_id in self.queue:
+            return VectorState.PENDING
+        if agent_id in self._pending:
+            return VectorState.UNAVAILABLE
+        return None
+
+    def schedule(self, entry: AgentEntry) -> None:
+        """Queue ``entry``'s capability texts; it becomes routable by meaning once they are in.
+
+        Texts another Router already embedded with this model (a shared registry) are taken from
+        its block instead: a Router joining a large registry is ready without embedding it all.
+        """
+        self._ready.discard(entry.id)
+        job = self._plan(entry)
+        if job.texts and self._from_shared(entry, job.texts):
+            self.shared_hits += 1
+            return
+        self.queue.put(job)
+
+    def _from_shared(self, entry: AgentEntry, missing: list[tuple[str, str]]) -> bool:
+        block = self.registry.vectors_for(self.embedder.model, entry.id)
+        if block is None:
+            return False
+        rows = decode_block(block, self.embedder.model, self.index.dim)
+        if not all(row in rows for row in missing):
+            return False  # the profile changed since, or another model: embed here
+        import numpy as np
+
+        self._index(entry, missing, np.stack([rows[row] for row in missing]))
+        return entry.id in self._ready
+
+    def _share(self, entry: AgentEntry) -> None:
+        """Publish every row of ``entry`` for the other Routers (a no-op on a private registry)."""
+        rows = [
+            (task, text)
+            for task, capability in entry.capabilities.items()
+            for text in capability_texts(task, capability.description, list(capability.examples))
+            if self.index.has(task, text)
+        ]
+        if rows:
+            import numpy as np
+
+            matrix = np.stack([self.index.vector(task, text) for task, text in rows])
+            self.registry.publish_vectors(
+                self.embedder.model, entry.id, encode_block(self.embedder.model, rows, matrix)
+            )
+
+    def _plan(self, entry: AgentEntry) -> Job:
+        missing = []
+        for task, capability in entry.capabilities.items():
+            for text in capability_texts(task, capability.description, list(capability.examples)):
+                if not self.index.has(task, text):
+                    missing.append((task, text))
+        return Job(entry, missing)
+
+    async def _embed_passages(self, texts: list[str]) -> Vector:
+        return await self.embedder.embed(texts, "passage")
+
+    def _job_done(self, job: Job) -> None:
+        self._index(job.entry, job.texts, job.vectors())
+        self._recovered()
+        if job.entry.id in self._ready and job.texts:
+            self._share(job.entry)
+
+    def _job_failed(self, job: Job, exc: EmbeddingError) -> None:
+        self._failed(exc)
+        self._pending[job.entry.id] = job.entry
+
+    async def add(self, entry: AgentEntry) -> bool:
+        """Embed and index an entry's capabilities now, in one model call (tools and benchmarks);
+        False, and retried in the background, when the embedder failed."""
+        job = self._plan(entry)
+        try:
+            fresh = await self._embed_passages([text for _, text in job.texts]) if job.texts else None
+        except EmbeddingError as exc:
+            self._job_failed(job, exc)
+            return False
+        self._index(entry, job.texts, fresh)
+        self._recovered()
+        return True
+
+    def _index(self, entry: AgentEntry, fresh_texts: list[tuple[str, str]], fresh: Vector | None) -> None:
+        """Put every capability text of ``entry`` in the index: new rows, and rows other agents
+        already brought (a thousand agents declaring one capability share its rows)."""
+        lost = [
+            (task, text)
+            for task, capability in entry.capabilities.items()
+            for text in capability_texts(task, capability.description, list(capability.examples))
+            if (task, text) not in fresh_texts and not self.index.has(task, text)
+        ]
+        if lost:
+            # Rows another agent brought left with it while this job waited: embed them too.
+            self.schedule(entry)
+            return
+        row = 0
+        for task, capability in entry.capabilities.items():
+            texts = capability_texts(task, capability.description, list(capability.examples))
+            todo = [text for t, text in fresh_texts if t == task]
+            if todo and fresh is not None:
+                self.index.add(entry.id, task, todo, fresh[row : row + len(todo)])
+                row += len(todo)
+            known = [t for t in texts if t not in todo]
+            if known:
+                self.index.add(entry.id, task, known, self._rows_for(task, known))
+        self._ready.add(entry.id)
+
+    def _rows_for(self, task: str, texts: list[str]) -> Vector:
+        import numpy as np
+
+        stacked: Vector = np.stack([self.index.vector(task, t) for t in texts])
+        return stacked
+
+    def cached(self, text: str) -> Vector | None:
+        return self.cache.get(text)
+
+    def baseline(self, query: Vector) -> float:
+        """The query's mean similarity to the neutral background texts (0 until they are embedded)."""
+        if self.background is None:
+            return 0.0
+        return float((self.background @ query).mean())
+
+    def _background_embedding(self) -> asyncio.Future[None]:
+        """The one embedding of the background texts under way, started if none is."""
+        job = self._background_job
+        if job is None or (job.done() and (job.cancelled() or job.exception() is not None)):
+            job = self._background_job = asyncio.ensure_future(self._embed_background())
+            job.add_done_callback(self._background_done)
+        return job
+
+    def _background_done(self, job: asyncio.Future[None]) -> None:
+        # Read here, so a failure nobody awaited (a retry's) is reported, never left unretrieved.
+        if not job.cancelled() and isinstance(job.exception(), EmbeddingError):
+            self._failed(job.exception())  # type: ignore[arg-type]
+
+    async def _embed_background(self) -> None:
+        self.background = await self.embedder.embed(list(BACKGROUND), "passage")
+
+    async def ensure_background(self) -> None:
+        """Embed the background texts once (they calibrate every score)."""
+        if self.background is None:
+            await self._background_embedding()
+
+    async def _background_for_query(self) -> None:
+        """The background, waited for at most ``embedding.timeout_ms``: a caller is waiting. The
+        embedding goes on (as a batch, with ``batch_timeout_ms``) for the callers after it."""
+        if self.background is not None:
+            return
+        job = self._background_embedding()
+        try:
+            await asyncio.wait_for(asyncio.shield(job), self.policy.timeout_ms / 1000)
+        except TimeoutError:
+            raise EmbeddingUnavailable(
+                "the embedder has not yet embedded the background texts every score is measured "
+                "against (no answer within embedding.timeout_ms)"
+            ) from None
+
+    async def query_vector(self, text: str) -> Vector:
+        """The query vector for ``text``: from the cache, else from the embedder (then cached)."""
+        cached = self.cache.get(text)
+        if cached is not None:
+            return cached
+        try:
+            await self._background_for_query()
+            vector: Vector = (await self.embedder.embed([text], "query"))[0]
+        except EmbeddingError as exc:
+            self._failed(exc)
+            raise
+        self._recovered()
+        self.cache.put(text, vector)
+        return vector
+
+    def _failed(self, exc: EmbeddingError) -> None:
+        if self.up:
+            log.warning(
+                "embedder %s failed (%s): semantic routes are refused, exact match goes on",
+                self.embedder.model,
+                exc.message,
+            )
+        self.up = False
+        self.last_error = exc.message
+
+    def _recovered(self) -> None:
+        if not self.up:
+            log.info("embedder %s answers again: semantic routing restored", self.embedder.model)
+        self.up = True
+        self.last_error = None
+
+    async def start(self) -> None:
+        if not self._background:
+            self._background.every(lambda: self.policy.retry_seconds, self._retry_pending, "retry")
+            self._background.spawn(self._warm_up(), "warm-up")
+            self._background.spawn(self.queue.run(self._job_done, self._job_failed), "queue")
+            self._background.spawn(self._learn_loop(), "learned")
+
+    async def _warm_up(self) -> None:
+        # Load the model and embed the background texts before the first semantic request needs them.
+        try:
+            await self.ensure_background()
+            await self.embedder.embed(["warm-up"], "query")  # loads the query lane's model too
+        except EmbeddingError as exc:
+            self._failed(exc)
+            return
+        self.describe()
+
+    def describe(self) -> None:
+        """One line on what routes by meaning: the model and its operating point, or why not."""
+        point = self.thresholds()
+        if point is None:
+            log.warning(
+                "semantic routing: embedder %s has no calibration, so routes by meaning are refused "
+                "until `reach calibrate` has measured it and its calibration is in the policy "
+                "(embedding.calibrations holds %s)",
+                self.embedder.model,
+                sorted(self.policy.calibrations) or "none",
+            )
+        else:
+            log.info(
+                "semantic routing: embedder %s, threshold %.4f, margin %.4f",
+                self.embedder.model,
+                point[0],
+                point[1],
+            )
+
+    async def close(self) -> None:
+        if self._background_job is not None and not self._background_job.done():
+            self._background_job.cancel()
+        await self._background.close()
+        await self.embedder.close()
+
+    async def _retry_pending(self) -> None:
+        """Queue again every agent whose vectors failed; the queue drops those that left. A
+        background that failed is embedded again too, off the request path."""
+        if self.background is None:
+            self._background_embedding()
+        if self._learned_todo:
+            self._learned_wake.set()
+        for agent_id, entry in list(self._pending.items()):
+            del self._pending[agent_id]
+            if self.registry.get(agent_id) is entry:
+                log.debug("retrying the capability vectors of %s", agent_id)
+                self.schedule(entry)

@@ -1,0 +1,482 @@
+"""The registry API and the admin surface, as a Starlette app behind one small class.
+
+:class:`AdminApi` reads the Router's parts (:class:`~reachmesh.server.components.RouterParts`),
+its policy file and whether it has started; it never reaches back into the ASGI app.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import socket
+from collections.abc import Callable, Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import orjson
+from pydantic import ValidationError
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from reachmesh.clock import iso_utc
+from reachmesh.exceptions import (
+    Forbidden,
+    InvalidProfile,
+    LearningDisabled,
+    OutboundRefused,
+    RegistryError,
+    RegistryFull,
+    RequestError,
+)
+from reachmesh.observability.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from reachmesh.protocol import AgentProfile, AgentStatusValue, error_details
+from reachmesh.registry.base import LearnedRoute, normalize_phrase
+from reachmesh.router import answer
+from reachmesh.server.asgi import Receive, Scope, Send, check_json_content_type, error_body, read_body
+from reachmesh.server.auth import Principal, principal_of
+from reachmesh.server.catalog import catalog
+from reachmesh.server.components import RouterParts
+from reachmesh.server.openapi import openapi_document
+from reachmesh.server.reload import PolicyFile
+from reachmesh.transport.urlguard import Address, literal_address
+
+
+class _Json(Response):
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return content if isinstance(content, bytes) else orjson.dumps(content)
+
+
+def _error(status: int, code: str, message: str, details: Any = None) -> _Json:
+    return _Json(error_body(code, message, details=details), status_code=status)
+
+
+def whole_number(raw: str, field: str, low: int, high: int) -> int:
+    """A query parameter of ASCII digits within ``[low, high]``, else a 400 that names it.
+
+    ``str.isdigit`` alone accepts superscripts and other scripts' digits that ``int`` refuses.
+    """
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 9) or not low <= int(raw) <= high:
+        raise RequestError(
+            f"{field} must be a whole number from {low} to {high}",
+            details=[{"field": field, "message": f"{low}..{high}"}],
+        )
+    return int(raw)
+
+
+# The registrant's token is opaque; the bound keeps a stranger from storing megabytes in entries.
+MAX_INSTANCE_ID_CHARS = 256
+
+
+def _instance_id(data: dict[str, Any]) -> str | None:
+    """The body's ``instanceId``: a string of 1 to 256 characters, or None when absent.
+
+    The error never repeats the value: an instanceId is a credential.
+    """
+    value = data.get("instanceId")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_INSTANCE_ID_CHARS:
+        message = f"a string of 1 to {MAX_INSTANCE_ID_CHARS} characters"
+        raise InvalidProfile(
+            f"instanceId must be {message}", details=[{"field": "instanceId", "message": message}]
+        )
+    return value
+
+
+def _managed(request: Request, data: dict[str, Any]) -> bool:
+    """The body's ``managed`` flag: a lease-less registration, which only an admin may make.
+
+    An agent token renews its own lease; a managed entry (an imported A2A agent, say) has none,
+    so whoever registers it takes responsibility for removing it: that is an operator.
+    """
+    value = data.get("managed", False)
+    if not isinstance(value, bool):
+        raise InvalidProfile(
+            "managed must be true or false", details=[{"field": "managed", "message": "expected a boolean"}]
+        )
+    principal = principal_of(request.scope)
+    if value and principal.role != "admin":
+        raise Forbidden(f"the token {principal.label} may not make a managed (lease-less) registration")
+    return value
+
+
+class AdminApi:
+    """Every endpoint but the ``POST /reach`` hot path."""
+
+    def __init__(self, parts: RouterParts, policy: PolicyFile, started: Callable[[], bool]) -> None:
+        self.parts = parts
+        self.policy = policy
+        self._started = started
+        self._openapi: dict[str, Any] | None = None
+        # Registrations between their quota check and their write, per agent token.
+        self._reserved: dict[str, list[str]] = {}
+        self.app = Starlette(
+            routes=self._routes(),
+            exception_handlers={
+                RegistryError: self._on_reach_error,
+                RequestError: self._on_reach_error,
+                HTTPException: self._on_http_error,
+            },
+        )
+        # No trailing-slash redirects: they echo the client's Host header into a Location.
+        self.app.router.redirect_slashes = False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.app(scope, receive, send)
+
+    def _routes(self) -> list[Route]:
+        return [
+            Route("/agents", self.register, methods=["POST"]),
+            Route("/agents/{agent_id}/lease", self.renew, methods=["PUT"]),
+            Route("/agents/{agent_id}", self.deregister, methods=["DELETE"]),
+            Route("/admin/agents", self.list_agents, methods=["GET"]),
+            Route("/admin/agents/{agent_id}", self.get_agent, methods=["GET"]),
+            Route("/admin/capabilities", self.list_capabilities, methods=["GET"]),
+            Route("/healthz", self.healthz, methods=["GET"]),
+            Route("/readyz", self.readyz, methods=["GET"]),
+            Route("/openapi.json", self.openapi, methods=["GET"]),
+            Route("/metrics", self.metrics, methods=["GET"]),
+            Route("/reach/{trace_id}", self.async_result, methods=["GET"]),
+            Route("/admin/traces", self.list_traces, methods=["GET"]),
+            Route("/admin/traces/{trace_id}", self.get_trace, methods=["GET"]),
+            Route("/admin/reload", self.reload, methods=["POST"]),
+            Route("/admin/learned", self.list_learned, methods=["GET"]),
+            Route("/admin/learned", self.confirm_learned, methods=["POST"]),
+            Route("/admin/learned", self.forget_learned, methods=["DELETE"]),
+        ]
+
+    async def _read_json(self, request: Request) -> Any:
+        headers = {k.lower().encode("latin-1"): v.encode("latin-1") for k, v in request.headers.items()}
+        check_json_content_type(headers)
+        server = self.parts.config.server
+        body = await read_body(request.receive, headers, server.body_limit_bytes, server.body_timeout_seconds)
+        if not body:
+            return None
+        try:
+            return orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise RequestError(f"body is not valid JSON: {exc.msg}") from exc
+
+    # -- the registry API --------------------------------------------------------------------
+
+    async def register(self, request: Request) -> Response:
+        data = await self._read_json(request)
+        if not isinstance(data, dict):
+            raise InvalidProfile(
+                "the body must be a JSON object: the mapping under `agent:`",
+                details=[{"field": "(body)", "message": "expected an object"}],
+            )
+        lease_id = data.get("leaseId")
+        if lease_id is not None and not isinstance(lease_id, str):
+            raise InvalidProfile(
+                "leaseId must be a string", details=[{"field": "leaseId", "message": "expected a string"}]
+            )
+        # The registrant's own token: a retry with the same one (and endpoint) gets its lease back.
+        instance_id = _instance_id(data)
+        managed = _managed(request, data)
+        try:
+            profile = AgentProfile.model_validate(data)
+        except ValidationError as exc:
+            details = error_details(exc)
+            raise InvalidProfile(
+                "invalid agent profile: " + ", ".join(d["field"] for d in details), details=details
+            ) from exc
+        principal = principal_of(request.scope)
+        _may_register(request, profile.id, profile.tasks)
+        # Held from the check to the write: concurrent registrations of one token count each other.
+        with self._reserve(principal, profile.id):
+            await self._check_endpoint(profile.network.endpoint)
+            entry, created = await self.parts.registry.register(
+                profile,
+                lease_id=lease_id,
+                instance_id=instance_id,
+                holder=principal.key if principal.role == "agent" else None,
+                managed=managed,
+            )
+        registration = {
+            "agentId": entry.id,
+            "leaseId": entry.lease_id,
+            "ttlSeconds": _seconds(entry.ttl_seconds),
+            "status": entry.status.value,
+        }
+        return _Json(registration, status_code=201 if created else 200)
+
+    @contextlib.contextmanager
+    def _reserve(self, principal: Principal, agent_id: str) -> Iterator[None]:
+        """Check the token's quota and hold a place for ``agent_id`` until the write is done."""
+        self._check_quota(principal, agent_id)
+        if principal.role != "agent":
+            yield
+            return
+        held = self._reserved.setdefault(principal.key, [])
+        held.append(agent_id)
+        try:
+            yield
+        finally:
+            held.remove(agent_id)
+            if not held:
+                del self._reserved[principal.key]
+
+    def _check_quota(self, principal: Principal, agent_id: str) -> None:
+        """An agent token holds at most registry.max_agents_per_token live agents."""
+        if principal.role != "agent":
+            return
+        # Counted from the registry itself, so a shared one counts what every Router registered.
+        # Live agents only: a token whose agents crashed is not locked out for the grace period.
+        mine = sum(
+            1
+            for e in self.parts.registry.agents()
+            if e.holder == principal.key and e.id != agent_id and e.status is not AgentStatusValue.OFFLINE
+        )
+        mine += sum(1 for held in self._reserved.get(principal.key, ()) if held != agent_id)
+        cap = self.parts.config.registry.max_agents_per_token
+        if mine >= cap:
+            raise RegistryFull(
+                f"the agent token {principal.label} already holds {mine} agents "
+                "(registry.max_agents_per_token)"
+            )
+
+    async def _check_endpoint(self, url: str) -> None:
+        """Refuse (422) an endpoint the Router must not call, and a name that resolves to one.
+
+        A name that does not resolve yet is accepted: every connection is checked again against
+        the address it resolves to then.
+        """
+        guard = self.parts.url_guard
+        try:
+            guard.check_url(url)
+            host = urlsplit(url).hostname or ""
+            if literal_address(host) is None:
+                for address in await _resolve(host):
+                    guard.check_address(address)
+        except OutboundRefused as exc:
+            raise InvalidProfile(
+                f"network.endpoint is refused: {exc.message}",
+                details=[{"field": "network.endpoint", "message": exc.message}],
+            ) from exc
+
+    async def renew(self, request: Request) -> Response:
+        data = await self._read_json(request)
+        lease_id = data.get("leaseId") if isinstance(data, dict) else None
+        if not isinstance(lease_id, str):
+            raise RequestError(
+                'the body must be {"leaseId": "..."}',
+                details=[{"field": "leaseId", "message": "required string"}],
+            )
+        _may_register(request, request.path_params["agent_id"])
+        entry = await self.parts.registry.renew(request.path_params["agent_id"], lease_id)
+        return _Json({"agentId": entry.id, "leaseId": lease_id, "ttlSeconds": _seconds(entry.ttl_seconds)})
+
+    async def deregister(self, request: Request) -> Response:
+        lease_id = request.headers.get("x-reach-lease")
+        if lease_id is None:
+            data = await self._read_json(request)
+            lease_id = data.get("leaseId") if isinstance(data, dict) else None
+        if not isinstance(lease_id, str):
+            raise RequestError(
+                'give the lease as {"leaseId": "..."} or the X-Reach-Lease header',
+                details=[{"field": "leaseId", "message": "required string"}],
+            )
+        _may_register(request, request.path_params["agent_id"])
+        await self.parts.registry.deregister(request.path_params["agent_id"], lease_id)
+        return Response(status_code=204)
+
+    # -- views -------------------------------------------------------------------------------
+
+    async def list_agents(self, request: Request) -> Response:
+        entries = sorted(self.parts.registry.agents(), key=lambda e: e.id)
+        return _Json([self.parts.agent_status(e) for e in entries])
+
+    async def get_agent(self, request: Request) -> Response:
+        entry = self.parts.registry.get(request.path_params["agent_id"])
+        if entry is None:
+            return _error(404, "AGENT_NOT_FOUND", f"no agent {request.path_params['agent_id']!r}")
+        return _Json(self.parts.agent_status(entry))
+
+    async def list_capabilities(self, request: Request) -> Response:
+        return _Json(catalog(self.parts.registry))
+
+    async def healthz(self, request: Request) -> Response:
+        worker = self.parts.worker
+        return _Json({"status": "ok"} if worker is None else {"status": "ok", "worker": worker})
+
+    async def readyz(self, request: Request) -> Response:
+        registry = self.parts.registry
+        reason = registry.ready() or (None if self._started() else "starting")
+        if reason is not None:
+            return _Json({"status": "not_ready", "reason": reason}, status_code=503)
+        degraded = registry.degraded()
+        if degraded is not None:
+            # Still in rotation: it routes from its snapshot; only registry writes fail.
+            return _Json({"status": "degraded", "reason": degraded})
+        return _Json({"status": "ready"})
+
+    async def openapi(self, request: Request) -> Response:
+        if self._openapi is None:
+            self._openapi = openapi_document()
+        return _Json(self._openapi)
+
+    async def metrics(self, request: Request) -> Response:
+        return Response(self.parts.metrics.exposition(), media_type=METRICS_CONTENT_TYPE)
+
+    async def async_result(self, request: Request) -> Response:
+        trace_id = request.path_params["trace_id"]
+        results = self.parts.results
+        owner = results.owner(trace_id)
+        principal = principal_of(request.scope)
+        if owner is not None and principal.role != "admin" and principal.key != owner:
+            # Someone else's request: as unknown as one that never existed.
+            return _error(404, "NOT_FOUND", f"no async request {trace_id!r} (unknown, or its result expired)")
+        reply = results.get(trace_id)
+        if reply is not None:
+            return _Json(reply[1], status_code=reply[0])
+        if results.is_pending(trace_id):
+            status, body = answer.standalone(self.parts.clock, trace_id)
+            return _Json(body, status_code=status)
+        return _error(404, "NOT_FOUND", f"no async request {trace_id!r} (unknown, or its result expired)")
+
+    async def get_trace(self, request: Request) -> Response:
+        trace_id = request.path_params["trace_id"]
+        trace = self.parts.traces.trace(trace_id)
+        if trace is None:
+            return _error(
+                404, "TRACE_NOT_FOUND", f"no trace {trace_id!r} (unknown, or evicted from the store)"
+            )
+        return _Json(trace)
+
+    async def list_traces(self, request: Request) -> Response:
+        limit = whole_number(request.query_params.get("limit", "50"), "limit", 1, 1000)
+        found = self.parts.traces.recent(
+            task=request.query_params.get("task") or None,
+            status=request.query_params.get("status") or None,
+            limit=limit,
+        )
+        return _Json(found)
+
+    async def reload(self, request: Request) -> Response:
+        if self.policy.path is None:
+            return _error(409, "NO_POLICY_FILE", "the Router was started without a policy file")
+        if not self.policy.reload():
+            return _error(
+                422,
+                "INVALID_CONFIG",
+                f"the new policy file is invalid; the old one is kept: {self.policy.last_error}",
+            )
+        return _Json({"status": "reloaded", "path": str(self.policy.path)})
+
+    # -- learned routes ----------------------------------------------------------------------
+
+    def _learned_view(self, route: LearnedRoute) -> dict[str, Any]:
+        return {
+            **route.to_json(),
+            "at": iso_utc(route.at),
+            # False: no agent declares the task now; the route is kept, and unused until one does.
+            "declared": bool(self.parts.registry.by_task(route.task)),
+        }
+
+    async def list_learned(self, request: Request) -> Response:
+        policy = self.parts.config.routing.learning
+        routes = sorted(self.parts.registry.learned().values(), key=lambda r: -r.at)
+        vectors = self.parts.vectors
+        return _Json(
+            {
+                "enabled": policy.enabled,
+                "maxPhrases": policy.max_phrases,
+                "count": len(routes),
+                # Learned phrases whose example row is still being embedded (0 without an embedder).
+                "pendingVectors": 0 if vectors is None else vectors.learned_pending(),
+                "learned": [self._learned_view(r) for r in routes],
+            }
+        )
+
+    async def confirm_learned(self, request: Request) -> Response:
+        """An operator confirms ``phrase`` -> ``task`` (the second way a route is confirmed)."""
+        data = await self._read_json(request)
+        phrase = data.get("phrase") if isinstance(data, dict) else None
+        task = data.get("task") if isinstance(data, dict) else None
+        faults = []
+        if not isinstance(phrase, str) or not _printable_text(phrase) or not normalize_phrase(phrase):
+            faults.append({"field": "phrase", "message": "a printable string of 1 to 1024 characters"})
+        if not isinstance(task, str) or not task:
+            faults.append({"field": "task", "message": "a declared task name"})
+        if faults:
+            raise RequestError(
+                'the body must be {"phrase": "...", "task": "..."}: ' + ", ".join(f["field"] for f in faults),
+                details=faults,
+            )
+        assert isinstance(phrase, str) and isinstance(task, str)
+        policy = self.parts.config.routing.learning
+        if not policy.enabled:
+            raise LearningDisabled("learning is off: set routing.learning.enabled to true first")
+        if not self.parts.registry.by_task(task):
+            # A typo would otherwise be kept and silently never used.
+            raise RequestError(
+                f"no agent declares task {task!r}",
+                details=[{"field": "task", "message": "no agent declares it"}],
+            )
+        route = await self.parts.registry.remember(phrase, task, "operator", limit=policy.max_phrases)
+        return _Json(self._learned_view(route), status_code=201)
+
+    async def forget_learned(self, request: Request) -> Response:
+        phrase = request.query_params.get("phrase")
+        if not phrase:
+            raise RequestError(
+                "give the phrase to forget: DELETE /admin/learned?phrase=...",
+                details=[{"field": "phrase", "message": "required"}],
+            )
+        if not await self.parts.registry.forget(phrase):
+            return _error(404, "NOT_FOUND", "no learned route for that phrase")
+        return Response(status_code=204)
+
+    # -- errors ------------------------------------------------------------------------------
+
+    async def _on_reach_error(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RegistryError | RequestError)
+        return _error(exc.http_status, exc.code, exc.message, exc.details)
+
+    async def _on_http_error(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(exc.status_code, "HTTP_ERROR")
+        return _error(exc.status_code, code, f"{request.method} {request.url.path}: {exc.detail}")
+
+
+def _printable_text(text: str) -> bool:
+    """As a ReachRequest's ``targetTask``: 1 to 1024 characters, no control characters."""
+    return 0 < len(text) <= 1024 and not any(ord(c) < 0x20 or ord(c) == 0x7F for c in text)
+
+
+def _may_register(request: Request, agent_id: str, tasks: list[str] | None = None) -> None:
+    """An agent token may only register, renew and deregister its own ids, serving its tasks."""
+    principal = principal_of(request.scope)
+    if not principal.may_register(agent_id):
+        raise Forbidden(f"the agent token {principal.label} may not register agent id {agent_id!r}")
+    for task in tasks or []:
+        if not principal.may_serve(task):
+            raise Forbidden(f"the agent token {principal.label} may not serve task {task!r}")
+
+
+async def _resolve(host: str) -> list[Address]:
+    """The addresses ``host`` resolves to now; none when it does not resolve within a second."""
+    try:
+        async with asyncio.timeout(1.0):
+            infos = await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (OSError, TimeoutError):
+        return []
+    except UnicodeError as exc:
+        # An empty or over-long label ("a..b"): no resolver will ever take it.
+        raise OutboundRefused(f"host {host!r} is not a valid host name") from exc
+    return [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]
+
+
+__all__ = ["AdminApi", "whole_number"]
+
+
+def _seconds(value: float) -> float | int:
+    """``ttlSeconds`` as the policy wrote it: 60, not 60.0, whichever backend stored it."""
+    return int(value) if float(value).is_integer() else value

@@ -1,0 +1,222 @@
+"""The Router application: one ASGI callable, a lean hot path and the admin surface.
+
+``POST /reach`` runs on every call, so it is served straight from raw ASGI: one header pass, one
+body read, the dispatcher, one send. Everything else (registry, admin, health, metrics, traces,
+OpenAPI) is :class:`~reachmesh.server.admin.AdminApi`, where convenience costs nothing that
+matters. Both pass the same :mod:`guard` first, and ``/reach`` passes the load shedder.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from reachmesh.clock import SYSTEM_CLOCK, Clock
+from reachmesh.config import RouterConfig
+from reachmesh.exceptions import ConfigError, InternalError, RequestError
+from reachmesh.lifecycle import Background
+from reachmesh.observability.tracecontext import parse_traceparent
+from reachmesh.registry.base import Registry
+from reachmesh.router import answer
+from reachmesh.server.admin import AdminApi
+from reachmesh.server.asgi import (
+    ClientGone,
+    Receive,
+    Scope,
+    Send,
+    body_timeout,
+    check_json_content_type,
+    error_body,
+    header_map,
+    read_body,
+    send_json,
+)
+from reachmesh.server.auth import Denial, Guard, OpenGuard, TokenGuard, action_for, principal_of
+from reachmesh.server.components import RouterParts
+from reachmesh.server.reload import PolicyFile
+from reachmesh.transport.base import Transport
+
+log = logging.getLogger("reachmesh.router")
+
+
+class RouterApp:
+    """The Router as an ASGI application. Build it with :func:`create_app`."""
+
+    def __init__(
+        self,
+        config: RouterConfig | None = None,
+        *,
+        registry: Registry | None = None,
+        transport: Transport | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        guard: Guard | None = None,
+        config_path: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self.parts = RouterParts.build(
+            config or RouterConfig(), registry=registry, transport=transport, clock=clock
+        )
+        self.policy_file = PolicyFile(Path(config_path) if config_path is not None else None, self.apply)
+        # An injected guard stays; one built from the policy follows the policy on reload.
+        self._own_guard = guard is None
+        self.guard: Guard = guard or self._guard_for(self.parts.config)
+        self.started = False
+        self._drain_started: float | None = None
+        self.admin = AdminApi(self.parts, self.policy_file, lambda: self.started)
+        self._background = Background("reach-router")
+
+    @property
+    def config(self) -> RouterConfig:
+        return self.parts.config
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            path = scope["path"]
+            denial = self.guard.check(action_for(scope["method"], path), scope)
+            if denial is not None:
+                await self._deny(send, denial, reach=path == "/reach" or path.startswith("/reach/"))
+            elif path == "/reach" and scope["method"] == "POST":
+                await self._reach(scope, receive, send)
+            else:
+                await self.admin(scope, receive, send)
+        elif kind == "lifespan":
+            await self._lifespan(receive, send)
+        # websockets are not part of the protocol: returning without accepting closes them.
+
+    # -- the hot path ------------------------------------------------------------------------
+
+    async def _reach(self, scope: Scope, receive: Receive, send: Send) -> None:
+        parts = self.parts
+        headers = header_map(scope)
+        trace_header = headers.get(b"x-reach-trace-id")
+        trace_hint = trace_header.decode("latin-1") if trace_header else None
+        raw_parent = headers.get(b"traceparent")
+        parent = parse_traceparent(raw_parent.decode("latin-1")) if raw_parent else None
+        client = scope.get("client")
+        peer = client[0] if client else "-"
+        shed = parts.shedder.admit(peer)
+        if shed is not None:
+            status, payload = parts.dispatcher.shed(shed, trace_id=parent[0] if parent else None)
+            retry_after = str(parts.config.limits.retry_after_seconds).encode()
+            await send_json(send, status, payload, [(b"retry-after", retry_after)])
+            return
+        try:
+            try:
+                check_json_content_type(headers)
+                server = parts.config.server
+                timeout_s = body_timeout(scope, server.body_timeout_seconds)
+                body = await read_body(receive, headers, server.body_limit_bytes, timeout_s)
+            except RequestError as exc:
+                status, payload = parts.dispatcher.refuse(exc, trace_id=parent[0] if parent else None)
+                await send_json(send, status, payload)
+                return
+            except ClientGone:
+                return
+            caller = principal_of(scope).key
+            owner = caller if self.auth_on else None
+            try:
+                status, payload = await parts.dispatcher.handle(
+                    body, trace_header=trace_hint, parent=parent, owner=owner, caller=caller
+                )
+            except Exception:
+                # A bug, not bad input: still one ReachResponse, and the traceback stays here.
+                log.exception("internal error while serving /reach")
+                trace_id = trace_hint or (parent[0] if parent else None)
+                status, payload = answer.standalone(parts.clock, trace_id, error=InternalError())
+            await send_json(send, status, payload)
+        finally:
+            parts.shedder.release(peer)
+
+    async def _deny(self, send: Send, denial: Denial, *, reach: bool) -> None:
+        """A refusal in the shape of the endpoint: a ReachResponse on /reach, else an error object."""
+        if reach:
+            _, body = answer.standalone(self.parts.clock, None, error=denial.error())
+        else:
+            body = error_body(denial.status.value, denial.message)
+        extra = list(denial.headers)
+        if denial.retry_after_s:
+            extra.append((b"retry-after", str(denial.retry_after_s).encode()))
+        await send_json(send, denial.http_status, body, extra or None)
+
+    # -- policy reload -----------------------------------------------------------------------
+
+    @staticmethod
+    def _guard_for(config: RouterConfig) -> Guard:
+        """Tokens from the policy and REACH_*_TOKEN; with none, every request is admitted."""
+        return TokenGuard.from_policy(config.auth, os.environ) or OpenGuard()
+
+    @property
+    def auth_on(self) -> bool:
+        return not isinstance(self.guard, OpenGuard)
+
+    def apply(self, config: RouterConfig) -> None:
+        """Switch every part, and the guard if it came from the policy, to a new policy."""
+        self.parts.apply(config)
+        if self._own_guard:
+            self.guard = self._guard_for(config)
+
+    def reload(self) -> bool:
+        """Re-read the policy file; a bad file is logged and the old policy kept."""
+        return self.policy_file.reload()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def startup(self) -> None:
+        """Start every part, then watch the policy file (if there is one)."""
+        await self.parts.start()
+        if self.policy_file.path is not None:
+            self.policy_file.remember()
+        # Without a file too: a SIGHUP is then answered with a line saying there is nothing to reload.
+        self._background.every(lambda: 1.0, self.policy_file.check, "policy-watch")
+        self.started = True
+
+    def begin_drain(self, at_monotonic: float) -> None:
+        """A shutdown signal arrived at ``at_monotonic``: the drain deadline counts from there."""
+        if self._drain_started is None:
+            self._drain_started = at_monotonic
+
+    async def shutdown(self) -> None:
+        """Let accepted async requests finish until the drain deadline, then stop everything."""
+        self.started = False
+        budget = self.parts.config.server.drain_timeout_seconds
+        if self._drain_started is not None:
+            budget -= time.monotonic() - self._drain_started
+        await self.parts.dispatcher.drain(budget)
+        await self._background.close()
+        await self.parts.close()
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self.startup()
+                except ConfigError as exc:
+                    # The operator's to fix, and the message says how: one line, no traceback.
+                    log.error("router start-up failed: %s", exc.message)
+                    # No message for uvicorn: it would print the same line again.
+                    await send({"type": "lifespan.startup.failed", "message": ""})
+                    return
+                except Exception as exc:
+                    log.exception("router start-up failed")
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.shutdown()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+def create_app(config: RouterConfig | None = None, **kwargs: Any) -> RouterApp:
+    """Build the Router application (``uvicorn --factory reachmesh.server:create_app``)."""
+    if config is None:
+        path = kwargs.pop("config_path", None) or os.environ.get("REACH_CONFIG") or None
+        return RouterApp(RouterConfig.load(path), config_path=path, **kwargs)
+    return RouterApp(config, **kwargs)
+
+
+__all__ = ["ConfigError", "RouterApp", "create_app"]

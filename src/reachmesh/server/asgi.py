@@ -1,0 +1,125 @@
+"""Small raw-ASGI helpers shared by the hot path and the admin surface."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+
+from reachmesh.exceptions import BodyTimeout, PayloadTooLarge, RequestError, UnsupportedMediaType
+
+Scope = dict[str, Any]
+Receive = Any
+Send = Any
+
+JSON_HEADERS = [(b"content-type", b"application/json")]
+# Set in a request's scope by the server once the whole body has been read.
+BODY_COMPLETE = "reach.body_complete"
+
+
+class ClientGone(Exception):
+    """The client disconnected before its body arrived; there is no one left to answer."""
+
+
+def header_map(scope: Scope) -> dict[bytes, bytes]:
+    """The request headers by lower-case name (the last one wins)."""
+    return dict(scope["headers"])
+
+
+def check_json_content_type(headers: dict[bytes, bytes]) -> None:
+    """Refuse a body that declares itself as something other than JSON.
+
+    A missing Content-Type is read as JSON, so a bare ``curl -d`` works; ``curl -d`` without
+    ``-H`` sends form encoding, which is refused with a hint.
+    """
+    ctype = headers.get(b"content-type")
+    if ctype is None:
+        return
+    media = ctype.split(b";", 1)[0].strip().lower()
+    if media == b"application/json" or (media.startswith(b"application/") and media.endswith(b"+json")):
+        return
+    raise UnsupportedMediaType(
+        f"Content-Type must be application/json, got {media.decode('latin-1')[:64]!r} "
+        "(with curl, add -H 'Content-Type: application/json')"
+    )
+
+
+def _check_declared_size(headers: dict[bytes, bytes], limit: int) -> None:
+    """Refuse a body whose Content-Length is over ``limit`` before reading a byte of it."""
+    declared = headers.get(b"content-length")
+    if declared is None:
+        return
+    if not (declared.isascii() and declared.isdigit()):
+        raise RequestError("Content-Length is not a number")
+    size = int(declared)
+    if size > limit:
+        raise PayloadTooLarge(f"body of {size} bytes is over the {limit}-byte limit")
+
+
+async def read_body(
+    receive: Receive, headers: dict[bytes, bytes], limit: int, timeout_s: float | None = None
+) -> bytes:
+    """The whole request body, refusing (413) anything over ``limit`` bytes before reading it,
+    and (408) a body that takes longer than ``timeout_s`` to arrive: a stalled client must not
+    hold a request slot for as long as it likes."""
+    _check_declared_size(headers, limit)
+    if timeout_s is None:
+        return await _read_body(receive, limit)
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await _read_body(receive, limit)
+    except TimeoutError as exc:
+        raise BodyTimeout(f"the request body did not arrive within {timeout_s:g} s") from exc
+
+
+def body_timeout(scope: Scope, timeout_s: float) -> float | None:
+    """The body timeout to arm, or None when the server has already read the whole body.
+
+    :class:`~reachmesh.server.h1.GuardedHttpTools` marks a request whose body is in
+    (``reach.body_complete``): most requests arrive in one read, and a timer for each of them is
+    measurable on the hot path.
+    """
+    return None if scope.get(BODY_COMPLETE) else timeout_s
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes:
+    message = await receive()
+    if message["type"] == "http.disconnect":
+        raise ClientGone
+    body: bytes = message.get("body", b"")
+    if not message.get("more_body"):
+        if len(body) > limit:
+            raise PayloadTooLarge(f"body is over the {limit}-byte limit")
+        return body
+    chunks = [body]
+    received = len(body)
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunk = message.get("body", b"")
+        received += len(chunk)
+        if received > limit:
+            raise PayloadTooLarge(f"body is over the {limit}-byte limit")
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+async def send_json(
+    send: Send, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    """Send a complete JSON response."""
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if extra:
+        headers.extend(extra)
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def error_body(code: str, message: str, **extra: Any) -> bytes:
+    """The error shape of the registry and admin endpoints: ``{"error": {...}}``."""
+    error: dict[str, Any] = {"code": code, "message": message}
+    error.update({k: v for k, v in extra.items() if v is not None})
+    return orjson.dumps({"error": error})

@@ -1,0 +1,311 @@
+"""The composition root: every part of a Router, built from one policy, reconfigured together.
+
+:func:`RouterParts.build` is the one place that knows which implementation backs each contract
+(the registry, the transport, the embedder); :meth:`RouterParts.apply` hands a reloaded policy to
+each part that takes one, through that part's own method, so no backend is special-cased here.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from reachmesh.clock import SYSTEM_CLOCK, Clock
+from reachmesh.config import RouterConfig
+from reachmesh.observability.logging import TraceLog
+from reachmesh.observability.metrics import RouterMetrics
+from reachmesh.observability.traces import TraceStore
+from reachmesh.record import Observer
+from reachmesh.registry.base import AgentEntry, Registry, RegistryEvent
+from reachmesh.registry.factory import build_registry
+from reachmesh.resilience.affinity import AffinityTable
+from reachmesh.resilience.breaker import BreakerBoard
+from reachmesh.resilience.health import HealthChecker
+from reachmesh.resilience.retry import RetryBudget
+from reachmesh.resilience.shedding import LoadShedder
+from reachmesh.router.dispatcher import Dispatcher
+from reachmesh.router.learning import RouteLearner
+from reachmesh.router.results import ResultStore
+from reachmesh.routing.pipeline import Pipeline
+from reachmesh.routing.stats import StatsBook
+from reachmesh.secrets import loggable
+from reachmesh.semantic.embedders.factory import build_embedder
+from reachmesh.semantic.vectors import CapabilityVectors
+from reachmesh.transport.base import Transport
+from reachmesh.transport.http import HttpTransport
+from reachmesh.transport.urlguard import UrlGuard
+
+registry_log = logging.getLogger("reachmesh.registry")
+router_log = logging.getLogger("reachmesh.router")
+
+# Certificate and key files are read when the Router starts (the listening socket and the client
+# pool hold them); a reload cannot swap them, so it says so rather than seem to.
+_TLS_KEYS = (
+    ("server", ("tls_cert_file", "tls_key_file")),
+    ("outbound", ("ca_file", "client_cert_file", "client_key_file")),
+)
+
+
+# The embedder is built once at start (a model loaded, a client opened, vectors indexed with it):
+# a reload applies the thresholds, not another embedder.
+_EMBEDDER_KEYS = (
+    "backend",
+    "url",
+    "model_path",
+    "model",
+    "api_key_env",
+    "api_key_header",
+    "query_prefix",
+    "passage_prefix",
+    "send_input_type",
+    "batch_size",
+    "timeout_ms",
+    "batch_timeout_ms",
+)
+
+
+def _warn_restart_only_changes(old: RouterConfig, new: RouterConfig) -> None:
+    """Say which changed keys a reload cannot apply: TLS files and the embedder are set up at start."""
+    for section, keys in _TLS_KEYS:
+        for key in keys:
+            if getattr(getattr(old, section), key) != getattr(getattr(new, section), key):
+                router_log.warning(
+                    "%s.%s changed: TLS files are read at start; restart to use it", section, key
+                )
+    old_etcd, new_etcd = old.registry.etcd, new.registry.etcd
+    for key in type(old_etcd).model_fields:
+        if getattr(old_etcd, key) != getattr(new_etcd, key):
+            registry_log.warning(
+                "registry.etcd.%s changed: the connection to etcd is set up at start; restart to use it",
+                key,
+            )
+    for key in _EMBEDDER_KEYS:
+        if getattr(old.embedding, key) != getattr(new.embedding, key):
+            router_log.warning(
+                "embedding.%s changed: the embedder is built at start; restart to use it "
+                "(thresholds and calibrations apply now)",
+                key,
+            )
+
+
+@dataclass(eq=False)
+class RouterParts:
+    """The Router's components, wired; the app and the admin surface only read them."""
+
+    config: RouterConfig
+    clock: Clock
+    registry: Registry
+    transport: Transport
+    stats: StatsBook
+    breakers: BreakerBoard
+    affinity: AffinityTable
+    budget: RetryBudget
+    shedder: LoadShedder
+    results: ResultStore
+    vectors: CapabilityVectors | None
+    pipeline: Pipeline
+    traces: TraceStore
+    metrics: RouterMetrics
+    trace_log: TraceLog
+    url_guard: UrlGuard
+    learner: RouteLearner
+    dispatcher: Dispatcher = field(init=False)
+    health: HealthChecker = field(init=False)
+    # Which worker of `reach router --workers N` this is (shown by /healthz); None alone.
+    worker: int | None = field(default=None, init=False)
+
+    @classmethod
+    def build(
+        cls,
+        config: RouterConfig,
+        *,
+        registry: Registry | None = None,
+        transport: Transport | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> RouterParts:
+        """Every part from ``config``; ``registry`` and ``transport`` replace the defaults."""
+        registry = build_registry(config.registry, clock=clock) if registry is None else registry
+        stats = StatsBook(clock=clock, tau_seconds=config.routing.merit.ewma_tau_seconds)
+        breakers = BreakerBoard(config.breaker, clock=clock, overrides=config.tasks)
+        affinity = AffinityTable(config.affinity, clock=clock)
+        shedder = LoadShedder(config.limits)
+        url_guard = UrlGuard(config.outbound)
+        vectors = None
+        if config.embedding.backend != "none":
+            vectors = CapabilityVectors(build_embedder(config.embedding), registry, config.embedding)
+        parts = cls(
+            config=config,
+            clock=clock,
+            registry=registry,
+            transport=transport
+            or HttpTransport(
+                response_limit=config.server.response_limit_bytes, guard=url_guard, tls=config.outbound
+            ),
+            stats=stats,
+            breakers=breakers,
+            affinity=affinity,
+            budget=RetryBudget(config.retry_budget, clock=clock),
+            shedder=shedder,
+            results=ResultStore(config.async_mode, clock=clock),
+            vectors=vectors,
+            pipeline=Pipeline(
+                registry, config.routing, breakers=breakers, affinity=affinity, stats=stats, vectors=vectors
+            ),
+            traces=TraceStore(config.tracing.store_size),
+            metrics=RouterMetrics(
+                registry,
+                breakers,
+                stats,
+                lambda: shedder.inflight,
+                lambda: None if vectors is None else vectors.up,
+            ),
+            trace_log=TraceLog(redact_fields=config.logging.redact),
+            url_guard=url_guard,
+            learner=RouteLearner(registry, config.routing.learning, clock=clock),
+        )
+        if vectors is not None:
+            vectors.set_learning(config.routing.learning.enabled)
+        parts._wire()
+        return parts
+
+    def _wire(self) -> None:
+        self.dispatcher = Dispatcher(
+            self.pipeline,
+            self.transport,
+            self.config,
+            stats=self.stats,
+            budget=self.budget,
+            results=self.results,
+            observers=self._observers(),
+            clock=self.clock,
+        )
+        self.dispatcher.url_guard = self.url_guard
+        self.health = HealthChecker(self.registry, self.transport, self.config.health, clock=self.clock)
+        self.health.subscribe(self.metrics.on_probe)
+        self.registry.subscribe(self._on_registry_event)
+        self.registry.subscribe(self.metrics.on_registry)
+        # Shared failure knowledge: a breaker this Router opens is news for the others (through
+        # a shared registry), and their news opens this Router's breaker until it probes itself.
+        self.breakers.on_open.append(lambda agent_id: self.registry.report_failure(agent_id, "circuit_open"))
+        self.registry.subscribe_failures(self._on_peer_failure)
+
+    def _observers(self) -> list[Observer]:
+        # Switched off, the store and metrics still exist (the endpoints answer, empty) but are
+        # not fed: that is what the overhead benchmark compares against.
+        config = self.config
+        observers: list[Observer] = [self.trace_log, self.learner]
+        if config.metrics.enabled:
+            observers.append(self.metrics)
+        if config.tracing.enabled:
+            observers.append(self.traces)
+        if config.tracing.otel:
+            from reachmesh.observability.otel import OtelExporter  # the optional `otel` extra
+
+            observers.append(OtelExporter())
+        return observers
+
+    def apply(self, config: RouterConfig) -> None:
+        """Switch every part to a new policy. Requests in flight keep the one they started with."""
+        _warn_restart_only_changes(self.config, config)
+        self.config = config
+        self.url_guard.policy = config.outbound
+        self.budget.apply(config.retry_budget)
+        self.dispatcher.apply(config, self.budget)
+        self.pipeline.apply(config.routing)
+        self.stats.tau = config.routing.merit.ewma_tau_seconds
+        self.learner.policy = config.routing.learning
+        if self.vectors is not None:
+            self.vectors.policy = config.embedding
+            self.vectors.set_learning(config.routing.learning.enabled)
+        self.registry.apply(config.registry)
+        self.breakers.policy = config.breaker
+        self.breakers.overrides = config.tasks
+        self.affinity.policy = config.affinity
+        self.shedder.policy = config.limits
+        self.results.policy = config.async_mode
+        self.health.policy = config.health
+        self.trace_log.redact_fields = list(config.logging.redact)
+        # The package's own loggers only; the process's logging set-up is the entry point's.
+        logging.getLogger("reachmesh").setLevel(config.logging.level)
+        for name, level in config.logging.levels.items():
+            logging.getLogger(name).setLevel(level)
+
+    async def start(self) -> None:
+        """Open the client pool and start background work (leases, health, lag, embeddings)."""
+        await self.transport.open()
+        try:
+            await self.registry.start()
+        except Exception:
+            await self.transport.close()  # the start is over: leave no pool open behind it
+            raise
+        await self.health.start()
+        await self.shedder.start()
+        if self.vectors is not None:
+            await self.vectors.start()
+
+    async def close(self) -> None:
+        """Stop background work and close connections, the reverse of :meth:`start`."""
+        await self.dispatcher.close()
+        await self.learner.close()
+        await self.health.close()
+        await self.shedder.close()
+        if self.vectors is not None:
+            await self.vectors.close()
+        await self.registry.close()
+        await self.transport.close()
+
+    def _on_peer_failure(self, agent_id: str, reason: str, router: str) -> None:
+        entry = self.registry.get(agent_id)
+        if entry is not None and self.breakers.trip(agent_id, entry.capabilities):
+            registry_log.info(
+                "[registry] router %s reports %s failing (%s): circuit opened here until a probe",
+                loggable(router),
+                agent_id,
+                loggable(reason),
+            )
+
+    def _on_registry_event(self, event: RegistryEvent, entry: AgentEntry) -> None:
+        if event in (RegistryEvent.REGISTERED, RegistryEvent.REPLACED) and self.vectors is not None:
+            # Capability vectors follow off the request path (semantic/queue.py): the agent is
+            # routable by exact task now and by meaning once they are in. This runs for agents
+            # registered through other Routers too (a shared registry's watch).
+            self.vectors.schedule(entry)
+        if event in (RegistryEvent.DEREGISTERED, RegistryEvent.REMOVED):
+            self.stats.forget(entry.id)
+            self.pipeline.forget(entry.id)
+            self.breakers.forget(entry.id)
+            self.affinity.forget_agent(entry.id)
+        if event in (RegistryEvent.REGISTERED, RegistryEvent.REPLACED):
+            registry_log.info(
+                "[registry] %s %s: %s (lease %s, ttl=%gs)",
+                event.value,
+                entry.id,
+                ", ".join(entry.capabilities),
+                entry.lease_tag,  # the lease's fingerprint: the lease itself is a credential
+                entry.ttl_seconds,
+            )
+        else:
+            registry_log.info("[registry] %s %s", event.value, entry.id)
+
+    def agent_status(self, entry: AgentEntry) -> dict[str, Any]:
+        """The ``AgentStatus`` object of the registry API for one entry."""
+        status: dict[str, Any] = {
+            "id": entry.id,
+            "display_name": entry.profile.display_name,
+            "status": entry.status.value,
+            "capabilities": list(entry.capabilities),
+            "endpoint": entry.endpoint,
+            "lastHeartbeat": entry.last_heartbeat_iso,
+            "circuit": self.breakers.state(entry.id).value,
+            "stats": self.stats.snapshot(entry.id),
+        }
+        if entry.protocol != "http" or entry.managed:
+            # Additions for bridged agents: shown only where they differ from a leased Reach agent.
+            status["protocol"] = entry.protocol
+            status["managed"] = entry.managed
+        if self.vectors is not None:
+            # An addition to the protocol: whether the agent is routable by meaning yet.
+            state = self.vectors.state(entry.id)
+            status["vectors"] = None if state is None else state.value
+        return status

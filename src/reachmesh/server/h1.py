@@ -1,0 +1,195 @@
+"""The HTTP/1.1 protocol in front of the Router: httptools, with limits on a request's head.
+
+uvicorn's httptools protocol reads headers of any size for as long as the client likes: a 32 MB
+header was accepted, and 50 unfinished 8 MB headers grew the Router by 460 MB. This subclass
+bounds the head of every request, before the ASGI app sees it:
+
+- at most ``max_header_bytes`` of request line and headers (431 above it), counted both as bytes
+  arrive (a head that never ends) and as the parser hands over each line (a whole head that
+  arrives in one read: the byte count alone is reset when the head completes within a read);
+- at most ``max_headers`` header lines (431);
+- the head complete within ``header_timeout_seconds`` of its first byte, or of the connection
+  (408), so a connection that trickles bytes is closed.
+
+The body has its own timeout in the app (:func:`reachmesh.server.asgi.read_body`), and idle
+keep-alive connections close after uvicorn's ``timeout_keep_alive``.
+
+It also sends each response head and its body in one write (:class:`_OneWrite`): uvicorn writes
+them separately, which is two system calls per response on the hot path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from reachmesh.config import ServerPolicy
+from reachmesh.server.asgi import BODY_COMPLETE
+
+_REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
+
+
+class _OneWrite:
+    """The connection's transport as uvicorn's response cycle sees it: a write is held back
+    until the next write on it, or until the end of the event loop's turn, whichever comes
+    first, so a response head and its body leave in one ``write``. Nothing is reordered (a
+    held write goes out before anything else written or closed) and nothing waits longer
+    than the turn in which it was written."""
+
+    __slots__ = ("_held", "_loop", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._held: bytes | None = None
+
+    def write(self, data: bytes) -> None:
+        held = self._held
+        if held is None:
+            self._held = data
+            self._loop.call_soon(self.flush)
+        else:
+            self._held = None
+            self._transport.write(held + data)
+
+    def flush(self) -> None:
+        held = self._held
+        if held is not None:
+            self._held = None
+            self._transport.write(held)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        # Everything else (is_closing, get_extra_info, ...) is the transport's own.
+        return getattr(self._transport, name)
+
+
+class GuardedHttpTools(HttpToolsProtocol):
+    """httptools with a bounded request head; the limits are class attributes (:func:`bounded_protocol`)."""
+
+    max_header_bytes = 64 * 1024
+    max_headers = 100
+    header_timeout_s = 10.0
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._head_bytes = 0
+        self._head_lines = 0
+        self._header_bytes = 0
+        self._reading_head = True
+        self._refused = False
+        self._head_timer: asyncio.TimerHandle | None = self.loop.call_later(
+            self.header_timeout_s, self._head_too_slow
+        )
+        self._one_write = _OneWrite(transport, self.loop)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
+        if self._reading_head:
+            self._head_bytes += len(data)
+        super().data_received(data)
+        # Still in the head after taking every byte so far: all of them were head bytes.
+        if self._reading_head and not self._refused and self._head_bytes > self.max_header_bytes:
+            self._refuse_head_size()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._reading_head = True
+        self._head_lines = 0
+        self._header_bytes = 0
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_too_slow)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self._refused:
+            return
+        self._head_lines += 1
+        if self._head_lines > self.max_headers:
+            self._refuse(431, f"more than {self.max_headers} request headers")
+            return
+        # "Name: value\r\n"; checked per line, so a head that arrived in one read is bounded too.
+        self._header_bytes += len(name) + len(value) + 4
+        if self._parsed_head_bytes() > self.max_header_bytes:
+            self._refuse_head_size()
+            return
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        if self._refused:
+            return
+        if self._parsed_head_bytes() + 2 > self.max_header_bytes:  # and the blank line
+            self._refuse_head_size()
+            return
+        self._reading_head = False
+        self._head_bytes = 0
+        self._disarm()
+        super().on_headers_complete()
+        if self.cycle is not None:
+            self.cycle.transport = self._one_write  # type: ignore[assignment]
+
+    def on_body(self, body: bytes) -> None:
+        if not self._refused:
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if not self._refused:
+            # The app need not arm a body timer for a body that is already here.
+            self.scope[BODY_COMPLETE] = True  # type: ignore[literal-required]
+            super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        # The next head starts counting at its first byte (on_message_begin); until then the
+        # client may still be sending the rest of a body the app already refused.
+        self._head_bytes = 0
+
+    def _parsed_head_bytes(self) -> int:
+        """The request line ("METHOD URL HTTP/1.1\r\n") and the header lines parsed so far."""
+        return len(self.parser.get_method()) + 1 + len(self.url) + 11 + self._header_bytes
+
+    def _refuse_head_size(self) -> None:
+        self._refuse(431, f"request headers are over {self.max_header_bytes} bytes")
+
+    def _disarm(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_too_slow(self) -> None:
+        self._head_timer = None
+        if self._reading_head:
+            self._refuse(408, f"request headers not complete within {self.header_timeout_s:g} s")
+
+    def _refuse(self, status: int, message: str) -> None:
+        """Answer ``status`` with a short text and close: the app never sees the request."""
+        self._refused = True
+        self._disarm()
+        self._one_write.flush()  # a response still held goes out first
+        if self.transport.is_closing():
+            return
+        body = message.encode()
+        head = b"HTTP/1.1 %d %s\r\n" % (status, _REASONS[status])
+        head += b"content-type: text/plain; charset=utf-8\r\nconnection: close\r\n"
+        head += b"content-length: %d\r\n\r\n" % len(body)
+        self.transport.write(head + body)
+        self.transport.close()
+
+
+def bounded_protocol(policy: ServerPolicy) -> type[GuardedHttpTools]:
+    """The protocol class with ``policy``'s limits."""
+    attrs: dict[str, Any] = {
+        "max_header_bytes": policy.max_header_bytes,
+        "max_headers": policy.max_headers,
+        "header_timeout_s": policy.header_timeout_seconds,
+    }
+    return type("ReachHttpProtocol", (GuardedHttpTools,), attrs)

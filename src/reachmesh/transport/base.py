@@ -1,0 +1,103 @@
+"""The transport contract, and how an agent's answer is classified (shared by every transport).
+
+Every method either returns its documented value or raises one of the project's own errors:
+``send`` raises :class:`~reachmesh.exceptions.AttemptError` subclasses, ``deliver`` raises
+:class:`~reachmesh.exceptions.DeliveryFailed`; ``probe`` and ``holds`` answer False on any
+failure. So nothing above this layer ever sees an HTTP client's exception.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Protocol
+
+from reachmesh import jsoncodec
+from reachmesh.exceptions import AgentRejected, AttemptTimeout, BadAgentResponse
+
+DEFAULT_RESPONSE_LIMIT = 8 * 1024 * 1024
+RESPONSE_TOO_LARGE = "RESPONSE_TOO_LARGE"
+
+
+class AttemptLimits(NamedTuple):
+    """Seconds one attempt may spend connecting, waiting for the answer, and in all.
+
+    A NamedTuple, not a frozen dataclass: one is made per attempt, and a frozen dataclass's
+    ``__init__`` costs several microseconds of ``object.__setattr__``.
+    """
+
+    connect_s: float
+    read_s: float
+    total_s: float
+
+
+class Transport(Protocol):
+    """How the Router talks to agents and callers' ``replyTo`` URLs."""
+
+    async def open(self) -> None:
+        """Acquire connection pools; called once inside the running loop."""
+        ...
+
+    async def close(self) -> None:
+        """Release every connection."""
+        ...
+
+    async def send(
+        self, url: str, body: bytes, headers: dict[str, str], limits: AttemptLimits, protocol: str = "http"
+    ) -> Any:
+        """POST a ReachRequest; the agent's ``result``, or an AttemptError subclass.
+
+        ``protocol`` is the agent profile's ``network.protocol``: ``http`` sends the envelope as
+        it is, ``a2a`` as an A2A ``SendMessage`` (:mod:`.a2a`), with the answer mapped back.
+        """
+        ...
+
+    async def probe(self, url: str, timeout_s: float) -> bool:
+        """GET a health URL: True on any 2xx within ``timeout_s``."""
+        ...
+
+    async def holds(self, url: str, timeout_s: float) -> bool:
+        """GET a conversation URL: True only on ``200 {"holds": true}``."""
+        ...
+
+    async def deliver(self, url: str, body: bytes, headers: dict[str, str], timeout_s: float) -> None:
+        """POST an async ReachResponse to ``replyTo``; DeliveryFailed unless it answers 2xx."""
+        ...
+
+
+def too_large(message: str) -> AgentRejected:
+    """An answer over the limit: the agent's fault, not the network's, so not a breaker failure."""
+    return AgentRejected({"code": RESPONSE_TOO_LARGE, "message": message}, retryable=False)
+
+
+def classify_answer(status: int, raw: bytes) -> Any:
+    """The ``result`` of an agent's HTTP answer, or the AttemptError that it amounts to."""
+    if status >= 500:
+        raise BadAgentResponse(f"agent answered HTTP {status}")
+    try:
+        answer = jsoncodec.loads(raw) if raw else None
+    except jsoncodec.JSONDecodeError:
+        answer = None
+    if 400 <= status < 500:
+        error = answer.get("error") if isinstance(answer, dict) else None
+        raise AgentRejected(normalise_error(error, f"agent answered HTTP {status}"), retryable=False)
+    if not isinstance(answer, dict):
+        raise BadAgentResponse(f"agent answered HTTP {status} without a JSON object")
+    outcome = answer.get("status")
+    if outcome == "SUCCESS":
+        return answer.get("result")
+    if outcome == "AGENT_ERROR":
+        error = normalise_error(answer.get("error"), "the agent reported an error")
+        if error["code"] == "DEADLINE_EXCEEDED":
+            # The SDK gave up at the deadline we sent it: that is this attempt timing out.
+            raise AttemptTimeout(error["message"])
+        raise AgentRejected(error, retryable=error.get("retryable") is True)
+    raise BadAgentResponse(f"agent answered an unknown status {str(outcome)[:64]!r}")
+
+
+def normalise_error(error: Any, fallback: str) -> dict[str, Any]:
+    """An agent's error object with at least ``code`` and ``message``."""
+    if not isinstance(error, dict):
+        return {"code": "AGENT_ERROR", "message": fallback}
+    out = dict(error)
+    out["code"] = str(out.get("code") or "AGENT_ERROR")
+    out["message"] = str(out.get("message") or fallback)
+    return out

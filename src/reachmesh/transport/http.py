@@ -1,0 +1,236 @@
+"""The HTTP implementation of the transport contract.
+
+Forwarding a request (``send``, on every call) goes through the lean pooled client of
+:mod:`.pool`; the rare calls (health probes, holds checks, ``replyTo`` deliveries) through
+one shared aiohttp session. Both use the same TLS context and URL guard. Their errors become the
+project's own here, with ``raise ... from exc``, and nowhere else.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp.abc import AbstractResolver
+from aiohttp.resolver import DefaultResolver
+
+from reachmesh import __version__
+from reachmesh.config import OutboundPolicy
+from reachmesh.exceptions import (
+    AttemptTimeout,
+    BadAgentResponse,
+    ConnectFailed,
+    DeliveryFailed,
+    OutboundRefused,
+)
+from reachmesh.tls import verifying_context
+from reachmesh.transport import a2a
+from reachmesh.transport.base import DEFAULT_RESPONSE_LIMIT, AttemptLimits, classify_answer
+from reachmesh.transport.pool import BadUrl, BrokenBody, ConnectTimeout, Disconnected, Pool
+from reachmesh.transport.urlguard import UrlGuard
+
+# What a failed probe, holds check or delivery can raise; all mean "no".
+_QUIET = (aiohttp.ClientError, TimeoutError, OSError, ValueError)
+
+
+def client_tls(policy: OutboundPolicy) -> ssl.SSLContext:
+    """The TLS settings of every HTTPS call: verified always, against ``ca_file`` when set.
+
+    Built when the Router is built, so a missing or unreadable file stops it at start with a
+    ConfigError naming the key, not at the first call to an HTTPS agent.
+    """
+    return verifying_context("outbound", policy.ca_file, policy.client_cert_file, policy.client_key_file)
+
+
+def tls_failure(exc: aiohttp.ClientSSLError | ssl.SSLError) -> str:
+    """What went wrong in a TLS handshake, in words an operator can act on."""
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError | ssl.SSLCertVerificationError):
+        cause = exc.certificate_error if isinstance(exc, aiohttp.ClientConnectorCertificateError) else exc
+        detail = getattr(cause, "verify_message", None) or str(cause)
+        return (
+            f"TLS: the agent's certificate was refused ({detail}); "
+            "its CA must be in outbound.ca_file, and its names must cover the endpoint's host"
+        )
+    cause = exc.os_error if isinstance(exc, aiohttp.ClientConnectorSSLError) else exc
+    detail = getattr(cause, "reason", None) or str(cause)
+    return f"TLS: the handshake with the agent failed ({detail})"
+
+
+class _GuardedResolver(AbstractResolver):
+    """Resolves names, then drops every address the URL guard refuses: a name that resolves to a
+    metadata address (at once, or after a rebinding) is never connected to."""
+
+    def __init__(self, guard: UrlGuard) -> None:
+        self._guard = guard
+        self._inner = DefaultResolver()
+
+    async def resolve(self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET) -> Any:
+        found = await self._inner.resolve(host, port, family)
+        return self._guard.allowed(host, found, lambda item: str(item["host"]))
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+
+class HttpTransport:
+    """Talks to agents: a lean pool for forwarding, an ``aiohttp.ClientSession`` for the rest."""
+
+    def __init__(
+        self,
+        *,
+        pool_size: int = 1024,
+        response_limit: int = DEFAULT_RESPONSE_LIMIT,
+        guard: UrlGuard | None = None,
+        tls: OutboundPolicy | None = None,
+    ) -> None:
+        """``tls``: the outbound policy's CA and client certificate (read once, here)."""
+        self._pool_size = pool_size
+        self._response_limit = response_limit
+        self._guard = guard or UrlGuard()
+        self._ssl = client_tls(tls or OutboundPolicy())
+        self._session: aiohttp.ClientSession | None = None
+        self._pool: Pool | None = None
+
+    async def open(self) -> None:
+        if self._pool is None:
+            self._pool = Pool(
+                size=self._pool_size,
+                response_limit=self._response_limit,
+                guard=self._guard,
+                tls=self._ssl,
+                user_agent=f"agent-reach/{__version__}",
+            )
+        if self._session is None:
+            # One TLS context for every call on the session: agents, probes, holds, replyTo.
+            connector = aiohttp.TCPConnector(
+                limit=self._pool_size,
+                ttl_dns_cache=60,
+                resolver=_GuardedResolver(self._guard),
+                ssl=self._ssl,
+            )
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                # Agents answer with JSON; no cookies are ever kept between strangers.
+                cookie_jar=aiohttp.DummyCookieJar(),
+            )
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @property
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError("HttpTransport.open() was not awaited")
+        return self._session
+
+    async def send(
+        self, url: str, body: bytes, headers: dict[str, str], limits: AttemptLimits, protocol: str = "http"
+    ) -> Any:
+        """POST ``body`` to ``url`` and return the agent's ``result``.
+
+        An ``a2a`` agent gets the envelope as an A2A ``SendMessage`` and its task is mapped back
+        (:mod:`.a2a`); the connection, limits and guard are the same for both.
+        """
+        if protocol == "a2a":
+            status, raw = await self.exchange(url, a2a.send_message(body), a2a.headers(headers), limits)
+            return a2a.classify(status, raw)
+        status, raw = await self.exchange(url, body, headers, limits)
+        return classify_answer(status, raw)
+
+    async def exchange(
+        self, url: str, body: bytes, headers: dict[str, str], limits: AttemptLimits
+    ) -> tuple[int, bytes]:
+        """POST ``body`` to ``url``: the HTTP status and the whole answer body.
+
+        Connect timeout, read timeout (between two reads) and ``total_s`` (a hard ceiling on the
+        whole attempt, on the event loop's clock) as aiohttp had them; answers over the limit
+        are RESPONSE_TOO_LARGE.
+        """
+        pool = self._pool
+        if pool is None:
+            raise RuntimeError("HttpTransport.open() was not awaited")
+        try:
+            return await pool.post(url, body, headers, limits.connect_s, limits.read_s, limits.total_s)
+        except ConnectTimeout as exc:
+            raise ConnectFailed(f"connect timeout after {limits.connect_s * 1000:.0f} ms") from exc
+        except ssl.SSLError as exc:
+            # Before the generic branches: a certificate error is an OSError and a ValueError too.
+            raise ConnectFailed(tls_failure(exc)) from exc
+        except TimeoutError as exc:  # the read timeout, or the attempt's ceiling
+            waited = min(limits.read_s, limits.total_s) * 1000
+            raise AttemptTimeout(f"no answer within {waited:.0f} ms") from exc
+        except BrokenBody as exc:
+            raise BadAgentResponse(f"broken response body: {exc}") from exc
+        except Disconnected as exc:
+            raise ConnectFailed(f"ServerDisconnected: {exc}") from exc
+        except BadUrl as exc:
+            # A URL the standard library accepted at registration but that cannot be requested
+            # (``http://[::1]]:80/``): this agent cannot be reached; the request fails over.
+            raise ConnectFailed(f"the agent's endpoint is not a usable URL ({exc})") from exc
+        except OSError as exc:
+            # Refused, reset, unreachable, a name that does not resolve (or only to refused
+            # addresses): all network errors.
+            refused = isinstance(exc, ConnectionRefusedError)
+            raise ConnectFailed(f"{type(exc).__name__}: {exc}", refused=refused) from exc
+
+    def _refused(self, url: str) -> str | None:
+        """Why the guard refuses ``url`` now (a literal address, a name, the allow-list), or None.
+
+        The resolver only sees names; a literal address must be checked here. With a shared
+        registry, an endpoint can reach the snapshot without passing the registration API.
+        """
+        try:
+            self._guard.check_url(url)
+        except OutboundRefused as exc:
+            return exc.message
+        return None
+
+    async def probe(self, url: str, timeout_s: float) -> bool:
+        if self._refused(url) is not None:
+            return False
+        try:
+            async with self._http.get(
+                url, timeout=aiohttp.ClientTimeout(total=timeout_s), allow_redirects=False
+            ) as resp:
+                return 200 <= resp.status < 300
+        except _QUIET:
+            return False
+
+    async def holds(self, url: str, timeout_s: float) -> bool:
+        if self._refused(url) is not None:
+            return False
+        try:
+            async with self._http.get(
+                url, timeout=aiohttp.ClientTimeout(total=timeout_s), allow_redirects=False
+            ) as resp:
+                if resp.status != 200:
+                    return False
+                answer = orjson.loads(await resp.content.read(64 * 1024 + 1))
+        except (*_QUIET, orjson.JSONDecodeError):
+            return False
+        return isinstance(answer, dict) and answer.get("holds") is True
+
+    async def deliver(self, url: str, body: bytes, headers: dict[str, str], timeout_s: float) -> None:
+        refused = self._refused(url)
+        if refused is not None:
+            raise DeliveryFailed(f"URL refused: {refused}")
+        try:
+            async with self._http.post(
+                url,
+                data=body,
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=timeout_s),
+                allow_redirects=False,
+            ) as resp:
+                if resp.status >= 300:
+                    raise DeliveryFailed(f"HTTP {resp.status}")
+        except _QUIET as exc:
+            raise DeliveryFailed(type(exc).__name__) from exc

@@ -1,0 +1,495 @@
+"""A lean pooled HTTP/1.1 client for the one call on the hot path: POST an envelope, read the answer.
+
+aiohttp's ``ClientSession.post`` took about 40 % of the Router's CPU per request (py-spy, c32):
+request and response objects, header multidicts, a stream reader, payload wrappers and several
+timers per call. This client does only what the Router's forwarding needs, on asyncio protocols
+with httptools (the parser uvicorn already uses): one pre-encoded request head, one write, the
+answer gathered whole in the protocol, one future per exchange and one timer per exchange.
+
+Kept from the aiohttp path, on purpose and exactly:
+
+- keep-alive connections pooled per (scheme, host, port), at most ``pool_size`` open in all;
+- the connect timeout (socket connect and TLS handshake), the read timeout (the gap between two
+  reads of the answer, from the moment the request is written) and the attempt's hard ceiling;
+- whole answers up to ``response_limit`` bytes, ``RESPONSE_TOO_LARGE`` past it, whether
+  announced by Content-Length or found while reading (gzip/deflate answers counted decoded);
+- the outbound URL guard at connect time: a literal address is checked, a name is checked and
+  resolved, then every address the guard refuses is dropped;
+- TLS (and mTLS) with the transport's one ``SSLContext``;
+- URLs are parsed with yarl, aiohttp's own parser, so an endpoint aiohttp refused is refused.
+
+Errors are mapped to the project's own (ConnectFailed, AttemptTimeout, BadAgentResponse) by the
+caller, :class:`~reachmesh.transport.http.HttpTransport`; this module raises only those, the
+standard library's ``OSError``/``ssl.SSLError``/``TimeoutError`` and the four classes below.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+import ssl
+import zlib
+from typing import cast
+
+import httptools
+import yarl
+
+from reachmesh.exceptions import OutboundRefused
+from reachmesh.transport.base import too_large
+from reachmesh.transport.urlguard import UrlGuard
+
+# An idle pooled connection older than this is closed instead of reused (aiohttp's default
+# keep-alive timeout); agents usually close theirs sooner, which the pool notices at once.
+IDLE_S = 15.0
+# Resolved names are kept this long (aiohttp's ttl_dns_cache of the session it replaces).
+DNS_TTL_S = 60.0
+# Below this size the request body is copied behind its head and written in one call.
+_JOIN_LIMIT = 64 * 1024
+
+
+class ConnectTimeout(Exception):
+    """No connection (or no TLS handshake) within the connect timeout."""
+
+
+class Disconnected(Exception):
+    """The agent closed the connection before a complete answer head arrived."""
+
+
+class BrokenBody(Exception):
+    """The answer's body was cut off, malformed, or not decodable."""
+
+
+class BadUrl(Exception):
+    """An endpoint the client cannot use (it would not be a valid request target)."""
+
+
+class _Target:
+    """What is needed to reach one endpoint URL, parsed once and cached."""
+
+    __slots__ = ("host", "key", "port", "request_line", "server_hostname", "tls")
+
+    def __init__(self, url: str) -> None:
+        try:
+            parsed = yarl.URL(url)
+            host = parsed.raw_host
+            port = parsed.port
+        except (ValueError, TypeError) as exc:
+            raise BadUrl(type(exc).__name__) from exc
+        if parsed.scheme not in ("http", "https") or not host or port is None:
+            raise BadUrl("not an http(s) URL with a host")
+        self.tls = parsed.scheme == "https"
+        self.host = host
+        self.port = port
+        self.key = (parsed.scheme, host, port)
+        self.server_hostname = parsed.host if self.tls else None
+        # Host as aiohttp sends it: the port only when it is not the scheme's default.
+        authority = parsed.host_port_subcomponent
+        target = parsed.raw_path_qs or "/"
+        self.request_line = f"POST {target} HTTP/1.1\r\nHost: {authority}\r\n".encode()
+
+
+class _Conn(asyncio.Protocol):
+    """One keep-alive connection and the answer being read on it."""
+
+    def __init__(self, pool: Pool, key: tuple[str, str, int], loop: asyncio.AbstractEventLoop) -> None:
+        self._pool = pool
+        self.key = key
+        self._loop = loop
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.idle_since = 0.0
+        self._parser = httptools.HttpResponseParser(self)
+        self._waiter: asyncio.Future[tuple[int, bytes]] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._chunks: list[bytes] = []
+        self._received = 0
+        self._limit = 0
+        self._length: int | None = None
+        self._chunked = False
+        self._encoding: bytes | None = None
+        self._head_done = False
+        self._keep_alive = False
+        self._status = 0
+        self._complete = False
+        self._error: BaseException | None = None
+        self._last_read = 0.0
+        self._read_s = 0.0
+        self._hard = 0.0
+
+    # -- asyncio.Protocol -------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses, but have its interface.
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self._waiter is None:
+            # Bytes while idle: the agent broke the protocol; the connection cannot be reused.
+            self._close()
+            return
+        self._last_read = self._loop.time()
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            if self._error is None:
+                self._error = BrokenBody(f"malformed answer: {exc}")
+        if self._error is not None:
+            self._fail(self._error)
+        elif self._complete:
+            self._finish()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._pool.forget(self)
+        if self._waiter is None or self._waiter.done():
+            return
+        if self._head_done and self._length is None and not self._chunked and self._error is None:
+            # An answer without a length ends where the connection does.
+            self._complete = True
+            self._finish()
+        elif self._head_done:
+            self._fail(BrokenBody(f"the answer's body was cut off ({exc or 'connection closed'})"))
+        elif isinstance(exc, ssl.SSLError):
+            self._fail(exc)
+        else:
+            self._fail(Disconnected(f"the agent closed the connection ({exc or 'no answer'})"))
+
+    # -- httptools callbacks ----------------------------------------------------------------
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        lower = name.lower()
+        if lower == b"content-length":
+            if value.isdigit():
+                self._length = int(value)
+        elif lower == b"transfer-encoding":
+            self._chunked = b"chunked" in value.lower()
+        elif lower == b"content-encoding":
+            self._encoding = value.strip().lower()
+
+    def on_headers_complete(self) -> None:
+        self._head_done = True
+        # Asked here: once the message is complete, llhttp has reset and always says False.
+        self._keep_alive = self._parser.should_keep_alive()
+        self._status = self._parser.get_status_code()
+        if self._length is not None and self._length > self._limit:
+            self._error = too_large(
+                f"the agent's answer of {self._length} bytes is over the {self._limit}-byte limit"
+            )
+
+    def on_body(self, body: bytes) -> None:
+        if self._error is not None:
+            return
+        self._received += len(body)
+        if self._received > self._limit and self._encoding not in (b"gzip", b"deflate"):
+            self._error = too_large(f"the agent's answer is over the {self._limit}-byte limit")
+            return
+        self._chunks.append(body)
+
+    def on_message_complete(self) -> None:
+        self._complete = True
+
+    # -- one exchange -----------------------------------------------------------------------
+
+    async def exchange(
+        self, data: bytes, body: bytes, limit: int, read_s: float, hard: float
+    ) -> tuple[int, bytes]:
+        """Write the request, then wait for the whole answer (or the first error)."""
+        loop = self._loop
+        waiter: asyncio.Future[tuple[int, bytes]] = loop.create_future()
+        self._waiter = waiter
+        self._limit = limit
+        self._read_s = read_s
+        self._hard = hard
+        transport = self.transport
+        assert transport is not None
+        if body:
+            transport.write(data + body if len(body) < _JOIN_LIMIT else data)
+            if len(body) >= _JOIN_LIMIT:
+                transport.write(body)
+        else:
+            transport.write(data)
+        self._last_read = now = loop.time()
+        self._timer = loop.call_at(min(now + read_s, hard), self._on_timer)
+        try:
+            return await waiter
+        finally:
+            if self._waiter is waiter:
+                # Cancelled mid-exchange: the answer may still come, so the connection is done.
+                self._reset()
+                self._close()
+
+    def _on_timer(self) -> None:
+        # One timer per exchange: re-armed lazily from the last read rather than reset on each.
+        self._timer = None
+        due = min(self._last_read + self._read_s, self._hard)
+        if self._loop.time() + 0.0005 < due:
+            self._timer = self._loop.call_at(due, self._on_timer)
+            return
+        self._fail(TimeoutError())
+
+    def _finish(self) -> None:
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            return
+        body = self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks)
+        if self._encoding in (b"gzip", b"deflate"):
+            try:
+                body = _decompress(body, self._encoding, self._limit)
+            except (zlib.error, ValueError) as exc:
+                self._fail(BrokenBody(f"the answer's {self._encoding.decode()} body: {exc}"))
+                return
+            except OverflowError:
+                self._fail(too_large(f"the agent's answer is over the {self._limit}-byte limit"))
+                return
+        status = self._status
+        reusable = not self.closed and self._keep_alive
+        self._reset()
+        waiter.set_result((status, body))
+        if reusable:
+            self._pool.release(self)
+        else:
+            self._close()
+
+    def _fail(self, exc: BaseException) -> None:
+        waiter = self._waiter
+        self._reset()
+        self._close()
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(exc)
+
+    def _reset(self) -> None:
+        self._waiter = None
+        self._chunks = []
+        self._received = 0
+        self._length = None
+        self._chunked = False
+        self._encoding = None
+        self._head_done = False
+        self._complete = False
+        self._error = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._pool.forget(self)
+            if self.transport is not None:
+                self.transport.close()
+
+
+def _decompress(body: bytes, encoding: bytes, limit: int) -> bytes:
+    """A gzip or deflate answer decoded, refusing (OverflowError) one that decodes past ``limit``."""
+    if encoding == b"gzip":
+        decoder = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    else:
+        # "deflate" is zlib-wrapped by the standard, raw in practice: accept both, as aiohttp does.
+        decoder = zlib.decompressobj(zlib.MAX_WBITS if body[:1] == b"\x78" else -zlib.MAX_WBITS)
+    out = decoder.decompress(body, limit + 1)
+    if len(out) > limit:
+        raise OverflowError
+    return out + decoder.flush()
+
+
+class Pool:
+    """Keep-alive connections per (scheme, host, port), at most ``size`` open in all."""
+
+    def __init__(
+        self,
+        *,
+        size: int,
+        response_limit: int,
+        guard: UrlGuard,
+        tls: ssl.SSLContext,
+        user_agent: str,
+    ) -> None:
+        self._size = size
+        self._limit = response_limit
+        self._guard = guard
+        self._ssl = tls
+        self._ua = f"User-Agent: {user_agent}\r\nAccept: */*\r\n".encode()
+        self._idle: dict[tuple[str, str, int], list[_Conn]] = {}
+        self._all: set[_Conn] = set()
+        self._opening = 0
+        self._room: list[asyncio.Future[None]] = []  # callers waiting for a free slot
+        self._targets: dict[str, _Target] = {}
+        self._names: dict[tuple[str, int], tuple[float, list[str]]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _target(self, url: str) -> _Target:
+        target = self._targets.get(url)
+        if target is None:
+            target = _Target(url)
+            if len(self._targets) >= 4096:
+                # Endpoints come from the registry; this bounds the cache if they churn.
+                self._targets.clear()
+            self._targets[url] = target
+        return target
+
+    async def post(
+        self,
+        url: str,
+        body: bytes,
+        headers: dict[str, str],
+        connect_s: float,
+        read_s: float,
+        total_s: float,
+    ) -> tuple[int, bytes]:
+        """POST ``body`` to ``url``: the status and the whole answer, within the limits."""
+        loop = self._loop or asyncio.get_running_loop()
+        self._loop = loop
+        hard = loop.time() + total_s
+        target = self._target(url)
+        head = [target.request_line, self._ua]
+        for name, value in headers.items():
+            if "\r" in value or "\n" in value:
+                raise BadUrl("a header value holds a line break")
+            head.append(f"{name}: {value}\r\n".encode())
+        head.append(b"Content-Length: %d\r\n\r\n" % len(body))
+        data = b"".join(head)
+        conn = self._reuse(target.key, loop.time())
+        if conn is None:
+            conn = await self._connect(target, connect_s, hard)
+        return await conn.exchange(data, body, self._limit, read_s, hard)
+
+    def _reuse(self, key: tuple[str, str, int], now: float) -> _Conn | None:
+        idle = self._idle.get(key)
+        while idle:
+            conn = idle.pop()
+            if not conn.closed and now - conn.idle_since < IDLE_S:
+                return conn
+            conn._close()
+        return None
+
+    async def _connect(self, target: _Target, connect_s: float, hard: float) -> _Conn:
+        loop = self._loop
+        assert loop is not None
+        while len(self._all) + self._opening >= self._size:
+            # Full: wait for a connection to close (or an idle one to be handed over).
+            room: asyncio.Future[None] = loop.create_future()
+            self._room.append(room)
+            async with asyncio.timeout_at(hard):
+                await room
+            conn = self._reuse(target.key, loop.time())
+            if conn is not None:
+                return conn
+            if len(self._all) + self._opening >= self._size:
+                # Make room: close the longest-idle connection to any other host.
+                self._evict_one()
+        connect_due = loop.time() + connect_s
+        self._opening += 1
+        try:
+            async with asyncio.timeout_at(min(connect_due, hard)):
+                return await self._open(target)
+        except TimeoutError as exc:
+            if connect_due >= hard:
+                raise  # the attempt's ceiling came first, not the connect timeout
+            raise ConnectTimeout from exc
+        finally:
+            self._opening -= 1
+
+    async def _open(self, target: _Target) -> _Conn:
+        loop = self._loop
+        assert loop is not None
+        addresses = await self._resolve(target.host, target.port)
+        last: OSError | None = None
+        for address in addresses:
+            try:
+                transport, conn = await loop.create_connection(
+                    lambda: _Conn(self, target.key, loop),
+                    address,
+                    target.port,
+                    ssl=self._ssl if target.tls else None,
+                    server_hostname=target.server_hostname,
+                )
+            except ssl.SSLError:
+                raise
+            except OSError as exc:
+                last = exc
+                continue
+            # uvloop may call connection_made after create_connection returns: take it from here.
+            conn.transport = transport
+            self._all.add(conn)
+            return conn
+        assert last is not None
+        raise last
+
+    async def _resolve(self, host: str, port: int) -> list[str]:
+        """The addresses to try for ``host``, every one passed by the URL guard.
+
+        Literal addresses and names are checked here too, not only at registration: with a
+        shared registry, a profile can reach a Router's snapshot without passing its API.
+        """
+        bare = host[1:-1] if host.startswith("[") else host
+        try:
+            literal = ipaddress.ip_address(bare.split("%", 1)[0])
+        except ValueError:
+            try:
+                self._guard.check_name(host)
+            except OutboundRefused as exc:
+                raise OSError(f"{host}: {exc.message}") from exc
+        else:
+            refusal = self._guard.refusal(literal)
+            if refusal is not None:
+                raise OSError(f"{host} {refusal}")
+            return [bare]
+        loop = self._loop
+        assert loop is not None
+        now = loop.time()
+        cached = self._names.get((host, port))
+        if cached is not None and cached[0] > now:
+            found = cached[1]
+        else:
+            infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_ADDRCONFIG)
+            found = list(dict.fromkeys(str(info[4][0]) for info in infos))
+            if len(self._names) >= 4096:
+                self._names.clear()
+            self._names[(host, port)] = (now + DNS_TTL_S, found)
+        return self._guard.allowed(host, found, str)
+
+    def release(self, conn: _Conn) -> None:
+        """Put a connection whose answer was read whole back in the pool."""
+        conn.idle_since = self._loop.time() if self._loop is not None else 0.0
+        self._idle.setdefault(conn.key, []).append(conn)
+        self._wake()
+
+    def forget(self, conn: _Conn) -> None:
+        """A connection closed: it is no longer pooled, and its slot is free."""
+        if conn in self._all:
+            self._all.discard(conn)
+            idle = self._idle.get(conn.key)
+            if idle and conn in idle:
+                idle.remove(conn)
+            self._wake()
+
+    def _wake(self) -> None:
+        while self._room:
+            room = self._room.pop(0)
+            if not room.done():
+                room.set_result(None)
+                return
+
+    def _evict_one(self) -> None:
+        oldest: _Conn | None = None
+        for idle in self._idle.values():
+            if idle and (oldest is None or idle[0].idle_since < oldest.idle_since):
+                oldest = idle[0]
+        if oldest is not None:
+            oldest._close()
+
+    def close(self) -> None:
+        """Close every connection, idle or busy (a busy one's caller gets Disconnected)."""
+        for conn in list(self._all):
+            conn._close()
+        self._all.clear()
+        self._idle.clear()
+        self._names.clear()
+        for room in self._room:
+            if not room.done():
+                room.set_result(None)
+        self._room.clear()
+
+
+__all__ = ["BadUrl", "BrokenBody", "ConnectTimeout", "Disconnected", "Pool"]

@@ -1,0 +1,152 @@
+"""The lean forwarding client against a raw socket server: keep-alive, framing, limits, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from reachmesh.exceptions import AgentRejected, AttemptTimeout, BadAgentResponse, ConnectFailed
+from reachmesh.ports import free_port
+from reachmesh.transport.base import AttemptLimits
+from reachmesh.transport.http import HttpTransport
+
+OK = b'{"status":"SUCCESS","result":{"ok":true}}'
+LIMITS = AttemptLimits(1.0, 0.3, 2.0)
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+async def read_request(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length")
+    )
+    return head + await reader.readexactly(length)
+
+
+def answer(body: bytes, extra: bytes = b"") -> bytes:
+    return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n%sContent-Length: %d\r\n\r\n%s" % (
+        extra,
+        len(body),
+        body,
+    )
+
+
+class Server:
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.connections = 0
+        self.requests: list[bytes] = []
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            await self.handler(reader, writer)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Callable[[Handler], Awaitable[tuple[Server, str]]]]:
+    servers: list[asyncio.Server] = []
+
+    async def start(handler: Handler) -> tuple[Server, str]:
+        server = Server(handler)
+        listener = await asyncio.start_server(server._serve, "127.0.0.1", 0)
+        servers.append(listener)
+        port = listener.sockets[0].getsockname()[1]
+        return server, f"http://127.0.0.1:{port}/reach"
+
+    yield start
+    for listener in servers:
+        listener.close()
+
+
+@pytest.fixture
+async def transport() -> AsyncIterator[HttpTransport]:
+    t = HttpTransport(response_limit=1024)
+    await t.open()
+    yield t
+    await t.close()
+
+
+async def test_sequential_and_concurrent_calls_reuse_their_connections(serve, transport) -> None:
+    async def keep_alive(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            server.requests.append(await read_request(reader))
+            writer.write(answer(OK))
+
+    server, url = await serve(keep_alive)
+    for _ in range(5):
+        assert await transport.send(url, b"{}", {"Content-Type": "application/json"}, LIMITS) == {"ok": True}
+    assert server.connections == 1
+    results = await asyncio.gather(*(transport.send(url, b"{}", {}, LIMITS) for _ in range(4)))
+    assert results == [{"ok": True}] * 4
+    assert server.connections <= 4
+    first = server.requests[0]
+    assert first.startswith(b"POST /reach HTTP/1.1\r\nHost: 127.0.0.1:")
+    assert b"\r\nContent-Type: application/json\r\n" in first and first.endswith(b"\r\n\r\n{}")
+
+
+async def test_chunked_gzip_and_close_delimited_answers_arrive_whole(serve, transport) -> None:
+    packed = gzip.compress(OK)
+
+    async def varied(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n" + OK[:5] + b"\r\n")
+        await writer.drain()
+        rest = OK[5:]
+        writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(rest), rest))
+        await read_request(reader)
+        writer.write(answer(packed, b"Content-Encoding: gzip\r\n"))
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + OK)
+        await writer.drain()
+
+    _, url = await serve(varied)
+    for _ in range(3):
+        assert await transport.send(url, b"{}", {}, LIMITS) == {"ok": True}
+
+
+async def test_limit_timeouts_and_broken_answers_map_to_the_error_tree(serve, transport) -> None:
+    async def big(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(answer(b"x" * 2048))
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        await asyncio.sleep(5)
+
+    async def hangs_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+
+    async def cut_off(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(answer(OK)[:-5])
+        await writer.drain()
+
+    _, url = await serve(big)
+    with pytest.raises(AgentRejected) as caught:
+        await transport.send(url, b"{}", {}, LIMITS)
+    assert caught.value.to_error()["code"] == "RESPONSE_TOO_LARGE"
+    _, url = await serve(silent)
+    with pytest.raises(AttemptTimeout):
+        await transport.send(url, b"{}", {}, LIMITS)
+    _, url = await serve(hangs_up)
+    with pytest.raises(ConnectFailed):
+        await transport.send(url, b"{}", {}, LIMITS)
+    _, url = await serve(cut_off)
+    with pytest.raises(BadAgentResponse):
+        await transport.send(url, b"{}", {}, LIMITS)
+
+
+async def test_nothing_listening_is_a_refused_connect_error(transport) -> None:
+    with pytest.raises(ConnectFailed) as caught:
+        await transport.send(f"http://127.0.0.1:{free_port()}/reach", b"{}", {}, LIMITS)
+    assert caught.value.refused
