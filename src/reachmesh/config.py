@@ -8,14 +8,13 @@ Unknown keys are an error here (unlike on the wire): a typo in a policy must not
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from reachmesh.exceptions import ConfigError
 from reachmesh.protocol import Strategy, error_details
+from reachmesh.yamlfile import read_yaml
 
 Positive = Annotated[float, Field(gt=0)]
 PositiveMs = Annotated[int, Field(gt=0, le=3_600_000)]
@@ -462,18 +461,3 @@ class RouterConfig(_Section):
         if chosen is None:
             return cls()
         return cls.from_mapping(read_yaml(chosen), source=str(chosen))
-
-
-def read_yaml(path: str | os.PathLike[str]) -> Any:
-    """Parse a YAML file, mapping I/O and syntax errors to :class:`ConfigError`."""
-    file = Path(path)
-    try:
-        text = file.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{file}: cannot read: {exc.strerror or exc}") from exc
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        raise ConfigError(f"{file}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from exc

@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import typer
 from rich.table import Table
 
-from reachmesh import __version__
 from reachmesh.cli.console import RouterOpt, app, err, out
 from reachmesh.cli.console import fail as _fail
 from reachmesh.exceptions import ConfigError, RouterUnavailable
 from reachmesh.ports import is_loopback
+from reachmesh.version import __version__
 
 if TYPE_CHECKING:
     import ssl

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from reachmesh import __version__
 from reachmesh.exceptions import (
     AgentIdConflict,
     AgentNotFound,
@@ -26,6 +25,7 @@ from reachmesh.exceptions import (
     UnsupportedMediaType,
 )
 from reachmesh.protocol import HTTP_STATUS, json_schemas
+from reachmesh.version import __version__
 
 Operation = dict[str, Any]
 
