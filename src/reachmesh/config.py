@@ -289,7 +289,7 @@ class MeritPolicy(_Section):
 
 
 class LearningPolicy(_Section):
-    """Learning from confirmed routes (issue #15 item 3): phrases remembered for a task."""
+    """Learning from confirmed routes: phrases an operator confirmed, remembered for a task."""
 
     # Off by default: a learned phrase changes where later requests go, so an operator opts in.
     enabled: bool = False
