@@ -251,3 +251,15 @@ def test_every_reach_variable_in_the_code_is_in_the_configuration_reference() ->
     reference = CONFIGURATION.read_text(encoding="utf-8")
     missing = sorted(name for name in reach_names_in_code() if not re.search(rf"\b{name}\b", reference))
     assert not missing, f"REACH_* names in src/ but not in docs/configuration.md: {missing}"
+
+
+def section(text: str, heading: str) -> str:
+    """The body under ``heading`` (a level-2 heading) up to the next level-2 heading."""
+    return text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0].strip()
+
+
+def test_the_reference_session_is_the_same_in_the_readme_and_on_the_site() -> None:
+    """The front door and Getting started show one reference session, links aside."""
+    readme = section(README.read_text(encoding="utf-8"), "The reference session")
+    site = section((DOCS / "getting-started.md").read_text(encoding="utf-8"), "The reference session")
+    assert readme.replace("](docs/", "](") == site
