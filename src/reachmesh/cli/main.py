@@ -462,6 +462,7 @@ def version() -> None:
 
 # Registered last, so `reach --help` lists the everyday commands first.
 from reachmesh.cli import bridges as _bridge_commands  # noqa: E402, F401
+from reachmesh.cli import drill as _drill_commands  # noqa: E402, F401
 from reachmesh.cli import semantic as _semantic_commands  # noqa: E402, F401
 
 
