@@ -336,8 +336,7 @@ BREAKER_READ_TIMEOUT_MS = 500  # the drill's per-request read timeout: each held
 
 
 async def breaker(stage: Stage) -> Result:
-    """An agent fails for a few seconds, then recovers: the breaker opens near its threshold,
-    probes after ``open_seconds``, and closes once a probe succeeds."""
+    """An agent fails for 3 s, then recovers: the breaker opens, probes, and closes again."""
     names = stage.fleet.start(max(stage.settings.agents, 2))
     stage.fleet.wait_registered(names)
     bad = names[0]
