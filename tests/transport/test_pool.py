@@ -150,3 +150,36 @@ async def test_nothing_listening_is_a_refused_connect_error(transport) -> None:
     with pytest.raises(ConnectFailed) as caught:
         await transport.send(f"http://127.0.0.1:{free_port()}/reach", b"{}", {}, LIMITS)
     assert caught.value.refused
+
+
+async def test_an_interim_answer_is_skipped_and_never_leaks_into_the_next_call(serve, transport) -> None:
+    """100 Continue and 103 Early Hints arrive apart from the answer; each call gets its own."""
+
+    async def interim(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            request = await read_request(reader)
+            nonce = request.rsplit(b"\r\n\r\n", 1)[1]
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            await writer.drain()
+            await asyncio.sleep(0.01)
+            writer.write(b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n")
+            await writer.drain()
+            await asyncio.sleep(0.01)
+            writer.write(answer(b'{"status":"SUCCESS","result":%s}' % nonce))
+
+    server, url = await serve(interim)
+    for n in range(5):
+        assert await transport.send(url, b"%d" % n, {}, LIMITS) == n
+    assert server.connections == 1
+
+
+async def test_101_is_a_bad_answer_and_the_connection_is_not_reused(serve, transport) -> None:
+    async def upgrade(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\nConnection: upgrade\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(1)
+
+    _, url = await serve(upgrade)
+    with pytest.raises(BadAgentResponse, match="101"):
+        await transport.send(url, b"{}", {}, LIMITS)

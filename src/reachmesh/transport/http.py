@@ -28,8 +28,9 @@ from reachmesh.exceptions import (
 )
 from reachmesh.tls import verifying_context
 from reachmesh.transport import a2a
+from reachmesh.transport.answer import BrokenBody, Disconnected
 from reachmesh.transport.base import DEFAULT_RESPONSE_LIMIT, AttemptLimits, classify_answer
-from reachmesh.transport.pool import BadUrl, BrokenBody, ConnectTimeout, Disconnected, Pool
+from reachmesh.transport.pool import BadUrl, ConnectTimeout, Pool
 from reachmesh.transport.urlguard import UrlGuard
 
 # What a failed probe, holds check or delivery can raise; all mean "no".
@@ -158,7 +159,8 @@ class HttpTransport:
         if pool is None:
             raise RuntimeError("HttpTransport.open() was not awaited")
         try:
-            return await pool.post(url, body, headers, limits.connect_s, limits.read_s, limits.total_s)
+            answer = await pool.post(url, body, headers, limits.connect_s, limits.read_s, limits.total_s)
+            return answer.status, answer.body
         except ConnectTimeout as exc:
             raise ConnectFailed(f"connect timeout after {limits.connect_s * 1000:.0f} ms") from exc
         except ssl.SSLError as exc:
