@@ -33,7 +33,7 @@ from reachmesh.secrets import loggable
 from reachmesh.semantic.embedders.factory import build_embedder
 from reachmesh.semantic.vectors import CapabilityVectors
 from reachmesh.transport.base import Transport
-from reachmesh.transport.http import HttpTransport
+from reachmesh.transport.http import HttpTransport, head_limits
 from reachmesh.transport.urlguard import UrlGuard
 
 registry_log = logging.getLogger("reachmesh.registry")
@@ -140,7 +140,10 @@ class RouterParts:
             registry=registry,
             transport=transport
             or HttpTransport(
-                response_limit=config.server.response_limit_bytes, guard=url_guard, tls=config.outbound
+                response_limit=config.server.response_limit_bytes,
+                head=head_limits(config.server),
+                guard=url_guard,
+                tls=config.outbound,
             ),
             stats=stats,
             breakers=breakers,
