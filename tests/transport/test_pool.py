@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
@@ -14,6 +15,7 @@ from reachmesh.ports import free_port
 from reachmesh.transport.answer import HeadLimits
 from reachmesh.transport.base import AttemptLimits
 from reachmesh.transport.http import HttpTransport, head_limits
+from reachmesh.transport.pool import interleave
 
 OK = b'{"status":"SUCCESS","result":{"ok":true}}'
 LIMITS = AttemptLimits(1.0, 0.3, 2.0)
@@ -261,3 +263,58 @@ async def test_the_head_bounds_come_from_the_server_policy(serve) -> None:
             await strict.send(url, b"{}", {}, LIMITS)
     finally:
         await strict.close()
+
+
+def test_addresses_alternate_between_families_first_choice_first() -> None:
+    assert interleave(["::1", "::2", "10.0.0.1", "10.0.0.2", "10.0.0.3"]) == [
+        "::1",
+        "10.0.0.1",
+        "::2",
+        "10.0.0.2",
+        "10.0.0.3",
+    ]
+    assert interleave(["10.0.0.1", "::1"]) == ["10.0.0.1", "::1"]
+
+
+async def test_a_black_holed_first_address_costs_a_head_start_not_the_connect_timeout(
+    serve, transport, monkeypatch
+) -> None:
+    """A name with two addresses, the first one never answering a SYN: the second is tried
+    after STAGGER_S and the call succeeds well within one connect timeout."""
+
+    async def ok(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(answer(OK))
+
+    server, url = await serve(ok)
+    port = int(url.split(":")[2].split("/")[0])
+    # A listener on another loopback address whose accept queue is full: a connect to it hangs.
+    hole = socket.socket()
+    hole.bind(("127.0.0.2", port))
+    hole.listen(0)
+    fillers = []
+    for _ in range(3):
+        filler = socket.socket()
+        filler.setblocking(False)
+        filler.connect_ex(("127.0.0.2", port))
+        fillers.append(filler)
+    pool = transport._pool
+    assert pool is not None
+
+    async def two_addresses(host: str, port: int) -> list[str]:
+        return ["127.0.0.2", "127.0.0.1"]
+
+    monkeypatch.setattr(pool, "_resolve", two_addresses)
+    loop = asyncio.get_running_loop()
+    try:
+        began = loop.time()
+        result = await transport.send(
+            f"http://agent.test:{port}/reach", b"{}", {}, AttemptLimits(1.0, 1.0, 3.0)
+        )
+        assert result == {"ok": True}
+        assert loop.time() - began < 0.9
+        assert server.connections == 1
+        assert len(pool._all) == 1  # the hung attempt was dropped, not kept in the pool
+    finally:
+        for sock in (hole, *fillers):
+            sock.close()

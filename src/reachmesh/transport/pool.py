@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import itertools
 import select
 import socket
 import ssl
@@ -52,6 +53,9 @@ from reachmesh.transport.urlguard import UrlGuard
 IDLE_S = 15.0
 # Resolved names are kept this long (aiohttp's ttl_dns_cache of the session it replaces).
 DNS_TTL_S = 60.0
+# When a name has several addresses, each one's head start over the next (RFC 8305's
+# "Connection Attempt Delay").
+STAGGER_S = 0.25
 # Below this size the request body is copied behind its head and written in one call.
 _JOIN_LIMIT = 64 * 1024
 
@@ -62,6 +66,23 @@ class ConnectTimeout(Exception):
 
 class BadUrl(Exception):
     """An endpoint the client cannot use (it would not be a valid request target)."""
+
+
+def interleave(addresses: list[str]) -> list[str]:
+    """The addresses alternating between IPv6 and IPv4, the resolver's first choice first."""
+    six = [a for a in addresses if ":" in a]
+    four = [a for a in addresses if ":" not in a]
+    first, second = (six, four) if ":" in addresses[0] else (four, six)
+    out: list[str] = []
+    for pair in itertools.zip_longest(first, second):
+        out.extend(a for a in pair if a is not None)
+    return out
+
+
+def _drop_loser(task: asyncio.Task[_Conn]) -> None:
+    # A connection that won too late (or beside the winner) is closed, never leaked from the pool.
+    if not task.cancelled() and task.exception() is None:
+        task.result()._close()
 
 
 class _Target:
@@ -360,28 +381,53 @@ class Pool:
             self._opening -= 1
 
     async def _open(self, target: _Target) -> _Conn:
+        addresses = await self._resolve(target.host, target.port)
+        if len(addresses) == 1:
+            return await self._dial(target, addresses[0])
+        return await self._race(target, interleave(addresses))
+
+    async def _dial(self, target: _Target, address: str) -> _Conn:
         loop = self._loop
         assert loop is not None
-        addresses = await self._resolve(target.host, target.port)
-        last: OSError | None = None
-        for address in addresses:
-            try:
-                transport, conn = await loop.create_connection(
-                    lambda: _Conn(self, target.key, loop, self._head),
-                    address,
-                    target.port,
-                    ssl=self._ssl if target.tls else None,
-                    server_hostname=target.server_hostname,
+        transport, conn = await loop.create_connection(
+            lambda: _Conn(self, target.key, loop, self._head),
+            address,
+            target.port,
+            ssl=self._ssl if target.tls else None,
+            server_hostname=target.server_hostname,
+        )
+        # uvloop may call connection_made after create_connection returns: take it from here.
+        conn.transport = transport
+        self._all.add(conn)
+        return conn
+
+    async def _race(self, target: _Target, addresses: list[str]) -> _Conn:
+        """Happy eyeballs: each address gets a head start of STAGGER_S over the next (less if it
+        fails sooner), the first connection made wins and the others are dropped, so a
+        black-holed address costs STAGGER_S, not the whole connect timeout."""
+        loop = self._loop
+        assert loop is not None
+        waiting = list(addresses)
+        racing: set[asyncio.Task[_Conn]] = set()
+        last: BaseException | None = None
+        try:
+            while waiting or racing:
+                if waiting:
+                    racing.add(loop.create_task(self._dial(target, waiting.pop(0))))
+                done, racing = await asyncio.wait(
+                    racing, timeout=STAGGER_S if waiting else None, return_when=asyncio.FIRST_COMPLETED
                 )
-            except ssl.SSLError:
-                raise
-            except OSError as exc:
-                last = exc
-                continue
-            # uvloop may call connection_made after create_connection returns: take it from here.
-            conn.transport = transport
-            self._all.add(conn)
-            return conn
+                for task in done:
+                    last = task.exception()
+                    if last is None:
+                        racing |= done - {task}  # a second winner in the same round is dropped
+                        return task.result()
+                    if not isinstance(last, OSError) or isinstance(last, ssl.SSLError):
+                        raise last
+        finally:
+            for task in racing:
+                task.cancel()
+                task.add_done_callback(_drop_loser)
         assert last is not None
         raise last
 
