@@ -41,6 +41,12 @@ class ServerPolicy(_Section):
     max_json_depth: Annotated[int, Field(ge=4, le=200)] = 64
     # The largest agent answer the Router reads; a bigger one is AGENT_ERROR RESPONSE_TOO_LARGE.
     response_limit_bytes: Annotated[int, Field(gt=0, le=1024 * 1024 * 1024)] = 8 * 1024 * 1024
+    # The head of an agent's answer (status line and headers, interim 1xx heads included): its
+    # bytes, its header lines, one line's length. Counted as the bytes arrive; past any, the
+    # attempt is a bad answer (failover, a breaker failure) and the connection is closed.
+    response_max_header_bytes: Annotated[int, Field(ge=1024, le=1024 * 1024)] = 32 * 1024
+    response_max_headers: Annotated[int, Field(ge=8, le=1000)] = 100
+    response_max_line_bytes: Annotated[int, Field(ge=256, le=64 * 1024)] = 8190
     # HTTPS: the Router's certificate chain and its private key (PEM), both or neither; read
     # once at start (a reload cannot re-bind the listening socket).
     tls_cert_file: str | None = None

@@ -33,7 +33,7 @@ from reachmesh.secrets import loggable
 from reachmesh.semantic.embedders.factory import build_embedder
 from reachmesh.semantic.vectors import CapabilityVectors
 from reachmesh.transport.base import Transport
-from reachmesh.transport.http import HttpTransport
+from reachmesh.transport.http import HttpTransport, head_limits
 from reachmesh.transport.urlguard import UrlGuard
 
 # reach_agent_circuit_state's values (PROTOCOL.md §9).
@@ -143,7 +143,10 @@ class RouterParts:
             registry=registry,
             transport=transport
             or HttpTransport(
-                response_limit=config.server.response_limit_bytes, guard=url_guard, tls=config.outbound
+                response_limit=config.server.response_limit_bytes,
+                head=head_limits(config.server),
+                guard=url_guard,
+                tls=config.outbound,
             ),
             stats=stats,
             breakers=breakers,
