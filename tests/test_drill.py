@@ -3,6 +3,7 @@ Router started separately with auth on; cleanup on Ctrl-C; one clear line for ea
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 import yaml
 
@@ -174,8 +176,11 @@ def test_a_drill_against_a_separate_router_with_auth_leaves_nothing_and_touches_
     assert mine["status"] == "available" and mine["stats"]["requests"] == 0
 
 
-def test_ctrl_c_mid_run_removes_every_drill_agent(team: TeamRouter) -> None:
-    with (Path(os.environ.get("TMPDIR", "/tmp")) / f"drill-{os.getpid()}.log").open("w+") as log:
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_an_interrupt_mid_run_stops_and_removes_every_drill_agent(
+    team: TeamRouter, sig: int, code: int
+) -> None:
+    with (Path(os.environ.get("TMPDIR", "/tmp")) / f"drill-{os.getpid()}-{sig}.log").open("w+") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "reachmesh", "drill", "crash", "--router", team.url, "--duration", "120"],
             env={**os.environ, "REACH_TOKEN": ADMIN},
@@ -184,18 +189,28 @@ def test_ctrl_c_mid_run_removes_every_drill_agent(team: TeamRouter) -> None:
         )
         try:
             # The positive control: the drill's agents do get registered before the interrupt.
-            wait_for(lambda: len(team.drill_agents()) >= 2, "the drill's agents to register", timeout=60)
-            proc.send_signal(signal.SIGINT)
-            assert proc.wait(60 * SCALE) == 130
+            ids = wait_for(
+                lambda: team.drill_agents() if len(team.drill_agents()) >= 2 else None,
+                "the drill's agents to register",
+                timeout=60,
+            )
+            proc.send_signal(sig)
+            assert proc.wait(60 * SCALE) == code
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
         log.seek(0)
         said = log.read()
-    assert "Traceback" not in said and "interrupted" in said
+    assert "Traceback" not in said and "interrupted" in said, said
     assert team.drill_agents() == []
     assert team.agent("team-agent")["status"] == "available"
+    still = [
+        p.info["cmdline"]
+        for p in psutil.process_iter(["cmdline"])
+        if any(f"{agent_id}.yaml" in part for agent_id in ids for part in (p.info["cmdline"] or []))
+    ]
+    assert still == []
 
 
 def test_a_missing_token_is_one_line(team: TeamRouter) -> None:
@@ -221,16 +236,43 @@ def test_a_missing_token_is_one_line(team: TeamRouter) -> None:
         (["drill", "partition", "--router", "http://127.0.0.1:{port}"], {}, "without --router"),
         (["drill", "partition"], {"PATH": "/nonexistent"}, "etcd is not installed"),
         (["drill", "crash", "--config", "{missing}"], {}, "cannot read"),
+        (["drill", "crash", "--config", "{bad_key}"], {}, "bad.yaml: routing.bogus_key"),
+        (["drill", "crash", "--router", "http://[::1"], {}, "is not a URL"),
+        (["drill", "crash", "--router", "http://192.0.2.1:7200"], {}, "--agent-host"),
+        (["drill", "storm", "--concurrency", "4"], {}, "without --concurrency"),
+        (["drill", "crash", "--report", "/dev/null/report"], {}, "--report /dev/null/report"),
+        (["drill", "crash", "--router", "{not_a_router}"], {}, "is not an Agent-Reach Router"),
     ],
 )
 def test_bad_starts_are_one_clear_line(
     args: list[str], env: dict[str, str], says: str, tmp_path: Path
 ) -> None:
     port = str(free_port())
-    filled = [a.format(port=port, missing=tmp_path / "nope.yaml") for a in args]
-    done = reach(*filled, env=env, timeout=60)
+    (tmp_path / "bad.yaml").write_text("routing:\n  bogus_key: 1\n")
+    with _plain_web_server() as not_a_router:
+        fields = {"port": port, "missing": tmp_path / "nope.yaml", "bad_key": tmp_path / "bad.yaml"}
+        filled = [a.format(**fields, not_a_router=not_a_router) for a in args]
+        done = reach(*filled, env=env, timeout=60)
     assert done.returncode == 2, done.stdout + done.stderr
     assert says in done.stderr, done.stderr
     # One error line (a usage error also shows click's usage line above it), no traceback.
     errors = [line for line in done.stderr.splitlines() if line.lower().startswith("error:")]
     assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr
+
+
+@contextlib.contextmanager
+def _plain_web_server() -> Iterator[str]:
+    """A web server that is not a Router (Python's own), on a free port."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: httpx.get(url, timeout=1).status_code == 200, "python -m http.server")
+        yield url
+    finally:
+        proc.kill()
+        proc.wait()

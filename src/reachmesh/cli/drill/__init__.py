@@ -8,18 +8,25 @@ non-zero when a promise is missed, so a team can run it in its own CI.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ipaddress
 import os
+import signal
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 import httpx
 import typer
+from rich.markup import escape
 
 from reachmesh.cli.console import app, err, fail, out
 from reachmesh.cli.drill.fleet import Fleet, OwnRouter, auth_headers
-from reachmesh.cli.drill.report import as_json, write
+from reachmesh.cli.drill.report import as_json, prepare, write
 from reachmesh.cli.drill.scenarios import SCENARIOS, Result, Settings, Stage
+from reachmesh.config import RouterConfig
 from reachmesh.exceptions import ConfigError
 from reachmesh.yamlfile import read_yaml
 
@@ -31,12 +38,50 @@ def drill_policy(scenario: str) -> dict[str, Any]:
     short enough that an offline agent shows within a drill, no embedder (drills route by task),
     and for the storm a capacity small enough that one machine can exceed it."""
     policy: dict[str, Any] = {
-        "registry": {"lease_ttl_seconds": 6, "sweep_interval_seconds": 0.2},
+        # In memory whatever the environment says: the drill's Router must not join a team's etcd.
+        "registry": {"backend": "memory", "lease_ttl_seconds": 6, "sweep_interval_seconds": 0.2},
         "embedding": {"backend": "none"},
     }
     if scenario == "storm":
         policy["limits"] = {"max_inflight": 32}
     return policy
+
+
+class Interrupted(Exception):
+    """Ctrl-C, SIGTERM or SIGHUP: the drill stops, cleans up, and exits 128 + the signal."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """Ctrl-C, SIGTERM (a cancelled CI job, ``timeout``) and SIGHUP (a closed terminal) all end the
+    drill through its cleanup. Only this entry point changes the process's signal handlers."""
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def _uninterrupted() -> Iterator[None]:
+    """Cleanup runs to its end: a second Ctrl-C must not leave agents registered."""
+    previous = {
+        sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    }
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 @app.command()
@@ -52,6 +97,14 @@ def drill(
             help="Drive this Router (admin token in REACH_TOKEN when auth is on) instead of starting one.",
         ),
     ] = None,
+    agent_host: Annotated[
+        str,
+        typer.Option(
+            "--agent-host",
+            help="Address the drill's agents listen on and give the Router; one it can reach "
+            "(needed when --router is on another host).",
+        ),
+    ] = "127.0.0.1",
     agents: Annotated[int, typer.Option(min=2, max=20, help="Drill agents per scenario.")] = 3,
     duration: Annotated[float, typer.Option(min=3, max=3600, help="Seconds of traffic per scenario.")] = 15.0,
     rate: Annotated[float, typer.Option(min=1, max=5000, help="Requests per second (open loop).")] = 40.0,
@@ -71,26 +124,77 @@ def drill(
 ) -> None:
     """Run resilience drills (latency, crash, storm, breaker, partition, all); exit 1 on a missed promise."""
     names = _scenarios(scenarios)
+    url = None if router is None else router.rstrip("/")
+    _check_flags(names, url, agent_host, concurrency, config)
+    settings = Settings(agents=agents, duration=duration, rate=rate, concurrency=concurrency)
+    _main(names, settings, url, agent_host, config, report, json_out)
+
+
+def _main(
+    names: list[str],
+    settings: Settings,
+    url: str | None,
+    agent_host: str,
+    config: Path | None,
+    report: Path | None,
+    json_out: bool,
+) -> None:
+    token = os.environ.get("REACH_TOKEN") or None
+    results: list[Result] = []
+    try:
+        policy = None if config is None else _read_policy(config)
+        if report is not None:
+            prepare(report)
+        if url is not None:
+            _check_router(url, token)
+        with _signals_interrupt():
+            _run(names, settings, url, token, policy, agent_host, results)
+    except OSError as exc:
+        fail(f"--report {report}: {exc.strerror or exc}")
+    except ConfigError as exc:
+        _finish(results, report, json_out, partial=True)
+        fail(exc.message)
+    except Interrupted as exc:
+        message = f"[reach-drill] interrupted ({exc}): the drill's agents were stopped and removed"
+        err.print(message, highlight=False, markup=False)
+        raise typer.Exit(128 + exc.signum) from None
+    _finish(results, report, json_out)
+
+
+def _check_flags(
+    names: list[str], router: str | None, agent_host: str, concurrency: int | None, config: Path | None
+) -> None:
     if router is not None and config is not None:
         fail(
-            "--config sets the policy of the drill's own Router; with --router, that Router's own policy "
-            "is in force"
+            "--config sets the policy of the drill's own Router; "
+            "with --router, that Router's own policy is in force"
         )
     if router is not None and "partition" in names:
         fail("partition freezes the drill's own etcd: run it without --router")
-    token = os.environ.get("REACH_TOKEN") or None
-    settings = Settings(agents=agents, duration=duration, rate=rate, concurrency=concurrency)
+    if concurrency is not None and "storm" in names:
+        fail("storm ramps a rate past capacity: it runs open loop, without --concurrency")
+    if router is not None:
+        try:
+            parts = urlsplit(router)
+            host = parts.hostname or ""
+        except ValueError:
+            fail(f"--router {router!r} is not a URL")
+        if parts.scheme not in ("http", "https") or not host:
+            fail(f"--router {router!r} is not a URL: give http(s)://host:port")
+        if _is_loopback(agent_host) and not _is_loopback(host):
+            fail(
+                f"the drill's agents listen on {agent_host}, which the Router at {host} cannot reach: "
+                "give --agent-host an address of this machine that the Router can reach"
+            )
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
     try:
-        policy = None if config is None else _read_policy(config)
-        if router is not None:
-            _check_router(router.rstrip("/"), token)
-        results, info = _run(names, settings, router.rstrip("/") if router else None, token, policy)
-    except ConfigError as exc:
-        fail(exc.message)
-    except KeyboardInterrupt:
-        err.print("[reach-drill] interrupted: the drill's agents were stopped and removed", highlight=False)
-        raise typer.Exit(130) from None
-    _finish(results, info, report, json_out)
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _scenarios(given: list[str]) -> list[str]:
@@ -106,35 +210,55 @@ def _scenarios(given: list[str]) -> list[str]:
 
 
 def _read_policy(path: Path) -> dict[str, Any]:
+    """The policy file, checked as the Router would check it, before anything starts."""
     found = read_yaml(path)
+    if found is None:
+        found = {}
     if not isinstance(found, dict):
         raise ConfigError(f"{path}: a policy file is a mapping of sections")
+    RouterConfig.from_mapping(found, source=str(path))
     return found
 
 
 def _check_router(url: str, token: str | None) -> None:
     try:
-        httpx.get(f"{url}/healthz", timeout=5).raise_for_status()
-        resp = httpx.get(f"{url}/admin/agents", headers=auth_headers(token), timeout=5)
+        health = httpx.get(f"{url}/healthz", timeout=5)
+        listed = httpx.get(f"{url}/admin/agents", headers=auth_headers(token), timeout=5)
+    except httpx.InvalidURL as exc:
+        raise ConfigError(f"--router {url!r} is not a URL: {exc}") from exc
     except httpx.HTTPError as exc:
         raise ConfigError(f"cannot reach the Router at {url}: {exc}") from exc
-    if resp.status_code in (401, 403):
+    if listed.status_code in (401, 403):
         need = "set REACH_TOKEN to an admin token" if token is None else "REACH_TOKEN is not an admin token"
-        raise ConfigError(f"the drill reads /admin/agents and registers agents: {need} ({resp.status_code})")
+        raise ConfigError(
+            f"the drill reads /admin/agents and registers agents: {need} ({listed.status_code})"
+        )
+    try:
+        rows = listed.json()
+    except ValueError:
+        rows = None
+    if health.status_code != 200 or listed.status_code != 200 or not isinstance(rows, list):
+        raise ConfigError(
+            f"{url} is not an Agent-Reach Router (GET /healthz: {health.status_code}, "
+            f"GET /admin/agents: {listed.status_code})"
+        )
 
 
 def _run(
-    names: list[str], settings: Settings, router: str | None, token: str | None, policy: dict[str, Any] | None
-) -> tuple[list[Result], dict[str, Any]]:
-    results: list[Result] = []
-    info: dict[str, Any] = {}
+    names: list[str],
+    settings: Settings,
+    router: str | None,
+    token: str | None,
+    policy: dict[str, Any] | None,
+    agent_host: str,
+    results: list[Result],
+) -> None:
+    """Each scenario in turn; ``results`` keeps the finished ones when a later one fails."""
     with tempfile.TemporaryDirectory(prefix="reach-drill-") as tmp:
         for name in names:
             workdir = Path(tmp) / name
             workdir.mkdir()
-            result, info = _run_one(name, settings, router, token, policy, workdir)
-            results.append(result)
-    return results, info
+            results.append(_run_one(name, settings, router, token, policy, agent_host, workdir))
 
 
 def _run_one(
@@ -143,49 +267,60 @@ def _run_one(
     router: str | None,
     token: str | None,
     policy: dict[str, Any] | None,
+    agent_host: str,
     workdir: Path,
-) -> tuple[Result, dict[str, Any]]:
+) -> Result:
     if router is not None:
-        return _on(Stage(router, token, Fleet(router, token, workdir), settings, None), name, started="given")
-    chosen = dict(policy) if policy is not None else drill_policy(name)
-    etcd = None
-    if name == "partition":
-        from reachmesh.cli.etcd import EtcdCluster
-
-        etcd = EtcdCluster(workdir / "etcd").start()
-        registry = dict(chosen.get("registry") or {})
-        registry.update(
-            {"backend": "etcd", "etcd": {**registry.get("etcd", {}), "endpoints": etcd.endpoints.split(",")}}
+        return _on(
+            Stage(router, token, Fleet(router, token, workdir, agent_host), settings, None), name, "given"
         )
-        chosen["registry"] = registry
-    own = OwnRouter(workdir, chosen)
-    try:
+    chosen = dict(policy) if policy is not None else drill_policy(name)
+    with contextlib.ExitStack() as stack:
+        freeze = thaw = None
+        if name == "partition":
+            etcd = _start_etcd(workdir, stack)
+            registry = dict(chosen.get("registry") or {})
+            etcd_policy = {**registry.get("etcd", {}), "endpoints": etcd.endpoints.split(",")}
+            chosen["registry"] = {**registry, "backend": "etcd", "etcd": etcd_policy}
+            freeze, thaw = etcd.members[0].freeze, etcd.members[0].thaw
+        own = OwnRouter(workdir, chosen)
+        stack.callback(own.stop)
         own.wait_ready()
-        stage = Stage(own.url, token, Fleet(own.url, token, workdir), settings, chosen)
-        if etcd is not None:
-            stage.freeze, stage.thaw = etcd.members[0].freeze, etcd.members[0].thaw
-        return _on(stage, name, started="started by the drill")
-    finally:
-        own.stop()
-        if etcd is not None:
-            etcd.stop()
+        stage = Stage(
+            own.url, token, Fleet(own.url, token, workdir, agent_host), settings, chosen, freeze, thaw
+        )
+        result = _on(stage, name, "started by the drill")
+    return result
 
 
-def _on(stage: Stage, name: str, *, started: str) -> tuple[Result, dict[str, Any]]:
+def _start_etcd(workdir: Path, stack: contextlib.ExitStack) -> Any:
+    from reachmesh.cli.etcd import EtcdCluster
+
+    etcd = EtcdCluster(workdir / "etcd")
+    stack.callback(etcd.stop)  # before start: a start interrupted half-way is stopped too
+    try:
+        return etcd.start()
+    except RuntimeError as exc:
+        raise ConfigError(f"the drill's etcd did not start: {exc}") from exc
+
+
+def _on(stage: Stage, name: str, started: str) -> Result:
     try:
         result = asyncio.run(SCENARIOS[name](stage))
     finally:
-        left = stage.fleet.cleanup()
+        with _uninterrupted():
+            left = stage.fleet.cleanup()
         if left:
             err.print(
                 f"[reach-drill] still listed after cleanup: {', '.join(left)}", highlight=False, markup=False
             )
-    return result, {
+    result.router = {
         "url": stage.router_url,
         "started": started,
         "version": _version(stage),
         "policy": stage.policy,
     }
+    return result
 
 
 def _version(stage: Stage) -> str | None:
@@ -195,8 +330,15 @@ def _version(stage: Stage) -> str | None:
         return None
 
 
-def _finish(results: list[Result], info: dict[str, Any], folder: Path | None, json_out: bool) -> None:
-    report = write(results, info, folder, with_json=json_out) if folder else as_json(results, info)
+def _finish(results: list[Result], folder: Path | None, json_out: bool, *, partial: bool = False) -> None:
+    """Print and write the report; exit 1 when a promise was missed. ``partial``: a later
+    scenario failed to start, and what finished before it is still reported."""
+    if not results:
+        return
+    try:
+        report = write(results, folder, with_json=json_out) if folder else as_json(results)
+    except OSError as exc:
+        fail(f"cannot write the report into {folder}: {exc.strerror or exc}")
     if json_out:
         out.print_json(data=report)
     else:
@@ -204,9 +346,11 @@ def _finish(results: list[Result], info: dict[str, Any], folder: Path | None, js
             out.print(f"[bold]{result.scenario}[/]", highlight=False)
             for promise in result.promises:
                 mark = "[green]held[/]" if promise.ok else "[red]MISSED[/]"
-                out.print(f"  {mark}  {promise.name}: {promise.detail}", highlight=False)
+                out.print(f"  {mark}  {escape(promise.name)}: {escape(promise.detail)}", highlight=False)
         if folder:
-            out.print(f"report: {folder / 'report.md'}", highlight=False)
+            out.print(f"report: {folder / 'report.md'}", highlight=False, markup=False)
+    if partial:
+        return
     if not report["ok"]:
         missed = [f"{r.scenario}: {p.name}" for r in results for p in r.promises if not p.ok]
         err.print(f"[reach-drill] promise missed: {'; '.join(missed)}", highlight=False, markup=False)

@@ -6,6 +6,7 @@ reachmesh.cli.drill.agent:agent``), so that ``kill -9`` is real. It serves one t
 
 - ``{"delay_ms": N}`` answers N ms late;
 - ``{"mode": "error"}`` fails every call (AGENT_ERROR, retryable, so the Router fails over);
+  ``{"error_rate": P}`` fails a share P of calls that way;
 - ``{"mode": "hang_until", "until": T, "hang_ms": H}`` holds each call for H ms until the
   wall-clock time T (past the drill's read timeout, so that each counts against the breaker as
   a timeout; an AGENT_ERROR answer would not, the agent being up), then answers again (the
@@ -21,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import threading
 import time
 from pathlib import Path
@@ -50,7 +52,7 @@ async def _serve(payload: dict[str, Any], ctx: ReachContext) -> dict[str, Any]:
         await asyncio.sleep(float(faults["delay_ms"]) / 1000)
     if mode == "hang":
         await asyncio.sleep(3600)
-    if mode == "error":
+    if mode == "error" or random.random() < float(faults.get("error_rate", 0)):
         raise AgentError(f"{agent.id} fails on purpose", code="DRILL_FAULT", retryable=True)
     if mode == "hang_until" and time.time() < float(faults.get("until", 0)):
         await asyncio.sleep(float(faults.get("hang_ms", 2000)) / 1000)

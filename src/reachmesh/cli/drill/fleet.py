@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import yaml
 
+from reachmesh.cli.workers import die_with_parent
 from reachmesh.exceptions import ConfigError
 from reachmesh.ports import free_port
 
@@ -36,6 +37,17 @@ def auth_headers(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
+def child_env(extra: dict[str, str]) -> dict[str, str]:
+    """The caller's environment without any ``REACH_*`` variable, plus the drill's own.
+
+    An agent's environment overrides its profile (REACH_SELF_ID, REACH_ROUTER_URL, ...) and a
+    Router's its policy (REACH_ETCD_ENDPOINTS, REACH_ADMIN_TOKEN, ...): inherited, they could
+    send the drill's agents to a team's Router under a team agent's id.
+    """
+    clean = {key: value for key, value in os.environ.items() if not key.startswith("REACH_")}
+    return {**clean, "PYTHONUNBUFFERED": "1", **extra}
+
+
 def _spawn(args: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
         return subprocess.Popen(
@@ -43,19 +55,30 @@ def _spawn(args: list[str], log: Path, env: dict[str, str] | None = None) -> sub
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+            env=child_env(env or {}),
+            # Its own session, so a terminal's Ctrl-C reaches only the drill, which stops its
+            # children in order; and SIGTERM when the drill dies, however it dies.
             start_new_session=True,
+            preexec_fn=die_with_parent,
         )
 
 
-def _stop(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
-    if proc.poll() is None:
+def stop_all(procs: list[subprocess.Popen[bytes]], grace: float = 10.0) -> None:
+    """SIGTERM to every one at once, then wait for them together; SIGKILL what is left."""
+    running = [p for p in procs if p.poll() is None]
+    for proc in running:
         proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for proc in running:
         try:
-            proc.wait(grace)
+            proc.wait(max(deadline - time.monotonic(), 0.01))
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
 
 
 def _tail(log: Path, lines: int = 5) -> str:
@@ -92,7 +115,7 @@ class OwnRouter:
         raise ConfigError(f"the drill's Router did not answer /healthz within {START_TIMEOUT_S:.0f} s")
 
     def stop(self) -> None:
-        _stop(self.proc)
+        stop_all([self.proc])
 
 
 @dataclass
@@ -114,6 +137,7 @@ class Fleet:
     router_url: str
     token: str | None
     workdir: Path
+    host: str = "127.0.0.1"  # where the drill's agents listen, and the address they advertise
     run_id: str = field(default_factory=lambda: secrets.token_hex(3))
     agents: dict[str, DrillAgent] = field(default_factory=dict)
 
@@ -151,9 +175,8 @@ class Fleet:
         }
         if self.token:
             env["REACH_TOKEN"] = self.token
-        agent.proc = _spawn(
-            ["agent", "--config", str(config), "--app", AGENT_APP, "--log-level", "WARNING"], agent.log, env
-        )
+        args = ["agent", "--config", str(config), "--app", AGENT_APP, "--log-level", "WARNING"]
+        agent.proc = _spawn([*args, "--host", self.host], agent.log, env)
         agent.killed = False
 
     def _profile(self, agent: DrillAgent) -> dict[str, Any]:
@@ -161,7 +184,7 @@ class Fleet:
             "agent": {
                 "id": agent.name,
                 "display_name": f"reach drill {self.run_id}",
-                "network": {"endpoint": f"http://127.0.0.1:{agent.port}/reach"},
+                "network": {"endpoint": f"http://{_url_host(self.host)}:{agent.port}/reach"},
                 "capabilities": [
                     {"task": self.task, "description": "a reach drill agent: answers, or fails on purpose"}
                 ],
@@ -189,24 +212,15 @@ class Fleet:
             agent.proc.wait()
         agent.killed = True
 
-    def wait_registered(self, names: list[str]) -> None:
+    async def wait_registered(self, names: list[str]) -> None:
         """Until each agent is ``available`` in the Router and holds its lease (wrote it down)."""
         deadline = time.monotonic() + START_TIMEOUT_S
-        with httpx.Client(base_url=self.router_url, headers=auth_headers(self.token), timeout=5) as http:
+        headers = auth_headers(self.token)
+        async with httpx.AsyncClient(base_url=self.router_url, headers=headers, timeout=5) as http:
             waiting = list(names)
             while waiting:
                 for name in list(waiting):
-                    agent = self.agents[name]
-                    if agent.proc is not None and agent.proc.poll() is not None:
-                        raise ConfigError(f"drill agent {name} exited at start: {_tail(agent.log)}")
-                    resp = http.get(f"/admin/agents/{name}")
-                    if resp.status_code in (401, 403):
-                        raise ConfigError(
-                            "the drill reads /admin/agents and needs an admin token: set REACH_TOKEN "
-                            f"(the Router answered {resp.status_code})"
-                        )
-                    available = resp.status_code == 200 and resp.json().get("status") == "available"
-                    if available and agent.lease_file.exists():
+                    if await self._registered(http, name):
                         waiting.remove(name)
                 if not waiting:
                     return
@@ -214,13 +228,26 @@ class Fleet:
                     raise ConfigError(
                         f"drill agents not registered within {START_TIMEOUT_S:.0f} s: {waiting}"
                     )
-                time.sleep(0.1)
+                await asyncio.sleep(0.1)
+
+    async def _registered(self, http: httpx.AsyncClient, name: str) -> bool:
+        agent = self.agents[name]
+        if agent.proc is not None and agent.proc.poll() is not None:
+            raise ConfigError(f"drill agent {name} exited at start: {_tail(agent.log)}")
+        try:
+            resp = await http.get(f"/admin/agents/{name}")
+            row = resp.json() if resp.status_code == 200 else {}
+        except (httpx.HTTPError, ValueError):
+            return False  # a loaded Router answers late: ask again until the deadline
+        if resp.status_code in (401, 403):
+            raise ConfigError(
+                f"the drill reads /admin/agents and needs an admin token in REACH_TOKEN ({resp.status_code})"
+            )
+        return isinstance(row, dict) and row.get("status") == "available" and agent.lease_file.exists()
 
     def cleanup(self) -> list[str]:
         """Stop every agent and leave none registered; returns the ids still listed afterwards."""
-        for agent in self.agents.values():
-            if agent.proc is not None:
-                _stop(agent.proc)
+        stop_all([agent.proc for agent in self.agents.values() if agent.proc is not None])
         with httpx.Client(base_url=self.router_url, headers=auth_headers(self.token), timeout=5) as http:
             for agent in self.agents.values():
                 self._deregister(http, agent)
@@ -228,7 +255,12 @@ class Fleet:
                 listed = http.get("/admin/agents").json()
             except (httpx.HTTPError, ValueError):
                 return []
-        return [row["id"] for row in listed if str(row.get("id", "")).startswith(self.prefix)]
+        rows = listed if isinstance(listed, list) else []
+        return [
+            str(row.get("id"))
+            for row in rows
+            if isinstance(row, dict) and str(row.get("id", "")).startswith(self.prefix)
+        ]
 
     @staticmethod
     def _deregister(http: httpx.Client, agent: DrillAgent) -> None:

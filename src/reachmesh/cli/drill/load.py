@@ -22,6 +22,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from reachmesh.cli.console import PIPED_WIDTH
+
 
 @dataclass(slots=True)
 class Sample:
@@ -93,13 +95,14 @@ class Load:
         self.samples: list[Sample] = []
         self.dropped = 0
         self.phase = ""
+        self.begin = 0.0  # when traffic started, on the drill's clock
 
     def now(self) -> float:
         return time.monotonic() - self._started
 
     async def open_loop(self, rate: Callable[[float], float], duration: float) -> None:
         """Requests at ``rate(t)`` per second for ``duration`` seconds from now."""
-        begin = self.now()
+        begin = self.begin = self.now()
         next_at = begin
         pending: set[asyncio.Task[None]] = set()
         while next_at < begin + duration:
@@ -118,7 +121,8 @@ class Load:
 
     async def closed_loop(self, concurrency: int, duration: float) -> None:
         """``concurrency`` callers, each sending its next request when its last one is answered."""
-        end = self.now() + duration
+        self.begin = self.now()
+        end = self.begin + duration
 
         async def caller() -> None:
             while self.now() < end:
@@ -217,7 +221,8 @@ class LiveView:
         return table
 
     async def _run(self) -> None:
-        console = Console(stderr=True)
+        # Piped (a CI log), Rich would wrap each line at 80 columns.
+        console = Console(stderr=True, width=None if sys.stderr.isatty() else PIPED_WIDTH)
         if sys.stderr.isatty():
             with Live(self._table(), console=console, refresh_per_second=4, transient=True) as live:
                 while True:

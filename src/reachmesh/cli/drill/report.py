@@ -11,16 +11,28 @@ from typing import Any
 from reachmesh.cli.drill.load import Sample, percentile
 from reachmesh.cli.drill.scenarios import Result
 
+
+def prepare(folder: Path) -> None:
+    """Make ``folder`` and check that it takes files, before any traffic: a drill that runs for
+    minutes must not end in an unwritable folder. Raises OSError."""
+    folder.mkdir(parents=True, exist_ok=True)
+    probe = folder / ".reach-drill-write-test"
+    probe.write_text("ok", encoding="utf-8")
+    probe.unlink()
+
+
 PLOTS_HINT = "plots need matplotlib: pip install 'reachmesh[drill]' (or pip install matplotlib)"
 
 
-def as_json(results: Sequence[Result], router: dict[str, Any]) -> dict[str, Any]:
+def as_json(results: Sequence[Result]) -> dict[str, Any]:
+    first = results[0].router if results else {}
     return {
-        "router": router,
+        "router": {key: first.get(key) for key in ("url", "started", "version")},
         "ok": all(r.ok for r in results),
         "scenarios": {
             r.scenario: {
                 "ok": r.ok,
+                "router": r.router,
                 "figures": r.figures,
                 "promises": [{"name": p.name, "ok": p.ok, "detail": p.detail} for p in r.promises],
                 "marks": [{"atS": t, "label": label} for t, label in r.marks],
@@ -63,17 +75,21 @@ def markdown(report: dict[str, Any], plots: dict[str, str]) -> str:
     lines = [
         "# reach drill report",
         "",
-        f"- Router: {router['url']} (version {router.get('version') or 'unknown'}; {router['started']})",
+        f"- Router: version {router.get('version') or 'unknown'}; {router['started']}",
         f"- Result: **{'all promises held' if report['ok'] else 'a promise was missed'}**",
-        "",
-        "Policy in force:",
-        "",
-        "```json",
-        json.dumps(router.get("policy"), indent=2, sort_keys=True),
-        "```",
     ]
     for name, scenario in report["scenarios"].items():
-        lines += ["", f"## {name}", "", "| promise | held | measured |", "|---|---|---|"]
+        policy = scenario["router"].get("policy")
+        lines += ["", f"## {name}", "", f"Router: {scenario['router'].get('url')}. Policy in force:", ""]
+        lines += (
+            ["```json", json.dumps(policy, indent=2, sort_keys=True), "```"]
+            if policy is not None
+            else [
+                "the Router's own (it cannot be read over its API; "
+                "the drill assumed the defaults where it needed a value)"
+            ]
+        )
+        lines += ["", "| promise | held | measured |", "|---|---|---|"]
         lines += [
             f"| {p['name']} | {'yes' if p['ok'] else '**no**'} | {p['detail']} |"
             for p in scenario["promises"]
@@ -132,11 +148,9 @@ def plot(result: Result, folder: Path) -> str | None:
     return name
 
 
-def write(
-    results: Sequence[Result], router: dict[str, Any], folder: Path, *, with_json: bool
-) -> dict[str, Any]:
-    folder.mkdir(parents=True, exist_ok=True)
-    report = as_json(results, router)
+def write(results: Sequence[Result], folder: Path, *, with_json: bool) -> dict[str, Any]:
+    """Write the report into ``folder`` (made and checked before the drill: :func:`prepare`)."""
+    report = as_json(results)
     plots = {r.scenario: name for r in results if (name := plot(r, folder)) is not None}
     (folder / "report.md").write_text(markdown(report, plots), encoding="utf-8")
     if with_json:
