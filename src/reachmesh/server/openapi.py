@@ -315,6 +315,13 @@ def _admin_paths() -> dict[str, Operation]:
                 },
             },
         },
+        "/admin/summary": {
+            "get": {
+                "summary": "The Router's own state for the admin page: traffic by status over the last "
+                "minutes, retry budget, shedding, degraded mode, the policy in force",
+                "responses": {"200": {"description": "the summary"}},
+            }
+        },
         "/admin/reload": {
             "post": {
                 "summary": "Re-read the policy file (as SIGHUP does)",
@@ -342,11 +349,14 @@ def _public_paths() -> dict[str, Operation]:
         "/healthz": simple("Liveness", _200="serving"),
         "/readyz": simple("Readiness", _200="ready to route", _503="not ready, with the reason"),
         "/openapi.json": simple("This document", _200="OpenAPI"),
+        "/admin/ui": simple(
+            "The admin page (HTML); its calls for data carry an admin token", _200="the page"
+        ),
     }
 
 
 # Open to everyone whatever the policy; /metrics is open when auth.metrics_public says so.
-_OPEN_PATHS = {"/healthz", "/readyz", "/openapi.json"}
+_OPEN_PATHS = {"/healthz", "/readyz", "/openapi.json", "/admin/ui"}
 
 
 def _declare_security(paths: dict[str, Operation]) -> None:
