@@ -29,6 +29,11 @@ def until(driver: Any, check: Callable[[Any], Any], seconds: float, what: str) -
     return WebDriverWait(driver, seconds * TIME_SCALE, 0.05, ignored).until(check, what)
 
 
+def shows(selector: str) -> Callable[[Any], Any]:
+    """A wait condition: the elements ``selector`` finds, truthy once there is one."""
+    return lambda driver: driver.find_elements(By.CSS_SELECTOR, selector)
+
+
 def agent_status(driver: Any, agent_id: str) -> str | None:
     cells = driver.find_elements(By.CSS_SELECTOR, f'#agent-table tr[data-agent="{agent_id}"] td[data-status]')
     return cells[0].get_attribute("data-status") if cells else None
@@ -228,3 +233,22 @@ def test_with_auth_on_the_page_asks_refuses_and_then_shows(guarded: Mesh, browse
     browser.find_element(By.ID, "forget-token").click()
     until(browser, lambda d: d.find_element(By.ID, "login").is_displayed(), 3, "the prompt again")
     assert browser.execute_script("return sessionStorage.getItem('reach.adminToken')") is None
+
+
+def test_trace_ids_with_dots_and_colons_open_their_own_trace(mesh: Mesh, browser: Any) -> None:
+    """Trace ids are [A-Za-z0-9._:-]: "ui:trace.1" opens its trace; "..", which no URL can name
+    (it is a path step), says so instead of showing whatever its resolved URL answers."""
+    open_page(browser, mesh.url)
+    for trace_id in ("ui:trace.1", ".."):
+        assert mesh.reach("quote_price", trace_id)["status"] == "SUCCESS"
+        selector = f'#traffic-table tr[data-trace="{trace_id}"]'
+        until(browser, shows(selector), 2, f"the row of {trace_id}")
+        browser.find_element(By.CSS_SELECTOR, selector).click()
+        assert browser.find_element(By.ID, "trace-id").text == trace_id
+    hop = '#trace-body[data-trace="ui:trace.1"] .hop'
+    browser.find_element(By.CSS_SELECTOR, '#traffic-table tr[data-trace="ui:trace.1"]').click()
+    until(browser, lambda d: d.find_elements(By.CSS_SELECTOR, hop), 2, "the trace ui:trace.1")
+    assert "quote_price" in browser.find_element(By.CSS_SELECTOR, hop).text
+    browser.find_element(By.CSS_SELECTOR, '#traffic-table tr[data-trace=".."]').click()
+    note = until(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#trace-body .refusal"), 2, "the note")
+    assert "cannot be looked up" in note[0].text

@@ -276,14 +276,28 @@
     if (hop.traceId === selectedTrace) tr.classList.add("selected");
     tr.append(
       el("td", "mono", clockTime(hop.startedAt)),
-      el("td", "mono", hop.traceId),
-      el("td", "", hop.task),
-      el("td", "", hop.handlerAgentId || "–"),
+      shortId(hop.traceId),
+      cutCell(hop.task),
+      cutCell(hop.handlerAgentId || "–"),
       el("td", statusClass(hop.status), hop.status || "–"),
       el("td", "num", ms(hop.durationMs)),
     );
     tr.addEventListener("click", () => openTrace(String(hop.traceId)));
     return tr;
+  }
+
+  function cutCell(text) {
+    const cell = el("td", "cut", text);
+    cell.title = String(text);
+    return cell;
+  }
+
+  function shortId(traceId) {
+    // Trace ids run to 128 characters: the tail shows the start, the tooltip and the trace view all of it.
+    const text = String(traceId);
+    const cell = el("td", "mono", text.length > 18 ? text.slice(0, 17) + "…" : text);
+    cell.title = text;
+    return cell;
   }
 
   function togglePause() {
@@ -303,7 +317,15 @@
     }
     $("trace-id").textContent = traceId;
     const body = $("trace-body");
+    delete body.dataset.trace;
     body.replaceChildren(el("p", "muted", "loading…"));
+    if (traceId === "." || traceId === "..") {
+      // A URL resolves these as path steps (encoded or not), so GET /admin/traces/{id} cannot name them.
+      body.replaceChildren(
+        el("p", "refusal", "A trace id of \u201c" + traceId + "\u201d cannot be looked up: in a URL it is a path step."),
+      );
+      return;
+    }
     try {
       const trace = await api("traces/" + encodeURIComponent(traceId));
       if (selectedTrace === traceId) renderTrace(trace);
@@ -312,7 +334,7 @@
         showLogin(refusalText(err, true));
         return;
       }
-      body.replaceChildren(el("p", "refusal", err.message));
+      if (selectedTrace === traceId) body.replaceChildren(el("p", "refusal", err.message));
     }
   }
 
@@ -332,6 +354,7 @@
     const hops = trace.hops || [];
     const order = hopOrder(trace);
     const body = $("trace-body");
+    body.dataset.trace = String(trace.traceId);
     body.replaceChildren(waterfall(hops, order));
     for (const { index, depth } of order) body.append(hopDetail(hops[index], depth));
   }
@@ -341,8 +364,8 @@
     const t0 = Math.min(...starts);
     const t1 = Math.max(...hops.map((h, i) => starts[i] + (h.durationMs || 0)));
     const span = Math.max(t1 - t0, 1);
-    const labelW = 230;
-    const barW = 370;
+    const labelW = 290;
+    const barW = 330;
     const rowH = 22;
     const height = order.length * rowH + 18;
     const chart = svg("svg", { class: "waterfall", viewBox: "0 0 " + (labelW + barW + 60) + " " + height });
@@ -369,7 +392,9 @@
         chart.append(mark);
       }
       const label = svg("text", { x: 4 + depth * 14, y: y + 12 });
-      label.textContent = (depth ? "↳ " : "") + hop.task + " → " + (hop.handlerAgentId || "–");
+      const text = hop.task + " → " + (hop.handlerAgentId || "–");
+      const room = 44 - depth * 2; // characters that fit beside the bars at this depth
+      label.textContent = (depth ? "↳ " : "") + (text.length > room ? text.slice(0, room - 1) + "…" : text);
       const took = svg("text", { x: labelW + barW + 6, y: y + 12 });
       took.textContent = ms(hop.durationMs) + " ms";
       chart.append(label, took);
@@ -534,6 +559,17 @@
     return { total: covered ? count / covered : 0, errorShare: count ? errors / count : 0 };
   }
 
+  function recentRate(traffic, status, seconds) {
+    let count = 0;
+    let covered = 0;
+    for (const point of traffic.points.slice().reverse()) {
+      if (covered >= seconds) break;
+      covered += point.seconds;
+      count += point.byStatus[status] || 0;
+    }
+    return covered ? count / covered : 0;
+  }
+
   function colorOf(status, index) {
     return STATUS_COLOR[status] || FALLBACK_COLORS[index % FALLBACK_COLORS.length];
   }
@@ -604,10 +640,10 @@
       const item = el("li");
       const swatch = el("span", "swatch");
       swatch.style.backgroundColor = colorOf(status, k); // CSSOM, not a style attribute: allowed by the CSP
-      const last = rows.length ? rows[rows.length - 1].rates[k] : 0;
-      item.append(swatch, el("span", "", status + " " + formatRate(last) + "/s"));
+      item.append(swatch, el("span", "", status + " " + formatRate(recentRate(traffic, status, 60)) + "/s"));
       return item;
     });
+    if (legend.length) legend.push(el("li", "muted", "(per second, last minute)"));
     if (!legend.length) legend.push(el("li", "muted", traffic.metricsEnabled ? "no requests yet" : "metrics are off"));
     $("chart-legend").replaceChildren(...legend);
     $("chart-now").textContent = "updated " + clockTime(new Date(end).toISOString());
