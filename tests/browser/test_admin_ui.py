@@ -114,8 +114,8 @@ def test_a_killed_agent_changes_status_and_the_route_says_why(
         proc.popen.wait(5)
         killed = time.monotonic()
         # Probes every 0.5 s (suspect after one failure, unhealthy after two), a 2 s lease, and
-        # the page's 2 s refresh: the row must change within lease + refresh.
-        until(browser, lambda d: agent_status(d, name) not in (None, "available"), 4, "the status change")
+        # the page's 2 s refresh: the row must change within lease + refresh (and a second of slack).
+        until(browser, lambda d: agent_status(d, name) not in (None, "available"), 5, "the status change")
         took = time.monotonic() - killed
         print(f"\nstatus {agent_status(browser, name)!r} on the page {took:.2f} s after kill -9")
         answer = mesh.reach("chaos", "ui-trace-dead")

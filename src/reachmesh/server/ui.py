@@ -100,6 +100,9 @@ class AdminUi:
         self.started_at = parts.clock.time()
         self.traffic = TrafficHistory(lambda: totals_by_status(parts.metrics.requests.values), parts.clock)
         self._files: dict[str, bytes] = {}
+        # The policy's digest and view, for the config object they were made from: a reload
+        # replaces the object, so they are made again only then (dumping it costs a millisecond).
+        self._policy_cache: tuple[RouterConfig, str, dict[str, Any]] | None = None
         self.app = Starlette(
             routes=[
                 Route(UI_PATH, self.page, methods=["GET"]),
@@ -194,15 +197,18 @@ class AdminUi:
     def _policy(self) -> dict[str, Any]:
         policy = self.policy
         config = self.parts.config
+        if self._policy_cache is None or self._policy_cache[0] is not config:
+            self._policy_cache = (config, policy_digest(config), policy_view(config))
+        _, digest, settings = self._policy_cache
         last = policy.last_reload
         return {
             "path": None if policy.path is None else str(policy.path),
             "loadedAt": iso_utc(policy.loaded_at),
-            "digest": policy_digest(config),
+            "digest": digest,
             "lastReload": None
             if last is None
             else {"at": iso_utc(last[0]), "ok": last[1], "error": None if last[1] else policy.last_error},
-            "settings": policy_view(config),
+            "settings": settings,
         }
 
     async def _on_http_error(self, request: Request, exc: Exception) -> Response:
