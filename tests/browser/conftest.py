@@ -127,9 +127,9 @@ class Mesh:
         return answer
 
 
-def start_mesh(policy: dict[str, Any]) -> Mesh:
+def start_mesh(policy: dict[str, Any], **app_kwargs: Any) -> Mesh:
     bg = BackgroundLoop()
-    router = RouterServer(RouterConfig.from_mapping(policy))
+    router = RouterServer(RouterConfig.from_mapping(policy), **app_kwargs)
     bg.run(router.__aenter__())
     mesh = Mesh(bg, router)
 

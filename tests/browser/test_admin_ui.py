@@ -15,6 +15,7 @@ from selenium.common.exceptions import NoAlertPresentException, StaleElementRefe
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
+from reachmesh.registry.memory import MemoryRegistry
 from reachmesh.server.ui import CSP
 from reachmesh.testing import FakeAgent, free_port
 from tests.browser.conftest import MESH_POLICY, TIME_SCALE, Mesh, quote, sdk_agent, start_mesh
@@ -81,6 +82,24 @@ def test_page_lists_agents_shows_a_new_request_and_its_trace(mesh: Mesh, browser
     assert {c.get_attribute("data-candidate") for c in candidates} == {"price-agent-a", "price-agent-b"}
     chosen = [c for c in candidates if "selected" in c.text]
     assert len(chosen) == 1 and "weight" in chosen[0].text and "share" in chosen[0].text
+
+    # The Router panel: the chart's legend names the statuses it drew (one sample step and one
+    # refresh later), and the facts count the requests.
+    legend = "#chart-legend li"
+    until(
+        browser,
+        lambda d: "SUCCESS" in " ".join(e.text for e in d.find_elements(By.CSS_SELECTOR, legend)),
+        5,
+        "chart",
+    )
+    assert "requests" in browser.find_element(By.ID, "router-facts").text
+
+    # Filter by task: only the agents that declare a matching task stay.
+    browser.find_element(By.ID, "task-filter").send_keys("quote")
+    shown = {
+        r.get_attribute("data-agent") for r in browser.find_elements(By.CSS_SELECTOR, "#agent-table tbody tr")
+    }
+    assert shown == {"price-agent-a", "price-agent-b"}
     assert console_errors(browser) == []
 
 
@@ -252,3 +271,44 @@ def test_trace_ids_with_dots_and_colons_open_their_own_trace(mesh: Mesh, browser
     browser.find_element(By.CSS_SELECTOR, '#traffic-table tr[data-trace=".."]').click()
     note = until(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#trace-body .refusal"), 2, "the note")
     assert "cannot be looked up" in note[0].text
+
+
+class FlakyStore(MemoryRegistry):
+    """The memory registry, told when to say its store is out of reach (as etcd's would)."""
+
+    outage: str | None = None
+
+    def degraded(self) -> str | None:
+        return self.outage
+
+
+def test_degraded_mode_shows_and_clears(browser: Any) -> None:
+    registry = FlakyStore()
+    mesh = start_mesh(MESH_POLICY, registry=registry)
+    try:
+        open_page(browser, mesh.url)
+        pills = "#router-state .pill"
+        until(
+            browser,
+            lambda d: "ready" in [p.text for p in d.find_elements(By.CSS_SELECTOR, pills)],
+            5,
+            "ready",
+        )
+        registry.outage = "etcd <b>unreachable</b> since 12:00"
+        degraded = "degraded: etcd <b>unreachable</b> since 12:00"
+        until(
+            browser,
+            lambda d: degraded in [p.text for p in d.find_elements(By.CSS_SELECTOR, pills)],
+            3,
+            "degraded",
+        )
+        assert browser.find_elements(By.CSS_SELECTOR, "#router-state b") == []
+        registry.outage = None
+        until(
+            browser,
+            lambda d: all("degraded" not in p.text for p in d.find_elements(By.CSS_SELECTOR, pills)),
+            3,
+            "gone",
+        )
+    finally:
+        mesh.bg.close()
