@@ -18,7 +18,6 @@ from reachmesh.clock import SYSTEM_CLOCK, Clock
 from reachmesh.config import RouterConfig
 from reachmesh.exceptions import ConfigError, InternalError, RequestError
 from reachmesh.lifecycle import Background
-from reachmesh.observability.tracecontext import parse_traceparent
 from reachmesh.registry.base import Registry
 from reachmesh.router import answer
 from reachmesh.server.admin import AdminApi
@@ -38,6 +37,7 @@ from reachmesh.server.auth import Denial, Guard, OpenGuard, TokenGuard, action_f
 from reachmesh.server.components import RouterParts
 from reachmesh.server.reload import PolicyFile
 from reachmesh.server.ui import AdminUi
+from reachmesh.tracecontext import parse_traceparent
 from reachmesh.transport.base import Transport
 
 log = logging.getLogger("reachmesh.router")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from reachmesh import __version__
 from reachmesh.exceptions import (
     AgentIdConflict,
     AgentNotFound,
@@ -26,6 +25,7 @@ from reachmesh.exceptions import (
     UnsupportedMediaType,
 )
 from reachmesh.protocol import HTTP_STATUS, json_schemas
+from reachmesh.version import __version__
 
 Operation = dict[str, Any]
 
@@ -315,13 +315,6 @@ def _admin_paths() -> dict[str, Operation]:
                 },
             },
         },
-        "/admin/summary": {
-            "get": {
-                "summary": "The Router's own state for the admin page: traffic by status over the last "
-                "minutes, retry budget, shedding, degraded mode, the policy in force",
-                "responses": {"200": {"description": "the summary"}},
-            }
-        },
         "/admin/reload": {
             "post": {
                 "summary": "Re-read the policy file (as SIGHUP does)",
@@ -349,9 +342,26 @@ def _public_paths() -> dict[str, Operation]:
         "/healthz": simple("Liveness", _200="serving"),
         "/readyz": simple("Readiness", _200="ready to route", _503="not ready, with the reason"),
         "/openapi.json": simple("This document", _200="OpenAPI"),
-        "/admin/ui": simple(
-            "The admin page (HTML); its calls for data carry an admin token", _200="the page"
-        ),
+    }
+
+
+def _admin_page_paths() -> dict[str, Operation]:
+    """The admin page (open: it holds no data) and the summary it reads (admin, as all /admin)."""
+    page = {"description": "the page", "content": {"text/html": {"schema": {"type": "string"}}}}
+    return {
+        "/admin/ui": {
+            "get": {
+                "summary": "The admin page (HTML); its calls for data carry an admin token",
+                "responses": {"200": page},
+            }
+        },
+        "/admin/summary": {
+            "get": {
+                "summary": "The Router's own state for the admin page: traffic by status over the last "
+                "minutes, retry budget, shedding, degraded mode, the policy in force",
+                "responses": {"200": {"description": "the summary"}},
+            }
+        },
     }
 
 
@@ -385,7 +395,13 @@ def openapi_document() -> dict[str, Any]:
         for sub, sub_schema in schema.pop("$defs", {}).items():
             schemas[sub] = sub_schema
         schemas[name] = schema
-    paths = {**_reach_paths(), **_registry_paths(), **_admin_paths(), **_public_paths()}
+    paths = {
+        **_reach_paths(),
+        **_registry_paths(),
+        **_admin_paths(),
+        **_admin_page_paths(),
+        **_public_paths(),
+    }
     _declare_security(paths)
     document = {
         "openapi": "3.1.0",

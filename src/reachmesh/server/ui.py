@@ -21,7 +21,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-import reachmesh
 from reachmesh.clock import iso_utc
 from reachmesh.config import RouterConfig
 from reachmesh.observability.traffic import TrafficHistory, totals_by_status
@@ -32,6 +31,7 @@ from reachmesh.server.asgi import Receive, Scope, Send, error_body
 from reachmesh.server.auth import UI_PATH
 from reachmesh.server.components import RouterParts
 from reachmesh.server.reload import PolicyFile
+from reachmesh.version import __version__
 
 SUMMARY_PATH = "/admin/summary"
 
@@ -153,7 +153,7 @@ class AdminUi:
             counts[entry.status.value] += 1
         totals = totals_by_status(parts.metrics.requests.values)
         return {
-            "version": reachmesh.__version__,
+            "version": __version__,
             "now": iso_utc(now),
             "startedAt": iso_utc(self.started_at),
             "worker": parts.worker,
