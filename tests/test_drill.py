@@ -170,6 +170,9 @@ def test_a_drill_against_a_separate_router_with_auth_leaves_nothing_and_touches_
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     answer = json.loads(done.stdout)
     assert answer["router"]["started"] == "given"
+    # The team's policy, read from /admin/summary, is the one the report shows.
+    policy = answer["scenarios"]["crash"]["router"]["policy"]
+    assert policy["embedding"]["backend"] == "none" and "tokensByRole" in policy["auth"]
     assert answer["scenarios"]["crash"]["figures"]["requestsAfterKill"] > 0
     assert team.drill_agents() == []
     mine = team.agent("team-agent")

@@ -271,9 +271,8 @@ def _run_one(
     workdir: Path,
 ) -> Result:
     if router is not None:
-        return _on(
-            Stage(router, token, Fleet(router, token, workdir, agent_host), settings, None), name, "given"
-        )
+        fleet = Fleet(router, token, workdir, agent_host)
+        return _on(Stage(router, token, fleet, settings, _policy_of(router, token)), name, "given")
     chosen = dict(policy) if policy is not None else drill_policy(name)
     with contextlib.ExitStack() as stack:
         freeze = thaw = None
@@ -321,6 +320,16 @@ def _on(stage: Stage, name: str, started: str) -> Result:
         "policy": stage.policy,
     }
     return result
+
+
+def _policy_of(url: str, token: str | None) -> dict[str, Any] | None:
+    """The policy a Router runs, from ``GET /admin/summary``; ``None`` from one that lacks it."""
+    try:
+        found = httpx.get(f"{url}/admin/summary", headers=auth_headers(token), timeout=5).json()
+        settings = found["policy"]["settings"]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return None
+    return settings if isinstance(settings, dict) else None
 
 
 def _version(stage: Stage) -> str | None:

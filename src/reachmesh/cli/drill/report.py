@@ -85,7 +85,7 @@ def markdown(report: dict[str, Any], plots: dict[str, str]) -> str:
             ["```json", json.dumps(policy, indent=2, sort_keys=True), "```"]
             if policy is not None
             else [
-                "the Router's own (it cannot be read over its API; "
+                "the Router's own (it could not be read from /admin/summary; "
                 "the drill assumed the defaults where it needed a value)"
             ]
         )

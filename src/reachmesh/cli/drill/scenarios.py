@@ -405,7 +405,7 @@ async def breaker(stage: Stage) -> Result:
         "agent": bad,
         "failureThreshold": threshold,
         "openSeconds": open_seconds,
-        # With --router the Router's policy cannot be read: the defaults are assumed.
+        # A Router whose policy could not be read: the defaults were assumed.
         "policyAssumed": stage.policy is None,
         "faultSeconds": BREAKER_FAULT_S,
         "readTimeoutMs": BREAKER_READ_TIMEOUT_MS,
