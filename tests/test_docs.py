@@ -11,6 +11,8 @@ from pydantic import BaseModel
 from reachmesh.config import RouterConfig
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+# docs/limits.md lists the bounds on what callers and agents send, each with its policy key.
+LIMITS = (Path(__file__).resolve().parent.parent / "docs" / "limits.md").read_text()
 
 
 def leaves(model: type[BaseModel], prefix: str = "") -> list[tuple[str, Any]]:
@@ -27,7 +29,7 @@ def leaves(model: type[BaseModel], prefix: str = "") -> list[tuple[str, Any]]:
 
 def test_every_policy_key_is_in_the_configuration_table() -> None:
     """Each leaf of RouterConfig appears in README's configuration table."""
-    table = README.split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    table = README.split("## Configuration", 1)[1].split("\n## ", 1)[0] + LIMITS
     first_cells = re.findall(r"^\| ([^|]+) \|", table, flags=re.MULTILINE)
     documented = {token for cell in first_cells for token in re.findall(r"`([^`]+)`", cell)}
     # `tasks.<task>.{connect_ms,...}` documents the per-task map as a whole.
@@ -41,7 +43,7 @@ def test_every_policy_key_is_in_the_configuration_table() -> None:
 
 def test_documented_numeric_defaults_match_the_code() -> None:
     """Where the table gives a number as a key's default, it is the code's default."""
-    table = README.split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    table = README.split("## Configuration", 1)[1].split("\n## ", 1)[0] + LIMITS
     rows = dict(re.findall(r"^\| `([^|`]+)` \| ([0-9.]+) \|", table, flags=re.MULTILINE))
     defaults = dict(leaves(RouterConfig))
     wrong = {

@@ -264,6 +264,9 @@ class AsyncPolicy(_Section):
     # How long a finished result stays at GET /reach/{traceId} (at most max_results are kept).
     result_ttl_seconds: Positive = 3600
     max_results: Annotated[int, Field(ge=1, le=10_000_000)] = 10_000
+    # Bytes of finished results held (their ReachResponse bodies); past it the oldest go first.
+    # The newest result is always kept, so the store holds at most this plus one answer.
+    max_result_bytes: Annotated[int, Field(ge=1024, le=1 << 40)] = 128 * 1024 * 1024
     # replyTo delivery: retried with exponential backoff and jitter, starting at
     # reply_backoff_ms and doubling up to reply_backoff_max_ms, until it is taken, until
     # reply_window_seconds have passed, or after reply_attempts POSTs, whichever comes first.

@@ -332,14 +332,20 @@ class AdminApi:
         principal = principal_of(request.scope)
         if owner is not None and principal.role != "admin" and principal.key != owner:
             # Someone else's request: as unknown as one that never existed.
-            return _error(404, "NOT_FOUND", f"no async request {trace_id!r} (unknown, or its result expired)")
+            return _error(
+                404,
+                "NOT_FOUND",
+                f"no async request {trace_id!r} (unknown, or its result expired or was evicted)",
+            )
         reply = results.get(trace_id)
         if reply is not None:
             return _Json(reply[1], status_code=reply[0])
         if results.is_pending(trace_id):
             status, body = answer.standalone(self.parts.clock, trace_id)
             return _Json(body, status_code=status)
-        return _error(404, "NOT_FOUND", f"no async request {trace_id!r} (unknown, or its result expired)")
+        return _error(
+            404, "NOT_FOUND", f"no async request {trace_id!r} (unknown, or its result expired or was evicted)"
+        )
 
     async def get_trace(self, request: Request) -> Response:
         trace_id = request.path_params["trace_id"]

@@ -166,6 +166,12 @@ class RouterParts:
         )
         if vectors is not None:
             vectors.set_learning(config.routing.learning.enabled)
+        results = parts.results
+        parts.metrics.gauge(
+            "reach_async_result_bytes",
+            "Bytes of finished async results held for GET /reach/{traceId} (async_mode.max_result_bytes)",
+            lambda: results.bytes_held,
+        )
         parts._wire()
         return parts
 
