@@ -67,6 +67,8 @@ MAX_EXAMPLE_CHARS = 500
 MAX_PROFILE_EXAMPLES = 200
 
 Millis = Annotated[int, Field(strict=True, gt=0, le=3_600_000)]
+# The shortest health_check.interval_seconds an agent may ask for.
+MIN_HEALTH_INTERVAL_SECONDS = 1.0
 
 
 class Status(StrEnum):
@@ -202,7 +204,9 @@ class HealthCheck(_ProfileModel):
 
     path: Annotated[str, StringConstraints(pattern=r"^/[\x21-\x7e]{0,511}$")] = "/healthz"
     port: Annotated[int, Field(ge=1, le=65535)] | None = None
-    interval_seconds: Annotated[float, Field(gt=0, le=3600)] = 15
+    # At least a second, as most health checkers require: an agent asking for 0.0001 s piled up
+    # probe work for everyone and starved the other agents' probes.
+    interval_seconds: Annotated[float, Field(ge=MIN_HEALTH_INTERVAL_SECONDS, le=3600)] = 15
     timeout_ms: Annotated[int, Field(gt=0, le=60_000)] = 5000
 
 
