@@ -224,21 +224,30 @@ class AdminApi:
                 del self._reserved[principal.key]
 
     def _check_quota(self, principal: Principal, agent_id: str) -> None:
-        """An agent token holds at most registry.max_agents_per_token live agents."""
+        """An agent token holds at most registry.max_agents_per_token registry entries."""
         if principal.role != "agent":
             return
         # Counted from the registry itself, so a shared one counts what every Router registered.
-        # Live agents only: a token whose agents crashed is not locked out for the grace period.
-        mine = sum(
-            1
-            for e in self.parts.registry.agents()
-            if e.holder == principal.key and e.id != agent_id and e.status is not AgentStatusValue.OFFLINE
-        )
+        # Offline entries count too: they hold a place in the registry for the grace period, and
+        # a token that let its leases lapse and registered new ids filled the registry (another
+        # token's agent got REGISTRY_FULL). At the quota they are dropped at once, oldest first,
+        # so a token whose agents crashed is never locked out by its own dead entries.
+        registry = self.parts.registry
+        mine = offline = 0
+        for e in registry.agents():
+            if e.holder == principal.key and e.id != agent_id:
+                mine += 1
+                offline += e.status is AgentStatusValue.OFFLINE
         mine += sum(1 for held in self._reserved.get(principal.key, ()) if held != agent_id)
         cap = self.parts.config.registry.max_agents_per_token
+        while mine >= cap and offline > 0:
+            if registry.evict_offline(principal.key, keep=agent_id) is None:
+                break
+            mine -= 1
+            offline -= 1
         if mine >= cap:
             raise RegistryFull(
-                f"the agent token {principal.label} already holds {mine} agents "
+                f"the agent token {principal.label} already holds {mine} live agents "
                 "(registry.max_agents_per_token)"
             )
 
