@@ -147,6 +147,10 @@ class RegistryPolicy(_Section):
     max_agents: Annotated[int, Field(ge=1, le=1_000_000)] = 10_000
     # The most agents one agent token may hold registered at once (admins are not counted).
     max_agents_per_token: Annotated[int, Field(ge=1, le=1_000_000)] = 1000
+    # The most live agents declaring one task: every request for it ranks them all, so this
+    # bounds the cost of a request; and of those, the most one agent token may hold.
+    max_agents_per_task: Annotated[int, Field(ge=1, le=1_000_000)] = 1000
+    max_agents_per_task_per_token: Annotated[int, Field(ge=1, le=1_000_000)] = 100
     # auto: etcd when registry.etcd.endpoints or REACH_ETCD_ENDPOINTS names members, else memory.
     backend: Literal["auto", "memory", "etcd"] = "auto"
     etcd: EtcdPolicy = EtcdPolicy()

@@ -316,6 +316,8 @@ class ErrorInfo(_Envelope):
     message: str
     details: list[dict[str, Any]] | None = None
     candidates: list[Candidate] | None = None
+    # An addition: how many candidates there were beyond the first 20 that ``candidates`` lists.
+    candidates_omitted: int | None = None
     retryable: bool | None = None
     # Additions: the declared tasks nearest an unknown one, and OVERLOADED's back-off.
     suggestions: list[Suggestion] | None = None

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import orjson
 
+from reachmesh.exceptions import MAX_CANDIDATES_SHOWN
 from reachmesh.record import DecisionRecord
 from reachmesh.secrets import loggable
 
@@ -270,8 +271,12 @@ class TraceLog:
             )
             fields.append({"event": "payload"})
         if record.candidates:
-            lines.append(f"[{tid}] candidate agents: {', '.join(record.candidates)}")
-            fields.append({"event": "candidates", "candidates": record.candidates})
+            shown = record.candidates[:MAX_CANDIDATES_SHOWN]
+            more = len(record.candidates) - len(shown)
+            lines.append(
+                f"[{tid}] candidate agents: {', '.join(shown)}" + (f" (+{more} more)" if more else "")
+            )
+            fields.append({"event": "candidates", "candidates": shown, "candidatesOmitted": more})
         if record.selected is not None:
             if record.score is not None:
                 lines.append(f"[{tid}] select {record.selected} by {record.rule} (score={record.score:.2f})")

@@ -190,6 +190,7 @@ class AdminApi:
         principal = principal_of(request.scope)
         _may_register(request, profile.id, profile.tasks)
         # Held from the check to the write: concurrent registrations of one token count each other.
+        self._check_task_caps(principal, profile)
         with self._reserve(principal, profile.id):
             await self._check_endpoint(profile.network.endpoint)
             entry, created = await self.parts.registry.register(
@@ -250,6 +251,29 @@ class AdminApi:
                 f"the agent token {principal.label} already holds {mine} live agents "
                 "(registry.max_agents_per_token)"
             )
+
+    def _check_task_caps(self, principal: Principal, profile: AgentProfile) -> None:
+        """At most registry.max_agents_per_task live agents declare a task (each request for it
+        ranks them all), and at most max_agents_per_task_per_token of them under one token."""
+        policy = self.parts.config.registry
+        for task in profile.tasks:
+            live = [
+                e
+                for e in self.parts.registry.by_task(task)
+                if e.id != profile.id and e.status is not AgentStatusValue.OFFLINE
+            ]
+            if len(live) >= policy.max_agents_per_task:
+                raise RegistryFull(
+                    f"{len(live)} agents already declare task {task!r} (registry.max_agents_per_task)"
+                )
+            if principal.role != "agent":
+                continue
+            mine = sum(1 for e in live if e.holder == principal.key)
+            if mine >= policy.max_agents_per_task_per_token:
+                raise RegistryFull(
+                    f"the agent token {principal.label} already holds {mine} agents declaring task "
+                    f"{task!r} (registry.max_agents_per_task_per_token)"
+                )
 
     async def _check_endpoint(self, url: str) -> None:
         """Refuse (422) an endpoint the Router must not call, and a name that resolves to one.
