@@ -230,7 +230,8 @@ class LimitsPolicy(_Section):
 
     # Requests in flight at once; the excess is answered 429 OVERLOADED.
     max_inflight: Annotated[int, Field(ge=1, le=1_000_000)] = 1024
-    # Of those, the most one client address may hold (its excess is 429 too).
+    # Of those, the most one client may hold (its excess is 429 too): one credential when auth
+    # is on, one address when it is off.
     max_inflight_per_client: Annotated[int, Field(ge=1, le=1_000_000)] = 256
     # The global breaker: when the event loop lags this much, new requests are shed.
     loop_lag_ms: Annotated[float, Field(gt=0)] = 250
