@@ -63,6 +63,9 @@ class TokenSpec(_Section):
     agent_ids: list[str] = ["*"]
     tasks: list[str] = ["*"]
     name: str = ""  # shown in errors and logs instead of the token (e.g. "price team")
+    # The highest routing_weight this token's agents may declare, instead of routing.max_weight
+    # (higher for a trusted team, lower for a newcomer).
+    max_weight: Annotated[float, Field(gt=0, le=10_000)] | None = None
 
 
 class AuthPolicy(_Section):
@@ -312,6 +315,9 @@ class RoutingPolicy(_Section):
     """How candidates are chosen and ranked."""
 
     default_strategy: Strategy = Strategy.EXACT_MATCH
+    # The highest routing_weight a registration may declare (an agent token's max_weight
+    # overrides it): a newcomer declaring 10,000 took every call from a weight-10 incumbent.
+    max_weight: Annotated[float, Field(gt=0, le=10_000)] = 100
     # Whether a caller's `preferences.strategy` is honoured.
     allow_caller_strategy: bool = True
     # The task mapping table: alias or phrase -> canonical task. Wins over anything semantic.

@@ -190,6 +190,7 @@ class AdminApi:
         principal = principal_of(request.scope)
         _may_register(request, profile.id, profile.tasks)
         # Held from the check to the write: concurrent registrations of one token count each other.
+        self._check_weights(principal, profile)
         self._check_task_caps(principal, profile)
         with self._reserve(principal, profile.id):
             await self._check_endpoint(profile.network.endpoint)
@@ -250,6 +251,25 @@ class AdminApi:
             raise RegistryFull(
                 f"the agent token {principal.label} already holds {mine} live agents "
                 "(registry.max_agents_per_token)"
+            )
+
+    def _check_weights(self, principal: Principal, profile: AgentProfile) -> None:
+        """Refuse (422) a routing_weight over the policy's cap, rather than clamp it, so the
+        profile the registry shows is the weight routing uses."""
+        cap = principal.max_weight or self.parts.config.routing.max_weight
+        key = "auth.tokens[].max_weight" if principal.max_weight else "routing.max_weight"
+        details = [
+            {
+                "field": f"capabilities.{i}.routing_weight",
+                "message": f"{cap:g} at most ({key}); declared {cap_.routing_weight:g}",
+            }
+            for i, cap_ in enumerate(profile.capabilities)
+            if cap_.routing_weight > cap
+        ]
+        if details:
+            raise InvalidProfile(
+                f"routing_weight over the cap of {cap:g} ({key}): " + ", ".join(d["field"] for d in details),
+                details=details,
             )
 
     def _check_task_caps(self, principal: Principal, profile: AgentProfile) -> None:
