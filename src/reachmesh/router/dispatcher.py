@@ -268,9 +268,9 @@ class Dispatcher:
         async def run() -> Reply:
             try:
                 return await self.dispatch(request, data, record)
-            except Exception:  # a bug: the caller still gets one ReachResponse
+            except Exception:  # a bug: the caller still gets one ReachResponse, counted and traced
                 log.exception("[%s] async request failed inside the Router", trace_id)
-                return answer.standalone(self.clock, trace_id, error=InternalError())
+                return self.refuse(InternalError(), trace_id=trace_id, task=request.target_task)
 
         self.async_requests.start(trace_id, run, request.preferences.reply_to, owner)
         return answer.standalone(self.clock, trace_id)
