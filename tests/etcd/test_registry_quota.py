@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
 from reachmesh.testing import RouterServer
 from tests.bounds.quota import one_token_cannot_fill_the_registry, tokens
 from tests.etcd.conftest import etcd_policy
+
+pytestmark = pytest.mark.etcd
 
 
 async def test_a_token_that_lets_leases_lapse_cannot_fill_the_etcd_registry(etcd, client) -> None:
