@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import json
 import re
+import sys
+from itertools import accumulate
 from typing import Any
 
 import orjson
@@ -50,6 +52,9 @@ _TOKEN = re.compile(
 # The standard library's parser recurses once per level; at most this deep it stays far from
 # the interpreter's recursion limit (1,000 frames, shared with the caller's own stack).
 _C_PARSER_DEPTH = 200
+# The most bytes of a deeper document read by the loop in _exact (about a microsecond a byte,
+# so about a quarter of a second of the event loop at most).
+MAX_DEEP_EXACT_BYTES = 256 * 1024
 _TRAILING_SPACE = re.compile(rb"[ \t\n\r]*")
 _LITERALS: dict[bytes, Any] = {b"true": True, b"false": False, b"null": None}
 
@@ -61,17 +66,73 @@ def loads(raw: bytes | str) -> Any:
         data = orjson.loads(blob)
     except orjson.JSONDecodeError as exc:
         # orjson reads every integer it cannot hold in 64 bits as a double, and refuses one
-        # beyond a double's range: only the exact parser can say whether the text is valid.
+        # beyond a double's range: only an exact reader can say whether the text is valid.
         if "infinity" not in str(exc):
             raise
-        return _exact(blob)
+        return _exact_loads(blob, None)
     if _LONG_DIGITS.search(blob) is None:
         return data
-    if may_nest_deeper(blob, _C_PARSER_DEPTH) and depth(data, _C_PARSER_DEPTH) > _C_PARSER_DEPTH:
-        return _exact(blob)
-    # Shallow enough for the standard library's C parser, which recurses once per level but is
-    # twenty times faster than the loop in _exact; orjson already vouched for the text.
-    return json.loads(blob)
+    deep = may_nest_deeper(blob, _C_PARSER_DEPTH) and depth(data, _C_PARSER_DEPTH) > _C_PARSER_DEPTH
+    return _exact_loads(blob, deep)
+
+
+def _exact_loads(blob: bytes, deep: bool | None) -> Any:
+    """``blob`` read with exact integers: by the standard library's C parser when the document
+    nests at most 200 deep (it recurses once per level, but is twenty times faster than the
+    loop in _exact), else by _exact, whose cost (about a microsecond a byte) is why a deep
+    document is read exactly only up to MAX_DEEP_EXACT_BYTES."""
+    if deep is None:
+        deep = may_nest_deeper(blob, _C_PARSER_DEPTH) and _text_depth(blob) > _C_PARSER_DEPTH
+    if not deep:
+        # The interpreter refuses integers over its own digit limit; only when someone has
+        # changed it from the default (ours) does each integer go through a Python check,
+        # which costs the C parser more than half its speed.
+        own_limit = sys.get_int_max_str_digits() == MAX_INT_DIGITS
+        try:
+            return json.loads(
+                blob, parse_int=None if own_limit else _int, parse_float=_float, parse_constant=_constant
+            )
+        except ValueError as exc:  # json's own JSONDecodeError, or one of the checks below
+            message = getattr(exc, "msg", str(exc))
+            if "Exceeds the limit" in message:
+                message = f"an integer of more than {MAX_INT_DIGITS} digits; at most {MAX_INT_DIGITS}"
+            raise _error(message, blob, getattr(exc, "pos", 0)) from exc
+    if len(blob) > MAX_DEEP_EXACT_BYTES:
+        raise _error(
+            f"a document nested deeper than {_C_PARSER_DEPTH} levels with an integer over 18 digits "
+            f"is read exactly up to {MAX_DEEP_EXACT_BYTES} bytes; this one has {len(blob)}",
+            blob,
+            0,
+        )
+    return _exact(blob)
+
+
+def _int(text: str) -> int:
+    digits = len(text) - text.startswith("-")
+    if digits > MAX_INT_DIGITS:
+        raise ValueError(f"an integer of {digits} digits; at most {MAX_INT_DIGITS}")
+    return int(text)
+
+
+def _float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError("number is infinity when parsed as double")
+    return value
+
+
+def _constant(text: str) -> Any:
+    raise ValueError(f"{text} is not JSON")
+
+
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def _text_depth(blob: bytes) -> int:
+    """How deep the text nests, its strings skipped: for text orjson could not read."""
+    brackets = _STRING.sub(b"", blob).translate(None, _NOT_BRACKETS)
+    return max(accumulate(1 if b in (0x5B, 0x7B) else -1 for b in brackets), default=0)
 
 
 def _error(message: str, blob: bytes, pos: int) -> JSONDecodeError:
