@@ -241,6 +241,10 @@ class AgentNotFound(RegistryError):
     http_status = 404
 
 
+# The most candidates an answer (error.candidates) or a stored trace lists by name.
+MAX_CANDIDATES_SHOWN = 20
+
+
 class RoutingError(ReachError):
     """No agent may take the request; ``candidates`` says why, one reason per agent."""
 
@@ -255,7 +259,11 @@ class RoutingError(ReachError):
     def to_error(self) -> dict[str, Any]:
         error = super().to_error()
         if self.candidates is not None:
-            error["candidates"] = self.candidates
+            # A task with a thousand agents made every failed call a 146 KB answer: the first
+            # ones are shown, and how many more there were.
+            error["candidates"] = self.candidates[:MAX_CANDIDATES_SHOWN]
+            if len(self.candidates) > MAX_CANDIDATES_SHOWN:
+                error["candidatesOmitted"] = len(self.candidates) - MAX_CANDIDATES_SHOWN
         return error
 
 

@@ -91,6 +91,14 @@ class _LiveState(Collector):
             )
 
 
+class _Gauge(Collector):
+    def __init__(self, name: str, documentation: str, read: Callable[[], float]) -> None:
+        self._name, self._documentation, self._read = name, documentation, read
+
+    def collect(self) -> Iterable[Any]:
+        yield GaugeMetricFamily(self._name, self._documentation, value=self._read())
+
+
 class RouterMetrics:
     """The Router's metric families, one CollectorRegistry per Router (so tests stay apart)."""
 
@@ -169,6 +177,10 @@ class RouterMetrics:
     def on_probe(self, agent_id: str, ok: bool) -> None:
         if not ok:
             self.health_failures.inc((agent_id,))
+
+    def gauge(self, name: str, documentation: str, read: Callable[[], float]) -> None:
+        """A gauge read at scrape time from another part (the async result store's bytes)."""
+        self.prom.register(_Gauge(name, documentation, read))
 
     def exposition(self) -> bytes:
         """The Prometheus text format of every metric."""

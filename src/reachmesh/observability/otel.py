@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from reachmesh.exceptions import ConfigError
+from reachmesh.exceptions import MAX_CANDIDATES_SHOWN, ConfigError
 from reachmesh.record import DecisionRecord
 from reachmesh.tracecontext import otel_remote_parent
 
@@ -52,7 +52,7 @@ class OtelExporter:
                 "reach.status": status,
                 "reach.handler": record.handler or "",
                 "reach.rule": record.rule or "",
-                "reach.candidates": ",".join(record.candidates),
+                "reach.candidates": ",".join(record.candidates[:MAX_CANDIDATES_SHOWN]),
                 "reach.attempts": len(record.attempts),
             },
         )

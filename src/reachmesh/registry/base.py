@@ -316,6 +316,12 @@ class Registry(abc.ABC):
     def set_health(self, agent_id: str, health: AgentStatusValue) -> None:
         """Record what the health checks concluded (available, suspect or unhealthy)."""
 
+    def evict_offline(self, holder: str | None = None, *, keep: str | None = None) -> AgentEntry | None:
+        """Drop an offline entry (of agent token ``holder``, when given) before its grace period
+        is over, to make room for a live one (never ``keep``, the id being registered); the one
+        dropped, or None. A registry that keeps no offline entries has none to drop."""
+        return None
+
     @abc.abstractmethod
     def get(self, agent_id: str) -> AgentEntry | None:
         """The entry for ``agent_id`` from the local snapshot."""

@@ -57,6 +57,8 @@ class Principal:
     key: str = "-"  # the token's fingerprint: owns the async requests it started
     agent_ids: tuple[str, ...] = ("*",)
     tasks: tuple[str, ...] = ("*",)
+    # The highest routing_weight this token's agents may declare; None: routing.max_weight.
+    max_weight: float | None = None
 
     def may_register(self, agent_id: str) -> bool:
         return self.role == "admin" or any(fnmatchcase(agent_id, glob) for glob in self.agent_ids)
@@ -166,7 +168,9 @@ class TokenGuard:
 
 def _principal(spec: TokenSpec) -> Principal:
     key = f"fp:{spec.sha256[:8]}"
-    return Principal(spec.role, spec.name or key, key, tuple(spec.agent_ids), tuple(spec.tasks))
+    return Principal(
+        spec.role, spec.name or key, key, tuple(spec.agent_ids), tuple(spec.tasks), spec.max_weight
+    )
 
 
 def action_for(method: str, path: str) -> Action:

@@ -159,21 +159,19 @@ class RouterParts:
                 registry, config.routing, breakers=breakers, affinity=affinity, stats=stats, vectors=vectors
             ),
             traces=TraceStore(config.tracing.store_size),
-            metrics=RouterMetrics(
-                registry,
-                LiveReadings(
-                    circuit=lambda agent_id: _CIRCUIT_VALUE[breakers.state(agent_id)],
-                    agent_inflight=lambda agent_id: int(stats.snapshot(agent_id)["inflight"]),
-                    inflight=lambda: shedder.inflight,
-                    embedding_up=lambda: None if vectors is None else vectors.up,
-                ),
-            ),
+            metrics=_metrics(registry, breakers, stats, shedder, vectors),
             trace_log=TraceLog(redact_fields=config.logging.redact),
             url_guard=url_guard,
             learner=RouteLearner(registry, config.routing.learning, clock=clock),
         )
         if vectors is not None:
             vectors.set_learning(config.routing.learning.enabled)
+        results = parts.results
+        parts.metrics.gauge(
+            "reach_async_result_bytes",
+            "Bytes of finished async results held for GET /reach/{traceId} (async_mode.max_result_bytes)",
+            lambda: results.bytes_held,
+        )
         parts._wire()
         return parts
 
@@ -317,3 +315,22 @@ class RouterParts:
             state = self.vectors.state(entry.id)
             status["vectors"] = None if state is None else state.value
         return status
+
+
+def _metrics(
+    registry: Registry,
+    breakers: BreakerBoard,
+    stats: StatsBook,
+    shedder: LoadShedder,
+    vectors: CapabilityVectors | None,
+) -> RouterMetrics:
+    """The metrics, reading the breakers and the stats book through plain readings."""
+    return RouterMetrics(
+        registry,
+        LiveReadings(
+            circuit=lambda agent_id: _CIRCUIT_VALUE[breakers.state(agent_id)],
+            agent_inflight=lambda agent_id: int(stats.snapshot(agent_id)["inflight"]),
+            inflight=lambda: shedder.inflight,
+            embedding_up=lambda: None if vectors is None else vectors.up,
+        ),
+    )
