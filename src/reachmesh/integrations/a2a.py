@@ -19,13 +19,15 @@ import math
 import re
 import uuid
 from collections import deque
+from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import orjson
 
 from reachmesh import __version__, jsoncodec
+from reachmesh.clock import Clock
 from reachmesh.exceptions import ConfigError, RegistryError, RequestError
 from reachmesh.integrations import missing_extra
 from reachmesh.protocol import MAX_CAPABILITIES, MAX_EXAMPLE_CHARS, MAX_EXAMPLES, AgentProfile
@@ -58,7 +60,9 @@ try:
         AgentCard,
         AgentInterface,
         AgentSkill,
+        Role,
         Task,
+        TaskState,
     )
     from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH
     from google.protobuf.json_format import MessageToDict, ParseDict
@@ -74,6 +78,11 @@ TASKS_KEPT = 1000
 _MODES = ["application/json", "text/plain"]
 # The card's skill for messages routed by meaning; naming it is the same as naming none.
 BY_MEANING = "agent-reach:by-meaning"
+# What ProtoJSON accepts for the enums the bridge checks itself (a name or a number).
+_STATE_NAMES = frozenset(TaskState.keys())
+_STATE_NUMBERS = frozenset(TaskState.values())
+_ROLE_NAMES = frozenset(Role.keys()) - {"ROLE_UNSPECIFIED"}
+_ROLE_NUMBERS = frozenset(Role.values()) - {Role.ROLE_UNSPECIFIED}
 
 
 # ----------------------------------------------------------------------------------- export
@@ -200,20 +209,44 @@ def task_for(reply: dict[str, Any], message: dict[str, Any], task_id: str, conte
 
 
 async def run_message(
-    app: RouterApp, message: dict[str, Any], metadata: dict[str, Any], task_id: str, context_id: str
+    app: RouterApp,
+    message: dict[str, Any],
+    metadata: dict[str, Any],
+    task_id: str,
+    context_id: str,
+    stamps: StatusStamps,
 ) -> dict[str, Any]:
-    """One A2A message through the Router's dispatcher, in process: the task it ends in."""
+    """One A2A message through the Router's dispatcher, in process: the task it ends in, its
+    status stamped when it ended (ListTasks orders and filters by that time)."""
     message = {**message, "contextId": context_id}
     _, body = await app.parts.dispatcher.handle(orjson.dumps(envelope_for(message, metadata)))
-    return task_for(orjson.loads(body), message, task_id, context_id)
+    task = task_for(orjson.loads(body), message, task_id, context_id)
+    task["status"]["timestamp"] = stamps.next()
+    return task
+
+
+class StatusStamps:
+    """Task status timestamps: ISO 8601 in UTC with milliseconds (A2A §5.6.1), strictly
+    increasing, so "newest status first" (§3.1.4) holds for tasks that end in the same ms."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._last_ms = 0
+
+    def next(self) -> str:
+        ms = max(int(self._clock.time() * 1000), self._last_ms + 1)
+        self._last_ms = ms
+        seconds = datetime.fromtimestamp(ms // 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+        return f"{seconds}.{ms % 1000:03d}Z"
 
 
 class ReachExecutor(AgentExecutor):
     """Runs each A2A message as one ReachRequest through the Router's own dispatcher (the path
     of every A2A call the fast path below does not take: HTTP+JSON, streaming, A2A 0.3)."""
 
-    def __init__(self, app: RouterApp) -> None:
+    def __init__(self, app: RouterApp, stamps: StatusStamps | None = None) -> None:
         self.app = app
+        self.stamps = stamps or StatusStamps(app.parts.clock)
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         if context.message is None:
@@ -224,6 +257,7 @@ class ReachExecutor(AgentExecutor):
             context.metadata,
             context.task_id or uuid.uuid4().hex,
             context.context_id or uuid.uuid4().hex,
+            self.stamps,
         )
         await event_queue.enqueue_event(ParseDict(task, Task()))
 
@@ -287,8 +321,9 @@ class A2AExport:
         self.name = name
         card = router_card(app, public_url, name=name)
         self.tasks = BoundedTaskStore()
+        self.stamps = StatusStamps(app.parts.clock)
         handler = DefaultRequestHandlerV2(
-            agent_executor=ReachExecutor(app), task_store=self.tasks, agent_card=card
+            agent_executor=ReachExecutor(app, self.stamps), task_store=self.tasks, agent_card=card
         )
         routes = [
             *create_agent_card_routes(card, card_modifier=self._live_card),
@@ -296,6 +331,9 @@ class A2AExport:
             *create_rest_routes(handler, path_prefix=REST_PATH, enable_v0_3_compat=True),
         ]
         self.a2a = Starlette(routes=routes)
+        # A path a2a-sdk does not serve is a 404, never a redirect: Starlette's slash redirect
+        # builds its Location from the client's Host header.
+        self.a2a.router.redirect_slashes = False
 
     async def _live_card(self, card: AgentCard) -> AgentCard:
         return router_card(self.router, self.public_url, name=self.name)
@@ -306,7 +344,7 @@ class A2AExport:
             return
         path = scope["path"]
         is_card = path == AGENT_CARD_WELL_KNOWN_PATH
-        if not (is_card or path.startswith(("/a2a/", "/a2a"))):
+        if not (is_card or path.startswith("/a2a/")):
             await self.router(scope, receive, send)
             return
         denial = self.router.guard.check(Action.PUBLIC if is_card else Action.REACH, scope)
@@ -315,8 +353,12 @@ class A2AExport:
             await send_json(send, denial.http_status, body, list(denial.headers) or None)
             return
         # a2a-sdk scopes its tasks to ``scope["user"]``: the caller's token, as GET /reach/{id} is.
-        scope = {**scope, "user": SimpleUser(principal_of(scope).key)}
+        scope = {**scope, "user": SimpleUser(principal_of(scope).key), "headers": _versioned(scope)}
         if scope["method"] not in ("POST", "PUT", "PATCH"):
+            refusal = _list_tasks_query_error(scope)
+            if refusal is not None:
+                await send_json(send, 400, refusal)
+                return
             await self.a2a(scope, receive, send)
         else:
             await self._with_body(scope, receive, send)
@@ -344,19 +386,110 @@ class A2AExport:
         a2a-sdk's request handler (task events, queues, protobuf at every step) costs about
         2 ms per call. Anything else (another method, streaming, push configuration, a task
         being continued, A2A 0.3, a malformed request) goes to a2a-sdk with the body replayed."""
-        request = _fast_send_message(body, headers)
+        try:
+            parsed = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            parsed = None  # a2a-sdk answers a parse error in its own words
+        one_oh = headers.get(b"a2a-version", b"").strip().startswith(b"1.")
+        refusal = _invalid_params(parsed) if one_oh and isinstance(parsed, dict) else None
+        if refusal is not None:
+            await send_json(send, 200, refusal)
+            return
+        request = _fast_send_message(parsed, headers)
         if request is None:
             await self.a2a(scope, _replay(body), send)
             return
         message, metadata = request["params"]["message"], request["params"].get("metadata") or {}
         task = await run_message(
-            self.router, message, metadata, uuid.uuid4().hex, message.get("contextId") or uuid.uuid4().hex
+            self.router,
+            message,
+            metadata,
+            uuid.uuid4().hex,
+            message.get("contextId") or uuid.uuid4().hex,
+            self.stamps,
         )
         # Kept like a2a-sdk keeps its tasks (per owner), so the caller's GetTask finds it.
         owner = scope["user"].display_name
         await self.tasks.save(ParseDict(task, Task()), owner_context(owner))
         answer = orjson.dumps({"jsonrpc": "2.0", "id": request.get("id"), "result": {"task": task}})
         await send_json(send, 200, answer)
+
+
+def _versioned(scope: Scope) -> list[tuple[bytes, bytes]]:
+    """The request's headers, with ``A2A-Version`` taken from the query when only it names one.
+
+    A2A §3.6.1: "Clients MAY provide the A2A-Version as a request parameter instead of a
+    header". a2a-sdk reads only the header, so the parameter becomes one here, and every
+    method then follows one rule: the version asked for, and 0.3 when none is (§3.6.2).
+    """
+    headers: list[tuple[bytes, bytes]] = list(scope.get("headers", ()))
+    if any(name == b"a2a-version" for name, _ in headers):
+        return headers
+    asked = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("A2A-Version")
+    if asked and asked[-1].strip():
+        headers.append((b"a2a-version", asked[-1].strip().encode("latin-1")))
+    return headers
+
+
+def _valid_state(value: object) -> bool:
+    """Whether ``value`` names a TaskState as ProtoJSON writes one (its name, or its number)."""
+    if isinstance(value, str):
+        return value in _STATE_NAMES
+    return isinstance(value, int) and not isinstance(value, bool) and value in _STATE_NUMBERS
+
+
+def _list_tasks_query_error(scope: Scope) -> bytes | None:
+    """The 400 answer to a 1.0 REST ``GET .../tasks`` whose ``status`` is no TaskState, else None.
+
+    A2A §3.3.2: "Servers MUST validate all input parameters before processing"; a2a-sdk drops
+    an unknown enum value and lists every task instead. The body is a google.rpc.Status with a
+    BadRequest detail, as §11.6 asks of HTTP errors.
+    """
+    path = scope["path"]
+    if not (path.startswith(REST_PATH + "/") and path.endswith("/tasks")):
+        return None
+    if not header_map(scope).get(b"a2a-version", b"").strip().startswith(b"1."):
+        return None  # a2a-sdk answers by the version rule first
+    query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+    bad = [v for v in query.get("status", []) if not _valid_state(v)]
+    if not bad:
+        return None
+    why = f"{bad[0][:64]!r} is not a TaskState"
+    violation = {"field": "status", "description": why}
+    detail = {"@type": "type.googleapis.com/google.rpc.BadRequest", "fieldViolations": [violation]}
+    error = {"code": 400, "status": "INVALID_ARGUMENT", "message": f"status: {why}", "details": [detail]}
+    return orjson.dumps({"error": error})
+
+
+def _invalid_params(request: dict[str, Any]) -> bytes | None:
+    """A JSON-RPC -32602 answer for a 1.0 request a2a-sdk would wrongly accept, else None.
+
+    A2A §3.3.2: "Servers MUST validate all input parameters before processing", with JSON-RPC
+    ``-32602 Invalid params``. Caught here: a ``SendMessage`` message without its REQUIRED
+    ``messageId`` or ``role``, and a ``ListTasks`` ``status`` that is not a TaskState.
+    """
+    if not isinstance(request.get("params"), dict):
+        return None
+    params, method, problem = request["params"], request.get("method"), None
+    if method in ("SendMessage", "SendStreamingMessage") and isinstance(params.get("message"), dict):
+        message = params["message"]
+        missing = [f for f in ("messageId", "role") if not message.get(f)]
+        if missing:
+            problem = f"message.{missing[0]} is required"
+        elif not _valid_role(message["role"]):
+            problem = f"message.role: {str(message['role'])[:64]!r} is not a Role"
+    elif method == "ListTasks" and "status" in params and not _valid_state(params["status"]):
+        problem = f"status: {str(params['status'])[:64]!r} is not a TaskState"
+    if problem is None:
+        return None
+    error = {"code": -32602, "message": f"Invalid params: {problem}"}
+    return orjson.dumps({"jsonrpc": "2.0", "id": request.get("id"), "error": error})
+
+
+def _valid_role(value: object) -> bool:
+    if isinstance(value, str):
+        return value in _ROLE_NAMES
+    return isinstance(value, int) and not isinstance(value, bool) and value in _ROLE_NUMBERS
 
 
 def _check_depth(body: bytes, limit: int) -> None:
@@ -374,14 +507,11 @@ def _check_depth(body: bytes, limit: int) -> None:
         raise RequestError(f"the body nests deeper than {limit} levels")
 
 
-def _fast_send_message(body: bytes, headers: dict[bytes, bytes]) -> dict[str, Any] | None:
+def _fast_send_message(request: Any, headers: dict[bytes, bytes]) -> dict[str, Any] | None:
     """The request, when it is a blocking 1.0 SendMessage the fast path may answer; else None."""
-    version = headers.get(b"a2a-version", b"1.0").strip()
+    # A2A §3.6.2: "Agents MUST interpret empty value as 0.3 version" (a2a-sdk's path too).
+    version = headers.get(b"a2a-version", b"").strip()
     if not version.startswith(b"1."):
-        return None
-    try:
-        request = orjson.loads(body)
-    except orjson.JSONDecodeError:
         return None
     if (
         not isinstance(request, dict)
