@@ -221,6 +221,12 @@ class ReachMCP(MCPServer):
             message, {"status": str(reply.status), "traceId": reply.trace_id, "error": error}
         )
 
+    async def get_prompt(
+        self, name: str, arguments: dict[str, Any] | None = None, context: Context[Any, Any] | None = None
+    ) -> Any:
+        """The bridge serves tools only: every prompt name is unknown (-32602, invalid params)."""
+        raise MCPError(INVALID_PARAMS, f"Unknown prompt: {name}", {"name": name})
+
     async def aclose(self) -> None:
         if self._client is not None:
             await self._client.aclose()
