@@ -6,8 +6,9 @@ the core never needs any of them. Nothing is imported here for the same reason.
 
 - :mod:`.langgraph`: ``reach_node`` (a graph node that calls the Router) and ``graph_agent``.
 - :mod:`.autogen`: ``router_tools`` (capabilities as AssistantAgent tools) and ``autogen_agent``.
-- :mod:`.a2a`: ``A2AExport`` (the Router as an A2A server) and ``import_agent`` (an A2A agent
-  into the registry; forwarding to it needs no extra, see ``transport/a2a.py``).
+- :mod:`.a2a`: ``A2AExport`` (the Router as an A2A server).
+- :mod:`.a2a_import`: ``import_agent`` (an A2A agent into the registry by its card; forwarding
+  to it needs no extra, see ``transport/a2a.py``).
 - :mod:`.mcp`: ``ReachMCP`` (the Router's capabilities as live MCP tools; ``reach mcp``).
 """
 
