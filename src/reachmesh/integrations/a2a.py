@@ -14,9 +14,9 @@ The other way, an A2A agent joining a Router by its card, is
 from __future__ import annotations
 
 import math
+import time
 import uuid
 from collections import deque
-from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -210,29 +210,48 @@ async def run_message(
     task_id: str,
     context_id: str,
     stamps: StatusStamps,
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], int]:
     """One A2A message through the Router's dispatcher, in process: the task it ends in, its
-    status stamped when it ended (ListTasks orders and filters by that time)."""
+    status stamped when it ended (ListTasks orders and filters by that time), and that time in
+    ms since the epoch."""
     message = {**message, "contextId": context_id}
     _, body = await app.parts.dispatcher.handle(orjson.dumps(envelope_for(message, metadata)))
     task = task_for(orjson.loads(body), message, task_id, context_id)
-    task["status"]["timestamp"] = stamps.next()
-    return task
+    ms = stamps.next()
+    task["status"]["timestamp"] = iso_ms(ms)
+    return task, ms
+
+
+def task_proto(task: dict[str, Any], ms: int) -> Task:
+    """``task`` as protobuf, its status time set from ``ms``: ParseDict would read the ISO
+    text again, which costs about 0.1 ms, a third of the whole conversion."""
+    status = task["status"]
+    stamp = status.pop("timestamp", None)
+    try:
+        proto: Task = ParseDict(task, Task())
+    finally:
+        if stamp is not None:
+            status["timestamp"] = stamp
+    proto.status.timestamp.FromMilliseconds(ms)
+    return proto
+
+
+def iso_ms(ms: int) -> str:
+    """A time in ms since the epoch as A2A writes it (§5.6.1): ``YYYY-MM-DDTHH:mm:ss.sssZ``."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
 
 
 class StatusStamps:
-    """Task status timestamps: ISO 8601 in UTC with milliseconds (A2A §5.6.1), strictly
-    increasing, so "newest status first" (§3.1.4) holds for tasks that end in the same ms."""
+    """Task status times in ms since the epoch, strictly increasing, so "newest status first"
+    (A2A §3.1.4) holds for tasks that end in the same millisecond."""
 
     def __init__(self, clock: Clock) -> None:
         self._clock = clock
         self._last_ms = 0
 
-    def next(self) -> str:
-        ms = max(int(self._clock.time() * 1000), self._last_ms + 1)
-        self._last_ms = ms
-        seconds = datetime.fromtimestamp(ms // 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S")
-        return f"{seconds}.{ms % 1000:03d}Z"
+    def next(self) -> int:
+        self._last_ms = max(int(self._clock.time() * 1000), self._last_ms + 1)
+        return self._last_ms
 
 
 class ReachExecutor(AgentExecutor):
@@ -246,7 +265,7 @@ class ReachExecutor(AgentExecutor):
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         if context.message is None:
             return
-        task = await run_message(
+        task, ms = await run_message(
             self.app,
             MessageToDict(context.message),
             context.metadata,
@@ -254,7 +273,7 @@ class ReachExecutor(AgentExecutor):
             context.context_id or uuid.uuid4().hex,
             self.stamps,
         )
-        await event_queue.enqueue_event(ParseDict(task, Task()))
+        await event_queue.enqueue_event(task_proto(task, ms))
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         """A Reach request runs to its deadline and cannot be cancelled half-way."""
@@ -395,7 +414,7 @@ class A2AExport:
             await self.a2a(scope, _replay(body), send)
             return
         message, metadata = request["params"]["message"], request["params"].get("metadata") or {}
-        task = await run_message(
+        task, ms = await run_message(
             self.router,
             message,
             metadata,
@@ -405,7 +424,7 @@ class A2AExport:
         )
         # Kept like a2a-sdk keeps its tasks (per owner), so the caller's GetTask finds it.
         owner = scope["user"].display_name
-        await self.tasks.save(ParseDict(task, Task()), owner_context(owner))
+        await self.tasks.save(task_proto(task, ms), owner_context(owner))
         answer = orjson.dumps({"jsonrpc": "2.0", "id": request.get("id"), "result": {"task": task}})
         await send_json(send, 200, answer)
 
