@@ -108,7 +108,7 @@ async def test_a_handshake_client_gets_list_changed_over_http(bridge) -> None:
     declared the listChanged capability SHOULD send a notification". The README promises it to
     older clients "on the session"; it must come within 2 s of the registration.
     """
-    router, url, _ = bridge
+    router, url, server = bridge
     changed = asyncio.Event()
 
     async def on_message(message: Any) -> None:
@@ -125,8 +125,14 @@ async def test_a_handshake_client_gets_list_changed_over_http(bridge) -> None:
             await stock.register(router.url, vectors=False)
             await asyncio.wait_for(changed.wait(), timeout=2)
             assert [t.name for t in (await client.list_tools()).tools] == ["query_price", "query_stock"]
+            assert server.sessions == 1
         finally:
             await stock.stop()
+    # Held while open, let go when the client leaves: the bridge does not keep dead sessions.
+    deadline = asyncio.get_running_loop().time() + 10
+    while server.sessions and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.02)
+    assert server.sessions == 0
 
 
 async def test_server_info_names_the_bridge_and_its_version(bridge) -> None:

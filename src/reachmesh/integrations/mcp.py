@@ -107,6 +107,11 @@ class ReachMCP(MCPServer):
         self._declare_list_changed()
         self.middleware.append(self._track_connection)
 
+    @property
+    def sessions(self) -> int:
+        """How many handshake-era client connections are open (and told of list changes)."""
+        return len(self._connections)
+
     def _declare_list_changed(self) -> None:
         """Declare ``tools.listChanged`` on every transport, the HTTP sessions included.
 
