@@ -142,6 +142,9 @@ async def bridge(tmp_path: Path) -> AsyncIterator[tuple[str, dict[str, FakeAgent
             log.close()
             for agent in agents.values():
                 await agent.stop()
+    # Whatever the suite sent, the bridge answered it in its own words, never with a traceback.
+    printed = (tmp_path / "reach-mcp.log").read_text(errors="replace")
+    assert "Traceback" not in printed, printed[-3000:]
 
 
 async def wait_listening(url: str, proc: asyncio.subprocess.Process, timeout_s: float = 60) -> None:
