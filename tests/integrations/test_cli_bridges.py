@@ -130,11 +130,14 @@ async def test_reach_mcp_over_http_wants_its_bearer_token() -> None:
             await agent.register(router.url, vectors=False)
             url = f"http://127.0.0.1:{port}/mcp"
             async with httpx.AsyncClient(timeout=10) as http:
-                for _ in range(300):
+                # A process importing mcp on a loaded 2-core machine may take a while to listen.
+                deadline = asyncio.get_running_loop().time() + 60
+                while True:
                     try:
                         refused = await http.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
                         break
                     except httpx.ConnectError:
+                        assert asyncio.get_running_loop().time() < deadline, "reach mcp never listened"
                         await asyncio.sleep(0.05)
                 assert refused.status_code == 401
             import httpx2  # the HTTP client the mcp package itself uses
