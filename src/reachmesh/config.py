@@ -8,14 +8,13 @@ Unknown keys are an error here (unlike on the wire): a typo in a policy must not
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from reachmesh.exceptions import ConfigError
 from reachmesh.protocol import Strategy, error_details
+from reachmesh.yamlfile import read_yaml
 
 Positive = Annotated[float, Field(gt=0)]
 PositiveMs = Annotated[int, Field(gt=0, le=3_600_000)]
@@ -42,6 +41,12 @@ class ServerPolicy(_Section):
     max_json_depth: Annotated[int, Field(ge=4, le=200)] = 64
     # The largest agent answer the Router reads; a bigger one is AGENT_ERROR RESPONSE_TOO_LARGE.
     response_limit_bytes: Annotated[int, Field(gt=0, le=1024 * 1024 * 1024)] = 8 * 1024 * 1024
+    # The head of an agent's answer (status line and headers, interim 1xx heads included): its
+    # bytes, its header lines, one line's length. Counted as the bytes arrive; past any, the
+    # attempt is a bad answer (failover, a breaker failure) and the connection is closed.
+    response_max_header_bytes: Annotated[int, Field(ge=1024, le=1024 * 1024)] = 32 * 1024
+    response_max_headers: Annotated[int, Field(ge=8, le=1000)] = 100
+    response_max_line_bytes: Annotated[int, Field(ge=256, le=64 * 1024)] = 8190
     # HTTPS: the Router's certificate chain and its private key (PEM), both or neither; read
     # once at start (a reload cannot re-bind the listening socket).
     tls_cert_file: str | None = None
@@ -290,7 +295,7 @@ class MeritPolicy(_Section):
 
 
 class LearningPolicy(_Section):
-    """Learning from confirmed routes (issue #15 item 3): phrases remembered for a task."""
+    """Learning from confirmed routes: phrases an operator confirmed, remembered for a task."""
 
     # Off by default: a learned phrase changes where later requests go, so an operator opts in.
     enabled: bool = False
@@ -462,18 +467,3 @@ class RouterConfig(_Section):
         if chosen is None:
             return cls()
         return cls.from_mapping(read_yaml(chosen), source=str(chosen))
-
-
-def read_yaml(path: str | os.PathLike[str]) -> Any:
-    """Parse a YAML file, mapping I/O and syntax errors to :class:`ConfigError`."""
-    file = Path(path)
-    try:
-        text = file.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{file}: cannot read: {exc.strerror or exc}") from exc
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        raise ConfigError(f"{file}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from exc

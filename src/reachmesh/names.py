@@ -1,11 +1,11 @@
 """Look-alike task names: the rule that keeps one declared name from printing like another.
 
-Issue #11: ``TASK_PATTERN`` accepts letters of any script, so ``pаy_task`` (a Cyrillic ``а``),
-``ｐａｙ＿ｔａｓｋ`` (full-width forms), ``pay_task`` plus a combining accent, or ``pay`` + a zero-width
-joiner + ``task`` were all accepted, and each prints like (or nearly like) ``pay_task`` in logs,
-metrics and ``GET /admin/agents``. An operator reading them could not tell an impostor from the
-real task. Chinese, Japanese and other non-Latin names must stay allowed, so the rule is not
-"ASCII only" (agent ids already are). A declared task name is refused when it:
+``TASK_PATTERN`` accepts letters of any script, so without this rule ``pаy_task`` (a Cyrillic
+``а``), ``ｐａｙ＿ｔａｓｋ`` (full-width forms), ``pay_task`` plus a combining accent, or ``pay`` + a
+zero-width joiner + ``task`` would each print like (or nearly like) ``pay_task`` in logs, metrics
+and ``GET /admin/agents``, and an operator could not tell an impostor from the real task.
+Chinese, Japanese and other non-Latin names must stay allowed, so the rule is not "ASCII only"
+(agent ids already are). A declared task name is refused when it:
 
 1. carries an invisible character: a format character (category Cf: zero-width joiner,
    non-joiner and space, BOM, soft hyphen, bidi controls) or another default-ignorable one

@@ -29,7 +29,7 @@ from reachmesh.schema import check_schema
 
 PROTOCOL_VERSION = "1.0"
 
-# ASCII only, so no agent id can pass for another (issue #11); task names cannot be.
+# ASCII only, so no agent id can pass for another; task names cannot be (see names.py).
 AGENT_ID_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,127}$"
 # Task names are identifiers in any script (query_product_price, 查询价格); no spaces, no
 # control characters, so they are safe in log lines and metric labels. names.py refuses the

@@ -22,7 +22,7 @@ from urllib.parse import parse_qs
 
 import orjson
 
-from reachmesh import __version__, jsoncodec
+from reachmesh import jsoncodec
 from reachmesh.clock import Clock
 from reachmesh.exceptions import ConfigError, RequestError
 from reachmesh.integrations import missing_extra
@@ -41,6 +41,7 @@ from reachmesh.server.asgi import (
 from reachmesh.server.auth import Action, principal_of
 from reachmesh.server.catalog import catalog
 from reachmesh.transport.a2a import result_of, whole_numbers
+from reachmesh.version import __version__
 
 try:
     from a2a.auth.user import User

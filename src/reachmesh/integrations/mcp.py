@@ -28,11 +28,11 @@ from typing import Any
 import httpx
 import orjson
 
-from reachmesh import __version__
 from reachmesh.exceptions import RouterUnavailable
 from reachmesh.integrations import missing_extra, tool_name
 from reachmesh.sdk import ReachClient
 from reachmesh.sdk.auth import auth_headers
+from reachmesh.version import __version__
 
 try:
     import anyio

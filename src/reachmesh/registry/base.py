@@ -211,7 +211,7 @@ class Registry(abc.ABC):
     def publish_vectors(self, model: str, agent_id: str, block: bytes) -> None:  # noqa: B027
         """Share the vectors this Router embedded for ``agent_id``; backends of one Router ignore it."""
 
-    # -- learned routes (issue #15 item 3) ---------------------------------------------------
+    # -- learned routes -----------------------------------------------------------------------
     #
     # Kept in the registry, not in the Router, so that on a shared backend what one Router
     # learned routes on every other. Reads are a local snapshot like the agents; writes are async.

@@ -34,7 +34,6 @@ from reachmesh.exceptions import (
     TraceIdInUse,
     UnknownTask,
 )
-from reachmesh.observability.tracecontext import new_trace_id
 from reachmesh.protocol import TRACE_ID_PATTERN, ReachRequest, error_details
 from reachmesh.record import DecisionRecord, Observer
 from reachmesh.resilience.breaker import BreakerBoard
@@ -47,6 +46,7 @@ from reachmesh.router.results import Reply, ResultStore
 from reachmesh.router.suggest import Suggester
 from reachmesh.routing.pipeline import Pipeline
 from reachmesh.routing.stats import StatsBook
+from reachmesh.tracecontext import new_trace_id
 from reachmesh.transport.base import Transport
 from reachmesh.transport.urlguard import UrlGuard
 

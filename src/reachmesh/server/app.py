@@ -18,7 +18,6 @@ from reachmesh.clock import SYSTEM_CLOCK, Clock
 from reachmesh.config import RouterConfig
 from reachmesh.exceptions import ConfigError, InternalError, RequestError
 from reachmesh.lifecycle import Background
-from reachmesh.observability.tracecontext import parse_traceparent
 from reachmesh.registry.base import Registry
 from reachmesh.router import answer
 from reachmesh.server.admin import AdminApi
@@ -37,6 +36,8 @@ from reachmesh.server.asgi import (
 from reachmesh.server.auth import Denial, Guard, OpenGuard, TokenGuard, action_for, principal_of
 from reachmesh.server.components import RouterParts
 from reachmesh.server.reload import PolicyFile
+from reachmesh.server.ui import AdminUi
+from reachmesh.tracecontext import parse_traceparent
 from reachmesh.transport.base import Transport
 
 log = logging.getLogger("reachmesh.router")
@@ -58,13 +59,18 @@ class RouterApp:
         self.parts = RouterParts.build(
             config or RouterConfig(), registry=registry, transport=transport, clock=clock
         )
-        self.policy_file = PolicyFile(Path(config_path) if config_path is not None else None, self.apply)
+        self.policy_file = PolicyFile(
+            Path(config_path) if config_path is not None else None, self.apply, clock=clock
+        )
         # An injected guard stays; one built from the policy follows the policy on reload.
         self._own_guard = guard is None
         self.guard: Guard = guard or self._guard_for(self.parts.config)
         self.started = False
         self._drain_started: float | None = None
         self.admin = AdminApi(self.parts, self.policy_file, lambda: self.started)
+        self.ui = AdminUi(
+            self.parts, self.policy_file, started=lambda: self.started, auth_on=lambda: self.auth_on
+        )
         self._background = Background("reach-router")
 
     @property
@@ -80,6 +86,8 @@ class RouterApp:
                 await self._deny(send, denial, reach=path == "/reach" or path.startswith("/reach/"))
             elif path == "/reach" and scope["method"] == "POST":
                 await self._reach(scope, receive, send)
+            elif AdminUi.serves(path):
+                await self.ui(scope, receive, send)
             else:
                 await self.admin(scope, receive, send)
         elif kind == "lifespan":
@@ -171,6 +179,8 @@ class RouterApp:
             self.policy_file.remember()
         # Without a file too: a SIGHUP is then answered with a line saying there is nothing to reload.
         self._background.every(lambda: 1.0, self.policy_file.check, "policy-watch")
+        self.ui.traffic.sample()
+        self._background.every(lambda: self.ui.traffic.step_seconds, self.ui.traffic.tick, "traffic")
         self.started = True
 
     def begin_drain(self, at_monotonic: float) -> None:

@@ -14,13 +14,13 @@ from typing import Any
 from reachmesh.clock import SYSTEM_CLOCK, Clock
 from reachmesh.config import RouterConfig
 from reachmesh.observability.logging import TraceLog
-from reachmesh.observability.metrics import RouterMetrics
+from reachmesh.observability.metrics import LiveReadings, RouterMetrics
 from reachmesh.observability.traces import TraceStore
 from reachmesh.record import Observer
 from reachmesh.registry.base import AgentEntry, Registry, RegistryEvent
 from reachmesh.registry.factory import build_registry
 from reachmesh.resilience.affinity import AffinityTable
-from reachmesh.resilience.breaker import BreakerBoard
+from reachmesh.resilience.breaker import BreakerBoard, BreakerState
 from reachmesh.resilience.health import HealthChecker
 from reachmesh.resilience.retry import RetryBudget
 from reachmesh.resilience.shedding import LoadShedder
@@ -33,8 +33,11 @@ from reachmesh.secrets import loggable
 from reachmesh.semantic.embedders.factory import build_embedder
 from reachmesh.semantic.vectors import CapabilityVectors
 from reachmesh.transport.base import Transport
-from reachmesh.transport.http import HttpTransport
+from reachmesh.transport.http import HttpTransport, head_limits
 from reachmesh.transport.urlguard import UrlGuard
+
+# reach_agent_circuit_state's values (PROTOCOL.md §9).
+_CIRCUIT_VALUE = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
 
 registry_log = logging.getLogger("reachmesh.registry")
 router_log = logging.getLogger("reachmesh.router")
@@ -140,7 +143,10 @@ class RouterParts:
             registry=registry,
             transport=transport
             or HttpTransport(
-                response_limit=config.server.response_limit_bytes, guard=url_guard, tls=config.outbound
+                response_limit=config.server.response_limit_bytes,
+                head=head_limits(config.server),
+                guard=url_guard,
+                tls=config.outbound,
             ),
             stats=stats,
             breakers=breakers,
@@ -155,10 +161,12 @@ class RouterParts:
             traces=TraceStore(config.tracing.store_size),
             metrics=RouterMetrics(
                 registry,
-                breakers,
-                stats,
-                lambda: shedder.inflight,
-                lambda: None if vectors is None else vectors.up,
+                LiveReadings(
+                    circuit=lambda agent_id: _CIRCUIT_VALUE[breakers.state(agent_id)],
+                    agent_inflight=lambda agent_id: int(stats.snapshot(agent_id)["inflight"]),
+                    inflight=lambda: shedder.inflight,
+                    embedding_up=lambda: None if vectors is None else vectors.up,
+                ),
             ),
             trace_log=TraceLog(redact_fields=config.logging.redact),
             url_guard=url_guard,
