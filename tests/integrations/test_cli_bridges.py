@@ -49,6 +49,44 @@ async def test_reach_mcp_over_stdio() -> None:
             await agent.stop()
 
 
+async def test_reach_mcp_over_stdio_announces_a_new_agent() -> None:
+    """A handshake-era (2025-11-25) client of `reach mcp` over stdio, at its default poll
+    interval, gets notifications/tools/list_changed within 2 s of an agent registering.
+
+    MCP 2025-11-25, server/tools: "When the list of available tools changes, servers that
+    declared the listChanged capability SHOULD send a notification"; stdio declares it.
+    """
+    async with RouterServer(RouterConfig.model_validate(POLICY)) as router:
+        first = await FakeAgent("echo-agent", tasks=("echo",)).start()
+        late = await FakeAgent("late-agent", tasks=("late_task",)).start()
+        changed = asyncio.Event()
+
+        async def on_message(message: object) -> None:
+            method = getattr(getattr(message, "root", message), "method", None)
+            if method == "notifications/tools/list_changed":
+                changed.set()
+
+        try:
+            await first.register(router.url, vectors=False)
+            params = StdioServerParameters(
+                command=sys.executable,
+                args=["-m", "reachmesh", "mcp", "--router", router.url],
+                env=child_env(),
+                cwd=ROOT,
+            )
+            async with Client(params, mode="legacy", message_handler=on_message) as client:
+                assert client.session.initialize_result is not None
+                tools = client.session.initialize_result.capabilities.tools
+                assert tools is not None and tools.list_changed is True
+                assert [t.name for t in (await client.list_tools()).tools] == ["echo"]
+                await late.register(router.url, vectors=False)
+                await asyncio.wait_for(changed.wait(), timeout=2)
+                assert [t.name for t in (await client.list_tools()).tools] == ["echo", "late_task"]
+        finally:
+            await first.stop()
+            await late.stop()
+
+
 async def test_reach_a2a_import_registers_the_card() -> None:
     """`reach a2a import URL` prints the registration; the Router lists a managed a2a agent."""
     port = free_port()
@@ -92,11 +130,14 @@ async def test_reach_mcp_over_http_wants_its_bearer_token() -> None:
             await agent.register(router.url, vectors=False)
             url = f"http://127.0.0.1:{port}/mcp"
             async with httpx.AsyncClient(timeout=10) as http:
-                for _ in range(300):
+                # A process importing mcp on a loaded 2-core machine may take a while to listen.
+                deadline = asyncio.get_running_loop().time() + 60
+                while True:
                     try:
                         refused = await http.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
                         break
                     except httpx.ConnectError:
+                        assert asyncio.get_running_loop().time() < deadline, "reach mcp never listened"
                         await asyncio.sleep(0.05)
                 assert refused.status_code == 401
             import httpx2  # the HTTP client the mcp package itself uses

@@ -37,7 +37,7 @@ def a2a_import(
 ) -> None:
     """Register an A2A agent by its card: skills become capabilities (needs an admin token)."""
     try:
-        from reachmesh.integrations.a2a import import_agent
+        from reachmesh.integrations.a2a_import import import_agent
 
         answer = asyncio.run(
             import_agent(
