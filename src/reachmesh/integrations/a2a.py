@@ -27,7 +27,7 @@ import orjson
 
 from reachmesh import __version__, jsoncodec
 from reachmesh.exceptions import ConfigError, RegistryError, RequestError
-from reachmesh.integrations import missing_extra
+from reachmesh.integrations import described, missing_extra
 from reachmesh.protocol import MAX_CAPABILITIES, MAX_EXAMPLE_CHARS, MAX_EXAMPLES, AgentProfile
 from reachmesh.server.app import RouterApp
 from reachmesh.server.asgi import (
@@ -86,7 +86,7 @@ def router_card(app: RouterApp, public_url: str, *, name: str = "Agent-Reach Rou
         AgentSkill(
             id=row["task"],
             name=row["task"],
-            description=row["description"] or f"routed to {', '.join(row['agents'])}",
+            description=described(row, f"routed to {', '.join(row['agents'])}"),
             tags=["agent-reach"],
             examples=row["examples"],
             input_modes=_MODES,
@@ -195,8 +195,15 @@ def task_for(reply: dict[str, Any], message: dict[str, Any], task_id: str, conte
             {"data": {"status": reply.get("status"), "traceId": reply.get("traceId"), "error": error}},
         ],
     }
-    task["status"] = {"state": "TASK_STATE_FAILED", "message": note}
+    state = "TASK_STATE_REJECTED" if all_declined(error) else "TASK_STATE_FAILED"
+    task["status"] = {"state": state, "message": note}
     return task
+
+
+def all_declined(error: dict[str, Any]) -> bool:
+    """Whether every candidate declined the request: A2A's "rejected", not a failure."""
+    candidates = error.get("candidates") or []
+    return bool(candidates) and all(isinstance(c, dict) and c.get("reason") == "declined" for c in candidates)
 
 
 async def run_message(
