@@ -19,7 +19,8 @@ the policy may override them.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numkong
 import numpy as np
@@ -31,6 +32,10 @@ Vector = npt.NDArray[np.float32]
 # start with a NUL). They count as examples of their task, but never make a task routable alone:
 # a task only learned rows hold (its agents left) is not scored at all.
 LEARNED = "\x00learned:"
+
+# A capability's declared limits are rows of a pseudo-task named with this prefix: never scored
+# as a task, only compared with their own capability's score (:meth:`SemanticIndex.limit_hit`).
+LIMIT = "\x00limit:"
 
 # Rows the int8 scan hands to exact scoring, at least. The int8 error on a cosine is about 0.001
 # (per-row scales); the best rows of the best tasks stand well inside the first 64.
@@ -101,6 +106,15 @@ def capability_texts(task: str, description: str, examples: list[str]) -> list[s
     return [f"{words}: {description}", words, *examples]
 
 
+def limit_rows(task: str, limits: list[str]) -> tuple[str, list[str]]:
+    """The pseudo-task and texts under which ``task``'s declared limits are indexed."""
+    return LIMIT + task, list(limits)
+
+
+# (task, its score) -> None to keep it, or (reason, the declared limit hit or None) to set it aside.
+Veto = Callable[[str, float], "tuple[str, str | None] | None"]
+
+
 @dataclass(slots=True, frozen=True)
 class Verdict:
     """The outcome of a semantic match."""
@@ -110,6 +124,9 @@ class Verdict:
     runner_up: float | None
     reason: str  # "match", "below_threshold" or "ambiguous"
     best: list[tuple[str, float]]  # the top tasks with their scores, best first
+    # Tasks set aside before judging (a declared limit, a learned negative): task, score,
+    # reason, and the limit it hit.
+    vetoed: list[tuple[str, float, str, str | None]] = field(default_factory=list)
 
 
 class SemanticIndex:
@@ -153,7 +170,7 @@ class SemanticIndex:
             else:
                 raise ValueError(f"vectors of dimension {vectors.shape[1]} in an index of {self.dim}")
         rows = self._agent_rows.setdefault(agent_id, [])
-        if not agent_id.startswith(LEARNED):
+        if not agent_id.startswith(LEARNED) and not task.startswith(LIMIT):
             self._task_agents.setdefault(task, set()).add(agent_id)
         for text, vector in zip(texts, vectors, strict=True):
             key = (task, text)
@@ -247,9 +264,47 @@ class SemanticIndex:
         rated.sort(key=lambda item: -item[1])
         return rated[:k]
 
-    def judge(self, query: Vector, threshold: float, margin: float, baseline: float = 0.0) -> Verdict:
-        """Pick a task, or refuse: below the threshold, or too close to the runner-up."""
-        best = self.nearest(query, 3, baseline)
+    def limit_hit(self, query: Vector, task: str, baseline: float = 0.0) -> tuple[float, str] | None:
+        """The best score of ``query`` against ``task``'s declared limits, and that limit; None
+        when the task declares none. A handful of rows: the cost of a limit check."""
+        rows = self._task_rows.get(LIMIT + task)
+        if not rows:
+            return None
+        order = list(rows)
+        values = self._store[order].astype(np.float32) @ query
+        best = int(np.argmax(values))
+        key = self._key_of[order[best]]
+        assert key is not None
+        return float(values[best]) - baseline, key[1]
+
+    def judge(
+        self,
+        query: Vector,
+        threshold: float,
+        margin: float,
+        baseline: float = 0.0,
+        veto: Veto | None = None,
+    ) -> Verdict:
+        """Pick a task, or refuse: below the threshold, or too close to the runner-up. Tasks
+        ``veto`` sets aside are neither picked nor anyone's runner-up."""
+        best = self.nearest(query, 3 if veto is None else 6, baseline)
+        vetoed: list[tuple[str, float, str, str | None]] = []
+        if veto is not None:
+            kept = []
+            for task, score in best:
+                why = veto(task, score)
+                if why is None:
+                    kept.append((task, score))
+                else:
+                    vetoed.append((task, score, why[0], why[1]))
+            best = kept[:3]
+        verdict = self._judged(best, threshold, margin)
+        if vetoed:
+            return Verdict(verdict.task, verdict.score, verdict.runner_up, verdict.reason, best, vetoed)
+        return verdict
+
+    @staticmethod
+    def _judged(best: list[tuple[str, float]], threshold: float, margin: float) -> Verdict:
         if not best:
             return Verdict(None, 0.0, None, "below_threshold", [])
         task, score = best[0]
