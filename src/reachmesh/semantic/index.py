@@ -33,8 +33,9 @@ Vector = npt.NDArray[np.float32]
 # a task only learned rows hold (its agents left) is not scored at all.
 LEARNED = "\x00learned:"
 
-# A capability's declared limits are rows of a pseudo-task named with this prefix: never scored
-# as a task, only compared with their own capability's score (:meth:`SemanticIndex.limit_hit`).
+# A capability's declared limits are rows of a pseudo-task named with this prefix, kept in an index
+# of their own beside the capabilities' (so the scan of every query never reads them): never
+# scored as a task, only compared with their own capability's score (SemanticIndex.limit_hit).
 LIMIT = "\x00limit:"
 
 # Rows the int8 scan hands to exact scoring, at least. The int8 error on a cosine is about 0.001
@@ -134,6 +135,7 @@ class SemanticIndex:
 
     def __init__(self, dim: int = 384, capacity: int = 1024) -> None:
         self.dim = dim
+        self._limits: SemanticIndex | None = None  # the declared limits' rows, once any arrive
         self._allocate(capacity)
         self._size = 0
         self._row: dict[tuple[str, str], int] = {}
@@ -154,15 +156,28 @@ class SemanticIndex:
         return len(self._row)
 
     def has(self, task: str, text: str) -> bool:
+        if task.startswith(LIMIT) and self._limits is not None:
+            return self._limits.has(task, text)
         return (task, text) in self._row
 
     def vector(self, task: str, text: str) -> Vector:
         """The stored unit vector of one (task, text) row."""
+        if task.startswith(LIMIT) and self._limits is not None:
+            return self._limits.vector(task, text)
         row: Vector = self._store[self._row[(task, text)]].astype(np.float32)
         return row
 
     def add(self, agent_id: str, task: str, texts: list[str], vectors: Vector) -> None:
         """Index an agent's capability texts (vectors must be unit rows, one per text)."""
+        if task.startswith(LIMIT):
+            if self._limits is None:
+                self._limits = SemanticIndex(dim=int(vectors.shape[1]), capacity=64)
+            self._limits.add_rows(agent_id, task, texts, vectors)
+            return
+        self.add_rows(agent_id, task, texts, vectors)
+
+    def add_rows(self, agent_id: str, task: str, texts: list[str], vectors: Vector) -> None:
+        """Index rows here, whatever their task (the limits' own index takes them this way)."""
         if vectors.shape[1] != self.dim:
             if self._size == 0 and not self._row:
                 self.dim = int(vectors.shape[1])
@@ -207,6 +222,8 @@ class SemanticIndex:
 
     def remove_agent(self, agent_id: str) -> None:
         """Forget an agent; rows no other agent uses are zeroed and reused."""
+        if self._limits is not None:
+            self._limits.remove_agent(agent_id)
         for row in self._agent_rows.pop(agent_id, []):
             users = self._users.get(row)
             if users is None:
@@ -267,13 +284,15 @@ class SemanticIndex:
     def limit_hit(self, query: Vector, task: str, baseline: float = 0.0) -> tuple[float, str] | None:
         """The best score of ``query`` against ``task``'s declared limits, and that limit; None
         when the task declares none. A handful of rows: the cost of a limit check."""
-        rows = self._task_rows.get(LIMIT + task)
+        limits = self._limits
+        rows = None if limits is None else limits._task_rows.get(LIMIT + task)
         if not rows:
             return None
+        assert limits is not None
         order = list(rows)
-        values = self._store[order].astype(np.float32) @ query
+        values = limits._store[order].astype(np.float32) @ query
         best = int(np.argmax(values))
-        key = self._key_of[order[best]]
+        key = limits._key_of[order[best]]
         assert key is not None
         return float(values[best]) - baseline, key[1]
 
@@ -287,12 +306,16 @@ class SemanticIndex:
     ) -> Verdict:
         """Pick a task, or refuse: below the threshold, or too close to the runner-up. Tasks
         ``veto`` sets aside are neither picked nor anyone's runner-up."""
-        best = self.nearest(query, 3 if veto is None else 6, baseline)
+        best = self.nearest(query, 3, baseline)
         vetoed: list[tuple[str, float, str, str | None]] = []
         if veto is not None:
+            verdicts = {task: veto(task, score) for task, score in best}
+            if any(verdicts.values()):
+                # Some of the three are set aside: look further for the ones that stand in.
+                best = self.nearest(query, 6, baseline)
             kept = []
             for task, score in best:
-                why = veto(task, score)
+                why = verdicts[task] if task in verdicts else veto(task, score)
                 if why is None:
                     kept.append((task, score))
                 else:
@@ -316,7 +339,8 @@ class SemanticIndex:
         return Verdict(task, score, runner_up, "match", best)
 
     def memory_bytes(self) -> int:
-        return int(self._store.nbytes + self._codes.nbytes + self._scales.nbytes)
+        own = int(self._store.nbytes + self._codes.nbytes + self._scales.nbytes)
+        return own + (self._limits.memory_bytes() if self._limits is not None else 0)
 
 
 class QueryCache:

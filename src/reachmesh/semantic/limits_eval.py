@@ -51,7 +51,8 @@ class Ranked:
 
     expect: str | None
     kind: str
-    top: list[tuple[str, float, float | None]]
+    top: list[tuple[str, float, float | None]]  # the nearest six, looked at after a veto
+    first: list[tuple[str, float, float | None]] = field(default_factory=list)  # the nearest three
 
 
 @dataclass(slots=True)
@@ -128,19 +129,28 @@ async def rank_questions(
     ranked = []
     for i, query in zip(indices, queries, strict=True):
         baseline = float((background @ query).mean())
-        top = []
-        for task, score in index.nearest(query, TOP, baseline):
-            hit = index.limit_hit(query, task, baseline)
-            top.append((task, score, None if hit is None else hit[0] - score))
+        top: list[tuple[str, float, float | None]] = []
+        first: list[tuple[str, float, float | None]] = []
+        for k, out in ((TOP, top), (3, first)):
+            for task, score in index.nearest(query, k, baseline):
+                hit = index.limit_hit(query, task, baseline)
+                out.append((task, score, None if hit is None else hit[0] - score))
         question = corpus.questions[i]
-        ranked.append(Ranked(question.expect, question.kind, top))
+        ranked.append(Ranked(question.expect, question.kind, top, first))
     return ranked
 
 
 def route(r: Ranked, threshold: float, margin: float, limit_margin: float | None) -> list[str]:
     """The tasks the Router would try, in order: the chosen one, then the runner-ups above the
     threshold (tried only after a decline). Empty: refused."""
-    kept = [(t, s) for t, s, d in r.top if limit_margin is None or d is None or d <= limit_margin][:3]
+
+    def stands(d: float | None) -> bool:
+        return limit_margin is None or d is None or d <= limit_margin
+
+    # As SemanticIndex.judge: the nearest three, and the nearest six once one of those is vetoed.
+    first = r.first or r.top[:3]
+    looked = first if all(stands(d) for _, _, d in first) else r.top
+    kept = [(t, s) for t, s, d in looked if stands(d)][:3]
     if not kept or kept[0][1] < threshold:
         return []
     if len(kept) > 1 and kept[0][1] - kept[1][1] < margin:
