@@ -25,7 +25,7 @@ from reachmesh.exceptions import (
     RequestError,
     UnsupportedMediaType,
 )
-from reachmesh.protocol import HTTP_STATUS, json_schemas
+from reachmesh.protocol import HTTP_STATUS, Status, json_schemas
 
 Operation = dict[str, Any]
 
@@ -98,7 +98,8 @@ _BODY_REFUSALS: tuple[type[RequestError], ...] = (
 def _reach_statuses(*, door: bool) -> dict[int, list[str]]:
     by_code: dict[int, list[str]] = {}
     for status, code in HTTP_STATUS.items():
-        by_code.setdefault(code, []).append(status.value)
+        if status is not Status.DECLINED:  # an agent's answer to the Router, never the Router's
+            by_code.setdefault(code, []).append(status.value)
     if door:
         for error in _BODY_REFUSALS[1:]:
             by_code.setdefault(error.http_status, []).append(f"INVALID_REQUEST ({error.code})")
