@@ -15,7 +15,8 @@ from reachmesh.testing import FakeAgent, RouterServer, free_port
 
 @pytest.fixture
 async def router() -> AsyncIterator[tuple[RouterServer, httpx.AsyncClient]]:
-    config = RouterConfig.from_mapping({"health": {"enabled": False}})
+    # No lag shedding: the machine is shared, and these tests are about declines, not load.
+    config = RouterConfig.from_mapping({"health": {"enabled": False}, "limits": {"loop_lag_ms": 10_000}})
     async with RouterServer(config) as server, httpx.AsyncClient(base_url=server.url, timeout=10) as http:
         yield server, http
 
@@ -122,3 +123,20 @@ async def test_a_decline_is_never_retried_on_the_same_agent(router) -> None:
         assert len(lone.received) == 1
     finally:
         await lone.stop()
+
+
+async def test_declines_per_request_are_bounded(router) -> None:
+    """Ten agents that all say no: eight are asked, the other two are listed untried."""
+    server, http = router
+    agents = [await FakeAgent(f"no-{i}", tasks=("echo",), mode="decline").start() for i in range(10)]
+    for agent in agents:
+        await agent.register(server.url)
+    try:
+        status, body = await reach(http, "echo", timeoutMs=10_000)
+        assert status == 503
+        reasons = sorted(c["reason"] for c in body["error"]["candidates"])
+        assert reasons == ["budget_exhausted"] * 2 + ["declined"] * 8
+        assert sum(len(a.received) for a in agents) == 8
+    finally:
+        for agent in agents:
+            await agent.stop()
