@@ -295,6 +295,10 @@ class Pipeline:
             "margin": margin,
             "verdict": verdict.reason,
             "best": [{"task": t, "score": round(s, 4)} for t, s in verdict.best],
+            "setAside": [
+                {"task": t, "score": round(s, 4), "reason": why, "limit": limit}
+                for t, s, why, limit in verdict.vetoed
+            ],
         }
         if verdict.task is None:
             record.semantic_refused = True
@@ -303,7 +307,9 @@ class Pipeline:
                     record.reject(entry.id, verdict.reason, round(score, 4), best_task)
             if not verdict.best and verdict.vetoed:
                 raise self._no_handler(
-                    record, f"no capability takes {text!r}: its nearest ones declare they do not handle it"
+                    record,
+                    f"no capability takes {text!r}: the nearest ones declare they do not handle it, "
+                    "or declined it before",
                 )
             if not verdict.best:
                 # Nothing to compare with: saying "best score 0.000" would blame the question.
