@@ -76,9 +76,15 @@ async def test_a_request_every_candidate_declined_is_a_rejected_task_through_the
     url = f"http://127.0.0.1:{port}"
     config = RouterConfig.model_validate(POLICY)
     async with RouterServer(config, port=port, middleware=lambda app: A2AExport(app, url)) as router:  # type: ignore[arg-type]
-        agent = await FakeAgent("no-agent", tasks=("echo",), mode="decline").start()
+        agent = await FakeAgent(
+            "no-agent", tasks=("echo",), mode="decline", limits={"echo": ["anything with a date"]}
+        ).start()
         await agent.register(router.url, vectors=False)
         try:
+            async with httpx.AsyncClient(base_url=router.url) as http:
+                card = (await http.get("/.well-known/agent-card.json")).json()
+            (skill,) = [s for s in card["skills"] if s["id"] == "echo"]
+            assert skill["description"].endswith("Does not handle: anything with a date.")
             client = await create_client(router.url, client_config=ClientConfig(streaming=False))
             async with client:
                 declined = await final_task(client, user_message([new_data_part({"a": 1})], "echo"))
