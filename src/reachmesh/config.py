@@ -314,6 +314,11 @@ class LearningPolicy(_Section):
     max_phrases: Annotated[int, Field(ge=1, le=1_000_000)] = 10_000
     # How long after a refusal by meaning a caller's explicit retry still confirms that phrase.
     window_seconds: Positive = 120
+    # Learned negatives: a capability that declined a phrase routed to it by meaning is not offered
+    # that phrase again. On even while `enabled` is off: it only ever keeps a route from an agent
+    # that said, itself, "not mine".
+    negatives: bool = True
+    max_negatives: Annotated[int, Field(ge=1, le=1_000_000)] = 10_000
 
 
 class RoutingPolicy(_Section):
@@ -339,6 +344,8 @@ class Calibration(_Section):
 
     threshold: Annotated[float, Field(ge=-1, le=1)]
     margin: Annotated[float, Field(ge=0, le=2)] = 0.0
+    # How much better a text must match a declared limit than its capability to be kept off it.
+    limit_margin: Annotated[float, Field(ge=-1, le=1)] | None = None
 
 
 class EmbeddingPolicy(_Section):
@@ -374,6 +381,8 @@ class EmbeddingPolicy(_Section):
     # (see `reach calibrate`). A model without one refuses semantic routes until it is set.
     threshold: Annotated[float, Field(ge=-1, le=1)] | None = None
     margin: Annotated[float, Field(ge=0, le=2)] | None = None
+    # Declared limits: null takes the model's calibration (`reach calibrate --limits`), else 0.
+    limit_margin: Annotated[float, Field(ge=-1, le=1)] | None = None
     # Operating points by model name (the name `reach calibrate` prints): the one of the model in
     # use applies when threshold is null, so switching models never carries one model's
     # threshold over to another.
@@ -395,6 +404,15 @@ class EmbeddingPolicy(_Section):
             return None
         margin = self.margin if self.margin is not None else (base[1] if base else 0.0)
         return float(threshold), float(margin)
+
+    def limit_margin_for(self, model: str, default: float | None) -> float:
+        """The declared-limit margin for ``model``: set here, else its calibration, else 0 (a
+        limit must match better than the capability itself)."""
+        known = self.calibrations.get(model)
+        for value in (self.limit_margin, known.limit_margin if known else None, default):
+            if value is not None:
+                return float(value)
+        return 0.0
 
     # How often to retry vectors for agents registered while the embedder was down.
     retry_seconds: Positive = 5

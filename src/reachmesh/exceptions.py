@@ -38,6 +38,7 @@ caller never has to know which library sat underneath.
     │   ├── AttemptTimeout           the agent did not answer in time
     │   ├── BadAgentResponse         5xx, or an answer that is not a valid agent reply
     │   └── AgentRejected            the agent answered AGENT_ERROR, or a 4xx
+    │       └── AgentDeclined        the agent answered DECLINED: the request is not for it
     ├── OutboundRefused              a URL the Router will not call (the rule is named)
     ├── DeliveryFailed               a replyTo URL did not take an async answer
     ├── ClientError                  the SDK could not talk to the Router
@@ -390,6 +391,19 @@ class AgentRejected(AttemptError):
 
     def to_error(self) -> dict[str, Any]:
         return self.error
+
+
+class AgentDeclined(AgentRejected):
+    """The agent answered ``DECLINED``: the request is not for it. Not a failure: the Router tries
+    the next candidate without a retry-budget token, and the agent's breaker and success rate
+    never see it."""
+
+    code = "DECLINED"
+    reason = "declined"
+
+    def __init__(self, error: dict[str, Any]) -> None:
+        # The agent's own code is kept (DECLINED, or A2A_TASK_REJECTED from an A2A agent).
+        super().__init__(error, retryable=True)
 
 
 class OutboundRefused(ReachError):

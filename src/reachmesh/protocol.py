@@ -65,6 +65,9 @@ MAX_DESCRIPTION_CHARS = 2048
 MAX_EXAMPLES = 20
 MAX_EXAMPLE_CHARS = 500
 MAX_PROFILE_EXAMPLES = 200
+# Declared limits are embedded too, and each is a short phrase ("cancel or change an order").
+MAX_LIMITS = 16
+MAX_LIMIT_CHARS = 200
 
 Millis = Annotated[int, Field(strict=True, gt=0, le=3_600_000)]
 # The shortest health_check.interval_seconds an agent may ask for.
@@ -84,6 +87,9 @@ class Status(StrEnum):
     UNAUTHORIZED = "UNAUTHORIZED"
     FORBIDDEN = "FORBIDDEN"
     OVERLOADED = "OVERLOADED"
+    # An agent's answer that the request is not for it (v1.2). Never a Router's final answer: when
+    # every candidate declines, the caller gets NO_AVAILABLE_HANDLER with reason ``declined``.
+    DECLINED = "DECLINED"
     # An addition to the protocol: the Router itself failed (a bug). The answer is still a
     # ReachResponse, never a bare 500, and the traceback stays in the Router's log.
     INTERNAL_ERROR = "INTERNAL_ERROR"
@@ -100,6 +106,7 @@ HTTP_STATUS: dict[Status, int] = {
     Status.UNAUTHORIZED: 401,
     Status.FORBIDDEN: 403,
     Status.OVERLOADED: 429,
+    Status.DECLINED: 422,
     Status.INTERNAL_ERROR: 500,
 }
 
@@ -131,6 +138,8 @@ class CandidateReason(StrEnum):
     NO_CONTEXT = "no_context"  # contextBound: the agent did not confirm it holds the conversation
     BELOW_THRESHOLD = "below_threshold"  # semantic_route: the best match scored under the threshold
     AMBIGUOUS = "ambiguous"  # semantic_route: the best match is too close to the runner-up
+    DECLINED = "declined"  # the agent answered DECLINED, or a learned negative for this phrase
+    DECLARED_LIMIT = "declared_limit"  # semantic_route: the text matches a declared limit
 
 
 class Strategy(StrEnum):
@@ -158,6 +167,11 @@ class Capability(_ProfileModel):
     routing_weight: Annotated[float, Field(gt=0, le=10_000)] = 1.0
     examples: Annotated[
         list[Annotated[str, StringConstraints(max_length=MAX_EXAMPLE_CHARS)]], Field(max_length=MAX_EXAMPLES)
+    ] = []
+    # What the capability does *not* handle, in any language; routes by meaning keep off them.
+    limits: Annotated[
+        list[Annotated[str, StringConstraints(min_length=1, max_length=MAX_LIMIT_CHARS, pattern=_PRINTABLE)]],
+        Field(max_length=MAX_LIMITS),
     ] = []
 
     @field_validator("input_schema", "output_schema")
@@ -226,11 +240,11 @@ class AgentProfile(_ProfileModel):
             if cap.task in seen:
                 raise ValueError(f"capability task {cap.task!r} is declared twice")
             seen.add(cap.task)
-        examples = sum(len(cap.examples) for cap in self.capabilities)
+        examples = sum(len(cap.examples) + len(cap.limits) for cap in self.capabilities)
         if examples > MAX_PROFILE_EXAMPLES:
             raise ValueError(
-                f"the profile declares {examples} examples; at most {MAX_PROFILE_EXAMPLES} in all, "
-                "since each is embedded for routing by meaning"
+                f"the profile declares {examples} examples and limits; at most "
+                f"{MAX_PROFILE_EXAMPLES} in all, since each is embedded for routing by meaning"
             )
         return self
 
@@ -299,6 +313,8 @@ class Candidate(_Envelope):
     # An addition: the task the candidate was considered for (semantic refusals list several).
     task: str | None = None
     score: float | None = None
+    # An addition (v1.2): the declared limit a ``declared_limit`` candidate's text matched.
+    limit: str | None = None
 
 
 class Suggestion(_Envelope):

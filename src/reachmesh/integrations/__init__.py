@@ -111,3 +111,13 @@ def single_capability_agent(
     if router_url is not None:
         mapping["router"] = {"url": router_url}
     return ReachAgent(AgentConfig.from_mapping(mapping, source=source))
+
+
+def described(row: dict[str, Any], fallback: str) -> str:
+    """A row's description for a tool or a skill, with what it does not handle when it says so:
+    a model choosing a tool reads the limits where it reads the description."""
+    text = row["description"] or fallback
+    limits = row.get("limits") or []
+    if limits:
+        text = f"{text.rstrip()} Does not handle: {'; '.join(limits)}."
+    return text

@@ -25,7 +25,7 @@ import orjson
 from reachmesh import jsoncodec
 from reachmesh.clock import Clock
 from reachmesh.exceptions import ConfigError, RequestError
-from reachmesh.integrations import missing_extra
+from reachmesh.integrations import described, missing_extra
 from reachmesh.integrations.a2a_import import fetch_card, import_agent, profile_from_card
 from reachmesh.server.app import RouterApp
 from reachmesh.server.asgi import (
@@ -91,7 +91,7 @@ def router_card(app: RouterApp, public_url: str, *, name: str = "Agent-Reach Rou
         AgentSkill(
             id=row["task"],
             name=row["task"],
-            description=row["description"] or f"routed to {', '.join(row['agents'])}",
+            description=described(row, f"routed to {', '.join(row['agents'])}"),
             tags=["agent-reach"],
             examples=row["examples"],
             input_modes=_MODES,
@@ -200,8 +200,15 @@ def task_for(reply: dict[str, Any], message: dict[str, Any], task_id: str, conte
             {"data": {"status": reply.get("status"), "traceId": reply.get("traceId"), "error": error}},
         ],
     }
-    task["status"] = {"state": "TASK_STATE_FAILED", "message": note}
+    state = "TASK_STATE_REJECTED" if all_declined(error) else "TASK_STATE_FAILED"
+    task["status"] = {"state": state, "message": note}
     return task
+
+
+def all_declined(error: dict[str, Any]) -> bool:
+    """Whether every candidate declined the request: A2A's "rejected", not a failure."""
+    candidates = error.get("candidates") or []
+    return bool(candidates) and all(isinstance(c, dict) and c.get("reason") == "declined" for c in candidates)
 
 
 async def run_message(

@@ -29,7 +29,7 @@ import httpx
 import orjson
 
 from reachmesh.exceptions import RouterUnavailable
-from reachmesh.integrations import missing_extra, tool_name
+from reachmesh.integrations import described, missing_extra, tool_name
 from reachmesh.sdk import ReachClient
 from reachmesh.sdk.auth import auth_headers
 from reachmesh.version import __version__
@@ -61,7 +61,7 @@ def tools_from(rows: list[dict[str, Any]]) -> dict[str, MCPTool]:
     tools: dict[str, MCPTool] = {}
     for row in rows:
         name = tool_name(row["task"])
-        description = row["description"] or f"Agent-Reach task {row['task']}"
+        description = described(row, f"Agent-Reach task {row['task']}")
         tools[name] = MCPTool(
             name=name,
             title=row["task"],

@@ -183,6 +183,8 @@ class Registry(abc.ABC):
         self._learned_listeners: list[LearnedListener] = []
         # Learned routes by normalized phrase, in the order they were (re)confirmed.
         self._learned: dict[str, LearnedRoute] = {}
+        # Learned negatives by (normalized phrase, task): that capability declined that phrase.
+        self._negatives: dict[tuple[str, str], LearnedRoute] = {}
 
     def subscribe(self, listener: Listener) -> None:
         """Call ``listener(event, entry)`` on every change, synchronously and in order."""
@@ -255,6 +257,39 @@ class Registry(abc.ABC):
         for listener in self._learned_listeners:
             listener(key, None)
         return True
+
+    # -- learned negatives ---------------------------------------------------------------------
+    #
+    # A capability that declined a phrase is not offered it again by meaning. Kept beside the
+    # learned routes, and shared the same way.
+
+    def negatives(self) -> Mapping[tuple[str, str], LearnedRoute]:
+        """Every learned negative, by (normalized phrase, task) (a snapshot read: no I/O)."""
+        return self._negatives
+
+    async def remember_negative(self, phrase: str, task: str, source: str, *, limit: int) -> LearnedRoute:
+        """Learn that ``task`` declines ``phrase``, keeping at most ``limit`` negatives."""
+        route = LearnedRoute(phrase, task, source, self._now())
+        self._keep_negative(route)
+        for key in self._excess_negatives(limit):
+            self._negatives.pop(key, None)
+        return route
+
+    async def forget_negative(self, phrase: str, task: str) -> bool:
+        """Forget that ``task`` declines ``phrase``; False when it was not known."""
+        return self._negatives.pop((normalize_phrase(phrase), task), None) is not None
+
+    def _keep_negative(self, route: LearnedRoute) -> tuple[str, str]:
+        key = (normalize_phrase(route.phrase), route.task)
+        self._negatives.pop(key, None)
+        self._negatives[key] = route
+        return key
+
+    def _excess_negatives(self, limit: int) -> list[tuple[str, str]]:
+        over = len(self._negatives) - limit
+        if over <= 0:
+            return []
+        return [key for key, _ in heapq.nsmallest(over, self._negatives.items(), key=lambda kv: kv[1].at)]
 
     def _excess(self, limit: int) -> list[str]:
         """The phrase keys beyond ``limit``, oldest confirmation first."""

@@ -6,6 +6,7 @@ Keys, under ``registry.etcd.prefix`` (``/agent-reach/v1`` by default)::
     {prefix}/health/{agent_id}/{router}    a Router's report that the agent fails (short lease)
     {prefix}/vectors/{model}/{agent_id}    capability vectors embedded by one Router, for the others
     {prefix}/learned/{sha256(phrase)}      a learned route (JSON: phrase, task, source, at), no lease
+    {prefix}/negative/{sha256(phrase\0task)} a learned negative: that task declined that phrase
 
 - An agent's lease *is* an etcd lease: registration grants it, a renewal (on any Router) keeps
   it alive, and when it runs out etcd deletes the key by itself. The lease id given to the agent
@@ -96,6 +97,7 @@ class Keys:
         self.health = prefix + "/health/"
         self.vectors = prefix + "/vectors/"
         self.learned = prefix + "/learned/"
+        self.negatives = prefix + "/negative/"
         # Never written: a read of it, and a write to it that is checked but never done, tell
         # whether etcd lets this Router read and write the prefix.
         self.access_check = prefix + "/access-check"
@@ -108,6 +110,9 @@ class Keys:
 
     def vector_block(self, model: str, agent_id: str) -> str:
         return f"{self.vectors}{quote(model, safe='')}/{agent_id}"
+
+    def negative(self, phrase_key: str, task: str) -> str:
+        return self.negatives + hashlib.sha256(f"{phrase_key}\0{task}".encode()).hexdigest()
 
     def learned_route(self, phrase_key: str) -> str:
         # A digest, not the phrase: caller text never becomes part of a key.
@@ -158,6 +163,7 @@ class EtcdRegistry(MemoryRegistry):
         # etcd key -> normalized phrase, and the revision applied for it (a watch event of a
         # write this Router made itself is not applied twice).
         self._learned_keys: dict[str, tuple[str, int]] = {}
+        self._negative_keys: dict[str, tuple[tuple[str, str], int]] = {}
         self.resyncs = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -268,6 +274,9 @@ class EtcdRegistry(MemoryRegistry):
         learned = {kv.key for kv in kvs if kv.key.startswith(self.keys.learned)}
         for key in [k for k in self._learned_keys if k not in learned]:
             self._apply_learned(KeyValue(key, b"", 0, revision, 0), deleted=True)  # forgotten meanwhile
+        negatives = {kv.key for kv in kvs if kv.key.startswith(self.keys.negatives)}
+        for key in [k for k in self._negative_keys if k not in negatives]:
+            self._apply_negative(KeyValue(key, b"", 0, revision, 0), deleted=True)
         for entry in list(self._entries.values()):
             # Gone from etcd while this Router was not watching: its lease ran out meanwhile.
             if entry.id not in present and entry.status is not AgentStatusValue.OFFLINE:
@@ -295,6 +304,8 @@ class EtcdRegistry(MemoryRegistry):
                 self._apply_failure(kv)
             elif kv.key.startswith(self.keys.learned):
                 self._apply_learned(kv, deleted=event.deleted)
+            elif kv.key.startswith(self.keys.negatives):
+                self._apply_negative(kv, deleted=event.deleted)
             self.revision = max(self.revision, kv.mod_revision)
 
     def _apply_agent(self, agent_id: str, kv: KeyValue, *, deleted: bool) -> bool:
@@ -824,6 +835,55 @@ class EtcdRegistry(MemoryRegistry):
             raise self._refused_call(exc, "the write", write=True) from exc
         known = key in self._learned_keys
         self._apply_learned(KeyValue(key, b"", 0, self.revision, 0), deleted=True)
+        return bool(deleted) or known
+
+    # -- learned negatives -------------------------------------------------------------------
+
+    def _apply_negative(self, kv: KeyValue, *, deleted: bool) -> None:
+        known = self._negative_keys.get(kv.key)
+        if known is not None and known[1] >= kv.mod_revision and not deleted:
+            return  # this Router wrote it already
+        if deleted:
+            if known is not None:
+                del self._negative_keys[kv.key]
+                self._negatives.pop(known[0], None)
+            return
+        record = self._decode(kv) or {}
+        try:
+            route = LearnedRoute(
+                str(record["phrase"]), str(record["task"]), str(record["source"]), float(record["at"])
+            )
+        except (KeyError, TypeError, ValueError):
+            log.warning("[registry] skipping %s: not a learned negative", kv.key)
+            return
+        self._negative_keys[kv.key] = (self._keep_negative(route), kv.mod_revision)
+
+    async def remember_negative(self, phrase: str, task: str, source: str, *, limit: int) -> LearnedRoute:
+        route = LearnedRoute(phrase, task, source, self._now())
+        pair = (normalize_phrase(phrase), task)
+        key = self.keys.negative(*pair)
+        value = orjson.dumps({**route.to_json(), "router": self.router})
+        room = limit if pair in self._negatives else limit - 1
+        victims = [old for old in self._excess_negatives(room) if old != pair]
+        try:
+            revision = await self.client.put(key, value, deadline=self._deadline())
+            for old in victims:
+                await self.client.delete(self.keys.negative(*old), deadline=self._deadline())
+        except EtcdRejected as exc:
+            raise self._refused_call(exc, "the write", write=True) from exc
+        self._apply_negative(KeyValue(key, value, 0, revision, 0), deleted=False)
+        for old in victims:
+            self._apply_negative(KeyValue(self.keys.negative(*old), b"", 0, revision, 0), deleted=True)
+        return route
+
+    async def forget_negative(self, phrase: str, task: str) -> bool:
+        key = self.keys.negative(normalize_phrase(phrase), task)
+        try:
+            deleted = await self.client.delete(key, deadline=self._deadline())
+        except EtcdRejected as exc:
+            raise self._refused_call(exc, "the write", write=True) from exc
+        known = key in self._negative_keys
+        self._apply_negative(KeyValue(key, b"", 0, self.revision, 0), deleted=True)
         return bool(deleted) or known
 
     # -- shared capability vectors -----------------------------------------------------------

@@ -149,6 +149,7 @@ class AdminApi:
             Route("/admin/learned", self.list_learned, methods=["GET"]),
             Route("/admin/learned", self.confirm_learned, methods=["POST"]),
             Route("/admin/learned", self.forget_learned, methods=["DELETE"]),
+            Route("/admin/learned/negatives", self.forget_negative, methods=["DELETE"]),
         ]
 
     async def _read_json(self, request: Request) -> Any:
@@ -451,6 +452,12 @@ class AdminApi:
                 # Learned phrases whose example row is still being embedded (0 without an embedder).
                 "pendingVectors": 0 if vectors is None else vectors.learned_pending(),
                 "learned": [self._learned_view(r) for r in routes],
+                # (phrase, task) pairs routes by meaning keep apart: that task declined that phrase.
+                "negativesEnabled": policy.negatives,
+                "negatives": [
+                    {**n.to_json(), "at": iso_utc(n.at)}
+                    for n in sorted(self.parts.registry.negatives().values(), key=lambda r: -r.at)
+                ],
             }
         )
 
@@ -491,6 +498,21 @@ class AdminApi:
             )
         if not await self.parts.registry.forget(phrase):
             return _error(404, "NOT_FOUND", "no learned route for that phrase")
+        return Response(status_code=204)
+
+    async def forget_negative(self, request: Request) -> Response:
+        phrase, task = request.query_params.get("phrase"), request.query_params.get("task")
+        if not phrase or not task:
+            raise RequestError(
+                "give the phrase and the task: DELETE /admin/learned/negatives?phrase=...&task=...",
+                details=[
+                    {"field": f, "message": "required"}
+                    for f, v in (("phrase", phrase), ("task", task))
+                    if not v
+                ],
+            )
+        if not await self.parts.registry.forget_negative(phrase, task):
+            return _error(404, "NOT_FOUND", "no learned negative for that phrase and task")
         return Response(status_code=204)
 
     # -- errors ------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from reachmesh.exceptions import (
     RequestError,
     UnsupportedMediaType,
 )
-from reachmesh.protocol import HTTP_STATUS, json_schemas
+from reachmesh.protocol import HTTP_STATUS, Status, json_schemas
 from reachmesh.version import __version__
 
 Operation = dict[str, Any]
@@ -59,6 +59,16 @@ _LEARNED_ROUTE = {
     },
     "required": ["phrase", "task", "source", "at", "declared"],
 }
+_NEGATIVE = {
+    "type": "object",
+    "properties": {
+        "phrase": {"type": "string"},
+        "task": {"type": "string"},
+        "source": {"type": "string", "enum": ["decline"]},
+        "at": {"type": "string"},
+    },
+    "required": ["phrase", "task", "source", "at"],
+}
 _LEARNED_LIST = {
     "type": "object",
     "properties": {
@@ -67,8 +77,10 @@ _LEARNED_LIST = {
         "count": {"type": "integer"},
         "pendingVectors": {"type": "integer"},
         "learned": {"type": "array", "items": _LEARNED_ROUTE},
+        "negativesEnabled": {"type": "boolean"},
+        "negatives": {"type": "array", "items": _NEGATIVE},
     },
-    "required": ["enabled", "maxPhrases", "count", "pendingVectors", "learned"],
+    "required": ["enabled", "maxPhrases", "count", "pendingVectors", "learned", "negatives"],
 }
 _LEASE_BODY = {"type": "object", "properties": {"leaseId": {"type": "string"}}, "required": ["leaseId"]}
 
@@ -86,7 +98,8 @@ _BODY_REFUSALS: tuple[type[RequestError], ...] = (
 def _reach_statuses(*, door: bool) -> dict[int, list[str]]:
     by_code: dict[int, list[str]] = {}
     for status, code in HTTP_STATUS.items():
-        by_code.setdefault(code, []).append(status.value)
+        if status is not Status.DECLINED:  # an agent's answer to the Router, never the Router's
+            by_code.setdefault(code, []).append(status.value)
     if door:
         for error in _BODY_REFUSALS[1:]:
             by_code.setdefault(error.http_status, []).append(f"INVALID_REQUEST ({error.code})")
@@ -311,6 +324,21 @@ def _admin_paths() -> dict[str, Operation]:
                     "204": {"description": "forgotten"},
                     "400": _json(_ERROR, "no phrase given"),
                     "404": _json(_ERROR, "NOT_FOUND: no learned route for that phrase"),
+                    **error_responses(RegistryUnavailable),
+                },
+            },
+        },
+        "/admin/learned/negatives": {
+            "delete": {
+                "summary": "Forget a learned negative: offer the phrase to the task by meaning again",
+                "parameters": [
+                    {"name": "phrase", "in": "query", "required": True, "schema": {"type": "string"}},
+                    {"name": "task", "in": "query", "required": True, "schema": {"type": "string"}},
+                ],
+                "responses": {
+                    "204": {"description": "forgotten"},
+                    "400": _json(_ERROR, "no phrase or no task given"),
+                    "404": _json(_ERROR, "NOT_FOUND: no learned negative for that phrase and task"),
                     **error_responses(RegistryUnavailable),
                 },
             },
