@@ -122,8 +122,8 @@ def test_stops_while_the_router_is_down(tmp_path: Path, sig: signal.Signals) -> 
     """An agent retrying registration against a Router nobody runs exits cleanly within 2 s of a signal."""
     proc = start_agent(tmp_path, "lonely", f"http://127.0.0.1:{free_port()}")
     try:
-        # Two retries logged: it is in the registration loop, not still importing.
-        wait_for(lambda: proc.text().count("unreachable") >= 2, timeout=30)
+        # The trouble logged (once, however many retries follow): it is in the registration loop.
+        wait_for(lambda: "unreachable" in proc.text(), timeout=30)
         took = stop_with(proc, sig)
         print(f"stop while registering ({sig.name}): {took:.2f}s")
         assert_clean_exit(proc, took)
