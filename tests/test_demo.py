@@ -125,3 +125,37 @@ def test_demo_on_a_taken_port_says_so_and_fails(tmp_path: Path) -> None:
     assert result.returncode != 0
     assert f"port {port}" in text and "is taken" in text
     assert "demo is up" not in text and "Traceback" not in text
+
+
+def test_a_port_left_in_time_wait_is_free_for_the_next_demo() -> None:
+    """Ctrl-C then `make demo` again: the ports' old connections linger in TIME-WAIT, and the
+    pre-flight check binds as the servers do (SO_REUSEADDR), so it lets the demo start; a port
+    something listens on is still refused."""
+    import errno
+    import socket
+
+    import pytest
+
+    from reachmesh.cli.demo import _check_ports_free
+    from reachmesh.exceptions import ConfigError
+
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        served, _ = listener.accept()
+        served.close()  # the server's side closes first, so its port is the one left in TIME-WAIT
+        client.recv(1)
+        client.close()
+    with socket.socket() as plain, pytest.raises(OSError) as taken:
+        plain.bind(("127.0.0.1", port))
+    assert taken.value.errno == errno.EADDRINUSE  # the state the demo met: TIME-WAIT only
+    _check_ports_free(port, {}, free_ports=True)
+    with socket.socket() as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        holder.bind(("127.0.0.1", port))
+        holder.listen()
+        with pytest.raises(ConfigError, match=f"port {port}, for the Router"):
+            _check_ports_free(port, {}, free_ports=True)

@@ -192,6 +192,9 @@ def _check_ports_free(port: int, configs: dict[str, Path], free_ports: bool) -> 
                 wanted[config.profile.health_check.port] = f"{name}'s health port (--free-ports moves it)"
     for number, who in wanted.items():
         with socket.socket() as probe:
+            # As the Router and the agents bind: a port whose last connections linger in TIME-WAIT
+            # (the demo stopped a moment ago) is free for them, and so for this check.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 probe.bind(("127.0.0.1", number))
             except OSError as exc:
