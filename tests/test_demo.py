@@ -59,6 +59,14 @@ def test_demo_runs_the_reference_session(tmp_path: Path) -> None:
             ).json()
             assert body["status"] == "SUCCESS"
             assert body["result"]["price"] == 199.9
+            # The hint the demo prints works as a user pastes it, from where the demo was started.
+            hint = next(line for line in log.read_text().splitlines() if " call query_product_price " in line)
+            command = hint.split("Try:")[-1].strip()
+            tried = subprocess.run(
+                command, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=60
+            )
+            assert tried.returncode == 0, (command, tried.stdout, tried.stderr)
+            assert '"status": "SUCCESS"' in tried.stdout
         finally:
             proc.send_signal(signal.SIGINT)
             assert proc.wait(20) == 0
@@ -159,3 +167,21 @@ def test_a_port_left_in_time_wait_is_free_for_the_next_demo() -> None:
         holder.listen()
         with pytest.raises(ConfigError, match=f"port {port}, for the Router"):
             _check_ports_free(port, {}, free_ports=True)
+
+
+def test_the_demo_names_reach_as_the_shell_will_find_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`reach` when PATH leads to this very command; else its path, relative under the working
+    directory (`.venv/bin/reach` after `make demo`); either way it runs as printed."""
+    from reachmesh.cli.demo import reach_command
+
+    here = Path(sys.executable).parent / "reach"
+    assert here.is_file()
+    venv = here.parent.parent
+    monkeypatch.chdir(venv.parent)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    named = reach_command()
+    assert named == f"{venv.name}/bin/reach"
+    ran = subprocess.run(f"{named} --version", shell=True, capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0 and ran.stdout.startswith("reach (reachmesh) "), ran
+    monkeypatch.setenv("PATH", f"{here.parent}:/usr/bin:/bin")
+    assert reach_command() == "reach"

@@ -1,8 +1,8 @@
 """``reach demo``: the Router and the two demo agents as real processes, with one merged log.
 
 The demo agents and the Router's policy ship inside this package (``price_agent/``,
-``promotion_agent/``, ``router.yaml``), so ``reach demo`` works from any folder after a plain
-``pip install agent-reach``.
+``promotion_agent/``, ``router.yaml``), so ``reach demo`` works from any folder wherever the
+``reachmesh`` distribution is installed.
 """
 
 from __future__ import annotations
@@ -201,6 +201,22 @@ def _check_ports_free(port: int, configs: dict[str, Path], free_ports: bool) -> 
                 raise ConfigError(f"port {number}, for {who}, is taken: {exc.strerror or exc}") from exc
 
 
+def reach_command() -> str:
+    """How to run this ``reach`` from the user's shell: ``reach`` when that name on PATH is this
+    very command, else its path (relative when it is under the working directory, as
+    ``.venv/bin/reach`` is after ``make demo``), so the hints the demo prints work as typed."""
+    here = Path(sys.executable).parent / "reach"
+    if not here.is_file():
+        return f"{sys.executable} -m reachmesh"
+    found = shutil.which("reach")
+    if found is not None and Path(found).resolve() == here.resolve():
+        return "reach"
+    try:
+        return str(here.relative_to(Path.cwd()))
+    except ValueError:
+        return str(here)
+
+
 def _run_until_stopped(
     urls: list[str], procs: list[subprocess.Popen[str]], lock: threading.Lock, routers: int
 ) -> bool:
@@ -215,12 +231,13 @@ def _run_until_stopped(
             shared = (
                 f"\n  Second Router at {urls[1]}, sharing the registry through etcd." if len(urls) > 1 else ""
             )
+            reach = reach_command()
             with lock:
                 print(
                     f"\n  Agent-Reach demo is up: Router at {url} with {len(AGENTS)} agents.{shared}\n"
                     f"  Try:  curl -s {urls[-1]}/admin/agents\n"
-                    f"        reach call query_product_price --router {url} --payload '{SAMPLE_PAYLOAD}'\n"
-                    f"        reach agents --router {url}\n"
+                    f"        {reach} call query_product_price --router {url} --payload '{SAMPLE_PAYLOAD}'\n"
+                    f"        {reach} agents --router {url}\n"
                     "  Ctrl-C stops everything.\n",
                     flush=True,
                 )
