@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,6 +13,8 @@ from typer.testing import CliRunner
 
 from reachmesh import __version__
 from reachmesh.cli.main import app
+from reachmesh.testing import free_port
+from tests.procs import Proc, wait_for
 from tests.test_cli import router_url  # noqa: F401 - the module's Router with two agents
 
 runner = CliRunner()
@@ -87,3 +90,29 @@ def test_agents_wide_never_breaks_an_endpoint(router_url: str) -> None:  # noqa:
     for endpoint in endpoints:
         assert endpoint in result.output
     assert "ENDPOINT" in result.output and "INFLIGHT" in result.output
+
+
+@pytest.mark.parametrize(
+    ("env", "said"), [({"REACH_ADMIN_TOKEN": "admin-token-for-the-start-line"}, "auth on"), ({}, "auth off")]
+)
+def test_the_routers_start_line_says_whether_auth_is_on(
+    tmp_path: Path, env: dict[str, str], said: str
+) -> None:
+    """The line an operator reads first tells them whether requests need a bearer token."""
+    policy = tmp_path / "router.yaml"
+    policy.write_text("embedding:\n  backend: none\n")
+    clean = {
+        k: "" for k in ("REACH_ADMIN_TOKEN", "REACH_AGENT_TOKEN", "REACH_CALLER_TOKEN", "REACH_TOKENS_FILE")
+    }
+    proc = Proc(
+        ["router", "--port", str(free_port()), "--config", str(policy)],
+        tmp_path / "router.log",
+        {**clean, **env},
+    )
+    try:
+        line = wait_for(
+            lambda: next((x for x in proc.text().splitlines() if "listening on" in x), None), timeout=60
+        )
+        assert said in line, line
+    finally:
+        proc.stop()

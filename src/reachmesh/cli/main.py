@@ -161,7 +161,8 @@ def router(
     who = "listening" if worker is None else f"worker {worker} listening"
     ready = (
         f"[reach-router] {who} on {scheme}://{host}:{bind_port} "
-        f"(registry: {registry}, lease ttl {policy.registry.lease_ttl_seconds:g}s)"
+        f"(registry: {registry}, lease ttl {policy.registry.lease_ttl_seconds:g}s, "
+        f"auth {'on' if app_.auth_on else 'off'})"
     )
     middleware = None if a2a is None else _a2a_export(app_, a2a)
     ready += "" if a2a is None else f"; A2A card at {a2a.rstrip('/')}/.well-known/agent-card.json"
@@ -177,8 +178,8 @@ def router(
             reuse_port=worker is not None,
             middleware=middleware,
         )
-    except ConfigError as exc:  # a worker's own bind (SO_REUSEPORT) failed: say why, once
-        _fail(exc.message, WORKER_CANNOT_START)
+    except ConfigError as exc:  # the port is taken (or a worker's SO_REUSEPORT bind failed)
+        _fail(exc.message, 1 if worker is None else WORKER_CANNOT_START)
 
 
 @app.command()
