@@ -187,3 +187,24 @@ def resp_text(doc: dict) -> str:
     import json
 
     return json.dumps(doc)
+
+
+async def test_a_trace_filter_by_an_unknown_status_is_a_400_naming_it(
+    http: httpx.AsyncClient, make_agent
+) -> None:
+    """?status=BOGUS is 400 INVALID_REQUEST with the statuses there are; a known one filters, in any case."""
+    await make_agent("echo-agent", tasks=("echo",))
+    assert (await http.post("/reach", json={"targetTask": "echo", "payload": {}})).json()[
+        "status"
+    ] == "SUCCESS"
+    bad = await http.get("/admin/traces", params={"status": "BOGUS"})
+    assert bad.status_code == 400
+    error = bad.json()["error"]
+    assert error["code"] == "INVALID_REQUEST" and error["details"][0]["field"] == "status"
+    assert "SUCCESS" in error["message"] and "'BOGUS'" in error["message"]
+    near = (await http.get("/admin/traces", params={"status": "SUCESS"})).json()["error"]["message"]
+    assert "did you mean 'SUCCESS'?" in near
+    for spelled in ("SUCCESS", "success"):
+        rows = (await http.get("/admin/traces", params={"status": spelled})).json()
+        assert len(rows) == 1 and rows[0]["status"] == "SUCCESS"
+    assert (await http.get("/admin/traces", params={"status": "TIMEOUT"})).json() == []
