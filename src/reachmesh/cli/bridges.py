@@ -95,5 +95,5 @@ def mcp(
                 )
             err.print(f"[reach-mcp] http://{host}:{http}/mcp", markup=False, highlight=False)
             asyncio.run(server.serve_http(host, http, tokens=tokens))
-    except RouterUnavailable as exc:
+    except (RouterUnavailable, ConfigError) as exc:
         _fail(exc.message, 1)
