@@ -93,3 +93,30 @@ async def test_two_live_instances_at_different_endpoints_still_get_409(etcd, cli
         finally:
             await first.stop()
             await second.stop()
+
+
+async def test_a_router_restarted_on_etcd_reads_agents_back_without_saying_it_registered_them(
+    etcd, client, caplog
+):
+    """The agents a new Router finds in etcd are one summary line, not `registered X` each; a
+    registration made after its start is still logged as one."""
+    import logging
+
+    async with RouterServer(etcd_policy(etcd)) as first:
+        agent = await FakeAgent("already-there").start()
+        try:
+            await agent.register(first.url)
+        finally:
+            await agent.stop()
+    with caplog.at_level(logging.INFO, logger="reachmesh"):
+        async with RouterServer(etcd_policy(etcd)) as restarted:
+            assert await listed(client, restarted, "already-there") is not None
+            newcomer = await FakeAgent("registered-now").start()
+            try:
+                await newcomer.register(restarted.url)
+            finally:
+                await newcomer.stop()
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("[registry]")]
+    assert any(line.startswith("[registry] read back from etcd: 1 agents") for line in said), said
+    assert not any("already-there" in line for line in said), said
+    assert any(line.startswith("[registry] registered registered-now:") for line in said), said

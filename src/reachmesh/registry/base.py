@@ -201,6 +201,10 @@ def dead_holder(entry: AgentEntry, profile: AgentProfile) -> str | None:
 class Registry(abc.ABC):
     """The async contract every registry backend implements."""
 
+    # True while a shared backend installs the entries it reads back from its store at start:
+    # their events are news to this Router's state, not registrations happening now.
+    replaying = False
+
     def __init__(self) -> None:
         self._listeners: list[Listener] = []
         self._failure_listeners: list[FailureListener] = []

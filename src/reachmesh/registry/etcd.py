@@ -264,7 +264,11 @@ class EtcdRegistry(MemoryRegistry):
         # Keys come sorted otherwise, so agents/ is applied before the health/ reports naming them.
         first = [kv for kv in kvs if kv.key.startswith(self.keys.vectors)]
         rest = [kv for kv in kvs if not kv.key.startswith(self.keys.vectors)]
-        self._apply([Event(kv, deleted=False) for kv in first + rest])
+        self.replaying = not self.loaded
+        try:
+            self._apply([Event(kv, deleted=False) for kv in first + rest])
+        finally:
+            self.replaying = False
         present = {kv.key[len(self.keys.agents) :] for kv in kvs if kv.key.startswith(self.keys.agents)}
         learned = {kv.key for kv in kvs if kv.key.startswith(self.keys.learned)}
         for key in [k for k in self._learned_keys if k not in learned]:
@@ -276,6 +280,8 @@ class EtcdRegistry(MemoryRegistry):
         self.revision = revision
         if self.loaded:
             log.info("[registry] resynced from etcd: %d agents at revision %d", len(present), revision)
+        else:
+            log.info("[registry] read back from etcd: %d agents at revision %d", len(present), revision)
         self.loaded = True
         self._serving()
         self.resyncs += 1
