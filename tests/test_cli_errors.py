@@ -114,7 +114,7 @@ def test_a_taken_port_stops_the_router_before_it_says_it_listens(tmp_path: Path)
     assert "listening on" not in text
     assert "Traceback" not in text
     # The project's one error line, not uvicorn's "ERROR: [Errno 98] ..." record.
-    assert f"error: cannot listen on 127.0.0.1:{port}: address already in use" in text
+    assert f"error: cannot bind 127.0.0.1:{port}: address already in use" in text
     assert "Errno" not in text and "ERROR" not in text
 
 

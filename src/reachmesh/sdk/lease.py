@@ -325,8 +325,10 @@ class LeaseKeeper:
                 self._trouble.failed("unreachable", f"lease renewal: {type(exc).__name__}")
                 left = self.ttl_seconds - (self._clock.monotonic() - self._extended_at)
                 if left > 0:
-                    # Tries until the lease runs out, the last one about when it does.
-                    wait, probe = max(min(backoff.next(), left), 0.05), True
+                    # Several tries fit in what is left of the lease (a sixth of a TTL apart at
+                    # most: a Router restarted within a short lease finds it renewed), the last
+                    # one about when it runs out.
+                    wait, probe = max(min(backoff.next(), self.ttl_seconds / 6, left), 0.05), True
                     continue
                 # The Router has dropped the lease by now, if it is there at all: register again,
                 # going on with the same backoff.

@@ -97,7 +97,7 @@ def bind_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.soc
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise ConfigError(f"cannot listen on {host}:{port}: {(exc.strerror or str(exc)).lower()}") from exc
+        raise ConfigError(f"cannot bind {host}:{port}: {(exc.strerror or str(exc)).lower()}") from exc
     return sock
 
 
