@@ -230,7 +230,8 @@ class LeaseKeeper:
                         f"the Router refused the registration: {exc} (REACH_TOKEN must be an agent "
                         "token allowed this id and these tasks, or an admin token)"
                     ) from exc
-                self._trouble.failed(f"registration refused with HTTP {exc.status}", loggable(str(exc), 300))
+                said = str(exc).removeprefix(f"HTTP {exc.status} ")
+                self._trouble.failed(f"registration refused with HTTP {exc.status}", loggable(said, 300))
                 answered = self._pause(backoff.next(), probe=False)
             except httpx.HTTPError as exc:
                 self._trouble.failed("unreachable", type(exc).__name__)
