@@ -27,6 +27,8 @@ async def test_a_restart_at_the_same_endpoint_takes_over_through_either_router(e
             old = await client.post(f"{a.url}/agents", json=killed)
             assert old.status_code == 201
             await eventually(lambda: listed(client, b, "restarter"))
+            held = a.app.parts.registry.get("restarter")
+            assert held is not None and held.backend_lease
             restarted = {**agent.profile(), "instanceId": "instance-token-of-the-restarted-one"}
             new = await client.post(f"{b.url}/agents", json=restarted)
             assert new.status_code == 201, new.text
@@ -34,6 +36,12 @@ async def test_a_restart_at_the_same_endpoint_takes_over_through_either_router(e
             for router in (a, b):
                 assert await renewal(client, router, "restarter", old.json()["leaseId"]) == 403
                 assert await renewal(client, router, "restarter", new.json()["leaseId"]) == 200
+            etcd_client = b.app.parts.registry.client  # type: ignore[attr-defined]
+
+            async def old_etcd_lease_revoked() -> bool:
+                return bool(await etcd_client.keepalive(held.backend_lease) <= 0)
+
+            await eventually(old_etcd_lease_revoked)
             resp = await client.post(f"{a.url}/reach", json={"targetTask": "echo", "payload": {}})
             assert (resp.json()["status"], resp.json()["handlerAgentId"]) == ("SUCCESS", "restarter")
         finally:
