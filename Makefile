@@ -23,9 +23,9 @@ test: install
 	$(BIN)/python -m pytest -q -n 2
 
 # The core suite only: no etcd clusters, fuzzing, held-out semantic evaluation, framework bridges
-# or browser.
+# or browser, or the wheel installed into a fresh venv.
 test-fast: install
-	$(BIN)/python -m pytest -q -n 2 -m "not etcd and not fuzz and not semantic_eval and not integrations and not browser"
+	$(BIN)/python -m pytest -q -n 2 -m "not etcd and not fuzz and not semantic_eval and not integrations and not browser and not packaging and not drill"
 
 check: install
 	scripts/check

@@ -172,3 +172,24 @@ async def test_reach_mcp_over_http_wants_its_bearer_token() -> None:
     _, err = await asyncio.wait_for(exposed.communicate(), 30)
     assert exposed.returncode != 0
     assert b"REACH_MCP_TOKEN" in err and b"Traceback" not in err
+
+
+async def test_reach_mcp_with_a_non_admin_token_says_what_it_needs_and_stops(monkeypatch) -> None:
+    """One `error:` line naming the admin REACH_TOKEN and exit 1: no 403 logged every second."""
+    monkeypatch.setenv("REACH_ADMIN_TOKEN", "bridge-admin-token-1618")
+    monkeypatch.setenv("REACH_CALLER_TOKEN", "bridge-caller-token-2718")
+    async with RouterServer(RouterConfig.model_validate(POLICY)) as router:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            *("-m", "reachmesh", "mcp", "--router", router.url),
+            env={**child_env(), "REACH_TOKEN": "bridge-caller-token-2718"},
+            cwd=ROOT,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
+    lines = err.decode().strip().splitlines()
+    assert proc.returncode == 1, (out, err)
+    assert len(lines) == 1 and lines[0].startswith("error: reach mcp reads "), lines
+    assert "admin token" in lines[0] and "REACH_TOKEN" in lines[0] and "mozilla" not in lines[0]

@@ -213,3 +213,30 @@ def test_building_the_server_leaves_the_process_logging_alone() -> None:
     before = (list(root.handlers), root.level)
     ReachMCP("http://127.0.0.1:9")
     assert (list(root.handlers), root.level) == before
+
+
+async def test_a_non_admin_token_is_named_once_not_every_poll(monkeypatch, caplog) -> None:
+    """REACH_TOKEN a caller token: the first read is refused with what to set, and a refusal
+    while following the registry is logged once, not once a poll; no web link in either."""
+    import logging
+
+    from reachmesh.exceptions import ConfigError
+
+    monkeypatch.setenv("REACH_ADMIN_TOKEN", "mcp-admin-token-1618")
+    monkeypatch.setenv("REACH_CALLER_TOKEN", "mcp-caller-token-2718")
+    async with RouterServer(RouterConfig.model_validate(POLICY)) as router:
+        monkeypatch.setenv("REACH_TOKEN", "mcp-caller-token-2718")
+        server = ReachMCP(router.url, poll_interval_s=0.01)
+        try:
+            with pytest.raises(ConfigError) as refused:
+                await server._first_list()
+            message = refused.value.message
+            assert "admin" in message and "REACH_TOKEN" in message and "HTTP 403" in message
+            assert "http" not in message.replace(router.url, "")
+            with caplog.at_level(logging.INFO, logger="reachmesh"):
+                for _ in range(20):
+                    await server.poll()
+            said = [r.getMessage() for r in caplog.records if "[reach-mcp]" in r.getMessage()]
+            assert len(said) == 1 and "REACH_TOKEN" in said[0], said
+        finally:
+            await server.aclose()

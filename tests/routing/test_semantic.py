@@ -110,6 +110,9 @@ async def test_reference_scenario(semantic_router, caplog: pytest.LogCaptureFixt
     metrics = (await http.get("/metrics")).text
     assert "reach_semantic_refusals_total 2.0" in metrics
     assert 'reach_route_match_score_count{strategy="semantic_route"} 2.0' in metrics
+    # Both routes by meaning scored under 0.3, in buckets fine enough to tell them apart there.
+    assert 'reach_route_match_score_bucket{le="0.3",strategy="semantic_route"} 2.0' in metrics
+    assert 'reach_route_match_score_bucket{le="0.025",strategy="semantic_route"} 0.0' in metrics
 
 
 async def test_mapping_table_wins_over_embedding(semantic_router) -> None:

@@ -28,10 +28,11 @@ from typing import Any
 import httpx
 import orjson
 
-from reachmesh.exceptions import RouterUnavailable
+from reachmesh.exceptions import ConfigError, RouterUnavailable
 from reachmesh.integrations import described, missing_extra, tool_name
 from reachmesh.sdk import ReachClient
 from reachmesh.sdk.auth import auth_headers
+from reachmesh.secrets import loggable
 from reachmesh.version import __version__
 
 try:
@@ -104,6 +105,7 @@ class ReachMCP(MCPServer):
         self._client: ReachClient | None = None
         self._http: httpx.AsyncClient | None = None
         self.changes = 0  # how many list changes were announced (for tests and logs)
+        self._failing: str | None = None  # the failure last logged by poll(), until it ends
         self._declare_list_changed()
         self.middleware.append(self._track_connection)
 
@@ -168,12 +170,19 @@ class ReachMCP(MCPServer):
         """Re-read the catalogue; True (and list_changed sent) when the tools changed."""
         if self._http is None:
             self._http = httpx.AsyncClient(headers=auth_headers(), timeout=10)
+        where = f"{self.router_url}/admin/capabilities"
         try:
-            resp = await self._http.get(f"{self.router_url}/admin/capabilities")
-            resp.raise_for_status()
-            rows = resp.json()
+            resp = await self._http.get(where)
+            rows = resp.json() if resp.status_code == 200 else None
         except (httpx.HTTPError, ValueError) as exc:
-            raise RouterUnavailable(f"cannot read {self.router_url}/admin/capabilities: {exc!r}") from exc
+            raise RouterUnavailable(f"cannot read {where}: {type(exc).__name__}: {exc}") from exc
+        if resp.status_code in (401, 403):
+            raise ConfigError(
+                f"reach mcp reads {where}, an admin endpoint, and the Router answered HTTP "
+                f"{resp.status_code}{_said(resp)}: set REACH_TOKEN to an admin token"
+            )
+        if not isinstance(rows, list):
+            raise RouterUnavailable(f"cannot read {where}: HTTP {resp.status_code}{_said(resp)}")
         tools = tools_from(rows)
         if tools == self.tools:
             return False
@@ -192,11 +201,22 @@ class ReachMCP(MCPServer):
     async def watch(self) -> None:
         """Follow the registry until cancelled; a Router that does not answer keeps the last list."""
         while True:
-            try:
-                await self.refresh()
-            except RouterUnavailable as exc:
-                log.warning("%s", exc.message)
+            await self.poll()
             await asyncio.sleep(self.poll_interval_s)
+
+    async def poll(self) -> None:
+        """One re-read of the catalogue. A failure is logged when it starts or changes, and its
+        end once, never on every poll (one a second would bury everything else)."""
+        try:
+            await self.refresh()
+        except (RouterUnavailable, ConfigError) as exc:
+            if exc.message != self._failing:
+                log.warning("[reach-mcp] %s; keeping the last tool list, still trying", exc.message)
+                self._failing = exc.message
+            return
+        if self._failing is not None:
+            log.info("[reach-mcp] %s/admin/capabilities answers again", self.router_url)
+            self._failing = None
 
     # -- calls -------------------------------------------------------------------------------
 
@@ -279,10 +299,12 @@ class ReachMCP(MCPServer):
         return _BearerOnly(app, tokens) if tokens else app
 
     async def _first_list(self) -> None:
+        """The first read: a Router away is waited for; refused credentials are final (raised)."""
         try:
             await self.refresh()
         except RouterUnavailable as exc:
-            log.warning("%s; starting with no tools", exc.message)
+            log.warning("[reach-mcp] %s; starting with no tools", exc.message)
+            self._failing = exc.message
 
 
 class _StrippedHeaders:
@@ -332,6 +354,18 @@ class _BearerOnly:
                 given = hashlib.sha256(value[7:].strip()).digest()
                 return any(hmac.compare_digest(given, d) for d in self._digests)
         return False
+
+
+def _said(resp: httpx.Response) -> str:
+    """``" CODE: message"`` from a Router's error body, bounded; nothing when it has none."""
+    try:
+        error = resp.json().get("error")
+    except (ValueError, AttributeError):
+        return ""
+    if not isinstance(error, dict):
+        return ""
+    said = f" {error.get('code', '')}: {error.get('message', '')}".rstrip(": ")
+    return loggable(said, 300)
 
 
 def _error_result(message: str, detail: dict[str, Any]) -> CallToolResult:

@@ -25,7 +25,9 @@ UNKNOWN_TASK = "_unknown"
 NO_AGENT = "_none"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
-_SCORE_BUCKETS = (0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0)
+# Scores by meaning are background-relative, about 0.05 to 0.2 (the bundled model's threshold is
+# 0.083): fine steps there. Exact routes score 1.0, in a bucket of their own.
+_SCORE_BUCKETS = (0.025, 0.05, 0.075, 0.1, 0.125, 0.15, 0.175, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 0.99, 1.0)
 
 
 @dataclass(frozen=True, slots=True)

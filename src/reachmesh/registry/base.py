@@ -174,8 +174,36 @@ def same_registrant(entry: AgentEntry, profile: AgentProfile, instance_id: str |
     return same_token and entry.endpoint == profile.network.endpoint
 
 
+class Claim(StrEnum):
+    """What a registration does to the id it names."""
+
+    NEW = "new"  # no live holder: a new lease
+    IN_PLACE = "in place"  # the holder itself (its lease, or its instance token): the lease stays
+    TAKEOVER = "takeover"  # a holder known dead: a new lease, and the old one ends
+
+
+def dead_holder(entry: AgentEntry, profile: AgentProfile) -> str | None:
+    """Why the live ``entry`` may be taken over by ``profile``'s registrant, or None when not.
+
+    The same endpoint means the same instance restarting (one process can listen there, and a
+    restart gets a new instance token); a holder the Router's own health probes mark down (its
+    last probe failed) is not serving. Two live instances at different endpoints are neither.
+    """
+    if entry.managed:
+        return None  # an admin's entry: only an admin's registration with its lease replaces it
+    if entry.endpoint == profile.network.endpoint:
+        return "the same endpoint (a restart)"
+    if entry.health_status is not AgentStatusValue.AVAILABLE:
+        return f"its health checks failing ({entry.health_status.value})"
+    return None
+
+
 class Registry(abc.ABC):
     """The async contract every registry backend implements."""
+
+    # True while a shared backend installs the entries it reads back from its store at start:
+    # their events are news to this Router's state, not registrations happening now.
+    replaying = False
 
     def __init__(self) -> None:
         self._listeners: list[Listener] = []

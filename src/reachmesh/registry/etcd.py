@@ -52,6 +52,7 @@ from reachmesh.ports import is_loopback
 from reachmesh.protocol import AgentProfile, AgentStatusValue
 from reachmesh.registry.base import (
     AgentEntry,
+    Claim,
     LearnedRoute,
     RegistryEvent,
     compile_capabilities,
@@ -269,7 +270,11 @@ class EtcdRegistry(MemoryRegistry):
         # Keys come sorted otherwise, so agents/ is applied before the health/ reports naming them.
         first = [kv for kv in kvs if kv.key.startswith(self.keys.vectors)]
         rest = [kv for kv in kvs if not kv.key.startswith(self.keys.vectors)]
-        self._apply([Event(kv, deleted=False) for kv in first + rest])
+        self.replaying = not self.loaded
+        try:
+            self._apply([Event(kv, deleted=False) for kv in first + rest])
+        finally:
+            self.replaying = False
         present = {kv.key[len(self.keys.agents) :] for kv in kvs if kv.key.startswith(self.keys.agents)}
         learned = {kv.key for kv in kvs if kv.key.startswith(self.keys.learned)}
         for key in [k for k in self._learned_keys if k not in learned]:
@@ -284,6 +289,8 @@ class EtcdRegistry(MemoryRegistry):
         self.revision = revision
         if self.loaded:
             log.info("[registry] resynced from etcd: %d agents at revision %d", len(present), revision)
+        else:
+            log.info("[registry] read back from etcd: %d agents at revision %d", len(present), revision)
         self.loaded = True
         self._serving()
         self.resyncs += 1
@@ -542,7 +549,8 @@ class EtcdRegistry(MemoryRegistry):
             current = None
             if kv is not None and record is not None and record.get("state") != _GONE:
                 current = self._entry(record, kv)
-            replacing = self.check_replace(current, profile, lease_id, instance_id)
+            claim = self.check_replace(current, profile, lease_id, instance_id)
+            replacing = claim is Claim.IN_PLACE
             # Replacing with the lease: it stays. The same registrant, whose answer was lost: a new
             # lease id on the same etcd lease (the store does not know the old one, only its digest).
             secret = lease_id if replacing and lease_id is not None else None
@@ -557,6 +565,8 @@ class EtcdRegistry(MemoryRegistry):
             if replacing and current is not None and kv is not None:
                 done = await self._replace(key, value, kv, deadline)
                 entry.backend_lease = kv.lease
+            elif claim is Claim.TAKEOVER and kv is not None:
+                done, entry.backend_lease = await self._take_over(key, value, kv, entry, deadline)
             else:
                 done, entry.backend_lease = await self._create(key, value, entry, deadline)
             if done is None:
@@ -572,7 +582,7 @@ class EtcdRegistry(MemoryRegistry):
                 # the lease, only its digest. Keep it, so a retry here gets the same lease back.
                 current_local.lease_id = entry.lease_id
             self.revision = max(self.revision, done)
-            return entry, not replacing
+            return entry, claim is not Claim.IN_PLACE
         raise AgentIdConflict(f"agent id {profile.id!r} is being registered concurrently elsewhere; retry")
 
     def _known_lease(self, agent_id: str, current: AgentEntry) -> str | None:
@@ -653,6 +663,26 @@ class EtcdRegistry(MemoryRegistry):
         if lease:
             self._background.spawn(self._revoke_quietly(lease), "revoke")
         return None, 0
+
+    async def _take_over(
+        self, key: str, value: bytes, kv: KeyValue, entry: AgentEntry, deadline: float
+    ) -> tuple[int | None, int]:
+        """Write ``entry`` over a dead holder's key on a new etcd lease, unless the key changed
+        since it was read; then end the holder's lease (its keys left with it: the record moved)."""
+        try:
+            lease = await self.client.grant(entry.ttl_seconds, deadline=deadline)
+            result = await self.client.txn(
+                [compare_mod(key, kv.mod_revision)], [put_op(key, value, lease)], deadline=deadline
+            )
+        except EtcdRejected as exc:
+            raise self._refused_call(exc, "the write", write=True) from exc
+        self._serving(wrote=True)
+        if not result.succeeded:
+            self._background.spawn(self._revoke_quietly(lease), "revoke")
+            return None, 0
+        if kv.lease:
+            self._background.spawn(self._revoke_quietly(kv.lease), "revoke")
+        return result.revision, lease
 
     async def _revoke_quietly(self, lease: int) -> None:
         try:

@@ -311,8 +311,17 @@ class Dispatcher:
         if first.validator is not None:
             faults = first.validator.errors(request.payload)
             if faults:
+                # The schema is the declared task's: name that task, and the caller's words only
+                # beside it when the Router found the task from them (by mapping or by meaning).
+                declared = record.matched_task or request.target_task
+                words = (
+                    request.target_task
+                    if len(request.target_task) <= 80
+                    else request.target_task[:77] + "..."
+                )
+                routed = "" if declared == request.target_task else f", routed from {words!r}"
                 raise RequestError(
-                    f"payload does not match the input_schema of {request.target_task!r} "
+                    f"payload does not match the input_schema of task {declared!r}{routed} "
                     f"({', '.join(f['field'] for f in faults)})",
                     details=faults,
                 )

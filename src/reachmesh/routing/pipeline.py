@@ -25,6 +25,7 @@ vector of a semantic request is fetched by the dispatcher first, and only read f
 
 from __future__ import annotations
 
+import difflib
 from fnmatch import fnmatchcase
 
 from reachmesh.config import RoutingPolicy
@@ -165,7 +166,8 @@ class Pipeline:
         entry = self.registry.get(request.target_agent)
         if entry is None:
             record.reject(request.target_agent, CandidateReason.UNKNOWN_AGENT)
-            raise self._no_handler(record, f"targetAgent {request.target_agent!r} is not registered")
+            message = f"targetAgent {request.target_agent!r} is not registered"
+            raise self._no_handler(record, message + self._agents_near(request.target_agent))
         task = self.canonical(request.target_task)
         if task not in entry.capabilities:
             record.candidates.append(entry.id)
@@ -353,6 +355,16 @@ class Pipeline:
                 f"declared limit {loggable(limit)!r}" if limit is not None else "declined this phrase before"
             )
             record.note(reason.replace("_", " "), f"{task} ({why})")
+
+    def _agents_near(self, agent_id: str) -> str:
+        """``"; did you mean 'x'?"`` for registered ids spelt like ``agent_id``, else nothing.
+
+        Only ids of about its length are compared, and a bounded number of them: an error path
+        a caller can reach at will must not cost a scan of a large registry with difflib.
+        """
+        alike = [e.id for e in self.registry.agents() if abs(len(e.id) - len(agent_id)) <= 3][:2000]
+        near = difflib.get_close_matches(agent_id, alike, n=3, cutoff=0.75)
+        return f"; did you mean {', '.join(repr(a) for a in near)}?" if near else ""
 
     @staticmethod
     def _no_handler(record: DecisionRecord, message: str) -> NoAvailableHandler:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import difflib
 import ipaddress
 import socket
 from collections.abc import Callable, Iterator
@@ -33,7 +34,7 @@ from reachmesh.exceptions import (
     RequestError,
 )
 from reachmesh.observability.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from reachmesh.protocol import AgentProfile, AgentStatusValue, error_details
+from reachmesh.protocol import AgentProfile, AgentStatusValue, Status, error_details
 from reachmesh.registry.base import LearnedRoute, normalize_phrase
 from reachmesh.router import answer
 from reachmesh.server.asgi import Receive, Scope, Send, check_json_content_type, error_body, read_body
@@ -67,6 +68,24 @@ def whole_number(raw: str, field: str, low: int, high: int) -> int:
             details=[{"field": field, "message": f"{low}..{high}"}],
         )
     return int(raw)
+
+
+def trace_status(raw: str | None) -> str | None:
+    """The ``status`` filter of ``GET /admin/traces``: a ReachResponse status, in any case; else a
+    400 naming the field, the statuses there are, and the nearest one (a filter that matches
+    nothing would otherwise answer ``[]`` and look like "no such requests")."""
+    if raw is None:
+        return None
+    statuses = [s.value for s in Status]
+    wanted = raw.strip().upper()
+    if wanted in statuses:
+        return wanted
+    near = difflib.get_close_matches(wanted, statuses, n=1, cutoff=0.6)
+    hint = f"; did you mean {near[0]!r}?" if near else ""
+    raise RequestError(
+        f"status must be one of {', '.join(statuses)}, got {raw[:40]!r}{hint}",
+        details=[{"field": "status", "message": "one of " + ", ".join(statuses)}],
+    )
 
 
 # The registrant's token is opaque; the bound keeps a stranger from storing megabytes in entries.
@@ -414,7 +433,7 @@ class AdminApi:
         limit = whole_number(request.query_params.get("limit", "50"), "limit", 1, 1000)
         found = self.parts.traces.recent(
             task=request.query_params.get("task") or None,
-            status=request.query_params.get("status") or None,
+            status=trace_status(request.query_params.get("status") or None),
             limit=limit,
         )
         return _Json(found)

@@ -282,7 +282,11 @@ class RouterParts:
             self.pipeline.forget(entry.id)
             self.breakers.forget(entry.id)
             self.affinity.forget_agent(entry.id)
-        if event in (RegistryEvent.REGISTERED, RegistryEvent.REPLACED):
+        if self.registry.replaying:
+            # Read back from a shared store at start (one summary line says how many): these
+            # agents registered before, through this Router or another.
+            registry_log.debug("[registry] read back %s (%s)", entry.id, entry.status.value)
+        elif event in (RegistryEvent.REGISTERED, RegistryEvent.REPLACED):
             registry_log.info(
                 "[registry] %s %s: %s (lease %s, ttl=%gs)",
                 event.value,
