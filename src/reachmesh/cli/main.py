@@ -23,6 +23,9 @@ from reachmesh.version import __version__
 if TYPE_CHECKING:
     import ssl
 
+    from reachmesh.config import RouterConfig
+    from reachmesh.server import RouterApp
+
 __all__ = ["app", "main"]
 
 
@@ -109,27 +112,12 @@ def router(
     ] = None,
 ) -> None:
     """Run the Router. SIGHUP (or a change to the policy file) reloads the policy."""
-    from reachmesh.config import RouterConfig
-    from reachmesh.observability.logging import configure
-    from reachmesh.registry.factory import etcd_endpoints
-    from reachmesh.server import RouterApp
-    from reachmesh.server.serve import serve, tls_settings
-
     if log_format not in (None, "text", "json"):
         _fail(f"--log-format must be text or json, got {log_format!r}")
     config_path = config if config is not None else (os.environ.get("REACH_CONFIG") or None)
-    try:
-        policy = RouterConfig.load(config_path)
-    except ConfigError as exc:
-        _fail(exc.message)
-    json_logs = (log_format or policy.logging.format) == "json"
-    configure(log_level or policy.logging.level, "json" if json_logs else "text", policy.logging.levels)
+    policy = _router_policy(config_path, log_level, log_format)
     bind_port = port if port is not None else _default_port()
-    try:
-        endpoints = etcd_endpoints(policy.registry)
-    except ConfigError as exc:
-        _fail(exc.message)
-    shared = bool(endpoints) and policy.registry.backend != "memory"
+    endpoints = _shared_endpoints(policy)
     if workers > 1:
         options = {
             "--config": config_path,
@@ -139,7 +127,43 @@ def router(
         }
         child = ["router", "--host", host, "--port", str(bind_port)]
         child += [item for flag, value in options.items() if value is not None for item in (flag, str(value))]
-        _run_workers(workers, child, endpoints if shared else [])
+        _run_workers(workers, child, endpoints)
+    app_ = _router_app(policy, config_path, worker)
+    _start_router(app_, host, bind_port, endpoints, worker, a2a)
+
+
+def _router_policy(
+    config_path: str | Path | None, log_level: str | None, log_format: str | None
+) -> RouterConfig:
+    """The policy file, read and checked, and logging set up from it (the flags win)."""
+    from reachmesh.config import RouterConfig
+    from reachmesh.observability.logging import configure
+
+    try:
+        policy = RouterConfig.load(config_path)
+    except ConfigError as exc:
+        _fail(exc.message)
+    json_logs = (log_format or policy.logging.format) == "json"
+    configure(log_level or policy.logging.level, "json" if json_logs else "text", policy.logging.levels)
+    return policy
+
+
+def _shared_endpoints(policy: RouterConfig) -> list[str]:
+    """The etcd members the Router shares its registry through; none for an in-memory one."""
+    from reachmesh.registry.factory import etcd_endpoints
+
+    try:
+        endpoints = etcd_endpoints(policy.registry)
+    except ConfigError as exc:
+        _fail(exc.message)
+    return endpoints if endpoints and policy.registry.backend != "memory" else []
+
+
+def _router_app(policy: RouterConfig, config_path: str | Path | None, worker: int | None) -> RouterApp:
+    """The app, with SIGHUP reloading its policy; everything built stays out of the GC."""
+    from reachmesh.server import RouterApp
+    from reachmesh.server.serve import tls_settings
+
     try:
         # Both read the TLS files now: a bad one is a one-line error, not a traceback from uvicorn.
         app_ = RouterApp(policy, config_path=config_path)
@@ -151,13 +175,23 @@ def router(
         signal.signal(signal.SIGHUP, lambda *_: setattr(app_.policy_file, "reload_requested", True))
     # Everything built so far lives as long as the process: keep it out of every GC pass.
     gc.freeze()
+    return app_
+
+
+def _start_router(
+    app_: RouterApp, host: str, bind_port: int, endpoints: list[str], worker: int | None, a2a: str | None
+) -> None:
+    """Serve until stopped; the start line is printed once the port is bound."""
+    from reachmesh.server.serve import serve
+
+    policy = app_.parts.config
     if not app_.auth_on and not is_loopback(host):
         _say(
             f"[reach-router] WARNING: listening on {host} with auth off: anyone who can reach it can "
             "register, call and administer it. Set REACH_ADMIN_TOKEN (and agent and caller tokens)."
         )
     scheme = "https" if policy.server.tls_cert_file else "http"
-    registry = f"etcd {', '.join(endpoints)}" if shared else "memory"
+    registry = f"etcd {', '.join(endpoints)}" if endpoints else "memory"
     who = "listening" if worker is None else f"worker {worker} listening"
     ready = (
         f"[reach-router] {who} on {scheme}://{host}:{bind_port} "
@@ -166,8 +200,8 @@ def router(
     )
     middleware = None if a2a is None else _a2a_export(app_, a2a)
     ready += "" if a2a is None else f"; A2A card at {a2a.rstrip('/')}/.well-known/agent-card.json"
-    # The line is printed once the port is bound, never before a bind that fails. Workers share
-    # the port: each binds its own socket with SO_REUSEPORT.
+    # Never printed before a bind that fails. Workers share the port: each binds its own socket
+    # with SO_REUSEPORT.
     try:
         serve(
             app_,
