@@ -122,6 +122,7 @@ class CandidateReason(StrEnum):
     NO_CONTEXT = "no_context"  # contextBound: the agent did not confirm it holds the conversation
     BELOW_THRESHOLD = "below_threshold"  # semantic_route: the best match scored under the threshold
     AMBIGUOUS = "ambiguous"  # semantic_route: the best match is too close to the runner-up
+    BUSY = "busy"  # the agent answered 429 (too many requests); the request failed over
 
 
 class Strategy(StrEnum):

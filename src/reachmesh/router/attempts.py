@@ -21,7 +21,9 @@ from reachmesh import jsoncodec
 from reachmesh.clock import Clock
 from reachmesh.config import RouterConfig
 from reachmesh.exceptions import (
+    AgentBusy,
     AgentRejected,
+    AgentsBusy,
     AttemptError,
     ConnectFailed,
     ContextUnavailable,
@@ -95,6 +97,7 @@ class AttemptRun:
             record.affinity if request.preferences.context_bound and request.conversation_id else None
         )
         self.last_failure: tuple[str, str] | None = None  # (agent, reason) of the last failed agent
+        self.busy_retry_after_s: int | None = None  # the soonest Retry-After of a busy (429) agent
         self._w3c_trace = w3c_trace_id(record.trace_id)
 
     async def run(self, choices: list[Choice]) -> Any:
@@ -227,8 +230,11 @@ class AttemptRun:
         """Book one attempt: stats, the attempt record, the trace line and the breaker."""
         agent_id, record = choice.entry.id, self.record
         took = round((self.parts.clock.monotonic() - started) * 1000, 2)
-        # An agent that refuses on purpose is healthy; it only failed this request.
-        healthy = exc is None or isinstance(exc, AgentRejected)
+        # An agent that refuses on purpose, or is busy (429), is healthy; it only failed this request.
+        healthy = exc is None or isinstance(exc, AgentRejected | AgentBusy)
+        if isinstance(exc, AgentBusy) and exc.retry_after_s is not None:
+            known = self.busy_retry_after_s
+            self.busy_retry_after_s = exc.retry_after_s if known is None else min(known, exc.retry_after_s)
         refused = isinstance(exc, ConnectFailed) and exc.refused
         outcome = "SUCCESS" if exc is None else exc.reason
         self.parts.stats.finished(agent_id, ok=healthy, latency_ms=took)
@@ -268,9 +274,11 @@ class AttemptRun:
                 "cannot take it, and no other agent confirms it holds the conversation",
                 list(record.rejected),
             )
-        return NoAvailableHandler(
-            f"every candidate for {self.task!r} failed or was skipped", list(record.rejected)
-        )
+        message = f"every candidate for {self.task!r} failed or was skipped"
+        if self.busy_retry_after_s is not None:
+            message += f"; a busy agent asked to retry after {self.busy_retry_after_s} s"
+            return AgentsBusy(message, list(record.rejected), retry_after_s=self.busy_retry_after_s)
+        return NoAvailableHandler(message, list(record.rejected))
 
 
 def conversation_url(endpoint: str, conversation_id: str) -> str:
