@@ -8,14 +8,13 @@ Unknown keys are an error here (unlike on the wire): a typo in a policy must not
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from reachmesh.exceptions import ConfigError
 from reachmesh.protocol import Strategy, error_details
+from reachmesh.yamlfile import read_yaml
 
 Positive = Annotated[float, Field(gt=0)]
 PositiveMs = Annotated[int, Field(gt=0, le=3_600_000)]
@@ -69,6 +68,9 @@ class TokenSpec(_Section):
     agent_ids: list[str] = ["*"]
     tasks: list[str] = ["*"]
     name: str = ""  # shown in errors and logs instead of the token (e.g. "price team")
+    # The highest routing_weight this token's agents may declare, instead of routing.max_weight
+    # (higher for a trusted team, lower for a newcomer).
+    max_weight: Annotated[float, Field(gt=0, le=10_000)] | None = None
 
 
 class AuthPolicy(_Section):
@@ -153,6 +155,10 @@ class RegistryPolicy(_Section):
     max_agents: Annotated[int, Field(ge=1, le=1_000_000)] = 10_000
     # The most agents one agent token may hold registered at once (admins are not counted).
     max_agents_per_token: Annotated[int, Field(ge=1, le=1_000_000)] = 1000
+    # The most live agents declaring one task: every request for it ranks them all, so this
+    # bounds the cost of a request; and of those, the most one agent token may hold.
+    max_agents_per_task: Annotated[int, Field(ge=1, le=1_000_000)] = 1000
+    max_agents_per_task_per_token: Annotated[int, Field(ge=1, le=1_000_000)] = 100
     # auto: etcd when registry.etcd.endpoints or REACH_ETCD_ENDPOINTS names members, else memory.
     backend: Literal["auto", "memory", "etcd"] = "auto"
     etcd: EtcdPolicy = EtcdPolicy()
@@ -232,7 +238,8 @@ class LimitsPolicy(_Section):
 
     # Requests in flight at once; the excess is answered 429 OVERLOADED.
     max_inflight: Annotated[int, Field(ge=1, le=1_000_000)] = 1024
-    # Of those, the most one client address may hold (its excess is 429 too).
+    # Of those, the most one client may hold (its excess is 429 too): one credential when auth
+    # is on, one address when it is off.
     max_inflight_per_client: Annotated[int, Field(ge=1, le=1_000_000)] = 256
     # The global breaker: when the event loop lags this much, new requests are shed.
     loop_lag_ms: Annotated[float, Field(gt=0)] = 250
@@ -270,6 +277,9 @@ class AsyncPolicy(_Section):
     # How long a finished result stays at GET /reach/{traceId} (at most max_results are kept).
     result_ttl_seconds: Positive = 3600
     max_results: Annotated[int, Field(ge=1, le=10_000_000)] = 10_000
+    # Bytes of finished results held (their ReachResponse bodies); past it the oldest go first.
+    # The newest result is always kept, so the store holds at most this plus one answer.
+    max_result_bytes: Annotated[int, Field(ge=1024, le=1 << 40)] = 128 * 1024 * 1024
     # replyTo delivery: retried with exponential backoff and jitter, starting at
     # reply_backoff_ms and doubling up to reply_backoff_max_ms, until it is taken, until
     # reply_window_seconds have passed, or after reply_attempts POSTs, whichever comes first.
@@ -296,7 +306,7 @@ class MeritPolicy(_Section):
 
 
 class LearningPolicy(_Section):
-    """Learning from confirmed routes (issue #15 item 3): phrases remembered for a task."""
+    """Learning from confirmed routes: phrases an operator confirmed, remembered for a task."""
 
     # Off by default: a learned phrase changes where later requests go, so an operator opts in.
     enabled: bool = False
@@ -310,6 +320,9 @@ class RoutingPolicy(_Section):
     """How candidates are chosen and ranked."""
 
     default_strategy: Strategy = Strategy.EXACT_MATCH
+    # The highest routing_weight a registration may declare (an agent token's max_weight
+    # overrides it): a newcomer declaring 10,000 took every call from a weight-10 incumbent.
+    max_weight: Annotated[float, Field(gt=0, le=10_000)] = 100
     # Whether a caller's `preferences.strategy` is honoured.
     allow_caller_strategy: bool = True
     # The task mapping table: alias or phrase -> canonical task. Wins over anything semantic.
@@ -468,18 +481,3 @@ class RouterConfig(_Section):
         if chosen is None:
             return cls()
         return cls.from_mapping(read_yaml(chosen), source=str(chosen))
-
-
-def read_yaml(path: str | os.PathLike[str]) -> Any:
-    """Parse a YAML file, mapping I/O and syntax errors to :class:`ConfigError`."""
-    file = Path(path)
-    try:
-        text = file.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{file}: cannot read: {exc.strerror or exc}") from exc
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        raise ConfigError(f"{file}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from exc

@@ -24,13 +24,16 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from reachmesh.jsoncodec import depth
-from reachmesh.names import check_task_name
+from reachmesh.names import check_agent_id, check_task_name
 from reachmesh.schema import check_schema
 
 PROTOCOL_VERSION = "1.0"
 
-# ASCII only, so no agent id can pass for another (issue #11); task names cannot be.
-AGENT_ID_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,127}$"
+# ASCII only, so no agent id can pass for another; task names cannot be (see names.py). Runs of letters and
+# digits joined by single separators: "agent-alpha." or "agent--alpha" would print like
+# "agent-alpha" (names.check_agent_id says so by name, before this pattern refuses).
+AGENT_ID_PATTERN = r"^[a-z0-9]+(?:[._-][a-z0-9]+)*$"
+MAX_AGENT_ID_CHARS = 128
 # Task names are identifiers in any script (query_product_price, 查询价格); no spaces, no
 # control characters, so they are safe in log lines and metric labels. names.py refuses the
 # ones that could pass for another name (invisible characters, mixed scripts, non-NFKC).
@@ -41,7 +44,11 @@ TRACE_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
 # characters, for the same reason.
 _PRINTABLE = r"^[^\x00-\x1f\x7f]+$"
 
-AgentId = Annotated[str, StringConstraints(pattern=AGENT_ID_PATTERN)]
+AgentId = Annotated[
+    str,
+    StringConstraints(pattern=AGENT_ID_PATTERN, max_length=MAX_AGENT_ID_CHARS),
+    BeforeValidator(check_agent_id),
+]
 # The look-alike check runs before the pattern, so a zero-width space is refused by name.
 TaskName = Annotated[str, StringConstraints(pattern=TASK_PATTERN), BeforeValidator(check_task_name)]
 TraceId = Annotated[str, StringConstraints(pattern=TRACE_ID_PATTERN)]
@@ -60,6 +67,8 @@ MAX_EXAMPLE_CHARS = 500
 MAX_PROFILE_EXAMPLES = 200
 
 Millis = Annotated[int, Field(strict=True, gt=0, le=3_600_000)]
+# The shortest health_check.interval_seconds an agent may ask for.
+MIN_HEALTH_INTERVAL_SECONDS = 1.0
 
 
 class Status(StrEnum):
@@ -196,7 +205,9 @@ class HealthCheck(_ProfileModel):
 
     path: Annotated[str, StringConstraints(pattern=r"^/[\x21-\x7e]{0,511}$")] = "/healthz"
     port: Annotated[int, Field(ge=1, le=65535)] | None = None
-    interval_seconds: Annotated[float, Field(gt=0, le=3600)] = 15
+    # At least a second, as most health checkers require: an agent asking for 0.0001 s piled up
+    # probe work for everyone and starved the other agents' probes.
+    interval_seconds: Annotated[float, Field(ge=MIN_HEALTH_INTERVAL_SECONDS, le=3600)] = 15
     timeout_ms: Annotated[int, Field(gt=0, le=60_000)] = 5000
 
 
@@ -268,7 +279,14 @@ class ReachRequest(_Envelope):
     # Empty, or an agent id. Both ends anchored: "^$|[a-z0-9]...$" matched any text that merely
     # ended like an id, so "pаy-agent" (Cyrillic а) or a terminal escape slipped through.
     target_agent: (
-        Annotated[str, StringConstraints(pattern=r"^(?:|" + AGENT_ID_PATTERN[1:-1] + r")$")] | None
+        Annotated[
+            str,
+            StringConstraints(
+                pattern=r"^(?:|" + AGENT_ID_PATTERN[1:-1] + r")$", max_length=MAX_AGENT_ID_CHARS
+            ),
+            BeforeValidator(check_agent_id),
+        ]
+        | None
     ) = None
     payload: dict[str, Any] = {}
     preferences: Preferences = Preferences()
@@ -299,6 +317,8 @@ class ErrorInfo(_Envelope):
     message: str
     details: list[dict[str, Any]] | None = None
     candidates: list[Candidate] | None = None
+    # An addition: how many candidates there were beyond the first 20 that ``candidates`` lists.
+    candidates_omitted: int | None = None
     retryable: bool | None = None
     # Additions: the declared tasks nearest an unknown one, and OVERLOADED's back-off.
     suggestions: list[Suggestion] | None = None

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reachmesh.protocol import Status
+from reachmesh.secrets import loggable
 
 
 @dataclass(slots=True)
@@ -71,8 +72,12 @@ class DecisionRecord:
     duration_ms: float = 0.0
 
     def note(self, kind: str, text: str) -> None:
-        """Add an ordered event line, e.g. ``note("retry", "price-agent, attempt=2")``."""
-        self.events.append((kind, text))
+        """Add an ordered event line, e.g. ``note("retry", "price-agent, attempt=2")``.
+
+        The text often quotes a caller or an agent (a refused payload key, an agent's error), and
+        it reaches the log, the trace store and ``reach trace``: its control characters are
+        escaped here, once, for all of them."""
+        self.events.append((kind, loggable(text, 2048)))
 
     def reject(self, agent_id: str, reason: str, score: float | None = None, task: str | None = None) -> None:
         """Record a candidate that will not handle the request, why, and for which task."""

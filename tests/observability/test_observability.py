@@ -16,9 +16,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from reachmesh.config import RouterConfig
 from reachmesh.observability.logging import JsonFormatter
-from reachmesh.observability.tracecontext import w3c_trace_id
 from reachmesh.sdk import AgentConfig, ReachAgent, ReachContext
 from reachmesh.testing import FakeAgent, RouterServer, free_port
+from reachmesh.tracecontext import w3c_trace_id
 
 
 def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:

@@ -9,12 +9,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from reachmesh.config import RouterConfig, read_yaml
+from reachmesh.config import RouterConfig
 from reachmesh.semantic.calibrate import calibrate, evaluate
 from reachmesh.semantic.embedders.base import calibrated_thresholds
 from reachmesh.semantic.embedders.local import MODEL_NAME, LocalEmbedder
 from reachmesh.semantic.evaluation import cross_validate
 from reachmesh.testing import FakeAgent, RouterServer, wait_vectors
+from reachmesh.yamlfile import read_yaml
 from tests.helpers import log_lines, price_agent
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "routing_phrases.yaml"

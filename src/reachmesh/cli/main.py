@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import typer
 from rich.table import Table
 
-from reachmesh import __version__
 from reachmesh.cli.console import RouterOpt, app, err, out
 from reachmesh.cli.console import fail as _fail
 from reachmesh.exceptions import ConfigError, RouterUnavailable
 from reachmesh.ports import is_loopback
+from reachmesh.version import __version__
 
 if TYPE_CHECKING:
     import ssl
@@ -462,6 +462,7 @@ def version() -> None:
 
 # Registered last, so `reach --help` lists the everyday commands first.
 from reachmesh.cli import bridges as _bridge_commands  # noqa: E402, F401
+from reachmesh.cli import drill as _drill_commands  # noqa: E402, F401
 from reachmesh.cli import semantic as _semantic_commands  # noqa: E402, F401
 
 

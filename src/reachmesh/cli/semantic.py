@@ -226,12 +226,13 @@ def calibrate(
     threshold and margin for the model."""
     import asyncio
 
-    from reachmesh.config import RouterConfig, read_yaml
+    from reachmesh.config import RouterConfig
     from reachmesh.exceptions import EmbeddingError
     from reachmesh.semantic.calibrate import calibrate as run_calibration
     from reachmesh.semantic.embedders import build_embedder
     from reachmesh.semantic.embedders.memo import MemoEmbedder
     from reachmesh.semantic.evaluation import cross_validate
+    from reachmesh.yamlfile import read_yaml
 
     try:
         policy = RouterConfig.load(config)

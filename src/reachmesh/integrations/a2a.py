@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 import httpx
 import orjson
 
-from reachmesh import __version__, jsoncodec
+from reachmesh import jsoncodec
 from reachmesh.exceptions import ConfigError, RegistryError, RequestError
 from reachmesh.integrations import missing_extra
 from reachmesh.protocol import MAX_CAPABILITIES, MAX_EXAMPLE_CHARS, MAX_EXAMPLES, AgentProfile
@@ -43,6 +43,7 @@ from reachmesh.server.asgi import (
 from reachmesh.server.auth import Action, principal_of
 from reachmesh.server.catalog import catalog
 from reachmesh.transport.a2a import result_of, whole_numbers
+from reachmesh.version import __version__
 
 try:
     from a2a.auth.user import User

@@ -211,7 +211,7 @@ class Registry(abc.ABC):
     def publish_vectors(self, model: str, agent_id: str, block: bytes) -> None:  # noqa: B027
         """Share the vectors this Router embedded for ``agent_id``; backends of one Router ignore it."""
 
-    # -- learned routes (issue #15 item 3) ---------------------------------------------------
+    # -- learned routes -----------------------------------------------------------------------
     #
     # Kept in the registry, not in the Router, so that on a shared backend what one Router
     # learned routes on every other. Reads are a local snapshot like the agents; writes are async.
@@ -315,6 +315,12 @@ class Registry(abc.ABC):
     @abc.abstractmethod
     def set_health(self, agent_id: str, health: AgentStatusValue) -> None:
         """Record what the health checks concluded (available, suspect or unhealthy)."""
+
+    def evict_offline(self, holder: str | None = None, *, keep: str | None = None) -> AgentEntry | None:
+        """Drop an offline entry (of agent token ``holder``, when given) before its grace period
+        is over, to make room for a live one (never ``keep``, the id being registered); the one
+        dropped, or None. A registry that keeps no offline entries has none to drop."""
+        return None
 
     @abc.abstractmethod
     def get(self, agent_id: str) -> AgentEntry | None:

@@ -114,7 +114,8 @@ class MemoryRegistry(Registry):
                 f"agent id {profile.id!r} is held by a live lease; register with its leaseId "
                 "to replace the profile, or wait for the lease to expire"
             )
-        if current is None and len(self._entries) >= self.policy.max_agents:
+        # An offline entry only waits out its grace period: it gives its place to a live agent.
+        if current is None and len(self._entries) >= self.policy.max_agents and self.evict_offline() is None:
             raise RegistryFull(
                 f"the registry holds {len(self._entries)} agents, the most registry.max_agents allows"
             )
@@ -206,6 +207,23 @@ class MemoryRegistry(Registry):
         if entry.offline_since is not None and now - entry.offline_since >= self.policy.offline_grace_seconds:
             self._remove(entry)
             self._emit(RegistryEvent.REMOVED, entry)
+
+    def evict_offline(self, holder: str | None = None, *, keep: str | None = None) -> AgentEntry | None:
+        """Drop the entry that went offline first (of agent token ``holder``, when given; never
+        ``keep``) before its grace period is over, to make room; None when there is none."""
+        offline = [
+            e
+            for e in self._entries.values()
+            if e.status is AgentStatusValue.OFFLINE
+            and e.id != keep
+            and (holder is None or e.holder == holder)
+        ]
+        if not offline:
+            return None
+        oldest = min(offline, key=lambda e: e.offline_since or 0.0)
+        self._remove(oldest)
+        self._emit(RegistryEvent.REMOVED, oldest)
+        return oldest
 
     def _go_offline(self, entry: AgentEntry) -> None:
         entry.lease_status = AgentStatusValue.OFFLINE

@@ -30,7 +30,6 @@ from reachmesh.exceptions import (
     DeadlineExceeded,
     NoAvailableHandler,
 )
-from reachmesh.observability.tracecontext import new_span_id, w3c_trace_id
 from reachmesh.protocol import CandidateReason, ReachRequest
 from reachmesh.record import AttemptRecord, DecisionRecord
 from reachmesh.resilience.affinity import AffinityTable
@@ -39,6 +38,7 @@ from reachmesh.resilience.retry import RetryBudget
 from reachmesh.resilience.timeouts import Deadline, Timeout
 from reachmesh.routing.base import Choice
 from reachmesh.routing.stats import StatsBook
+from reachmesh.tracecontext import new_span_id, w3c_trace_id
 from reachmesh.transport.base import AttemptLimits, Transport
 
 # A private generator for backoff jitter: it needs no cryptographic strength and must not

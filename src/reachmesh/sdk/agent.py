@@ -35,18 +35,18 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 
 from reachmesh import jsoncodec
 from reachmesh.clock import SYSTEM_CLOCK
+from reachmesh.deadline import Deadline
 from reachmesh.exceptions import ConfigError, ReachError
-from reachmesh.observability.tracecontext import make_traceparent, new_trace_id, parse_traceparent
 from reachmesh.protocol import ReachResponse
-from reachmesh.resilience.timeouts import Deadline
 from reachmesh.sdk.client import ReachClient
 from reachmesh.sdk.config import AgentConfig, find_config
 from reachmesh.sdk.health import HealthServer
 from reachmesh.sdk.lease import LeaseKeeper
 from reachmesh.sdk.tls import server_context
+from reachmesh.tracecontext import make_traceparent, new_trace_id, parse_traceparent
 
 if TYPE_CHECKING:
-    from reachmesh.observability.otel import AgentSpans
+    from reachmesh.sdk.otel import AgentSpans
 
 log = logging.getLogger("reachmesh.sdk")
 
@@ -219,7 +219,7 @@ class ReachAgent:
         config = self.config
         self._check_handlers()
         if self._otel:
-            from reachmesh.observability.otel import AgentSpans
+            from reachmesh.sdk.otel import AgentSpans
 
             self._spans = AgentSpans(config.profile.id)
         app = web.Application(client_max_size=64 * 1024 * 1024)

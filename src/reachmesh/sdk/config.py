@@ -32,10 +32,10 @@ from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 
-from reachmesh.config import read_yaml
 from reachmesh.exceptions import ConfigError
 from reachmesh.protocol import AgentProfile, error_details
 from reachmesh.sdk.lease import DEFAULT_REGISTRATION_TIMEOUT_S
+from reachmesh.yamlfile import read_yaml
 
 DEFAULT_ROUTER_URL = "http://127.0.0.1:7200"
 _KNOWN_TOP = {"agent", "router", "server"}

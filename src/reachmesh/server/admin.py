@@ -190,6 +190,8 @@ class AdminApi:
         principal = principal_of(request.scope)
         _may_register(request, profile.id, profile.tasks)
         # Held from the check to the write: concurrent registrations of one token count each other.
+        self._check_weights(principal, profile)
+        self._check_task_caps(principal, profile)
         with self._reserve(principal, profile.id):
             await self._check_endpoint(profile.network.endpoint)
             entry, created = await self.parts.registry.register(
@@ -224,23 +226,74 @@ class AdminApi:
                 del self._reserved[principal.key]
 
     def _check_quota(self, principal: Principal, agent_id: str) -> None:
-        """An agent token holds at most registry.max_agents_per_token live agents."""
+        """An agent token holds at most registry.max_agents_per_token registry entries."""
         if principal.role != "agent":
             return
         # Counted from the registry itself, so a shared one counts what every Router registered.
-        # Live agents only: a token whose agents crashed is not locked out for the grace period.
-        mine = sum(
-            1
-            for e in self.parts.registry.agents()
-            if e.holder == principal.key and e.id != agent_id and e.status is not AgentStatusValue.OFFLINE
-        )
+        # Offline entries count too: they hold a place in the registry for the grace period, and
+        # a token that let its leases lapse and registered new ids filled the registry (another
+        # token's agent got REGISTRY_FULL). At the quota they are dropped at once, oldest first,
+        # so a token whose agents crashed is never locked out by its own dead entries.
+        registry = self.parts.registry
+        mine = offline = 0
+        for e in registry.agents():
+            if e.holder == principal.key and e.id != agent_id:
+                mine += 1
+                offline += e.status is AgentStatusValue.OFFLINE
         mine += sum(1 for held in self._reserved.get(principal.key, ()) if held != agent_id)
         cap = self.parts.config.registry.max_agents_per_token
+        while mine >= cap and offline > 0:
+            if registry.evict_offline(principal.key, keep=agent_id) is None:
+                break
+            mine -= 1
+            offline -= 1
         if mine >= cap:
             raise RegistryFull(
-                f"the agent token {principal.label} already holds {mine} agents "
+                f"the agent token {principal.label} already holds {mine} live agents "
                 "(registry.max_agents_per_token)"
             )
+
+    def _check_weights(self, principal: Principal, profile: AgentProfile) -> None:
+        """Refuse (422) a routing_weight over the policy's cap, rather than clamp it, so the
+        profile the registry shows is the weight routing uses."""
+        cap = principal.max_weight or self.parts.config.routing.max_weight
+        key = "auth.tokens[].max_weight" if principal.max_weight else "routing.max_weight"
+        details = [
+            {
+                "field": f"capabilities.{i}.routing_weight",
+                "message": f"{cap:g} at most ({key}); declared {cap_.routing_weight:g}",
+            }
+            for i, cap_ in enumerate(profile.capabilities)
+            if cap_.routing_weight > cap
+        ]
+        if details:
+            raise InvalidProfile(
+                f"routing_weight over the cap of {cap:g} ({key}): " + ", ".join(d["field"] for d in details),
+                details=details,
+            )
+
+    def _check_task_caps(self, principal: Principal, profile: AgentProfile) -> None:
+        """At most registry.max_agents_per_task live agents declare a task (each request for it
+        ranks them all), and at most max_agents_per_task_per_token of them under one token."""
+        policy = self.parts.config.registry
+        for task in profile.tasks:
+            live = [
+                e
+                for e in self.parts.registry.by_task(task)
+                if e.id != profile.id and e.status is not AgentStatusValue.OFFLINE
+            ]
+            if len(live) >= policy.max_agents_per_task:
+                raise RegistryFull(
+                    f"{len(live)} agents already declare task {task!r} (registry.max_agents_per_task)"
+                )
+            if principal.role != "agent":
+                continue
+            mine = sum(1 for e in live if e.holder == principal.key)
+            if mine >= policy.max_agents_per_task_per_token:
+                raise RegistryFull(
+                    f"the agent token {principal.label} already holds {mine} agents declaring task "
+                    f"{task!r} (registry.max_agents_per_task_per_token)"
+                )
 
     async def _check_endpoint(self, url: str) -> None:
         """Refuse (422) an endpoint the Router must not call, and a name that resolves to one.
@@ -332,14 +385,20 @@ class AdminApi:
         principal = principal_of(request.scope)
         if owner is not None and principal.role != "admin" and principal.key != owner:
             # Someone else's request: as unknown as one that never existed.
-            return _error(404, "NOT_FOUND", f"no async request {trace_id!r} (unknown, or its result expired)")
+            return _error(
+                404,
+                "NOT_FOUND",
+                f"no async request {trace_id!r} (unknown, or its result expired or was evicted)",
+            )
         reply = results.get(trace_id)
         if reply is not None:
             return _Json(reply[1], status_code=reply[0])
         if results.is_pending(trace_id):
             status, body = answer.standalone(self.parts.clock, trace_id)
             return _Json(body, status_code=status)
-        return _error(404, "NOT_FOUND", f"no async request {trace_id!r} (unknown, or its result expired)")
+        return _error(
+            404, "NOT_FOUND", f"no async request {trace_id!r} (unknown, or its result expired or was evicted)"
+        )
 
     async def get_trace(self, request: Request) -> Response:
         trace_id = request.path_params["trace_id"]

@@ -14,13 +14,13 @@ from typing import Any
 from reachmesh.clock import SYSTEM_CLOCK, Clock
 from reachmesh.config import RouterConfig
 from reachmesh.observability.logging import TraceLog
-from reachmesh.observability.metrics import RouterMetrics
+from reachmesh.observability.metrics import LiveReadings, RouterMetrics
 from reachmesh.observability.traces import TraceStore
 from reachmesh.record import Observer
 from reachmesh.registry.base import AgentEntry, Registry, RegistryEvent
 from reachmesh.registry.factory import build_registry
 from reachmesh.resilience.affinity import AffinityTable
-from reachmesh.resilience.breaker import BreakerBoard
+from reachmesh.resilience.breaker import BreakerBoard, BreakerState
 from reachmesh.resilience.health import HealthChecker
 from reachmesh.resilience.retry import RetryBudget
 from reachmesh.resilience.shedding import LoadShedder
@@ -35,6 +35,9 @@ from reachmesh.semantic.vectors import CapabilityVectors
 from reachmesh.transport.base import Transport
 from reachmesh.transport.http import HttpTransport, head_limits
 from reachmesh.transport.urlguard import UrlGuard
+
+# reach_agent_circuit_state's values (PROTOCOL.md §9).
+_CIRCUIT_VALUE = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
 
 registry_log = logging.getLogger("reachmesh.registry")
 router_log = logging.getLogger("reachmesh.router")
@@ -156,19 +159,19 @@ class RouterParts:
                 registry, config.routing, breakers=breakers, affinity=affinity, stats=stats, vectors=vectors
             ),
             traces=TraceStore(config.tracing.store_size),
-            metrics=RouterMetrics(
-                registry,
-                breakers,
-                stats,
-                lambda: shedder.inflight,
-                lambda: None if vectors is None else vectors.up,
-            ),
+            metrics=_metrics(registry, breakers, stats, shedder, vectors),
             trace_log=TraceLog(redact_fields=config.logging.redact),
             url_guard=url_guard,
             learner=RouteLearner(registry, config.routing.learning, clock=clock),
         )
         if vectors is not None:
             vectors.set_learning(config.routing.learning.enabled)
+        results = parts.results
+        parts.metrics.gauge(
+            "reach_async_result_bytes",
+            "Bytes of finished async results held for GET /reach/{traceId} (async_mode.max_result_bytes)",
+            lambda: results.bytes_held,
+        )
         parts._wire()
         return parts
 
@@ -312,3 +315,22 @@ class RouterParts:
             state = self.vectors.state(entry.id)
             status["vectors"] = None if state is None else state.value
         return status
+
+
+def _metrics(
+    registry: Registry,
+    breakers: BreakerBoard,
+    stats: StatsBook,
+    shedder: LoadShedder,
+    vectors: CapabilityVectors | None,
+) -> RouterMetrics:
+    """The metrics, reading the breakers and the stats book through plain readings."""
+    return RouterMetrics(
+        registry,
+        LiveReadings(
+            circuit=lambda agent_id: _CIRCUIT_VALUE[breakers.state(agent_id)],
+            agent_inflight=lambda agent_id: int(stats.snapshot(agent_id)["inflight"]),
+            inflight=lambda: shedder.inflight,
+            embedding_up=lambda: None if vectors is None else vectors.up,
+        ),
+    )

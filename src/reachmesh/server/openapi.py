@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from reachmesh import __version__
 from reachmesh.exceptions import (
     AgentIdConflict,
     AgentNotFound,
@@ -26,6 +25,7 @@ from reachmesh.exceptions import (
     UnsupportedMediaType,
 )
 from reachmesh.protocol import HTTP_STATUS, json_schemas
+from reachmesh.version import __version__
 
 Operation = dict[str, Any]
 
@@ -345,8 +345,28 @@ def _public_paths() -> dict[str, Operation]:
     }
 
 
+def _admin_page_paths() -> dict[str, Operation]:
+    """The admin page (open: it holds no data) and the summary it reads (admin, as all /admin)."""
+    page = {"description": "the page", "content": {"text/html": {"schema": {"type": "string"}}}}
+    return {
+        "/admin/ui": {
+            "get": {
+                "summary": "The admin page (HTML); its calls for data carry an admin token",
+                "responses": {"200": page},
+            }
+        },
+        "/admin/summary": {
+            "get": {
+                "summary": "The Router's own state for the admin page: traffic by status over the last "
+                "minutes, retry budget, shedding, degraded mode, the policy in force",
+                "responses": {"200": {"description": "the summary"}},
+            }
+        },
+    }
+
+
 # Open to everyone whatever the policy; /metrics is open when auth.metrics_public says so.
-_OPEN_PATHS = {"/healthz", "/readyz", "/openapi.json"}
+_OPEN_PATHS = {"/healthz", "/readyz", "/openapi.json", "/admin/ui"}
 
 
 def _declare_security(paths: dict[str, Operation]) -> None:
@@ -375,7 +395,13 @@ def openapi_document() -> dict[str, Any]:
         for sub, sub_schema in schema.pop("$defs", {}).items():
             schemas[sub] = sub_schema
         schemas[name] = schema
-    paths = {**_reach_paths(), **_registry_paths(), **_admin_paths(), **_public_paths()}
+    paths = {
+        **_reach_paths(),
+        **_registry_paths(),
+        **_admin_paths(),
+        **_admin_page_paths(),
+        **_public_paths(),
+    }
     _declare_security(paths)
     document = {
         "openapi": "3.1.0",

@@ -17,7 +17,6 @@ import orjson
 from aiohttp.abc import AbstractResolver
 from aiohttp.resolver import DefaultResolver
 
-from reachmesh import __version__
 from reachmesh.config import OutboundPolicy, ServerPolicy
 from reachmesh.exceptions import (
     AttemptTimeout,
@@ -39,6 +38,7 @@ from reachmesh.transport.answer import (
 from reachmesh.transport.base import DEFAULT_RESPONSE_LIMIT, AttemptLimits, busy, classify_answer
 from reachmesh.transport.pool import BadUrl, ConnectTimeout, Pool
 from reachmesh.transport.urlguard import UrlGuard
+from reachmesh.version import __version__
 
 # What a failed probe, holds check or delivery can raise; all mean "no".
 _QUIET = (aiohttp.ClientError, TimeoutError, OSError, ValueError)

@@ -218,6 +218,7 @@ def _run_until_stopped(
                     f"  Try:  curl -s {urls[-1]}/admin/agents\n"
                     f"        reach call query_product_price --router {url} --payload '{SAMPLE_PAYLOAD}'\n"
                     f"        reach agents --router {url}\n"
+                    f"  Page: {url}/admin/ui  (the admin page, in a browser)\n"
                     "  Ctrl-C stops everything.\n",
                     flush=True,
                 )
