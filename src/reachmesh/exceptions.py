@@ -30,15 +30,17 @@ caller never has to know which library sat underneath.
     │   ├── NoAvailableHandler       503 NO_AVAILABLE_HANDLER, with error.candidates
     │   │   ├── UnknownTask          no agent declares the task; suggests the nearest ones
     │   │   ├── SemanticUnavailable  no query vector or no calibrated threshold
-    │   │   └── EmbeddingDown        the embedder failed on this request's text
+    │   │   ├── EmbeddingDown        the embedder failed on this request's text
+    │   │   └── AgentsBusy           every agent that answered said 429; retryAfterSeconds
     │   ├── ContextUnavailable       409 CONTEXT_UNAVAILABLE: no agent holds the conversation
     │   └── DeadlineExceeded         504 TIMEOUT: the overall budget ran out
     ├── AttemptError                 one upstream attempt failed (internal to the dispatcher)
     │   ├── ConnectFailed            refused, reset, unreachable or connect timeout
     │   ├── AttemptTimeout           the agent did not answer in time
     │   ├── BadAgentResponse         5xx, or an answer that is not a valid agent reply
-    │   └── AgentRejected            the agent answered AGENT_ERROR, or a 4xx
-    │       └── AgentDeclined        the agent answered DECLINED: the request is not for it
+    │   ├── AgentRejected            the agent answered AGENT_ERROR, or a 4xx
+    │   │   └── AgentDeclined        the agent answered DECLINED: the request is not for it
+    │   └── AgentBusy                the agent answered 429: fail over, not a breaker failure
     ├── OutboundRefused              a URL the Router will not call (the rule is named)
     ├── DeliveryFailed               a replyTo URL did not take an async answer
     ├── ClientError                  the SDK could not talk to the Router
@@ -324,6 +326,18 @@ class EmbeddingDown(NoAvailableHandler):
         return error
 
 
+class AgentsBusy(NoAvailableHandler):
+    """No agent took the request and at least one said it was busy (429) and when to come back:
+    ``retryAfterSeconds`` is the soonest of those."""
+
+    def __init__(self, message: str, candidates: list[dict[str, Any]], *, retry_after_s: int) -> None:
+        super().__init__(message, candidates)
+        self.retry_after_s = retry_after_s
+
+    def to_error(self) -> dict[str, Any]:
+        return {**super().to_error(), "retryAfterSeconds": self.retry_after_s}
+
+
 class ContextUnavailable(RoutingError):
     """A contextBound conversation's agent is gone and no other confirms it holds the context."""
 
@@ -404,6 +418,18 @@ class AgentDeclined(AgentRejected):
     def __init__(self, error: dict[str, Any]) -> None:
         # The agent's own code is kept (DECLINED, or A2A_TASK_REJECTED from an A2A agent).
         super().__init__(error, retryable=True)
+
+
+class AgentBusy(AttemptError):
+    """The agent answered 429: alive but busy. The request fails over; the breaker is not told.
+    ``retry_after_s`` is the agent's ``Retry-After``, bounded, when it gave one."""
+
+    code = "AGENT_BUSY"
+    reason = "busy"
+
+    def __init__(self, message: str, *, retry_after_s: int | None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class OutboundRefused(ReachError):

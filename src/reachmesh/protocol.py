@@ -140,6 +140,7 @@ class CandidateReason(StrEnum):
     AMBIGUOUS = "ambiguous"  # semantic_route: the best match is too close to the runner-up
     DECLINED = "declined"  # the agent answered DECLINED, or a learned negative for this phrase
     DECLARED_LIMIT = "declared_limit"  # semantic_route: the text matches a declared limit
+    BUSY = "busy"  # the agent answered 429 (too many requests); the request failed over
 
 
 class Strategy(StrEnum):

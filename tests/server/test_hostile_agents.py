@@ -380,3 +380,63 @@ async def test_a_flooding_agent_is_cut_off_within_bounds_while_others_are_served
     finally:
         await hostile.stop()
         await steady.stop()
+
+
+# -- busy agents -----------------------------------------------------------------------------
+
+
+def busy_for(retry_after: bytes) -> Behaviour:
+    async def busy(writer: asyncio.StreamWriter, body: bytes, n: int) -> bool:
+        writer.write(
+            b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: %s\r\nContent-Length: 0\r\n\r\n" % retry_after
+        )
+        await writer.drain()
+        return True
+
+    return busy
+
+
+async def test_a_busy_agent_fails_over_to_a_peer_and_is_not_a_breaker_failure() -> None:
+    config = RouterConfig.model_validate(
+        {"limits": {"loop_lag_ms": 10_000}, "breaker": {"failure_threshold": 2}}
+    )
+    async with RouterServer(config) as router:
+        busy = await RawAgent("busy", ("work",), busy_for(b"7")).start()
+        peer = await FakeAgent("peer", tasks=("work",), result={"by": "peer"}).start()
+        try:
+            await busy.register(router.url)
+            await peer.register(router.url)
+            async with httpx.AsyncClient(base_url=router.url, timeout=30) as http:
+                answers = [await call(http, "work", str(n)) for n in range(10)]
+            assert all(a["status"] == "SUCCESS" and a["result"] == {"by": "peer"} for a in answers), answers
+            outcomes = [o["outcome"] for a in answers for o in a["attempts"]]
+            assert "busy" in outcomes
+            assert busy.calls == outcomes.count("busy")
+            # More busy answers than the breaker's threshold, and it stays closed.
+            assert busy.calls > 2
+            assert router.app.parts.breakers.state("busy").value == "closed"
+        finally:
+            await busy.stop()
+            await peer.stop()
+
+
+async def test_when_every_agent_is_busy_the_caller_gets_the_soonest_retry_after(router: RouterServer) -> None:
+    soon = await RawAgent("soon", ("work",), busy_for(b"7")).start()
+    later = await RawAgent("later", ("work",), busy_for(b"100000")).start()
+    dated = await RawAgent("dated", ("dated",), busy_for(b"Wed, 21 Oct 2015 07:28:00 GMT")).start()
+    try:
+        for agent in (soon, later, dated):
+            await agent.register(router.url)
+        async with httpx.AsyncClient(base_url=router.url, timeout=30) as http:
+            resp = await http.post("/reach", json={"targetTask": "work", "payload": {}})
+            past = (await http.post("/reach", json={"targetTask": "dated", "payload": {}})).json()
+        assert resp.status_code == 503
+        error = resp.json()["error"]
+        assert error["code"] == "NO_AVAILABLE_HANDLER"
+        assert error["retryAfterSeconds"] == 7
+        assert {c["agentId"]: c["reason"] for c in error["candidates"]} == {"soon": "busy", "later": "busy"}
+        # A date in the past means "now": zero seconds, still said.
+        assert past["error"]["retryAfterSeconds"] == 0
+    finally:
+        for agent in (soon, later, dated):
+            await agent.stop()

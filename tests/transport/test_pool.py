@@ -10,10 +10,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 from reachmesh.config import ServerPolicy
-from reachmesh.exceptions import AgentRejected, AttemptTimeout, BadAgentResponse, ConnectFailed
+from reachmesh.exceptions import AgentBusy, AgentRejected, AttemptTimeout, BadAgentResponse, ConnectFailed
 from reachmesh.ports import free_port
 from reachmesh.transport.answer import HeadLimits
-from reachmesh.transport.base import AttemptLimits
+from reachmesh.transport.base import AttemptLimits, retry_after_seconds
 from reachmesh.transport.http import HttpTransport, head_limits
 from reachmesh.transport.pool import interleave
 
@@ -318,3 +318,35 @@ async def test_a_black_holed_first_address_costs_a_head_start_not_the_connect_ti
     finally:
         for sock in (hole, *fillers):
             sock.close()
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        (None, None),
+        (b"", None),
+        (b"7", 7),
+        (b" 2.1 ", 3),
+        (b"-5", 0),
+        (b"100000", 300),
+        (b"nan", None),
+        (b"soon", None),
+        (b"Wed, 21 Oct 2015 07:28:00 GMT", 0),
+    ],
+)
+def test_retry_after_is_read_as_bounded_whole_seconds(value: bytes | None, seconds: int | None) -> None:
+    assert retry_after_seconds(value) == seconds
+
+
+async def test_a_429_is_busy_with_its_retry_after(serve, transport) -> None:
+    async def busy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await read_request(reader)
+            writer.write(b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 12\r\nContent-Length: 0\r\n\r\n")
+
+    _, url = await serve(busy)
+    with pytest.raises(AgentBusy) as caught:
+        await transport.send(url, b"{}", {}, LIMITS)
+    assert caught.value.retry_after_s == 12 and caught.value.reason == "busy"
+    with pytest.raises(AgentBusy):
+        await transport.send(url, b"{}", {}, LIMITS, protocol="a2a")

@@ -26,8 +26,10 @@ from reachmesh import jsoncodec
 from reachmesh.clock import Clock
 from reachmesh.config import RouterConfig
 from reachmesh.exceptions import (
+    AgentBusy,
     AgentDeclined,
     AgentRejected,
+    AgentsBusy,
     AttemptError,
     ConnectFailed,
     ContextUnavailable,
@@ -105,6 +107,7 @@ class AttemptRun:
         )
         self.last_failure: tuple[str, str] | None = None  # (agent, reason) of the last failed agent
         self.declined_by: str | None = None  # the agent that declined the last attempt, if one did
+        self.busy_retry_after_s: int | None = None  # the soonest Retry-After of a busy (429) agent
         self._w3c_trace = w3c_trace_id(record.trace_id)
 
     async def run(self, choices: list[Choice]) -> Any:
@@ -268,8 +271,11 @@ class AttemptRun:
         """Book one attempt: stats, the attempt record, the trace line and the breaker."""
         agent_id, record = choice.entry.id, self.record
         took = round((self.parts.clock.monotonic() - started) * 1000, 2)
-        # An agent that refuses on purpose is healthy; it only failed this request.
-        healthy = exc is None or isinstance(exc, AgentRejected)
+        # An agent that refuses on purpose, or is busy (429), is healthy; it only failed this request.
+        healthy = exc is None or isinstance(exc, AgentRejected | AgentBusy)
+        if isinstance(exc, AgentBusy) and exc.retry_after_s is not None:
+            known = self.busy_retry_after_s
+            self.busy_retry_after_s = exc.retry_after_s if known is None else min(known, exc.retry_after_s)
         refused = isinstance(exc, ConnectFailed) and exc.refused
         outcome = "SUCCESS" if exc is None else exc.reason
         counted = None if isinstance(exc, AgentDeclined) else healthy
@@ -314,9 +320,11 @@ class AttemptRun:
             return NoAvailableHandler(
                 f"every candidate for {self.request.target_task!r} declined it", list(record.rejected)
             )
-        return NoAvailableHandler(
-            f"every candidate for {self.task!r} failed or was skipped", list(record.rejected)
-        )
+        message = f"every candidate for {self.task!r} failed or was skipped"
+        if self.busy_retry_after_s is not None:
+            message += f"; a busy agent asked to retry after {self.busy_retry_after_s} s"
+            return AgentsBusy(message, list(record.rejected), retry_after_s=self.busy_retry_after_s)
+        return NoAvailableHandler(message, list(record.rejected))
 
 
 def conversation_url(endpoint: str, conversation_id: str) -> str:

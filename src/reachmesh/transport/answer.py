@@ -65,7 +65,8 @@ class AnswerReader:
     """The answers read from one connection, one exchange at a time (``start`` each)."""
 
     def __init__(self, head: HeadLimits) -> None:
-        self._head = head
+        # Plain ints, not the tuple's fields: on_header reads them for every header line.
+        self._max_bytes, self._max_headers, self._max_line = head
         self._parser = httptools.HttpResponseParser(self)
         self.limit = 0
         self.started = False  # an exchange is under way
@@ -114,26 +115,30 @@ class AnswerReader:
             return True
         self.got_bytes = True
         if not self.head_done:
-            room = self._head.max_bytes - self._head_bytes
+            room = self._max_bytes - self._head_bytes
             part = data if len(data) <= room else data[:room]
             self._head_bytes += len(part)
-            self._track_line(part)
             self._parse(part)
-            if not self._head_read():
+            if not self._head_read(part):
                 return False
             data = data[len(part) :]
         if data:
             self._parse(data)  # bytes after a whole answer only mark it ``trailing``
         return self.complete
 
-    def _head_read(self) -> bool:
-        """Whether the final head is in; raises once the head, still open, is past a bound."""
+    def _head_read(self, part: bytes) -> bool:
+        """Whether the final head is in; raises once the head, still open, is past a bound.
+
+        A line that ended within ``part`` was measured by on_header; the line still open at its
+        end is measured here, across reads, so an endless line is cut at the bound."""
         if self.head_done:
             return True
-        if self._line > self._head.max_line:
-            raise HeadTooLarge(f"an answer header line is over {self._head.max_line} bytes")
-        if self._head_bytes >= self._head.max_bytes:
-            raise HeadTooLarge(f"the answer's head is over {self._head.max_bytes} bytes")
+        newline = part.rfind(b"\n")
+        self._line = self._line + len(part) if newline < 0 else len(part) - newline - 1
+        if self._line > self._max_line:
+            raise HeadTooLarge(f"an answer header line is over {self._max_line} bytes")
+        if self._head_bytes >= self._max_bytes:
+            raise HeadTooLarge(f"the answer's head is over {self._max_bytes} bytes")
         return False
 
     def eof(self, clean: bool) -> bool:
@@ -158,10 +163,6 @@ class AnswerReader:
         self.started = False
         return Answer(self.status, body, self.retry_after)
 
-    def _track_line(self, part: bytes) -> None:
-        newline = part.rfind(b"\n")
-        self._line = self._line + len(part) if newline < 0 else len(part) - newline - 1
-
     def _parse(self, data: bytes) -> None:
         try:
             self._parser.feed_data(data)
@@ -180,18 +181,18 @@ class AnswerReader:
 
     # -- httptools callbacks (a raise stops the parser; _parse re-raises it) -----------------
 
-    def on_message_begin(self) -> None:
-        if self.complete:
-            # A second answer behind the first: never read it as anybody's.
-            self.trailing = True
-            raise BrokenBody("bytes after the answer")
-
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers += 1
-        if self._headers > self._head.max_headers:
-            raise HeadTooLarge(f"the answer has over {self._head.max_headers} header lines")
-        if len(name) + len(value) + 2 > self._head.max_line:
-            raise HeadTooLarge(f"an answer header line is over {self._head.max_line} bytes")
+        if self.complete:
+            # A second answer behind the first: never read it as anybody's (no on_message_begin
+            # for this: a callback per answer costs more than this test per header).
+            raise BrokenBody("bytes after the answer")
+        if self._headers > self._max_headers or len(name) + len(value) + 2 > self._max_line:
+            raise HeadTooLarge(
+                f"the answer has over {self._max_headers} header lines"
+                if self._headers > self._max_headers
+                else f"an answer header line is over {self._max_line} bytes"
+            )
         lower = name.lower()
         if lower == b"content-length":
             if value.isdigit():
@@ -204,6 +205,8 @@ class AnswerReader:
             self.retry_after = value[:64]
 
     def on_headers_complete(self) -> None:
+        if self.complete:
+            raise BrokenBody("bytes after the answer")  # a second answer, with no header lines
         status = self._parser.get_status_code()
         if status == 101:
             raise BrokenBody("the agent switched protocols (HTTP 101)")

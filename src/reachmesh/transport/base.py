@@ -8,13 +8,18 @@ failure. So nothing above this layer ever sees an HTTP client's exception.
 
 from __future__ import annotations
 
+import email.utils
+import math
+import time
 from typing import Any, NamedTuple, Protocol
 
 from reachmesh import jsoncodec
-from reachmesh.exceptions import AgentDeclined, AgentRejected, AttemptTimeout, BadAgentResponse
+from reachmesh.exceptions import AgentBusy, AgentDeclined, AgentRejected, AttemptTimeout, BadAgentResponse
 
 DEFAULT_RESPONSE_LIMIT = 8 * 1024 * 1024
 RESPONSE_TOO_LARGE = "RESPONSE_TOO_LARGE"
+# The longest wait an agent's Retry-After may ask of a caller; a longer one is cut to this.
+MAX_RETRY_AFTER_S = 300
 
 
 class AttemptLimits(NamedTuple):
@@ -68,8 +73,10 @@ def too_large(message: str) -> AgentRejected:
     return AgentRejected({"code": RESPONSE_TOO_LARGE, "message": message}, retryable=False)
 
 
-def classify_answer(status: int, raw: bytes) -> Any:
+def classify_answer(status: int, raw: bytes, retry_after: bytes | None = None) -> Any:
     """The ``result`` of an agent's HTTP answer, or the AttemptError that it amounts to."""
+    if status == 429:
+        raise busy(retry_after)
     if status >= 500:
         raise BadAgentResponse(f"agent answered HTTP {status}")
     try:
@@ -94,6 +101,31 @@ def classify_answer(status: int, raw: bytes) -> Any:
             raise AttemptTimeout(error["message"])
         raise AgentRejected(error, retryable=error.get("retryable") is True)
     raise BadAgentResponse(f"agent answered an unknown status {str(outcome)[:64]!r}")
+
+
+def busy(retry_after: bytes | None) -> AgentBusy:
+    """An agent's 429, with its ``Retry-After`` (seconds or an HTTP date) as whole seconds."""
+    seconds = retry_after_seconds(retry_after)
+    later = f"; it asked to retry after {seconds} s" if seconds is not None else ""
+    return AgentBusy(f"the agent is busy (HTTP 429){later}", retry_after_s=seconds)
+
+
+def retry_after_seconds(value: bytes | None) -> int | None:
+    """A Retry-After value as whole seconds in [0, MAX_RETRY_AFTER_S]; None when absent or
+    unreadable. An HTTP date is read against the wall clock, the only clock it can mean."""
+    if not value:
+        return None
+    text = value.decode("latin-1").strip()
+    try:
+        seconds = float(text)
+    except ValueError:
+        try:
+            seconds = email.utils.parsedate_to_datetime(text).timestamp() - time.time()
+        except (TypeError, ValueError, IndexError):
+            return None
+    if not math.isfinite(seconds):
+        return None
+    return min(max(math.ceil(seconds), 0), MAX_RETRY_AFTER_S)
 
 
 def normalise_error(error: Any, fallback: str) -> dict[str, Any]:

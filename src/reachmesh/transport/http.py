@@ -27,8 +27,15 @@ from reachmesh.exceptions import (
 )
 from reachmesh.tls import verifying_context
 from reachmesh.transport import a2a
-from reachmesh.transport.answer import DEFAULT_HEAD, BrokenBody, Disconnected, HeadLimits, HeadTooLarge
-from reachmesh.transport.base import DEFAULT_RESPONSE_LIMIT, AttemptLimits, classify_answer
+from reachmesh.transport.answer import (
+    DEFAULT_HEAD,
+    Answer,
+    BrokenBody,
+    Disconnected,
+    HeadLimits,
+    HeadTooLarge,
+)
+from reachmesh.transport.base import DEFAULT_RESPONSE_LIMIT, AttemptLimits, busy, classify_answer
 from reachmesh.transport.pool import BadUrl, ConnectTimeout, Pool
 from reachmesh.transport.urlguard import UrlGuard
 from reachmesh.version import __version__
@@ -152,26 +159,25 @@ class HttpTransport:
         (:mod:`.a2a`); the connection, limits and guard are the same for both.
         """
         if protocol == "a2a":
-            status, raw = await self.exchange(url, a2a.send_message(body), a2a.headers(headers), limits)
-            return a2a.classify(status, raw)
-        status, raw = await self.exchange(url, body, headers, limits)
-        return classify_answer(status, raw)
+            answer = await self._post(url, a2a.send_message(body), a2a.headers(headers), limits)
+            if answer.status == 429:
+                raise busy(answer.retry_after)
+            return a2a.classify(answer.status, answer.body)
+        answer = await self._post(url, body, headers, limits)
+        return classify_answer(answer.status, answer.body, answer.retry_after)
 
-    async def exchange(
-        self, url: str, body: bytes, headers: dict[str, str], limits: AttemptLimits
-    ) -> tuple[int, bytes]:
-        """POST ``body`` to ``url``: the HTTP status and the whole answer body.
+    async def _post(self, url: str, body: bytes, headers: dict[str, str], limits: AttemptLimits) -> Answer:
+        """POST ``body`` to ``url``: the whole answer, its errors mapped to the project's own.
 
-        Connect timeout, read timeout (between two reads) and ``total_s`` (a hard ceiling on the
-        whole attempt, on the event loop's clock) as aiohttp had them; answers over the limit
-        are RESPONSE_TOO_LARGE.
+        Connect timeout, read timeout (the head within it of the request, then between two reads
+        of the body) and ``total_s`` (a hard ceiling on the whole attempt, on the event loop's
+        clock); answers over the limit are RESPONSE_TOO_LARGE.
         """
         pool = self._pool
         if pool is None:
             raise RuntimeError("HttpTransport.open() was not awaited")
         try:
-            answer = await pool.post(url, body, headers, limits.connect_s, limits.read_s, limits.total_s)
-            return answer.status, answer.body
+            return await pool.post(url, body, headers, limits.connect_s, limits.read_s, limits.total_s)
         except ConnectTimeout as exc:
             raise ConnectFailed(f"connect timeout after {limits.connect_s * 1000:.0f} ms") from exc
         except ssl.SSLError as exc:

@@ -419,11 +419,9 @@ class Pool:
                 )
                 for task in done:
                     last = task.exception()
-                    if last is None:
-                        racing |= done - {task}  # a second winner in the same round is dropped
-                        return task.result()
-                    if not isinstance(last, OSError) or isinstance(last, ssl.SSLError):
-                        raise last
+                    if last is None or not isinstance(last, OSError) or isinstance(last, ssl.SSLError):
+                        racing |= done - {task}  # any other winner of this round is dropped
+                        return task.result()  # the winner, or the error that ends the race
         finally:
             for task in racing:
                 task.cancel()
