@@ -117,6 +117,10 @@ class RouterParts:
     health: HealthChecker = field(init=False)
     # Which worker of `reach router --workers N` this is (shown by /healthz); None alone.
     worker: int | None = field(default=None, init=False)
+    # Each agent's lease as last seen: a new lease for a known id is a new instance (a restart
+    # that took its id over, or a return after going offline), whose breaker and statistics
+    # start afresh; the old instance's refusals say nothing about it.
+    _leases: dict[str, str] = field(default_factory=dict, init=False, repr=False)
 
     @classmethod
     def build(
@@ -271,6 +275,12 @@ class RouterParts:
                 loggable(reason),
             )
 
+    def _forget(self, agent_id: str) -> None:
+        self.stats.forget(agent_id)
+        self.pipeline.forget(agent_id)
+        self.breakers.forget(agent_id)
+        self.affinity.forget_agent(agent_id)
+
     def _on_registry_event(self, event: RegistryEvent, entry: AgentEntry) -> None:
         if event in (RegistryEvent.REGISTERED, RegistryEvent.REPLACED) and self.vectors is not None:
             # Capability vectors follow off the request path (semantic/queue.py): the agent is
@@ -278,10 +288,14 @@ class RouterParts:
             # registered through other Routers too (a shared registry's watch).
             self.vectors.schedule(entry)
         if event in (RegistryEvent.DEREGISTERED, RegistryEvent.REMOVED):
-            self.stats.forget(entry.id)
-            self.pipeline.forget(entry.id)
-            self.breakers.forget(entry.id)
-            self.affinity.forget_agent(entry.id)
+            self._leases.pop(entry.id, None)
+            self._forget(entry.id)
+        elif event in (RegistryEvent.REGISTERED, RegistryEvent.REPLACED):
+            seen = self._leases.get(entry.id)
+            self._leases[entry.id] = entry.lease_digest
+            if seen is not None and seen != entry.lease_digest:
+                self.stats.forget(entry.id)
+                self.breakers.forget(entry.id)
         if self.registry.replaying:
             # Read back from a shared store at start (one summary line says how many): these
             # agents registered before, through this Router or another.
