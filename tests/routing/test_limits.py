@@ -155,3 +155,18 @@ async def _negatives(http: httpx.AsyncClient, count: int) -> list[dict[str, Any]
         if len(negatives) == count or loop.time() > end:
             return negatives
         await asyncio.sleep(0.01)
+
+
+def test_a_refusal_by_meaning_names_what_was_set_aside_first() -> None:
+    """A phrase declined before, or matching a declared limit, is not blamed on its score alone."""
+    from reachmesh.routing.pipeline import _set_aside_note
+    from reachmesh.semantic.index import Verdict
+
+    plain = Verdict(None, 0.07, None, "below_threshold", [("a", 0.07)])
+    assert _set_aside_note(plain) == ""
+    vetoed = [("track_order", 0.12, "declined", None), ("refunds", 0.1, "declared_limit", "退款")]
+    note = _set_aside_note(Verdict(None, 0.07, None, "below_threshold", [("a", 0.07)], vetoed))
+    assert (
+        note
+        == "; set aside first: track_order (declined this phrase before), refunds (declared limit '退款')"
+    )

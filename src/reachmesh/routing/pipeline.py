@@ -323,7 +323,9 @@ class Pipeline:
                 if verdict.reason == "below_threshold"
                 else f"best score {verdict.score:.3f} is within {margin:.3f} of the runner-up"
             )
-            raise self._no_handler(record, f"no capability matches {text!r} well enough: {why}")
+            raise self._no_handler(
+                record, f"no capability matches {text!r} well enough: {why}{_set_aside_note(verdict)}"
+            )
         self._alternates = [(t, s) for t, s in verdict.best[1:] if s >= threshold]
         return verdict.task, verdict.score
 
@@ -369,3 +371,16 @@ class Pipeline:
     @staticmethod
     def _no_handler(record: DecisionRecord, message: str) -> NoAvailableHandler:
         return NoAvailableHandler(message, list(record.rejected))
+
+
+def _set_aside_note(verdict: Verdict) -> str:
+    """What was kept off before judging, so a refusal does not read as a weak match alone: a
+    phrase that routed before and was then declined would otherwise be blamed on its score."""
+    if not verdict.vetoed:
+        return ""
+    notes = [
+        f"{task} (declared limit {limit!r})" if limit is not None else f"{task} (declined this phrase before)"
+        for task, _, _, limit in verdict.vetoed[:3]
+    ]
+    more = f" and {len(verdict.vetoed) - 3} more" if len(verdict.vetoed) > 3 else ""
+    return f"; set aside first: {', '.join(notes)}{more}"
