@@ -42,7 +42,7 @@ if TYPE_CHECKING:
         RoutingError,
     )
     from reachmesh.protocol import AgentProfile, Capability, ReachRequest, ReachResponse, Status
-    from reachmesh.sdk import AgentConfig, ReachAgent, ReachClient, ReachContext, SyncReachClient
+    from reachmesh.sdk import AgentConfig, Decline, ReachAgent, ReachClient, ReachContext, SyncReachClient
     from reachmesh.server.app import create_app
 
 # Where each public name lives; read by __getattr__ on first use.
@@ -50,6 +50,7 @@ _PUBLIC: dict[str, str] = {
     # The agent SDK.
     "ReachAgent": "reachmesh.sdk",
     "ReachContext": "reachmesh.sdk",
+    "Decline": "reachmesh.sdk",
     "ReachClient": "reachmesh.sdk",
     "SyncReachClient": "reachmesh.sdk",
     "AgentConfig": "reachmesh.sdk",
@@ -103,6 +104,7 @@ __all__ = [
     "ConfigError",
     "ContextUnavailable",
     "DeadlineExceeded",
+    "Decline",
     "EmbeddingError",
     "EmbeddingUnavailable",
     "InvalidProfile",

@@ -82,7 +82,8 @@ class Decline(Exception):
     """Raise from a handler to answer ``DECLINED``: this request is not for this agent.
 
     Not an error: the Router tries the next candidate, and the decline never counts against the
-    agent's breaker or success rate. The reason is shown to the caller if every candidate declines.
+    agent's breaker or success rate. The reason goes into the agent's log; the caller sees the
+    candidate's reason ``declined``.
     """
 
     def __init__(self, reason: str = "the request is not for this agent") -> None:

@@ -21,7 +21,9 @@ def prepare(folder: Path) -> None:
     probe.unlink()
 
 
-PLOTS_HINT = "plots need matplotlib: pip install 'reachmesh[drill]' (or pip install matplotlib)"
+PLOTS_HINT = (
+    "plots need matplotlib: install the drill extra (pip install '/path/to/the/clone[drill]') or matplotlib"
+)
 
 
 def as_json(results: Sequence[Result]) -> dict[str, Any]:
