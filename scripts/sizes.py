@@ -19,7 +19,6 @@ MAX_CLASS = 400
 KNOWN: dict[tuple[str, str], int] = {
     ("reachmesh/registry/etcd.py", "EtcdRegistry"): 820,
     ("reachmesh/cli/semantic.py", "calibrate"): 99,
-    ("reachmesh/server/openapi.py", "_admin_paths"): 95,
     ("reachmesh/server/admin.py", "AdminApi"): 419,
 }
 
