@@ -14,11 +14,13 @@ from rich.table import Table
 
 from reachmesh.cli.console import app, err, out
 from reachmesh.cli.console import fail as _fail
-from reachmesh.exceptions import ConfigError
+from reachmesh.exceptions import ConfigError, EmbeddingError
 
 if TYPE_CHECKING:
+    from reachmesh.semantic.calibrate import Calibration
     from reachmesh.semantic.embedders.base import Embedder
-    from reachmesh.semantic.evaluation import CorpusReport
+    from reachmesh.semantic.embedders.memo import MemoEmbedder
+    from reachmesh.semantic.evaluation import CorpusReport, CrossValidation
 
 T = TypeVar("T")
 
@@ -270,47 +272,86 @@ def calibrate(
 ) -> None:
     """Measure semantic routing on labelled phrases: k-fold held-out figures, and a proposed
     threshold and margin for the model."""
-    import asyncio
+    try:
+        embedder, current, progress = _open_embedder(labelled, config)
+        if corpus:
+            _report_corpus(labelled, embedder, current, progress, limits=limits, learned=learned)
+            return
+        result, validation = _fit_phrases(labelled, embedder, current, progress, folds)
+    except (ConfigError, EmbeddingError) as exc:
+        _fail(exc.message)
+    _print_fit(result, validation, folds, show=show)
 
+
+def _open_embedder(
+    labelled: Path, config: Path | None
+) -> tuple[MemoEmbedder, tuple[float, float] | None, _Progress]:
+    """The policy's embedder (memoised, reporting progress) and its operating point today."""
     from reachmesh.config import RouterConfig
-    from reachmesh.exceptions import EmbeddingError
-    from reachmesh.semantic.calibrate import calibrate as run_calibration
     from reachmesh.semantic.embedders import build_embedder
     from reachmesh.semantic.embedders.memo import MemoEmbedder
+
+    policy = RouterConfig.load(config)
+    progress = _Progress()
+    embedder = MemoEmbedder(build_embedder(policy.embedding), progress)
+    current = policy.embedding.operating_point(embedder.model, embedder.thresholds)
+    err.print(f"embedding {labelled} with {embedder.model} ...", highlight=False)
+    return embedder, current, progress
+
+
+def _report_corpus(
+    folder: Path,
+    embedder: Embedder,
+    current: tuple[float, float] | None,
+    progress: _Progress,
+    *,
+    limits: bool,
+    learned: bool,
+) -> None:
+    """An evaluation corpus: its limits report, or its held-out report (and the one after
+    learning, with ``learned``) and the fitted point."""
+    import asyncio
+
+    if limits:
+        from reachmesh.semantic.limits_eval import evaluate_limits
+
+        report_limits = asyncio.run(_closing(embedder, evaluate_limits(folder, embedder, current)))
+        progress.done()
+        _print_limits(report_limits)
+        return
+    report, after = asyncio.run(_corpus_reports(folder, embedder, learned))
+    progress.done()
+    _print_corpus(report)
+    _print_outcome("fitted on the calibration half", report.calibration)
+    _print_calibration(report.model, report.threshold, report.margin)
+    if after is not None:
+        _print_corpus(after)
+        out.print("after learning the calibration half's refused and wrong questions", highlight=False)
+
+
+def _fit_phrases(
+    labelled: Path,
+    embedder: Embedder,
+    current: tuple[float, float] | None,
+    progress: _Progress,
+    folds: int,
+) -> tuple[Calibration, CrossValidation]:
+    """Labelled phrases: the fitted calibration and its k-fold cross-validation."""
+    import asyncio
+
+    from reachmesh.semantic.calibrate import calibrate as run_calibration
     from reachmesh.semantic.evaluation import cross_validate
     from reachmesh.yamlfile import read_yaml
 
-    try:
-        policy = RouterConfig.load(config)
-        progress = _Progress()
-        embedder = MemoEmbedder(build_embedder(policy.embedding), progress)
-        current = policy.embedding.operating_point(embedder.model, embedder.thresholds)
-        err.print(f"embedding {labelled} with {embedder.model} ...", highlight=False)
-        if corpus and limits:
-            from reachmesh.semantic.limits_eval import evaluate_limits
+    data = read_yaml(labelled)
+    result = asyncio.run(_closing(embedder, run_calibration(data, embedder, current=current)))
+    progress.done()
+    return result, cross_validate(result.phrases, folds)
 
-            report_limits = asyncio.run(_closing(embedder, evaluate_limits(labelled, embedder, current)))
-            progress.done()
-            _print_limits(report_limits)
-            return
-        if corpus:
-            report, after = asyncio.run(_corpus_reports(labelled, embedder, learned))
-            progress.done()
-            _print_corpus(report)
-            _print_outcome("fitted on the calibration half", report.calibration)
-            _print_calibration(report.model, report.threshold, report.margin)
-            if after is not None:
-                _print_corpus(after)
-                out.print(
-                    "after learning the calibration half's refused and wrong questions", highlight=False
-                )
-            return
-        data = read_yaml(labelled)
-        result = asyncio.run(_closing(embedder, run_calibration(data, embedder, current=current)))
-        progress.done()
-        validation = cross_validate(result.phrases, folds)
-    except (ConfigError, EmbeddingError) as exc:
-        _fail(exc.message)
+
+def _print_fit(result: Calibration, validation: CrossValidation, folds: int, *, show: bool) -> None:
+    """The phrases' scores (with ``show``), the k-fold, current and proposed figures, and the
+    proposal as policy text."""
     if show:
         _print_phrases(result.phrases)
     _print_distributions(result.distributions)

@@ -23,11 +23,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from reachmesh.clock import iso_utc
 from reachmesh.exceptions import (
     Forbidden,
     InvalidProfile,
-    LearningDisabled,
     OutboundRefused,
     RegistryError,
     RegistryFull,
@@ -35,26 +33,16 @@ from reachmesh.exceptions import (
 )
 from reachmesh.observability.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from reachmesh.protocol import AgentProfile, AgentStatusValue, Status, error_details
-from reachmesh.registry.base import LearnedRoute, normalize_phrase
 from reachmesh.router import answer
-from reachmesh.server.asgi import Receive, Scope, Send, check_json_content_type, error_body, read_body
+from reachmesh.server.asgi import Receive, Scope, Send, check_json_content_type, read_body
 from reachmesh.server.auth import Principal, principal_of
 from reachmesh.server.catalog import catalog
 from reachmesh.server.components import RouterParts
+from reachmesh.server.learned import LearnedRoutes
 from reachmesh.server.openapi import openapi_document
 from reachmesh.server.reload import PolicyFile
+from reachmesh.server.responses import JsonResponse, json_error
 from reachmesh.transport.urlguard import Address, literal_address
-
-
-class _Json(Response):
-    media_type = "application/json"
-
-    def render(self, content: Any) -> bytes:
-        return content if isinstance(content, bytes) else orjson.dumps(content)
-
-
-def _error(status: int, code: str, message: str, details: Any = None) -> _Json:
-    return _Json(error_body(code, message, details=details), status_code=status)
 
 
 def whole_number(raw: str, field: str, low: int, high: int) -> int:
@@ -135,6 +123,7 @@ class AdminApi:
         self._openapi: dict[str, Any] | None = None
         # Registrations between their quota check and their write, per agent token.
         self._reserved: dict[str, list[str]] = {}
+        self.learned = LearnedRoutes(parts, self._read_json)
         self.app = Starlette(
             routes=self._routes(),
             exception_handlers={
@@ -165,10 +154,7 @@ class AdminApi:
             Route("/admin/traces", self.list_traces, methods=["GET"]),
             Route("/admin/traces/{trace_id}", self.get_trace, methods=["GET"]),
             Route("/admin/reload", self.reload, methods=["POST"]),
-            Route("/admin/learned", self.list_learned, methods=["GET"]),
-            Route("/admin/learned", self.confirm_learned, methods=["POST"]),
-            Route("/admin/learned", self.forget_learned, methods=["DELETE"]),
-            Route("/admin/learned/negatives", self.forget_negative, methods=["DELETE"]),
+            *self.learned.routes(),
         ]
 
     async def _read_json(self, request: Request) -> Any:
@@ -227,7 +213,7 @@ class AdminApi:
             "ttlSeconds": _seconds(entry.ttl_seconds),
             "status": entry.status.value,
         }
-        return _Json(registration, status_code=201 if created else 200)
+        return JsonResponse(registration, status_code=201 if created else 200)
 
     @contextlib.contextmanager
     def _reserve(self, principal: Principal, agent_id: str) -> Iterator[None]:
@@ -344,7 +330,9 @@ class AdminApi:
             )
         _may_register(request, request.path_params["agent_id"])
         entry = await self.parts.registry.renew(request.path_params["agent_id"], lease_id)
-        return _Json({"agentId": entry.id, "leaseId": lease_id, "ttlSeconds": _seconds(entry.ttl_seconds)})
+        return JsonResponse(
+            {"agentId": entry.id, "leaseId": lease_id, "ttlSeconds": _seconds(entry.ttl_seconds)}
+        )
 
     async def deregister(self, request: Request) -> Response:
         lease_id = request.headers.get("x-reach-lease")
@@ -364,36 +352,36 @@ class AdminApi:
 
     async def list_agents(self, request: Request) -> Response:
         entries = sorted(self.parts.registry.agents(), key=lambda e: e.id)
-        return _Json([self.parts.agent_status(e) for e in entries])
+        return JsonResponse([self.parts.agent_status(e) for e in entries])
 
     async def get_agent(self, request: Request) -> Response:
         entry = self.parts.registry.get(request.path_params["agent_id"])
         if entry is None:
-            return _error(404, "AGENT_NOT_FOUND", f"no agent {request.path_params['agent_id']!r}")
-        return _Json(self.parts.agent_status(entry))
+            return json_error(404, "AGENT_NOT_FOUND", f"no agent {request.path_params['agent_id']!r}")
+        return JsonResponse(self.parts.agent_status(entry))
 
     async def list_capabilities(self, request: Request) -> Response:
-        return _Json(catalog(self.parts.registry))
+        return JsonResponse(catalog(self.parts.registry))
 
     async def healthz(self, request: Request) -> Response:
         worker = self.parts.worker
-        return _Json({"status": "ok"} if worker is None else {"status": "ok", "worker": worker})
+        return JsonResponse({"status": "ok"} if worker is None else {"status": "ok", "worker": worker})
 
     async def readyz(self, request: Request) -> Response:
         registry = self.parts.registry
         reason = registry.ready() or (None if self._started() else "starting")
         if reason is not None:
-            return _Json({"status": "not_ready", "reason": reason}, status_code=503)
+            return JsonResponse({"status": "not_ready", "reason": reason}, status_code=503)
         degraded = registry.degraded()
         if degraded is not None:
             # Still in rotation: it routes from its snapshot; only registry writes fail.
-            return _Json({"status": "degraded", "reason": degraded})
-        return _Json({"status": "ready"})
+            return JsonResponse({"status": "degraded", "reason": degraded})
+        return JsonResponse({"status": "ready"})
 
     async def openapi(self, request: Request) -> Response:
         if self._openapi is None:
             self._openapi = openapi_document()
-        return _Json(self._openapi)
+        return JsonResponse(self._openapi)
 
     async def metrics(self, request: Request) -> Response:
         return Response(self.parts.metrics.exposition(), media_type=METRICS_CONTENT_TYPE)
@@ -405,18 +393,18 @@ class AdminApi:
         principal = principal_of(request.scope)
         if owner is not None and principal.role != "admin" and principal.key != owner:
             # Someone else's request: as unknown as one that never existed.
-            return _error(
+            return json_error(
                 404,
                 "NOT_FOUND",
                 f"no async request {trace_id!r} (unknown, or its result expired or was evicted)",
             )
         reply = results.get(trace_id)
         if reply is not None:
-            return _Json(reply[1], status_code=reply[0])
+            return JsonResponse(reply[1], status_code=reply[0])
         if results.is_pending(trace_id):
             status, body = answer.standalone(self.parts.clock, trace_id)
-            return _Json(body, status_code=status)
-        return _error(
+            return JsonResponse(body, status_code=status)
+        return json_error(
             404, "NOT_FOUND", f"no async request {trace_id!r} (unknown, or its result expired or was evicted)"
         )
 
@@ -424,10 +412,10 @@ class AdminApi:
         trace_id = request.path_params["trace_id"]
         trace = self.parts.traces.trace(trace_id)
         if trace is None:
-            return _error(
+            return json_error(
                 404, "TRACE_NOT_FOUND", f"no trace {trace_id!r} (unknown, or evicted from the store)"
             )
-        return _Json(trace)
+        return JsonResponse(trace)
 
     async def list_traces(self, request: Request) -> Response:
         limit = whole_number(request.query_params.get("limit", "50"), "limit", 1, 1000)
@@ -436,119 +424,29 @@ class AdminApi:
             status=trace_status(request.query_params.get("status") or None),
             limit=limit,
         )
-        return _Json(found)
+        return JsonResponse(found)
 
     async def reload(self, request: Request) -> Response:
         if self.policy.path is None:
-            return _error(409, "NO_POLICY_FILE", "the Router was started without a policy file")
+            return json_error(409, "NO_POLICY_FILE", "the Router was started without a policy file")
         if not self.policy.reload():
-            return _error(
+            return json_error(
                 422,
                 "INVALID_CONFIG",
                 f"the new policy file is invalid; the old one is kept: {self.policy.last_error}",
             )
-        return _Json({"status": "reloaded", "path": str(self.policy.path)})
-
-    # -- learned routes ----------------------------------------------------------------------
-
-    def _learned_view(self, route: LearnedRoute) -> dict[str, Any]:
-        return {
-            **route.to_json(),
-            "at": iso_utc(route.at),
-            # False: no agent declares the task now; the route is kept, and unused until one does.
-            "declared": bool(self.parts.registry.by_task(route.task)),
-        }
-
-    async def list_learned(self, request: Request) -> Response:
-        policy = self.parts.config.routing.learning
-        routes = sorted(self.parts.registry.learned().values(), key=lambda r: -r.at)
-        vectors = self.parts.vectors
-        return _Json(
-            {
-                "enabled": policy.enabled,
-                "maxPhrases": policy.max_phrases,
-                "count": len(routes),
-                # Learned phrases whose example row is still being embedded (0 without an embedder).
-                "pendingVectors": 0 if vectors is None else vectors.learned_pending(),
-                "learned": [self._learned_view(r) for r in routes],
-                # (phrase, task) pairs routes by meaning keep apart: that task declined that phrase.
-                "negativesEnabled": policy.negatives,
-                "negatives": [
-                    {**n.to_json(), "at": iso_utc(n.at)}
-                    for n in sorted(self.parts.registry.negatives().values(), key=lambda r: -r.at)
-                ],
-            }
-        )
-
-    async def confirm_learned(self, request: Request) -> Response:
-        """An operator confirms ``phrase`` -> ``task`` (the second way a route is confirmed)."""
-        data = await self._read_json(request)
-        phrase = data.get("phrase") if isinstance(data, dict) else None
-        task = data.get("task") if isinstance(data, dict) else None
-        faults = []
-        if not isinstance(phrase, str) or not _printable_text(phrase) or not normalize_phrase(phrase):
-            faults.append({"field": "phrase", "message": "a printable string of 1 to 1024 characters"})
-        if not isinstance(task, str) or not task:
-            faults.append({"field": "task", "message": "a declared task name"})
-        if faults:
-            raise RequestError(
-                'the body must be {"phrase": "...", "task": "..."}: ' + ", ".join(f["field"] for f in faults),
-                details=faults,
-            )
-        assert isinstance(phrase, str) and isinstance(task, str)
-        policy = self.parts.config.routing.learning
-        if not policy.enabled:
-            raise LearningDisabled("learning is off: set routing.learning.enabled to true first")
-        if not self.parts.registry.by_task(task):
-            # A typo would otherwise be kept and silently never used.
-            raise RequestError(
-                f"no agent declares task {task!r}",
-                details=[{"field": "task", "message": "no agent declares it"}],
-            )
-        route = await self.parts.registry.remember(phrase, task, "operator", limit=policy.max_phrases)
-        return _Json(self._learned_view(route), status_code=201)
-
-    async def forget_learned(self, request: Request) -> Response:
-        phrase = request.query_params.get("phrase")
-        if not phrase:
-            raise RequestError(
-                "give the phrase to forget: DELETE /admin/learned?phrase=...",
-                details=[{"field": "phrase", "message": "required"}],
-            )
-        if not await self.parts.registry.forget(phrase):
-            return _error(404, "NOT_FOUND", "no learned route for that phrase")
-        return Response(status_code=204)
-
-    async def forget_negative(self, request: Request) -> Response:
-        phrase, task = request.query_params.get("phrase"), request.query_params.get("task")
-        if not phrase or not task:
-            raise RequestError(
-                "give the phrase and the task: DELETE /admin/learned/negatives?phrase=...&task=...",
-                details=[
-                    {"field": f, "message": "required"}
-                    for f, v in (("phrase", phrase), ("task", task))
-                    if not v
-                ],
-            )
-        if not await self.parts.registry.forget_negative(phrase, task):
-            return _error(404, "NOT_FOUND", "no learned negative for that phrase and task")
-        return Response(status_code=204)
+        return JsonResponse({"status": "reloaded", "path": str(self.policy.path)})
 
     # -- errors ------------------------------------------------------------------------------
 
     async def _on_reach_error(self, request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RegistryError | RequestError)
-        return _error(exc.http_status, exc.code, exc.message, exc.details)
+        return json_error(exc.http_status, exc.code, exc.message, exc.details)
 
     async def _on_http_error(self, request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(exc.status_code, "HTTP_ERROR")
-        return _error(exc.status_code, code, f"{request.method} {request.url.path}: {exc.detail}")
-
-
-def _printable_text(text: str) -> bool:
-    """As a ReachRequest's ``targetTask``: 1 to 1024 characters, no control characters."""
-    return 0 < len(text) <= 1024 and not any(ord(c) < 0x20 or ord(c) == 0x7F for c in text)
+        return json_error(exc.status_code, code, f"{request.method} {request.url.path}: {exc.detail}")
 
 
 def _may_register(request: Request, agent_id: str, tasks: list[str] | None = None) -> None:

@@ -7,6 +7,7 @@ document cannot drift from the code.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from reachmesh.exceptions import (
@@ -259,101 +260,99 @@ _CAPABILITY_ROW: dict[str, Any] = {
 }
 
 
-def _admin_paths() -> dict[str, Operation]:
-    limit = {"type": "integer", "minimum": 1, "maximum": 1000}
-    return {
-        "/admin/agents": {
-            "get": {
-                "summary": "Every registered agent",
-                "responses": {"200": _json({"type": "array", "items": _ref("AgentStatus")}, "agents")},
-            }
-        },
-        "/admin/agents/{agent_id}": {
-            "get": {
-                "summary": "One registered agent",
-                "parameters": [_path_param("agent_id")],
-                "responses": {
-                    "200": _json(_ref("AgentStatus"), "the agent"),
-                    "404": _json(_ERROR, "AGENT_NOT_FOUND"),
-                },
-            }
-        },
-        "/admin/capabilities": {
-            "get": {
-                "summary": "Every routable task: description, examples, JSON Schemas, agents (for bridges)",
-                "responses": {"200": _json({"type": "array", "items": _CAPABILITY_ROW}, "capabilities")},
-            }
-        },
-        "/admin/traces": {
-            "get": {
-                "summary": "Recent hops, newest first",
-                "parameters": [
-                    {"name": "task", "in": "query", "required": False, "schema": {"type": "string"}},
-                    {"name": "status", "in": "query", "required": False, "schema": {"type": "string"}},
-                    {"name": "limit", "in": "query", "required": False, "schema": limit},
-                ],
-                "responses": {"200": {"description": "trace summaries"}, "400": _json(_ERROR, "a bad limit")},
-            }
-        },
-        "/admin/traces/{trace_id}": {
-            "get": {
-                "summary": "Every hop of one trace, and their tree",
-                "parameters": [_path_param("trace_id")],
-                "responses": {"200": {"description": "the trace"}, "404": _json(_ERROR, "TRACE_NOT_FOUND")},
-            }
-        },
-        "/admin/learned": {
-            "get": {
-                "summary": "Learned routes (routing.learning), newest first",
-                "responses": {"200": _json(_LEARNED_LIST, "the learned routes and the policy")},
+_TRACE_LIMIT: dict[str, Any] = {"type": "integer", "minimum": 1, "maximum": 1000}
+# A data table, built once: openapi_document() copies it before declaring security on it.
+_ADMIN_PATHS: dict[str, Operation] = {
+    "/admin/agents": {
+        "get": {
+            "summary": "Every registered agent",
+            "responses": {"200": _json({"type": "array", "items": _ref("AgentStatus")}, "agents")},
+        }
+    },
+    "/admin/agents/{agent_id}": {
+        "get": {
+            "summary": "One registered agent",
+            "parameters": [_path_param("agent_id")],
+            "responses": {
+                "200": _json(_ref("AgentStatus"), "the agent"),
+                "404": _json(_ERROR, "AGENT_NOT_FOUND"),
             },
-            "post": {
-                "summary": "Confirm a route: remember a phrase for a declared task (needs learning on)",
-                "requestBody": {"required": True, **_json(_LEARNED_BODY, "the phrase and its task")},
-                "responses": {
-                    "201": _json(_LEARNED_ROUTE, "remembered (a newer confirmation replaces an older one)"),
-                    **error_responses(LearningDisabled, RegistryUnavailable, body=True),
-                },
-            },
-            "delete": {
-                "summary": "Forget a learned phrase (matched normalized)",
-                "parameters": [
-                    {"name": "phrase", "in": "query", "required": True, "schema": {"type": "string"}}
-                ],
-                "responses": {
-                    "204": {"description": "forgotten"},
-                    "400": _json(_ERROR, "no phrase given"),
-                    "404": _json(_ERROR, "NOT_FOUND: no learned route for that phrase"),
-                    **error_responses(RegistryUnavailable),
-                },
+        }
+    },
+    "/admin/capabilities": {
+        "get": {
+            "summary": "Every routable task: description, examples, JSON Schemas, agents (for bridges)",
+            "responses": {"200": _json({"type": "array", "items": _CAPABILITY_ROW}, "capabilities")},
+        }
+    },
+    "/admin/traces": {
+        "get": {
+            "summary": "Recent hops, newest first",
+            "parameters": [
+                {"name": "task", "in": "query", "required": False, "schema": {"type": "string"}},
+                {"name": "status", "in": "query", "required": False, "schema": {"type": "string"}},
+                {"name": "limit", "in": "query", "required": False, "schema": _TRACE_LIMIT},
+            ],
+            "responses": {"200": {"description": "trace summaries"}, "400": _json(_ERROR, "a bad limit")},
+        }
+    },
+    "/admin/traces/{trace_id}": {
+        "get": {
+            "summary": "Every hop of one trace, and their tree",
+            "parameters": [_path_param("trace_id")],
+            "responses": {"200": {"description": "the trace"}, "404": _json(_ERROR, "TRACE_NOT_FOUND")},
+        }
+    },
+    "/admin/learned": {
+        "get": {
+            "summary": "Learned routes (routing.learning), newest first",
+            "responses": {"200": _json(_LEARNED_LIST, "the learned routes and the policy")},
+        },
+        "post": {
+            "summary": "Confirm a route: remember a phrase for a declared task (needs learning on)",
+            "requestBody": {"required": True, **_json(_LEARNED_BODY, "the phrase and its task")},
+            "responses": {
+                "201": _json(_LEARNED_ROUTE, "remembered (a newer confirmation replaces an older one)"),
+                **error_responses(LearningDisabled, RegistryUnavailable, body=True),
             },
         },
-        "/admin/learned/negatives": {
-            "delete": {
-                "summary": "Forget a learned negative: offer the phrase to the task by meaning again",
-                "parameters": [
-                    {"name": "phrase", "in": "query", "required": True, "schema": {"type": "string"}},
-                    {"name": "task", "in": "query", "required": True, "schema": {"type": "string"}},
-                ],
-                "responses": {
-                    "204": {"description": "forgotten"},
-                    "400": _json(_ERROR, "no phrase or no task given"),
-                    "404": _json(_ERROR, "NOT_FOUND: no learned negative for that phrase and task"),
-                    **error_responses(RegistryUnavailable),
-                },
+        "delete": {
+            "summary": "Forget a learned phrase (matched normalized)",
+            "parameters": [{"name": "phrase", "in": "query", "required": True, "schema": {"type": "string"}}],
+            "responses": {
+                "204": {"description": "forgotten"},
+                "400": _json(_ERROR, "no phrase given"),
+                "404": _json(_ERROR, "NOT_FOUND: no learned route for that phrase"),
+                **error_responses(RegistryUnavailable),
             },
         },
-        "/admin/reload": {
-            "post": {
-                "summary": "Re-read the policy file (as SIGHUP does)",
-                "responses": {
-                    "200": {"description": "reloaded"},
-                    "409": _json(_ERROR, "no policy file"),
-                    "422": _json(_ERROR, "invalid new policy; the old one is kept"),
-                },
-            }
+    },
+    "/admin/learned/negatives": {
+        "delete": {
+            "summary": "Forget a learned negative: offer the phrase to the task by meaning again",
+            "parameters": [
+                {"name": "phrase", "in": "query", "required": True, "schema": {"type": "string"}},
+                {"name": "task", "in": "query", "required": True, "schema": {"type": "string"}},
+            ],
+            "responses": {
+                "204": {"description": "forgotten"},
+                "400": _json(_ERROR, "no phrase or no task given"),
+                "404": _json(_ERROR, "NOT_FOUND: no learned negative for that phrase and task"),
+                **error_responses(RegistryUnavailable),
+            },
         },
-    }
+    },
+    "/admin/reload": {
+        "post": {
+            "summary": "Re-read the policy file (as SIGHUP does)",
+            "responses": {
+                "200": {"description": "reloaded"},
+                "409": _json(_ERROR, "no policy file"),
+                "422": _json(_ERROR, "invalid new policy; the old one is kept"),
+            },
+        }
+    },
+}
 
 
 def _public_paths() -> dict[str, Operation]:
@@ -426,7 +425,7 @@ def openapi_document() -> dict[str, Any]:
     paths = {
         **_reach_paths(),
         **_registry_paths(),
-        **_admin_paths(),
+        **copy.deepcopy(_ADMIN_PATHS),
         **_admin_page_paths(),
         **_public_paths(),
     }
