@@ -318,14 +318,8 @@ class Pipeline:
                 raise self._no_handler(
                     record, f"no capability is ready to route by meaning yet, so {text!r} matches none"
                 )
-            why = (
-                f"best score {verdict.score:.3f} is below the threshold {threshold:.3f}"
-                if verdict.reason == "below_threshold"
-                else f"best score {verdict.score:.3f} is within {margin:.3f} of the runner-up"
-            )
-            raise self._no_handler(
-                record, f"no capability matches {text!r} well enough: {why}{_set_aside_note(verdict)}"
-            )
+            why = _weak_match(verdict, threshold, margin)
+            raise self._no_handler(record, f"no capability matches {text!r} well enough: {why}")
         self._alternates = [(t, s) for t, s in verdict.best[1:] if s >= threshold]
         return verdict.task, verdict.score
 
@@ -371,6 +365,16 @@ class Pipeline:
     @staticmethod
     def _no_handler(record: DecisionRecord, message: str) -> NoAvailableHandler:
         return NoAvailableHandler(message, list(record.rejected))
+
+
+def _weak_match(verdict: Verdict, threshold: float, margin: float) -> str:
+    """Why the best match was not enough, and what was set aside before judging."""
+    why = (
+        f"best score {verdict.score:.3f} is below the threshold {threshold:.3f}"
+        if verdict.reason == "below_threshold"
+        else f"best score {verdict.score:.3f} is within {margin:.3f} of the runner-up"
+    )
+    return why + _set_aside_note(verdict)
 
 
 def _set_aside_note(verdict: Verdict) -> str:
