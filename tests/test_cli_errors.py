@@ -15,7 +15,7 @@ import yaml
 from reachmesh.testing import BackgroundLoop, RouterServer, free_port
 
 AGENT_PY = """
-from reachmesh.sdk import ReachAgent
+from reachmesh import ReachAgent
 
 agent = ReachAgent()
 

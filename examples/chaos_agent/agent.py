@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from reachmesh.sdk import AgentError, ReachAgent, ReachContext
+from reachmesh import AgentError, ReachAgent, ReachContext
 
 agent = ReachAgent()
 

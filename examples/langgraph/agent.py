@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from reachmesh.sdk import ReachAgent
+from reachmesh import ReachAgent
 
 agent = ReachAgent()
 

@@ -16,8 +16,8 @@ from typing import Any, TypedDict
 
 from langgraph.graph import END, START, StateGraph
 
+from reachmesh import ReachClient
 from reachmesh.integrations.langgraph import branch_on, reach_node
-from reachmesh.sdk import ReachClient
 
 
 class Shopping(TypedDict, total=False):

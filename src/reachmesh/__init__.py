@@ -42,7 +42,15 @@ if TYPE_CHECKING:
         RoutingError,
     )
     from reachmesh.protocol import AgentProfile, Capability, ReachRequest, ReachResponse, Status
-    from reachmesh.sdk import AgentConfig, Decline, ReachAgent, ReachClient, ReachContext, SyncReachClient
+    from reachmesh.sdk import (
+        AgentConfig,
+        AgentError,
+        Decline,
+        ReachAgent,
+        ReachClient,
+        ReachContext,
+        SyncReachClient,
+    )
     from reachmesh.server.app import create_app
 
 # Where each public name lives; read by __getattr__ on first use.
@@ -51,6 +59,7 @@ _PUBLIC: dict[str, str] = {
     "ReachAgent": "reachmesh.sdk",
     "ReachContext": "reachmesh.sdk",
     "Decline": "reachmesh.sdk",
+    "AgentError": "reachmesh.sdk",
     "ReachClient": "reachmesh.sdk",
     "SyncReachClient": "reachmesh.sdk",
     "AgentConfig": "reachmesh.sdk",
@@ -95,6 +104,7 @@ _PUBLIC: dict[str, str] = {
 __all__ = [
     "AccessDenied",
     "AgentConfig",
+    "AgentError",
     "AgentIdConflict",
     "AgentNotFound",
     "AgentProfile",

@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
+from reachmesh import AgentConfig, ReachAgent, ReachContext
 from reachmesh.config import RouterConfig
-from reachmesh.sdk import AgentConfig, ReachAgent, ReachContext
 from reachmesh.testing import BackgroundLoop, RouterServer, free_port
 
 # Deadlines in these tests are the page's goals times this factor: 1 checks them as stated; a

@@ -33,10 +33,10 @@ from a2a.types import (
 from google.protobuf.json_format import MessageToDict
 from starlette.applications import Starlette
 
+from reachmesh import ReachClient
 from reachmesh.config import RouterConfig
 from reachmesh.integrations.a2a import A2AExport
 from reachmesh.integrations.a2a_import import import_agent
-from reachmesh.sdk import ReachClient
 from reachmesh.testing import AsgiServer, FakeAgent, RouterServer, free_port
 
 pytestmark = pytest.mark.integrations

@@ -13,9 +13,9 @@ from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.events import EventQueue
 from a2a.types import Message, Role, Task, TaskState, TaskStatus
 
+from reachmesh import ReachClient
 from reachmesh.config import RouterConfig
 from reachmesh.integrations.a2a import A2AExport, import_agent
-from reachmesh.sdk import ReachClient
 from reachmesh.testing import AsgiServer, FakeAgent, RouterServer, free_port
 from tests.integrations.test_a2a import POLICY, a2a_agent_app, final_task, user_message
 

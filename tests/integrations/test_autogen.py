@@ -12,9 +12,9 @@ from autogen_core import CancellationToken, FunctionCall
 from autogen_core.models import CreateResult, ModelFamily, ModelInfo, RequestUsage
 from autogen_ext.models.replay import ReplayChatCompletionClient
 
+from reachmesh import ReachClient
 from reachmesh.config import RouterConfig
 from reachmesh.integrations.autogen import autogen_agent, router_tools
-from reachmesh.sdk import ReachClient
 from reachmesh.testing import FakeAgent, RouterServer, free_port
 
 pytestmark = pytest.mark.integrations

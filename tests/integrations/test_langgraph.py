@@ -18,9 +18,9 @@ pytest.importorskip("langgraph")
 
 from langgraph.graph import END, START, StateGraph
 
+from reachmesh import ReachClient
 from reachmesh.config import RouterConfig
 from reachmesh.integrations.langgraph import branch_on, graph_agent, reach_node
-from reachmesh.sdk import ReachClient
 from reachmesh.testing import FakeAgent, RouterServer, free_port
 from tests.procs import ROOT, Proc
 

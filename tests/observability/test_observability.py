@@ -14,9 +14,9 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from reachmesh import AgentConfig, ReachAgent, ReachContext
 from reachmesh.config import RouterConfig
 from reachmesh.observability.logging import JsonFormatter
-from reachmesh.sdk import AgentConfig, ReachAgent, ReachContext
 from reachmesh.testing import FakeAgent, RouterServer, free_port
 from reachmesh.tracecontext import w3c_trace_id
 

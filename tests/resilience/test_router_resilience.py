@@ -13,9 +13,9 @@ import httpx
 import pytest
 from aiohttp import web
 
+from reachmesh import AgentConfig, ReachAgent, ReachContext
 from reachmesh.clock import ManualClock
 from reachmesh.config import RouterConfig
-from reachmesh.sdk import AgentConfig, ReachAgent, ReachContext
 from reachmesh.testing import FakeAgent, RouterServer, free_port
 from tests.helpers import log_lines
 

@@ -8,8 +8,8 @@ from typing import Any
 import httpx
 import pytest
 
+from reachmesh import AgentConfig, Decline, ReachAgent
 from reachmesh.config import RouterConfig
-from reachmesh.sdk import AgentConfig, Decline, ReachAgent
 from reachmesh.testing import FakeAgent, RouterServer, free_port
 
 

@@ -12,10 +12,10 @@ from typing import Any
 import httpx
 import pytest
 
+from reachmesh import AgentConfig, AgentError, ReachAgent, ReachClient, ReachContext, SyncReachClient
 from reachmesh.clock import ManualClock
 from reachmesh.config import RouterConfig
 from reachmesh.exceptions import ConfigError, RouterUnavailable
-from reachmesh.sdk import AgentConfig, AgentError, ReachAgent, ReachClient, ReachContext, SyncReachClient
 from reachmesh.sdk.lease import LeaseKeeper
 from reachmesh.secrets import fingerprint
 from reachmesh.testing import RouterServer, free_port

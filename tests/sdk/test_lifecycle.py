@@ -16,8 +16,8 @@ import httpx
 import orjson
 import pytest
 
+from reachmesh import AgentConfig, ReachAgent
 from reachmesh.config import RouterConfig
-from reachmesh.sdk import AgentConfig, ReachAgent
 from reachmesh.server.asgi import Receive, Scope, Send
 from reachmesh.testing import ASGIApp, BackgroundLoop, RouterServer, free_port
 from tests.procs import Proc, chaos_agent, wait_for

@@ -12,9 +12,9 @@ import httpx
 import pytest
 import trustme
 
+from reachmesh import AgentConfig, ReachAgent, ReachClient, SyncReachClient
 from reachmesh.config import OutboundPolicy, RouterConfig, ServerPolicy
 from reachmesh.exceptions import ConfigError, ConnectFailed, RouterUnavailable
-from reachmesh.sdk import AgentConfig, ReachAgent, ReachClient, SyncReachClient
 from reachmesh.sdk.tls import router_verify
 from reachmesh.server.serve import tls_settings
 from reachmesh.testing import FakeAgent, RouterServer, free_port

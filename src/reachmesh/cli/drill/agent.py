@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from reachmesh.sdk import AgentError, ReachAgent, ReachContext
+from reachmesh import AgentError, ReachAgent, ReachContext
 
 agent = ReachAgent()
 TASK = os.environ.get("REACH_DRILL_TASK", "drill_echo")

@@ -6,7 +6,7 @@ import hashlib
 from datetime import UTC, datetime
 from typing import Any
 
-from reachmesh.sdk import AgentError, ReachAgent, ReachContext
+from reachmesh import AgentError, ReachAgent, ReachContext
 
 agent = ReachAgent()
 
