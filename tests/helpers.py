@@ -18,10 +18,20 @@ from reachmesh.testing import FakeAgent
 
 T = TypeVar("T")
 
-# One factor for every deadline of the suite: 1 on a quiet machine, 3 on CI and busy machines
-# (REACH_TEST_TIME_SCALE=3). Deadlines only bound how long a poll may wait; a passing test ends
-# as soon as its condition holds, so a large factor costs nothing when all is well.
-TIME_SCALE = float(os.environ.get("REACH_TEST_TIME_SCALE", "1") or "1")
+
+def _time_scale() -> float:
+    """REACH_TEST_TIME_SCALE if set; else 3 when the machine is already busy (a load average
+    above its core count), else 1."""
+    raw = os.environ.get("REACH_TEST_TIME_SCALE", "").strip()
+    if raw:
+        return float(raw)
+    return 3.0 if os.getloadavg()[0] > (os.cpu_count() or 1) else 1.0
+
+
+# One factor for every deadline of the suite: 1 on a quiet machine, 3 on CI and busy machines.
+# Deadlines only bound how long a poll may wait; a passing test ends as soon as its condition
+# holds, so a large factor costs nothing when all is well.
+TIME_SCALE = _time_scale()
 
 
 def scaled(seconds: float) -> float:
@@ -29,7 +39,8 @@ def scaled(seconds: float) -> float:
     return seconds * TIME_SCALE
 
 
-def _describe(check: Callable[..., Any]) -> str:
+def describe(check: Callable[..., Any]) -> str:
+    """The first source line of ``check`` (a lambda reads as what it waits for)."""
     try:
         return inspect.getsource(check).strip().splitlines()[0][:160]
     except (OSError, TypeError):
@@ -54,7 +65,7 @@ async def until(
             return last  # type: ignore[no-any-return]
         if loop.time() >= end:
             raise AssertionError(
-                f"waited {scaled(within):g} s for {what or _describe(check)}; last value {last!r}"
+                f"waited {scaled(within):g} s for {what or describe(check)}; last value {last!r}"
             )
         await asyncio.sleep(interval)
 

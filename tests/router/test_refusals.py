@@ -11,7 +11,7 @@ from tests.helpers import price_agent
 
 async def test_a_phrase_gets_the_task_it_means_and_how_to_route_by_meaning() -> None:
     """With the default strategy, a Chinese price question is refused with a suggestion by meaning."""
-    config = RouterConfig.from_mapping({"health": {"enabled": False}})
+    config = RouterConfig.from_mapping({"health": {"enabled": False}, "embedding": {"backend": "auto"}})
     async with RouterServer(config) as router, httpx.AsyncClient(base_url=router.url, timeout=30) as http:
         agent = await price_agent().start()
         try:

@@ -59,7 +59,9 @@ async def test_limits_name_the_field() -> None:
 async def test_registration_answers_at_once_and_embedding_takes_turns() -> None:
     """While the largest legal profile is embedded, a small agent registers, becomes routable by
     meaning first, and questions are answered; the big agent is routable by exact task meanwhile."""
-    config = RouterConfig.from_mapping({"health": {"enabled": False}, "routing": {"semantic_tasks": ["*"]}})
+    config = RouterConfig.from_mapping(
+        {"health": {"enabled": False}, "routing": {"semantic_tasks": ["*"]}, "embedding": {"backend": "auto"}}
+    )
     async with RouterServer(config) as router, httpx.AsyncClient(base_url=router.url, timeout=30) as http:
         big = await FakeAgent("big", tasks=("big_task_0",)).start()
         small = await FakeAgent(
