@@ -9,7 +9,7 @@ import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import pytest
 
@@ -47,9 +47,21 @@ def describe(check: Callable[..., Any]) -> str:
         return getattr(check, "__qualname__", repr(check))
 
 
+@overload
 async def until(
-    check: Callable[[], T | Awaitable[T]], what: str = "", within: float = 10.0, interval: float = 0.02
-) -> T:
+    check: Callable[[], Awaitable[T | None]], what: str = "", within: float = 10.0, interval: float = 0.02
+) -> T: ...
+
+
+@overload
+async def until(
+    check: Callable[[], T | None], what: str = "", within: float = 10.0, interval: float = 0.02
+) -> T: ...
+
+
+async def until(
+    check: Callable[[], Any], what: str = "", within: float = 10.0, interval: float = 0.02
+) -> Any:
     """Poll ``check`` (sync or async) until it returns something truthy, and return that.
 
     The deadline is ``within`` seconds, scaled; on expiry the error names ``what`` was awaited (or the
@@ -62,7 +74,7 @@ async def until(
         value = check()
         last = await value if inspect.isawaitable(value) else value
         if last:
-            return last  # type: ignore[no-any-return]
+            return last
         if loop.time() >= end:
             raise AssertionError(
                 f"waited {scaled(within):g} s for {what or describe(check)}; last value {last!r}"
