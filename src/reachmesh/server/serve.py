@@ -80,18 +80,24 @@ class RouterProcess(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-def reuse_port_socket(host: str, port: int) -> socket.socket:
-    """A socket bound with SO_REUSEPORT: several processes listen on one port, the kernel spreads
-    connections over them."""
+def listening_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
+    """A socket bound to ``host:port``, or a ConfigError saying why not.
+
+    Bound before anything else starts, so a taken port ends the process at once rather than after
+    the embedder has loaded its model. ``reuse_port`` (SO_REUSEPORT) lets several processes listen
+    on one port, the kernel spreading connections over them.
+    """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise ConfigError(f"cannot bind {host}:{port}: {exc.strerror or exc}") from exc
+        why = exc.strerror or str(exc)
+        raise ConfigError(f"cannot bind {host}:{port}: {why[:1].lower()}{why[1:]}") from exc
     return sock
 
 
@@ -111,7 +117,7 @@ def serve(
     port with other workers; ``middleware(app)`` is the ASGI app served in front of the Router
     (the A2A export), which must pass lifespan through.
     """
-    sockets = [reuse_port_socket(host, port)] if reuse_port else None
+    sockets = [listening_socket(host, port, reuse_port=reuse_port)]
     process = RouterProcess(uvicorn_config(app, host, port, **extra), app, on_ready)
     if middleware is not None:
         process.config.app = middleware(app)
