@@ -77,6 +77,16 @@ class Proc:
             LIVE.discard(self)
 
 
+def exit_code_within(popen: subprocess.Popen[bytes], seconds: float) -> int | None:
+    """The exit code once ``popen`` has exited within ``seconds`` (scaled); else kill it, None."""
+    try:
+        return popen.wait(scaled(seconds))
+    except subprocess.TimeoutExpired:
+        popen.kill()
+        popen.wait()
+        return None
+
+
 # Every Proc not yet stopped, in this process (one xdist worker).
 LIVE: set[Proc] = set()
 
