@@ -34,10 +34,10 @@ def pytest_report_header() -> str:
 
 @pytest.fixture(autouse=True)
 def _reap_processes() -> Iterator[None]:
-    """Stop every process a test started through tests.procs and left running."""
+    """Own every process a test starts through tests.procs: stop whatever is still running after
+    the test and its fixtures, even when it failed before reaching its own clean-up."""
     yield
-    left = stop_all()
-    assert not left, f"the test left processes running (now stopped): {left}"
+    stop_all()
 
 
 def _alive(proc: psutil.Process) -> bool:

@@ -89,14 +89,14 @@ def log_lines(caplog: pytest.LogCaptureFixture, logger: str = TRACE_LOGGER) -> l
 
 @contextmanager
 def cpu_hogs(count: int | None = None, limit_s: float = 120.0) -> Iterator[list[subprocess.Popen[bytes]]]:
-    """``count`` processes (default: one per core, plus one) that burn CPU until the block ends.
+    """``count`` processes (default: one per core) that burn CPU until the block ends.
 
     Each one also ends itself after ``limit_s``, so none outlives a test killed from outside.
     """
     hogs: list[subprocess.Popen[bytes]] = []
     script = f"import time\nend = time.monotonic() + {limit_s}\nwhile time.monotonic() < end: pass\n"
     try:
-        for _ in range(count if count is not None else (os.cpu_count() or 1) + 1):
+        for _ in range(count if count is not None else os.cpu_count() or 1):
             hogs.append(subprocess.Popen([sys.executable, "-c", script]))
         yield hogs
     finally:
