@@ -22,9 +22,10 @@ test: install
 	scripts/test-deps
 	$(BIN)/python -m pytest -q -n 2
 
-# The core suite only: no etcd clusters, fuzzing, held-out semantic evaluation or framework bridges.
+# The core suite only: no etcd clusters, fuzzing, held-out semantic evaluation, framework bridges
+# or end-to-end runs of Router and agent processes (`make test` runs them all).
 test-fast: install
-	$(BIN)/python -m pytest -q -n 2 -m "not etcd and not fuzz and not semantic_eval and not integrations"
+	$(BIN)/python -m pytest -q -n 2 -m "not etcd and not fuzz and not semantic_eval and not integrations and not e2e"
 
 check: install
 	scripts/check

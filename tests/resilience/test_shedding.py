@@ -187,9 +187,10 @@ async def test_a_real_storm_that_lags_the_loop_is_shed_and_healthz_answers() -> 
         bg.run(agent.start())
         bg.on_close(agent.stop)
         bg.run(agent.register(server.url))
-        async with httpx.AsyncClient(
-            base_url=server.url, timeout=scaled(60), limits=httpx.Limits(max_connections=200)
-        ) as http:
+        # A fresh connection per call: a kept-alive one can be closed by a Router whose loop lags
+        # past its keep-alive timeout just as the next call is sent on it (a ReadError, not a 429).
+        fresh = httpx.Limits(max_connections=200, max_keepalive_connections=0)
+        async with httpx.AsyncClient(base_url=server.url, timeout=scaled(60), limits=fresh) as http:
             shed: list[httpx.Response] = []
             loop = asyncio.get_running_loop()
             end = loop.time() + scaled(30)
