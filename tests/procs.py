@@ -59,6 +59,14 @@ class Proc:
     def text(self) -> str:
         return self.log.read_text(errors="replace")
 
+    def running(self) -> bool:
+        """True while it runs; an AssertionError with its last output once it has exited, so a
+        poll for its readiness ends at once instead of at its deadline."""
+        code = self.popen.poll()
+        if code is not None:
+            raise AssertionError(f"{self!r} exited with {code}: {self.text()[-1500:]}")
+        return True
+
     def signal(self, sig: int) -> None:
         self.popen.send_signal(sig)
 
@@ -170,7 +178,10 @@ class Drill:
         self.ports: dict[str, tuple[int, int]] = {}
         ready = False
         try:
-            wait_for(lambda: self.http.get("/healthz").status_code == 200, what="the Router's /healthz")
+            wait_for(
+                lambda: self.router.running() and self.http.get("/healthz").status_code == 200,
+                what="the Router's /healthz",
+            )
             ready = True
         finally:
             if not ready:
