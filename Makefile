@@ -5,7 +5,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 
-.PHONY: demo test test-fast check bench install clean
+.PHONY: demo test test-fast check docs bench install clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -23,16 +23,21 @@ test: install
 	$(BIN)/python -m pytest -q -n 2
 
 # The core suite only: no etcd clusters, fuzzing, held-out semantic evaluation, framework bridges
-# or end-to-end runs of Router and agent processes (`make test` runs them all).
+# or browser, or the wheel installed into a fresh venv, or end-to-end runs of Router and agent
+# processes (`make test` runs them all).
 test-fast: install
-	$(BIN)/python -m pytest -q -n 2 -m "not etcd and not fuzz and not semantic_eval and not integrations and not e2e"
+	$(BIN)/python -m pytest -q -n 2 -m "not etcd and not fuzz and not semantic_eval and not integrations and not browser and not packaging and not drill and not e2e"
 
 check: install
 	scripts/check
+
+# The documentation site (mkdocs.yml) into site/; --strict makes a broken link or anchor an error.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 bench: install
 	scripts/bench-deps
 	$(BIN)/python bench/router_overhead.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site

@@ -7,7 +7,7 @@ behind each one and this script prints the figures, each against its target:
 
 - busy: a handler holds the CPU and its loop for 3 s; statuses seen meanwhile (target: only
   ``available``) and how long the health port took to answer;
-- crash: kill -9 one of two agents under traffic, breakers on; requests that touched it (<= 1);
+- crash: ``reach drill crash`` (the command; see docs/drills.md for its other scenarios);
 - health: the same with breakers off; time until no request touches it (<= interval + timeout);
 - chaos: four agents for 20 s, two killed at 5 s, one slowed at 10 s, one revived at 15 s
   (>= 99% SUCCESS, every answer a ReachResponse, traffic back on the revived agent);
@@ -23,7 +23,9 @@ Exits 1 when a figure misses its target. Takes about a minute.
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -105,12 +107,17 @@ def _crash(drill: Drill) -> tuple[int, float]:
     return touched, last_touch - killed
 
 
-def crash(drill: Drill) -> None:
-    touched, after = _crash(drill)
+def crash() -> None:
+    """The crash drill is ``reach drill crash`` (the product command); this runs it."""
+    done = subprocess.run(
+        [sys.executable, "-m", "reachmesh", "drill", "crash", "--json"], capture_output=True, text=True
+    )
+    figures = json.loads(done.stdout)["scenarios"]["crash"]["figures"] if done.stdout else {}
     report(
         "crash",
-        f"{touched} request(s) touched the killed agent, last {after * 1000:.0f} ms after",
-        touched <= 1,
+        f"reach drill crash: {figures.get('touchedVictimAfterKill')} request(s) touched the killed agent, "
+        f"{figures.get('failedAfterKill')} failed",
+        done.returncode == 0,
     )
 
 
@@ -293,7 +300,7 @@ DRILLS: dict[str, Callable[[], None]] = {
     "busy": lambda: with_drill(
         {"health": {"interval_seconds": 0.2, "timeout_ms": 300, "unhealthy_after": 2}}, busy
     ),
-    "crash": lambda: with_drill({}, crash),
+    "crash": crash,
     "health": lambda: with_drill(
         {"breaker": {"enabled": False}, "health": {"interval_seconds": 0.5, "timeout_ms": 300, "jitter": 0}},
         health,

@@ -17,6 +17,7 @@ from pathlib import Path
 SLEEP = re.compile(r"^(\s*)(?:await\s+)?(?:asyncio|time|bg\.run\(asyncio)\.sleep\(")
 CHECK = re.compile(r"^\s*(?:assert\b|with pytest\.raises\b)")
 SLEEP_OK = re.compile(r"^\s*# sleep-ok: \S")
+DEF = re.compile(r"^\s*(?:async\s+)?def\b")
 LOOP = re.compile(r"^\s*(?:for|while|async for)\b")
 CLAUSE = re.compile(r"^\s*(?:finally|else|except\b[^:]*)\s*:")
 BLOCK = re.compile(
@@ -55,8 +56,8 @@ def _check_follows(lines: list[str], number: int) -> bool:
         if depth > indent:
             continue  # the rest of a multi-line statement, or a skipped clause's body
         if depth < indent:
-            if any(LOOP.match(h) for h in enclosing if _depth(h) >= depth):
-                return False
+            if any(LOOP.match(h) or DEF.match(h) for h in enclosing if _depth(h) >= depth):
+                return False  # a poll's loop, or a function's own work (a fake server's pause)
             indent = depth
         if CLAUSE.match(line):
             continue

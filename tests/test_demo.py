@@ -61,6 +61,14 @@ def test_demo_runs_the_reference_session(tmp_path: Path) -> None:
             ).json()
             assert body["status"] == "SUCCESS"
             assert body["result"]["price"] == 199.9
+            # The hint the demo prints works as a user pastes it, from where the demo was started.
+            hint = next(line for line in log.read_text().splitlines() if " call query_product_price " in line)
+            command = hint.split("Try:")[-1].strip()
+            tried = subprocess.run(
+                command, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=60
+            )
+            assert tried.returncode == 0, (command, tried.stdout, tried.stderr)
+            assert '"status": "SUCCESS"' in tried.stdout
         finally:
             proc.send_signal(signal.SIGINT)
             code = exit_code_within(proc, 20)
@@ -129,3 +137,55 @@ def test_demo_on_a_taken_port_says_so_and_fails(tmp_path: Path) -> None:
     assert result.returncode != 0
     assert f"port {port}" in text and "is taken" in text
     assert "demo is up" not in text and "Traceback" not in text
+
+
+def test_a_port_left_in_time_wait_is_free_for_the_next_demo() -> None:
+    """Ctrl-C then `make demo` again: the ports' old connections linger in TIME-WAIT, and the
+    pre-flight check binds as the servers do (SO_REUSEADDR), so it lets the demo start; a port
+    something listens on is still refused."""
+    import errno
+    import socket
+
+    import pytest
+
+    from reachmesh.cli.demo import _check_ports_free
+    from reachmesh.exceptions import ConfigError
+
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        served, _ = listener.accept()
+        served.close()  # the server's side closes first, so its port is the one left in TIME-WAIT
+        client.recv(1)
+        client.close()
+    with socket.socket() as plain, pytest.raises(OSError) as taken:
+        plain.bind(("127.0.0.1", port))
+    assert taken.value.errno == errno.EADDRINUSE  # the state the demo met: TIME-WAIT only
+    _check_ports_free(port, {}, free_ports=True)
+    with socket.socket() as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        holder.bind(("127.0.0.1", port))
+        holder.listen()
+        with pytest.raises(ConfigError, match=f"port {port}, for the Router"):
+            _check_ports_free(port, {}, free_ports=True)
+
+
+def test_the_demo_names_reach_as_the_shell_will_find_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`reach` when PATH leads to this very command; else its path, relative under the working
+    directory (`.venv/bin/reach` after `make demo`); either way it runs as printed."""
+    from reachmesh.cli.demo import reach_command
+
+    here = Path(sys.executable).parent / "reach"
+    assert here.is_file()
+    venv = here.parent.parent
+    monkeypatch.chdir(venv.parent)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    named = reach_command()
+    assert named == f"{venv.name}/bin/reach"
+    ran = subprocess.run(f"{named} --version", shell=True, capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0 and ran.stdout.startswith("reach (reachmesh) "), ran
+    monkeypatch.setenv("PATH", f"{here.parent}:/usr/bin:/bin")
+    assert reach_command() == "reach"

@@ -132,3 +132,55 @@ async def test_free_text_target_task_still_routes_by_meaning() -> None:
                 assert body["handlerAgentId"] == "price-agent"
         finally:
             await agent.stop()
+
+
+@pytest.mark.parametrize(
+    ("agent_id", "rule"),
+    [
+        ("agent-alpha.", "ends in '.'"),
+        ("agent-alpha-", "ends in '-'"),
+        ("agent-alpha_", "ends in '_'"),
+        ("agent-alpha..", "ends in '.'"),
+        ("agent--alpha", "'--' in a row"),
+        ("agent.-alpha", "'.-' in a row"),
+        ("-agent-alpha", "starts with '-'"),
+    ],
+)
+def test_agent_ids_with_look_alike_punctuation_are_refused(agent_id: str, rule: str) -> None:
+    """An id that prints like another by a trailing or doubled separator is refused, saying why."""
+    with pytest.raises(ValidationError) as caught:
+        AgentProfile.model_validate(profile("pay_task", agent_id=agent_id))
+    [error] = caught.value.errors()
+    assert error["loc"] == ("id",)
+    assert rule in error["msg"]
+    with pytest.raises(ValidationError):
+        ReachRequest.model_validate({"targetTask": "t", "targetAgent": agent_id})
+    for fine in ("agent-alpha", "a", "agent.alpha_2-b", "9" * 128):
+        assert AgentProfile.model_validate(profile("pay_task", agent_id=fine)).id == fine
+    with pytest.raises(ValidationError):
+        AgentProfile.model_validate(profile("pay_task", agent_id="9" * 129))
+
+
+@pytest.mark.parametrize("task", ["pay_task.", "pay_task-", "pay_task:", "pay_task_"])
+def test_task_names_ending_in_a_separator_are_refused(task: str) -> None:
+    """``pay_task.`` prints like ``pay_task``: refused, naming the name it passes for."""
+    with pytest.raises(ValidationError, match="prints like 'pay_task'"):
+        AgentProfile.model_validate(profile(task))
+
+
+async def test_a_trailing_dot_cannot_register_beside_the_real_agent() -> None:
+    """Through a real Router: ``pay-agent.`` gets 422 at ``id`` and the real agent keeps serving."""
+    config = RouterConfig.from_mapping({"health": {"enabled": False}, "embedding": {"backend": "none"}})
+    async with RouterServer(config) as router, httpx.AsyncClient(base_url=router.url, timeout=10) as http:
+        real = await FakeAgent("pay-agent", tasks=("pay_task",)).start()
+        try:
+            await real.register(router.url)
+            resp = await http.post("/agents", json=profile("pay_task", agent_id="pay-agent."))
+            assert resp.status_code == 422
+            [detail] = resp.json()["error"]["details"]
+            assert detail["field"] == "id" and "prints like 'pay-agent'" in detail["message"]
+            assert [a["id"] for a in (await http.get("/admin/agents")).json()] == ["pay-agent"]
+            body = (await http.post("/reach", json={"targetTask": "pay_task"})).json()
+            assert body["handlerAgentId"] == "pay-agent"
+        finally:
+            await real.stop()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import time
 from pathlib import Path
@@ -129,3 +130,53 @@ def test_sigterm_exits_within_the_drain_deadline_while_a_big_profile_is_embedded
     assert code in (0, -signal.SIGTERM), router.text()[-2000:]
     assert took < DRAIN_S + scaled(2)
     assert "Traceback" not in router.text()
+
+
+@pytest.mark.e2e
+def test_sigterm_answers_every_running_sync_call_timeout(tmp_path: Path) -> None:
+    """Three sync calls stuck at an agent, then SIGTERM to the real process: each caller gets its
+    504 TIMEOUT ReachResponse (never a bare 500 text/plain), the log says each was abandoned and
+    has no "Exception in ASGI application", and the process exits within the drain deadline."""
+    port = free_port()
+    policy = tmp_path / "router.yaml"
+    policy.write_text(
+        yaml.safe_dump(
+            {
+                "server": {"drain_timeout_seconds": DRAIN_S},
+                "embedding": {"backend": "none"},
+                "health": {"enabled": False},
+                "timeouts": {"read_ms": 60_000, "overall_ms": 120_000},
+            }
+        )
+    )
+    router = Proc(["router", "--port", str(port), "--config", str(policy)], tmp_path / "router.log")
+    url = f"http://127.0.0.1:{port}"
+    with BackgroundLoop() as bg:
+        stuck = bg.run(FakeAgent("stuck", tasks=("stuck",), delay_s=60).start())
+        bg.on_close(stuck.stop)
+
+        async def call(i: int) -> httpx.Response:
+            async with httpx.AsyncClient(timeout=30) as http:
+                return await http.post(f"{url}/reach", json={"traceId": f"sync-{i}", "targetTask": "stuck"})
+
+        try:
+            wait_for(lambda: httpx.get(f"{url}/readyz").status_code == 200, timeout=20)
+            bg.run(stuck.register(url, vectors=False))
+            calls = [asyncio.run_coroutine_threadsafe(call(i), bg.loop) for i in range(3)]
+            wait_for(lambda: len(stuck.received) == 3, timeout=10)
+            started = time.monotonic()
+            router.signal(signal.SIGTERM)
+            answers = [c.result(DRAIN_S + 10) for c in calls]
+            code = router.popen.wait(DRAIN_S + 10)
+            took = time.monotonic() - started
+        finally:
+            router.stop()
+    log = router.text()
+    assert code in (0, -signal.SIGTERM), log[-2000:]
+    assert took < DRAIN_S + 3, log[-2000:]
+    for i, resp in enumerate(answers):
+        assert resp.status_code == 504, resp.text
+        assert resp.headers["content-type"] == "application/json"
+        assert (resp.json()["status"], resp.json()["traceId"]) == ("TIMEOUT", f"sync-{i}")
+        assert f"[sync-{i}] request abandoned at shutdown: answered TIMEOUT" in log
+    assert "Exception in ASGI application" not in log and "Traceback" not in log, log[-2000:]

@@ -8,14 +8,13 @@ Unknown keys are an error here (unlike on the wire): a typo in a policy must not
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from reachmesh.exceptions import ConfigError
 from reachmesh.protocol import Strategy, error_details
+from reachmesh.yamlfile import read_yaml
 
 Positive = Annotated[float, Field(gt=0)]
 PositiveMs = Annotated[int, Field(gt=0, le=3_600_000)]
@@ -42,6 +41,12 @@ class ServerPolicy(_Section):
     max_json_depth: Annotated[int, Field(ge=4, le=200)] = 64
     # The largest agent answer the Router reads; a bigger one is AGENT_ERROR RESPONSE_TOO_LARGE.
     response_limit_bytes: Annotated[int, Field(gt=0, le=1024 * 1024 * 1024)] = 8 * 1024 * 1024
+    # The head of an agent's answer (status line and headers, interim 1xx heads included): its
+    # bytes, its header lines, one line's length. Counted as the bytes arrive; past any, the
+    # attempt is a bad answer (failover, a breaker failure) and the connection is closed.
+    response_max_header_bytes: Annotated[int, Field(ge=1024, le=1024 * 1024)] = 32 * 1024
+    response_max_headers: Annotated[int, Field(ge=8, le=1000)] = 100
+    response_max_line_bytes: Annotated[int, Field(ge=256, le=64 * 1024)] = 8190
     # HTTPS: the Router's certificate chain and its private key (PEM), both or neither; read
     # once at start (a reload cannot re-bind the listening socket).
     tls_cert_file: str | None = None
@@ -63,6 +68,9 @@ class TokenSpec(_Section):
     agent_ids: list[str] = ["*"]
     tasks: list[str] = ["*"]
     name: str = ""  # shown in errors and logs instead of the token (e.g. "price team")
+    # The highest routing_weight this token's agents may declare, instead of routing.max_weight
+    # (higher for a trusted team, lower for a newcomer).
+    max_weight: Annotated[float, Field(gt=0, le=10_000)] | None = None
 
 
 class AuthPolicy(_Section):
@@ -147,6 +155,10 @@ class RegistryPolicy(_Section):
     max_agents: Annotated[int, Field(ge=1, le=1_000_000)] = 10_000
     # The most agents one agent token may hold registered at once (admins are not counted).
     max_agents_per_token: Annotated[int, Field(ge=1, le=1_000_000)] = 1000
+    # The most live agents declaring one task: every request for it ranks them all, so this
+    # bounds the cost of a request; and of those, the most one agent token may hold.
+    max_agents_per_task: Annotated[int, Field(ge=1, le=1_000_000)] = 1000
+    max_agents_per_task_per_token: Annotated[int, Field(ge=1, le=1_000_000)] = 100
     # auto: etcd when registry.etcd.endpoints or REACH_ETCD_ENDPOINTS names members, else memory.
     backend: Literal["auto", "memory", "etcd"] = "auto"
     etcd: EtcdPolicy = EtcdPolicy()
@@ -226,7 +238,8 @@ class LimitsPolicy(_Section):
 
     # Requests in flight at once; the excess is answered 429 OVERLOADED.
     max_inflight: Annotated[int, Field(ge=1, le=1_000_000)] = 1024
-    # Of those, the most one client address may hold (its excess is 429 too).
+    # Of those, the most one client may hold (its excess is 429 too): one credential when auth
+    # is on, one address when it is off.
     max_inflight_per_client: Annotated[int, Field(ge=1, le=1_000_000)] = 256
     # The global breaker: new requests are shed while the event loop lags this much for a whole
     # window *and* the Router holds real work of its own; a light load on a slow host is served.
@@ -271,6 +284,9 @@ class AsyncPolicy(_Section):
     # How long a finished result stays at GET /reach/{traceId} (at most max_results are kept).
     result_ttl_seconds: Positive = 3600
     max_results: Annotated[int, Field(ge=1, le=10_000_000)] = 10_000
+    # Bytes of finished results held (their ReachResponse bodies); past it the oldest go first.
+    # The newest result is always kept, so the store holds at most this plus one answer.
+    max_result_bytes: Annotated[int, Field(ge=1024, le=1 << 40)] = 128 * 1024 * 1024
     # replyTo delivery: retried with exponential backoff and jitter, starting at
     # reply_backoff_ms and doubling up to reply_backoff_max_ms, until it is taken, until
     # reply_window_seconds have passed, or after reply_attempts POSTs, whichever comes first.
@@ -297,7 +313,7 @@ class MeritPolicy(_Section):
 
 
 class LearningPolicy(_Section):
-    """Learning from confirmed routes (issue #15 item 3): phrases remembered for a task."""
+    """Learning from confirmed routes: phrases an operator confirmed, remembered for a task."""
 
     # Off by default: a learned phrase changes where later requests go, so an operator opts in.
     enabled: bool = False
@@ -305,12 +321,20 @@ class LearningPolicy(_Section):
     max_phrases: Annotated[int, Field(ge=1, le=1_000_000)] = 10_000
     # How long after a refusal by meaning a caller's explicit retry still confirms that phrase.
     window_seconds: Positive = 120
+    # Learned negatives: a capability that declined a phrase routed to it by meaning is not offered
+    # that phrase again. On even while `enabled` is off: it only ever keeps a route from an agent
+    # that said, itself, "not mine".
+    negatives: bool = True
+    max_negatives: Annotated[int, Field(ge=1, le=1_000_000)] = 10_000
 
 
 class RoutingPolicy(_Section):
     """How candidates are chosen and ranked."""
 
     default_strategy: Strategy = Strategy.EXACT_MATCH
+    # The highest routing_weight a registration may declare (an agent token's max_weight
+    # overrides it): a newcomer declaring 10,000 took every call from a weight-10 incumbent.
+    max_weight: Annotated[float, Field(gt=0, le=10_000)] = 100
     # Whether a caller's `preferences.strategy` is honoured.
     allow_caller_strategy: bool = True
     # The task mapping table: alias or phrase -> canonical task. Wins over anything semantic.
@@ -327,6 +351,8 @@ class Calibration(_Section):
 
     threshold: Annotated[float, Field(ge=-1, le=1)]
     margin: Annotated[float, Field(ge=0, le=2)] = 0.0
+    # How much better a text must match a declared limit than its capability to be kept off it.
+    limit_margin: Annotated[float, Field(ge=-1, le=1)] | None = None
 
 
 class EmbeddingPolicy(_Section):
@@ -362,6 +388,8 @@ class EmbeddingPolicy(_Section):
     # (see `reach calibrate`). A model without one refuses semantic routes until it is set.
     threshold: Annotated[float, Field(ge=-1, le=1)] | None = None
     margin: Annotated[float, Field(ge=0, le=2)] | None = None
+    # Declared limits: null takes the model's calibration (`reach calibrate --limits`), else 0.
+    limit_margin: Annotated[float, Field(ge=-1, le=1)] | None = None
     # Operating points by model name (the name `reach calibrate` prints): the one of the model in
     # use applies when threshold is null, so switching models never carries one model's
     # threshold over to another.
@@ -383,6 +411,15 @@ class EmbeddingPolicy(_Section):
             return None
         margin = self.margin if self.margin is not None else (base[1] if base else 0.0)
         return float(threshold), float(margin)
+
+    def limit_margin_for(self, model: str, default: float | None) -> float:
+        """The declared-limit margin for ``model``: set here, else its calibration, else 0 (a
+        limit must match better than the capability itself)."""
+        known = self.calibrations.get(model)
+        for value in (self.limit_margin, known.limit_margin if known else None, default):
+            if value is not None:
+                return float(value)
+        return 0.0
 
     # How often to retry vectors for agents registered while the embedder was down.
     retry_seconds: Positive = 5
@@ -469,18 +506,3 @@ class RouterConfig(_Section):
         if chosen is None:
             return cls()
         return cls.from_mapping(read_yaml(chosen), source=str(chosen))
-
-
-def read_yaml(path: str | os.PathLike[str]) -> Any:
-    """Parse a YAML file, mapping I/O and syntax errors to :class:`ConfigError`."""
-    file = Path(path)
-    try:
-        text = file.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{file}: cannot read: {exc.strerror or exc}") from exc
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        raise ConfigError(f"{file}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from exc

@@ -12,13 +12,16 @@ caller never has to know which library sat underneath.
     │   ├── PayloadTooLarge          the body is over the configured limit (413)
     │   ├── UnsupportedMediaType     the body is not JSON (415)
     │   ├── BodyTimeout              the body did not arrive in time (408)
-    │   └── TraceIdInUse             an async request already uses this traceId
+    │   ├── TraceIdInUse             an async request already uses this traceId
+    │   └── LearningDisabled         409 LEARNING_DISABLED: a route confirmed while learning is off
     ├── Overloaded                   429 OVERLOADED: the Router is shedding load
+    ├── AccessDenied                 401/403: no credential, or a role that may not do this
     ├── InternalError                500 INTERNAL_ERROR: a bug in the Router itself
     ├── RegistryError                the registry refused a write
     │   ├── InvalidProfile           422 INVALID_PROFILE, with the field paths at fault
     │   ├── AgentIdConflict          409 AGENT_ID_CONFLICT: the id's lease is live and not yours
     │   ├── RegistryFull             503 REGISTRY_FULL: registry.max_agents are registered
+    │   ├── RegistryUnavailable      503 REGISTRY_UNAVAILABLE: the shared registry is out of reach
     │   ├── LeaseNotFound            404 LEASE_NOT_FOUND: the lease expired or never existed
     │   ├── LeaseMismatch            403 FORBIDDEN: the lease belongs to another registration
     │   ├── Forbidden                403 FORBIDDEN: the token may not register this id or task
@@ -35,6 +38,7 @@ caller never has to know which library sat underneath.
     │   ├── AttemptTimeout           the agent did not answer in time
     │   ├── BadAgentResponse         5xx, or an answer that is not a valid agent reply
     │   └── AgentRejected            the agent answered AGENT_ERROR, or a 4xx
+    │       └── AgentDeclined        the agent answered DECLINED: the request is not for it
     ├── OutboundRefused              a URL the Router will not call (the rule is named)
     ├── DeliveryFailed               a replyTo URL did not take an async answer
     ├── ClientError                  the SDK could not talk to the Router
@@ -238,6 +242,10 @@ class AgentNotFound(RegistryError):
     http_status = 404
 
 
+# The most candidates an answer (error.candidates) or a stored trace lists by name.
+MAX_CANDIDATES_SHOWN = 20
+
+
 class RoutingError(ReachError):
     """No agent may take the request; ``candidates`` says why, one reason per agent."""
 
@@ -252,7 +260,11 @@ class RoutingError(ReachError):
     def to_error(self) -> dict[str, Any]:
         error = super().to_error()
         if self.candidates is not None:
-            error["candidates"] = self.candidates
+            # A task with a thousand agents made every failed call a 146 KB answer: the first
+            # ones are shown, and how many more there were.
+            error["candidates"] = self.candidates[:MAX_CANDIDATES_SHOWN]
+            if len(self.candidates) > MAX_CANDIDATES_SHOWN:
+                error["candidatesOmitted"] = len(self.candidates) - MAX_CANDIDATES_SHOWN
         return error
 
 
@@ -379,6 +391,19 @@ class AgentRejected(AttemptError):
 
     def to_error(self) -> dict[str, Any]:
         return self.error
+
+
+class AgentDeclined(AgentRejected):
+    """The agent answered ``DECLINED``: the request is not for it. Not a failure: the Router tries
+    the next candidate without a retry-budget token, and the agent's breaker and success rate
+    never see it."""
+
+    code = "DECLINED"
+    reason = "declined"
+
+    def __init__(self, error: dict[str, Any]) -> None:
+        # The agent's own code is kept (DECLINED, or A2A_TASK_REJECTED from an A2A agent).
+        super().__init__(error, retryable=True)
 
 
 class OutboundRefused(ReachError):

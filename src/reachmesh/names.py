@@ -1,11 +1,11 @@
 """Look-alike task names: the rule that keeps one declared name from printing like another.
 
-Issue #11: ``TASK_PATTERN`` accepts letters of any script, so ``pаy_task`` (a Cyrillic ``а``),
-``ｐａｙ＿ｔａｓｋ`` (full-width forms), ``pay_task`` plus a combining accent, or ``pay`` + a zero-width
-joiner + ``task`` were all accepted, and each prints like (or nearly like) ``pay_task`` in logs,
-metrics and ``GET /admin/agents``. An operator reading them could not tell an impostor from the
-real task. Chinese, Japanese and other non-Latin names must stay allowed, so the rule is not
-"ASCII only" (agent ids already are). A declared task name is refused when it:
+``TASK_PATTERN`` accepts letters of any script, so without this rule ``pаy_task`` (a Cyrillic
+``а``), ``ｐａｙ＿ｔａｓｋ`` (full-width forms), ``pay_task`` plus a combining accent, or ``pay`` + a
+zero-width joiner + ``task`` would each print like (or nearly like) ``pay_task`` in logs, metrics
+and ``GET /admin/agents``, and an operator could not tell an impostor from the real task.
+Chinese, Japanese and other non-Latin names must stay allowed, so the rule is not "ASCII only"
+(agent ids already are). A declared task name is refused when it:
 
 1. carries an invisible character: a format character (category Cf: zero-width joiner,
    non-joiner and space, BOM, soft hyphen, bidi controls) or another default-ignorable one
@@ -25,6 +25,11 @@ real task. Chinese, Japanese and other non-Latin names must stay allowed, so the
    prints like ``copy``): UTS #39 calls this a whole-script confusable. A real Russian or Greek
    word (``оплата``, ``πληρωμή``) has letters without a Latin twin and stays allowed.
 
+Agent ids are ASCII (``[a-z0-9._-]``), so none of the above applies to them; what can make two
+ids print alike is punctuation: ``agent-alpha.`` or ``agent-alpha-`` reads as ``agent-alpha`` in a
+log line or a table, and ``agent--alpha`` nearly so. An id is therefore runs of letters and digits
+joined by single separators, and a task name may not end in a separator either.
+
 Scripts are read from ``unicodedata.name`` (its first word: LATIN, CYRILLIC, CJK, HIRAGANA...),
 so this needs nothing beyond the standard library. Letters within one script that look alike
 (Latin ``l`` and ``I``) are not this rule's business. Free text a caller sends as ``targetTask``
@@ -34,6 +39,7 @@ for routing by meaning is not checked: it only ever matches a declared name exac
 from __future__ import annotations
 
 import unicodedata
+from itertools import pairwise
 
 # Default-ignorable code points that are not format characters (Cf is refused as a category):
 # they render as nothing, so they can make two names differ invisibly.
@@ -140,9 +146,18 @@ def _latin_twin(name: str) -> str | None:
     return f"is written in {script} letters that all have Latin look-alikes; it prints like {twin!r}"
 
 
+_SEPARATORS = frozenset("._-:")
+
+
+def _trailing_separator(name: str) -> str | None:
+    if name and name[-1] in _SEPARATORS:
+        return f"ends in {name[-1]!r}, so it prints like {name.rstrip('._-:')!r}"
+    return None
+
+
 def look_alike_problem(name: str) -> str | None:
     """Why ``name`` could pass for another task name, or None when it cannot (rules above)."""
-    for rule in (_invisible, _stray_mark, _not_nfkc, _mixed_scripts, _latin_twin):
+    for rule in (_invisible, _stray_mark, _not_nfkc, _mixed_scripts, _latin_twin, _trailing_separator):
         problem = rule(name)
         if problem is not None:
             return problem
@@ -159,4 +174,31 @@ def check_task_name(value: object) -> object:
         problem = look_alike_problem(value)
         if problem is not None:
             raise ValueError(f"task name {problem}")
+    return value
+
+
+def agent_id_problem(agent_id: str) -> str | None:
+    """Why an ASCII agent id could pass for another (a separator at an end, or two in a row)."""
+    if not agent_id:
+        return None
+    if agent_id[0] in _SEPARATORS:
+        return f"starts with {agent_id[0]!r}; an id starts with a letter or digit"
+    trailing = _trailing_separator(agent_id)
+    if trailing is not None:
+        return trailing
+    for first, second in pairwise(agent_id):
+        if first in _SEPARATORS and second in _SEPARATORS:
+            return f"has {first + second!r} in a row; separators stand alone, so no id can pass for another"
+    return None
+
+
+def check_agent_id(value: object) -> object:
+    """A pydantic before-validator: refuse an agent id that could pass for another, saying why.
+
+    Non-strings and over-long ones pass through to the pattern and length checks that follow.
+    """
+    if isinstance(value, str) and len(value) <= MAX_NAME_CHARS:
+        problem = agent_id_problem(value)
+        if problem is not None:
+            raise ValueError(f"agent id {problem}")
     return value

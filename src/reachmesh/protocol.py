@@ -24,13 +24,16 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from reachmesh.jsoncodec import depth
-from reachmesh.names import check_task_name
+from reachmesh.names import check_agent_id, check_task_name
 from reachmesh.schema import check_schema
 
 PROTOCOL_VERSION = "1.0"
 
-# ASCII only, so no agent id can pass for another (issue #11); task names cannot be.
-AGENT_ID_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,127}$"
+# ASCII only, so no agent id can pass for another; task names cannot be (see names.py). Runs of letters and
+# digits joined by single separators: "agent-alpha." or "agent--alpha" would print like
+# "agent-alpha" (names.check_agent_id says so by name, before this pattern refuses).
+AGENT_ID_PATTERN = r"^[a-z0-9]+(?:[._-][a-z0-9]+)*$"
+MAX_AGENT_ID_CHARS = 128
 # Task names are identifiers in any script (query_product_price, 查询价格); no spaces, no
 # control characters, so they are safe in log lines and metric labels. names.py refuses the
 # ones that could pass for another name (invisible characters, mixed scripts, non-NFKC).
@@ -41,7 +44,11 @@ TRACE_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
 # characters, for the same reason.
 _PRINTABLE = r"^[^\x00-\x1f\x7f]+$"
 
-AgentId = Annotated[str, StringConstraints(pattern=AGENT_ID_PATTERN)]
+AgentId = Annotated[
+    str,
+    StringConstraints(pattern=AGENT_ID_PATTERN, max_length=MAX_AGENT_ID_CHARS),
+    BeforeValidator(check_agent_id),
+]
 # The look-alike check runs before the pattern, so a zero-width space is refused by name.
 TaskName = Annotated[str, StringConstraints(pattern=TASK_PATTERN), BeforeValidator(check_task_name)]
 TraceId = Annotated[str, StringConstraints(pattern=TRACE_ID_PATTERN)]
@@ -58,8 +65,13 @@ MAX_DESCRIPTION_CHARS = 2048
 MAX_EXAMPLES = 20
 MAX_EXAMPLE_CHARS = 500
 MAX_PROFILE_EXAMPLES = 200
+# Declared limits are embedded too, and each is a short phrase ("cancel or change an order").
+MAX_LIMITS = 16
+MAX_LIMIT_CHARS = 200
 
 Millis = Annotated[int, Field(strict=True, gt=0, le=3_600_000)]
+# The shortest health_check.interval_seconds an agent may ask for.
+MIN_HEALTH_INTERVAL_SECONDS = 1.0
 
 
 class Status(StrEnum):
@@ -75,6 +87,9 @@ class Status(StrEnum):
     UNAUTHORIZED = "UNAUTHORIZED"
     FORBIDDEN = "FORBIDDEN"
     OVERLOADED = "OVERLOADED"
+    # An agent's answer that the request is not for it (v1.2). Never a Router's final answer: when
+    # every candidate declines, the caller gets NO_AVAILABLE_HANDLER with reason ``declined``.
+    DECLINED = "DECLINED"
     # An addition to the protocol: the Router itself failed (a bug). The answer is still a
     # ReachResponse, never a bare 500, and the traceback stays in the Router's log.
     INTERNAL_ERROR = "INTERNAL_ERROR"
@@ -91,6 +106,7 @@ HTTP_STATUS: dict[Status, int] = {
     Status.UNAUTHORIZED: 401,
     Status.FORBIDDEN: 403,
     Status.OVERLOADED: 429,
+    Status.DECLINED: 422,
     Status.INTERNAL_ERROR: 500,
 }
 
@@ -122,6 +138,8 @@ class CandidateReason(StrEnum):
     NO_CONTEXT = "no_context"  # contextBound: the agent did not confirm it holds the conversation
     BELOW_THRESHOLD = "below_threshold"  # semantic_route: the best match scored under the threshold
     AMBIGUOUS = "ambiguous"  # semantic_route: the best match is too close to the runner-up
+    DECLINED = "declined"  # the agent answered DECLINED, or a learned negative for this phrase
+    DECLARED_LIMIT = "declared_limit"  # semantic_route: the text matches a declared limit
 
 
 class Strategy(StrEnum):
@@ -149,6 +167,11 @@ class Capability(_ProfileModel):
     routing_weight: Annotated[float, Field(gt=0, le=10_000)] = 1.0
     examples: Annotated[
         list[Annotated[str, StringConstraints(max_length=MAX_EXAMPLE_CHARS)]], Field(max_length=MAX_EXAMPLES)
+    ] = []
+    # What the capability does *not* handle, in any language; routes by meaning keep off them.
+    limits: Annotated[
+        list[Annotated[str, StringConstraints(min_length=1, max_length=MAX_LIMIT_CHARS, pattern=_PRINTABLE)]],
+        Field(max_length=MAX_LIMITS),
     ] = []
 
     @field_validator("input_schema", "output_schema")
@@ -195,7 +218,9 @@ class HealthCheck(_ProfileModel):
 
     path: Annotated[str, StringConstraints(pattern=r"^/[\x21-\x7e]{0,511}$")] = "/healthz"
     port: Annotated[int, Field(ge=1, le=65535)] | None = None
-    interval_seconds: Annotated[float, Field(gt=0, le=3600)] = 15
+    # At least a second, as most health checkers require: an agent asking for 0.0001 s piled up
+    # probe work for everyone and starved the other agents' probes.
+    interval_seconds: Annotated[float, Field(ge=MIN_HEALTH_INTERVAL_SECONDS, le=3600)] = 15
     timeout_ms: Annotated[int, Field(gt=0, le=60_000)] = 5000
 
 
@@ -215,11 +240,11 @@ class AgentProfile(_ProfileModel):
             if cap.task in seen:
                 raise ValueError(f"capability task {cap.task!r} is declared twice")
             seen.add(cap.task)
-        examples = sum(len(cap.examples) for cap in self.capabilities)
+        examples = sum(len(cap.examples) + len(cap.limits) for cap in self.capabilities)
         if examples > MAX_PROFILE_EXAMPLES:
             raise ValueError(
-                f"the profile declares {examples} examples; at most {MAX_PROFILE_EXAMPLES} in all, "
-                "since each is embedded for routing by meaning"
+                f"the profile declares {examples} examples and limits; at most "
+                f"{MAX_PROFILE_EXAMPLES} in all, since each is embedded for routing by meaning"
             )
         return self
 
@@ -267,7 +292,14 @@ class ReachRequest(_Envelope):
     # Empty, or an agent id. Both ends anchored: "^$|[a-z0-9]...$" matched any text that merely
     # ended like an id, so "pаy-agent" (Cyrillic а) or a terminal escape slipped through.
     target_agent: (
-        Annotated[str, StringConstraints(pattern=r"^(?:|" + AGENT_ID_PATTERN[1:-1] + r")$")] | None
+        Annotated[
+            str,
+            StringConstraints(
+                pattern=r"^(?:|" + AGENT_ID_PATTERN[1:-1] + r")$", max_length=MAX_AGENT_ID_CHARS
+            ),
+            BeforeValidator(check_agent_id),
+        ]
+        | None
     ) = None
     payload: dict[str, Any] = {}
     preferences: Preferences = Preferences()
@@ -281,6 +313,8 @@ class Candidate(_Envelope):
     # An addition: the task the candidate was considered for (semantic refusals list several).
     task: str | None = None
     score: float | None = None
+    # An addition (v1.2): the declared limit a ``declared_limit`` candidate's text matched.
+    limit: str | None = None
 
 
 class Suggestion(_Envelope):
@@ -298,6 +332,8 @@ class ErrorInfo(_Envelope):
     message: str
     details: list[dict[str, Any]] | None = None
     candidates: list[Candidate] | None = None
+    # An addition: how many candidates there were beyond the first 20 that ``candidates`` lists.
+    candidates_omitted: int | None = None
     retryable: bool | None = None
     # Additions: the declared tasks nearest an unknown one, and OVERLOADED's back-off.
     suggestions: list[Suggestion] | None = None

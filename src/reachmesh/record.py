@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reachmesh.protocol import Status
+from reachmesh.secrets import loggable
 
 
 @dataclass(slots=True)
@@ -61,6 +62,9 @@ class DecisionRecord:
     explain: list[dict[str, Any]] = field(default_factory=list)  # per-candidate score factors
     semantic: dict[str, Any] | None = None  # the semantic match: score, runner-up, threshold, best
     semantic_refused: bool = False
+    # (agent, task) of each decline: the learner turns the ones on a route by meaning into
+    # learned negatives.
+    declines: list[tuple[str, str]] = field(default_factory=list)
     payload: Any = None  # only kept when payload logging is switched on
     status: Status | None = None
     http_status: int = 0
@@ -71,16 +75,30 @@ class DecisionRecord:
     duration_ms: float = 0.0
 
     def note(self, kind: str, text: str) -> None:
-        """Add an ordered event line, e.g. ``note("retry", "price-agent, attempt=2")``."""
-        self.events.append((kind, text))
+        """Add an ordered event line, e.g. ``note("retry", "price-agent, attempt=2")``.
 
-    def reject(self, agent_id: str, reason: str, score: float | None = None, task: str | None = None) -> None:
-        """Record a candidate that will not handle the request, why, and for which task."""
+        The text often quotes a caller or an agent (a refused payload key, an agent's error), and
+        it reaches the log, the trace store and ``reach trace``: its control characters are
+        escaped here, once, for all of them."""
+        self.events.append((kind, loggable(text, 2048)))
+
+    def reject(
+        self,
+        agent_id: str,
+        reason: str,
+        score: float | None = None,
+        task: str | None = None,
+        limit: str | None = None,
+    ) -> None:
+        """Record a candidate that will not handle the request, why, and for which task (and
+        the declared limit the text hit, for ``declared_limit``)."""
         item: dict[str, Any] = {"agentId": agent_id, "reason": reason}
         if task is not None:
             item["task"] = task
         if score is not None:
             item["score"] = score
+        if limit is not None:
+            item["limit"] = limit
         self.rejected.append(item)
 
 

@@ -44,7 +44,7 @@ __all__ = [
 ]
 
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-Mode = Literal["ok", "error", "retryable_error", "http500", "reset", "garbage"]
+Mode = Literal["ok", "error", "retryable_error", "http500", "reset", "garbage", "decline"]
 
 
 async def _serve_until_started(server: uvicorn.Server, what: str) -> asyncio.Task[None]:
@@ -151,6 +151,7 @@ class FakeAgent:
     input_schema: dict[str, Any] | None = None
     descriptions: dict[str, str] = field(default_factory=dict)
     examples: dict[str, list[str]] = field(default_factory=dict)
+    limits: dict[str, list[str]] = field(default_factory=dict)
     result: Any = None
     # Exact answer bytes, sent instead of an envelope built from ``result``; ``chunked`` streams
     # them in small pieces with no Content-Length, as a generating LLM agent would.
@@ -186,6 +187,8 @@ class FakeAgent:
                 cap["description"] = self.descriptions[task]
             if task in self.examples:
                 cap["examples"] = self.examples[task]
+            if task in self.limits:
+                cap["limits"] = self.limits[task]
             caps.append(cap)
         return {
             "id": self.agent_id,
@@ -255,17 +258,8 @@ class FakeAgent:
             assert request.transport is not None
             request.transport.abort()
             return web.Response(status=200)
-        if mode == "http500":
-            return web.Response(status=500, text="boom")
-        if mode == "garbage":
-            return web.Response(status=200, text="<html>not json</html>")
-        if mode in ("error", "retryable_error"):
-            error = {
-                "code": "FAKE_FAILURE",
-                "message": f"{self.agent_id} failed on purpose",
-                "retryable": mode == "retryable_error",
-            }
-            return web.json_response({"status": "AGENT_ERROR", "error": error})
+        if mode != "ok":
+            return self._misbehave(mode)
         if self.raw_answer is not None:
             return await self._send_raw(request, self.raw_answer)
         result = (
@@ -276,6 +270,21 @@ class FakeAgent:
         return web.Response(
             body=jsoncodec.dumps({"status": "SUCCESS", "result": result}), content_type="application/json"
         )
+
+    def _misbehave(self, mode: Mode) -> web.Response:
+        if mode == "http500":
+            return web.Response(status=500, text="boom")
+        if mode == "garbage":
+            return web.Response(status=200, text="<html>not json</html>")
+        if mode == "decline":
+            declined = {"code": "DECLINED", "message": f"{self.agent_id} declines on purpose"}
+            return web.json_response({"status": "DECLINED", "error": declined}, status=422)
+        error = {
+            "code": "FAKE_FAILURE",
+            "message": f"{self.agent_id} failed on purpose",
+            "retryable": mode == "retryable_error",
+        }
+        return web.json_response({"status": "AGENT_ERROR", "error": error})
 
     async def _send_raw(self, request: web.Request, raw: bytes) -> web.StreamResponse:
         if not self.chunked:

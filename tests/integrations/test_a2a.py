@@ -34,7 +34,8 @@ from google.protobuf.json_format import MessageToDict
 from starlette.applications import Starlette
 
 from reachmesh.config import RouterConfig
-from reachmesh.integrations.a2a import A2AExport, import_agent
+from reachmesh.integrations.a2a import A2AExport
+from reachmesh.integrations.a2a_import import import_agent
 from reachmesh.sdk import ReachClient
 from reachmesh.testing import AsgiServer, FakeAgent, RouterServer, free_port
 

@@ -50,6 +50,44 @@ async def test_reach_mcp_over_stdio() -> None:
             await agent.stop()
 
 
+async def test_reach_mcp_over_stdio_announces_a_new_agent() -> None:
+    """A handshake-era (2025-11-25) client of `reach mcp` over stdio, at its default poll
+    interval, gets notifications/tools/list_changed within 2 s of an agent registering.
+
+    MCP 2025-11-25, server/tools: "When the list of available tools changes, servers that
+    declared the listChanged capability SHOULD send a notification"; stdio declares it.
+    """
+    async with RouterServer(RouterConfig.model_validate(POLICY)) as router:
+        first = await FakeAgent("echo-agent", tasks=("echo",)).start()
+        late = await FakeAgent("late-agent", tasks=("late_task",)).start()
+        changed = asyncio.Event()
+
+        async def on_message(message: object) -> None:
+            method = getattr(getattr(message, "root", message), "method", None)
+            if method == "notifications/tools/list_changed":
+                changed.set()
+
+        try:
+            await first.register(router.url, vectors=False)
+            params = StdioServerParameters(
+                command=sys.executable,
+                args=["-m", "reachmesh", "mcp", "--router", router.url],
+                env=child_env(),
+                cwd=ROOT,
+            )
+            async with Client(params, mode="legacy", message_handler=on_message) as client:
+                assert client.session.initialize_result is not None
+                tools = client.session.initialize_result.capabilities.tools
+                assert tools is not None and tools.list_changed is True
+                assert [t.name for t in (await client.list_tools()).tools] == ["echo"]
+                await late.register(router.url, vectors=False)
+                await asyncio.wait_for(changed.wait(), timeout=2)
+                assert [t.name for t in (await client.list_tools()).tools] == ["echo", "late_task"]
+        finally:
+            await first.stop()
+            await late.stop()
+
+
 async def test_reach_a2a_import_registers_the_card() -> None:
     """`reach a2a import URL` prints the registration; the Router lists a managed a2a agent."""
     port = free_port()
@@ -100,7 +138,8 @@ async def test_reach_mcp_over_http_wants_its_bearer_token() -> None:
                     except httpx.ConnectError:
                         return None  # not listening yet
 
-                refused = await until(answered, f"`reach mcp --http` to listen on {url}", within=30)
+                # A process importing mcp on a loaded 2-core machine may take a while to listen.
+                refused = await until(answered, f"`reach mcp --http` to listen on {url}", within=60)
                 assert refused.status_code == 401
             import httpx2  # the HTTP client the mcp package itself uses
             from mcp.client.streamable_http import streamable_http_client
@@ -134,3 +173,24 @@ async def test_reach_mcp_over_http_wants_its_bearer_token() -> None:
     _, err = await asyncio.wait_for(exposed.communicate(), 30)
     assert exposed.returncode != 0
     assert b"REACH_MCP_TOKEN" in err and b"Traceback" not in err
+
+
+async def test_reach_mcp_with_a_non_admin_token_says_what_it_needs_and_stops(monkeypatch) -> None:
+    """One `error:` line naming the admin REACH_TOKEN and exit 1: no 403 logged every second."""
+    monkeypatch.setenv("REACH_ADMIN_TOKEN", "bridge-admin-token-1618")
+    monkeypatch.setenv("REACH_CALLER_TOKEN", "bridge-caller-token-2718")
+    async with RouterServer(RouterConfig.model_validate(POLICY)) as router:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            *("-m", "reachmesh", "mcp", "--router", router.url),
+            env={**child_env(), "REACH_TOKEN": "bridge-caller-token-2718"},
+            cwd=ROOT,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
+    lines = err.decode().strip().splitlines()
+    assert proc.returncode == 1, (out, err)
+    assert len(lines) == 1 and lines[0].startswith("error: reach mcp reads "), lines
+    assert "admin token" in lines[0] and "REACH_TOKEN" in lines[0] and "mozilla" not in lines[0]

@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
+import orjson
 import pytest
 
 pytest.importorskip("mcp")
@@ -34,7 +36,7 @@ async def bridge() -> AsyncIterator[tuple[RouterServer, str, ReachMCP]]:
         await agent.register(router.url, vectors=False)
         server = ReachMCP(router.url, poll_interval_s=0.05)
         await server.refresh()
-        async with AsgiServer(server.streamable_http_app()) as http:
+        async with AsgiServer(server.http_app()) as http:
             watcher = asyncio.create_task(server.watch())
             try:
                 yield router, f"{http.url}/mcp", server
@@ -99,6 +101,110 @@ async def test_the_list_follows_the_registry(bridge) -> None:
             await stock.stop()
 
 
+async def test_a_handshake_client_gets_list_changed_over_http(bridge) -> None:
+    """A client on the initialize handshake (2025-11-25) hears of a new agent on its session.
+
+    MCP 2025-11-25, server/tools: "When the list of available tools changes, servers that
+    declared the listChanged capability SHOULD send a notification". The README promises it to
+    older clients "on the session"; it must come within 2 s of the registration.
+    """
+    router, url, server = bridge
+    changed = asyncio.Event()
+
+    async def on_message(message: Any) -> None:
+        if getattr(getattr(message, "root", message), "method", None) == "notifications/tools/list_changed":
+            changed.set()
+
+    async with Client(url, mode="legacy", message_handler=on_message) as client:
+        assert client.session.initialize_result is not None
+        capabilities = client.session.initialize_result.capabilities
+        assert capabilities.tools is not None and capabilities.tools.list_changed is True
+        assert [t.name for t in (await client.list_tools()).tools] == ["query_price"]
+        stock = await FakeAgent("stock-agent", tasks=("query_stock",)).start()
+        try:
+            await stock.register(router.url, vectors=False)
+            await asyncio.wait_for(changed.wait(), timeout=2)
+            assert [t.name for t in (await client.list_tools()).tools] == ["query_price", "query_stock"]
+            assert server.sessions == 1
+        finally:
+            await stock.stop()
+    # Held while open, let go when the client leaves: the bridge does not keep dead sessions.
+    deadline = asyncio.get_running_loop().time() + 10
+    while server.sessions and asyncio.get_running_loop().time() < deadline:  # noqa: ASYNC110 - a count, not an event
+        await asyncio.sleep(0.02)
+    assert server.sessions == 0
+
+
+async def test_server_info_names_the_bridge_and_its_version(bridge) -> None:
+    """MCP schema, Implementation: "version: string" is required; an empty one says nothing."""
+    from reachmesh import __version__
+
+    _, url, _ = bridge
+    async with Client(url, mode="legacy") as client:
+        assert client.session.initialize_result is not None
+        info = client.session.initialize_result.server_info
+        assert info.name == "agent-reach" and info.version == __version__
+
+
+async def test_an_unknown_tool_is_invalid_params(bridge) -> None:
+    """MCP 2025-11-25, server/tools, Error Handling: protocol errors are for "Unknown tools",
+    and the example answers one with code -32602 (invalid params), not an isError result."""
+    from mcp import MCPError
+
+    _, url, _ = bridge
+    for mode in ("legacy", "auto"):
+        async with Client(url, mode=mode) as client:
+            with pytest.raises(MCPError) as caught:
+                await client.call_tool("no_such_tool", {})
+            assert caught.value.code == -32602 and "no_such_tool" in caught.value.message
+
+
+async def test_header_values_lose_surrounding_whitespace(bridge) -> None:
+    """RFC 9110 §5.5: "a field parsing implementation MUST exclude such whitespace prior to
+    evaluating the field value": `Mcp-Name:   query_price  ` names the tool in the body."""
+    _, url, _ = bridge
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {"name": "query_price", "arguments": {"sku": "SKU-9"}, "_meta": meta},
+    }
+    # Written by hand: HTTP client libraries refuse to send such a value at all.
+    answer = await raw_post(url, body, {"Mcp-Method": "tools/call", "Mcp-Name": "   query_price  "})
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
+    assert b'"SKU-9"' in answer and b'"error"' not in answer
+    mismatch = await raw_post(url, body, {"Mcp-Method": "tools/call", "Mcp-Name": "  other_tool "})
+    assert mismatch.startswith(b"HTTP/1.1 400") and b"-32020" in mismatch
+
+
+async def raw_post(url: str, body: dict[str, Any], extra: dict[str, str]) -> bytes:
+    """POST ``body`` over a plain socket with headers sent byte for byte; the whole answer."""
+    parts = urlsplit(url)
+    payload = orjson.dumps(body)
+    head = [
+        f"POST {parts.path} HTTP/1.1",
+        f"Host: {parts.netloc}",
+        "Content-Type: application/json",
+        "Accept: application/json, text/event-stream",
+        "MCP-Protocol-Version: 2026-07-28",
+        f"Content-Length: {len(payload)}",
+        "Connection: close",
+        *(f"{name}:{value}" for name, value in extra.items()),
+    ]
+    reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+    try:
+        writer.write("\r\n".join(head).encode() + b"\r\n\r\n" + payload)
+        await writer.drain()
+        return await asyncio.wait_for(reader.read(), timeout=30)
+    finally:
+        writer.close()
+
+
 def test_building_the_server_leaves_the_process_logging_alone() -> None:
     """MCPServer calls logging.basicConfig; ReachMCP puts the root logger back as it was."""
     import logging
@@ -107,3 +213,30 @@ def test_building_the_server_leaves_the_process_logging_alone() -> None:
     before = (list(root.handlers), root.level)
     ReachMCP("http://127.0.0.1:9")
     assert (list(root.handlers), root.level) == before
+
+
+async def test_a_non_admin_token_is_named_once_not_every_poll(monkeypatch, caplog) -> None:
+    """REACH_TOKEN a caller token: the first read is refused with what to set, and a refusal
+    while following the registry is logged once, not once a poll; no web link in either."""
+    import logging
+
+    from reachmesh.exceptions import ConfigError
+
+    monkeypatch.setenv("REACH_ADMIN_TOKEN", "mcp-admin-token-1618")
+    monkeypatch.setenv("REACH_CALLER_TOKEN", "mcp-caller-token-2718")
+    async with RouterServer(RouterConfig.model_validate(POLICY)) as router:
+        monkeypatch.setenv("REACH_TOKEN", "mcp-caller-token-2718")
+        server = ReachMCP(router.url, poll_interval_s=0.01)
+        try:
+            with pytest.raises(ConfigError) as refused:
+                await server._first_list()
+            message = refused.value.message
+            assert "admin" in message and "REACH_TOKEN" in message and "HTTP 403" in message
+            assert "http" not in message.replace(router.url, "")
+            with caplog.at_level(logging.INFO, logger="reachmesh"):
+                for _ in range(20):
+                    await server.poll()
+            said = [r.getMessage() for r in caplog.records if "[reach-mcp]" in r.getMessage()]
+            assert len(said) == 1 and "REACH_TOKEN" in said[0], said
+        finally:
+            await server.aclose()

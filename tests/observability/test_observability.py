@@ -16,9 +16,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from reachmesh.config import RouterConfig
 from reachmesh.observability.logging import JsonFormatter
-from reachmesh.observability.tracecontext import w3c_trace_id
 from reachmesh.sdk import AgentConfig, ReachAgent, ReachContext
 from reachmesh.testing import FakeAgent, RouterServer, free_port
+from reachmesh.tracecontext import w3c_trace_id
 
 
 def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -187,3 +187,18 @@ async def test_unknown_task_names_add_no_series() -> None:
         assert labels == {"echo", "_unknown"}
         await agent.stop()
         await asyncio.sleep(0)
+
+
+def test_match_score_buckets_resolve_scores_by_meaning_and_exact_ones() -> None:
+    """Each model's calibrated threshold sits between bounds at most 0.025 apart, several bounds
+    cover 0.05-0.2 where routes by meaning score, and an exact route (1.0) has a bucket alone."""
+    from reachmesh.observability.metrics import _SCORE_BUCKETS
+    from reachmesh.semantic.embedders.base import CALIBRATED
+
+    bounds = sorted(_SCORE_BUCKETS)
+    for threshold, _margin in CALIBRATED.values():
+        below = max(b for b in bounds if b <= threshold)
+        above = min(b for b in bounds if b > threshold)
+        assert above - below <= 0.025 + 1e-9, (threshold, below, above)
+    assert len([b for b in bounds if 0.05 <= b <= 0.2]) >= 6
+    assert bounds[-1] == 1.0 and bounds[-2] < 1.0

@@ -11,9 +11,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from reachmesh.observability.otel import OtelExporter
-from reachmesh.observability.tracecontext import w3c_trace_id
 from reachmesh.protocol import Status
 from reachmesh.record import AttemptRecord, DecisionRecord
+from reachmesh.tracecontext import w3c_trace_id
 
 
 def test_hop_and_attempt_spans() -> None:

@@ -28,6 +28,11 @@ def profile(agent_id: str, *tasks: str) -> AgentProfile:
     )
 
 
+def at(agent: AgentProfile, endpoint: str) -> AgentProfile:
+    """``agent`` listening at another endpoint."""
+    return agent.model_copy(update={"network": agent.network.model_copy(update={"endpoint": endpoint})})
+
+
 async def test_register_starts_available_with_a_lease(registry: MemoryRegistry) -> None:
     """A new registration is available, holds a hex lease and the configured TTL."""
     entry, created = await registry.register(profile("a"))
@@ -100,9 +105,9 @@ async def test_conflicting_registration(registry: MemoryRegistry) -> None:
     """A live id cannot be taken without its lease; with the lease the profile is replaced."""
     entry, _ = await registry.register(profile("a", "old"))
     with pytest.raises(AgentIdConflict):
-        await registry.register(profile("a", "new"))
+        await registry.register(at(profile("a", "new"), "http://127.0.0.1:10/a"))
     with pytest.raises(AgentIdConflict):
-        await registry.register(profile("a", "new"), lease_id="0xwrong")
+        await registry.register(at(profile("a", "new"), "http://127.0.0.1:10/a"), lease_id="0xwrong")
     replaced, created = await registry.register(profile("a", "new"), lease_id=entry.lease_id)
     assert not created
     assert replaced.lease_id == entry.lease_id
@@ -155,12 +160,12 @@ async def test_the_same_registrant_gets_its_lease_back(registry: MemoryRegistry,
 
 
 async def test_a_different_registrant_still_conflicts(registry: MemoryRegistry) -> None:
-    """Another token, no token, or the same token from another endpoint cannot take a live id."""
+    """Another token, no token, or the same token, from another endpoint cannot take a live id."""
     await registry.register(profile("a"), instance_id="token-1")
-    elsewhere = profile("a").model_copy(update={"network": profile("b").network})
-    for other, token in ((profile("a"), "token-2"), (profile("a"), None), (elsewhere, "token-1")):
+    elsewhere = at(profile("a"), "http://127.0.0.1:10/a")
+    for token in ("token-2", None, "token-1"):
         with pytest.raises(AgentIdConflict):
-            await registry.register(other, instance_id=token)
+            await registry.register(elsewhere, instance_id=token)
 
 
 async def test_the_instance_token_stays_out_of_repr(registry: MemoryRegistry) -> None:
@@ -168,3 +173,41 @@ async def test_the_instance_token_stays_out_of_repr(registry: MemoryRegistry) ->
     entry, _ = await registry.register(profile("a"), instance_id="secret-token-value")
     assert entry.instance_id == "secret-token-value"
     assert "secret-token-value" not in repr(entry)
+
+
+async def test_a_restart_at_the_same_endpoint_takes_the_id_over_at_once(registry: MemoryRegistry) -> None:
+    """A new instance (another token) at the holder's endpoint: a new lease, the old one ends."""
+    events: list[tuple[RegistryEvent, str]] = []
+    registry.subscribe(lambda ev, e: events.append((ev, e.lease_id)))
+    old, _ = await registry.register(profile("a", "old"), instance_id="killed-process")
+    new, created = await registry.register(profile("a", "new"), instance_id="restarted-process")
+    assert created and new.lease_id != old.lease_id
+    assert registry.get("a") is new and new.status is AgentStatusValue.AVAILABLE
+    assert [e.id for e in registry.by_task("new")] == ["a"] and list(registry.by_task("old")) == []
+    assert events[-1] == (RegistryEvent.REPLACED, new.lease_id)
+    with pytest.raises(LeaseMismatch):
+        await registry.renew("a", old.lease_id)
+    await registry.renew("a", new.lease_id)
+
+
+async def test_a_holder_the_health_probes_mark_down_is_taken_over(registry: MemoryRegistry) -> None:
+    """Another endpoint takes over a holder whose health checks fail (suspect or unhealthy)."""
+    for down in (AgentStatusValue.SUSPECT, AgentStatusValue.UNHEALTHY):
+        old, _ = await registry.register(profile("a"))
+        registry.set_health("a", down)
+        new, created = await registry.register(at(profile("a"), "http://127.0.0.1:10/a"))
+        assert created and new.lease_id != old.lease_id and new.endpoint == "http://127.0.0.1:10/a"
+        assert new.status is AgentStatusValue.AVAILABLE
+        with pytest.raises(LeaseMismatch):
+            await registry.renew("a", old.lease_id)
+        await registry.deregister("a", new.lease_id)
+
+
+async def test_two_live_instances_at_different_endpoints_still_conflict(registry: MemoryRegistry) -> None:
+    """A holder that renews and passes its health checks keeps its id against another endpoint."""
+    held, _ = await registry.register(profile("a"), instance_id="first")
+    registry.set_health("a", AgentStatusValue.AVAILABLE)
+    with pytest.raises(AgentIdConflict):
+        await registry.register(at(profile("a"), "http://127.0.0.1:10/a"), instance_id="second")
+    assert registry.get("a") is held
+    await registry.renew("a", held.lease_id)

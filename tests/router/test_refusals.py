@@ -48,3 +48,30 @@ async def test_candidates_name_the_task_they_were_considered_for(http, make_agen
         await http.post("/reach", json={"targetTask": "echo", "preferences": {"filterAgentIds": ["x"]}})
     ).json()
     assert body["error"]["candidates"] == [{"agentId": "a", "reason": "filtered", "task": "echo"}]
+
+
+async def test_a_schema_violation_on_a_route_by_meaning_names_the_declared_task() -> None:
+    """Free text routed by meaning to a task whose input_schema the payload fails: the 400 names
+    the task whose schema it is, the caller's words only as where it was routed from."""
+    config = RouterConfig.from_mapping({"health": {"enabled": False}, "embedding": {"backend": "auto"}})
+    async with RouterServer(config) as router, httpx.AsyncClient(base_url=router.url, timeout=30) as http:
+        agent = price_agent()
+        agent.input_schema = {"product_id": "string"}
+        await agent.start()
+        try:
+            await agent.register(router.url)
+            words = "how much does this item cost"
+            body = {"targetTask": words, "preferences": {"strategy": "semantic_route"}, "payload": {"sku": 1}}
+            resp = await http.post("/reach", json=body)
+            error = resp.json()["error"]
+            assert resp.status_code == 400, resp.json()
+            assert error["message"] == (
+                "payload does not match the input_schema of task 'query_product_price', "
+                f"routed from {words!r} (payload.product_id)"
+            )
+            plain = await http.post("/reach", json={"targetTask": "query_product_price", "payload": {}})
+            message = plain.json()["error"]["message"]
+            expected = "payload does not match the input_schema of task 'query_product_price'"
+            assert message == expected + " (payload.product_id)"
+        finally:
+            await agent.stop()

@@ -94,6 +94,21 @@ async def test_target_agent(registry: MemoryRegistry) -> None:
     assert info.value.candidates == [{"agentId": "d", "reason": "no_capability", "task": "echo"}]
 
 
+async def test_a_misspelt_target_agent_gets_a_did_you_mean(registry: MemoryRegistry) -> None:
+    """An unknown targetAgent spelt like a registered id names it; one like nothing names none."""
+    await registry.register(agent("price-query-agent"))
+    with pytest.raises(NoAvailableHandler) as info:
+        Pipeline(registry).decide(
+            ReachRequest(target_task="echo", target_agent="price-qeury-agent"), record()
+        )
+    assert info.value.message == (
+        "targetAgent 'price-qeury-agent' is not registered; did you mean 'price-query-agent'?"
+    )
+    with pytest.raises(NoAvailableHandler) as info:
+        Pipeline(registry).decide(ReachRequest(target_task="echo", target_agent="weather-bot"), record())
+    assert info.value.message == "targetAgent 'weather-bot' is not registered"
+
+
 async def test_status_filters(registry: MemoryRegistry) -> None:
     """Offline agents are out with a reason; suspect agents go last, as a last resort."""
     for agent_id, status in (("a", AgentStatusValue.SUSPECT), ("b", AgentStatusValue.OFFLINE)):

@@ -9,12 +9,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from reachmesh.config import RouterConfig, read_yaml
+from reachmesh.config import RouterConfig
 from reachmesh.semantic.calibrate import calibrate, evaluate
 from reachmesh.semantic.embedders.base import calibrated_thresholds
 from reachmesh.semantic.embedders.local import MODEL_NAME, LocalEmbedder
 from reachmesh.semantic.evaluation import cross_validate
 from reachmesh.testing import FakeAgent, RouterServer, wait_vectors
+from reachmesh.yamlfile import read_yaml
 from tests.helpers import log_lines, price_agent
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "routing_phrases.yaml"
@@ -110,6 +111,9 @@ async def test_reference_scenario(semantic_router, caplog: pytest.LogCaptureFixt
     metrics = (await http.get("/metrics")).text
     assert "reach_semantic_refusals_total 2.0" in metrics
     assert 'reach_route_match_score_count{strategy="semantic_route"} 2.0' in metrics
+    # Both routes by meaning scored under 0.3, in buckets fine enough to tell them apart there.
+    assert 'reach_route_match_score_bucket{le="0.3",strategy="semantic_route"} 2.0' in metrics
+    assert 'reach_route_match_score_bucket{le="0.025",strategy="semantic_route"} 0.0' in metrics
 
 
 async def test_mapping_table_wins_over_embedding(semantic_router) -> None:

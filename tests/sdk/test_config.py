@@ -86,3 +86,45 @@ def test_registration_timeout_is_configurable(tmp_path: Path) -> None:
     for bad in ("0", "-1", "soon", "true"):
         with pytest.raises(ConfigError, match="registration_timeout_seconds"):
             AgentConfig.load(write(tmp_path, GOOD + f"  registration_timeout_seconds: {bad}\n"), env={})
+
+
+@pytest.mark.parametrize(
+    ("typo", "said"),
+    [
+        (
+            GOOD.replace("      input_schema:", "      exmaples: [how much]\n      input_schema:"),
+            "agent.capabilities.0.exmaples is not a known key; did you mean 'examples'?",
+        ),
+        (
+            GOOD.replace("  health_check: {port: 7302}", "  health_chek: {port: 7302}"),
+            "agent.health_chek is not a known key; did you mean 'health_check'?",
+        ),
+        (
+            GOOD.replace("  health_check: {port: 7302}", "  health_check: {port: 7302, intervl_seconds: 5}"),
+            "agent.health_check.intervl_seconds is not a known key; did you mean 'interval_seconds'?",
+        ),
+        (
+            GOOD.replace("    endpoint:", "    endpiont:"),
+            "agent.network.endpiont is not a known key; did you mean 'endpoint'?",
+        ),
+        (GOOD + "server: {prot: 7301}\n", "server.prot is not a known key; did you mean 'port'?"),
+        (GOOD + "routr: {url: http://x}\n", "unknown top-level key(s) routr; did you mean 'router'?"),
+    ],
+)
+def test_a_misspelt_key_is_refused_with_did_you_mean(tmp_path: Path, typo: str, said: str) -> None:
+    """A typo would silently drop what the author meant (examples, the health check): refused."""
+    with pytest.raises(ConfigError) as info:
+        AgentConfig.load(write(tmp_path, typo), env={})
+    assert said in info.value.message
+
+
+def test_a_key_of_its_own_is_kept_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A key like no known one (a team's own tag) loads, with one warning naming it."""
+    text = GOOD.replace("  health_check: {port: 7302}", "  health_check: {port: 7302}\n  team: pricing")
+    with caplog.at_level("WARNING", logger="reachmesh.sdk"):
+        config = AgentConfig.load(write(tmp_path, text), env={})
+    assert config.profile.id == "price-query-agent"
+    where = tmp_path / "reach_config.yaml"
+    assert [r.getMessage() for r in caplog.records] == [
+        f"[reach-client] {where}: agent.team is not a key of reach_config.yaml; ignored"
+    ]

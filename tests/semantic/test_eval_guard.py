@@ -1,7 +1,7 @@
 """The regression guard: the held-out half of the evaluation corpus with the bundled model.
 
 The floors are the held-out figures reached when the operating point was fitted on the
-calibration half (README, "Routing by meaning: measured"), minus a margin of 3 points for right
+calibration half (docs/semantic-routing.md, "Measured accuracy"), minus a margin of 3 points for right
 and refused and plus 2 points for wrong. The held-out half holds 78 in-scope and 36 out-of-scope
 questions per language, so one question is 0.6-1.4 points; the margin absorbs a changed tie or
 two, not a mechanism that got worse. The embedder and the scoring are deterministic, so the run

@@ -47,7 +47,8 @@ async def test_unknown_agent_is_404(http: httpx.AsyncClient) -> None:
 async def test_conflict_and_replace(http: httpx.AsyncClient) -> None:
     """A live id without its lease is 409; with the leaseId the profile is replaced in place."""
     lease = (await http.post("/agents", json=PROFILE)).json()["leaseId"]
-    resp = await http.post("/agents", json=PROFILE)
+    elsewhere = {**PROFILE, "network": {"protocol": "http", "endpoint": "http://127.0.0.1:10/reach"}}
+    resp = await http.post("/agents", json=elsewhere)
     assert resp.status_code == 409
     assert resp.json()["error"]["code"] == "AGENT_ID_CONFLICT"
     new_profile = {**PROFILE, "capabilities": [{"task": "query_promotion"}], "leaseId": lease}
@@ -59,18 +60,30 @@ async def test_conflict_and_replace(http: httpx.AsyncClient) -> None:
 
 
 async def test_a_retried_registration_gets_its_lease_back(http: httpx.AsyncClient) -> None:
-    """Same instanceId and endpoint: 200 with the same lease; another instanceId: still 409."""
+    """Same instanceId and endpoint: 200 with the same lease; another endpoint: still 409."""
     mine = {**PROFILE, "instanceId": "instance-token-aaaa"}
     first = await http.post("/agents", json=mine)
     assert first.status_code == 201
     again = await http.post("/agents", json=mine)
     assert again.status_code == 200
     assert again.json()["leaseId"] == first.json()["leaseId"]
-    theirs = await http.post("/agents", json={**PROFILE, "instanceId": "instance-token-bbbb"})
+    moved = {**mine, "network": {"protocol": "http", "endpoint": "http://127.0.0.1:10/reach"}}
+    theirs = await http.post("/agents", json={**moved, "instanceId": "instance-token-bbbb"})
     assert theirs.status_code == 409
     assert theirs.json()["error"]["code"] == "AGENT_ID_CONFLICT"
-    moved = {**mine, "network": {"protocol": "http", "endpoint": "http://127.0.0.1:10/reach"}}
     assert (await http.post("/agents", json=moved)).status_code == 409
+
+
+async def test_a_restarted_instance_takes_its_id_over_at_once(http: httpx.AsyncClient) -> None:
+    """Another instanceId at the holder's endpoint: 201 with a new lease; the old lease is refused."""
+    old = await http.post("/agents", json={**PROFILE, "instanceId": "instance-token-killed"})
+    new = await http.post("/agents", json={**PROFILE, "instanceId": "instance-token-restarted"})
+    assert (old.status_code, new.status_code) == (201, 201)
+    assert new.json()["leaseId"] != old.json()["leaseId"]
+    renewed = await http.put("/agents/price-query-agent/lease", json={"leaseId": old.json()["leaseId"]})
+    assert renewed.status_code == 403
+    renewed = await http.put("/agents/price-query-agent/lease", json={"leaseId": new.json()["leaseId"]})
+    assert renewed.status_code == 200
 
 
 async def test_a_bad_instance_id_is_refused_without_echoing_it(http: httpx.AsyncClient) -> None:
@@ -174,3 +187,24 @@ def resp_text(doc: dict) -> str:
     import json
 
     return json.dumps(doc)
+
+
+async def test_a_trace_filter_by_an_unknown_status_is_a_400_naming_it(
+    http: httpx.AsyncClient, make_agent
+) -> None:
+    """?status=BOGUS is 400 INVALID_REQUEST with the statuses there are; a known one filters, in any case."""
+    await make_agent("echo-agent", tasks=("echo",))
+    assert (await http.post("/reach", json={"targetTask": "echo", "payload": {}})).json()[
+        "status"
+    ] == "SUCCESS"
+    bad = await http.get("/admin/traces", params={"status": "BOGUS"})
+    assert bad.status_code == 400
+    error = bad.json()["error"]
+    assert error["code"] == "INVALID_REQUEST" and error["details"][0]["field"] == "status"
+    assert "SUCCESS" in error["message"] and "'BOGUS'" in error["message"]
+    near = (await http.get("/admin/traces", params={"status": "SUCESS"})).json()["error"]["message"]
+    assert "did you mean 'SUCCESS'?" in near
+    for spelled in ("SUCCESS", "success"):
+        rows = (await http.get("/admin/traces", params={"status": spelled})).json()
+        assert len(rows) == 1 and rows[0]["status"] == "SUCCESS"
+    assert (await http.get("/admin/traces", params={"status": "TIMEOUT"})).json() == []

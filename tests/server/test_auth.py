@@ -64,6 +64,10 @@ MATRIX = [
     ("GET", "/admin/agents", None, (401, 401, 403, 403, 200)),
     ("GET", "/admin/agents/echo-agent", None, (401, 401, 403, 403, 200)),
     ("GET", "/admin/traces", None, (401, 401, 403, 403, 200)),
+    ("GET", "/admin/summary", None, (401, 401, 403, 403, 200)),
+    # The admin page holds no data: it loads for anyone, and its data calls need the admin token.
+    ("GET", "/admin/ui", None, (200, 200, 200, 200, 200)),
+    ("GET", "/admin/ui/app.js", None, (200, 200, 200, 200, 200)),
     ("POST", "/admin/reload", None, (401, 401, 403, 403, 409)),
     ("POST", "/reach", {"targetTask": "echo"}, (401, 401, 200, 200, 200)),
     ("GET", "/reach/never-started", None, (401, 401, 404, 404, 404)),

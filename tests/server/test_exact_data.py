@@ -94,3 +94,45 @@ async def test_registry_refuses_agents_past_its_cap() -> None:
         assert (resp.status_code, resp.json()["error"]["code"]) == (503, "REGISTRY_FULL")
         resp = await http.post("/agents", json={**a.profile(), "leaseId": lease})
         assert resp.status_code == 200
+
+
+def deep_with_long_integer(levels: int) -> str:
+    return '{"k":' * levels + "12345678901234567890" + "}" * levels
+
+
+async def test_a_long_integer_deep_in_a_payload_is_a_400_not_a_500(http, make_agent) -> None:
+    """970 levels around a 20-digit integer: the exact parser reads it without recursing, and the
+    depth limit answers INVALID_REQUEST with the caller's trace id."""
+    await make_agent("a")
+    body = '{"traceId":"deep-long","targetTask":"echo","payload":' + deep_with_long_integer(970) + "}"
+    resp = await http.post("/reach", content=body, headers={"Content-Type": "application/json"})
+    assert resp.status_code == 400
+    assert (resp.json()["status"], resp.json()["traceId"]) == ("INVALID_REQUEST", "deep-long")
+
+
+async def test_a_long_integer_deep_in_an_answer_is_relayed_and_recorded(http, make_agent) -> None:
+    """An agent's answer nested 970 deep around a 20-digit integer is passed on exactly; the
+    request is counted, traced and leaves nothing in flight."""
+    agent = await make_agent("a")
+    agent.raw_answer = ('{"status":"SUCCESS","result":' + deep_with_long_integer(970) + "}").encode()
+    resp = await http.post("/reach", json={"traceId": "deep-answer", "targetTask": "echo"})
+    assert resp.status_code == 200, resp.text[:200]
+    assert b'"result":' + deep_with_long_integer(970).encode() + b',"error":null,' in resp.content
+    metrics = (await http.get("/metrics")).text
+    assert "reach_inflight_requests 0.0" in metrics
+    trace = await http.get("/admin/traces/deep-answer")
+    assert trace.status_code == 200
+    assert [hop["status"] for hop in trace.json()["hops"]] == ["SUCCESS"]
+
+
+async def test_integers_up_to_4300_digits_pass_and_longer_are_refused(http, make_agent) -> None:
+    """The documented digit limit: 4,300 digits reach the agent exactly; 4,301 are a 400."""
+    agent = await make_agent("a")
+    body = '{"targetTask":"echo","payload":{"n":' + "9" * 4300 + "}}"
+    resp = await http.post("/reach", content=body, headers={"Content-Type": "application/json"})
+    assert resp.status_code == 200
+    assert b"9" * 4300 in agent.raw_received[-1] and b"9" * 4300 in resp.content
+    body = '{"targetTask":"echo","payload":{"n":' + "9" * 4301 + "}}"
+    resp = await http.post("/reach", content=body, headers={"Content-Type": "application/json"})
+    assert resp.status_code == 400
+    assert "digits; at most 4300" in resp.json()["error"]["message"]

@@ -123,4 +123,12 @@ async def test_confirming_while_learning_is_off_is_a_conflict(learning_off) -> N
     assert refused.status_code == 409
     assert refused.json()["error"]["code"] == "LEARNING_DISABLED"
     listing = (await http.get("/admin/learned", headers=_as(ADMIN))).json()
-    assert listing == {"enabled": False, "maxPhrases": 2, "count": 0, "pendingVectors": 0, "learned": []}
+    assert listing == {
+        "enabled": False,
+        "maxPhrases": 2,
+        "count": 0,
+        "pendingVectors": 0,
+        "learned": [],
+        "negativesEnabled": True,
+        "negatives": [],
+    }

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-from reachmesh.protocol import HTTP_STATUS
+from reachmesh.protocol import HTTP_STATUS, Status
 from reachmesh.server.openapi import openapi_document
+
+# Every status the Router answers with: DECLINED is an agent's answer to the Router, never its own.
+ROUTER_STATUS = {status: code for status, code in HTTP_STATUS.items() if status is not Status.DECLINED}
 
 
 def test_reach_declares_every_status_the_router_answers_with() -> None:
     """POST /reach lists each ReachResponse status under its HTTP code, 202, 429 and 500 included."""
     responses = openapi_document()["paths"]["/reach"]["post"]["responses"]
-    for status, code in HTTP_STATUS.items():
+    for status, code in ROUTER_STATUS.items():
         assert status.value in responses[str(code)]["description"], status
+    assert "DECLINED" not in str(responses)
     assert {"202", "413", "415", "429", "500"} <= set(responses)
 
 
@@ -33,7 +37,7 @@ def test_every_ref_resolves() -> None:
 def test_an_async_result_may_carry_any_reach_status() -> None:
     """GET /reach/{trace_id} declares every status code a stored async result is answered with."""
     responses = openapi_document()["paths"]["/reach/{trace_id}"]["get"]["responses"]
-    assert {str(code) for code in HTTP_STATUS.values()} | {"404"} <= set(responses)
+    assert {str(code) for code in ROUTER_STATUS.values()} | {"404"} <= set(responses)
 
 
 def test_registry_endpoints_declare_their_body_refusals() -> None:

@@ -29,6 +29,17 @@ FORBIDDEN = [
     "file:///etc/passwd",
     "http://user:secret@127.0.0.1/reach",
     "http://127.0.0.1/re\nach",
+    # IPv6 spellings that carry 169.254.169.254: IPv4-compatible, NAT64, local NAT64, 6to4, Teredo.
+    "http://[::169.254.169.254]/",
+    "http://[::a9fe:a9fe]/",
+    "http://[64:ff9b::169.254.169.254]/",
+    "http://[64:ff9b::a9fe:a9fe]/",
+    "http://[64:ff9b:1::a9fe:a9fe]/",
+    "http://[64:ff9b:1:a9fe:a9:fe00::]/",
+    "http://[2002:a9fe:a9fe::1]/",
+    "http://[2001:0:4136:e378:8000:63bf:5601:5601]/",
+    "http://[64:ff9b::100.100.100.200]/",
+    "http://[64:ff9b::224.0.0.1]/",
 ]
 
 
@@ -47,6 +58,28 @@ def test_loopback_private_and_names_are_allowed_by_default(url: str) -> None:
     UrlGuard().check_url(url)
 
 
+def test_embedded_ipv4_refusals_name_the_form_and_the_address() -> None:
+    """The refusal says which IPv4 address the IPv6 spelling carries and why that one is refused."""
+    with pytest.raises(OutboundRefused, match=r"6to4 form of 169\.254\.169\.254 is link-local"):
+        UrlGuard().check_url("http://[2002:a9fe:a9fe::1]/")
+    with pytest.raises(OutboundRefused, match=r"NAT64 form of 127\.0\.0\.1 is loopback"):
+        UrlGuard(OutboundPolicy(allow_loopback=False)).check_url("http://[64:ff9b::7f00:1]/")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://[64:ff9b::8.8.8.8]/r",
+        "http://[2002:808:808::1]/r",
+        "http://[::1]:7301/r",
+        "http://[2001:db8::1]/r",
+    ],
+)
+def test_ipv6_forms_of_allowed_addresses_stay_allowed(url: str) -> None:
+    """Only the forms that carry a refused address are refused; ::1 is loopback, not 0.0.0.1."""
+    UrlGuard().check_url(url)
+
+
 def test_the_policy_can_allow_only_listed_networks_and_names() -> None:
     """outbound.allow: only those networks and names; everything else is refused, naming the rule."""
     guard = UrlGuard(OutboundPolicy(allow=["10.0.0.0/8", "*.agents.internal"]))
@@ -57,7 +90,7 @@ def test_the_policy_can_allow_only_listed_networks_and_names() -> None:
             guard.check_url(url)
 
 
-@pytest.mark.parametrize("url", FORBIDDEN[:11])
+@pytest.mark.parametrize("url", FORBIDDEN[:11] + FORBIDDEN[-10:])
 async def test_registration_of_a_forbidden_endpoint_is_422(http, url: str) -> None:
     """Each forbidden form is refused at registration with INVALID_PROFILE naming network.endpoint."""
     profile = {"id": "evil", "network": {"endpoint": url}, "capabilities": [{"task": "steal"}]}

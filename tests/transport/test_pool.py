@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
+from reachmesh.config import ServerPolicy
 from reachmesh.exceptions import AgentRejected, AttemptTimeout, BadAgentResponse, ConnectFailed
 from reachmesh.ports import free_port
+from reachmesh.transport.answer import HeadLimits
 from reachmesh.transport.base import AttemptLimits
-from reachmesh.transport.http import HttpTransport
+from reachmesh.transport.http import HttpTransport, head_limits
+from reachmesh.transport.pool import interleave
 
 OK = b'{"status":"SUCCESS","result":{"ok":true}}'
 LIMITS = AttemptLimits(1.0, 0.3, 2.0)
@@ -150,3 +154,167 @@ async def test_nothing_listening_is_a_refused_connect_error(transport) -> None:
     with pytest.raises(ConnectFailed) as caught:
         await transport.send(f"http://127.0.0.1:{free_port()}/reach", b"{}", {}, LIMITS)
     assert caught.value.refused
+
+
+async def test_an_interim_answer_is_skipped_and_never_leaks_into_the_next_call(serve, transport) -> None:
+    """100 Continue and 103 Early Hints arrive apart from the answer; each call gets its own."""
+
+    async def interim(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            request = await read_request(reader)
+            nonce = request.rsplit(b"\r\n\r\n", 1)[1]
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            await writer.drain()
+            await asyncio.sleep(0.01)
+            writer.write(b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n")
+            await writer.drain()
+            await asyncio.sleep(0.01)
+            writer.write(answer(b'{"status":"SUCCESS","result":%s}' % nonce))
+
+    server, url = await serve(interim)
+    for n in range(5):
+        assert await transport.send(url, b"%d" % n, {}, LIMITS) == n
+    assert server.connections == 1
+
+
+async def test_101_is_a_bad_answer_and_the_connection_is_not_reused(serve, transport) -> None:
+    async def upgrade(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\nConnection: upgrade\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(1)
+
+    _, url = await serve(upgrade)
+    with pytest.raises(BadAgentResponse, match="101"):
+        await transport.send(url, b"{}", {}, LIMITS)
+
+
+async def test_a_kept_alive_connection_the_agent_closed_is_not_reused(serve, transport) -> None:
+    """An agent that promises keep-alive and closes after each answer: every call succeeds."""
+
+    async def closes(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(answer(OK))
+        await writer.drain()
+
+    server, url = await serve(closes)
+    for _ in range(20):
+        assert await transport.send(url, b"{}", {}, LIMITS) == {"ok": True}
+    assert server.connections == 20
+
+
+async def test_a_reused_connection_dead_before_the_answer_is_retried_once_fresh(serve, transport) -> None:
+    """The first connection takes a second request and closes without a byte of answer: the call
+    is sent again on a new connection, and succeeds, once; a fresh connection is not retried."""
+
+    async def drops_the_second(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        number = server.connections
+        await read_request(reader)
+        if number == 3:
+            return  # a fresh connection that dies is the agent's failure
+        writer.write(answer(OK))
+        await read_request(reader)  # ... and the second request is dropped without a byte
+
+    server, url = await serve(drops_the_second)
+    assert await transport.send(url, b"{}", {}, LIMITS) == {"ok": True}
+    assert await transport.send(url, b"{}", {}, LIMITS) == {"ok": True}
+    assert server.connections == 2
+    # Connection 2 is pooled after its answer and drops the next request; the retry opens
+    # connection 3, which drops it too: one retry only, then the error.
+    with pytest.raises(ConnectFailed):
+        await transport.send(url, b"{}", {}, LIMITS)
+    assert server.connections == 3
+
+
+async def test_a_dripping_head_times_out_at_the_read_timeout_not_the_ceiling(serve, transport) -> None:
+    """Header bytes arriving one at a time do not re-arm the read timeout: the whole head is due
+    within it, so a slow-loris agent costs read_s, not the attempt's ceiling."""
+
+    async def drips(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+        for _ in range(100):
+            await writer.drain()
+            await asyncio.sleep(0.05)
+            writer.write(b"a")
+
+    _, url = await serve(drips)
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    with pytest.raises(AttemptTimeout):
+        await transport.send(url, b"{}", {}, AttemptLimits(1.0, 0.3, 5.0))
+    assert loop.time() - began < 2.0
+
+
+async def test_the_head_bounds_come_from_the_server_policy(serve) -> None:
+    policy = ServerPolicy(response_max_header_bytes=2048, response_max_headers=8, response_max_line_bytes=256)
+    assert head_limits(policy) == HeadLimits(2048, 8, 256)
+    assert head_limits(ServerPolicy()) == HeadLimits(32 * 1024, 100, 8190)
+
+    async def many(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(answer(OK, b"X-A: 1\r\n" * 9))
+
+    _, url = await serve(many)
+    strict = HttpTransport(response_limit=1024, head=head_limits(policy))
+    await strict.open()
+    try:
+        with pytest.raises(BadAgentResponse, match="answer head refused: the answer has over 8 header"):
+            await strict.send(url, b"{}", {}, LIMITS)
+    finally:
+        await strict.close()
+
+
+def test_addresses_alternate_between_families_first_choice_first() -> None:
+    assert interleave(["::1", "::2", "10.0.0.1", "10.0.0.2", "10.0.0.3"]) == [
+        "::1",
+        "10.0.0.1",
+        "::2",
+        "10.0.0.2",
+        "10.0.0.3",
+    ]
+    assert interleave(["10.0.0.1", "::1"]) == ["10.0.0.1", "::1"]
+
+
+async def test_a_black_holed_first_address_costs_a_head_start_not_the_connect_timeout(
+    serve, transport, monkeypatch
+) -> None:
+    """A name with two addresses, the first one never answering a SYN: the second is tried
+    after STAGGER_S and the call succeeds well within one connect timeout."""
+
+    async def ok(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(answer(OK))
+
+    server, url = await serve(ok)
+    port = int(url.split(":")[2].split("/")[0])
+    # A listener on another loopback address whose accept queue is full: a connect to it hangs.
+    hole = socket.socket()
+    hole.bind(("127.0.0.2", port))
+    hole.listen(0)
+    fillers = []
+    for _ in range(3):
+        filler = socket.socket()
+        filler.setblocking(False)
+        filler.connect_ex(("127.0.0.2", port))
+        fillers.append(filler)
+    pool = transport._pool
+    assert pool is not None
+
+    async def two_addresses(host: str, port: int) -> list[str]:
+        return ["127.0.0.2", "127.0.0.1"]
+
+    monkeypatch.setattr(pool, "_resolve", two_addresses)
+    loop = asyncio.get_running_loop()
+    try:
+        began = loop.time()
+        result = await transport.send(
+            f"http://agent.test:{port}/reach", b"{}", {}, AttemptLimits(1.0, 1.0, 3.0)
+        )
+        assert result == {"ok": True}
+        assert loop.time() - began < 0.9
+        assert server.connections == 1
+        assert len(pool._all) == 1  # the hung attempt was dropped, not kept in the pool
+    finally:
+        for sock in (hole, *fillers):
+            sock.close()

@@ -9,13 +9,17 @@ from typing import Annotated
 
 import typer
 
-from reachmesh.cli.console import RouterOpt, app, err, out
+from reachmesh.cli.console import HELP, RouterOpt, app, err, out
 from reachmesh.cli.console import fail as _fail
 from reachmesh.exceptions import ConfigError, RegistryError, RouterUnavailable
 from reachmesh.ports import is_loopback
 
 a2a_app = typer.Typer(
-    no_args_is_help=True, rich_markup_mode=None, pretty_exceptions_show_locals=False, help="The A2A bridge."
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    pretty_exceptions_show_locals=False,
+    context_settings=HELP,
+    help="The A2A bridge.",
 )
 app.add_typer(a2a_app, name="a2a")
 
@@ -31,13 +35,13 @@ def a2a_import(
     url: Annotated[str, typer.Argument(help="The agent's card URL, or its base URL.")],
     router: RouterOpt = None,
     agent_id: Annotated[
-        str | None, typer.Option("--id", help="Registry id [default: from the card's name].")
+        str | None, typer.Option("--id", help="Registry id.  [default: from the card's name]")
     ] = None,
     health_interval: Annotated[float, typer.Option(help="Seconds between health probes of the card.")] = 15.0,
 ) -> None:
     """Register an A2A agent by its card: skills become capabilities (needs an admin token)."""
     try:
-        from reachmesh.integrations.a2a import import_agent
+        from reachmesh.integrations.a2a_import import import_agent
 
         answer = asyncio.run(
             import_agent(
@@ -59,7 +63,7 @@ def a2a_import(
 def mcp(
     router: RouterOpt = None,
     http: Annotated[
-        int | None, typer.Option("--http", help="Serve streamable HTTP on this port (default: stdio).")
+        int | None, typer.Option("--http", help="Serve streamable HTTP on this port.  [default: stdio]")
     ] = None,
     host: Annotated[str, typer.Option(help="Address to bind with --http.")] = "127.0.0.1",
     poll_interval: Annotated[float, typer.Option(help="Seconds between reads of the registry.")] = 1.0,
@@ -91,5 +95,5 @@ def mcp(
                 )
             err.print(f"[reach-mcp] http://{host}:{http}/mcp", markup=False, highlight=False)
             asyncio.run(server.serve_http(host, http, tokens=tokens))
-    except RouterUnavailable as exc:
+    except (RouterUnavailable, ConfigError) as exc:
         _fail(exc.message, 1)

@@ -10,11 +10,14 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-# Help texts are plain text: "[env REACH_ROUTER_PORT, default 7200]" must not be read as markup.
+# Help texts are plain text: "[env var: REACH_ROUTER_PORT; default: 7200]" must not be read as
+# markup. Defaults and variables are written as click writes the ones it shows itself.
+HELP = {"help_option_names": ["-h", "--help"]}
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     rich_markup_mode=None,
+    context_settings=HELP,
     # A traceback must never print local variables: they hold bearer tokens and API keys (an
     # HTTP client's headers, say). Older typer releases showed them by default.
     pretty_exceptions_show_locals=False,
@@ -47,7 +50,7 @@ err: Any = _Console(stderr=True)
 
 RouterOpt = Annotated[
     str | None,
-    typer.Option("--router", help="Router URL [env REACH_ROUTER_URL, default http://127.0.0.1:7200]"),
+    typer.Option("--router", help="Router URL.  [env var: REACH_ROUTER_URL; default: http://127.0.0.1:7200]"),
 ]
 
 

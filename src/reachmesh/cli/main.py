@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import typer
 from rich.table import Table
 
-from reachmesh import __version__
 from reachmesh.cli.console import RouterOpt, app, err, out
 from reachmesh.cli.console import fail as _fail
 from reachmesh.exceptions import ConfigError, RouterUnavailable
 from reachmesh.ports import is_loopback
+from reachmesh.version import __version__
 
 if TYPE_CHECKING:
     import ssl
@@ -87,9 +87,11 @@ def _run_workers(count: int, child: list[str], endpoints: list[str]) -> None:
 @app.command()
 def router(
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
-    port: Annotated[int | None, typer.Option(help="Port [env REACH_ROUTER_PORT, default 7200].")] = None,
+    port: Annotated[
+        int | None, typer.Option(help="Port.  [env var: REACH_ROUTER_PORT; default: 7200]")
+    ] = None,
     config: Annotated[
-        Path | None, typer.Option("--config", "-c", help="Policy file [env REACH_CONFIG].")
+        Path | None, typer.Option("--config", "-c", help="Policy file.  [env var: REACH_CONFIG]")
     ] = None,
     log_level: Annotated[str | None, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = None,
     log_format: Annotated[str | None, typer.Option(help="text (the protocol's lines) or json.")] = None,
@@ -159,7 +161,8 @@ def router(
     who = "listening" if worker is None else f"worker {worker} listening"
     ready = (
         f"[reach-router] {who} on {scheme}://{host}:{bind_port} "
-        f"(registry: {registry}, lease ttl {policy.registry.lease_ttl_seconds:g}s)"
+        f"(registry: {registry}, lease ttl {policy.registry.lease_ttl_seconds:g}s, "
+        f"auth {'on' if app_.auth_on else 'off'})"
     )
     middleware = None if a2a is None else _a2a_export(app_, a2a)
     ready += "" if a2a is None else f"; A2A card at {a2a.rstrip('/')}/.well-known/agent-card.json"
@@ -175,8 +178,8 @@ def router(
             reuse_port=worker is not None,
             middleware=middleware,
         )
-    except ConfigError as exc:  # a worker's own bind (SO_REUSEPORT) failed: say why, once
-        _fail(exc.message, WORKER_CANNOT_START)
+    except ConfigError as exc:  # the port is taken (or a worker's SO_REUSEPORT bind failed)
+        _fail(exc.message, 1 if worker is None else WORKER_CANNOT_START)
 
 
 @app.command()
@@ -185,7 +188,8 @@ def agent(
         str, typer.Option("--app", help="module:attribute or file.py:attribute of a ReachAgent.")
     ],
     config: Annotated[
-        Path | None, typer.Option("--config", "-c", help="reach_config.yaml [default ./reach_config.yaml].")
+        Path | None,
+        typer.Option("--config", "-c", help="The agent's profile.  [default: ./reach_config.yaml]"),
     ] = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
     host: Annotated[
@@ -220,12 +224,12 @@ def agent(
 @app.command()
 def demo(
     port: Annotated[
-        int | None, typer.Option(help="Router port [env REACH_ROUTER_PORT, default 7200].")
+        int | None, typer.Option(help="Router port.  [env var: REACH_ROUTER_PORT; default: 7200]")
     ] = None,
     examples: Annotated[
         Path | None,
         typer.Option(
-            help="A folder with price_agent/, promotion_agent/ and router.yaml [default: the packaged demo]."
+            help="A folder with price_agent/, promotion_agent/ and router.yaml.  [default: the packaged demo]"
         ),
     ] = None,
     free_ports: Annotated[
@@ -266,7 +270,10 @@ def list_agents(
     as_json: Annotated[bool, typer.Option("--json", help="Print the raw JSON.")] = False,
     wide: Annotated[bool, typer.Option("--wide", help="Every column: endpoint, heartbeat, latency.")] = False,
 ) -> None:
-    """Print the registry as a table (80 columns; --wide for every column, --json for the rest)."""
+    """Print the registry as a table (80 columns; --wide for every column, --json for the rest).
+
+    Reads GET /admin/agents: with auth on, REACH_TOKEN must hold an admin token.
+    """
     import httpx
 
     from reachmesh.sdk.auth import auth_headers
@@ -286,7 +293,21 @@ def list_agents(
     if not rows:
         out.print(f"no agents registered at {url}", markup=False)
         return
-    out.print(_agents_table(rows, url, wide))
+    table = _agents_table(rows, url, wide)
+    _table_console(table, wide).print(table)
+
+
+def _table_console(table: Table, wide: bool) -> Any:
+    """A console for the agents table: as wide as the terminal, or 80 columns when piped (COLUMNS
+    overrides both). ``--wide`` never folds a cell: lines grow past that width instead."""
+    from rich.console import Console
+    from rich.measure import Measurement
+
+    console = Console()  # a pipe without COLUMNS: Rich's 80 columns
+    if wide:
+        natural = Measurement.get(console, console.options.update(width=100_000), table).maximum
+        console = Console(width=max(console.width, natural))
+    return console
 
 
 def _refusal(resp: Any, what: str) -> str:
@@ -324,7 +345,7 @@ def _agents_table(rows: list[dict[str, Any]], url: str, wide: bool) -> Table:
             "P50 MS",
             "INFLIGHT",
         ):
-            table.add_column(column, overflow="fold")
+            table.add_column(column, no_wrap=True)  # an endpoint split mid-word cannot be copied
     else:
         table.add_column("ID", overflow="ellipsis", no_wrap=True, max_width=20)
         table.add_column("STATUS", no_wrap=True, min_width=9)
@@ -369,7 +390,10 @@ def call(
     trace_id: Annotated[str | None, typer.Option(help="traceId")] = None,
     router_url: RouterOpt = None,
 ) -> None:
-    """Send one ReachRequest and print the ReachResponse (exit 0 on SUCCESS, 1 otherwise)."""
+    """Send one ReachRequest and print the ReachResponse (exit 0 on SUCCESS, 1 otherwise).
+
+    With auth on, REACH_TOKEN must hold a caller token (or an admin token).
+    """
     from reachmesh.sdk.client import SyncReachClient
 
     try:
@@ -409,7 +433,10 @@ def trace(
     router_url: RouterOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the raw JSON.")] = False,
 ) -> None:
-    """Print one trace as a timeline: every hop, candidate, attempt and outcome."""
+    """Print one trace as a timeline: every hop, candidate, attempt and outcome.
+
+    Reads GET /admin/traces/{id}: with auth on, REACH_TOKEN must hold an admin token.
+    """
     import httpx
 
     from reachmesh.cli.timeline import render_trace
@@ -454,14 +481,35 @@ def schema(
     out.print(f"wrote {len(schemas)} schemas to {out_dir}")
 
 
+def _version_line() -> str:
+    return f"reach (reachmesh) {__version__}"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        out.print(_version_line(), markup=False, highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """Agent-Reach: the Router, agents and tools around them."""
+
+
 @app.command()
 def version() -> None:
     """Print the version."""
-    out.print(__version__)
+    out.print(_version_line(), markup=False, highlight=False)
 
 
 # Registered last, so `reach --help` lists the everyday commands first.
 from reachmesh.cli import bridges as _bridge_commands  # noqa: E402, F401
+from reachmesh.cli import drill as _drill_commands  # noqa: E402, F401
 from reachmesh.cli import semantic as _semantic_commands  # noqa: E402, F401
 
 

@@ -133,6 +133,43 @@ def _print_corpus(report: Any) -> None:
     )
 
 
+def _print_limits(report: Any) -> None:
+    from reachmesh.semantic.limits_eval import summary
+
+    table = Table(
+        title=f"held-out half, {report.model}, threshold {report.threshold:.4f} margin {report.margin:.4f}, "
+        f"limit margin {report.limit_margin:+.4f} (fitted on the calibration half)",
+        title_justify="left",
+    )
+    for column in ("profiles", "right", "wrong", "near misses refused", "plain out-of-scope refused"):
+        table.add_column(column, justify="left" if column == "profiles" else "right")
+    table.add_column("agents tried", justify="right")
+    table.add_column("top-1 / top-3", justify="right")
+    for row in summary(report):
+        table.add_row(
+            row["profiles"],
+            *(_pct(row[k]) for k in ("right", "wrong", "near", "plain")),
+            "–" if row["tried"] is None else f"{row['tried']:.2f}",
+            "–" if row["top1"] is None else f"{_pct(row['top1'])} / {_pct(row['top3'])}",
+        )
+    out.print(table)
+    for condition, (threshold, margin) in report.decline_point.items():
+        out.print(
+            f"declining agents, {condition}: threshold {threshold:.4f}, margin {margin:.4f} (fitted on the "
+            "calibration half: most right routes with at most 1.5 agents tried per request)",
+            highlight=False,
+        )
+    out.print(f"limits.yaml sha256 {report.limits_sha256} (as split.yaml holds it)", highlight=False)
+    out.print(
+        f"embedding:\n  calibrations:\n    {orjson.dumps(report.model).decode()}: "
+        f"{{threshold: {report.threshold:.4f}, margin: {report.margin:.4f}, "
+        f"limit_margin: {report.limit_margin:.4f}}}",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
+
+
 def _print_calibration(model: str, threshold: float, margin: float) -> None:
     """The policy lines that apply an operating point to this model only."""
     out.print(
@@ -213,6 +250,15 @@ def calibrate(
             "fit on its calibration half, report its held-out half in three profile conditions.",
         ),
     ] = False,
+    limits: Annotated[
+        bool,
+        typer.Option(
+            "--limits",
+            help="With --corpus: every capability also declares the corpus's limits.yaml; fit the "
+            "limit margin on the calibration half, report the held-out half with near misses and "
+            "plain out-of-scope questions apart, and declining agents simulated from the labels.",
+        ),
+    ] = False,
     learned: Annotated[
         bool,
         typer.Option(
@@ -226,12 +272,13 @@ def calibrate(
     threshold and margin for the model."""
     import asyncio
 
-    from reachmesh.config import RouterConfig, read_yaml
+    from reachmesh.config import RouterConfig
     from reachmesh.exceptions import EmbeddingError
     from reachmesh.semantic.calibrate import calibrate as run_calibration
     from reachmesh.semantic.embedders import build_embedder
     from reachmesh.semantic.embedders.memo import MemoEmbedder
     from reachmesh.semantic.evaluation import cross_validate
+    from reachmesh.yamlfile import read_yaml
 
     try:
         policy = RouterConfig.load(config)
@@ -239,6 +286,13 @@ def calibrate(
         embedder = MemoEmbedder(build_embedder(policy.embedding), progress)
         current = policy.embedding.operating_point(embedder.model, embedder.thresholds)
         err.print(f"embedding {labelled} with {embedder.model} ...", highlight=False)
+        if corpus and limits:
+            from reachmesh.semantic.limits_eval import evaluate_limits
+
+            report_limits = asyncio.run(_closing(embedder, evaluate_limits(labelled, embedder, current)))
+            progress.done()
+            _print_limits(report_limits)
+            return
         if corpus:
             report, after = asyncio.run(_corpus_reports(labelled, embedder, learned))
             progress.done()

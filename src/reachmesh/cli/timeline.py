@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.markup import escape
 from rich.text import Text
 from rich.tree import Tree
+
+from reachmesh.secrets import loggable
 
 _STYLE = {"SUCCESS": "green", "TIMEOUT": "yellow", "ACCEPTED": "cyan"}
 
@@ -15,11 +18,18 @@ def _status(status: str | None) -> str:
     return f"[{style}]{status}[/]"
 
 
+def _safe(value: object) -> str:
+    """Text from the trace for markup: control characters escaped, and rich's own markup too, since
+    a task or source name is the caller's text (``[link=...]`` must print as it is)."""
+    return escape(loggable(value, 1024))
+
+
 def _hop_label(hop: dict[str, Any]) -> str:
-    handler = hop.get("handlerAgentId") or "-"
+    handler = _safe(hop.get("handlerAgentId") or "-")
     return (
-        f"hop {hop['hop']}  [bold]{hop.get('source')} -> {hop.get('task')}[/]  {_status(hop.get('status'))}"
-        f"  handler={handler}  {hop.get('durationMs', 0):.1f}ms  at {hop.get('startedAt')}"
+        f"hop {hop['hop']}  [bold]{_safe(hop.get('source'))} -> {_safe(hop.get('task'))}[/]  "
+        f"{_status(_safe(hop.get('status')))}"
+        f"  handler={handler}  {hop.get('durationMs', 0):.1f}ms  at {_safe(hop.get('startedAt'))}"
     )
 
 
@@ -43,7 +53,7 @@ def _add_hop(
     attempts = iter(hop.get("attempts", []))
     for event in hop.get("events", []):
         if event.get("kind") != "forward":
-            branch.add(Text(f"{event.get('kind')}: {event.get('text')}", style="dim"))
+            branch.add(Text(loggable(f"{event.get('kind')}: {event.get('text')}", 4096), style="dim"))
             continue
         attempt = next(attempts, None)
         if attempt is None:
@@ -51,19 +61,23 @@ def _add_hop(
         outcome = attempt.get("outcome")
         style = "green" if outcome == "SUCCESS" else "red"
         node = branch.add(
-            f"+{attempt.get('offsetMs', 0):.1f}ms  attempt -> {attempt.get('agentId')}  "
+            f"+{attempt.get('offsetMs', 0):.1f}ms  attempt -> {_safe(attempt.get('agentId'))}  "
             f"[{style}]{outcome}[/]  {attempt.get('durationMs', 0):.1f}ms"
         )
         for child in spawned.get(attempt.get("spanId") or "", []):
             _add_hop(node, hops[child], hops, children)
     for rejected in decision.get("rejected") or []:
-        branch.add(Text(f"not used: {rejected.get('agentId')} ({rejected.get('reason')})", style="dim"))
+        branch.add(
+            Text(loggable(f"not used: {rejected.get('agentId')} ({rejected.get('reason')})"), style="dim")
+        )
 
 
 def render_trace(data: dict[str, Any]) -> Tree:
     """A rich Tree: hops nested under the attempt that caused them."""
     hops: list[dict[str, Any]] = data.get("hops", [])
-    root = Tree(f"trace [bold]{data.get('traceId')}[/]  ({len(hops)} hop{'s' if len(hops) != 1 else ''})")
+    root = Tree(
+        f"trace [bold]{_safe(data.get('traceId'))}[/]  ({len(hops)} hop{'s' if len(hops) != 1 else ''})"
+    )
     children: dict[int, list[int]] = {}
     for hop in hops:
         if "parentHop" in hop:

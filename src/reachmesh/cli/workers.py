@@ -52,7 +52,7 @@ class Worker:
     def start(self) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "reachmesh", *self.argv],
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
             pass_fds=self.keep_fds,
         )
         self.started = time.monotonic()
@@ -87,7 +87,7 @@ class Worker:
         return True
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the worker, before exec: be sent SIGTERM if the supervisor goes, however it goes."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)

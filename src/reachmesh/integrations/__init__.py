@@ -6,13 +6,15 @@ the core never needs any of them. Nothing is imported here for the same reason.
 
 - :mod:`.langgraph`: ``reach_node`` (a graph node that calls the Router) and ``graph_agent``.
 - :mod:`.autogen`: ``router_tools`` (capabilities as AssistantAgent tools) and ``autogen_agent``.
-- :mod:`.a2a`: ``A2AExport`` (the Router as an A2A server) and ``import_agent`` (an A2A agent
-  into the registry; forwarding to it needs no extra, see ``transport/a2a.py``).
+- :mod:`.a2a`: ``A2AExport`` (the Router as an A2A server).
+- :mod:`.a2a_import`: ``import_agent`` (an A2A agent into the registry by its card; forwarding
+  to it needs no extra, see ``transport/a2a.py``).
 - :mod:`.mcp`: ``ReachMCP`` (the Router's capabilities as live MCP tools; ``reach mcp``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import re
 from collections.abc import AsyncGenerator
@@ -47,6 +49,29 @@ async def close_with_loop(client: ReachClient) -> ReachClient:
     _PARKED.add(parked)
     await parked.__anext__()
     return client
+
+
+class LoopClients:
+    """A bridge's own ReachClient, one per event loop, each closed when its loop shuts down.
+
+    aiohttp makes its session inside the running loop, and a graph or a tool may be run by
+    several ``asyncio.run`` calls in turn: a client made in one loop cannot serve the next.
+    """
+
+    def __init__(self, router_url: str | None, source_agent: str) -> None:
+        self.router_url = router_url
+        self.source_agent = source_agent
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._client: ReachClient | None = None
+
+    async def get(self) -> ReachClient:
+        from reachmesh.sdk import ReachClient
+
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._loop is not loop:
+            client = ReachClient(self.router_url, source_agent=self.source_agent)
+            self._client, self._loop = await close_with_loop(client), loop
+        return self._client
 
 
 # What tool-calling APIs accept as a name: MCP allows dots too; OpenAI-style functions do not.
@@ -86,3 +111,13 @@ def single_capability_agent(
     if router_url is not None:
         mapping["router"] = {"url": router_url}
     return ReachAgent(AgentConfig.from_mapping(mapping, source=source))
+
+
+def described(row: dict[str, Any], fallback: str) -> str:
+    """A row's description for a tool or a skill, with what it does not handle when it says so:
+    a model choosing a tool reads the limits where it reads the description."""
+    text = row["description"] or fallback
+    limits = row.get("limits") or []
+    if limits:
+        text = f"{text.rstrip()} Does not handle: {'; '.join(limits)}."
+    return text

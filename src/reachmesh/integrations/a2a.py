@@ -1,34 +1,32 @@
-"""The A2A bridge, both ways (A2A 1.0, and 0.3 where a2a-sdk handles it; the ``a2a`` extra).
+"""The Router's A2A face (A2A 1.0, and 0.3 where a2a-sdk handles it; the ``a2a`` extra).
 
-**Export.** :class:`A2AExport` wraps a :class:`~reachmesh.server.app.RouterApp`: it serves an
+:class:`A2AExport` wraps a :class:`~reachmesh.server.app.RouterApp`: it serves an
 agent card at ``/.well-known/agent-card.json`` whose skills are the tasks the Router routes (read
 live from the registry on every fetch), and accepts A2A calls over JSON-RPC (``/a2a/jsonrpc``)
 and HTTP+JSON (``/a2a/rest``). Each call becomes one ReachRequest for the Router's dispatcher, in
 process, with all its routing and resilience: ``metadata.skill`` picks the task; without it the
 message text is routed by meaning (``semantic_route``). Every other path goes to the Router.
 
-**Import.** :func:`import_agent` reads an A2A agent's card and registers it as a managed
-(lease-less) agent with ``network.protocol: a2a``: its skills become capabilities, their
-descriptions and examples feed the semantic index, and the Router's health checks probe the
-card. Forwarding to it is the core's (``transport/a2a.py``); only the import needs this extra.
+The other way, an A2A agent joining a Router by its card, is
+:mod:`reachmesh.integrations.a2a_import` (:func:`import_agent`, re-exported here).
 """
 
 from __future__ import annotations
 
 import math
-import re
+import time
 import uuid
 from collections import deque
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs
 
-import httpx
 import orjson
 
-from reachmesh import __version__, jsoncodec
-from reachmesh.exceptions import ConfigError, RegistryError, RequestError
-from reachmesh.integrations import missing_extra
-from reachmesh.protocol import MAX_CAPABILITIES, MAX_EXAMPLE_CHARS, MAX_EXAMPLES, AgentProfile
+from reachmesh import jsoncodec
+from reachmesh.clock import Clock
+from reachmesh.exceptions import ConfigError, RequestError
+from reachmesh.integrations import described, missing_extra
+from reachmesh.integrations.a2a_import import fetch_card, import_agent, profile_from_card
 from reachmesh.server.app import RouterApp
 from reachmesh.server.asgi import (
     ClientGone,
@@ -43,10 +41,10 @@ from reachmesh.server.asgi import (
 from reachmesh.server.auth import Action, principal_of
 from reachmesh.server.catalog import catalog
 from reachmesh.transport.a2a import result_of, whole_numbers
+from reachmesh.version import __version__
 
 try:
     from a2a.auth.user import User
-    from a2a.client import A2ACardResolver
     from a2a.server.agent_execution import AgentExecutor, RequestContext
     from a2a.server.context import ServerCallContext
     from a2a.server.events import EventQueue
@@ -58,7 +56,9 @@ try:
         AgentCard,
         AgentInterface,
         AgentSkill,
+        Role,
         Task,
+        TaskState,
     )
     from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH
     from google.protobuf.json_format import MessageToDict, ParseDict
@@ -74,6 +74,11 @@ TASKS_KEPT = 1000
 _MODES = ["application/json", "text/plain"]
 # The card's skill for messages routed by meaning; naming it is the same as naming none.
 BY_MEANING = "agent-reach:by-meaning"
+# What ProtoJSON accepts for the enums the bridge checks itself (a name or a number).
+_STATE_NAMES = frozenset(TaskState.keys())
+_STATE_NUMBERS = frozenset(TaskState.values())
+_ROLE_NAMES = frozenset(Role.keys()) - {"ROLE_UNSPECIFIED"}
+_ROLE_NUMBERS = frozenset(Role.values()) - {Role.ROLE_UNSPECIFIED}
 
 
 # ----------------------------------------------------------------------------------- export
@@ -86,7 +91,7 @@ def router_card(app: RouterApp, public_url: str, *, name: str = "Agent-Reach Rou
         AgentSkill(
             id=row["task"],
             name=row["task"],
-            description=row["description"] or f"routed to {', '.join(row['agents'])}",
+            description=described(row, f"routed to {', '.join(row['agents'])}"),
             tags=["agent-reach"],
             examples=row["examples"],
             input_modes=_MODES,
@@ -195,37 +200,88 @@ def task_for(reply: dict[str, Any], message: dict[str, Any], task_id: str, conte
             {"data": {"status": reply.get("status"), "traceId": reply.get("traceId"), "error": error}},
         ],
     }
-    task["status"] = {"state": "TASK_STATE_FAILED", "message": note}
+    state = "TASK_STATE_REJECTED" if all_declined(error) else "TASK_STATE_FAILED"
+    task["status"] = {"state": state, "message": note}
     return task
 
 
+def all_declined(error: dict[str, Any]) -> bool:
+    """Whether every candidate declined the request: A2A's "rejected", not a failure."""
+    candidates = error.get("candidates") or []
+    return bool(candidates) and all(isinstance(c, dict) and c.get("reason") == "declined" for c in candidates)
+
+
 async def run_message(
-    app: RouterApp, message: dict[str, Any], metadata: dict[str, Any], task_id: str, context_id: str
-) -> dict[str, Any]:
-    """One A2A message through the Router's dispatcher, in process: the task it ends in."""
+    app: RouterApp,
+    message: dict[str, Any],
+    metadata: dict[str, Any],
+    task_id: str,
+    context_id: str,
+    stamps: StatusStamps,
+) -> tuple[dict[str, Any], int]:
+    """One A2A message through the Router's dispatcher, in process: the task it ends in, its
+    status stamped when it ended (ListTasks orders and filters by that time), and that time in
+    ms since the epoch."""
     message = {**message, "contextId": context_id}
     _, body = await app.parts.dispatcher.handle(orjson.dumps(envelope_for(message, metadata)))
-    return task_for(orjson.loads(body), message, task_id, context_id)
+    task = task_for(orjson.loads(body), message, task_id, context_id)
+    ms = stamps.next()
+    task["status"]["timestamp"] = iso_ms(ms)
+    return task, ms
+
+
+def task_proto(task: dict[str, Any], ms: int) -> Task:
+    """``task`` as protobuf, its status time set from ``ms``: ParseDict would read the ISO
+    text again, which costs about 0.1 ms, a third of the whole conversion."""
+    status = task["status"]
+    stamp = status.pop("timestamp", None)
+    try:
+        proto: Task = ParseDict(task, Task())
+    finally:
+        if stamp is not None:
+            status["timestamp"] = stamp
+    proto.status.timestamp.FromMilliseconds(ms)
+    return proto
+
+
+def iso_ms(ms: int) -> str:
+    """A time in ms since the epoch as A2A writes it (§5.6.1): ``YYYY-MM-DDTHH:mm:ss.sssZ``."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
+
+
+class StatusStamps:
+    """Task status times in ms since the epoch, strictly increasing, so "newest status first"
+    (A2A §3.1.4) holds for tasks that end in the same millisecond."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._last_ms = 0
+
+    def next(self) -> int:
+        self._last_ms = max(int(self._clock.time() * 1000), self._last_ms + 1)
+        return self._last_ms
 
 
 class ReachExecutor(AgentExecutor):
     """Runs each A2A message as one ReachRequest through the Router's own dispatcher (the path
     of every A2A call the fast path below does not take: HTTP+JSON, streaming, A2A 0.3)."""
 
-    def __init__(self, app: RouterApp) -> None:
+    def __init__(self, app: RouterApp, stamps: StatusStamps | None = None) -> None:
         self.app = app
+        self.stamps = stamps or StatusStamps(app.parts.clock)
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         if context.message is None:
             return
-        task = await run_message(
+        task, ms = await run_message(
             self.app,
             MessageToDict(context.message),
             context.metadata,
             context.task_id or uuid.uuid4().hex,
             context.context_id or uuid.uuid4().hex,
+            self.stamps,
         )
-        await event_queue.enqueue_event(ParseDict(task, Task()))
+        await event_queue.enqueue_event(task_proto(task, ms))
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         """A Reach request runs to its deadline and cannot be cancelled half-way."""
@@ -287,8 +343,9 @@ class A2AExport:
         self.name = name
         card = router_card(app, public_url, name=name)
         self.tasks = BoundedTaskStore()
+        self.stamps = StatusStamps(app.parts.clock)
         handler = DefaultRequestHandlerV2(
-            agent_executor=ReachExecutor(app), task_store=self.tasks, agent_card=card
+            agent_executor=ReachExecutor(app, self.stamps), task_store=self.tasks, agent_card=card
         )
         routes = [
             *create_agent_card_routes(card, card_modifier=self._live_card),
@@ -296,6 +353,9 @@ class A2AExport:
             *create_rest_routes(handler, path_prefix=REST_PATH, enable_v0_3_compat=True),
         ]
         self.a2a = Starlette(routes=routes)
+        # A path a2a-sdk does not serve is a 404, never a redirect: Starlette's slash redirect
+        # builds its Location from the client's Host header.
+        self.a2a.router.redirect_slashes = False
 
     async def _live_card(self, card: AgentCard) -> AgentCard:
         return router_card(self.router, self.public_url, name=self.name)
@@ -306,7 +366,7 @@ class A2AExport:
             return
         path = scope["path"]
         is_card = path == AGENT_CARD_WELL_KNOWN_PATH
-        if not (is_card or path.startswith(("/a2a/", "/a2a"))):
+        if not (is_card or path.startswith("/a2a/")):
             await self.router(scope, receive, send)
             return
         denial = self.router.guard.check(Action.PUBLIC if is_card else Action.REACH, scope)
@@ -315,8 +375,12 @@ class A2AExport:
             await send_json(send, denial.http_status, body, list(denial.headers) or None)
             return
         # a2a-sdk scopes its tasks to ``scope["user"]``: the caller's token, as GET /reach/{id} is.
-        scope = {**scope, "user": SimpleUser(principal_of(scope).key)}
+        scope = {**scope, "user": SimpleUser(principal_of(scope).key), "headers": _versioned(scope)}
         if scope["method"] not in ("POST", "PUT", "PATCH"):
+            refusal = _list_tasks_query_error(scope)
+            if refusal is not None:
+                await send_json(send, 400, refusal)
+                return
             await self.a2a(scope, receive, send)
         else:
             await self._with_body(scope, receive, send)
@@ -344,19 +408,110 @@ class A2AExport:
         a2a-sdk's request handler (task events, queues, protobuf at every step) costs about
         2 ms per call. Anything else (another method, streaming, push configuration, a task
         being continued, A2A 0.3, a malformed request) goes to a2a-sdk with the body replayed."""
-        request = _fast_send_message(body, headers)
+        try:
+            parsed = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            parsed = None  # a2a-sdk answers a parse error in its own words
+        one_oh = headers.get(b"a2a-version", b"").strip().startswith(b"1.")
+        refusal = _invalid_params(parsed) if one_oh and isinstance(parsed, dict) else None
+        if refusal is not None:
+            await send_json(send, 200, refusal)
+            return
+        request = _fast_send_message(parsed, headers)
         if request is None:
             await self.a2a(scope, _replay(body), send)
             return
         message, metadata = request["params"]["message"], request["params"].get("metadata") or {}
-        task = await run_message(
-            self.router, message, metadata, uuid.uuid4().hex, message.get("contextId") or uuid.uuid4().hex
+        task, ms = await run_message(
+            self.router,
+            message,
+            metadata,
+            uuid.uuid4().hex,
+            message.get("contextId") or uuid.uuid4().hex,
+            self.stamps,
         )
         # Kept like a2a-sdk keeps its tasks (per owner), so the caller's GetTask finds it.
         owner = scope["user"].display_name
-        await self.tasks.save(ParseDict(task, Task()), owner_context(owner))
+        await self.tasks.save(task_proto(task, ms), owner_context(owner))
         answer = orjson.dumps({"jsonrpc": "2.0", "id": request.get("id"), "result": {"task": task}})
         await send_json(send, 200, answer)
+
+
+def _versioned(scope: Scope) -> list[tuple[bytes, bytes]]:
+    """The request's headers, with ``A2A-Version`` taken from the query when only it names one.
+
+    A2A §3.6.1: "Clients MAY provide the A2A-Version as a request parameter instead of a
+    header". a2a-sdk reads only the header, so the parameter becomes one here, and every
+    method then follows one rule: the version asked for, and 0.3 when none is (§3.6.2).
+    """
+    headers: list[tuple[bytes, bytes]] = list(scope.get("headers", ()))
+    if any(name == b"a2a-version" for name, _ in headers):
+        return headers
+    asked = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("A2A-Version")
+    if asked and asked[-1].strip():
+        headers.append((b"a2a-version", asked[-1].strip().encode("latin-1")))
+    return headers
+
+
+def _valid_state(value: object) -> bool:
+    """Whether ``value`` names a TaskState as ProtoJSON writes one (its name, or its number)."""
+    if isinstance(value, str):
+        return value in _STATE_NAMES
+    return isinstance(value, int) and not isinstance(value, bool) and value in _STATE_NUMBERS
+
+
+def _list_tasks_query_error(scope: Scope) -> bytes | None:
+    """The 400 answer to a 1.0 REST ``GET .../tasks`` whose ``status`` is no TaskState, else None.
+
+    A2A §3.3.2: "Servers MUST validate all input parameters before processing"; a2a-sdk drops
+    an unknown enum value and lists every task instead. The body is a google.rpc.Status with a
+    BadRequest detail, as §11.6 asks of HTTP errors.
+    """
+    path = scope["path"]
+    if not (path.startswith(REST_PATH + "/") and path.endswith("/tasks")):
+        return None
+    if not header_map(scope).get(b"a2a-version", b"").strip().startswith(b"1."):
+        return None  # a2a-sdk answers by the version rule first
+    query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+    bad = [v for v in query.get("status", []) if not _valid_state(v)]
+    if not bad:
+        return None
+    why = f"{bad[0][:64]!r} is not a TaskState"
+    violation = {"field": "status", "description": why}
+    detail = {"@type": "type.googleapis.com/google.rpc.BadRequest", "fieldViolations": [violation]}
+    error = {"code": 400, "status": "INVALID_ARGUMENT", "message": f"status: {why}", "details": [detail]}
+    return orjson.dumps({"error": error})
+
+
+def _invalid_params(request: dict[str, Any]) -> bytes | None:
+    """A JSON-RPC -32602 answer for a 1.0 request a2a-sdk would wrongly accept, else None.
+
+    A2A §3.3.2: "Servers MUST validate all input parameters before processing", with JSON-RPC
+    ``-32602 Invalid params``. Caught here: a ``SendMessage`` message without its REQUIRED
+    ``messageId`` or ``role``, and a ``ListTasks`` ``status`` that is not a TaskState.
+    """
+    if not isinstance(request.get("params"), dict):
+        return None
+    params, method, problem = request["params"], request.get("method"), None
+    if method in ("SendMessage", "SendStreamingMessage") and isinstance(params.get("message"), dict):
+        message = params["message"]
+        missing = [f for f in ("messageId", "role") if not message.get(f)]
+        if missing:
+            problem = f"message.{missing[0]} is required"
+        elif not _valid_role(message["role"]):
+            problem = f"message.role: {str(message['role'])[:64]!r} is not a Role"
+    elif method == "ListTasks" and "status" in params and not _valid_state(params["status"]):
+        problem = f"status: {str(params['status'])[:64]!r} is not a TaskState"
+    if problem is None:
+        return None
+    error = {"code": -32602, "message": f"Invalid params: {problem}"}
+    return orjson.dumps({"jsonrpc": "2.0", "id": request.get("id"), "error": error})
+
+
+def _valid_role(value: object) -> bool:
+    if isinstance(value, str):
+        return value in _ROLE_NAMES
+    return isinstance(value, int) and not isinstance(value, bool) and value in _ROLE_NUMBERS
 
 
 def _check_depth(body: bytes, limit: int) -> None:
@@ -374,14 +529,11 @@ def _check_depth(body: bytes, limit: int) -> None:
         raise RequestError(f"the body nests deeper than {limit} levels")
 
 
-def _fast_send_message(body: bytes, headers: dict[bytes, bytes]) -> dict[str, Any] | None:
+def _fast_send_message(request: Any, headers: dict[bytes, bytes]) -> dict[str, Any] | None:
     """The request, when it is a blocking 1.0 SendMessage the fast path may answer; else None."""
-    version = headers.get(b"a2a-version", b"1.0").strip()
+    # A2A §3.6.2: "Agents MUST interpret empty value as 0.3 version" (a2a-sdk's path too).
+    version = headers.get(b"a2a-version", b"").strip()
     if not version.startswith(b"1."):
-        return None
-    try:
-        request = orjson.loads(body)
-    except orjson.JSONDecodeError:
         return None
     if (
         not isinstance(request, dict)
@@ -420,126 +572,6 @@ def _replay(body: bytes) -> Receive:
         return {"type": "http.disconnect"}
 
     return receive
-
-
-# ----------------------------------------------------------------------------------- import
-
-_NOT_ID = re.compile(r"[^a-z0-9._-]+")
-_NOT_TASK = re.compile(r"[^\w.:-]+")
-
-
-def agent_id_for(card: AgentCard) -> str:
-    """A registry id from the card's name: lower case, other characters as ``-``."""
-    slug = _NOT_ID.sub("-", card.name.lower()).strip("-._")[:128]
-    return slug or "a2a-agent"
-
-
-def jsonrpc_url(card: AgentCard) -> str:
-    """The card's JSON-RPC interface (the binding the Router speaks to imported agents)."""
-    for interface in card.supported_interfaces:
-        version = interface.protocol_version or "1.0"
-        if interface.protocol_binding.upper() == "JSONRPC" and version.startswith("1."):
-            return str(interface.url)
-    offered = ", ".join(f"{i.protocol_binding} {i.protocol_version}" for i in card.supported_interfaces)
-    raise ConfigError(
-        f"agent card {card.name!r} offers no A2A 1.x JSON-RPC interface (offers: {offered or 'none'})"
-    )
-
-
-def profile_from_card(
-    card: AgentCard, card_url: str, *, agent_id: str | None = None, health_interval_s: float = 15.0
-) -> AgentProfile:
-    """The Reach profile of an A2A agent: skills as capabilities, the card as health check."""
-    if not card.skills:
-        raise ConfigError(f"agent card {card.name!r} declares no skills: nothing to route to it")
-    capabilities = []
-    for skill in list(card.skills)[:MAX_CAPABILITIES]:
-        description = skill.description or skill.name
-        if skill.tags:
-            description = f"{description} (tags: {', '.join(skill.tags)})"
-        capabilities.append(
-            {
-                "task": _NOT_TASK.sub("_", skill.id)[:128],
-                "description": description[:2048],
-                "examples": [e[:MAX_EXAMPLE_CHARS] for e in list(skill.examples)[:MAX_EXAMPLES]],
-            }
-        )
-    endpoint = jsonrpc_url(card)
-    card_parts = urlsplit(card_url)
-    health: dict[str, Any] = {"path": card_parts.path or AGENT_CARD_WELL_KNOWN_PATH}
-    health["interval_seconds"] = health_interval_s
-    if card_parts.port and card_parts.port != urlsplit(endpoint).port:
-        health["port"] = card_parts.port
-    try:
-        return AgentProfile.model_validate(
-            {
-                "id": agent_id or agent_id_for(card),
-                "display_name": card.name[:256],
-                "network": {"protocol": "a2a", "endpoint": endpoint},
-                "capabilities": capabilities,
-                "health_check": health,
-            }
-        )
-    except ValueError as exc:
-        raise ConfigError(f"agent card {card.name!r} does not make a valid profile: {exc}") from exc
-
-
-def card_location(url: str) -> tuple[str, str]:
-    """(base URL, card path) for a card URL or an agent's base URL."""
-    parts = urlsplit(url)
-    base = f"{parts.scheme}://{parts.netloc}"
-    path = parts.path if parts.path.endswith(".json") else AGENT_CARD_WELL_KNOWN_PATH
-    return base, path
-
-
-async def fetch_card(url: str, *, http: httpx.AsyncClient) -> tuple[AgentCard, str]:
-    """The agent card at ``url`` (a card URL, or the agent's base URL), and where it was."""
-    base, path = card_location(url)
-    try:
-        card = await A2ACardResolver(http, base, agent_card_path=path).get_agent_card()
-    except Exception as exc:  # a2a-sdk raises its own client errors; mapped at this edge
-        raise ConfigError(f"cannot read an A2A agent card at {base}{path}: {exc}") from exc
-    return card, base + path
-
-
-async def import_agent(
-    url: str,
-    router_url: str,
-    *,
-    agent_id: str | None = None,
-    token: str | None = None,
-    health_interval_s: float = 15.0,
-    http: httpx.AsyncClient | None = None,
-) -> dict[str, Any]:
-    """Read the A2A agent card at ``url`` and register the agent with the Router (managed).
-
-    Returns the registration (``agentId``, ``leaseId``, ...) with the ``profile`` registered;
-    the lease id is what removes it again (``DELETE /agents/{id}``). Needs an admin token when
-    the Router has auth on.
-    """
-    own = http is None
-    client = http or httpx.AsyncClient(timeout=10)
-    try:
-        card, card_url = await fetch_card(url, http=client)
-        profile = profile_from_card(card, card_url, agent_id=agent_id, health_interval_s=health_interval_s)
-        body = {**profile.model_dump(mode="json"), "managed": True}
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        try:
-            resp = await client.post(f"{router_url.rstrip('/')}/agents", json=body, headers=headers)
-        except httpx.HTTPError as exc:
-            raise ConfigError(f"cannot reach the Router at {router_url}: {exc!r}") from exc
-        answer = resp.json() if resp.content else {}
-        if resp.status_code not in (200, 201):
-            error = answer.get("error", {}) if isinstance(answer, dict) else {}
-            failure = RegistryError(
-                f"the Router refused the import: {error.get('message', resp.status_code)}"
-            )
-            failure.code = str(error.get("code") or "REGISTRATION_FAILED")
-            raise failure
-        return {**answer, "profile": body}
-    finally:
-        if own:
-            await client.aclose()
 
 
 __all__ = [

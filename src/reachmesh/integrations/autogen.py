@@ -19,7 +19,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict
 
 from reachmesh.exceptions import RouterUnavailable
-from reachmesh.integrations import close_with_loop, missing_extra, single_capability_agent, tool_name
+from reachmesh.integrations import LoopClients, missing_extra, single_capability_agent, tool_name
 from reachmesh.sdk import ReachAgent, ReachClient
 from reachmesh.sdk.auth import auth_headers
 from reachmesh.sdk.client import router_url_from_env
@@ -40,7 +40,10 @@ class Arguments(BaseModel):
 class ReachTool(BaseTool[Arguments, Any]):
     """One Router capability as an AutoGen tool."""
 
-    def __init__(self, row: dict[str, Any], client: ReachClient, *, timeout_ms: int | None = None) -> None:
+    def __init__(
+        self, row: dict[str, Any], client: ReachClient | LoopClients, *, timeout_ms: int | None = None
+    ) -> None:
+        """``client`` is the caller's own ReachClient, or the bridge's (one per event loop)."""
         self.task: str = row["task"]
         description = row["description"] or f"Agent-Reach task {self.task}"
         super().__init__(Arguments, dict, tool_name(self.task, dots=False), description)
@@ -62,7 +65,8 @@ class ReachTool(BaseTool[Arguments, Any]):
 
     async def run(self, args: Arguments, cancellation_token: CancellationToken) -> Any:
         options: dict[str, Any] = {} if self._timeout_ms is None else {"timeout_ms": self._timeout_ms}
-        reply = await self._client.call(self.task, args.model_dump(), **options)
+        client = self._client if isinstance(self._client, ReachClient) else await self._client.get()
+        reply = await client.call(self.task, args.model_dump(), **options)
         if reply.ok:
             return reply.result
         error = reply.error.model_dump(by_alias=True, exclude_none=True) if reply.error else None
@@ -80,7 +84,8 @@ async def router_tools(
     timeout_ms: int | None = None,
 ) -> list[ReachTool]:
     """A tool per capability the Router routes now (``tasks`` narrows them), from
-    ``GET /admin/capabilities``. Calls go through ``client`` (default: a new one, as ``autogen``)."""
+    ``GET /admin/capabilities``. Calls go through ``client``; without one, through the bridge's
+    own (as ``autogen``), one per event loop, so the tools work from any ``asyncio.run``."""
     url = client.router_url if client is not None else router_url_from_env(router_url)
     try:
         async with httpx.AsyncClient(headers=auth_headers(), timeout=10) as http:
@@ -89,7 +94,7 @@ async def router_tools(
             rows = resp.json()
     except (httpx.HTTPError, ValueError) as exc:
         raise RouterUnavailable(f"cannot read {url}/admin/capabilities: {exc!r}") from exc
-    caller = client or await close_with_loop(ReachClient(url, source_agent="autogen"))
+    caller = client or LoopClients(url, "autogen")
     return [
         ReachTool(row, caller, timeout_ms=timeout_ms) for row in rows if tasks is None or row["task"] in tasks
     ]

@@ -13,11 +13,10 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from reachmesh.integrations import close_with_loop, missing_extra, single_capability_agent
+from reachmesh.integrations import LoopClients, missing_extra, single_capability_agent
 from reachmesh.protocol import Status
 from reachmesh.sdk import ReachAgent, ReachClient, ReachContext
 
@@ -62,25 +61,6 @@ def thread_id(config: RunnableConfig | None) -> str | None:
     return None if value is None else str(value)
 
 
-class _LoopClients:
-    """The node's own ReachClient, one per event loop (aiohttp makes its session inside the
-    running loop, and a graph may be run by several ``asyncio.run`` calls in turn), each closed
-    when its loop shuts down."""
-
-    def __init__(self, router_url: str | None, source_agent: str) -> None:
-        self.router_url = router_url
-        self.source_agent = source_agent
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._client: ReachClient | None = None
-
-    async def get(self) -> ReachClient:
-        loop = asyncio.get_running_loop()
-        if self._client is None or self._loop is not loop:
-            client = ReachClient(self.router_url, source_agent=self.source_agent)
-            self._client, self._loop = await close_with_loop(client), loop
-        return self._client
-
-
 def reach_node(  # noqa: PLR0913 - each keyword is one choice a graph author makes
     task: str,
     *,
@@ -102,7 +82,7 @@ def reach_node(  # noqa: PLR0913 - each keyword is one choice a graph author mak
     ``response_key`` also stores the trace id, handler and attempts (to see a failover).
     ``options`` are :meth:`ReachClient.call`'s (``timeout_ms``, ``strategy``, ...).
     """
-    own = _LoopClients(router_url, source_agent)
+    own = LoopClients(router_url, source_agent)
 
     async def node(state: Any, config: RunnableConfig) -> dict[str, Any]:
         call_options = dict(options)

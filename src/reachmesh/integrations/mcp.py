@@ -9,8 +9,11 @@
 - Tool names never change when a second agent serves a task: a name is a function of the task
   alone (:func:`tool_name`).
 - A call is one ReachRequest through the Router, with its routing, failover and breakers; a
-  result comes back as structured content, a failure as an error result with the
-  ReachResponse's status and error.
+  result comes back as structured content (a string result as that text), a failure as an
+  error result with the ReachResponse's status and error. A tool that is not listed is a
+  protocol error (-32602, invalid params), as the schema lists for an unknown tool.
+- Over HTTP, header values lose their surrounding whitespace before the SDK reads them
+  (RFC 9110 §5.5), and with ``tokens`` every request needs a bearer token (:meth:`http_app`).
 """
 
 from __future__ import annotations
@@ -19,28 +22,33 @@ import asyncio
 import hashlib
 import hmac
 import logging
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
 import httpx
 import orjson
 
-from reachmesh.exceptions import RouterUnavailable
-from reachmesh.integrations import missing_extra, tool_name
+from reachmesh.exceptions import ConfigError, RouterUnavailable
+from reachmesh.integrations import described, missing_extra, tool_name
 from reachmesh.sdk import ReachClient
 from reachmesh.sdk.auth import auth_headers
+from reachmesh.secrets import loggable
+from reachmesh.version import __version__
 
 try:
     import anyio
-    from mcp.server.context import ServerRequestContext
+    from mcp.server.connection import Connection
+    from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
     from mcp.server.lowlevel.server import NotificationOptions
     from mcp.server.mcpserver import MCPServer
     from mcp.server.mcpserver.context import Context
+    from mcp.server.models import InitializationOptions
     from mcp.server.stdio import stdio_server
+    from mcp.shared.exceptions import MCPError
     from mcp.shared.subscriptions import ToolsListChanged
-    from mcp_types import CallToolResult, ListToolsResult, PaginatedRequestParams, TextContent
+    from mcp_types import INVALID_PARAMS, CallToolResult, ListToolsResult, PaginatedRequestParams, TextContent
     from mcp_types import Tool as MCPTool
+    from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise missing_extra("mcp", exc) from exc
 
@@ -54,7 +62,7 @@ def tools_from(rows: list[dict[str, Any]]) -> dict[str, MCPTool]:
     tools: dict[str, MCPTool] = {}
     for row in rows:
         name = tool_name(row["task"])
-        description = row["description"] or f"Agent-Reach task {row['task']}"
+        description = described(row, f"Agent-Reach task {row['task']}")
         tools[name] = MCPTool(
             name=name,
             title=row["task"],
@@ -80,7 +88,11 @@ class ReachMCP(MCPServer):
         # INFO). A library must not change the process's logging: put the root logger back.
         root = logging.getLogger()
         handlers, level = list(root.handlers), root.level
-        super().__init__(name=name, instructions="Each tool is a task routed by an Agent-Reach Router.")
+        super().__init__(
+            name=name,
+            version=__version__,
+            instructions="Each tool is a task routed by an Agent-Reach Router.",
+        )
         root.handlers[:] = handlers
         root.setLevel(level)
         self.router_url = router_url.rstrip("/")
@@ -88,10 +100,57 @@ class ReachMCP(MCPServer):
         self.timeout_ms = timeout_ms
         self.tools: dict[str, MCPTool] = {}
         self._tasks: dict[str, str] = {}  # tool name -> task
-        self._sessions: weakref.WeakSet[Any] = weakref.WeakSet()
+        # Handshake-era connections, held strongly while open: each drops itself on close.
+        self._connections: set[Connection] = set()
         self._client: ReachClient | None = None
         self._http: httpx.AsyncClient | None = None
         self.changes = 0  # how many list changes were announced (for tests and logs)
+        self._failing: str | None = None  # the failure last logged by poll(), until it ends
+        self._declare_list_changed()
+        self.middleware.append(self._track_connection)
+
+    @property
+    def sessions(self) -> int:
+        """How many handshake-era client connections are open (and told of list changes)."""
+        return len(self._connections)
+
+    def _declare_list_changed(self) -> None:
+        """Declare ``tools.listChanged`` on every transport, the HTTP sessions included.
+
+        The SDK's HTTP session manager builds each session's initialize answer from
+        ``create_initialization_options()`` with no notification options (so ``false``); the
+        bridge does send the notification, so its default must say so.
+        """
+        lowlevel = self._lowlevel_server
+        declare = lowlevel.create_initialization_options
+
+        def with_list_changed(
+            notification_options: NotificationOptions | None = None,
+            experimental_capabilities: dict[str, dict[str, Any]] | None = None,
+            extensions: dict[str, dict[str, Any]] | None = None,
+        ) -> InitializationOptions:
+            options = notification_options or NotificationOptions(tools_changed=True)
+            return declare(options, experimental_capabilities, extensions)
+
+        lowlevel.create_initialization_options = with_list_changed  # type: ignore[method-assign]
+
+    async def _track_connection(
+        self, ctx: ServerRequestContext[Any, Any], call_next: CallNext
+    ) -> HandlerResult:
+        """Remember each handshake-era connection from its first message after ``initialize``.
+
+        The SDK's session object lives for one request; the connection lives as long as the
+        client, so that is what is held (strongly: a weak reference is gone before the next
+        change), and its own teardown removes it. A 2026-07-28 client is not held: it listens
+        for changes on ``subscriptions/listen``.
+        """
+        if ctx.method != "initialize" and ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+            # ServerSession exposes its connection only privately in mcp 2.x.
+            connection = getattr(ctx.session, "_connection", None)
+            if isinstance(connection, Connection) and connection not in self._connections:
+                self._connections.add(connection)
+                connection.exit_stack.callback(self._connections.discard, connection)
+        return await call_next(ctx)
 
     # -- the tool list -----------------------------------------------------------------------
 
@@ -105,21 +164,25 @@ class ReachMCP(MCPServer):
     async def _handle_list_tools(
         self, ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
     ) -> ListToolsResult:
-        # A handshake-era session that lists tools gets list_changed later; a modern one
-        # listens for it on subscriptions/listen instead (sending it there is dropped).
-        self._sessions.add(ctx.session)
         return ListToolsResult(tools=await self.list_tools())
 
     async def refresh(self) -> bool:
         """Re-read the catalogue; True (and list_changed sent) when the tools changed."""
         if self._http is None:
             self._http = httpx.AsyncClient(headers=auth_headers(), timeout=10)
+        where = f"{self.router_url}/admin/capabilities"
         try:
-            resp = await self._http.get(f"{self.router_url}/admin/capabilities")
-            resp.raise_for_status()
-            rows = resp.json()
+            resp = await self._http.get(where)
+            rows = resp.json() if resp.status_code == 200 else None
         except (httpx.HTTPError, ValueError) as exc:
-            raise RouterUnavailable(f"cannot read {self.router_url}/admin/capabilities: {exc!r}") from exc
+            raise RouterUnavailable(f"cannot read {where}: {type(exc).__name__}: {exc}") from exc
+        if resp.status_code in (401, 403):
+            raise ConfigError(
+                f"reach mcp reads {where}, an admin endpoint, and the Router answered HTTP "
+                f"{resp.status_code}{_said(resp)}: set REACH_TOKEN to an admin token"
+            )
+        if not isinstance(rows, list):
+            raise RouterUnavailable(f"cannot read {where}: HTTP {resp.status_code}{_said(resp)}")
         tools = tools_from(rows)
         if tools == self.tools:
             return False
@@ -131,20 +194,29 @@ class ReachMCP(MCPServer):
 
     async def _announce(self) -> None:
         await self._subscriptions.publish(ToolsListChanged())
-        for session in list(self._sessions):
-            try:
-                await session.send_tool_list_changed()
-            except (anyio.ClosedResourceError, anyio.BrokenResourceError, RuntimeError):
-                self._sessions.discard(session)  # that client went away
+        for connection in list(self._connections):
+            # Best effort by design: a connection whose stream is gone drops it.
+            await connection.send_tool_list_changed()
 
     async def watch(self) -> None:
         """Follow the registry until cancelled; a Router that does not answer keeps the last list."""
         while True:
-            try:
-                await self.refresh()
-            except RouterUnavailable as exc:
-                log.warning("%s", exc.message)
+            await self.poll()
             await asyncio.sleep(self.poll_interval_s)
+
+    async def poll(self) -> None:
+        """One re-read of the catalogue. A failure is logged when it starts or changes, and its
+        end once, never on every poll (one a second would bury everything else)."""
+        try:
+            await self.refresh()
+        except (RouterUnavailable, ConfigError) as exc:
+            if exc.message != self._failing:
+                log.warning("[reach-mcp] %s; keeping the last tool list, still trying", exc.message)
+                self._failing = exc.message
+            return
+        if self._failing is not None:
+            log.info("[reach-mcp] %s/admin/capabilities answers again", self.router_url)
+            self._failing = None
 
     # -- calls -------------------------------------------------------------------------------
 
@@ -153,7 +225,7 @@ class ReachMCP(MCPServer):
     ) -> CallToolResult:
         task = self._tasks.get(name)
         if task is None:
-            return _error_result(f"unknown tool {name!r}", {"status": "NO_AVAILABLE_HANDLER"})
+            raise MCPError(INVALID_PARAMS, f"Unknown tool: {name}", {"name": name})
         if self._client is None:
             self._client = ReachClient(self.router_url, source_agent="mcp")
         options: dict[str, Any] = {} if self.timeout_ms is None else {"timeout_ms": self.timeout_ms}
@@ -163,7 +235,8 @@ class ReachMCP(MCPServer):
             return _error_result(exc.message, {"status": "ROUTER_UNAVAILABLE"})
         if reply.ok:
             structured = reply.result if isinstance(reply.result, dict) else {"result": reply.result}
-            text = orjson.dumps(reply.result).decode()
+            result = reply.result
+            text = result if isinstance(result, str) else orjson.dumps(result).decode()
             return CallToolResult(
                 content=[TextContent(type="text", text=text)], structured_content=structured
             )
@@ -172,6 +245,12 @@ class ReachMCP(MCPServer):
         return _error_result(
             message, {"status": str(reply.status), "traceId": reply.trace_id, "error": error}
         )
+
+    async def get_prompt(
+        self, name: str, arguments: dict[str, Any] | None = None, context: Context[Any, Any] | None = None
+    ) -> Any:
+        """The bridge serves tools only: every prompt name is unknown (-32602, invalid params)."""
+        raise MCPError(INVALID_PARAMS, f"Unknown prompt: {name}", {"name": name})
 
     async def aclose(self) -> None:
         if self._client is not None:
@@ -204,9 +283,7 @@ class ReachMCP(MCPServer):
         import uvicorn
 
         await self._first_list()
-        app: Any = self.streamable_http_app(streamable_http_path=path, host=host)
-        if tokens:
-            app = _BearerOnly(app, tokens)
+        app = self.http_app(path, host=host, tokens=tokens)
         server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
         watcher = asyncio.create_task(self.watch())
         try:
@@ -215,11 +292,37 @@ class ReachMCP(MCPServer):
             watcher.cancel()
             await self.aclose()
 
+    def http_app(self, path: str = "/mcp", *, host: str = "127.0.0.1", tokens: Sequence[str] = ()) -> Any:
+        """The streamable-HTTP ASGI app ``serve_http`` serves: the SDK's, with header values
+        stripped of surrounding whitespace, behind a bearer-token check when ``tokens`` is set."""
+        app: Any = _StrippedHeaders(self.streamable_http_app(streamable_http_path=path, host=host))
+        return _BearerOnly(app, tokens) if tokens else app
+
     async def _first_list(self) -> None:
+        """The first read: a Router away is waited for; refused credentials are final (raised)."""
         try:
             await self.refresh()
         except RouterUnavailable as exc:
-            log.warning("%s; starting with no tools", exc.message)
+            log.warning("[reach-mcp] %s; starting with no tools", exc.message)
+            self._failing = exc.message
+
+
+class _StrippedHeaders:
+    """ASGI: header values without leading or trailing spaces and tabs.
+
+    RFC 9110 §5.5: "a field parsing implementation MUST exclude such whitespace prior to
+    evaluating the field value". The HTTP server hands values on as sent and the SDK compares
+    ``Mcp-Name`` and ``Mcp-Method`` with the body byte for byte, so they are stripped here.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            headers = [(name, value.strip(b" \t")) for name, value in scope.get("headers", ())]
+            scope = {**scope, "headers": headers}
+        await self.app(scope, receive, send)
 
 
 class _BearerOnly:
@@ -251,6 +354,18 @@ class _BearerOnly:
                 given = hashlib.sha256(value[7:].strip()).digest()
                 return any(hmac.compare_digest(given, d) for d in self._digests)
         return False
+
+
+def _said(resp: httpx.Response) -> str:
+    """``" CODE: message"`` from a Router's error body, bounded; nothing when it has none."""
+    try:
+        error = resp.json().get("error")
+    except (ValueError, AttributeError):
+        return ""
+    if not isinstance(error, dict):
+        return ""
+    said = f" {error.get('code', '')}: {error.get('message', '')}".rstrip(": ")
+    return loggable(said, 300)
 
 
 def _error_result(message: str, detail: dict[str, Any]) -> CallToolResult:

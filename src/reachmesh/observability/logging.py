@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import orjson
 
+from reachmesh.exceptions import MAX_CANDIDATES_SHOWN
 from reachmesh.record import DecisionRecord
 from reachmesh.secrets import loggable
 
@@ -86,15 +87,59 @@ def _stamp(created: float, msecs: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created)) + f".{int(msecs):03d}Z"
 
 
+# How much of one argument a log line shows.
+_ARG_LIMIT = 4096
+
+
+class _Clean(str):
+    """A log argument with its control characters escaped; ``%r`` shows the original's repr,
+    which Python already writes without raw control characters."""
+
+    __slots__ = ("_repr",)
+    _repr: str
+
+    def __new__(cls, original: object) -> _Clean:
+        clean = super().__new__(cls, loggable(original, _ARG_LIMIT))
+        clean._repr = loggable(repr(original), _ARG_LIMIT)
+        return clean
+
+    def __repr__(self) -> str:
+        return self._repr
+
+
+def _clean_arg(arg: object) -> object:
+    if arg is None or isinstance(arg, int | float):
+        return arg
+    return _Clean(arg)
+
+
+def message_of(record: logging.LogRecord) -> str:
+    """``record.getMessage()`` with every argument escaped: the arguments are where callers' and
+    agents' text (a payload key, an agent's error message) enters a log line, so none of it can
+    start a line of its own or carry a terminal escape. The template is the code's own."""
+    args = record.args
+    if not args:
+        text = str(record.msg)
+        return text if text.isprintable() else _escaped_lines(text)
+    if isinstance(args, Mapping):
+        return str(record.msg) % {key: _clean_arg(value) for key, value in args.items()}
+    return str(record.msg) % tuple(_clean_arg(arg) for arg in args)
+
+
+def _escaped_lines(text: str) -> str:
+    """``text`` with each of its lines escaped: a traceback keeps its shape, not its escapes."""
+    return "\n".join(loggable(line, 1 << 20) for line in text.split("\n"))
+
+
 class TextFormatter(logging.Formatter):
     """``2026-01-15T10:24:18.302Z INFO <message>``, the prefix repeated on each line of a message."""
 
     def format(self, record: logging.LogRecord) -> str:
         prefix = f"{_stamp(record.created, record.msecs)} {record.levelname} "
-        message = record.getMessage()
+        message = message_of(record)
         line = prefix + message.replace("\n", "\n" + prefix) if "\n" in message else prefix + message
         if record.exc_info:
-            line += "\n" + self.formatException(record.exc_info)
+            line += "\n" + _escaped_lines(self.formatException(record.exc_info))
         return line
 
 
@@ -107,7 +152,7 @@ class JsonFormatter(logging.Formatter):
         for message, fields in split_lines(record):
             line = {**head, "message": message, **fields}
             if record.exc_info:
-                line["exception"] = self.formatException(record.exc_info)
+                line["exception"] = _escaped_lines(self.formatException(record.exc_info))
             out.append(orjson.dumps(line, default=str).decode())
         return "\n".join(out)
 
@@ -210,7 +255,7 @@ class TraceLog:
         if not self._log.isEnabledFor(logging.INFO):
             return
         lines, fields = self._lines(record)
-        base = {"traceId": record.trace_id, "task": record.task, "agent": record.selected}
+        base = {"traceId": record.trace_id, "task": loggable(record.task), "agent": record.selected}
         self._write(lines, fields, base)
 
     def _lines(self, record: DecisionRecord) -> tuple[list[str], list[dict[str, Any]]]:
@@ -219,15 +264,19 @@ class TraceLog:
         status = record.status.value if record.status else "-"
         # Caller text: a line separator, NEL or bidi control must not start or fake a line.
         lines = [f"[{tid}] route: {loggable(record.source)} -> {loggable(record.task)}"]
-        fields: list[dict[str, Any]] = [{"event": "route", "source": record.source}]
+        fields: list[dict[str, Any]] = [{"event": "route", "source": loggable(record.source)}]
         if record.payload is not None:
             lines.append(
                 f"[{tid}] payload: {orjson.dumps(redact(record.payload, self.redact_fields)).decode()}"
             )
             fields.append({"event": "payload"})
         if record.candidates:
-            lines.append(f"[{tid}] candidate agents: {', '.join(record.candidates)}")
-            fields.append({"event": "candidates", "candidates": record.candidates})
+            shown = record.candidates[:MAX_CANDIDATES_SHOWN]
+            more = len(record.candidates) - len(shown)
+            lines.append(
+                f"[{tid}] candidate agents: {', '.join(shown)}" + (f" (+{more} more)" if more else "")
+            )
+            fields.append({"event": "candidates", "candidates": shown, "candidatesOmitted": more})
         if record.selected is not None:
             if record.score is not None:
                 lines.append(f"[{tid}] select {record.selected} by {record.rule} (score={record.score:.2f})")
@@ -250,6 +299,10 @@ class TraceLog:
             else:
                 fields.append({"event": kind})
         lines.append(f"[{tid}] done: {status} in {record.duration_ms:.1f}ms")
+        # Every line is checked whole (one C pass when clean): the notes, the payload's keys and
+        # values and the rule names all come from outside, and none may carry a line break or
+        # a terminal escape.
+        lines = [line if line.isprintable() else loggable(line, 1 << 20) for line in lines]
         fields.append(
             {
                 "event": "done",
@@ -282,7 +335,7 @@ class TraceLog:
 
 def split_lines(record: logging.LogRecord) -> list[tuple[str, dict[str, Any]]]:
     """The (message, fields) pairs of a log record: one per line of a trace record, else one."""
-    message = record.getMessage()
+    message = message_of(record)
     base = getattr(record, "reach", None) or {}
     per_line = getattr(record, "reach_lines", None)
     if not per_line:

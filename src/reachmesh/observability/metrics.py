@@ -9,6 +9,7 @@ series grow with the registry, never with the traffic.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -19,33 +20,36 @@ from reachmesh.observability.series import CounterSeries, HistogramSeries
 from reachmesh.protocol import AgentStatusValue
 from reachmesh.record import DecisionRecord
 from reachmesh.registry.base import AgentEntry, Registry, RegistryEvent
-from reachmesh.resilience.breaker import BreakerBoard, BreakerState
-from reachmesh.routing.stats import StatsBook
 
 UNKNOWN_TASK = "_unknown"
 NO_AGENT = "_none"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
-_SCORE_BUCKETS = (0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0)
-_CIRCUIT_VALUE = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
+# Scores by meaning are background-relative, about 0.05 to 0.2 (the bundled model's threshold is
+# 0.083): fine steps there. Exact routes score 1.0, in a bucket of their own.
+_SCORE_BUCKETS = (0.025, 0.05, 0.075, 0.1, 0.125, 0.15, 0.175, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 0.99, 1.0)
+
+
+@dataclass(frozen=True, slots=True)
+class LiveReadings:
+    """What the gauges read at scrape time, as plain readings handed in by the composition root.
+
+    Observers sit below routing and resilience: they read decision records, registry events
+    and these readings, never the breakers or the stats book themselves.
+    """
+
+    circuit: Callable[[str], int]  # an agent's breaker: 0 closed, 1 half-open, 2 open
+    agent_inflight: Callable[[str], int]
+    inflight: Callable[[], int]
+    embedding_up: Callable[[], bool | None] = lambda: None
 
 
 class _LiveState(Collector):
     """Gauges read at scrape time: registry size by status, breaker state and in-flight per agent."""
 
-    def __init__(
-        self,
-        registry: Registry,
-        breakers: BreakerBoard,
-        stats: StatsBook,
-        inflight: Callable[[], int],
-        embedding_up: Callable[[], bool | None],
-    ) -> None:
+    def __init__(self, registry: Registry, live: LiveReadings) -> None:
         self._registry = registry
-        self._breakers = breakers
-        self._stats = stats
-        self._inflight = inflight
-        self._embedding_up = embedding_up
+        self._live = live
 
     def collect(self) -> Iterable[Any]:
         agents = self._registry.agents()
@@ -67,12 +71,12 @@ class _LiveState(Collector):
             "reach_agent_inflight_requests", "Requests in flight per agent", labels=["agent"]
         )
         for entry in agents:
-            circuit.add_metric([entry.id], _CIRCUIT_VALUE[self._breakers.state(entry.id)])
-            agent_inflight.add_metric([entry.id], self._stats.snapshot(entry.id)["inflight"])
+            circuit.add_metric([entry.id], self._live.circuit(entry.id))
+            agent_inflight.add_metric([entry.id], self._live.agent_inflight(entry.id))
         yield circuit
         yield agent_inflight
         yield GaugeMetricFamily(
-            "reach_inflight_requests", "Requests in flight in the Router", value=self._inflight()
+            "reach_inflight_requests", "Requests in flight in the Router", value=self._live.inflight()
         )
         yield GaugeMetricFamily(
             "reach_registry_degraded",
@@ -80,7 +84,7 @@ class _LiveState(Collector):
             "routing from the snapshot",
             value=0 if self._registry.degraded() is None else 1,
         )
-        up = self._embedding_up()
+        up = self._live.embedding_up()
         if up is not None:
             yield GaugeMetricFamily(
                 "reach_embedding_up",
@@ -89,17 +93,18 @@ class _LiveState(Collector):
             )
 
 
+class _Gauge(Collector):
+    def __init__(self, name: str, documentation: str, read: Callable[[], float]) -> None:
+        self._name, self._documentation, self._read = name, documentation, read
+
+    def collect(self) -> Iterable[Any]:
+        yield GaugeMetricFamily(self._name, self._documentation, value=self._read())
+
+
 class RouterMetrics:
     """The Router's metric families, one CollectorRegistry per Router (so tests stay apart)."""
 
-    def __init__(
-        self,
-        registry: Registry,
-        breakers: BreakerBoard,
-        stats: StatsBook,
-        inflight: Callable[[], int],
-        embedding_up: Callable[[], bool | None] = lambda: None,
-    ) -> None:
+    def __init__(self, registry: Registry, live: LiveReadings) -> None:
         self._registry = registry
         self.prom = CollectorRegistry(auto_describe=True)
         # In the order prometheus-client's own families were registered, so a scrape reads the
@@ -144,7 +149,7 @@ class RouterMetrics:
             self.semantic_refusals,
         ):
             self.prom.register(family)
-        self.prom.register(_LiveState(registry, breakers, stats, inflight, embedding_up))
+        self.prom.register(_LiveState(registry, live))
 
     def __call__(self, record: DecisionRecord) -> None:
         # Runs on every request, on the event loop: a dict update per family, no locks.
@@ -174,6 +179,10 @@ class RouterMetrics:
     def on_probe(self, agent_id: str, ok: bool) -> None:
         if not ok:
             self.health_failures.inc((agent_id,))
+
+    def gauge(self, name: str, documentation: str, read: Callable[[], float]) -> None:
+        """A gauge read at scrape time from another part (the async result store's bytes)."""
+        self.prom.register(_Gauge(name, documentation, read))
 
     def exposition(self) -> bytes:
         """The Prometheus text format of every metric."""

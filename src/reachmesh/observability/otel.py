@@ -13,26 +13,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from reachmesh.exceptions import ConfigError
-from reachmesh.observability.tracecontext import w3c_trace_id
+from reachmesh.exceptions import MAX_CANDIDATES_SHOWN, ConfigError
 from reachmesh.record import DecisionRecord
+from reachmesh.tracecontext import otel_remote_parent
 
 try:  # pragma: no cover - exercised when the extra is installed
     from opentelemetry import trace as otel_trace
-    from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+    from opentelemetry.trace import SpanKind, Status, StatusCode
 except ImportError:  # pragma: no cover
     otel_trace = None  # type: ignore[assignment]
-
-
-def remote_parent(trace_id: str, span_id: str | None) -> Any:
-    """An OpenTelemetry context whose parent is the W3C (trace id, span id) a caller sent."""
-    parent = SpanContext(
-        int(w3c_trace_id(trace_id), 16),
-        int(span_id or "1", 16),
-        is_remote=True,
-        trace_flags=TraceFlags(TraceFlags.SAMPLED),
-    )
-    return otel_trace.set_span_in_context(otel_trace.NonRecordingSpan(parent))
 
 
 class OtelExporter:
@@ -49,7 +38,7 @@ class OtelExporter:
         start_ns = int(record.started_wall * 1e9)
         end_ns = start_ns + int(record.duration_ms * 1e6)
         # No caller span: a placeholder parent still pins the trace id, so every hop shares it.
-        context = remote_parent(record.trace_id, record.parent_span_id)
+        context = otel_remote_parent(record.trace_id, record.parent_span_id)
         status = record.status.value if record.status else "UNKNOWN"
         span = self._tracer.start_span(
             f"reach {record.task}",
@@ -63,7 +52,7 @@ class OtelExporter:
                 "reach.status": status,
                 "reach.handler": record.handler or "",
                 "reach.rule": record.rule or "",
-                "reach.candidates": ",".join(record.candidates),
+                "reach.candidates": ",".join(record.candidates[:MAX_CANDIDATES_SHOWN]),
                 "reach.attempts": len(record.attempts),
             },
         )
@@ -87,32 +76,3 @@ class OtelExporter:
         if status != "SUCCESS":
             span.set_status(Status(StatusCode.ERROR, record.error_code or status))
         span.end(end_time=end_ns)
-
-
-class AgentSpans:
-    """The SDK side: one SERVER span per handled request, child of the Router's attempt span."""
-
-    def __init__(self, agent_id: str, tracer_provider: Any = None) -> None:
-        if otel_trace is None:
-            raise ConfigError(
-                "REACH_OTEL is on, but OpenTelemetry is not installed: pip install 'reachmesh[otel]'"
-            )
-        self._agent_id = agent_id
-        self._tracer = otel_trace.get_tracer("reachmesh.sdk", tracer_provider=tracer_provider)
-
-    def start(self, task: str, trace_id: str, parent_span_id: str | None) -> Any:
-        """Start the span of one handled request; the caller ends it with ``end(span, outcome)``."""
-        context = remote_parent(trace_id, parent_span_id)
-        return self._tracer.start_span(
-            f"handle {task}",
-            context=context,
-            kind=SpanKind.SERVER,
-            attributes={"reach.agent": self._agent_id, "reach.task": task, "reach.trace_id": trace_id},
-        )
-
-    @staticmethod
-    def end(span: Any, outcome: str) -> None:
-        span.set_attribute("reach.outcome", outcome)
-        if outcome != "success":
-            span.set_status(Status(StatusCode.ERROR, outcome))
-        span.end()

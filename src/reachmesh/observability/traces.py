@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from reachmesh.clock import iso_utc
+from reachmesh.exceptions import MAX_CANDIDATES_SHOWN
 from reachmesh.record import DecisionRecord
 
 
@@ -51,6 +52,9 @@ class _Hop(NamedTuple):
     failovers: tuple[str, ...]
     circuit_trips: tuple[str, ...]
     error_code: str | None
+    # How many candidates and rejections are not listed (a task may have a thousand agents).
+    candidates_omitted: int = 0
+    rejected_omitted: int = 0
 
     @property
     def span_ids(self) -> tuple[str, ...]:
@@ -88,7 +92,9 @@ class _Hop(NamedTuple):
                 "strategy": self.strategy,
                 "matchedTask": self.matched_task,
                 "candidates": list(self.candidates),
+                "candidatesOmitted": self.candidates_omitted,
                 "rejected": rejected,
+                "rejectedOmitted": self.rejected_omitted,
                 "selected": self.selected,
                 "score": self.score,
                 "affinity": self.affinity,
@@ -111,6 +117,11 @@ def _thaw(blob: bytes) -> _Hop:
     return _Hop._make(orjson.loads(blob))
 
 
+# Each hop lists at most this many candidates, rejections and score breakdowns by name: with a
+# thousand agents on a task, each stored hop of a failed call held 146 KB.
+_SHOWN = MAX_CANDIDATES_SHOWN
+
+
 def _freeze(r: DecisionRecord) -> tuple[Any, ...]:
     """The hop as a plain tuple in `_Hop`'s field order, kept as JSON; `_Hop` wraps it (with
     lists where tuples were) only when the store is queried."""
@@ -130,18 +141,22 @@ def _freeze(r: DecisionRecord) -> tuple[Any, ...]:
         r.parent_span_id,
         r.rule,
         r.strategy,
-        tuple(r.candidates),
-        tuple([(c["agentId"], c["reason"], c.get("score")) for c in r.rejected]) if r.rejected else (),
+        tuple(r.candidates[:_SHOWN]),
+        tuple([(c["agentId"], c["reason"], c.get("score")) for c in r.rejected[:_SHOWN]])
+        if r.rejected
+        else (),
         r.selected,
         r.score,
         r.affinity,
-        {"semantic": r.semantic, "scores": r.explain} if r.semantic or r.explain else None,
+        {"semantic": r.semantic, "scores": r.explain[:_SHOWN]} if r.semantic or r.explain else None,
         tuple([(a.agent_id, a.outcome, a.duration_ms, a.span_id, a.offset_ms, a.score) for a in r.attempts]),
         tuple(r.events) if r.events else (),
         tuple(r.retries) if r.retries else (),
         tuple(r.failovers) if r.failovers else (),
         tuple(r.circuit_trips) if r.circuit_trips else (),
         r.error_code,
+        max(len(r.candidates) - _SHOWN, 0),
+        max(len(r.rejected) - _SHOWN, 0),
     )
 
 

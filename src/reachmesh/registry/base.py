@@ -174,8 +174,36 @@ def same_registrant(entry: AgentEntry, profile: AgentProfile, instance_id: str |
     return same_token and entry.endpoint == profile.network.endpoint
 
 
+class Claim(StrEnum):
+    """What a registration does to the id it names."""
+
+    NEW = "new"  # no live holder: a new lease
+    IN_PLACE = "in place"  # the holder itself (its lease, or its instance token): the lease stays
+    TAKEOVER = "takeover"  # a holder known dead: a new lease, and the old one ends
+
+
+def dead_holder(entry: AgentEntry, profile: AgentProfile) -> str | None:
+    """Why the live ``entry`` may be taken over by ``profile``'s registrant, or None when not.
+
+    The same endpoint means the same instance restarting (one process can listen there, and a
+    restart gets a new instance token); a holder the Router's own health probes mark down (its
+    last probe failed) is not serving. Two live instances at different endpoints are neither.
+    """
+    if entry.managed:
+        return None  # an admin's entry: only an admin's registration with its lease replaces it
+    if entry.endpoint == profile.network.endpoint:
+        return "the same endpoint (a restart)"
+    if entry.health_status is not AgentStatusValue.AVAILABLE:
+        return f"its health checks failing ({entry.health_status.value})"
+    return None
+
+
 class Registry(abc.ABC):
     """The async contract every registry backend implements."""
+
+    # True while a shared backend installs the entries it reads back from its store at start:
+    # their events are news to this Router's state, not registrations happening now.
+    replaying = False
 
     def __init__(self) -> None:
         self._listeners: list[Listener] = []
@@ -183,6 +211,8 @@ class Registry(abc.ABC):
         self._learned_listeners: list[LearnedListener] = []
         # Learned routes by normalized phrase, in the order they were (re)confirmed.
         self._learned: dict[str, LearnedRoute] = {}
+        # Learned negatives by (normalized phrase, task): that capability declined that phrase.
+        self._negatives: dict[tuple[str, str], LearnedRoute] = {}
 
     def subscribe(self, listener: Listener) -> None:
         """Call ``listener(event, entry)`` on every change, synchronously and in order."""
@@ -211,7 +241,7 @@ class Registry(abc.ABC):
     def publish_vectors(self, model: str, agent_id: str, block: bytes) -> None:  # noqa: B027
         """Share the vectors this Router embedded for ``agent_id``; backends of one Router ignore it."""
 
-    # -- learned routes (issue #15 item 3) ---------------------------------------------------
+    # -- learned routes -----------------------------------------------------------------------
     #
     # Kept in the registry, not in the Router, so that on a shared backend what one Router
     # learned routes on every other. Reads are a local snapshot like the agents; writes are async.
@@ -255,6 +285,39 @@ class Registry(abc.ABC):
         for listener in self._learned_listeners:
             listener(key, None)
         return True
+
+    # -- learned negatives ---------------------------------------------------------------------
+    #
+    # A capability that declined a phrase is not offered it again by meaning. Kept beside the
+    # learned routes, and shared the same way.
+
+    def negatives(self) -> Mapping[tuple[str, str], LearnedRoute]:
+        """Every learned negative, by (normalized phrase, task) (a snapshot read: no I/O)."""
+        return self._negatives
+
+    async def remember_negative(self, phrase: str, task: str, source: str, *, limit: int) -> LearnedRoute:
+        """Learn that ``task`` declines ``phrase``, keeping at most ``limit`` negatives."""
+        route = LearnedRoute(phrase, task, source, self._now())
+        self._keep_negative(route)
+        for key in self._excess_negatives(limit):
+            self._negatives.pop(key, None)
+        return route
+
+    async def forget_negative(self, phrase: str, task: str) -> bool:
+        """Forget that ``task`` declines ``phrase``; False when it was not known."""
+        return self._negatives.pop((normalize_phrase(phrase), task), None) is not None
+
+    def _keep_negative(self, route: LearnedRoute) -> tuple[str, str]:
+        key = (normalize_phrase(route.phrase), route.task)
+        self._negatives.pop(key, None)
+        self._negatives[key] = route
+        return key
+
+    def _excess_negatives(self, limit: int) -> list[tuple[str, str]]:
+        over = len(self._negatives) - limit
+        if over <= 0:
+            return []
+        return [key for key, _ in heapq.nsmallest(over, self._negatives.items(), key=lambda kv: kv[1].at)]
 
     def _excess(self, limit: int) -> list[str]:
         """The phrase keys beyond ``limit``, oldest confirmation first."""
@@ -315,6 +378,12 @@ class Registry(abc.ABC):
     @abc.abstractmethod
     def set_health(self, agent_id: str, health: AgentStatusValue) -> None:
         """Record what the health checks concluded (available, suspect or unhealthy)."""
+
+    def evict_offline(self, holder: str | None = None, *, keep: str | None = None) -> AgentEntry | None:
+        """Drop an offline entry (of agent token ``holder``, when given) before its grace period
+        is over, to make room for a live one (never ``keep``, the id being registered); the one
+        dropped, or None. A registry that keeps no offline entries has none to drop."""
+        return None
 
     @abc.abstractmethod
     def get(self, agent_id: str) -> AgentEntry | None:

@@ -6,6 +6,7 @@ Keys, under ``registry.etcd.prefix`` (``/agent-reach/v1`` by default)::
     {prefix}/health/{agent_id}/{router}    a Router's report that the agent fails (short lease)
     {prefix}/vectors/{model}/{agent_id}    capability vectors embedded by one Router, for the others
     {prefix}/learned/{sha256(phrase)}      a learned route (JSON: phrase, task, source, at), no lease
+    {prefix}/negative/{sha256(phrase\0task)} a learned negative: that task declined that phrase
 
 - An agent's lease *is* an etcd lease: registration grants it, a renewal (on any Router) keeps
   it alive, and when it runs out etcd deletes the key by itself. The lease id given to the agent
@@ -51,6 +52,7 @@ from reachmesh.ports import is_loopback
 from reachmesh.protocol import AgentProfile, AgentStatusValue
 from reachmesh.registry.base import (
     AgentEntry,
+    Claim,
     LearnedRoute,
     RegistryEvent,
     compile_capabilities,
@@ -96,6 +98,7 @@ class Keys:
         self.health = prefix + "/health/"
         self.vectors = prefix + "/vectors/"
         self.learned = prefix + "/learned/"
+        self.negatives = prefix + "/negative/"
         # Never written: a read of it, and a write to it that is checked but never done, tell
         # whether etcd lets this Router read and write the prefix.
         self.access_check = prefix + "/access-check"
@@ -108,6 +111,9 @@ class Keys:
 
     def vector_block(self, model: str, agent_id: str) -> str:
         return f"{self.vectors}{quote(model, safe='')}/{agent_id}"
+
+    def negative(self, phrase_key: str, task: str) -> str:
+        return self.negatives + hashlib.sha256(f"{phrase_key}\0{task}".encode()).hexdigest()
 
     def learned_route(self, phrase_key: str) -> str:
         # A digest, not the phrase: caller text never becomes part of a key.
@@ -158,6 +164,7 @@ class EtcdRegistry(MemoryRegistry):
         # etcd key -> normalized phrase, and the revision applied for it (a watch event of a
         # write this Router made itself is not applied twice).
         self._learned_keys: dict[str, tuple[str, int]] = {}
+        self._negative_keys: dict[str, tuple[tuple[str, str], int]] = {}
         self.resyncs = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -263,11 +270,18 @@ class EtcdRegistry(MemoryRegistry):
         # Keys come sorted otherwise, so agents/ is applied before the health/ reports naming them.
         first = [kv for kv in kvs if kv.key.startswith(self.keys.vectors)]
         rest = [kv for kv in kvs if not kv.key.startswith(self.keys.vectors)]
-        self._apply([Event(kv, deleted=False) for kv in first + rest])
+        self.replaying = not self.loaded
+        try:
+            self._apply([Event(kv, deleted=False) for kv in first + rest])
+        finally:
+            self.replaying = False
         present = {kv.key[len(self.keys.agents) :] for kv in kvs if kv.key.startswith(self.keys.agents)}
         learned = {kv.key for kv in kvs if kv.key.startswith(self.keys.learned)}
         for key in [k for k in self._learned_keys if k not in learned]:
             self._apply_learned(KeyValue(key, b"", 0, revision, 0), deleted=True)  # forgotten meanwhile
+        negatives = {kv.key for kv in kvs if kv.key.startswith(self.keys.negatives)}
+        for key in [k for k in self._negative_keys if k not in negatives]:
+            self._apply_negative(KeyValue(key, b"", 0, revision, 0), deleted=True)
         for entry in list(self._entries.values()):
             # Gone from etcd while this Router was not watching: its lease ran out meanwhile.
             if entry.id not in present and entry.status is not AgentStatusValue.OFFLINE:
@@ -275,6 +289,8 @@ class EtcdRegistry(MemoryRegistry):
         self.revision = revision
         if self.loaded:
             log.info("[registry] resynced from etcd: %d agents at revision %d", len(present), revision)
+        else:
+            log.info("[registry] read back from etcd: %d agents at revision %d", len(present), revision)
         self.loaded = True
         self._serving()
         self.resyncs += 1
@@ -295,6 +311,8 @@ class EtcdRegistry(MemoryRegistry):
                 self._apply_failure(kv)
             elif kv.key.startswith(self.keys.learned):
                 self._apply_learned(kv, deleted=event.deleted)
+            elif kv.key.startswith(self.keys.negatives):
+                self._apply_negative(kv, deleted=event.deleted)
             self.revision = max(self.revision, kv.mod_revision)
 
     def _apply_agent(self, agent_id: str, kv: KeyValue, *, deleted: bool) -> bool:
@@ -531,7 +549,8 @@ class EtcdRegistry(MemoryRegistry):
             current = None
             if kv is not None and record is not None and record.get("state") != _GONE:
                 current = self._entry(record, kv)
-            replacing = self.check_replace(current, profile, lease_id, instance_id)
+            claim = self.check_replace(current, profile, lease_id, instance_id)
+            replacing = claim is Claim.IN_PLACE
             # Replacing with the lease: it stays. The same registrant, whose answer was lost: a new
             # lease id on the same etcd lease (the store does not know the old one, only its digest).
             secret = lease_id if replacing and lease_id is not None else None
@@ -546,6 +565,8 @@ class EtcdRegistry(MemoryRegistry):
             if replacing and current is not None and kv is not None:
                 done = await self._replace(key, value, kv, deadline)
                 entry.backend_lease = kv.lease
+            elif claim is Claim.TAKEOVER and kv is not None:
+                done, entry.backend_lease = await self._take_over(key, value, kv, entry, deadline)
             else:
                 done, entry.backend_lease = await self._create(key, value, entry, deadline)
             if done is None:
@@ -561,7 +582,7 @@ class EtcdRegistry(MemoryRegistry):
                 # the lease, only its digest. Keep it, so a retry here gets the same lease back.
                 current_local.lease_id = entry.lease_id
             self.revision = max(self.revision, done)
-            return entry, not replacing
+            return entry, claim is not Claim.IN_PLACE
         raise AgentIdConflict(f"agent id {profile.id!r} is being registered concurrently elsewhere; retry")
 
     def _known_lease(self, agent_id: str, current: AgentEntry) -> str | None:
@@ -642,6 +663,26 @@ class EtcdRegistry(MemoryRegistry):
         if lease:
             self._background.spawn(self._revoke_quietly(lease), "revoke")
         return None, 0
+
+    async def _take_over(
+        self, key: str, value: bytes, kv: KeyValue, entry: AgentEntry, deadline: float
+    ) -> tuple[int | None, int]:
+        """Write ``entry`` over a dead holder's key on a new etcd lease, unless the key changed
+        since it was read; then end the holder's lease (its keys left with it: the record moved)."""
+        try:
+            lease = await self.client.grant(entry.ttl_seconds, deadline=deadline)
+            result = await self.client.txn(
+                [compare_mod(key, kv.mod_revision)], [put_op(key, value, lease)], deadline=deadline
+            )
+        except EtcdRejected as exc:
+            raise self._refused_call(exc, "the write", write=True) from exc
+        self._serving(wrote=True)
+        if not result.succeeded:
+            self._background.spawn(self._revoke_quietly(lease), "revoke")
+            return None, 0
+        if kv.lease:
+            self._background.spawn(self._revoke_quietly(kv.lease), "revoke")
+        return result.revision, lease
 
     async def _revoke_quietly(self, lease: int) -> None:
         try:
@@ -824,6 +865,55 @@ class EtcdRegistry(MemoryRegistry):
             raise self._refused_call(exc, "the write", write=True) from exc
         known = key in self._learned_keys
         self._apply_learned(KeyValue(key, b"", 0, self.revision, 0), deleted=True)
+        return bool(deleted) or known
+
+    # -- learned negatives -------------------------------------------------------------------
+
+    def _apply_negative(self, kv: KeyValue, *, deleted: bool) -> None:
+        known = self._negative_keys.get(kv.key)
+        if known is not None and known[1] >= kv.mod_revision and not deleted:
+            return  # this Router wrote it already
+        if deleted:
+            if known is not None:
+                del self._negative_keys[kv.key]
+                self._negatives.pop(known[0], None)
+            return
+        record = self._decode(kv) or {}
+        try:
+            route = LearnedRoute(
+                str(record["phrase"]), str(record["task"]), str(record["source"]), float(record["at"])
+            )
+        except (KeyError, TypeError, ValueError):
+            log.warning("[registry] skipping %s: not a learned negative", kv.key)
+            return
+        self._negative_keys[kv.key] = (self._keep_negative(route), kv.mod_revision)
+
+    async def remember_negative(self, phrase: str, task: str, source: str, *, limit: int) -> LearnedRoute:
+        route = LearnedRoute(phrase, task, source, self._now())
+        pair = (normalize_phrase(phrase), task)
+        key = self.keys.negative(*pair)
+        value = orjson.dumps({**route.to_json(), "router": self.router})
+        room = limit if pair in self._negatives else limit - 1
+        victims = [old for old in self._excess_negatives(room) if old != pair]
+        try:
+            revision = await self.client.put(key, value, deadline=self._deadline())
+            for old in victims:
+                await self.client.delete(self.keys.negative(*old), deadline=self._deadline())
+        except EtcdRejected as exc:
+            raise self._refused_call(exc, "the write", write=True) from exc
+        self._apply_negative(KeyValue(key, value, 0, revision, 0), deleted=False)
+        for old in victims:
+            self._apply_negative(KeyValue(self.keys.negative(*old), b"", 0, revision, 0), deleted=True)
+        return route
+
+    async def forget_negative(self, phrase: str, task: str) -> bool:
+        key = self.keys.negative(normalize_phrase(phrase), task)
+        try:
+            deleted = await self.client.delete(key, deadline=self._deadline())
+        except EtcdRejected as exc:
+            raise self._refused_call(exc, "the write", write=True) from exc
+        known = key in self._negative_keys
+        self._apply_negative(KeyValue(key, b"", 0, self.revision, 0), deleted=True)
         return bool(deleted) or known
 
     # -- shared capability vectors -----------------------------------------------------------

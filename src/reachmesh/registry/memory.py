@@ -20,12 +20,15 @@ from reachmesh.lifecycle import Background
 from reachmesh.protocol import AgentProfile, AgentStatusValue
 from reachmesh.registry.base import (
     AgentEntry,
+    Claim,
     Registry,
     RegistryEvent,
     compile_capabilities,
+    dead_holder,
     holds_lease,
     same_registrant,
 )
+from reachmesh.secrets import loggable
 
 log = logging.getLogger("reachmesh.registry")
 
@@ -79,12 +82,12 @@ class MemoryRegistry(Registry):
     ) -> tuple[AgentEntry, bool]:
         now = self._clock.monotonic()
         current = self._entries.get(profile.id)
-        replacing = self.check_replace(current, profile, lease_id, instance_id)
+        claim = self.check_replace(current, profile, lease_id, instance_id)
         caps, validators = compile_capabilities(profile)
         ttl = 0.0 if managed else self.policy.lease_ttl_seconds
         entry = AgentEntry(
             profile=profile,
-            lease_id=current.lease_id if replacing and current else new_lease_id(),
+            lease_id=current.lease_id if claim is Claim.IN_PLACE and current else new_lease_id(),
             ttl_seconds=ttl,
             last_heartbeat=now,
             last_heartbeat_wall=self._clock.time(),
@@ -95,30 +98,43 @@ class MemoryRegistry(Registry):
             holder=holder,
             managed=managed,
         )
-        self._install(entry, replacing)
-        return entry, not replacing
+        self._install(entry, claim is not Claim.NEW)
+        return entry, claim is not Claim.IN_PLACE
 
     def check_replace(
         self, current: AgentEntry | None, profile: AgentProfile, lease_id: str | None, instance_id: str | None
-    ) -> bool:
-        """Whether a registration replaces a live ``current`` (True) or is new (False); raises
-        ``AgentIdConflict`` when the id is held by someone else, ``RegistryFull`` at the cap."""
-        live = current is not None and current.status is not AgentStatusValue.OFFLINE
-        if (
-            current is not None
-            and live
-            and not (lease_id is not None and holds_lease(current, lease_id))
-            and not same_registrant(current, profile, instance_id)
+    ) -> Claim:
+        """What a registration does to a ``current`` entry (see :class:`Claim`); raises
+        ``AgentIdConflict`` when a live holder keeps the id, ``RegistryFull`` at the cap."""
+        if current is None or current.status is AgentStatusValue.OFFLINE:
+            # An offline entry only waits out its grace period: it gives its place to a live agent.
+            full = len(self._entries) >= self.policy.max_agents
+            if current is None and full and self.evict_offline() is None:
+                raise RegistryFull(
+                    f"the registry holds {len(self._entries)} agents, the most registry.max_agents allows"
+                )
+            return Claim.NEW
+        if (lease_id is not None and holds_lease(current, lease_id)) or same_registrant(
+            current, profile, instance_id
         ):
+            return Claim.IN_PLACE
+        why = dead_holder(self._probed(current), profile)
+        if why is None:
             raise AgentIdConflict(
-                f"agent id {profile.id!r} is held by a live lease; register with its leaseId "
-                "to replace the profile, or wait for the lease to expire"
+                f"agent id {profile.id!r} is held by a live lease at another endpoint; register with "
+                "its leaseId to replace the profile, or wait for the lease to expire"
             )
-        if current is None and len(self._entries) >= self.policy.max_agents:
-            raise RegistryFull(
-                f"the registry holds {len(self._entries)} agents, the most registry.max_agents allows"
-            )
-        return live
+        holder_at = loggable(current.endpoint)
+        log.info("[registry] %s taken over from its holder at %s: %s", profile.id, holder_at, why)
+        return Claim.TAKEOVER
+
+    def _probed(self, current: AgentEntry) -> AgentEntry:
+        """``current`` as this Router's health probes know it: a shared store's record carries no
+        health, the snapshot's entry for the same lease does."""
+        local = self._entries.get(current.id)
+        if local is not None and local.lease_digest == current.lease_digest:
+            return local
+        return current
 
     def _install(self, entry: AgentEntry, replacing: bool) -> None:
         """Put ``entry`` in the snapshot and the task index, in place of any entry with its id."""
@@ -206,6 +222,23 @@ class MemoryRegistry(Registry):
         if entry.offline_since is not None and now - entry.offline_since >= self.policy.offline_grace_seconds:
             self._remove(entry)
             self._emit(RegistryEvent.REMOVED, entry)
+
+    def evict_offline(self, holder: str | None = None, *, keep: str | None = None) -> AgentEntry | None:
+        """Drop the entry that went offline first (of agent token ``holder``, when given; never
+        ``keep``) before its grace period is over, to make room; None when there is none."""
+        offline = [
+            e
+            for e in self._entries.values()
+            if e.status is AgentStatusValue.OFFLINE
+            and e.id != keep
+            and (holder is None or e.holder == holder)
+        ]
+        if not offline:
+            return None
+        oldest = min(offline, key=lambda e: e.offline_since or 0.0)
+        self._remove(oldest)
+        self._emit(RegistryEvent.REMOVED, oldest)
+        return oldest
 
     def _go_offline(self, entry: AgentEntry) -> None:
         entry.lease_status = AgentStatusValue.OFFLINE

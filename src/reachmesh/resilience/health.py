@@ -4,6 +4,11 @@ One failure makes an agent ``suspect``; ``unhealthy_after`` in a row make it ``u
 of routing); one success brings it back. Probes go to the dedicated health port when the profile
 has one, so a busy-but-alive agent keeps answering. Each agent's schedule is jittered, so a
 thousand agents registered together are not probed in the same millisecond.
+
+An agent has at most one probe in flight: when its next probe falls due while the last one is
+still waiting or running, that turn is skipped rather than queued, so a slow agent or a short
+interval cannot pile up work behind the shared ``concurrency`` gate and starve the others'
+probes. An agent's probe is cancelled when it leaves the registry.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ import contextlib
 import logging
 import random
 from collections.abc import Callable
+from functools import partial
+from typing import Any
 from urllib.parse import urlsplit
 
 from reachmesh.clock import SYSTEM_CLOCK, Clock
@@ -61,7 +68,13 @@ class HealthChecker:
         self._scheduler = Background("reach-health")
         self._probes = Background("reach-health-probe")
         self._wake = asyncio.Event()
+        # agent id -> its probe in flight (waiting for the gate or running): one per agent at most.
+        self._running: dict[str, asyncio.Task[None]] = {}
         registry.subscribe(self._on_registry)
+
+    @property
+    def probes_in_flight(self) -> int:
+        return len(self._running)
 
     def subscribe(self, listener: ProbeListener) -> None:
         """Call ``listener(agent_id, ok)`` after every probe."""
@@ -79,6 +92,9 @@ class HealthChecker:
         elif event in (RegistryEvent.DEREGISTERED, RegistryEvent.REMOVED):
             self._due.pop(entry.id, None)
             self._failures.pop(entry.id, None)
+            running = self._running.pop(entry.id, None)
+            if running is not None:
+                running.cancel()
 
     async def start(self) -> None:
         if self.policy.enabled and not self._scheduler:
@@ -101,13 +117,19 @@ class HealthChecker:
                     continue
                 jitter = 1 + _jitter.uniform(-self.policy.jitter, self.policy.jitter)
                 self._due[agent_id] = now + self._interval(entry) * jitter
-                if entry.lease_status is AgentStatusValue.OFFLINE:
+                if entry.lease_status is AgentStatusValue.OFFLINE or agent_id in self._running:
                     continue
-                self._probes.spawn(self._probe(entry, gate))
+                task = self._probes.spawn(self._probe(entry, gate))
+                self._running[agent_id] = task
+                task.add_done_callback(partial(self._release, agent_id))
             wait = min(self._due.values(), default=now + 1.0) - now
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=min(max(wait, 0.01), 1.0))
+
+    def _release(self, agent_id: str, task: asyncio.Task[Any]) -> None:
+        if self._running.get(agent_id) is task:
+            del self._running[agent_id]
 
     async def _probe(self, entry: AgentEntry, gate: asyncio.Semaphore) -> None:
         timeout_ms = self.policy.timeout_ms or entry.profile.health_check.timeout_ms

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reachmesh.clock import Clock
+from reachmesh.deadline import Deadline
+
+__all__ = ["Deadline", "Timeout"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,21 +29,3 @@ class Timeout:
         connect = min(self.connect_ms / 1000.0, remaining)
         read = min(self.read_ms / 1000.0, remaining)
         return connect, read, min((self.connect_ms + self.read_ms) / 1000.0, remaining)
-
-
-class Deadline:
-    """A point in time on a :class:`Clock` after which no new work starts."""
-
-    __slots__ = ("_at", "_clock")
-
-    def __init__(self, clock: Clock, budget_ms: float) -> None:
-        self._clock = clock
-        self._at = clock.monotonic() + budget_ms / 1000.0
-
-    def remaining_ms(self) -> float:
-        """Milliseconds left; negative once the deadline has passed."""
-        return (self._at - self._clock.monotonic()) * 1000.0
-
-    @property
-    def expired(self) -> bool:
-        return self._clock.monotonic() >= self._at

@@ -6,6 +6,11 @@
 - :meth:`AttemptRun.try_agent` tries it, retrying once on the same agent after a network error;
 - :meth:`AttemptRun.account` books each attempt's outcome: stats, the record, the breaker.
 
+A decline (the agent answered ``DECLINED``) is not a failure: the next candidate is tried with no
+retry-budget token and no retry of the request's count spent, the breaker and the success rate
+never see it, and candidates of runner-up tasks by meaning are tried only after one. At most
+:data:`MAX_DECLINES` declines per request, so a thousand agents saying "not mine" end it early.
+
 The run returns the winning agent's result or raises the error that ends the request.
 """
 
@@ -21,6 +26,7 @@ from reachmesh import jsoncodec
 from reachmesh.clock import Clock
 from reachmesh.config import RouterConfig
 from reachmesh.exceptions import (
+    AgentDeclined,
     AgentRejected,
     AttemptError,
     ConnectFailed,
@@ -28,7 +34,6 @@ from reachmesh.exceptions import (
     DeadlineExceeded,
     NoAvailableHandler,
 )
-from reachmesh.observability.tracecontext import new_span_id, w3c_trace_id
 from reachmesh.protocol import CandidateReason, ReachRequest
 from reachmesh.record import AttemptRecord, DecisionRecord
 from reachmesh.resilience.affinity import AffinityTable
@@ -37,6 +42,7 @@ from reachmesh.resilience.retry import RetryBudget
 from reachmesh.resilience.timeouts import Deadline, Timeout
 from reachmesh.routing.base import Choice
 from reachmesh.routing.stats import StatsBook
+from reachmesh.tracecontext import new_span_id, w3c_trace_id
 from reachmesh.transport.base import AttemptLimits, Transport
 
 # A private generator for backoff jitter: it needs no cryptographic strength and must not
@@ -46,6 +52,9 @@ _jitter = random.Random()
 # No attempt starts with less time than this left: the event loop may fire a timer up to its
 # clock resolution early, and an attempt that cannot finish only delays the TIMEOUT answer.
 MIN_ATTEMPT_MS = 2.0
+
+# Declines one request may collect before it ends NO_AVAILABLE_HANDLER: each is a whole hop.
+MAX_DECLINES = 8
 
 
 @dataclass(slots=True)
@@ -95,11 +104,14 @@ class AttemptRun:
             record.affinity if request.preferences.context_bound and request.conversation_id else None
         )
         self.last_failure: tuple[str, str] | None = None  # (agent, reason) of the last failed agent
+        self.declined_by: str | None = None  # the agent that declined the last attempt, if one did
         self._w3c_trace = w3c_trace_id(record.trace_id)
 
     async def run(self, choices: list[Choice]) -> Any:
         """The result of the first agent that succeeds; else the error that ends the request."""
         for index, choice in enumerate(choices):
+            if choice.on_decline and self.declined_by is None:
+                continue  # a runner-up task by meaning is an answer to "not mine" only
             if not await self.admit(index, choice):
                 continue
             success = await self.try_agent(choice)
@@ -122,7 +134,9 @@ class AttemptRun:
             return False
         if change is BreakerState.HALF_OPEN:
             record.note("circuit half_open", f"agent {agent_id} (probe request)")
-        if self.last_failure is not None:
+        if self.declined_by is not None:
+            record.note("failover", f"{self.declined_by} -> {agent_id} (declined)")
+        elif self.last_failure is not None:
             failed, why = self.last_failure
             if not self.parts.budget.try_spend():
                 record.note("retry budget", f"exhausted; no failover from {failed} ({why})")
@@ -134,6 +148,8 @@ class AttemptRun:
         return True
 
     async def _refusal(self, index: int, choice: Choice) -> str | None:
+        if len(self.record.declines) >= MAX_DECLINES:
+            return CandidateReason.BUDGET_EXHAUSTED
         if self.attempts_left <= 0 or self.budget_spent:
             return CandidateReason.BUDGET_EXHAUSTED
         if index > 0 and choice.validator is not None and choice.validator.errors(self.request.payload):
@@ -156,6 +172,7 @@ class AttemptRun:
 
     async def try_agent(self, choice: Choice) -> Success | None:
         """Try one agent, with same-agent retries: its Success, or None to fail over."""
+        self._take_task(choice)
         self.data["targetAgent"] = choice.entry.id
         body = jsoncodec.dumps(self.data)
         same_agent_left = self.parts.config.retries.same_agent
@@ -163,6 +180,9 @@ class AttemptRun:
             exc = await self._attempt(choice, body)
             if isinstance(exc, Success):
                 return exc
+            if isinstance(exc, AgentDeclined):
+                self._declined(choice)
+                return None
             if isinstance(exc, AgentRejected) and not exc.retryable:
                 self.record.handler = choice.entry.id
                 raise exc
@@ -173,7 +193,28 @@ class AttemptRun:
                 continue
             self.record.reject(choice.entry.id, exc.reason, choice.score, self.task)
             self.last_failure = (choice.entry.id, exc.reason)
+            self.declined_by = None
             return None
+
+    def _declined(self, choice: Choice) -> None:
+        """Book a decline: the hop is given back to the request's count, and no token is spent."""
+        agent_id = choice.entry.id
+        self.record.reject(agent_id, CandidateReason.DECLINED, choice.score, self.task)
+        self.record.declines.append((agent_id, self.task))
+        self.attempts_left += 1
+        self.declined_by = agent_id
+        self.last_failure = None
+
+    def _take_task(self, choice: Choice) -> None:
+        """A candidate of a runner-up task by meaning gets that task, and the caller's words."""
+        task = choice.capability.task
+        if task == self.task:
+            return
+        self.record.note("declined", f"trying {task} by meaning after {self.task} declined")
+        self.task = task
+        self.record.matched_task = task
+        self.data["targetTask"] = task
+        self.data["requestedTask"] = self.request.target_task
 
     async def _attempt(self, choice: Choice, body: bytes) -> Success | AttemptError:
         """One attempt, accounted; its Success or its failure."""
@@ -231,7 +272,8 @@ class AttemptRun:
         healthy = exc is None or isinstance(exc, AgentRejected)
         refused = isinstance(exc, ConnectFailed) and exc.refused
         outcome = "SUCCESS" if exc is None else exc.reason
-        self.parts.stats.finished(agent_id, ok=healthy, latency_ms=took)
+        counted = None if isinstance(exc, AgentDeclined) else healthy
+        self.parts.stats.finished(agent_id, ok=counted, latency_ms=took)
         offset = round((started - record.started) * 1000, 2)
         record.attempts.append(AttemptRecord(agent_id, outcome, took, span_id, offset, choice.score))
         detail = "" if exc is None else f", outcome={exc.reason}"
@@ -267,6 +309,10 @@ class AttemptRun:
                 f"conversation {self.request.conversation_id!r} is bound to {self.bound_agent!r}, which "
                 "cannot take it, and no other agent confirms it holds the conversation",
                 list(record.rejected),
+            )
+        if record.declines and all(c.get("reason") == CandidateReason.DECLINED for c in record.rejected):
+            return NoAvailableHandler(
+                f"every candidate for {self.request.target_task!r} declined it", list(record.rejected)
             )
         return NoAvailableHandler(
             f"every candidate for {self.task!r} failed or was skipped", list(record.rejected)

@@ -16,6 +16,11 @@ What does *not* teach anything:
   named exactly, as declared, confirms;
 - a call the guard refused (no token, a role that may not call): it never reaches the dispatcher.
 
+A decline teaches the opposite: when a capability found by meaning declined the phrase (and the
+request did not end handled by that same capability), the Router remembers (phrase, task) as a
+learned negative (``routing.learning.negatives``, on by default), and routes by meaning keep that
+phrase off that task from then on, on every Router sharing the registry.
+
 This is an :class:`~reachmesh.record.Observer`: it reads finished decision records and never
 sits on the request path; the registry write runs in the background.
 """
@@ -68,6 +73,8 @@ class RouteLearner:
         return None
 
     def __call__(self, record: DecisionRecord) -> None:
+        if record.declines and self.policy.negatives:
+            self._negatives(record)
         if not self.policy.enabled:
             return
         thread = self.thread(record)
@@ -99,6 +106,23 @@ class RouteLearner:
             return None
         del self._refused[thread]
         return phrase
+
+    def _negatives(self, record: DecisionRecord) -> None:
+        """The capabilities found by meaning that declined this phrase, and did not take it."""
+        if record.semantic is None:
+            return  # an exact task route: the phrase is a task name, nothing to keep off it
+        took = record.matched_task if record.status is Status.SUCCESS else None
+        for task in dict.fromkeys(task for _, task in record.declines):
+            if task != took:
+                self._background.spawn(self._remember_negative(record.task, task), "negative")
+
+    async def _remember_negative(self, phrase: str, task: str) -> None:
+        try:
+            await self.registry.remember_negative(phrase, task, "decline", limit=self.policy.max_negatives)
+        except RegistryError as exc:
+            log.warning("[learning] could not remember %r -/-> %s: %s", loggable(phrase), task, exc.message)
+            return
+        log.info("[learning] learned %r is not for %s (declined)", loggable(phrase), task)
 
     async def _remember(self, phrase: str, task: str) -> None:
         try:

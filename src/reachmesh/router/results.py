@@ -1,7 +1,9 @@
 """Results of ``mode: async`` requests, kept for a while and fetched by traceId.
 
-Bounded: at most ``max_results`` finished results (oldest dropped first) and each kept for
-``result_ttl_seconds``; pending requests are bounded by the Router's in-flight limit.
+Bounded: at most ``max_results`` finished results and ``max_result_bytes`` of their bodies (the
+oldest dropped first, the newest always kept), each kept for ``result_ttl_seconds``; pending
+requests are bounded by the Router's in-flight limit. A count alone let a caller hold 10,000
+answers of up to 8 MiB each.
 """
 
 from __future__ import annotations
@@ -24,6 +26,17 @@ class ResultStore:
         self._pending: set[str] = set()
         self._owners: dict[str, str] = {}
         self._done: OrderedDict[str, tuple[Reply, float]] = OrderedDict()
+        self._bytes = 0
+        self.evicted = 0
+
+    @property
+    def bytes_held(self) -> int:
+        """Bytes of finished ReachResponse bodies held now (the ``/metrics`` gauge)."""
+        return self._bytes
+
+    @property
+    def held(self) -> int:
+        return len(self._done)
 
     @property
     def pending(self) -> int:
@@ -43,11 +56,22 @@ class ResultStore:
 
     def finish(self, trace_id: str, reply: Reply) -> None:
         self._pending.discard(trace_id)
+        self._drop(trace_id)
         self._done[trace_id] = (reply, self._clock.monotonic() + self.policy.result_ttl_seconds)
-        self._done.move_to_end(trace_id)
-        while len(self._done) > self.policy.max_results:
-            gone, _ = self._done.popitem(last=False)
+        self._bytes += len(reply[1])
+        policy = self.policy
+        while len(self._done) > 1 and (
+            len(self._done) > policy.max_results or self._bytes > policy.max_result_bytes
+        ):
+            gone = next(iter(self._done))
+            self._drop(gone)
             self._owners.pop(gone, None)
+            self.evicted += 1
+
+    def _drop(self, trace_id: str) -> None:
+        found = self._done.pop(trace_id, None)
+        if found is not None:
+            self._bytes -= len(found[0][1])
 
     def is_pending(self, trace_id: str) -> bool:
         return trace_id in self._pending
@@ -59,7 +83,7 @@ class ResultStore:
             return None
         reply, expires = found
         if self._clock.monotonic() >= expires:
-            del self._done[trace_id]
+            self._drop(trace_id)
             self._owners.pop(trace_id, None)
             return None
         return reply

@@ -18,6 +18,9 @@ class Choice:
     capability: Capability
     validator: PayloadValidator | None
     score: float | None = None
+    # A candidate of a runner-up task by meaning: tried only right after a decline, never as a
+    # failover from an agent that failed.
+    on_decline: bool = False
 
     @classmethod
     def of(cls, entry: AgentEntry, task: str, score: float | None = None) -> Choice:

@@ -9,7 +9,10 @@
    that task;
 4. ``semantic_route``, only where the policy enables it (``routing.semantic_tasks`` patterns, or
    a caller asking for it) and exact match found nobody: the nearest declared task above the
-   threshold and clear of the runner-up by the margin; else a refusal listing the best scores;
+   threshold and clear of the runner-up by the margin; else a refusal listing the best scores.
+   Tasks whose declared limits match the text better than the task itself (by the limit margin),
+   and tasks that declined this phrase before (learned negatives), are set aside first. The other
+   tasks above the threshold follow the chosen one's agents, tried only after a decline;
 5. hard filters: the ``filterAgentIds`` allowlist, status (offline and unhealthy out, suspect
    last), the circuit breaker (open and no probe due: out);
 6. rank by the strategy: ``exact_match`` (weighted rotation by ``routing_weight``),
@@ -22,6 +25,7 @@ vector of a semantic request is fetched by the dispatcher first, and only read f
 
 from __future__ import annotations
 
+import difflib
 from fnmatch import fnmatchcase
 
 from reachmesh.config import RoutingPolicy
@@ -36,6 +40,7 @@ from reachmesh.routing.exact import ExactMatch
 from reachmesh.routing.stats import StatsBook
 from reachmesh.routing.weighted import Merit, WeightedRoundRobin
 from reachmesh.secrets import loggable
+from reachmesh.semantic.index import Vector, Verdict, Veto
 from reachmesh.semantic.vectors import CapabilityVectors
 
 _OUT = {
@@ -64,6 +69,8 @@ class Pipeline:
         self.affinity = AffinityTable() if affinity is None else affinity
         self.vectors = vectors
         self.exact = ExactMatch()
+        # The other tasks above the threshold of the last route by meaning (decide() reads them).
+        self._alternates: list[tuple[str, float]] = []
         self.merit = Merit(StatsBook() if stats is None else stats, self.policy.merit)
         self.weighted = WeightedRoundRobin(self.merit)
 
@@ -119,6 +126,7 @@ class Pipeline:
         """The ranked choices for ``request``, each stage written to ``record``."""
         strategy = self.strategy(request)
         record.strategy = strategy.value
+        self._alternates = []
         similarity: float | None = None
         if request.target_agent:
             task, target = self._targeted(request, record)
@@ -130,7 +138,26 @@ class Pipeline:
         record.candidates = [e.id for e in pool]
         groups = self._filter(request, record, task, pool, similarity)
         ranked = self._rank(record, strategy, task, groups, similarity)
-        return self._affinity_first(request, record, ranked)
+        ranked = self._affinity_first(request, record, ranked)
+        if similarity is not None and self._alternates:
+            ranked.extend(self._on_decline(request, record, strategy))
+        return ranked
+
+    def _on_decline(self, request: ReachRequest, record: DecisionRecord, strategy: Strategy) -> list[Choice]:
+        """The agents of the runner-up tasks above the threshold, each task's ranked as usual, to
+        try after a decline (never after a failure)."""
+        alternates, self._alternates = self._alternates, []
+        choices: list[Choice] = []
+        for task, score in alternates:
+            pool = list(self.registry.by_task(task))
+            try:
+                groups = self._filter(request, record, task, pool, score)
+            except NoAvailableHandler:
+                continue
+            for choice in self._rank(record, strategy, task, groups, score):
+                choice.on_decline = True
+                choices.append(choice)
+        return choices
 
     def _targeted(self, request: ReachRequest, record: DecisionRecord) -> tuple[str, AgentEntry]:
         """``targetAgent``: only that agent, and it must declare the task."""
@@ -139,7 +166,8 @@ class Pipeline:
         entry = self.registry.get(request.target_agent)
         if entry is None:
             record.reject(request.target_agent, CandidateReason.UNKNOWN_AGENT)
-            raise self._no_handler(record, f"targetAgent {request.target_agent!r} is not registered")
+            message = f"targetAgent {request.target_agent!r} is not registered"
+            raise self._no_handler(record, message + self._agents_near(request.target_agent))
         task = self.canonical(request.target_task)
         if task not in entry.capabilities:
             record.candidates.append(entry.id)
@@ -258,7 +286,10 @@ class Pipeline:
                 [],
             )
         threshold, margin = limits
-        verdict = self.vectors.index.judge(query, threshold, margin, self.vectors.baseline(query))
+        baseline = self.vectors.baseline(query)
+        veto = self._veto(text, query, baseline)
+        verdict = self.vectors.index.judge(query, threshold, margin, baseline, veto)
+        self._set_aside(record, verdict)
         record.semantic = {
             "score": round(verdict.score, 4),
             "runnerUp": None if verdict.runner_up is None else round(verdict.runner_up, 4),
@@ -266,12 +297,22 @@ class Pipeline:
             "margin": margin,
             "verdict": verdict.reason,
             "best": [{"task": t, "score": round(s, 4)} for t, s in verdict.best],
+            "setAside": [
+                {"task": t, "score": round(s, 4), "reason": why, "limit": limit}
+                for t, s, why, limit in verdict.vetoed
+            ],
         }
         if verdict.task is None:
             record.semantic_refused = True
             for best_task, score in verdict.best:
                 for entry in self.registry.by_task(best_task):
                     record.reject(entry.id, verdict.reason, round(score, 4), best_task)
+            if not verdict.best and verdict.vetoed:
+                raise self._no_handler(
+                    record,
+                    f"no capability takes {text!r}: the nearest ones declare they do not handle it, "
+                    "or declined it before",
+                )
             if not verdict.best:
                 # Nothing to compare with: saying "best score 0.000" would blame the question.
                 raise self._no_handler(
@@ -283,7 +324,47 @@ class Pipeline:
                 else f"best score {verdict.score:.3f} is within {margin:.3f} of the runner-up"
             )
             raise self._no_handler(record, f"no capability matches {text!r} well enough: {why}")
+        self._alternates = [(t, s) for t, s in verdict.best[1:] if s >= threshold]
         return verdict.task, verdict.score
+
+    def _veto(self, text: str, query: Vector, baseline: float) -> Veto | None:
+        """What sets a task aside for this text: a learned negative, or a declared limit that the
+        text matches better than the task itself by the limit margin."""
+        assert self.vectors is not None
+        index = self.vectors.index
+        negatives = self.registry.negatives()
+        phrase = normalize_phrase(text) if negatives else ""
+        limit_margin = self.vectors.limit_margin()
+
+        def veto(task: str, score: float) -> tuple[str, str | None] | None:
+            if negatives and (phrase, task) in negatives:
+                return CandidateReason.DECLINED, None
+            hit = index.limit_hit(query, task, baseline)
+            if hit is not None and hit[0] - score > limit_margin:
+                return CandidateReason.DECLARED_LIMIT, hit[1]
+            return None
+
+        return veto
+
+    def _set_aside(self, record: DecisionRecord, verdict: Verdict) -> None:
+        """Each task a limit or a negative kept the text off, in the record and the trace."""
+        for task, score, reason, limit in verdict.vetoed:
+            for entry in self.registry.by_task(task):
+                record.reject(entry.id, reason, round(score, 4), task, limit)
+            why = (
+                f"declared limit {loggable(limit)!r}" if limit is not None else "declined this phrase before"
+            )
+            record.note(reason.replace("_", " "), f"{task} ({why})")
+
+    def _agents_near(self, agent_id: str) -> str:
+        """``"; did you mean 'x'?"`` for registered ids spelt like ``agent_id``, else nothing.
+
+        Only ids of about its length are compared, and a bounded number of them: an error path
+        a caller can reach at will must not cost a scan of a large registry with difflib.
+        """
+        alike = [e.id for e in self.registry.agents() if abs(len(e.id) - len(agent_id)) <= 3][:2000]
+        near = difflib.get_close_matches(agent_id, alike, n=3, cutoff=0.75)
+        return f"; did you mean {', '.join(repr(a) for a in near)}?" if near else ""
 
     @staticmethod
     def _no_handler(record: DecisionRecord, message: str) -> NoAvailableHandler:

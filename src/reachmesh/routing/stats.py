@@ -54,11 +54,15 @@ class StatsBook:
             stats = self._agents[agent_id] = _AgentStats()
         stats.inflight += 1
 
-    def finished(self, agent_id: str, *, ok: bool, latency_ms: float) -> None:
+    def finished(self, agent_id: str, *, ok: bool | None, latency_ms: float) -> None:
+        """Book an attempt's end; ``ok`` None (a decline) leaves requests and success rate as
+        they were: saying "not mine" is neither a success nor a failure of the agent."""
         stats = self._agents.get(agent_id)
         if stats is None:  # forgotten mid-flight: the agent left the registry
             return
         stats.inflight -= 1
+        if ok is None:
+            return
         stats.requests += 1
         if not ok:
             stats.failures += 1

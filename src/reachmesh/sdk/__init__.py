@@ -12,8 +12,16 @@ It speaks HTTP through three stacks, each for a reason the others cannot serve:
   library, so it adds no dependency.
 """
 
-from reachmesh.sdk.agent import AgentError, ReachAgent, ReachContext
+from reachmesh.sdk.agent import AgentError, Decline, ReachAgent, ReachContext
 from reachmesh.sdk.client import ReachClient, SyncReachClient
 from reachmesh.sdk.config import AgentConfig
 
-__all__ = ["AgentConfig", "AgentError", "ReachAgent", "ReachClient", "ReachContext", "SyncReachClient"]
+__all__ = [
+    "AgentConfig",
+    "AgentError",
+    "Decline",
+    "ReachAgent",
+    "ReachClient",
+    "ReachContext",
+    "SyncReachClient",
+]

@@ -35,18 +35,18 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 
 from reachmesh import jsoncodec
 from reachmesh.clock import SYSTEM_CLOCK
+from reachmesh.deadline import Deadline
 from reachmesh.exceptions import ConfigError, ReachError
-from reachmesh.observability.tracecontext import make_traceparent, new_trace_id, parse_traceparent
 from reachmesh.protocol import ReachResponse
-from reachmesh.resilience.timeouts import Deadline
 from reachmesh.sdk.client import ReachClient
 from reachmesh.sdk.config import AgentConfig, find_config
 from reachmesh.sdk.health import HealthServer
 from reachmesh.sdk.lease import LeaseKeeper
 from reachmesh.sdk.tls import server_context
+from reachmesh.tracecontext import make_traceparent, new_trace_id, parse_traceparent
 
 if TYPE_CHECKING:
-    from reachmesh.observability.otel import AgentSpans
+    from reachmesh.sdk.otel import AgentSpans
 
 log = logging.getLogger("reachmesh.sdk")
 
@@ -76,6 +76,21 @@ class AgentError(Exception):
         if self.details is not None:
             error["details"] = self.details
         return error
+
+
+class Decline(Exception):
+    """Raise from a handler to answer ``DECLINED``: this request is not for this agent.
+
+    Not an error: the Router tries the next candidate, and the decline never counts against the
+    agent's breaker or success rate. The reason is shown to the caller if every candidate declines.
+    """
+
+    def __init__(self, reason: str = "the request is not for this agent") -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+Accepts = Callable[[str], bool]
 
 
 @dataclass(slots=True)
@@ -128,6 +143,7 @@ class ReachAgent:
         self._config: AgentConfig | None = None
         self._config_source = config
         self._handlers: dict[str, tuple[Handler, bool, bool]] = {}
+        self._accepts: dict[str, Accepts] = {}
         self._conversation_hook: ConversationHook | None = None
         self._runner: web.AppRunner | None = None
         self._health: HealthServer | None = None
@@ -181,14 +197,21 @@ class ReachAgent:
             self._client = ReachClient(self.config.router_url, source_agent=self.id)
         return self._client
 
-    def capability(self, task: str) -> Callable[[Handler], Handler]:
-        """Bind the decorated function to the capability ``task``."""
+    def capability(self, task: str, *, accepts: Accepts | None = None) -> Callable[[Handler], Handler]:
+        """Bind the decorated function to the capability ``task``.
+
+        ``accepts(text)``, when given, sees the caller's words (``requestedTask`` when the Router
+        chose the task by meaning, else the payload's ``text``, else the task) before the
+        handler; False answers ``DECLINED`` without running the handler.
+        """
 
         def bind(handler: Handler) -> Handler:
             if task in self._handlers:
                 raise ConfigError(f"capability {task!r} already has a handler")
             is_async = inspect.iscoroutinefunction(handler)
             self._handlers[task] = (handler, is_async, _wants_context(handler))
+            if accepts is not None:
+                self._accepts[task] = accepts
             return handler
 
         return bind
@@ -219,7 +242,7 @@ class ReachAgent:
         config = self.config
         self._check_handlers()
         if self._otel:
-            from reachmesh.observability.otel import AgentSpans
+            from reachmesh.sdk.otel import AgentSpans
 
             self._spans = AgentSpans(config.profile.id)
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -389,6 +412,11 @@ class ReachAgent:
         )
         raw_payload = data.get("payload")
         payload: dict[str, Any] = raw_payload if isinstance(raw_payload, dict) else {}
+        declined = self._declines(task, data, payload)
+        if declined is not None:
+            log.info("[%s] decline: %s (%s)", trace_id, task, declined)
+            self._handled.labels(task, "declined").inc()
+            return _answer_declined(declined)
         log.info("[%s] handle: %s from %s", trace_id, task, ctx.source_agent or "-")
         span = self._spans.start(task, trace_id, ctx.parent_span_id) if self._spans is not None else None
         started = asyncio.get_running_loop().time()
@@ -398,6 +426,22 @@ class ReachAgent:
         if span is not None and self._spans is not None:
             self._spans.end(span, answer[1])
         return answer[0]
+
+    def _declines(self, task: str, data: dict[str, Any], payload: dict[str, Any]) -> str | None:
+        """The reason ``task``'s ``accepts`` hook turns this request down, if it does."""
+        accepts = self._accepts.get(task)
+        if accepts is None:
+            return None
+        words = data.get("requestedTask")
+        text = words if isinstance(words, str) else payload.get("text")
+        if not isinstance(text, str):
+            text = task
+        try:
+            if accepts(text):
+                return None
+        except Decline as exc:
+            return exc.reason
+        return f"{task} does not take this request"
 
     async def _run_handler(
         self, bound: tuple[Handler, bool, bool], payload: dict[str, Any], ctx: ReachContext
@@ -418,9 +462,8 @@ class ReachAgent:
             log.warning("[%s] handler for %s ran past the deadline", trace_id, task)
             message = "the handler ran past the request's deadline"
             return _answer_error("DEADLINE_EXCEEDED", message, retryable=False), "deadline_exceeded"
-        except AgentError as exc:
-            body = orjson.dumps({"status": "AGENT_ERROR", "error": exc.to_error()})
-            return web.Response(body=body, content_type="application/json"), "agent_error"
+        except (Decline, AgentError) as exc:
+            return _answer_refusal(trace_id, task, exc)
         except ReachError as exc:
             return _answer_error(exc.code, exc.message, retryable=False), "agent_error"
         except Exception as exc:
@@ -466,6 +509,22 @@ def _on_daemon_thread(fn: Callable[[], T], name: str) -> asyncio.Future[T]:
 def _answer_error(code: str, message: str, *, retryable: bool, status: int = 200) -> web.Response:
     body = {"status": "AGENT_ERROR", "error": {"code": code, "message": message, "retryable": retryable}}
     return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
+
+
+def _answer_refusal(trace_id: str, task: str, exc: Decline | AgentError) -> tuple[web.Response, str]:
+    """A handler's own refusal: DECLINED (not mine) or AGENT_ERROR (mine, and it failed)."""
+    if isinstance(exc, Decline):
+        log.info("[%s] decline: %s (%s)", trace_id, task, exc.reason)
+        return _answer_declined(exc.reason), "declined"
+    body = orjson.dumps({"status": "AGENT_ERROR", "error": exc.to_error()})
+    return web.Response(body=body, content_type="application/json"), "agent_error"
+
+
+def _answer_declined(reason: str) -> web.Response:
+    # 422 as well as the status: a Router that predates declines reads a 4xx as the agent's
+    # refusal (no failover), never as a failure that would count against the breaker.
+    body = {"status": "DECLINED", "error": {"code": "DECLINED", "message": reason[:500]}}
+    return web.Response(body=orjson.dumps(body), status=422, content_type="application/json")
 
 
 def _deadline_from(header: str | None) -> Deadline | None:

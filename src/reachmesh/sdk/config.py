@@ -24,18 +24,23 @@ HTTPS Router's certificate is checked against (see :mod:`reachmesh.sdk.tls`).
 from __future__ import annotations
 
 import copy
+import difflib
+import logging
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from reachmesh.config import read_yaml
 from reachmesh.exceptions import ConfigError
-from reachmesh.protocol import AgentProfile, error_details
+from reachmesh.protocol import AgentProfile, Capability, HealthCheck, Network, error_details
 from reachmesh.sdk.lease import DEFAULT_REGISTRATION_TIMEOUT_S
+from reachmesh.yamlfile import read_yaml
+
+log = logging.getLogger("reachmesh.sdk")
 
 DEFAULT_ROUTER_URL = "http://127.0.0.1:7200"
 _KNOWN_TOP = {"agent", "router", "server"}
@@ -72,17 +77,7 @@ class AgentConfig:
         cls, data: Any, *, source: str = "reach_config.yaml", env: dict[str, str] | None = None
     ) -> AgentConfig:
         env = dict(os.environ) if env is None else env
-        if not isinstance(data, dict):
-            raise ConfigError(f"{source}: the top level must be a mapping with an `agent:` key")
-        unknown = sorted(set(data) - _KNOWN_TOP)
-        if unknown:
-            raise ConfigError(
-                f"{source}: unknown top-level key(s) {', '.join(unknown)}; "
-                f"expected {', '.join(sorted(_KNOWN_TOP))}"
-            )
-        agent = copy.deepcopy(data.get("agent"))
-        if not isinstance(agent, dict):
-            raise ConfigError(f"{source}: agent: is required and must be a mapping (the profile)")
+        agent = _agent_section(data, source)
         _apply_env(agent, env)
         try:
             profile = AgentProfile.model_validate(agent)
@@ -124,6 +119,24 @@ class AgentConfig:
         )
 
 
+def _agent_section(data: Any, source: str) -> dict[str, Any]:
+    """A copy of the file's ``agent:`` mapping, once the file's keys are checked."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping with an `agent:` key")
+    unknown = sorted(str(key) for key in set(data) - _KNOWN_TOP)
+    if unknown:
+        raise ConfigError(
+            f"{source}: unknown top-level key(s) {', '.join(unknown)}{_near(unknown[0], _KNOWN_TOP)}; "
+            f"expected {', '.join(sorted(_KNOWN_TOP))}"
+        )
+    agent = copy.deepcopy(data.get("agent"))
+    if not isinstance(agent, dict):
+        raise ConfigError(f"{source}: agent: is required and must be a mapping (the profile)")
+    for path in _unknown_keys(data, source):
+        log.warning("[reach-client] %s: %s is not a key of reach_config.yaml; ignored", source, path)
+    return agent
+
+
 def _server_tls(server: dict[str, Any], profile: AgentProfile, source: str) -> tuple[str | None, str | None]:
     """``server.tls_cert_file`` and ``server.tls_key_file``: both or neither, and only for https."""
     cert_file, key_file = server.get("tls_cert_file"), server.get("tls_key_file")
@@ -141,6 +154,53 @@ def _server_tls(server: dict[str, Any], profile: AgentProfile, source: str) -> t
         # server there speaks plain HTTP only.
         raise ConfigError(f"{source}: a separate health_check.port is plain HTTP; drop it to serve HTTPS")
     return cert_file, key_file
+
+
+_SECTIONS: dict[str, set[str]] = {
+    "router": {"url", "registration_timeout_seconds"},
+    "server": {"host", "port", "tls_cert_file", "tls_key_file"},
+}
+
+
+def _keys(model: type[BaseModel]) -> set[str]:
+    return {name for name, info in model.model_fields.items()} | {
+        info.alias for info in model.model_fields.values() if info.alias
+    }
+
+
+def _near(key: str, known: Iterable[str]) -> str:
+    near = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.75)
+    return f"; did you mean {near[0]!r}?" if near else ""
+
+
+def _unknown_keys(data: dict[str, Any], source: str) -> list[str]:
+    """The paths of keys no part of the file knows. One spelt like a known key (``exmaples``,
+    ``health_chek``) is refused with a did-you-mean: silently ignored, it would drop what the
+    author meant. Others are returned, to be warned about: a profile may carry keys of its own.
+    """
+    found: list[str] = []
+
+    def check(mapping: Any, known: set[str], path: str) -> None:
+        if not isinstance(mapping, dict):
+            return
+        for key in mapping:
+            if isinstance(key, str) and key in known:
+                continue
+            hint = _near(str(key), known)
+            if hint:
+                raise ConfigError(f"{source}: {path}.{key} is not a known key{hint}")
+            found.append(f"{path}.{key}")
+
+    agent = data["agent"]
+    check(agent, _keys(AgentProfile), "agent")
+    check(agent.get("network"), _keys(Network), "agent.network")
+    check(agent.get("health_check"), _keys(HealthCheck), "agent.health_check")
+    capabilities = agent.get("capabilities")
+    for index, capability in enumerate(capabilities if isinstance(capabilities, list) else []):
+        check(capability, _keys(Capability), f"agent.capabilities.{index}")
+    for name, known in _SECTIONS.items():
+        check(data.get(name), known, name)
+    return found
 
 
 def find_config(path: str | os.PathLike[str] | None = None) -> Path:

@@ -9,6 +9,12 @@ Each keeper sends an instance token (``instanceId``) with every registration: wh
 lost (the request timed out after the Router had registered the agent), the retry is the same
 registrant's and gets the same lease back instead of ``409 AGENT_ID_CONFLICT``.
 
+While the Router is away or refusing, registrations and renewals back off exponentially with
+jitter up to :data:`BACKOFF_CAP_S`, and the log gets one line when the trouble starts, a summary
+every :data:`SUMMARY_EVERY_S` while it lasts and one when it is over. A Router that stops
+answering is probed meanwhile with ``GET /healthz`` every :data:`PROBE_EVERY_S` (silent and cheap),
+so the agent is back within seconds of the Router's return however long the backoff had grown.
+
 Stopping never waits long on the Router: :meth:`LeaseKeeper.stop` interrupts registration
 retries and waits only briefly for a renewal in flight; :meth:`LeaseKeeper.deregister` has a short
 timeout. Both threads are daemons, so a Router that does not answer cannot hold the process.
@@ -20,6 +26,7 @@ import logging
 import random
 import secrets
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -37,6 +44,87 @@ DEFAULT_REGISTRATION_TIMEOUT_S = 5.0
 # under the 2 s in which a signalled agent must be gone.
 STOP_JOIN_TIMEOUT_S = 0.2
 DEREGISTER_TIMEOUT_S = 0.7
+# Retries after a failure: the first pause is about BACKOFF_FIRST_S, each next one doubles, up to
+# BACKOFF_CAP_S (a Router down for an hour sees one attempt per agent every half minute).
+BACKOFF_FIRST_S = 0.25
+BACKOFF_CAP_S = 30.0
+# While the Router does not answer at all, GET /healthz this often (jittered) between attempts: it
+# costs the Router nothing, logs nothing, and ends the backoff as soon as the Router is back.
+PROBE_EVERY_S = 2.5
+PROBE_TIMEOUT_S = 1.0
+# While a trouble lasts, one summary line this often.
+SUMMARY_EVERY_S = 60.0
+
+
+class Backoff:
+    """Exponential pauses with jitter: each step doubles up to ``cap``, and a pause is drawn from
+    the upper half of its step, so agents cut off together do not come back in step."""
+
+    def __init__(self, first: float = BACKOFF_FIRST_S, cap: float = BACKOFF_CAP_S) -> None:
+        self.first = first
+        self.cap = cap
+        self._step = first
+
+    def next(self) -> float:
+        step = self._step
+        self._step = min(step * 2, self.cap)
+        return step * random.uniform(0.5, 1.0)
+
+    def reset(self) -> None:
+        self._step = self.first
+
+
+class Trouble:
+    """What the keeper says about a Router that fails it: one line when a trouble starts (or turns
+    into another), a summary every :data:`SUMMARY_EVERY_S` while it lasts, one line when it ends."""
+
+    def __init__(self, clock: Clock, router_url: str) -> None:
+        self._clock = clock
+        self._router_url = router_url
+        self.kind: str | None = None
+        self._since = 0.0
+        self._summary_at = 0.0
+
+    def failed(self, kind: str, detail: str) -> None:
+        """One more failure of ``kind`` (``"unreachable"``, or what the Router answered)."""
+        now = self._clock.monotonic()
+        if kind != self.kind:
+            if self.kind is None:
+                self._since = now
+            self.kind = kind
+            self._summary_at = now + SUMMARY_EVERY_S
+            log.warning(
+                "[reach-client] %s (%s); retrying with backoff (up to %gs)",
+                self._what(),
+                detail,
+                BACKOFF_CAP_S,
+            )
+        elif now >= self._summary_at:
+            while self._summary_at <= now:  # on the minute, however the retries fall
+                self._summary_at += SUMMARY_EVERY_S
+            log.warning("[reach-client] %s for %s, still retrying", self._what(), span(now - self._since))
+
+    def recovered(self) -> None:
+        """The Router answered as it should: say so if it had not."""
+        if self.kind is not None:
+            took = span(self._clock.monotonic() - self._since)
+            log.info("[reach-client] Router at %s answers again after %s", self._router_url, took)
+            self.kind = None
+
+    def _what(self) -> str:
+        if self.kind == "unreachable":
+            return f"Router at {self._router_url} unreachable"
+        return str(self.kind)
+
+
+def span(seconds: float) -> str:
+    """A duration as people say it: ``45 s``, ``2 min``, ``1 h 5 min``."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    minutes = round(seconds / 60)
+    if minutes < 60:
+        return f"{minutes} min"
+    return f"{minutes // 60} h" + (f" {minutes % 60} min" if minutes % 60 else "")
 
 
 class RegistrationRefused(Exception):
@@ -60,6 +148,7 @@ class LeaseKeeper:
         tasks: list[str],
         clock: Clock = SYSTEM_CLOCK,
         registration_timeout: float = DEFAULT_REGISTRATION_TIMEOUT_S,
+        wait: Callable[[float], bool] | None = None,
     ) -> None:
         self.router_url = router_url
         self.agent_id = str(profile["id"])
@@ -73,6 +162,10 @@ class LeaseKeeper:
         self._clock = clock
         self._extended_at = clock.monotonic()
         self._stop = threading.Event()
+        # Waits up to n seconds and says whether stop() was called: the stop event's, unless a test
+        # moves a ManualClock instead of sleeping.
+        self._wait = wait or self._stop.wait
+        self._trouble = Trouble(clock, router_url)
         self._thread: threading.Thread | None = None
         self._registration_timeout = registration_timeout
         self._opening = False  # open() is registering on some thread: the client is in use
@@ -86,14 +179,21 @@ class LeaseKeeper:
 
     def register(self) -> None:
         """One registration attempt, logging the four ``[reach-client]`` lines of PROTOCOL.md §8."""
-        body = dict(self._profile)
-        body["instanceId"] = self.instance_id
-        if self.lease_id:
-            body["leaseId"] = self.lease_id
+        self._announce()
+        self._attempt()
+
+    def _announce(self) -> None:
+        """The first three lines of PROTOCOL.md §8: once per registration, not once per retry."""
         log.info("[reach-client] registering agent: %s", self.agent_id)
         log.info("[reach-client] capabilities: %s", ", ".join(self._tasks))
         log.info("[reach-client] callback endpoint: %s", self._callback)
         log.debug("[reach-client] instance %s", fingerprint(self.instance_id))
+
+    def _attempt(self) -> None:
+        body = dict(self._profile)
+        body["instanceId"] = self.instance_id
+        if self.lease_id:
+            body["leaseId"] = self.lease_id
         sent = self._clock.monotonic()
         resp = self._http.post(f"{self.router_url}/agents", json=body, timeout=self._registration_timeout)
         try:
@@ -106,19 +206,21 @@ class LeaseKeeper:
         self.lease_id = str(answer["leaseId"])
         self.ttl_seconds = float(answer["ttlSeconds"])
         self._extended_at = sent
+        self._trouble.recovered()
         # The line of the protocol keeps its place; a fingerprint stands in for the lease itself.
         log.info("[reach-client] registration successful, lease id: %s", fingerprint(self.lease_id))
 
-    def register_until_done(self) -> bool:
+    def register_until_done(self, backoff: Backoff | None = None) -> bool:
         """Register, retrying with backoff while the Router is away or the id is still held.
 
         Returns False when :meth:`stop` interrupted it. A refused profile (400/422) is final, and
         so are refused credentials (401/403): retrying cannot change either.
         """
-        delay = 0.1
+        backoff = backoff or Backoff()
+        self._announce()
         while not self._stop.is_set():
             try:
-                self.register()
+                self._attempt()
                 return True
             except RegistrationRefused as exc:
                 if exc.status in (400, 422):
@@ -128,17 +230,42 @@ class LeaseKeeper:
                         f"the Router refused the registration: {exc} (REACH_TOKEN must be an agent "
                         "token allowed this id and these tasks, or an admin token)"
                     ) from exc
-                log.warning("[reach-client] registration refused (%s); retrying in %.1fs", exc, delay)
+                said = str(exc).removeprefix(f"HTTP {exc.status} ")
+                self._trouble.failed(f"registration refused with HTTP {exc.status}", loggable(said, 300))
+                answered = self._pause(backoff.next(), probe=False)
             except httpx.HTTPError as exc:
-                log.warning(
-                    "[reach-client] Router at %s unreachable (%s); retrying in %.1fs",
-                    self.router_url,
-                    type(exc).__name__,
-                    delay,
-                )
-            self._stop.wait(delay * random.uniform(0.8, 1.2))
-            delay = min(delay * 2, 2.0)
+                self._trouble.failed("unreachable", type(exc).__name__)
+                answered = self._pause(backoff.next(), probe=True)
+            if answered is None:
+                return False
+            if answered:
+                backoff.reset()
         return False
+
+    def _pause(self, seconds: float, *, probe: bool) -> bool | None:
+        """Wait ``seconds``; None when :meth:`stop` was called meanwhile.
+
+        With ``probe`` (the Router did not answer at all), ask its ``GET /healthz`` every
+        :data:`PROBE_EVERY_S` meanwhile, and end the wait early, True, the moment it answers.
+        """
+        # Counted by the waits themselves, not by the clock: a test's clock may stand still.
+        left = seconds
+        while left > 0:
+            step = min(left, PROBE_EVERY_S * random.uniform(0.8, 1.2)) if probe else left
+            if self._wait(step):
+                return None
+            left -= step
+            if left > 0 and self._router_answers():
+                return True
+        return False
+
+    def _router_answers(self) -> bool:
+        """Whether the Router answers HTTP at all (any status: it is up again)."""
+        try:
+            self._http.get(f"{self.router_url}/healthz", timeout=PROBE_TIMEOUT_S)
+        except httpx.HTTPError:
+            return False
+        return True
 
     def open(self) -> bool:
         """Register (retrying), then start renewing at once, from the calling thread.
@@ -179,9 +306,12 @@ class LeaseKeeper:
         return max(self.ttl_seconds / 3 - (self._clock.monotonic() - self._extended_at), 0.05)
 
     def _renew_forever(self) -> None:
-        wait = self._next_renewal_in()
-        backoff = 0.25
-        while not self._stop.wait(wait):
+        backoff = Backoff()
+        status_backoff = 0.25
+        wait, probe = self._next_renewal_in(), False
+        while (answered := self._pause(wait, probe=probe)) is not None:
+            if answered:
+                backoff.reset()
             log.debug("[reach-client] renewing lease %s", fingerprint(self.lease_id))
             sent = self._clock.monotonic()
             try:
@@ -193,36 +323,52 @@ class LeaseKeeper:
                     timeout=max(self.ttl_seconds / 2, 0.5),
                 )
             except httpx.HTTPError as exc:
-                log.warning("[reach-client] lease renewal failed (%s); retrying", type(exc).__name__)
-                wait = 0.05  # the lease is running out: try again at once, not a third of a TTL later
+                self._trouble.failed("unreachable", f"lease renewal: {type(exc).__name__}")
+                left = self.ttl_seconds - (self._clock.monotonic() - self._extended_at)
+                if left > 0:
+                    # Several tries fit in what is left of the lease (a sixth of a TTL apart at
+                    # most: a Router restarted within a short lease finds it renewed), the last
+                    # one about when it runs out.
+                    wait, probe = max(min(backoff.next(), self.ttl_seconds / 6, left), 0.05), True
+                    continue
+                # The Router has dropped the lease by now, if it is there at all: register again,
+                # going on with the same backoff.
+                log.info("[reach-client] lease %s ran out; registering again", fingerprint(self.lease_id))
+                if not self._register_again(backoff):
+                    return
+                wait, probe = self._next_renewal_in(), False
                 continue
             if resp.status_code == 200:
                 self._extended_at = sent
+                self._trouble.recovered()
                 log.debug("[reach-client] lease %s renewed", fingerprint(self.lease_id))
-                wait = self._next_renewal_in()
-                backoff = 0.25
-                continue
-            if resp.status_code in (403, 404):
+                wait, probe = self._next_renewal_in(), False
+                backoff.reset()
+                status_backoff = 0.25
+            elif resp.status_code in (403, 404):
+                self._trouble.recovered()
                 log.warning(
                     "[reach-client] lease %s is gone (HTTP %s); registering again",
                     fingerprint(self.lease_id),
                     resp.status_code,
                 )
                 self.lease_id = None
-                try:
-                    self.register_until_done()
-                except ConfigError as exc:
-                    log.error("[reach-client] %s", exc.message)
+                if not self._register_again(Backoff()):
                     return
-                wait = self._next_renewal_in()
+                wait, probe = self._next_renewal_in(), False
             else:
-                wait, backoff = self.retry_after(resp.status_code, backoff)
-                log.warning(
-                    "[reach-client] lease renewal answered HTTP %s%s; retrying in %.1fs",
-                    resp.status_code,
-                    _said(resp),
-                    wait,
-                )
+                wait, status_backoff = self.retry_after(resp.status_code, status_backoff)
+                probe = False
+                reason = _said(resp).removeprefix(": ") or "no reason given"
+                self._trouble.failed(f"lease renewal answered HTTP {resp.status_code}", reason)
+
+    def _register_again(self, backoff: Backoff) -> bool:
+        """Register anew from the renewal thread; False when stopped or refused for good."""
+        try:
+            return self.register_until_done(backoff)
+        except ConfigError as exc:
+            log.error("[reach-client] %s", exc.message)
+            return False
 
     def retry_after(self, status: int, backoff: float) -> tuple[float, float]:
         """How long to wait after a renewal answered ``status`` (not 200/403/404), and the next backoff.

@@ -128,7 +128,8 @@ def load_corpus(folder: Path) -> Corpus:
         raise ConfigError(
             f"evaluation corpus at {folder}: {exc}. The project's corpus is tests/data/eval in its "
             "source repository (not in the installed package); without --corpus, `reach calibrate` "
-            "takes a YAML file of your own capabilities and labelled phrases (see the README)"
+            "takes a YAML file of your own capabilities and labelled phrases (see "
+            "docs/semantic-routing.md in that repository)"
         ) from exc
     if split.get("questions_sha256") != hashlib.sha256(raw).hexdigest():
         raise ConfigError(f"{folder}/questions.yaml changed since split.yaml was made: the split is stale")

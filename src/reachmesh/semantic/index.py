@@ -19,7 +19,8 @@ the policy may override them.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numkong
 import numpy as np
@@ -31,6 +32,11 @@ Vector = npt.NDArray[np.float32]
 # start with a NUL). They count as examples of their task, but never make a task routable alone:
 # a task only learned rows hold (its agents left) is not scored at all.
 LEARNED = "\x00learned:"
+
+# A capability's declared limits are rows of a pseudo-task named with this prefix, kept in an index
+# of their own beside the capabilities' (so the scan of every query never reads them): never
+# scored as a task, only compared with their own capability's score (SemanticIndex.limit_hit).
+LIMIT = "\x00limit:"
 
 # Rows the int8 scan hands to exact scoring, at least. The int8 error on a cosine is about 0.001
 # (per-row scales); the best rows of the best tasks stand well inside the first 64.
@@ -101,6 +107,15 @@ def capability_texts(task: str, description: str, examples: list[str]) -> list[s
     return [f"{words}: {description}", words, *examples]
 
 
+def limit_rows(task: str, limits: list[str]) -> tuple[str, list[str]]:
+    """The pseudo-task and texts under which ``task``'s declared limits are indexed."""
+    return LIMIT + task, list(limits)
+
+
+# (task, its score) -> None to keep it, or (reason, the declared limit hit or None) to set it aside.
+Veto = Callable[[str, float], "tuple[str, str | None] | None"]
+
+
 @dataclass(slots=True, frozen=True)
 class Verdict:
     """The outcome of a semantic match."""
@@ -110,6 +125,9 @@ class Verdict:
     runner_up: float | None
     reason: str  # "match", "below_threshold" or "ambiguous"
     best: list[tuple[str, float]]  # the top tasks with their scores, best first
+    # Tasks set aside before judging (a declared limit, a learned negative): task, score,
+    # reason, and the limit it hit.
+    vetoed: list[tuple[str, float, str, str | None]] = field(default_factory=list)
 
 
 class SemanticIndex:
@@ -117,6 +135,7 @@ class SemanticIndex:
 
     def __init__(self, dim: int = 384, capacity: int = 1024) -> None:
         self.dim = dim
+        self._limits: SemanticIndex | None = None  # the declared limits' rows, once any arrive
         self._allocate(capacity)
         self._size = 0
         self._row: dict[tuple[str, str], int] = {}
@@ -137,15 +156,28 @@ class SemanticIndex:
         return len(self._row)
 
     def has(self, task: str, text: str) -> bool:
+        if task.startswith(LIMIT) and self._limits is not None:
+            return self._limits.has(task, text)
         return (task, text) in self._row
 
     def vector(self, task: str, text: str) -> Vector:
         """The stored unit vector of one (task, text) row."""
+        if task.startswith(LIMIT) and self._limits is not None:
+            return self._limits.vector(task, text)
         row: Vector = self._store[self._row[(task, text)]].astype(np.float32)
         return row
 
     def add(self, agent_id: str, task: str, texts: list[str], vectors: Vector) -> None:
         """Index an agent's capability texts (vectors must be unit rows, one per text)."""
+        if task.startswith(LIMIT):
+            if self._limits is None:
+                self._limits = SemanticIndex(dim=int(vectors.shape[1]), capacity=64)
+            self._limits.add_rows(agent_id, task, texts, vectors)
+            return
+        self.add_rows(agent_id, task, texts, vectors)
+
+    def add_rows(self, agent_id: str, task: str, texts: list[str], vectors: Vector) -> None:
+        """Index rows here, whatever their task (the limits' own index takes them this way)."""
         if vectors.shape[1] != self.dim:
             if self._size == 0 and not self._row:
                 self.dim = int(vectors.shape[1])
@@ -153,7 +185,7 @@ class SemanticIndex:
             else:
                 raise ValueError(f"vectors of dimension {vectors.shape[1]} in an index of {self.dim}")
         rows = self._agent_rows.setdefault(agent_id, [])
-        if not agent_id.startswith(LEARNED):
+        if not agent_id.startswith(LEARNED) and not task.startswith(LIMIT):
             self._task_agents.setdefault(task, set()).add(agent_id)
         for text, vector in zip(texts, vectors, strict=True):
             key = (task, text)
@@ -190,6 +222,8 @@ class SemanticIndex:
 
     def remove_agent(self, agent_id: str) -> None:
         """Forget an agent; rows no other agent uses are zeroed and reused."""
+        if self._limits is not None:
+            self._limits.remove_agent(agent_id)
         for row in self._agent_rows.pop(agent_id, []):
             users = self._users.get(row)
             if users is None:
@@ -247,9 +281,53 @@ class SemanticIndex:
         rated.sort(key=lambda item: -item[1])
         return rated[:k]
 
-    def judge(self, query: Vector, threshold: float, margin: float, baseline: float = 0.0) -> Verdict:
-        """Pick a task, or refuse: below the threshold, or too close to the runner-up."""
+    def limit_hit(self, query: Vector, task: str, baseline: float = 0.0) -> tuple[float, str] | None:
+        """The best score of ``query`` against ``task``'s declared limits, and that limit; None
+        when the task declares none. A handful of rows: the cost of a limit check."""
+        limits = self._limits
+        rows = None if limits is None else limits._task_rows.get(LIMIT + task)
+        if not rows:
+            return None
+        assert limits is not None
+        order = list(rows)
+        values = limits._store[order].astype(np.float32) @ query
+        best = int(np.argmax(values))
+        key = limits._key_of[order[best]]
+        assert key is not None
+        return float(values[best]) - baseline, key[1]
+
+    def judge(
+        self,
+        query: Vector,
+        threshold: float,
+        margin: float,
+        baseline: float = 0.0,
+        veto: Veto | None = None,
+    ) -> Verdict:
+        """Pick a task, or refuse: below the threshold, or too close to the runner-up. Tasks
+        ``veto`` sets aside are neither picked nor anyone's runner-up."""
         best = self.nearest(query, 3, baseline)
+        vetoed: list[tuple[str, float, str, str | None]] = []
+        if veto is not None:
+            verdicts = {task: veto(task, score) for task, score in best}
+            if any(verdicts.values()):
+                # Some of the three are set aside: look further for the ones that stand in.
+                best = self.nearest(query, 6, baseline)
+            kept = []
+            for task, score in best:
+                why = verdicts[task] if task in verdicts else veto(task, score)
+                if why is None:
+                    kept.append((task, score))
+                else:
+                    vetoed.append((task, score, why[0], why[1]))
+            best = kept[:3]
+        verdict = self._judged(best, threshold, margin)
+        if vetoed:
+            return Verdict(verdict.task, verdict.score, verdict.runner_up, verdict.reason, best, vetoed)
+        return verdict
+
+    @staticmethod
+    def _judged(best: list[tuple[str, float]], threshold: float, margin: float) -> Verdict:
         if not best:
             return Verdict(None, 0.0, None, "below_threshold", [])
         task, score = best[0]
@@ -261,7 +339,8 @@ class SemanticIndex:
         return Verdict(task, score, runner_up, "match", best)
 
     def memory_bytes(self) -> int:
-        return int(self._store.nbytes + self._codes.nbytes + self._scales.nbytes)
+        own = int(self._store.nbytes + self._codes.nbytes + self._scales.nbytes)
+        return own + (self._limits.memory_bytes() if self._limits is not None else 0)
 
 
 class QueryCache:

@@ -19,7 +19,7 @@ from reachmesh.config import EmbeddingPolicy
 from reachmesh.exceptions import EmbeddingError, EmbeddingUnavailable
 from reachmesh.lifecycle import Background
 from reachmesh.registry.base import AgentEntry, LearnedRoute, Registry, RegistryEvent
-from reachmesh.semantic.embedders.base import Embedder
+from reachmesh.semantic.embedders.base import Embedder, calibrated_limit_margin
 from reachmesh.semantic.index import (
     BACKGROUND,
     LEARNED,
@@ -27,11 +27,27 @@ from reachmesh.semantic.index import (
     SemanticIndex,
     Vector,
     capability_texts,
+    limit_rows,
 )
 from reachmesh.semantic.queue import EmbeddingQueue, Job, VectorState
 from reachmesh.semantic.shared import decode_block, encode_block
 
 log = logging.getLogger("reachmesh.semantic")
+
+
+def entry_groups(entry: AgentEntry) -> list[tuple[str, list[str]]]:
+    """Every text ``entry`` brings to the index, grouped by the (pseudo-)task that holds them:
+    each capability's texts, then its declared limits beside them."""
+    groups = []
+    for task, capability in entry.capabilities.items():
+        groups.append((task, capability_texts(task, capability.description, list(capability.examples))))
+        if capability.limits:
+            groups.append(limit_rows(task, list(capability.limits)))
+    return groups
+
+
+def entry_rows(entry: AgentEntry) -> list[tuple[str, str]]:
+    return [(task, text) for task, texts in entry_groups(entry) for text in texts]
 
 
 class CapabilityVectors:
@@ -65,6 +81,11 @@ class CapabilityVectors:
     def thresholds(self) -> tuple[float, float] | None:
         """``(threshold, margin)`` for the model in use, or None when it has none (not calibrated)."""
         return self.policy.operating_point(self.embedder.model, self.embedder.thresholds)
+
+    def limit_margin(self) -> float:
+        """How much better a text must match a declared limit than its capability to be kept
+        off it, for the model in use (``reach calibrate --limits`` fits it)."""
+        return self.policy.limit_margin_for(self.embedder.model, calibrated_limit_margin(self.embedder.model))
 
     def _on_registry(self, event: RegistryEvent, entry: AgentEntry) -> None:
         if event in (RegistryEvent.DEREGISTERED, RegistryEvent.REMOVED, RegistryEvent.REPLACED):
@@ -149,12 +170,7 @@ class CapabilityVectors:
 
     def _share(self, entry: AgentEntry) -> None:
         """Publish every row of ``entry`` for the other Routers (a no-op on a private registry)."""
-        rows = [
-            (task, text)
-            for task, capability in entry.capabilities.items()
-            for text in capability_texts(task, capability.description, list(capability.examples))
-            if self.index.has(task, text)
-        ]
+        rows = [(task, text) for task, text in entry_rows(entry) if self.index.has(task, text)]
         if rows:
             import numpy as np
 
@@ -164,12 +180,9 @@ class CapabilityVectors:
             )
 
     def _plan(self, entry: AgentEntry) -> Job:
-        missing = []
-        for task, capability in entry.capabilities.items():
-            for text in capability_texts(task, capability.description, list(capability.examples)):
-                if not self.index.has(task, text):
-                    missing.append((task, text))
-        return Job(entry, missing)
+        return Job(
+            entry, [(task, text) for task, text in entry_rows(entry) if not self.index.has(task, text)]
+        )
 
     async def _embed_passages(self, texts: list[str]) -> Vector:
         return await self.embedder.embed(texts, "passage")
@@ -200,19 +213,13 @@ class CapabilityVectors:
     def _index(self, entry: AgentEntry, fresh_texts: list[tuple[str, str]], fresh: Vector | None) -> None:
         """Put every capability text of ``entry`` in the index: new rows, and rows other agents
         already brought (a thousand agents declaring one capability share its rows)."""
-        lost = [
-            (task, text)
-            for task, capability in entry.capabilities.items()
-            for text in capability_texts(task, capability.description, list(capability.examples))
-            if (task, text) not in fresh_texts and not self.index.has(task, text)
-        ]
+        lost = [row for row in entry_rows(entry) if row not in fresh_texts and not self.index.has(*row)]
         if lost:
             # Rows another agent brought left with it while this job waited: embed them too.
             self.schedule(entry)
             return
         row = 0
-        for task, capability in entry.capabilities.items():
-            texts = capability_texts(task, capability.description, list(capability.examples))
+        for task, texts in entry_groups(entry):
             todo = [text for t, text in fresh_texts if t == task]
             if todo and fresh is not None:
                 self.index.add(entry.id, task, todo, fresh[row : row + len(todo)])

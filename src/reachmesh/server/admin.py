@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import difflib
 import ipaddress
 import socket
 from collections.abc import Callable, Iterator
@@ -33,7 +34,7 @@ from reachmesh.exceptions import (
     RequestError,
 )
 from reachmesh.observability.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from reachmesh.protocol import AgentProfile, AgentStatusValue, error_details
+from reachmesh.protocol import AgentProfile, AgentStatusValue, Status, error_details
 from reachmesh.registry.base import LearnedRoute, normalize_phrase
 from reachmesh.router import answer
 from reachmesh.server.asgi import Receive, Scope, Send, check_json_content_type, error_body, read_body
@@ -67,6 +68,24 @@ def whole_number(raw: str, field: str, low: int, high: int) -> int:
             details=[{"field": field, "message": f"{low}..{high}"}],
         )
     return int(raw)
+
+
+def trace_status(raw: str | None) -> str | None:
+    """The ``status`` filter of ``GET /admin/traces``: a ReachResponse status, in any case; else a
+    400 naming the field, the statuses there are, and the nearest one (a filter that matches
+    nothing would otherwise answer ``[]`` and look like "no such requests")."""
+    if raw is None:
+        return None
+    statuses = [s.value for s in Status]
+    wanted = raw.strip().upper()
+    if wanted in statuses:
+        return wanted
+    near = difflib.get_close_matches(wanted, statuses, n=1, cutoff=0.6)
+    hint = f"; did you mean {near[0]!r}?" if near else ""
+    raise RequestError(
+        f"status must be one of {', '.join(statuses)}, got {raw[:40]!r}{hint}",
+        details=[{"field": "status", "message": "one of " + ", ".join(statuses)}],
+    )
 
 
 # The registrant's token is opaque; the bound keeps a stranger from storing megabytes in entries.
@@ -149,6 +168,7 @@ class AdminApi:
             Route("/admin/learned", self.list_learned, methods=["GET"]),
             Route("/admin/learned", self.confirm_learned, methods=["POST"]),
             Route("/admin/learned", self.forget_learned, methods=["DELETE"]),
+            Route("/admin/learned/negatives", self.forget_negative, methods=["DELETE"]),
         ]
 
     async def _read_json(self, request: Request) -> Any:
@@ -190,6 +210,8 @@ class AdminApi:
         principal = principal_of(request.scope)
         _may_register(request, profile.id, profile.tasks)
         # Held from the check to the write: concurrent registrations of one token count each other.
+        self._check_weights(principal, profile)
+        self._check_task_caps(principal, profile)
         with self._reserve(principal, profile.id):
             await self._check_endpoint(profile.network.endpoint)
             entry, created = await self.parts.registry.register(
@@ -224,23 +246,74 @@ class AdminApi:
                 del self._reserved[principal.key]
 
     def _check_quota(self, principal: Principal, agent_id: str) -> None:
-        """An agent token holds at most registry.max_agents_per_token live agents."""
+        """An agent token holds at most registry.max_agents_per_token registry entries."""
         if principal.role != "agent":
             return
         # Counted from the registry itself, so a shared one counts what every Router registered.
-        # Live agents only: a token whose agents crashed is not locked out for the grace period.
-        mine = sum(
-            1
-            for e in self.parts.registry.agents()
-            if e.holder == principal.key and e.id != agent_id and e.status is not AgentStatusValue.OFFLINE
-        )
+        # Offline entries count too: they hold a place in the registry for the grace period, and
+        # a token that let its leases lapse and registered new ids filled the registry (another
+        # token's agent got REGISTRY_FULL). At the quota they are dropped at once, oldest first,
+        # so a token whose agents crashed is never locked out by its own dead entries.
+        registry = self.parts.registry
+        mine = offline = 0
+        for e in registry.agents():
+            if e.holder == principal.key and e.id != agent_id:
+                mine += 1
+                offline += e.status is AgentStatusValue.OFFLINE
         mine += sum(1 for held in self._reserved.get(principal.key, ()) if held != agent_id)
         cap = self.parts.config.registry.max_agents_per_token
+        while mine >= cap and offline > 0:
+            if registry.evict_offline(principal.key, keep=agent_id) is None:
+                break
+            mine -= 1
+            offline -= 1
         if mine >= cap:
             raise RegistryFull(
-                f"the agent token {principal.label} already holds {mine} agents "
+                f"the agent token {principal.label} already holds {mine} live agents "
                 "(registry.max_agents_per_token)"
             )
+
+    def _check_weights(self, principal: Principal, profile: AgentProfile) -> None:
+        """Refuse (422) a routing_weight over the policy's cap, rather than clamp it, so the
+        profile the registry shows is the weight routing uses."""
+        cap = principal.max_weight or self.parts.config.routing.max_weight
+        key = "auth.tokens[].max_weight" if principal.max_weight else "routing.max_weight"
+        details = [
+            {
+                "field": f"capabilities.{i}.routing_weight",
+                "message": f"{cap:g} at most ({key}); declared {cap_.routing_weight:g}",
+            }
+            for i, cap_ in enumerate(profile.capabilities)
+            if cap_.routing_weight > cap
+        ]
+        if details:
+            raise InvalidProfile(
+                f"routing_weight over the cap of {cap:g} ({key}): " + ", ".join(d["field"] for d in details),
+                details=details,
+            )
+
+    def _check_task_caps(self, principal: Principal, profile: AgentProfile) -> None:
+        """At most registry.max_agents_per_task live agents declare a task (each request for it
+        ranks them all), and at most max_agents_per_task_per_token of them under one token."""
+        policy = self.parts.config.registry
+        for task in profile.tasks:
+            live = [
+                e
+                for e in self.parts.registry.by_task(task)
+                if e.id != profile.id and e.status is not AgentStatusValue.OFFLINE
+            ]
+            if len(live) >= policy.max_agents_per_task:
+                raise RegistryFull(
+                    f"{len(live)} agents already declare task {task!r} (registry.max_agents_per_task)"
+                )
+            if principal.role != "agent":
+                continue
+            mine = sum(1 for e in live if e.holder == principal.key)
+            if mine >= policy.max_agents_per_task_per_token:
+                raise RegistryFull(
+                    f"the agent token {principal.label} already holds {mine} agents declaring task "
+                    f"{task!r} (registry.max_agents_per_task_per_token)"
+                )
 
     async def _check_endpoint(self, url: str) -> None:
         """Refuse (422) an endpoint the Router must not call, and a name that resolves to one.
@@ -332,14 +405,20 @@ class AdminApi:
         principal = principal_of(request.scope)
         if owner is not None and principal.role != "admin" and principal.key != owner:
             # Someone else's request: as unknown as one that never existed.
-            return _error(404, "NOT_FOUND", f"no async request {trace_id!r} (unknown, or its result expired)")
+            return _error(
+                404,
+                "NOT_FOUND",
+                f"no async request {trace_id!r} (unknown, or its result expired or was evicted)",
+            )
         reply = results.get(trace_id)
         if reply is not None:
             return _Json(reply[1], status_code=reply[0])
         if results.is_pending(trace_id):
             status, body = answer.standalone(self.parts.clock, trace_id)
             return _Json(body, status_code=status)
-        return _error(404, "NOT_FOUND", f"no async request {trace_id!r} (unknown, or its result expired)")
+        return _error(
+            404, "NOT_FOUND", f"no async request {trace_id!r} (unknown, or its result expired or was evicted)"
+        )
 
     async def get_trace(self, request: Request) -> Response:
         trace_id = request.path_params["trace_id"]
@@ -354,7 +433,7 @@ class AdminApi:
         limit = whole_number(request.query_params.get("limit", "50"), "limit", 1, 1000)
         found = self.parts.traces.recent(
             task=request.query_params.get("task") or None,
-            status=request.query_params.get("status") or None,
+            status=trace_status(request.query_params.get("status") or None),
             limit=limit,
         )
         return _Json(found)
@@ -392,6 +471,12 @@ class AdminApi:
                 # Learned phrases whose example row is still being embedded (0 without an embedder).
                 "pendingVectors": 0 if vectors is None else vectors.learned_pending(),
                 "learned": [self._learned_view(r) for r in routes],
+                # (phrase, task) pairs routes by meaning keep apart: that task declined that phrase.
+                "negativesEnabled": policy.negatives,
+                "negatives": [
+                    {**n.to_json(), "at": iso_utc(n.at)}
+                    for n in sorted(self.parts.registry.negatives().values(), key=lambda r: -r.at)
+                ],
             }
         )
 
@@ -432,6 +517,21 @@ class AdminApi:
             )
         if not await self.parts.registry.forget(phrase):
             return _error(404, "NOT_FOUND", "no learned route for that phrase")
+        return Response(status_code=204)
+
+    async def forget_negative(self, request: Request) -> Response:
+        phrase, task = request.query_params.get("phrase"), request.query_params.get("task")
+        if not phrase or not task:
+            raise RequestError(
+                "give the phrase and the task: DELETE /admin/learned/negatives?phrase=...&task=...",
+                details=[
+                    {"field": f, "message": "required"}
+                    for f, v in (("phrase", phrase), ("task", task))
+                    if not v
+                ],
+            )
+        if not await self.parts.registry.forget_negative(phrase, task):
+            return _error(404, "NOT_FOUND", "no learned negative for that phrase and task")
         return Response(status_code=204)
 
     # -- errors ------------------------------------------------------------------------------

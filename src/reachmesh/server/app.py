@@ -8,6 +8,7 @@ matters. Both pass the same :mod:`guard` first, and ``/reach`` passes the load s
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -18,7 +19,6 @@ from reachmesh.clock import SYSTEM_CLOCK, Clock
 from reachmesh.config import RouterConfig
 from reachmesh.exceptions import ConfigError, InternalError, RequestError
 from reachmesh.lifecycle import Background
-from reachmesh.observability.tracecontext import parse_traceparent
 from reachmesh.registry.base import Registry
 from reachmesh.router import answer
 from reachmesh.server.admin import AdminApi
@@ -34,9 +34,11 @@ from reachmesh.server.asgi import (
     read_body,
     send_json,
 )
-from reachmesh.server.auth import Denial, Guard, OpenGuard, TokenGuard, action_for, principal_of
+from reachmesh.server.auth import ANONYMOUS, Denial, Guard, OpenGuard, TokenGuard, action_for, principal_of
 from reachmesh.server.components import RouterParts
 from reachmesh.server.reload import PolicyFile
+from reachmesh.server.ui import AdminUi
+from reachmesh.tracecontext import parse_traceparent
 from reachmesh.transport.base import Transport
 
 log = logging.getLogger("reachmesh.router")
@@ -58,13 +60,18 @@ class RouterApp:
         self.parts = RouterParts.build(
             config or RouterConfig(), registry=registry, transport=transport, clock=clock
         )
-        self.policy_file = PolicyFile(Path(config_path) if config_path is not None else None, self.apply)
+        self.policy_file = PolicyFile(
+            Path(config_path) if config_path is not None else None, self.apply, clock=clock
+        )
         # An injected guard stays; one built from the policy follows the policy on reload.
         self._own_guard = guard is None
         self.guard: Guard = guard or self._guard_for(self.parts.config)
         self.started = False
         self._drain_started: float | None = None
         self.admin = AdminApi(self.parts, self.policy_file, lambda: self.started)
+        self.ui = AdminUi(
+            self.parts, self.policy_file, started=lambda: self.started, auth_on=lambda: self.auth_on
+        )
         self._background = Background("reach-router")
 
     @property
@@ -77,9 +84,16 @@ class RouterApp:
             path = scope["path"]
             denial = self.guard.check(action_for(scope["method"], path), scope)
             if denial is not None:
-                await self._deny(send, denial, reach=path == "/reach" or path.startswith("/reach/"))
+                await self._deny(
+                    send,
+                    denial,
+                    reach=path == "/reach" or path.startswith("/reach/"),
+                    post_reach=path == "/reach" and scope["method"] == "POST",
+                )
             elif path == "/reach" and scope["method"] == "POST":
                 await self._reach(scope, receive, send)
+            elif AdminUi.serves(path):
+                await self.ui(scope, receive, send)
             else:
                 await self.admin(scope, receive, send)
         elif kind == "lifespan":
@@ -95,8 +109,15 @@ class RouterApp:
         trace_hint = trace_header.decode("latin-1") if trace_header else None
         raw_parent = headers.get(b"traceparent")
         parent = parse_traceparent(raw_parent.decode("latin-1")) if raw_parent else None
-        client = scope.get("client")
-        peer = client[0] if client else "-"
+        # Slots are counted per credential when auth is on: one token behind five source
+        # addresses took all 1,024 when they were counted per address. With auth off, the
+        # address is all there is to tell callers apart.
+        caller = principal_of(scope).key
+        if self.auth_on and caller != ANONYMOUS.key:
+            peer = caller
+        else:
+            client = scope.get("client")
+            peer = client[0] if client else "-"
         shed = parts.shedder.admit(peer)
         if shed is not None:
             status, payload = parts.dispatcher.shed(shed, trace_id=parent[0] if parent else None)
@@ -115,24 +136,27 @@ class RouterApp:
                 return
             except ClientGone:
                 return
-            caller = principal_of(scope).key
             owner = caller if self.auth_on else None
             try:
                 status, payload = await parts.dispatcher.handle(
                     body, trace_header=trace_hint, parent=parent, owner=owner, caller=caller
                 )
             except Exception:
-                # A bug, not bad input: still one ReachResponse, and the traceback stays here.
+                # A bug, not bad input: still one ReachResponse, counted and traced like any
+                # other, and the traceback stays here.
                 log.exception("internal error while serving /reach")
                 trace_id = trace_hint or (parent[0] if parent else None)
-                status, payload = answer.standalone(parts.clock, trace_id, error=InternalError())
+                status, payload = parts.dispatcher.refuse(InternalError(), trace_id=trace_id)
             await send_json(send, status, payload)
         finally:
             parts.shedder.release(peer)
 
-    async def _deny(self, send: Send, denial: Denial, *, reach: bool) -> None:
+    async def _deny(self, send: Send, denial: Denial, *, reach: bool, post_reach: bool = False) -> None:
         """A refusal in the shape of the endpoint: a ReachResponse on /reach, else an error object."""
-        if reach:
+        if post_reach:
+            # A refused call is a request too: the same finish path counts and traces it.
+            _, body = self.parts.dispatcher.refuse(denial.error())
+        elif reach:
             _, body = answer.standalone(self.parts.clock, None, error=denial.error())
         else:
             body = error_body(denial.status.value, denial.message)
@@ -171,12 +195,34 @@ class RouterApp:
             self.policy_file.remember()
         # Without a file too: a SIGHUP is then answered with a line saying there is nothing to reload.
         self._background.every(lambda: 1.0, self.policy_file.check, "policy-watch")
+        self.ui.traffic.sample()
+        self._background.every(lambda: self.ui.traffic.step_seconds, self.ui.traffic.tick, "traffic")
         self.started = True
 
     def begin_drain(self, at_monotonic: float) -> None:
-        """A shutdown signal arrived at ``at_monotonic``: the drain deadline counts from there."""
-        if self._drain_started is None:
-            self._drain_started = at_monotonic
+        """A shutdown signal arrived at ``at_monotonic``: the drain deadline counts from there.
+
+        The server cancels whatever still runs at that deadline, and a cancelled request would
+        be a bare 500 with a traceback; so the requests still running a little before it are
+        ended here, each with its TIMEOUT ReachResponse. Called from the signal handler.
+        """
+        if self._drain_started is not None:
+            return
+        self._drain_started = at_monotonic
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop serving requests: nothing is running
+        budget = self.parts.config.server.drain_timeout_seconds
+        # Time to write the answers before the server's own cut-off.
+        margin = min(1.0, budget / 10)
+        dispatcher = self.parts.dispatcher
+
+        def arm() -> None:
+            left = budget - margin - (time.monotonic() - at_monotonic)
+            loop.call_later(max(left, 0.0), dispatcher.abandon)
+
+        loop.call_soon_threadsafe(arm)
 
     async def shutdown(self) -> None:
         """Let accepted async requests finish until the drain deadline, then stop everything."""

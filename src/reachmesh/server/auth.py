@@ -9,7 +9,8 @@ the bearer token it carries, before its body is read:
 - **admin**: everything, ``/admin/*`` and reload included, and ``/metrics`` unless the policy
   makes it public.
 
-``/healthz``, ``/readyz`` and ``/openapi.json`` stay open. Auth is off until a token is configured
+``/healthz``, ``/readyz``, ``/openapi.json`` and the admin page's files (``/admin/ui``) stay
+open. Auth is off until a token is configured
 (``auth.tokens`` in the policy, stored as SHA-256 digests, or ``REACH_ADMIN_TOKEN``,
 ``REACH_AGENT_TOKEN``, ``REACH_CALLER_TOKEN``, each a comma-separated list). Tokens are compared
 as digests in constant time and never logged; a fingerprint stands in.
@@ -30,6 +31,9 @@ from reachmesh.exceptions import AccessDenied
 from reachmesh.protocol import Status
 from reachmesh.secrets import fingerprint
 
+# The admin page itself holds no data (its calls for data carry the admin token), so it and its
+# two files load without one: a person must see the page to be able to type the token into it.
+UI_PATH = "/admin/ui"
 ENV_TOKENS = {"admin": "REACH_ADMIN_TOKEN", "agent": "REACH_AGENT_TOKEN", "caller": "REACH_CALLER_TOKEN"}
 PRINCIPAL = "reach.principal"  # where the scope carries the authenticated principal
 
@@ -53,6 +57,8 @@ class Principal:
     key: str = "-"  # the token's fingerprint: owns the async requests it started
     agent_ids: tuple[str, ...] = ("*",)
     tasks: tuple[str, ...] = ("*",)
+    # The highest routing_weight this token's agents may declare; None: routing.max_weight.
+    max_weight: float | None = None
 
     def may_register(self, agent_id: str) -> bool:
         return self.role == "admin" or any(fnmatchcase(agent_id, glob) for glob in self.agent_ids)
@@ -162,7 +168,9 @@ class TokenGuard:
 
 def _principal(spec: TokenSpec) -> Principal:
     key = f"fp:{spec.sha256[:8]}"
-    return Principal(spec.role, spec.name or key, key, tuple(spec.agent_ids), tuple(spec.tasks))
+    return Principal(
+        spec.role, spec.name or key, key, tuple(spec.agent_ids), tuple(spec.tasks), spec.max_weight
+    )
 
 
 def action_for(method: str, path: str) -> Action:
@@ -171,6 +179,8 @@ def action_for(method: str, path: str) -> Action:
         return Action.REACH
     if path.startswith("/agents"):
         return Action.REGISTER
+    if path == UI_PATH or path.startswith(UI_PATH + "/"):
+        return Action.PUBLIC
     if path.startswith("/admin"):
         return Action.ADMIN
     if path == "/metrics":

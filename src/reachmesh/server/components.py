@@ -14,13 +14,13 @@ from typing import Any
 from reachmesh.clock import SYSTEM_CLOCK, Clock
 from reachmesh.config import RouterConfig
 from reachmesh.observability.logging import TraceLog
-from reachmesh.observability.metrics import RouterMetrics
+from reachmesh.observability.metrics import LiveReadings, RouterMetrics
 from reachmesh.observability.traces import TraceStore
 from reachmesh.record import Observer
 from reachmesh.registry.base import AgentEntry, Registry, RegistryEvent
 from reachmesh.registry.factory import build_registry
 from reachmesh.resilience.affinity import AffinityTable
-from reachmesh.resilience.breaker import BreakerBoard
+from reachmesh.resilience.breaker import BreakerBoard, BreakerState
 from reachmesh.resilience.health import HealthChecker
 from reachmesh.resilience.retry import RetryBudget
 from reachmesh.resilience.shedding import LoadShedder
@@ -33,8 +33,11 @@ from reachmesh.secrets import loggable
 from reachmesh.semantic.embedders.factory import build_embedder
 from reachmesh.semantic.vectors import CapabilityVectors
 from reachmesh.transport.base import Transport
-from reachmesh.transport.http import HttpTransport
+from reachmesh.transport.http import HttpTransport, head_limits
 from reachmesh.transport.urlguard import UrlGuard
+
+# reach_agent_circuit_state's values (PROTOCOL.md §9).
+_CIRCUIT_VALUE = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
 
 registry_log = logging.getLogger("reachmesh.registry")
 router_log = logging.getLogger("reachmesh.router")
@@ -140,7 +143,10 @@ class RouterParts:
             registry=registry,
             transport=transport
             or HttpTransport(
-                response_limit=config.server.response_limit_bytes, guard=url_guard, tls=config.outbound
+                response_limit=config.server.response_limit_bytes,
+                head=head_limits(config.server),
+                guard=url_guard,
+                tls=config.outbound,
             ),
             stats=stats,
             breakers=breakers,
@@ -153,19 +159,19 @@ class RouterParts:
                 registry, config.routing, breakers=breakers, affinity=affinity, stats=stats, vectors=vectors
             ),
             traces=TraceStore(config.tracing.store_size),
-            metrics=RouterMetrics(
-                registry,
-                breakers,
-                stats,
-                lambda: shedder.inflight,
-                lambda: None if vectors is None else vectors.up,
-            ),
+            metrics=_metrics(registry, breakers, stats, shedder, vectors),
             trace_log=TraceLog(redact_fields=config.logging.redact),
             url_guard=url_guard,
             learner=RouteLearner(registry, config.routing.learning, clock=clock),
         )
         if vectors is not None:
             vectors.set_learning(config.routing.learning.enabled)
+        results = parts.results
+        parts.metrics.gauge(
+            "reach_async_result_bytes",
+            "Bytes of finished async results held for GET /reach/{traceId} (async_mode.max_result_bytes)",
+            lambda: results.bytes_held,
+        )
         parts._wire()
         return parts
 
@@ -276,7 +282,11 @@ class RouterParts:
             self.pipeline.forget(entry.id)
             self.breakers.forget(entry.id)
             self.affinity.forget_agent(entry.id)
-        if event in (RegistryEvent.REGISTERED, RegistryEvent.REPLACED):
+        if self.registry.replaying:
+            # Read back from a shared store at start (one summary line says how many): these
+            # agents registered before, through this Router or another.
+            registry_log.debug("[registry] read back %s (%s)", entry.id, entry.status.value)
+        elif event in (RegistryEvent.REGISTERED, RegistryEvent.REPLACED):
             registry_log.info(
                 "[registry] %s %s: %s (lease %s, ttl=%gs)",
                 event.value,
@@ -309,3 +319,22 @@ class RouterParts:
             state = self.vectors.state(entry.id)
             status["vectors"] = None if state is None else state.value
         return status
+
+
+def _metrics(
+    registry: Registry,
+    breakers: BreakerBoard,
+    stats: StatsBook,
+    shedder: LoadShedder,
+    vectors: CapabilityVectors | None,
+) -> RouterMetrics:
+    """The metrics, reading the breakers and the stats book through plain readings."""
+    return RouterMetrics(
+        registry,
+        LiveReadings(
+            circuit=lambda agent_id: _CIRCUIT_VALUE[breakers.state(agent_id)],
+            agent_inflight=lambda agent_id: int(stats.snapshot(agent_id)["inflight"]),
+            inflight=lambda: shedder.inflight,
+            embedding_up=lambda: None if vectors is None else vectors.up,
+        ),
+    )

@@ -1,8 +1,8 @@
 """The HTTP/1.1 protocol in front of the Router: httptools, with limits on a request's head.
 
-uvicorn's httptools protocol reads headers of any size for as long as the client likes: a 32 MB
-header was accepted, and 50 unfinished 8 MB headers grew the Router by 460 MB. This subclass
-bounds the head of every request, before the ASGI app sees it:
+uvicorn's httptools protocol reads headers of any size for as long as the client likes (50
+unfinished 8 MB heads would hold 400 MB), so this subclass bounds the head of every request,
+before the ASGI app sees it:
 
 - at most ``max_header_bytes`` of request line and headers (431 above it), counted both as bytes
   arrive (a head that never ends) and as the parser hands over each line (a whole head that
@@ -15,7 +15,10 @@ The body has its own timeout in the app (:func:`reachmesh.server.asgi.read_body`
 keep-alive connections close after uvicorn's ``timeout_keep_alive``.
 
 It also sends each response head and its body in one write (:class:`_OneWrite`): uvicorn writes
-them separately, which is two system calls per response on the hot path.
+them separately, which would be two system calls per response on the hot path.
+
+It relies on uvicorn's private ``HttpToolsProtocol``; pyproject.toml pins uvicorn below its next
+minor release, and tests/server/test_h1_uvicorn_contract.py names each part relied on.
 """
 
 from __future__ import annotations

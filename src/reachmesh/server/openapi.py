@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from reachmesh import __version__
 from reachmesh.exceptions import (
     AgentIdConflict,
     AgentNotFound,
@@ -25,7 +24,8 @@ from reachmesh.exceptions import (
     RequestError,
     UnsupportedMediaType,
 )
-from reachmesh.protocol import HTTP_STATUS, json_schemas
+from reachmesh.protocol import HTTP_STATUS, Status, json_schemas
+from reachmesh.version import __version__
 
 Operation = dict[str, Any]
 
@@ -59,6 +59,16 @@ _LEARNED_ROUTE = {
     },
     "required": ["phrase", "task", "source", "at", "declared"],
 }
+_NEGATIVE = {
+    "type": "object",
+    "properties": {
+        "phrase": {"type": "string"},
+        "task": {"type": "string"},
+        "source": {"type": "string", "enum": ["decline"]},
+        "at": {"type": "string"},
+    },
+    "required": ["phrase", "task", "source", "at"],
+}
 _LEARNED_LIST = {
     "type": "object",
     "properties": {
@@ -67,8 +77,10 @@ _LEARNED_LIST = {
         "count": {"type": "integer"},
         "pendingVectors": {"type": "integer"},
         "learned": {"type": "array", "items": _LEARNED_ROUTE},
+        "negativesEnabled": {"type": "boolean"},
+        "negatives": {"type": "array", "items": _NEGATIVE},
     },
-    "required": ["enabled", "maxPhrases", "count", "pendingVectors", "learned"],
+    "required": ["enabled", "maxPhrases", "count", "pendingVectors", "learned", "negatives"],
 }
 _LEASE_BODY = {"type": "object", "properties": {"leaseId": {"type": "string"}}, "required": ["leaseId"]}
 
@@ -86,7 +98,8 @@ _BODY_REFUSALS: tuple[type[RequestError], ...] = (
 def _reach_statuses(*, door: bool) -> dict[int, list[str]]:
     by_code: dict[int, list[str]] = {}
     for status, code in HTTP_STATUS.items():
-        by_code.setdefault(code, []).append(status.value)
+        if status is not Status.DECLINED:  # an agent's answer to the Router, never the Router's
+            by_code.setdefault(code, []).append(status.value)
     if door:
         for error in _BODY_REFUSALS[1:]:
             by_code.setdefault(error.http_status, []).append(f"INVALID_REQUEST ({error.code})")
@@ -315,6 +328,21 @@ def _admin_paths() -> dict[str, Operation]:
                 },
             },
         },
+        "/admin/learned/negatives": {
+            "delete": {
+                "summary": "Forget a learned negative: offer the phrase to the task by meaning again",
+                "parameters": [
+                    {"name": "phrase", "in": "query", "required": True, "schema": {"type": "string"}},
+                    {"name": "task", "in": "query", "required": True, "schema": {"type": "string"}},
+                ],
+                "responses": {
+                    "204": {"description": "forgotten"},
+                    "400": _json(_ERROR, "no phrase or no task given"),
+                    "404": _json(_ERROR, "NOT_FOUND: no learned negative for that phrase and task"),
+                    **error_responses(RegistryUnavailable),
+                },
+            },
+        },
         "/admin/reload": {
             "post": {
                 "summary": "Re-read the policy file (as SIGHUP does)",
@@ -345,8 +373,28 @@ def _public_paths() -> dict[str, Operation]:
     }
 
 
+def _admin_page_paths() -> dict[str, Operation]:
+    """The admin page (open: it holds no data) and the summary it reads (admin, as all /admin)."""
+    page = {"description": "the page", "content": {"text/html": {"schema": {"type": "string"}}}}
+    return {
+        "/admin/ui": {
+            "get": {
+                "summary": "The admin page (HTML); its calls for data carry an admin token",
+                "responses": {"200": page},
+            }
+        },
+        "/admin/summary": {
+            "get": {
+                "summary": "The Router's own state for the admin page: traffic by status over the last "
+                "minutes, retry budget, shedding, degraded mode, the policy in force",
+                "responses": {"200": {"description": "the summary"}},
+            }
+        },
+    }
+
+
 # Open to everyone whatever the policy; /metrics is open when auth.metrics_public says so.
-_OPEN_PATHS = {"/healthz", "/readyz", "/openapi.json"}
+_OPEN_PATHS = {"/healthz", "/readyz", "/openapi.json", "/admin/ui"}
 
 
 def _declare_security(paths: dict[str, Operation]) -> None:
@@ -375,7 +423,13 @@ def openapi_document() -> dict[str, Any]:
         for sub, sub_schema in schema.pop("$defs", {}).items():
             schemas[sub] = sub_schema
         schemas[name] = schema
-    paths = {**_reach_paths(), **_registry_paths(), **_admin_paths(), **_public_paths()}
+    paths = {
+        **_reach_paths(),
+        **_registry_paths(),
+        **_admin_paths(),
+        **_admin_page_paths(),
+        **_public_paths(),
+    }
     _declare_security(paths)
     document = {
         "openapi": "3.1.0",

@@ -7,6 +7,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
+from reachmesh.clock import SYSTEM_CLOCK, Clock
 from reachmesh.config import RouterConfig
 from reachmesh.exceptions import ConfigError
 
@@ -16,14 +17,21 @@ log = logging.getLogger("reachmesh.router")
 class PolicyFile:
     """Re-reads one policy file and hands a valid policy to ``apply``; a bad one is refused."""
 
-    def __init__(self, path: Path | None, apply: Callable[[RouterConfig], None]) -> None:
+    def __init__(
+        self, path: Path | None, apply: Callable[[RouterConfig], None], *, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
         self.path = path
         self._apply = apply
+        self._clock = clock
         self._mtime: float | None = None
         # Set from a signal handler (SIGHUP), acted on by the next check() on the event loop:
         # a handler must not swap the policy in the middle of a request's bytecode.
         self.reload_requested = False
         self.last_error: str | None = None  # why the last reload was refused, for /admin/reload
+        # For the admin page: when the policy in force was loaded (the start counts), and when a
+        # reload was last tried, whether it was taken.
+        self.loaded_at = clock.time()
+        self.last_reload: tuple[float, bool] | None = None
 
     def reload(self) -> bool:
         """Re-read the file now; False (and the old policy kept) when it is missing or invalid."""
@@ -35,9 +43,12 @@ class PolicyFile:
         except ConfigError as exc:
             log.error("policy reload rejected, keeping the old policy: %s", exc.message)
             self.last_error = exc.message
+            self.last_reload = (self._clock.time(), False)
             return False
         self.last_error = None
         self._apply(config)
+        self.loaded_at = self._clock.time()
+        self.last_reload = (self.loaded_at, True)
         log.info("policy reloaded from %s", self.path)
         return True
 

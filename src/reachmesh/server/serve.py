@@ -80,12 +80,13 @@ class RouterProcess(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-def listening_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
-    """A socket bound to ``host:port``, or a ConfigError saying why not.
+def bind_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
+    """The Router's listening socket, bound here rather than by uvicorn: a taken port is then a
+    ConfigError (one ``error:`` line), not uvicorn's own ``ERROR: [Errno 98]`` log record.
 
-    Bound before anything else starts, so a taken port ends the process at once rather than after
-    the embedder has loaded its model. ``reuse_port`` (SO_REUSEPORT) lets several processes listen
-    on one port, the kernel spreading connections over them.
+    SO_REUSEADDR as uvicorn sets it (a restart is not refused over TIME-WAIT connections);
+    ``reuse_port`` adds SO_REUSEPORT: several worker processes listen on one port, and the
+    kernel spreads connections over them.
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -96,8 +97,7 @@ def listening_socket(host: str, port: int, *, reuse_port: bool = False) -> socke
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        why = exc.strerror or str(exc)
-        raise ConfigError(f"cannot bind {host}:{port}: {why[:1].lower()}{why[1:]}") from exc
+        raise ConfigError(f"cannot bind {host}:{port}: {(exc.strerror or str(exc)).lower()}") from exc
     return sock
 
 
@@ -117,7 +117,7 @@ def serve(
     port with other workers; ``middleware(app)`` is the ASGI app served in front of the Router
     (the A2A export), which must pass lifespan through.
     """
-    sockets = [listening_socket(host, port, reuse_port=reuse_port)]
+    sockets = [bind_socket(host, port, reuse_port=reuse_port)]
     process = RouterProcess(uvicorn_config(app, host, port, **extra), app, on_ready)
     if middleware is not None:
         process.config.app = middleware(app)

@@ -9,10 +9,10 @@ outbound checks as any other. The mapping (also in docs/protocol.md §17):
 - a completed task's artifacts (or a direct Message's parts) become the ``result``: the data of
   a single DataPart, else ``{"text": ...}`` (and ``"data": [...]`` when both kinds came back);
 - the other task states become the attempt errors that the Router maps to ReachResponse
-  statuses: ``failed`` and ``canceled`` → ``AGENT_ERROR``; ``rejected`` → ``AGENT_ERROR`` after
-  failover (another agent may take it); ``input-required``, ``auth-required`` and a task still
-  running → ``AGENT_ERROR`` naming the state. A JSON-RPC internal error or an HTTP 5xx is a bad
-  answer (failover and breaker), as for a Reach agent.
+  statuses: ``failed`` and ``canceled`` → ``AGENT_ERROR``; ``rejected`` → a decline (the next
+  candidate is tried, and the agent's breaker never sees it); ``input-required``,
+  ``auth-required`` and a task still running → ``AGENT_ERROR`` naming the state. A JSON-RPC
+  internal error or an HTTP 5xx is a bad answer (failover and breaker), as for a Reach agent.
 
 This module imports nothing from a2a-sdk: forwarding to an imported agent needs no extra.
 """
@@ -23,7 +23,7 @@ import uuid
 from typing import Any
 
 from reachmesh import jsoncodec
-from reachmesh.exceptions import AgentRejected, BadAgentResponse
+from reachmesh.exceptions import AgentDeclined, AgentRejected, BadAgentResponse
 
 A2A_VERSION = "1.0"
 # The headers of a Router attempt that an A2A agent may also use (tracing, the deadline).
@@ -141,6 +141,8 @@ def _task_result(task: dict[str, Any]) -> Any:
     code, retryable = _UNFINISHED.get(state, ("A2A_TASK_NOT_FINISHED", False))
     error = _status_error(status.get("message"), code, state)
     error.setdefault("details", [{"a2aState": state, "taskId": task.get("id")}])
+    if state == "TASK_STATE_REJECTED":
+        raise AgentDeclined(error)
     raise AgentRejected(error, retryable=retryable)
 
 

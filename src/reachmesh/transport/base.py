@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple, Protocol
 
 from reachmesh import jsoncodec
-from reachmesh.exceptions import AgentRejected, AttemptTimeout, BadAgentResponse
+from reachmesh.exceptions import AgentDeclined, AgentRejected, AttemptTimeout, BadAgentResponse
 
 DEFAULT_RESPONSE_LIMIT = 8 * 1024 * 1024
 RESPONSE_TOO_LARGE = "RESPONSE_TOO_LARGE"
@@ -76,6 +76,9 @@ def classify_answer(status: int, raw: bytes) -> Any:
         answer = jsoncodec.loads(raw) if raw else None
     except jsoncodec.JSONDecodeError:
         answer = None
+    if isinstance(answer, dict) and answer.get("status") == "DECLINED" and status < 500:
+        # Read before the 4xx rule: an agent may send its decline as a 422 or as a 200.
+        raise AgentDeclined(normalise_error(answer.get("error"), "the agent declined the request"))
     if 400 <= status < 500:
         error = answer.get("error") if isinstance(answer, dict) else None
         raise AgentRejected(normalise_error(error, f"agent answered HTTP {status}"), retryable=False)

@@ -17,8 +17,7 @@ import orjson
 from aiohttp.abc import AbstractResolver
 from aiohttp.resolver import DefaultResolver
 
-from reachmesh import __version__
-from reachmesh.config import OutboundPolicy
+from reachmesh.config import OutboundPolicy, ServerPolicy
 from reachmesh.exceptions import (
     AttemptTimeout,
     BadAgentResponse,
@@ -28,12 +27,21 @@ from reachmesh.exceptions import (
 )
 from reachmesh.tls import verifying_context
 from reachmesh.transport import a2a
+from reachmesh.transport.answer import DEFAULT_HEAD, BrokenBody, Disconnected, HeadLimits, HeadTooLarge
 from reachmesh.transport.base import DEFAULT_RESPONSE_LIMIT, AttemptLimits, classify_answer
-from reachmesh.transport.pool import BadUrl, BrokenBody, ConnectTimeout, Disconnected, Pool
+from reachmesh.transport.pool import BadUrl, ConnectTimeout, Pool
 from reachmesh.transport.urlguard import UrlGuard
+from reachmesh.version import __version__
 
 # What a failed probe, holds check or delivery can raise; all mean "no".
 _QUIET = (aiohttp.ClientError, TimeoutError, OSError, ValueError)
+
+
+def head_limits(policy: ServerPolicy) -> HeadLimits:
+    """The bounds on an agent answer's head, from the server policy."""
+    return HeadLimits(
+        policy.response_max_header_bytes, policy.response_max_headers, policy.response_max_line_bytes
+    )
 
 
 def client_tls(policy: OutboundPolicy) -> ssl.SSLContext:
@@ -85,10 +93,13 @@ class HttpTransport:
         response_limit: int = DEFAULT_RESPONSE_LIMIT,
         guard: UrlGuard | None = None,
         tls: OutboundPolicy | None = None,
+        head: HeadLimits = DEFAULT_HEAD,
     ) -> None:
-        """``tls``: the outbound policy's CA and client certificate (read once, here)."""
+        """``tls``: the outbound policy's CA and client certificate (read once, here); ``head``:
+        the bounds on an answer's head."""
         self._pool_size = pool_size
         self._response_limit = response_limit
+        self._head = head
         self._guard = guard or UrlGuard()
         self._ssl = client_tls(tls or OutboundPolicy())
         self._session: aiohttp.ClientSession | None = None
@@ -102,6 +113,7 @@ class HttpTransport:
                 guard=self._guard,
                 tls=self._ssl,
                 user_agent=f"agent-reach/{__version__}",
+                head=self._head,
             )
         if self._session is None:
             # One TLS context for every call on the session: agents, probes, holds, replyTo.
@@ -158,7 +170,8 @@ class HttpTransport:
         if pool is None:
             raise RuntimeError("HttpTransport.open() was not awaited")
         try:
-            return await pool.post(url, body, headers, limits.connect_s, limits.read_s, limits.total_s)
+            answer = await pool.post(url, body, headers, limits.connect_s, limits.read_s, limits.total_s)
+            return answer.status, answer.body
         except ConnectTimeout as exc:
             raise ConnectFailed(f"connect timeout after {limits.connect_s * 1000:.0f} ms") from exc
         except ssl.SSLError as exc:
@@ -167,6 +180,8 @@ class HttpTransport:
         except TimeoutError as exc:  # the read timeout, or the attempt's ceiling
             waited = min(limits.read_s, limits.total_s) * 1000
             raise AttemptTimeout(f"no answer within {waited:.0f} ms") from exc
+        except HeadTooLarge as exc:
+            raise BadAgentResponse(f"answer head refused: {exc}") from exc
         except BrokenBody as exc:
             raise BadAgentResponse(f"broken response body: {exc}") from exc
         except Disconnected as exc:

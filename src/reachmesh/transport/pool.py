@@ -12,7 +12,8 @@ Kept from the aiohttp path, on purpose and exactly:
 - the connect timeout (socket connect and TLS handshake), the read timeout (the gap between two
   reads of the answer, from the moment the request is written) and the attempt's hard ceiling;
 - whole answers up to ``response_limit`` bytes, ``RESPONSE_TOO_LARGE`` past it, whether
-  announced by Content-Length or found while reading (gzip/deflate answers counted decoded);
+  announced by Content-Length or found while reading (gzip/deflate answers counted on the wire
+  and decoded); what an answer may be is :mod:`.answer`'s to say, bytes in and outcome out;
 - the outbound URL guard at connect time: a literal address is checked, a name is checked and
   resolved, then every address the guard refuses is dropped;
 - TLS (and mTLS) with the transport's one ``SSLContext``;
@@ -20,23 +21,31 @@ Kept from the aiohttp path, on purpose and exactly:
 
 Errors are mapped to the project's own (ConnectFailed, AttemptTimeout, BadAgentResponse) by the
 caller, :class:`~reachmesh.transport.http.HttpTransport`; this module raises only those, the
-standard library's ``OSError``/``ssl.SSLError``/``TimeoutError`` and the four classes below.
+standard library's ``OSError``/``ssl.SSLError``/``TimeoutError``, :mod:`.answer`'s errors and
+the two classes below.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ipaddress
+import itertools
+import select
 import socket
 import ssl
-import zlib
 from typing import cast
 
-import httptools
 import yarl
 
-from reachmesh.exceptions import OutboundRefused
-from reachmesh.transport.base import too_large
+from reachmesh.exceptions import AgentRejected, OutboundRefused
+from reachmesh.transport.answer import (
+    DEFAULT_HEAD,
+    Answer,
+    AnswerReader,
+    BrokenBody,
+    Disconnected,
+    HeadLimits,
+)
 from reachmesh.transport.urlguard import UrlGuard
 
 # An idle pooled connection older than this is closed instead of reused (aiohttp's default
@@ -44,6 +53,9 @@ from reachmesh.transport.urlguard import UrlGuard
 IDLE_S = 15.0
 # Resolved names are kept this long (aiohttp's ttl_dns_cache of the session it replaces).
 DNS_TTL_S = 60.0
+# When a name has several addresses, each one's head start over the next (RFC 8305's
+# "Connection Attempt Delay").
+STAGGER_S = 0.25
 # Below this size the request body is copied behind its head and written in one call.
 _JOIN_LIMIT = 64 * 1024
 
@@ -52,16 +64,25 @@ class ConnectTimeout(Exception):
     """No connection (or no TLS handshake) within the connect timeout."""
 
 
-class Disconnected(Exception):
-    """The agent closed the connection before a complete answer head arrived."""
-
-
-class BrokenBody(Exception):
-    """The answer's body was cut off, malformed, or not decodable."""
-
-
 class BadUrl(Exception):
     """An endpoint the client cannot use (it would not be a valid request target)."""
+
+
+def interleave(addresses: list[str]) -> list[str]:
+    """The addresses alternating between IPv6 and IPv4, the resolver's first choice first."""
+    six = [a for a in addresses if ":" in a]
+    four = [a for a in addresses if ":" not in a]
+    first, second = (six, four) if ":" in addresses[0] else (four, six)
+    out: list[str] = []
+    for pair in itertools.zip_longest(first, second):
+        out.extend(a for a in pair if a is not None)
+    return out
+
+
+def _drop_loser(task: asyncio.Task[_Conn]) -> None:
+    # A connection that won too late (or beside the winner) is closed, never leaked from the pool.
+    if not task.cancelled() and task.exception() is None:
+        task.result()._close()
 
 
 class _Target:
@@ -90,30 +111,22 @@ class _Target:
 
 
 class _Conn(asyncio.Protocol):
-    """One keep-alive connection and the answer being read on it."""
+    """One keep-alive connection: the socket side of the exchanges an :class:`AnswerReader` reads."""
 
-    def __init__(self, pool: Pool, key: tuple[str, str, int], loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, pool: Pool, key: tuple[str, str, int], loop: asyncio.AbstractEventLoop, head: HeadLimits
+    ) -> None:
         self._pool = pool
         self.key = key
         self._loop = loop
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.idle_since = 0.0
-        self._parser = httptools.HttpResponseParser(self)
-        self._waiter: asyncio.Future[tuple[int, bytes]] | None = None
+        self.reader = AnswerReader(head)
+        self._waiter: asyncio.Future[Answer] | None = None
         self._timer: asyncio.TimerHandle | None = None
-        self._chunks: list[bytes] = []
-        self._received = 0
-        self._limit = 0
-        self._length: int | None = None
-        self._chunked = False
-        self._encoding: bytes | None = None
-        self._head_done = False
-        self._keep_alive = False
-        self._status = 0
-        self._complete = False
-        self._error: BaseException | None = None
         self._last_read = 0.0
+        self._head_due = 0.0
         self._read_s = 0.0
         self._hard = 0.0
 
@@ -130,75 +143,51 @@ class _Conn(asyncio.Protocol):
             return
         self._last_read = self._loop.time()
         try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            if self._error is None:
-                self._error = BrokenBody(f"malformed answer: {exc}")
-        if self._error is not None:
-            self._fail(self._error)
-        elif self._complete:
+            whole = self.reader.feed(data)
+        except (BrokenBody, AgentRejected) as exc:
+            self._fail(exc)
+            return
+        if whole:
             self._finish()
+
+    def eof_received(self) -> bool | None:
+        self._ended(None)
+        return None  # the transport closes itself
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._ended(exc)
         self.closed = True
         self._pool.forget(self)
+
+    def _ended(self, exc: Exception | None) -> None:
         if self._waiter is None or self._waiter.done():
             return
-        if self._head_done and self._length is None and not self._chunked and self._error is None:
-            # An answer without a length ends where the connection does.
-            self._complete = True
-            self._finish()
-        elif self._head_done:
-            self._fail(BrokenBody(f"the answer's body was cut off ({exc or 'connection closed'})"))
-        elif isinstance(exc, ssl.SSLError):
+        if isinstance(exc, ssl.SSLError) and not self.reader.got_bytes:
             self._fail(exc)
-        else:
-            self._fail(Disconnected(f"the agent closed the connection ({exc or 'no answer'})"))
-
-    # -- httptools callbacks ----------------------------------------------------------------
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        lower = name.lower()
-        if lower == b"content-length":
-            if value.isdigit():
-                self._length = int(value)
-        elif lower == b"transfer-encoding":
-            self._chunked = b"chunked" in value.lower()
-        elif lower == b"content-encoding":
-            self._encoding = value.strip().lower()
-
-    def on_headers_complete(self) -> None:
-        self._head_done = True
-        # Asked here: once the message is complete, llhttp has reset and always says False.
-        self._keep_alive = self._parser.should_keep_alive()
-        self._status = self._parser.get_status_code()
-        if self._length is not None and self._length > self._limit:
-            self._error = too_large(
-                f"the agent's answer of {self._length} bytes is over the {self._limit}-byte limit"
-            )
-
-    def on_body(self, body: bytes) -> None:
-        if self._error is not None:
             return
-        self._received += len(body)
-        if self._received > self._limit and self._encoding not in (b"gzip", b"deflate"):
-            self._error = too_large(f"the agent's answer is over the {self._limit}-byte limit")
+        why = exc or "connection closed"
+        try:
+            self.reader.eof(clean=exc is None)
+        except Disconnected as cut:
+            self._fail(Disconnected(f"{cut} ({why})"))
             return
-        self._chunks.append(body)
-
-    def on_message_complete(self) -> None:
-        self._complete = True
+        except BrokenBody as cut:
+            self._fail(type(cut)(f"{cut} ({why})"))
+            return
+        except AgentRejected as cut:
+            self._fail(cut)
+            return
+        self.closed = True  # a close-delimited answer: whole, and the connection is done
+        self._finish()
 
     # -- one exchange -----------------------------------------------------------------------
 
-    async def exchange(
-        self, data: bytes, body: bytes, limit: int, read_s: float, hard: float
-    ) -> tuple[int, bytes]:
+    async def exchange(self, data: bytes, body: bytes, limit: int, read_s: float, hard: float) -> Answer:
         """Write the request, then wait for the whole answer (or the first error)."""
         loop = self._loop
-        waiter: asyncio.Future[tuple[int, bytes]] = loop.create_future()
+        waiter: asyncio.Future[Answer] = loop.create_future()
         self._waiter = waiter
-        self._limit = limit
+        self.reader.start(limit)
         self._read_s = read_s
         self._hard = hard
         transport = self.transport
@@ -210,7 +199,10 @@ class _Conn(asyncio.Protocol):
         else:
             transport.write(data)
         self._last_read = now = loop.time()
-        self._timer = loop.call_at(min(now + read_s, hard), self._on_timer)
+        # The whole head within read_s of the request: an agent dripping header bytes cannot
+        # hold the attempt open by re-arming the read timeout with each byte.
+        self._head_due = min(now + read_s, hard)
+        self._timer = loop.call_at(self._head_due, self._on_timer)
         try:
             return await waiter
         finally:
@@ -222,7 +214,8 @@ class _Conn(asyncio.Protocol):
     def _on_timer(self) -> None:
         # One timer per exchange: re-armed lazily from the last read rather than reset on each.
         self._timer = None
-        due = min(self._last_read + self._read_s, self._hard)
+        # The head has one deadline; the body's is re-armed from each read.
+        due = min(self._last_read + self._read_s, self._hard) if self.reader.head_done else self._head_due
         if self._loop.time() + 0.0005 < due:
             self._timer = self._loop.call_at(due, self._on_timer)
             return
@@ -232,20 +225,10 @@ class _Conn(asyncio.Protocol):
         waiter = self._waiter
         if waiter is None or waiter.done():
             return
-        body = self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks)
-        if self._encoding in (b"gzip", b"deflate"):
-            try:
-                body = _decompress(body, self._encoding, self._limit)
-            except (zlib.error, ValueError) as exc:
-                self._fail(BrokenBody(f"the answer's {self._encoding.decode()} body: {exc}"))
-                return
-            except OverflowError:
-                self._fail(too_large(f"the agent's answer is over the {self._limit}-byte limit"))
-                return
-        status = self._status
-        reusable = not self.closed and self._keep_alive
+        reusable = not self.closed and self.reader.reusable
+        answer = self.reader.answer()
         self._reset()
-        waiter.set_result((status, body))
+        waiter.set_result(answer)
         if reusable:
             self._pool.release(self)
         else:
@@ -260,17 +243,28 @@ class _Conn(asyncio.Protocol):
 
     def _reset(self) -> None:
         self._waiter = None
-        self._chunks = []
-        self._received = 0
-        self._length = None
-        self._chunked = False
-        self._encoding = None
-        self._head_done = False
-        self._complete = False
-        self._error = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+    def alive(self) -> bool:
+        """Whether an idle connection may carry a request: open, and nothing waiting to be read.
+
+        An agent may close a kept-alive connection just after answering; its FIN (or stray bytes)
+        can sit in the socket before the loop has run ``eof_received``. A readable idle socket is
+        a dead one, as httpcore judges it too.
+        """
+        if self.closed or self.transport is None or self.transport.is_closing():
+            return False
+        sock = self.transport.get_extra_info("socket")
+        if sock is None:
+            return True
+        try:
+            poller = select.poll()
+            poller.register(sock.fileno(), select.POLLIN)
+            return not poller.poll(0)
+        except (OSError, ValueError):
+            return False
 
     def _close(self) -> None:
         if not self.closed:
@@ -278,19 +272,6 @@ class _Conn(asyncio.Protocol):
             self._pool.forget(self)
             if self.transport is not None:
                 self.transport.close()
-
-
-def _decompress(body: bytes, encoding: bytes, limit: int) -> bytes:
-    """A gzip or deflate answer decoded, refusing (OverflowError) one that decodes past ``limit``."""
-    if encoding == b"gzip":
-        decoder = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    else:
-        # "deflate" is zlib-wrapped by the standard, raw in practice: accept both, as aiohttp does.
-        decoder = zlib.decompressobj(zlib.MAX_WBITS if body[:1] == b"\x78" else -zlib.MAX_WBITS)
-    out = decoder.decompress(body, limit + 1)
-    if len(out) > limit:
-        raise OverflowError
-    return out + decoder.flush()
 
 
 class Pool:
@@ -304,9 +285,11 @@ class Pool:
         guard: UrlGuard,
         tls: ssl.SSLContext,
         user_agent: str,
+        head: HeadLimits = DEFAULT_HEAD,
     ) -> None:
         self._size = size
         self._limit = response_limit
+        self._head = head
         self._guard = guard
         self._ssl = tls
         self._ua = f"User-Agent: {user_agent}\r\nAccept: */*\r\n".encode()
@@ -336,7 +319,7 @@ class Pool:
         connect_s: float,
         read_s: float,
         total_s: float,
-    ) -> tuple[int, bytes]:
+    ) -> Answer:
         """POST ``body`` to ``url``: the status and the whole answer, within the limits."""
         loop = self._loop or asyncio.get_running_loop()
         self._loop = loop
@@ -350,15 +333,22 @@ class Pool:
         head.append(b"Content-Length: %d\r\n\r\n" % len(body))
         data = b"".join(head)
         conn = self._reuse(target.key, loop.time())
-        if conn is None:
-            conn = await self._connect(target, connect_s, hard)
+        if conn is not None:
+            try:
+                return await conn.exchange(data, body, self._limit, read_s, hard)
+            except Disconnected:
+                if conn.reader.got_bytes:
+                    raise
+                # The agent had closed this kept-alive connection before a byte of the answer:
+                # its fault is only a race, so one fresh connection, not counted against it.
+        conn = await self._connect(target, connect_s, hard)
         return await conn.exchange(data, body, self._limit, read_s, hard)
 
     def _reuse(self, key: tuple[str, str, int], now: float) -> _Conn | None:
         idle = self._idle.get(key)
         while idle:
             conn = idle.pop()
-            if not conn.closed and now - conn.idle_since < IDLE_S:
+            if now - conn.idle_since < IDLE_S and conn.alive():
                 return conn
             conn._close()
         return None
@@ -391,28 +381,53 @@ class Pool:
             self._opening -= 1
 
     async def _open(self, target: _Target) -> _Conn:
+        addresses = await self._resolve(target.host, target.port)
+        if len(addresses) == 1:
+            return await self._dial(target, addresses[0])
+        return await self._race(target, interleave(addresses))
+
+    async def _dial(self, target: _Target, address: str) -> _Conn:
         loop = self._loop
         assert loop is not None
-        addresses = await self._resolve(target.host, target.port)
-        last: OSError | None = None
-        for address in addresses:
-            try:
-                transport, conn = await loop.create_connection(
-                    lambda: _Conn(self, target.key, loop),
-                    address,
-                    target.port,
-                    ssl=self._ssl if target.tls else None,
-                    server_hostname=target.server_hostname,
+        transport, conn = await loop.create_connection(
+            lambda: _Conn(self, target.key, loop, self._head),
+            address,
+            target.port,
+            ssl=self._ssl if target.tls else None,
+            server_hostname=target.server_hostname,
+        )
+        # uvloop may call connection_made after create_connection returns: take it from here.
+        conn.transport = transport
+        self._all.add(conn)
+        return conn
+
+    async def _race(self, target: _Target, addresses: list[str]) -> _Conn:
+        """Happy eyeballs: each address gets a head start of STAGGER_S over the next (less if it
+        fails sooner), the first connection made wins and the others are dropped, so a
+        black-holed address costs STAGGER_S, not the whole connect timeout."""
+        loop = self._loop
+        assert loop is not None
+        waiting = list(addresses)
+        racing: set[asyncio.Task[_Conn]] = set()
+        last: BaseException | None = None
+        try:
+            while waiting or racing:
+                if waiting:
+                    racing.add(loop.create_task(self._dial(target, waiting.pop(0))))
+                done, racing = await asyncio.wait(
+                    racing, timeout=STAGGER_S if waiting else None, return_when=asyncio.FIRST_COMPLETED
                 )
-            except ssl.SSLError:
-                raise
-            except OSError as exc:
-                last = exc
-                continue
-            # uvloop may call connection_made after create_connection returns: take it from here.
-            conn.transport = transport
-            self._all.add(conn)
-            return conn
+                for task in done:
+                    last = task.exception()
+                    if last is None:
+                        racing |= done - {task}  # a second winner in the same round is dropped
+                        return task.result()
+                    if not isinstance(last, OSError) or isinstance(last, ssl.SSLError):
+                        raise last
+        finally:
+            for task in racing:
+                task.cancel()
+                task.add_done_callback(_drop_loser)
         assert last is not None
         raise last
 
@@ -492,4 +507,4 @@ class Pool:
         self._room.clear()
 
 
-__all__ = ["BadUrl", "BrokenBody", "ConnectTimeout", "Disconnected", "Pool"]
+__all__ = ["BadUrl", "ConnectTimeout", "Pool"]

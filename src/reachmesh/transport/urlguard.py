@@ -8,7 +8,10 @@ By default loopback and private ranges are allowed (the demo and a compose netwo
 refused are link-local addresses (169.254/16, fe80::/10, cloud metadata among them), the known
 metadata addresses and names of the clouds, unspecified addresses (0.0.0.0, ::), multicast,
 non-HTTP schemes, credentials in URLs and control characters. IPv4 in any spelling (decimal,
-octal, hex, IPv4-mapped IPv6) is read as the address it is. The policy (``outbound``) can forbid
+octal, hex, IPv4-mapped IPv6) is read as the address it is. An IPv6 address that carries an IPv4
+one (IPv4-compatible ``::a.b.c.d``, NAT64 ``64:ff9b::/96`` and the local-use ``64:ff9b:1::/48``,
+6to4 ``2002::/16``, Teredo) is refused when the IPv4 address inside it is: a NAT64 gateway or a
+6to4 relay would deliver the packet to that IPv4 address. The policy (``outbound``) can forbid
 loopback or private ranges, or allow only listed networks and host names.
 """
 
@@ -109,6 +112,16 @@ class UrlGuard:
         """Why ``address`` is refused, or None when it may be called."""
         if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
             address = address.ipv4_mapped
+        reason = self._own_refusal(address)
+        if reason is not None or isinstance(address, ipaddress.IPv4Address):
+            return reason
+        for form, inner in embedded_ipv4(address):
+            reason = self._own_refusal(inner)
+            if reason is not None:
+                return f"{address} ({form} of {reason})"
+        return None
+
+    def _own_refusal(self, address: Address) -> str | None:
         policy = self.policy
         rules = (
             (address in _METADATA_ADDRESSES, "is a cloud metadata address"),
@@ -129,6 +142,40 @@ class UrlGuard:
             ),
         )
         return next((f"{address} {why}" for refused, why in rules if refused), None)
+
+
+_IPV4_COMPATIBLE = ipaddress.IPv6Network("::/96")
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+_NAT64_LOCAL = ipaddress.IPv6Network("64:ff9b:1::/48")
+# RFC 6052: a prefix of 32 to 96 bits, the IPv4 address after it with bits 64-71 left out.
+_NAT64_LOCAL_PREFIX_BYTES = (6, 7, 8, 12)
+
+
+def _after_prefix(packed: bytes, prefix_bytes: int) -> ipaddress.IPv4Address:
+    octets = [packed[i] for i in range(prefix_bytes, 16) if i != 8][:4]
+    return ipaddress.IPv4Address(bytes(octets))
+
+
+def embedded_ipv4(address: ipaddress.IPv6Address) -> list[tuple[str, ipaddress.IPv4Address]]:
+    """Each IPv4 address an IPv6 one carries, with the name of the form; empty for most."""
+    found: list[tuple[str, ipaddress.IPv4Address]] = []
+    packed = address.packed
+    if address in _IPV4_COMPATIBLE and int(address) > 1:  # :: and ::1 are themselves
+        found.append(("the IPv4-compatible form", _after_prefix(packed, 12)))
+    if address in _NAT64:
+        found.append(("the NAT64 form", _after_prefix(packed, 12)))
+    if address in _NAT64_LOCAL:
+        # The operator picks the prefix length; any reading that lands on a refused address
+        # is reason enough.
+        found.extend(
+            ("a local NAT64 form", _after_prefix(packed, size)) for size in _NAT64_LOCAL_PREFIX_BYTES
+        )
+    if address.sixtofour is not None:
+        found.append(("the 6to4 form", address.sixtofour))
+    if address.teredo is not None:
+        server, client = address.teredo
+        found.extend([("the Teredo form", server), ("the Teredo form", client)])
+    return found
 
 
 def literal_address(host: str) -> Address | None:

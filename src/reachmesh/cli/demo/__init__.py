@@ -1,8 +1,8 @@
 """``reach demo``: the Router and the two demo agents as real processes, with one merged log.
 
 The demo agents and the Router's policy ship inside this package (``price_agent/``,
-``promotion_agent/``, ``router.yaml``), so ``reach demo`` works from any folder after a plain
-``pip install agent-reach``.
+``promotion_agent/``, ``router.yaml``), so ``reach demo`` works from any folder wherever the
+``reachmesh`` distribution is installed.
 """
 
 from __future__ import annotations
@@ -192,10 +192,29 @@ def _check_ports_free(port: int, configs: dict[str, Path], free_ports: bool) -> 
                 wanted[config.profile.health_check.port] = f"{name}'s health port (--free-ports moves it)"
     for number, who in wanted.items():
         with socket.socket() as probe:
+            # As the Router and the agents bind: a port whose last connections linger in TIME-WAIT
+            # (the demo stopped a moment ago) is free for them, and so for this check.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 probe.bind(("127.0.0.1", number))
             except OSError as exc:
                 raise ConfigError(f"port {number}, for {who}, is taken: {exc.strerror or exc}") from exc
+
+
+def reach_command() -> str:
+    """How to run this ``reach`` from the user's shell: ``reach`` when that name on PATH is this
+    very command, else its path (relative when it is under the working directory, as
+    ``.venv/bin/reach`` is after ``make demo``), so the hints the demo prints work as typed."""
+    here = Path(sys.executable).parent / "reach"
+    if not here.is_file():
+        return f"{sys.executable} -m reachmesh"
+    found = shutil.which("reach")
+    if found is not None and Path(found).resolve() == here.resolve():
+        return "reach"
+    try:
+        return str(here.relative_to(Path.cwd()))
+    except ValueError:
+        return str(here)
 
 
 def _run_until_stopped(
@@ -212,12 +231,14 @@ def _run_until_stopped(
             shared = (
                 f"\n  Second Router at {urls[1]}, sharing the registry through etcd." if len(urls) > 1 else ""
             )
+            reach = reach_command()
             with lock:
                 print(
                     f"\n  Agent-Reach demo is up: Router at {url} with {len(AGENTS)} agents.{shared}\n"
                     f"  Try:  curl -s {urls[-1]}/admin/agents\n"
-                    f"        reach call query_product_price --router {url} --payload '{SAMPLE_PAYLOAD}'\n"
-                    f"        reach agents --router {url}\n"
+                    f"        {reach} call query_product_price --router {url} --payload '{SAMPLE_PAYLOAD}'\n"
+                    f"        {reach} agents --router {url}\n"
+                    f"  Page: {url}/admin/ui  (the admin page, in a browser)\n"
                     "  Ctrl-C stops everything.\n",
                     flush=True,
                 )

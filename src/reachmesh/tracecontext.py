@@ -11,6 +11,7 @@ import hashlib
 import random
 import re
 import secrets
+from typing import Any
 
 _random = random.Random()
 
@@ -52,3 +53,21 @@ def parse_traceparent(header: str | None) -> tuple[str, str] | None:
 def make_traceparent(trace_id: str, span_id: str | None = None) -> str:
     """A ``traceparent`` in ``trace_id`` whose parent is ``span_id`` (default: a new span)."""
     return f"00-{w3c_trace_id(trace_id)}-{span_id or new_span_id()}-01"
+
+
+def otel_remote_parent(trace_id: str, span_id: str | None) -> Any:
+    """An OpenTelemetry context whose parent is the W3C (trace id, span id) a caller sent.
+
+    Only called where the optional ``otel`` extra is known to be installed (the Router's
+    exporter, the SDK's agent spans), so OpenTelemetry is imported here and not at module load.
+    """
+    from opentelemetry import trace as otel_trace
+    from opentelemetry.trace import SpanContext, TraceFlags
+
+    parent = SpanContext(
+        int(w3c_trace_id(trace_id), 16),
+        int(span_id or "1", 16),
+        is_remote=True,
+        trace_flags=TraceFlags(TraceFlags.SAMPLED),
+    )
+    return otel_trace.set_span_in_context(otel_trace.NonRecordingSpan(parent))

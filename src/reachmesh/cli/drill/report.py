@@ -1,0 +1,158 @@
+"""A drill's record: JSON for machines, Markdown for people, and PNG plots when matplotlib is
+installed (the ``drill`` extra): success rate and p50/p99 over time, the faults marked."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from reachmesh.cli.drill.load import Sample, percentile
+from reachmesh.cli.drill.scenarios import Result
+
+
+def prepare(folder: Path) -> None:
+    """Make ``folder`` and check that it takes files, before any traffic: a drill that runs for
+    minutes must not end in an unwritable folder. Raises OSError."""
+    folder.mkdir(parents=True, exist_ok=True)
+    probe = folder / ".reach-drill-write-test"
+    probe.write_text("ok", encoding="utf-8")
+    probe.unlink()
+
+
+PLOTS_HINT = "plots need matplotlib: pip install 'reachmesh[drill]' (or pip install matplotlib)"
+
+
+def as_json(results: Sequence[Result]) -> dict[str, Any]:
+    first = results[0].router if results else {}
+    return {
+        "router": {key: first.get(key) for key in ("url", "started", "version")},
+        "ok": all(r.ok for r in results),
+        "scenarios": {
+            r.scenario: {
+                "ok": r.ok,
+                "router": r.router,
+                "figures": r.figures,
+                "promises": [{"name": p.name, "ok": p.ok, "detail": p.detail} for p in r.promises],
+                "marks": [{"atS": t, "label": label} for t, label in r.marks],
+                "timeline": timeline(r.samples),
+            }
+            for r in results
+        },
+    }
+
+
+def timeline(samples: list[Sample], bin_s: float = 1.0) -> list[dict[str, Any]]:
+    """Per-second requests, success share, p50 and p99: what the plots draw."""
+    if not samples:
+        return []
+    bins: dict[int, list[Sample]] = {}
+    for sample in samples:
+        bins.setdefault(int(sample.t // bin_s), []).append(sample)
+    rows = []
+    for index in range(min(bins), max(bins) + 1):
+        chunk = bins.get(index, [])
+        ms = [s.ms for s in chunk]
+        rows.append(
+            {
+                "atS": round(index * bin_s, 3),
+                "requests": len(chunk),
+                "success": round(sum(1 for s in chunk if s.ok) / len(chunk), 4) if chunk else None,
+                "p50Ms": _r(percentile(ms, 0.5)),
+                "p99Ms": _r(percentile(ms, 0.99)),
+            }
+        )
+    return rows
+
+
+def _r(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
+
+
+def markdown(report: dict[str, Any], plots: dict[str, str]) -> str:
+    router = report["router"]
+    lines = [
+        "# reach drill report",
+        "",
+        f"- Router: version {router.get('version') or 'unknown'}; {router['started']}",
+        f"- Result: **{'all promises held' if report['ok'] else 'a promise was missed'}**",
+    ]
+    for name, scenario in report["scenarios"].items():
+        policy = scenario["router"].get("policy")
+        lines += ["", f"## {name}", "", f"Router: {scenario['router'].get('url')}. Policy in force:", ""]
+        lines += (
+            ["```json", json.dumps(policy, indent=2, sort_keys=True), "```"]
+            if policy is not None
+            else [
+                "the Router's own (it could not be read from /admin/summary; "
+                "the drill assumed the defaults where it needed a value)"
+            ]
+        )
+        lines += ["", "| promise | held | measured |", "|---|---|---|"]
+        lines += [
+            f"| {p['name']} | {'yes' if p['ok'] else '**no**'} | {p['detail']} |"
+            for p in scenario["promises"]
+        ]
+        figures = scenario["figures"]
+        lines += ["", "| figure | value |", "|---|---|"]
+        lines += [f"| {key} | {_cell(value)} |" for key, value in figures.items() if not _rows(value)]
+        for key, value in figures.items():
+            if _rows(value):
+                columns = list(value[0])
+                lines += ["", f"{key}:", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+                lines += ["| " + " | ".join(_cell(row.get(c)) for c in columns) + " |" for row in value]
+        marks = ", ".join(f"{m['label']} at {m['atS']} s" for m in scenario["marks"])
+        lines += ["", f"Faults: {marks or 'none'}."]
+        lines += ["", f"![{name}]({plots[name]})" if name in plots else f"({PLOTS_HINT})"]
+    return "\n".join(lines) + "\n"
+
+
+def _rows(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(row, dict) for row in value)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, dict | list):
+        return "`" + json.dumps(value, separators=(", ", ": ")) + "`"
+    return str(value)
+
+
+def plot(result: Result, folder: Path) -> str | None:
+    """``<scenario>.png`` in ``folder``; ``None`` when matplotlib is not installed."""
+    try:
+        # The object API renders with Agg and leaves matplotlib's global backend alone.
+        from matplotlib.figure import Figure
+    except ImportError:
+        return None
+    rows = timeline(result.samples)
+    xs = [row["atS"] for row in rows]
+    figure = Figure(figsize=(9, 5.5))
+    top, bottom = figure.subplots(2, 1, sharex=True)
+    top.plot(xs, [None if r["success"] is None else 100 * r["success"] for r in rows], color="tab:green")
+    top.set_ylabel("success %")
+    top.set_ylim(0, 105)
+    bottom.plot(xs, [r["p50Ms"] for r in rows], label="p50")
+    bottom.plot(xs, [r["p99Ms"] for r in rows], label="p99")
+    bottom.set_ylabel("latency ms")
+    bottom.set_xlabel("seconds")
+    bottom.legend(loc="upper left")
+    for at, label in result.marks:
+        for axis in (top, bottom):
+            axis.axvline(at, color="tab:red", linestyle="--", linewidth=1)
+        top.annotate(label, (at, 102), fontsize=8, color="tab:red")
+    top.set_title(f"reach drill {result.scenario}")
+    figure.tight_layout()
+    name = f"{result.scenario}.png"
+    figure.savefig(folder / name, dpi=90)
+    return name
+
+
+def write(results: Sequence[Result], folder: Path, *, with_json: bool) -> dict[str, Any]:
+    """Write the report into ``folder`` (made and checked before the drill: :func:`prepare`)."""
+    report = as_json(results)
+    plots = {r.scenario: name for r in results if (name := plot(r, folder)) is not None}
+    (folder / "report.md").write_text(markdown(report, plots), encoding="utf-8")
+    if with_json:
+        (folder / "report.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
+    return report

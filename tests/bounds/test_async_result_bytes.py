@@ -1,0 +1,98 @@
+"""Async results are bounded in bytes as well as in count: the oldest go first, the figure is in /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import gc
+import os
+
+import httpx
+
+from reachmesh.clock import ManualClock
+from reachmesh.config import AsyncPolicy, RouterConfig
+from reachmesh.router.results import ResultStore
+from reachmesh.testing import FakeAgent, RouterServer
+
+MIB = 1024 * 1024
+
+
+def rss_bytes() -> int:
+    """This process's resident set now (not its peak), after handing freed heap back to the system
+    so that what is measured is what is held."""
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_the_store_evicts_the_oldest_past_the_byte_budget() -> None:
+    """Bytes held never pass the budget by more than the newest result, which is always kept."""
+    store = ResultStore(AsyncPolicy(max_result_bytes=10_000, max_results=100), clock=ManualClock())
+    for i in range(10):
+        store.start(f"t{i}")
+        store.finish(f"t{i}", (200, b"x" * 3000))
+        assert store.bytes_held <= 10_000
+    assert [store.get(f"t{i}") is not None for i in range(10)] == [False] * 7 + [True] * 3
+    assert store.bytes_held == 9000 and store.evicted == 7
+    store.finish("huge", (200, b"y" * 50_000))  # bigger than the budget: kept alone
+    assert store.get("huge") is not None and store.bytes_held == 50_000 and store.held == 1
+    store.finish("huge", (200, b"z" * 10))  # finishing a trace id again replaces, never double-counts
+    assert store.bytes_held == 10
+
+
+async def test_a_caller_cannot_grow_the_router_with_async_results() -> None:
+    """60 async answers of 1 MiB against a 4 MiB budget: the Router holds at most 5 MiB of them
+    (the gauge says so), its RSS grows by less than 32 MiB (without the budget: about 68), the newest
+    results are served, the oldest are 404, and a sync caller is served throughout."""
+    config = RouterConfig.from_mapping(
+        {
+            "health": {"enabled": False},
+            "embedding": {"backend": "none"},
+            "limits": {"loop_lag_ms": 10_000},
+            "async_mode": {"max_result_bytes": 4 * MIB},
+        }
+    )
+    async with RouterServer(config) as router, httpx.AsyncClient(base_url=router.url, timeout=30) as http:
+        big = FakeAgent("big", tasks=("big",), result={"blob": "b" * MIB})
+        small = FakeAgent("small", tasks=("echo",))
+        for agent in (big, small):
+            await agent.start()
+            await agent.register(router.url, vectors=False)
+        try:
+            before = rss_bytes()
+            for i in range(60):
+                body = {"traceId": f"async-{i}", "targetTask": "big", "preferences": {"mode": "async"}}
+                assert (await http.post("/reach", json=body)).status_code == 202
+                await wait_done(http, f"async-{i}")
+                if i % 10 == 0:
+                    sync = await http.post("/reach", json={"targetTask": "echo"})
+                    assert sync.json()["status"] == "SUCCESS"
+            grown = rss_bytes() - before
+            metrics = (await http.get("/metrics")).text
+            held = next(
+                float(line.split()[1])
+                for line in metrics.splitlines()
+                if line.startswith("reach_async_result_bytes ")
+            )
+            assert 3 * MIB < held <= 5 * MIB
+            print(f"RSS grew by {grown / MIB:.1f} MiB")
+            assert grown < 32 * MIB, grown / MIB
+            assert (await http.get("/reach/async-59")).json()["status"] == "SUCCESS"
+            gone = await http.get("/reach/async-0")
+            assert gone.status_code == 404 and "evicted" in gone.json()["error"]["message"]
+        finally:
+            for agent in (big, small):
+                await agent.stop()
+
+
+async def wait_done(http: httpx.AsyncClient, trace_id: str) -> None:
+    """Poll until the async request has finished (200), within a deadline."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 20
+    while loop.time() < deadline:
+        resp = await http.get(f"/reach/{trace_id}")
+        if resp.status_code == 200:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{trace_id} still pending")

@@ -1,0 +1,130 @@
+"""Registering an id that is taken, on a shared registry: a dead holder is replaced at once,
+a live one at another endpoint keeps its id (docs/protocol.md, "Registering an id that is taken")."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from reachmesh.testing import FakeAgent, RouterServer
+from tests.etcd.conftest import etcd_policy
+from tests.etcd.test_shared_registry import eventually, listed
+
+pytestmark = pytest.mark.etcd
+
+
+async def renewal(client: httpx.AsyncClient, router: RouterServer, agent_id: str, lease: str) -> int:
+    resp = await client.put(f"{router.url}/agents/{agent_id}/lease", json={"leaseId": lease})
+    return resp.status_code
+
+
+async def test_a_restart_at_the_same_endpoint_takes_over_through_either_router(etcd, client):
+    """A new instance at the holder's endpoint gets a new lease at once; the old lease ends on both."""
+    async with RouterServer(etcd_policy(etcd)) as a, RouterServer(etcd_policy(etcd)) as b:
+        agent = await FakeAgent("restarter", result={"ok": 2}).start()
+        try:
+            killed = {**agent.profile(), "instanceId": "instance-token-of-the-killed-process"}
+            old = await client.post(f"{a.url}/agents", json=killed)
+            assert old.status_code == 201
+            await eventually(lambda: listed(client, b, "restarter"))
+            held = a.app.parts.registry.get("restarter")
+            assert held is not None and held.backend_lease
+            restarted = {**agent.profile(), "instanceId": "instance-token-of-the-restarted-one"}
+            new = await client.post(f"{b.url}/agents", json=restarted)
+            assert new.status_code == 201, new.text
+            assert new.json()["leaseId"] != old.json()["leaseId"]
+            for router in (a, b):
+                assert await renewal(client, router, "restarter", old.json()["leaseId"]) == 403
+                assert await renewal(client, router, "restarter", new.json()["leaseId"]) == 200
+            etcd_client = b.app.parts.registry.client  # type: ignore[attr-defined]
+
+            async def old_etcd_lease_revoked() -> bool:
+                return bool(await etcd_client.keepalive(held.backend_lease) <= 0)
+
+            await eventually(old_etcd_lease_revoked)
+            resp = await client.post(f"{a.url}/reach", json={"targetTask": "echo", "payload": {}})
+            assert (resp.json()["status"], resp.json()["handlerAgentId"]) == ("SUCCESS", "restarter")
+        finally:
+            await agent.stop()
+
+
+async def test_a_holder_the_health_probes_mark_down_is_taken_over_from_another_endpoint(etcd, client):
+    """The holder's health checks fail: another endpoint takes the id, and calls go there."""
+    policy = etcd_policy(etcd, health={"interval_seconds": 0.1, "timeout_ms": 500})
+    async with RouterServer(policy) as a, RouterServer(policy) as b:
+        dead = await FakeAgent("taken", result={"from": "dead"}).start()
+        alive = await FakeAgent("taken", result={"from": "alive"}).start()
+        try:
+            old = await client.post(f"{a.url}/agents", json=dead.profile())
+            assert old.status_code == 201
+            dead.healthy = False
+
+            async def down_at_b() -> bool:
+                row = await listed(client, b, "taken")
+                return row is not None and row["status"] in ("suspect", "unhealthy")
+
+            await eventually(down_at_b)
+            new = await client.post(f"{b.url}/agents", json=alive.profile())
+            assert new.status_code == 201, new.text
+            assert await renewal(client, a, "taken", old.json()["leaseId"]) == 403
+
+            async def moved_at_a() -> bool:
+                row = await listed(client, a, "taken")
+                return row is not None and row["endpoint"] == alive.endpoint
+
+            await eventually(moved_at_a)
+            resp = await client.post(f"{a.url}/reach", json={"targetTask": "echo", "payload": {}})
+            assert resp.json()["result"] == {"from": "alive"}
+        finally:
+            await dead.stop()
+            await alive.stop()
+
+
+async def test_two_live_instances_at_different_endpoints_still_get_409(etcd, client):
+    """A holder that answers its health checks keeps its id against another endpoint, at both Routers."""
+    policy = etcd_policy(etcd, health={"interval_seconds": 0.1, "timeout_ms": 500})
+    async with RouterServer(policy) as a, RouterServer(policy) as b:
+        first = await FakeAgent("contested-live").start()
+        second = await FakeAgent("contested-live").start()
+        try:
+            lease = await first.register(a.url)
+
+            async def probed_at_b() -> bool:
+                return first.health_probes >= 4
+
+            await eventually(probed_at_b)
+            for router in (a, b):
+                resp = await client.post(f"{router.url}/agents", json=second.profile())
+                assert resp.status_code == 409
+                assert resp.json()["error"]["code"] == "AGENT_ID_CONFLICT"
+            assert await renewal(client, b, "contested-live", lease) == 200
+        finally:
+            await first.stop()
+            await second.stop()
+
+
+async def test_a_router_restarted_on_etcd_reads_agents_back_without_saying_it_registered_them(
+    etcd, client, caplog
+):
+    """The agents a new Router finds in etcd are one summary line, not `registered X` each; a
+    registration made after its start is still logged as one."""
+    import logging
+
+    async with RouterServer(etcd_policy(etcd)) as first:
+        agent = await FakeAgent("already-there").start()
+        try:
+            await agent.register(first.url)
+        finally:
+            await agent.stop()
+    with caplog.at_level(logging.INFO, logger="reachmesh"):
+        async with RouterServer(etcd_policy(etcd)) as restarted:
+            assert await listed(client, restarted, "already-there") is not None
+            newcomer = await FakeAgent("registered-now").start()
+            try:
+                await newcomer.register(restarted.url)
+            finally:
+                await newcomer.stop()
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("[registry]")]
+    assert any(line.startswith("[registry] read back from etcd: 1 agents") for line in said), said
+    assert not any("already-there" in line for line in said), said
+    assert any(line.startswith("[registry] registered registered-now:") for line in said), said

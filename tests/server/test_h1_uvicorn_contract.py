@@ -1,0 +1,59 @@
+"""server/h1.py subclasses uvicorn's private httptools protocol: this names what it relies on.
+
+uvicorn is pinned below its next minor release in pyproject.toml. When the pin is raised, this
+test is the first to say what changed, rather than a limit that silently stops applying. The
+behaviour itself (431/408 on bad heads, one write per answer) is tested in test_greedy_clients and
+test_response_writes.
+"""
+
+from __future__ import annotations
+
+import inspect
+from importlib.metadata import version
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+
+from reachmesh.server.h1 import GuardedHttpTools
+
+# The parser callbacks and connection hooks that GuardedHttpTools overrides, with the parameters
+# it passes on to super().
+OVERRIDDEN = {
+    "connection_made": ["self", "transport"],
+    "connection_lost": ["self", "exc"],
+    "data_received": ["self", "data"],
+    "on_message_begin": ["self"],
+    "on_header": ["self", "name", "value"],
+    "on_headers_complete": ["self"],
+    "on_body": ["self", "body"],
+    "on_message_complete": ["self"],
+    "on_response_complete": ["self"],
+}
+
+# Instance attributes it reads, set by uvicorn's __init__ / connection_made / on_url.
+READ_ATTRIBUTES = ["loop", "parser", "url", "scope", "cycle", "transport"]
+
+
+def test_uvicorn_is_the_version_range_h1_was_written_for() -> None:
+    major, minor = (int(part) for part in version("uvicorn").split(".")[:2])
+    assert (major, minor) < (0, 55), "raise the pin only after re-reading server/h1.py"
+
+
+def test_the_overridden_hooks_still_exist_with_the_same_parameters() -> None:
+    for name, params in OVERRIDDEN.items():
+        ours = getattr(GuardedHttpTools, name)
+        theirs = getattr(HttpToolsProtocol, name, None)
+        assert theirs is not None, f"uvicorn's HttpToolsProtocol lost {name}(); h1.py overrides it"
+        assert ours is not theirs, f"GuardedHttpTools no longer overrides {name}()"
+        assert list(inspect.signature(theirs).parameters) == params, (
+            f"uvicorn's HttpToolsProtocol.{name} changed its parameters"
+        )
+
+
+def test_the_attributes_h1_reads_are_still_set_by_uvicorn() -> None:
+    source = inspect.getsource(HttpToolsProtocol)
+    for attribute in READ_ATTRIBUTES:
+        assert f"self.{attribute} = " in source or f"self.{attribute}: " in source, (
+            f"uvicorn's HttpToolsProtocol no longer sets self.{attribute}; h1.py reads it"
+        )
+    # The one-write path swaps the response cycle's transport.
+    assert "self.transport = transport" in inspect.getsource(RequestResponseCycle.__init__)
