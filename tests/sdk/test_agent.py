@@ -180,8 +180,8 @@ async def test_waits_for_a_router_that_is_not_up_yet(caplog: pytest.LogCaptureFi
     agent.capability("echo")(lambda payload: payload)
     starting = asyncio.create_task(agent.start())
     await until(
-        lambda: len([r for r in caplog.records if "unreachable" in r.getMessage()]) >= 2,
-        "two registration attempts against the absent Router",
+        lambda: any("unreachable" in r.getMessage() for r in caplog.records),
+        "a registration attempt against the absent Router",
     )
     assert not starting.done()
     async with server:
