@@ -1,30 +1,92 @@
-"""Shared fixtures: a real Router on loopback, fake agents, and an HTTP client."""
+"""Shared fixtures: a real Router on loopback, fake agents, and an HTTP client.
+
+Also the suite's rules for a busy machine: in-process Routers start without lag shedding and
+without an embedder unless a test asks for them, every process a test starts is stopped after it,
+and the run fails if any child of the suite is still alive at the end.
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import httpx
+import psutil
 import pytest
 
 from reachmesh.config import RouterConfig
 from reachmesh.testing import FakeAgent, RouterServer
+from tests.helpers import TIME_SCALE, scaled
+from tests.procs import stop_all
+
+# A test about shedding or routing by meaning says so in its policy; the rest must not depend on
+# the host's load (lag shedding) or pay seconds of CPU to load a model they never use.
+RouterServer.defaults = {
+    "limits": {"loop_lag_shedding": False},
+    "embedding": {"backend": "none"},
+}
+
+
+def pytest_report_header() -> str:
+    return f"REACH_TEST_TIME_SCALE={TIME_SCALE:g} (deadlines of polls and process waits)"
+
+
+@pytest.fixture(autouse=True)
+def _reap_processes() -> Iterator[None]:
+    """Own every process a test starts through tests.procs: stop whatever is still running after
+    the test and its fixtures, even when it failed before reaching its own clean-up."""
+    yield
+    stop_all()
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _describe(proc: psutil.Process) -> str:
+    try:
+        return f"pid {proc.pid}: {' '.join(proc.cmdline())[:200]}"
+    except psutil.Error:
+        return f"pid {proc.pid}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_children_left() -> Iterator[None]:
+    """After every other fixture of this process (one xdist worker, or the whole run) has ended:
+    no child process of it is still alive. Any that is gets named, killed, and fails the run."""
+    yield
+    me = psutil.Process(os.getpid())
+    end = time.monotonic() + scaled(5)
+    left = [p for p in me.children(recursive=True) if _alive(p)]
+    while left and time.monotonic() < end:
+        time.sleep(0.1)
+        left = [p for p in left if _alive(p)]
+    if left:
+        names = [_describe(p) for p in left]
+        for proc in left:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                continue
+        pytest.fail(f"processes started by the suite still alive at its end (killed now): {names}")
 
 
 @pytest.fixture
 async def router() -> AsyncIterator[RouterServer]:
-    """A Router with default policy on a free loopback port."""
-    # A test machine may be loaded (two workers, a demo beside them): the global breaker that sheds
-    # on event-loop lag is tested on its own, and must not turn an ordinary answer into a 429 here.
-    config = RouterConfig.model_validate({"limits": {"loop_lag_ms": 10_000}})
-    async with RouterServer(config) as server:
+    """A Router with default policy on a free loopback port (no lag shedding, no embedder)."""
+    # The lag limit out of reach too, as the policy an admin page shows for this Router.
+    async with RouterServer(RouterConfig.model_validate({"limits": {"loop_lag_ms": 10_000}})) as server:
         yield server
 
 
 @pytest.fixture
 async def http(router: RouterServer) -> AsyncIterator[httpx.AsyncClient]:
     """An HTTP client pointed at the Router."""
-    async with httpx.AsyncClient(base_url=router.url, timeout=10) as client:
+    async with httpx.AsyncClient(base_url=router.url, timeout=scaled(10)) as client:
         yield client
 
 

@@ -1,16 +1,114 @@
-"""Small helpers shared by tests."""
+"""Small helpers shared by tests: scaled deadlines, polls that say what they waited for, CPU hogs."""
 
 from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar, overload
 
 import pytest
 
 from reachmesh.observability.logging import TRACE_LOGGER, split_lines
 from reachmesh.testing import FakeAgent
 
+T = TypeVar("T")
+
+
+def _time_scale() -> float:
+    """REACH_TEST_TIME_SCALE if set; else 3 when the machine is already busy (a load average
+    above its core count), else 1."""
+    raw = os.environ.get("REACH_TEST_TIME_SCALE", "").strip()
+    if raw:
+        return float(raw)
+    return 3.0 if os.getloadavg()[0] > (os.cpu_count() or 1) else 1.0
+
+
+# One factor for every deadline of the suite: 1 on a quiet machine, 3 on CI and busy machines.
+# Deadlines only bound how long a poll may wait; a passing test ends as soon as its condition
+# holds, so a large factor costs nothing when all is well.
+TIME_SCALE = _time_scale()
+
+
+def scaled(seconds: float) -> float:
+    """``seconds`` times the suite's time scale."""
+    return seconds * TIME_SCALE
+
+
+def describe(check: Callable[..., Any]) -> str:
+    """The first source line of ``check`` (a lambda reads as what it waits for)."""
+    try:
+        return inspect.getsource(check).strip().splitlines()[0][:160]
+    except (OSError, TypeError):
+        return getattr(check, "__qualname__", repr(check))
+
+
+@overload
+async def until(
+    check: Callable[[], Awaitable[T | None]], what: str = "", within: float = 10.0, interval: float = 0.02
+) -> T: ...
+
+
+@overload
+async def until(
+    check: Callable[[], T | None], what: str = "", within: float = 10.0, interval: float = 0.02
+) -> T: ...
+
+
+async def until(
+    check: Callable[[], Any], what: str = "", within: float = 10.0, interval: float = 0.02
+) -> Any:
+    """Poll ``check`` (sync or async) until it returns something truthy, and return that.
+
+    The deadline is ``within`` seconds, scaled; on expiry the error names ``what`` was awaited (or the
+    check's source line) and the last value seen.
+    """
+    loop = asyncio.get_running_loop()
+    end = loop.time() + scaled(within)
+    last: Any = None
+    while True:
+        value = check()
+        last = await value if inspect.isawaitable(value) else value
+        if last:
+            return last
+        if loop.time() >= end:
+            raise AssertionError(
+                f"waited {scaled(within):g} s for {what or describe(check)}; last value {last!r}"
+            )
+        await asyncio.sleep(interval)
+
 
 def log_lines(caplog: pytest.LogCaptureFixture, logger: str = TRACE_LOGGER) -> list[str]:
     """Every line logged by ``logger``; a request's trace lines arrive as one multi-line record."""
     return [text for r in caplog.records if r.name == logger for text, _ in split_lines(r)]
+
+
+@contextmanager
+def cpu_hogs(count: int | None = None, limit_s: float = 120.0) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """``count`` processes (default: one per core) that burn CPU until the block ends.
+
+    Each one also ends itself after ``limit_s``, so none outlives a test killed from outside.
+    """
+    hogs: list[subprocess.Popen[bytes]] = []
+    script = f"import time\nend = time.monotonic() + {limit_s}\nwhile time.monotonic() < end: pass\n"
+    try:
+        for _ in range(count if count is not None else os.cpu_count() or 1):
+            hogs.append(subprocess.Popen([sys.executable, "-c", script]))
+        yield hogs
+    finally:
+        for hog in hogs:
+            hog.kill()
+        for hog in hogs:
+            hog.wait()
+
+
+def hogs_running(hogs: list[subprocess.Popen[bytes]]) -> bool:
+    """Every hog is still burning CPU (a hog that died would make a saturation test vacuous)."""
+    return all(hog.poll() is None for hog in hogs)
 
 
 def price_agent() -> FakeAgent:

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from reachmesh.testing import BackgroundLoop, RouterServer, free_port
+from tests.helpers import scaled
 
 AGENT_PY = """
 from reachmesh import ReachAgent
@@ -34,7 +35,7 @@ def reach(*args: str, cwd: Path, timeout: float = 20) -> subprocess.CompletedPro
         env=env,
         capture_output=True,
         text=True,
-        timeout=timeout,
+        timeout=scaled(timeout),
     )
 
 
@@ -166,7 +167,7 @@ def test_a_router_that_refuses_the_token_is_one_line(
         env=env,
         capture_output=True,
         text=True,
-        timeout=20,
+        timeout=scaled(20),
     )
     line = one_line_failure(result)
     assert result.returncode == 1

@@ -13,6 +13,8 @@ import httpx
 import pytest
 
 from reachmesh.testing import free_port
+from tests.helpers import scaled
+from tests.procs import exit_code_within
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,7 +35,7 @@ def test_demo_runs_the_reference_session(tmp_path: Path) -> None:
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         try:
-            end = time.monotonic() + 30
+            end = time.monotonic() + scaled(30)
             while "demo is up" not in log.read_text() and time.monotonic() < end:
                 assert proc.poll() is None, log.read_text()
                 time.sleep(0.1)
@@ -69,7 +71,8 @@ def test_demo_runs_the_reference_session(tmp_path: Path) -> None:
             assert '"status": "SUCCESS"' in tried.stdout
         finally:
             proc.send_signal(signal.SIGINT)
-            assert proc.wait(20) == 0
+            code = exit_code_within(proc, 20)
+        assert code == 0, log.read_text()[-2000:]
     text = log.read_text()
     assert "[trace-demo-001] select price-query-agent by exact_match" in text
     assert "[reach-client] deregistered agent: price-query-agent" in text
@@ -90,7 +93,7 @@ def test_demo_with_etcd_runs_two_routers_over_one_registry(tmp_path: Path) -> No
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         try:
-            end = time.monotonic() + 90
+            end = time.monotonic() + scaled(90)
             while "demo is up" not in log.read_text() and time.monotonic() < end:
                 assert proc.poll() is None, log.read_text()
                 time.sleep(0.1)
@@ -101,12 +104,13 @@ def test_demo_with_etcd_runs_two_routers_over_one_registry(tmp_path: Path) -> No
                 body = httpx.post(
                     f"{url}/reach",
                     json={"targetTask": "query_product_price", "payload": {"product_id": "SKU-88231"}},
-                    timeout=10,
+                    timeout=scaled(10),
                 ).json()
                 assert body["status"] == "SUCCESS", body
         finally:
             proc.send_signal(signal.SIGINT)
-            assert proc.wait(30) == 0
+            code = exit_code_within(proc, 30)
+        assert code == 0, log.read_text()[-2000:]
     text = log.read_text()
     # The agents deregistered through a Router that still reached etcd: stopped before etcd.
     assert "[reach-client] deregistered agent: price-query-agent" in text
@@ -127,7 +131,7 @@ def test_demo_on_a_taken_port_says_so_and_fails(tmp_path: Path) -> None:
             cwd=tmp_path,
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=scaled(60),
         )
     text = result.stdout + result.stderr
     assert result.returncode != 0

@@ -20,10 +20,11 @@ import pytest
 import yaml
 
 from reachmesh.ports import free_port
+from tests.helpers import TIME_SCALE
 
 pytestmark = pytest.mark.drill
 
-SCALE = float(os.environ.get("REACH_TEST_TIME_SCALE", "1"))
+SCALE = TIME_SCALE
 ADMIN = "drill-test-admin-token"
 
 # What each scenario's JSON report must hold (the list of figures per scenario).

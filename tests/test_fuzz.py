@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 from reachmesh.protocol import HTTP_STATUS, Status
 from reachmesh.testing import BackgroundLoop, FakeAgent, RouterServer
 
+pytestmark = pytest.mark.fuzz
+
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
     lambda children: (

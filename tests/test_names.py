@@ -119,7 +119,9 @@ async def test_a_look_alike_cannot_shadow_a_registered_task() -> None:
 
 async def test_free_text_target_task_still_routes_by_meaning() -> None:
     """A caller's phrase in targetTask is not held to the name rule: Chinese and English reach routing."""
-    config = RouterConfig.from_mapping({"health": {"enabled": False}, "routing": {"semantic_tasks": ["*"]}})
+    config = RouterConfig.from_mapping(
+        {"health": {"enabled": False}, "routing": {"semantic_tasks": ["*"]}, "embedding": {"backend": "auto"}}
+    )
     async with RouterServer(config) as router, httpx.AsyncClient(base_url=router.url, timeout=30) as http:
         agent = await price_agent().start()
         try:

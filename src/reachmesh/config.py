@@ -241,8 +241,15 @@ class LimitsPolicy(_Section):
     # Of those, the most one client may hold (its excess is 429 too): one credential when auth
     # is on, one address when it is off.
     max_inflight_per_client: Annotated[int, Field(ge=1, le=1_000_000)] = 256
-    # The global breaker: when the event loop lags this much, new requests are shed.
+    # The global breaker: new requests are shed while the event loop lags this much for a whole
+    # window *and* the Router holds real work of its own; a light load on a slow host is served.
     loop_lag_ms: Annotated[float, Field(gt=0)] = 250
+    loop_lag_shedding: bool = True
+    # How long every lag sample must stay at or above loop_lag_ms: one slow tick is not overload.
+    loop_lag_window_seconds: Annotated[float, Field(gt=0, le=600)] = 1.0
+    # Real work: in flight at least this share of max_inflight, or growing by a quarter of that
+    # within the window. 0 makes sustained lag alone enough.
+    loop_lag_inflight_share: Annotated[float, Field(ge=0, le=1)] = 0.1
     retry_after_seconds: Annotated[int, Field(ge=1, le=3600)] = 1
     # The longest timeoutMs (and connect or read timeout) a caller may ask for; longer is a 400,
     # so no caller holds a request slot for an hour.

@@ -15,7 +15,7 @@ import ssl
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import aiohttp
 import uvicorn
@@ -84,8 +84,31 @@ class AsgiServer:
         await _stop(self._server, self._task)
 
 
+def with_defaults(config: RouterConfig, defaults: dict[str, dict[str, Any]]) -> RouterConfig:
+    """``config`` with each key of ``defaults`` (section -> key -> value) the config left unset.
+
+    A key counts as set when the policy it was validated from named it, so a test that asks for
+    ``embedding.backend: local`` keeps it, and one that says nothing gets the default.
+    """
+    updates: dict[str, Any] = {}
+    for section, values in defaults.items():
+        current = getattr(config, section)
+        unset = {key: value for key, value in values.items() if key not in current.model_fields_set}
+        if unset:
+            updates[section] = type(current).model_validate(
+                {**current.model_dump(exclude_unset=True), **unset}
+            )
+    return config.model_copy(update=updates) if updates else config
+
+
 class RouterServer:
-    """Serve a :class:`RouterApp` on ``127.0.0.1`` in the running loop (``async with``)."""
+    """Serve a :class:`RouterApp` on ``127.0.0.1`` in the running loop (``async with``).
+
+    :attr:`defaults` are policy keys applied under every config that does not set them: a suite
+    sets them once, e.g. no lag shedding and no embedder unless a test asks for one.
+    """
+
+    defaults: ClassVar[dict[str, dict[str, Any]]] = {}
 
     def __init__(
         self,
@@ -97,7 +120,7 @@ class RouterServer:
     ) -> None:
         """``middleware(app)`` wraps what is served, e.g. to hold some replies back in a test;
         ``port`` is where to listen (a wrapper that must know its own URL picks it first)."""
-        self.app = RouterApp(config or RouterConfig(), **app_kwargs)
+        self.app = RouterApp(with_defaults(config or RouterConfig(), self.defaults), **app_kwargs)
         self.port = port or free_port()
         scheme = "https" if self.app.config.server.tls_cert_file else "http"
         self.url = f"{scheme}://127.0.0.1:{self.port}"

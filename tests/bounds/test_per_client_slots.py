@@ -9,6 +9,7 @@ import httpx
 
 from reachmesh.config import RouterConfig
 from reachmesh.testing import FakeAgent, RouterServer
+from tests.helpers import until
 
 HOG = "slot-hog-token-0123456789"
 FAIR = "slot-fair-token-0123456789"
@@ -53,7 +54,11 @@ async def test_five_addresses_under_one_token_share_one_clients_slots() -> None:
                 for client in clients
                 for _ in range(5)
             ]
-            await asyncio.sleep(0.3)  # the hog's calls are in flight (each takes 2 s)
+            # The hog's calls are in: four held at the slow agent (2 s each), the rest refused.
+            await until(
+                lambda: router.app.parts.shedder.inflight == 4 and sum(c.done() for c in hog_calls) == 21,
+                "the hog's 4 calls in flight and its other 21 answered",
+            )
             fair_answers = [(await fair.post("/reach", json={"targetTask": "echo"})).json() for _ in range(5)]
             assert [a["status"] for a in fair_answers] == ["SUCCESS"] * 5
             hog_answers = [(await call).json() for call in hog_calls]

@@ -6,7 +6,6 @@ loop, so the synchronous WebDriver calls can watch the page while the Router ser
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -19,10 +18,6 @@ import pytest
 from reachmesh import AgentConfig, ReachAgent, ReachContext
 from reachmesh.config import RouterConfig
 from reachmesh.testing import BackgroundLoop, RouterServer, free_port
-
-# Deadlines in these tests are the page's goals times this factor: 1 checks them as stated; a
-# slower machine may set REACH_TEST_TIME_SCALE=2 rather than loosen a test.
-TIME_SCALE = float(os.environ.get("REACH_TEST_TIME_SCALE", "1"))
 
 # Short leases and fast probes, so a killed agent shows within seconds; the loop-lag gate is off
 # because a loaded test machine (a browser beside the suite) must not turn answers into 429s.

@@ -15,6 +15,7 @@ import yaml
 
 from reachmesh.cli.etcd import EtcdCluster
 from reachmesh.testing import free_port
+from tests.helpers import scaled
 from tests.procs import Proc, chaos_agent, wait_for
 
 pytestmark = pytest.mark.etcd
@@ -26,7 +27,9 @@ class EtcdRouters:
     def __init__(self, tmp: Path, cluster: EtcdCluster, policy: dict[str, Any] | None = None) -> None:
         self.tmp = tmp
         self.cluster = cluster
-        base: dict[str, Any] = {"registry": {"lease_ttl_seconds": 3}, "embedding": {"backend": "none"}}
+        # A restart must fit in a lease, and a Router start takes seconds on a busy machine.
+        ttl = scaled(3)
+        base: dict[str, Any] = {"registry": {"lease_ttl_seconds": ttl}, "embedding": {"backend": "none"}}
         for key, value in (policy or {}).items():
             base[key] = {**base.get(key, {}), **value}
         self.config = tmp / "router.yaml"
@@ -82,8 +85,14 @@ def test_a_router_killed_with_9_routes_at_once_after_restart_and_no_agent_regist
     routers.router(port, log="router-again")
     print(f"ready {time.monotonic() - restarted_at:.2f} s after the restart began")
     assert routers.call(url) == "SUCCESS"
-    # Three renewals' worth of time (TTL 3 s, one every second): each lands on the new process.
-    time.sleep(3)
+    # Three renewals (one every third of the TTL) land on the new process, on the same lease.
+    heartbeats: set[str] = set()
+
+    def renewed_three_times() -> bool:
+        heartbeats.add(routers.http.get(f"{url}/admin/agents/steady").json()["lastHeartbeat"])
+        return len(heartbeats) >= 4
+
+    wait_for(renewed_three_times, interval=0.2, what="three renewals seen by the restarted Router")
     assert routers.call(url) == "SUCCESS"
     assert agent.text().count("registering agent") == 1
     assert "registering again" not in agent.text()

@@ -26,6 +26,7 @@ from reachmesh.registry.etcdclient import EtcdClient, prefix_end
 from reachmesh.registry.factory import build_registry
 from reachmesh.testing import FakeAgent, RouterServer
 from tests.etcd.test_shared_registry import eventually, listed
+from tests.helpers import until
 
 pytestmark = pytest.mark.etcd
 
@@ -147,7 +148,8 @@ async def test_a_lapsed_token_is_replaced_and_no_call_fails(secured, monkeypatch
             registry = a.app.parts.registry
             assert isinstance(registry, EtcdRegistry)
             logins, token = registry.client.logins, registry.client._token
-            await asyncio.sleep(TOKEN_TTL_S * 2)  # idle: etcd drops the token
+            # sleep-ok: time passing is the stimulus (any read with the token would renew it)
+            await asyncio.sleep(TOKEN_TTL_S * 2)
             await second.register(a.url)  # raises unless 201
             assert registry.client.logins == logins + 1
             assert registry.client._token not in (None, token)
@@ -291,7 +293,7 @@ async def test_waiting_for_another_calls_login_keeps_to_the_callers_deadline(sec
     member.freeze()
     try:
         long = asyncio.ensure_future(client.get("/agent-reach/v1/x", deadline=10))
-        await asyncio.sleep(0.1)  # the long call holds the login
+        await until(lambda: client._login.locked(), "the long call to hold the login")
         with pytest.raises(RegistryUnavailable, match=r"within 0\.5 s \(waiting for another call's login\)"):
             await client.get("/agent-reach/v1/x", deadline=0.5)
         assert not long.done()

@@ -195,7 +195,9 @@ async def test_plain_text_is_routed_by_meaning() -> None:
     """A text message without a skill goes through semantic_route with the bundled model."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    config = RouterConfig.model_validate({"health": {"enabled": False}, "limits": {"loop_lag_ms": 10_000}})
+    config = RouterConfig.model_validate(
+        {"health": {"enabled": False}, "limits": {"loop_lag_ms": 10_000}, "embedding": {"backend": "auto"}}
+    )
     async with RouterServer(config, port=port, middleware=lambda app: A2AExport(app, url)) as router:  # type: ignore[arg-type]
         agents = [
             FakeAgent(

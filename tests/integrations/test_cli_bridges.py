@@ -17,6 +17,7 @@ from mcp import Client, StdioServerParameters
 
 from reachmesh.config import RouterConfig
 from reachmesh.testing import AsgiServer, FakeAgent, RouterServer, free_port
+from tests.helpers import scaled, until
 from tests.integrations.test_a2a import ScriptedA2AAgent, a2a_agent_app
 from tests.procs import ROOT
 
@@ -129,16 +130,16 @@ async def test_reach_mcp_over_http_wants_its_bearer_token() -> None:
         try:
             await agent.register(router.url, vectors=False)
             url = f"http://127.0.0.1:{port}/mcp"
-            async with httpx.AsyncClient(timeout=10) as http:
-                # A process importing mcp on a loaded 2-core machine may take a while to listen.
-                deadline = asyncio.get_running_loop().time() + 60
-                while True:
+            async with httpx.AsyncClient(timeout=scaled(10)) as http:
+
+                async def answered() -> httpx.Response | None:
                     try:
-                        refused = await http.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
-                        break
+                        return await http.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
                     except httpx.ConnectError:
-                        assert asyncio.get_running_loop().time() < deadline, "reach mcp never listened"
-                        await asyncio.sleep(0.05)
+                        return None  # not listening yet
+
+                # A process importing mcp on a loaded 2-core machine may take a while to listen.
+                refused = await until(answered, f"`reach mcp --http` to listen on {url}", within=60)
                 assert refused.status_code == 401
             import httpx2  # the HTTP client the mcp package itself uses
             from mcp.client.streamable_http import streamable_http_client

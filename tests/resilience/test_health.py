@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import httpx
 
 from reachmesh.clock import ManualClock
@@ -13,16 +11,17 @@ from reachmesh.registry import MemoryRegistry
 from reachmesh.resilience.health import HealthChecker, health_url
 from reachmesh.testing import FakeAgent, RouterServer
 from reachmesh.transport.http import HttpTransport
+from tests.helpers import until
 
 
-async def wait_status(http: httpx.AsyncClient, agent_id: str, status: str, limit: float = 3.0) -> float:
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-    while loop.time() - start < limit:
-        if (await http.get(f"/admin/agents/{agent_id}")).json()["status"] == status:
-            return loop.time() - start
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"{agent_id} never became {status}")
+async def wait_status(server: RouterServer, agent_id: str, status: str) -> None:
+    """Read in process, on the loop the probes run on, so no state between two probes is missed."""
+
+    def reached() -> bool:
+        entry = server.app.parts.registry.get(agent_id)
+        return entry is not None and entry.status.value == status
+
+    await until(reached, f"{agent_id} to become {status}")
 
 
 async def test_failing_probes_take_an_agent_out_and_a_success_brings_it_back() -> None:
@@ -33,11 +32,10 @@ async def test_failing_probes_take_an_agent_out_and_a_success_brings_it_back() -
         well = await FakeAgent("well").start()
         for agent in (sick, well):
             await agent.register(server.url)
-        await asyncio.sleep(0.3)
-        assert sick.health_probes >= 1
+        await until(lambda: sick.health_probes >= 1, "the first health probe of 'sick'")
         sick.healthy = False
-        await wait_status(http, "sick", "suspect")
-        await wait_status(http, "sick", "unhealthy")
+        await wait_status(server, "sick", "suspect")
+        await wait_status(server, "sick", "unhealthy")
         for _ in range(5):
             body = (await http.post("/reach", json={"targetTask": "echo"})).json()
             assert body["handlerAgentId"] == "well"
@@ -48,7 +46,7 @@ async def test_failing_probes_take_an_agent_out_and_a_success_brings_it_back() -
         ).json()
         assert {"agentId": "sick", "reason": "unhealthy", "task": "echo"} in refused["error"]["candidates"]
         sick.healthy = True
-        await wait_status(http, "sick", "available")
+        await wait_status(server, "sick", "available")
         metrics = (await http.get("/metrics")).text
         assert 'reach_health_check_failures_total{agent="sick"}' in metrics
         for agent in (sick, well):

@@ -17,7 +17,7 @@ from reachmesh import AgentConfig, ReachAgent, ReachContext
 from reachmesh.clock import ManualClock
 from reachmesh.config import RouterConfig
 from reachmesh.testing import FakeAgent, RouterServer, free_port
-from tests.helpers import log_lines
+from tests.helpers import log_lines, until
 
 MakeAgent = Callable[..., Awaitable[FakeAgent]]
 
@@ -222,17 +222,15 @@ async def test_async_mode_and_reply_to(cluster) -> None:
         # At once: answered while the 0.3 s agent is still working on it.
         pending = await http.get("/reach/async-1")
         assert pending.status_code == 202
-        for _ in range(100):
-            done = await http.get("/reach/async-1")
-            if done.status_code != 202:
-                break
-            await asyncio.sleep(0.02)
+
+        async def finished() -> httpx.Response | None:
+            resp = await http.get("/reach/async-1")
+            return resp if resp.status_code != 202 else None
+
+        done = await until(finished, "GET /reach/async-1 to stop answering 202")
         assert done.status_code == 200
         assert done.json()["result"]["echo"] == {"n": 1}
-        for _ in range(100):
-            if got:
-                break
-            await asyncio.sleep(0.02)
+        await until(lambda: got, "the result at replyTo")
         assert got[0]["traceId"] == "async-1" and got[0]["status"] == "SUCCESS"
         assert (await http.get("/reach/nope")).status_code == 404
     finally:
@@ -250,11 +248,12 @@ async def test_failing_reply_to_is_retried_then_logged(cluster, caplog: pytest.L
         "/reach",
         json={"traceId": "async-2", "targetTask": "echo", "preferences": {"mode": "async", "replyTo": dead}},
     )
-    for _ in range(200):
-        if any("failed after 3 attempts" in r.getMessage() for r in caplog.records):
-            break
-        await asyncio.sleep(0.02)
-    assert any(f"[async-2] reply to {dead} failed after 3 attempts" in r.getMessage() for r in caplog.records)
+    await until(
+        lambda: any(
+            f"[async-2] reply to {dead} failed after 3 attempts" in r.getMessage() for r in caplog.records
+        ),
+        "the log line of the given-up reply",
+    )
     assert (await http.get("/reach/async-2")).json()["status"] == "SUCCESS"
 
 

@@ -12,6 +12,7 @@ from reachmesh.config import AsyncPolicy
 from reachmesh.router.asyncmode import AsyncRequests
 from reachmesh.router.results import ResultStore
 from reachmesh.testing import FakeTransport, ManualClock
+from tests.helpers import until
 
 LISTENER = "http://caller.test/replies"
 
@@ -95,7 +96,7 @@ async def test_drain_lets_running_requests_finish_and_abandons_the_rest(
 
     for i in range(5):
         runner.start(f"job-{i}", job(f"job-{i}", fast=i < 2), LISTENER)
-    await asyncio.sleep(0.01)
+    await until(lambda: len(listener.delivered) == 2, "the two fast jobs' deliveries")
     with caplog.at_level(logging.ERROR, logger="reachmesh.async"):
         await runner.drain(0.05)
     statuses = sorted(orjson.loads(body)["status"] for body in listener.delivered)

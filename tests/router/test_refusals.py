@@ -11,7 +11,7 @@ from tests.helpers import price_agent
 
 async def test_a_phrase_gets_the_task_it_means_and_how_to_route_by_meaning() -> None:
     """With the default strategy, a Chinese price question is refused with a suggestion by meaning."""
-    config = RouterConfig.from_mapping({"health": {"enabled": False}})
+    config = RouterConfig.from_mapping({"health": {"enabled": False}, "embedding": {"backend": "auto"}})
     async with RouterServer(config) as router, httpx.AsyncClient(base_url=router.url, timeout=30) as http:
         agent = await price_agent().start()
         try:
@@ -53,7 +53,7 @@ async def test_candidates_name_the_task_they_were_considered_for(http, make_agen
 async def test_a_schema_violation_on_a_route_by_meaning_names_the_declared_task() -> None:
     """Free text routed by meaning to a task whose input_schema the payload fails: the 400 names
     the task whose schema it is, the caller's words only as where it was routed from."""
-    config = RouterConfig.from_mapping({"health": {"enabled": False}})
+    config = RouterConfig.from_mapping({"health": {"enabled": False}, "embedding": {"backend": "auto"}})
     async with RouterServer(config) as router, httpx.AsyncClient(base_url=router.url, timeout=30) as http:
         agent = price_agent()
         agent.input_schema = {"product_id": "string"}

@@ -51,6 +51,7 @@ async def semantic_router() -> AsyncIterator[tuple[RouterServer, httpx.AsyncClie
         {
             "health": {"enabled": False},
             "routing": {"semantic_tasks": ["*"], "task_map": {"比价": "query_product_price"}},
+            "embedding": {"backend": "auto"},  # the bundled model
             # The model shares the machine with the suite: lag shedding is tested on its own.
             "limits": {"loop_lag_ms": 10_000},
         }
@@ -171,6 +172,7 @@ async def test_sdk_agent_handles_a_semantic_route() -> None:
             "health": {"enabled": False},
             "routing": {"semantic_tasks": ["*"]},
             "limits": {"loop_lag_ms": 10_000},
+            "embedding": {"backend": "auto"},
         }
     )
     async with RouterServer(config) as server:
@@ -212,7 +214,7 @@ async def test_sdk_agent_handles_a_semantic_route() -> None:
 
 async def test_a_refusal_with_nothing_registered_says_so() -> None:
     """With no capability embedded yet, the refusal names that, not a best score of zero."""
-    config = RouterConfig.model_validate({"health": {"enabled": False}, "limits": {"loop_lag_ms": 10_000}})
+    config = RouterConfig.model_validate({"health": {"enabled": False}, "embedding": {"backend": "auto"}})
     async with RouterServer(config) as server, httpx.AsyncClient(base_url=server.url, timeout=30) as http:
         body = (
             await http.post(

@@ -16,9 +16,11 @@ from reachmesh import AgentConfig, AgentError, ReachAgent, ReachClient, ReachCon
 from reachmesh.clock import ManualClock
 from reachmesh.config import RouterConfig
 from reachmesh.exceptions import ConfigError, RouterUnavailable
+from reachmesh.registry.base import AgentEntry
 from reachmesh.sdk.lease import LeaseKeeper
 from reachmesh.secrets import fingerprint
 from reachmesh.testing import RouterServer, free_port
+from tests.helpers import scaled, until
 
 
 def agent_config(
@@ -147,32 +149,43 @@ async def test_registers_again_when_the_router_forgets(short_router: RouterServe
         first = agent.lease_id
         assert first is not None
         await short_router.app.parts.registry.deregister("sdk-agent", first)  # the Router forgets
-        for _ in range(250):
-            entry = short_router.app.parts.registry.get("sdk-agent")
-            if entry is not None and entry.lease_id != first and agent.lease_id == entry.lease_id:
-                break
-            await asyncio.sleep(0.02)
-        entry = short_router.app.parts.registry.get("sdk-agent")
-        assert entry is not None and entry.lease_id == agent.lease_id != first
-        # And keeps it: a few TTLs later it is still available.
-        await asyncio.sleep(1.0)
-        entry = short_router.app.parts.registry.get("sdk-agent")
-        assert entry is not None and entry.status.value == "available"
+        registry = short_router.app.parts.registry
+
+        def registered_again() -> AgentEntry | None:
+            entry = registry.get("sdk-agent")
+            fresh = entry is not None and entry.lease_id != first and agent.lease_id == entry.lease_id
+            return entry if fresh else None
+
+        entry = await until(registered_again, "the agent to register again with a new lease")
+        # And keeps it: renewed on the same lease across three TTLs (a busy machine may make
+        # one renewal late, so the status at one instant is not the claim; the lease is).
+        lease, since = entry.lease_id, entry.last_heartbeat
+
+        def renewed_for_three_ttls() -> bool:
+            now = registry.get("sdk-agent")
+            assert now is not None and now.lease_id == lease, "the lease was lost again"
+            return now.last_heartbeat >= since + 3 * 0.6
+
+        await until(renewed_for_three_ttls, "renewals on the same lease over three TTLs")
     finally:
         await agent.stop()
 
 
-async def test_waits_for_a_router_that_is_not_up_yet() -> None:
+async def test_waits_for_a_router_that_is_not_up_yet(caplog: pytest.LogCaptureFixture) -> None:
     """An agent started before its Router keeps trying and registers once the Router is up."""
+    caplog.set_level(logging.INFO, logger="reachmesh.sdk")
     config = RouterConfig()
     server = RouterServer(config)
     agent = ReachAgent(agent_config(server.url))
     agent.capability("echo")(lambda payload: payload)
     starting = asyncio.create_task(agent.start())
-    await asyncio.sleep(0.3)
+    await until(
+        lambda: any("unreachable" in r.getMessage() for r in caplog.records),
+        "a registration attempt against the absent Router",
+    )
     assert not starting.done()
     async with server:
-        await asyncio.wait_for(starting, 5)
+        await asyncio.wait_for(starting, scaled(15))
         assert server.app.parts.registry.get("sdk-agent") is not None
         await agent.stop()
 

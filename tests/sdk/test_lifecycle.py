@@ -20,10 +20,12 @@ from reachmesh import AgentConfig, ReachAgent
 from reachmesh.config import RouterConfig
 from reachmesh.server.asgi import Receive, Scope, Send
 from reachmesh.testing import ASGIApp, BackgroundLoop, RouterServer, free_port
+from tests.helpers import scaled, until
 from tests.procs import Proc, chaos_agent, wait_for
 
-# The requirement: gone within 2 s of the signal. Measured from sending it to seeing the exit.
-STOP_BOUND_S = 2.0
+# The requirement: gone within 2 s of the signal, measured from sending it to seeing the exit;
+# scaled on a busy machine, where a process may wait that long for a core.
+STOP_BOUND_S = scaled(2.0)
 
 
 class HoldReplies:
@@ -98,13 +100,13 @@ def stop_with(proc: Proc, sig: int) -> float:
     proc.signal(sig)
     # A cap for a broken run; the bound is asserted on the measurement.
     with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.popen.wait(10)
+        proc.popen.wait(scaled(10))
     return time.monotonic() - sent
 
 
 def assert_clean_exit(proc: Proc, took: float) -> None:
     code = proc.popen.poll()
-    assert code is not None, "still running 10 s after the signal"
+    assert code is not None, f"still running {scaled(10):g} s after the signal"
     assert took <= STOP_BOUND_S, f"took {took:.2f}s to stop"
     assert code in (0, 130), code
     assert "Traceback" not in proc.text(), proc.text()
@@ -200,7 +202,7 @@ async def test_a_lost_registration_reply_still_yields_the_lease() -> None:
         )
         agent = ReachAgent(config)
         agent.capability("echo")(lambda payload: payload)
-        await asyncio.wait_for(agent.start(), 15)
+        await asyncio.wait_for(agent.start(), scaled(15))
         try:
             # The first reply was lost, and the retry was answered with the lease it carried.
             assert holder[0].held == 1
@@ -208,11 +210,15 @@ async def test_a_lost_registration_reply_still_yields_the_lease() -> None:
             assert agent.lease_id == lost_lease
             entry = router.app.parts.registry.get("late-reply")
             assert entry is not None and entry.lease_id == lost_lease
-            # Renewed: past a whole TTL later it is still available on the same lease.
-            await asyncio.sleep(2.5)
-            entry = router.app.parts.registry.get("late-reply")
-            assert entry is not None and entry.status.value == "available"
-            assert entry.lease_id == agent.lease_id
+            # Renewed: heartbeats on the same lease for more than a whole TTL (2 s).
+            since = entry.last_heartbeat
+
+            def renewed_past_a_ttl() -> bool:
+                now = router.app.parts.registry.get("late-reply")
+                assert now is not None and now.lease_id == lost_lease == agent.lease_id
+                return now.last_heartbeat >= since + 2.5
+
+            await until(renewed_past_a_ttl, "renewals on the lost reply's lease past a whole TTL")
         finally:
             await agent.stop()
         assert router.app.parts.registry.get("late-reply") is None

@@ -49,6 +49,7 @@ async def _learning_router(
     policy: dict[str, Any] = {
         "health": {"enabled": False},
         "limits": {"loop_lag_ms": 10_000},
+        "embedding": {"backend": "auto"},
         "routing": {"semantic_tasks": ["*"], "learning": {"enabled": True}},
     }
     if auth:

@@ -28,7 +28,7 @@ from reachmesh.semantic.embedders import build_embedder
 from reachmesh.semantic.embedders.http import ApiKey, OpenAIEmbedder, _retry_after
 from reachmesh.semantic.embedders.local import LocalEmbedder
 from reachmesh.testing import AsgiServer, RouterServer, free_port, wait_vectors
-from tests.helpers import price_agent
+from tests.helpers import price_agent, until
 
 KEY = "sk-test-0123456789abcdef"
 
@@ -358,15 +358,15 @@ async def test_a_broken_service_delays_vectors_and_never_stops_them() -> None:
     async with AsgiServer(fake.app) as embed:
         config = _routing_through(embed, retry_seconds=0.2)
         async with _price_agent_behind(config) as http:
-            status = (await http.get("/admin/agents/price-agent")).json()
-            assert status["vectors"] == "unavailable"
-            fake.answer = None  # mended
-            for _ in range(200):
+
+            async def vectors_are(state: str) -> bool:
                 status = (await http.get("/admin/agents/price-agent")).json()
-                if status["vectors"] == "ready":
-                    break
-                await asyncio.sleep(0.05)
-            assert status["vectors"] == "ready"
+                return bool(status["vectors"] == state)
+
+            # While broken the vectors go unavailable, then pending again at each retry (0.2 s).
+            await until(lambda: vectors_are("unavailable"), "the vectors to be marked unavailable")
+            fake.answer = None  # mended
+            await until(lambda: vectors_are("ready"), "the vectors once the service is mended")
 
 
 async def test_start_line_and_reload(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

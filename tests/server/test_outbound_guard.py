@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import httpx
 import pytest
 from aiohttp import web
@@ -13,6 +11,7 @@ from reachmesh.exceptions import OutboundRefused
 from reachmesh.protocol import AgentProfile
 from reachmesh.testing import FakeAgent, RouterServer, free_port
 from reachmesh.transport.urlguard import UrlGuard
+from tests.helpers import until
 
 FORBIDDEN = [
     "http://169.254.169.254/latest/meta-data",
@@ -128,7 +127,8 @@ async def test_a_forbidden_reply_to_is_400_and_nothing_is_sent(http, make_agent,
 
 
 async def test_a_listener_where_a_forbidden_target_would_be_sees_no_traffic() -> None:
-    """With loopback forbidden, a replyTo on loopback and an agent on loopback get no request."""
+    """With loopback forbidden, a replyTo on loopback and an agent on loopback get no request;
+    the control: once loopback is allowed, the same listener does get the Router's call."""
     seen: list[str] = []
 
     async def record(request: web.Request) -> web.Response:
@@ -142,17 +142,25 @@ async def test_a_listener_where_a_forbidden_target_would_be_sees_no_traffic() ->
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     try:
-        config = RouterConfig.model_validate({"outbound": {"allow_loopback": False}})
+        config = RouterConfig.model_validate(
+            {"outbound": {"allow_loopback": False}, "health": {"enabled": False}}
+        )
         async with RouterServer(config) as router, httpx.AsyncClient(base_url=router.url) as client:
             victim = f"http://127.0.0.1:{port}/internal/admin"
             body = {"targetTask": "x", "preferences": {"mode": "async", "replyTo": victim}}
             assert (await client.post("/reach", json=body)).status_code == 400
             profile = {"id": "v", "network": {"endpoint": victim}, "capabilities": [{"task": "x"}]}
             assert (await client.post("/agents", json=profile)).status_code == 422
-            await asyncio.sleep(0.2)
+            router.app.parts.url_guard.policy = OutboundPolicy(allow_loopback=True)
+            control = f"http://127.0.0.1:{port}/control/reach"
+            profile = {"id": "c", "network": {"endpoint": control}, "capabilities": [{"task": "c"}]}
+            assert (await client.post("/agents", json=profile)).status_code == 201
+            assert (await client.post("/reach", json={"targetTask": "c"})).json()["status"] == "SUCCESS"
+            await until(lambda: "/control/reach" in seen, "the control call to reach the listener")
     finally:
         await runner.cleanup()
-    assert seen == []
+    # The listener works and heard the Router's later call, and nothing before it.
+    assert seen == ["/control/reach"]
 
 
 async def test_connect_time_check_catches_a_name_registered_before_it_turned_bad() -> None:

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from reachmesh.testing import RouterServer
-from tests.helpers import log_lines
+from tests.helpers import log_lines, scaled
 
 JSON = {"Content-Type": "application/json"}
 
@@ -240,7 +240,7 @@ async def test_retry_count_zero_means_one_attempt(http, make_agent) -> None:
 
 async def test_overall_budget_is_a_deadline(http, make_agent) -> None:
     """A slow agent turns into TIMEOUT (504) at the budget, not later."""
-    await make_agent("slow", delay_s=1.0)
+    await make_agent("slow", delay_s=scaled(1.0))
     started = time.monotonic()
     resp = await reach(http, {"targetTask": "echo", "preferences": {"timeoutMs": 300}})
     took = time.monotonic() - started
@@ -248,7 +248,7 @@ async def test_overall_budget_is_a_deadline(http, make_agent) -> None:
     assert resp.json()["status"] == "TIMEOUT"
     assert resp.json()["attempts"][0]["outcome"] == "timeout"
     # Before the agent would have answered: the deadline ended it (the bench times the lateness).
-    assert took < 1.0
+    assert took < scaled(1.0)
 
 
 async def test_trace_lines(http, make_agent, caplog: pytest.LogCaptureFixture) -> None:

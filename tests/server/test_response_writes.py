@@ -9,6 +9,7 @@ import orjson
 
 from reachmesh.config import RouterConfig
 from reachmesh.testing import FakeAgent, RouterServer
+from tests.helpers import until
 
 CALL = b'{"targetTask": "echo", "payload": {"n": 1}}'
 
@@ -119,8 +120,7 @@ async def test_a_refusal_on_reach_is_one_whole_answer_with_its_extra_headers() -
         try:
             await agent.register(router.url, vectors=False)
             first = asyncio.ensure_future(exchange(router.port, post_reach(), 1, close_wait_s=0))
-            while not agent.received:  # noqa: ASYNC110 - the first call is now at the agent
-                await asyncio.sleep(0.01)
+            await until(lambda: agent.received, "the first call to reach the agent")
             answers, closed = await exchange(router.port, post_reach(), 1, close_wait_s=1)
             await first
         finally:
