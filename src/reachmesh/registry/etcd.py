@@ -258,9 +258,9 @@ class EtcdRegistry(MemoryRegistry):
     def sweep(self) -> None:
         """Drop offline entries after their grace period; etcd itself expires the leases."""
         now = self._clock.monotonic()
-        for entry in list(self._entries.values()):
+        for entry in list(self.snapshot.entries.values()):
             if entry.status is AgentStatusValue.OFFLINE:
-                self._drop_if_gone(entry, now)
+                self.snapshot.drop_if_gone(entry, now, self.policy.offline_grace_seconds)
 
     async def _resync(self) -> None:
         """Read every key under the prefix and bring the snapshot to that revision."""
@@ -282,10 +282,10 @@ class EtcdRegistry(MemoryRegistry):
         negatives = {kv.key for kv in kvs if kv.key.startswith(self.keys.negatives)}
         for key in [k for k in self._negative_keys if k not in negatives]:
             self._apply_negative(KeyValue(key, b"", 0, revision, 0), deleted=True)
-        for entry in list(self._entries.values()):
+        for entry in list(self.snapshot.entries.values()):
             # Gone from etcd while this Router was not watching: its lease ran out meanwhile.
             if entry.id not in present and entry.status is not AgentStatusValue.OFFLINE:
-                self._go_offline(entry)
+                self.snapshot.go_offline(entry, self._clock.monotonic())
         self.revision = revision
         if self.loaded:
             log.info("[registry] resynced from etcd: %d agents at revision %d", len(present), revision)
@@ -317,26 +317,26 @@ class EtcdRegistry(MemoryRegistry):
 
     def _apply_agent(self, agent_id: str, kv: KeyValue, *, deleted: bool) -> bool:
         """Bring one agent's snapshot entry to ``kv``; True when the agent is live there."""
-        current = self._entries.get(agent_id)
+        current = self.snapshot.entries.get(agent_id)
         if current is not None and current.revision >= kv.mod_revision:
             return current.status is not AgentStatusValue.OFFLINE  # this Router wrote it already
         if deleted:
             if current is not None and current.status is not AgentStatusValue.OFFLINE:
                 current.revision = kv.mod_revision
-                self._go_offline(current)  # the lease ran out (a deregistration says so first)
+                # The lease ran out (a deregistration says so first).
+                self.snapshot.go_offline(current, self._clock.monotonic())
             return False
         record = self._decode(kv)
         if record is None:
             return False
         if record.get("state") == _GONE:
             if current is not None:
-                self._remove(current)
-                self._emit(RegistryEvent.DEREGISTERED, current)
+                self.snapshot.remove(current, RegistryEvent.DEREGISTERED)
             return False
         entry = self._entry(record, kv, expect_id=agent_id)
         if entry is None:
             return False
-        self._install(entry, current is not None and current.status is not AgentStatusValue.OFFLINE)
+        self.snapshot.install(entry, current is not None and current.status is not AgentStatusValue.OFFLINE)
         return True
 
     def _decode(self, kv: KeyValue) -> dict[str, Any] | None:
@@ -521,8 +521,8 @@ class EtcdRegistry(MemoryRegistry):
                 "[registry] %s: routing from the snapshot (%d agent%s, revision %d); "
                 "registrations and renewals fail until it is back",
                 reason,
-                len(self._entries),
-                "" if len(self._entries) == 1 else "s",
+                len(self.snapshot.entries),
+                "" if len(self.snapshot.entries) == 1 else "s",
                 self.revision,
             )
         elif reason is None and self._degraded is not None:
@@ -572,9 +572,9 @@ class EtcdRegistry(MemoryRegistry):
             if done is None:
                 continue  # someone else wrote the key meanwhile: decide again on what is there now
             entry.revision = done
-            current_local = self._entries.get(profile.id)
+            current_local = self.snapshot.entries.get(profile.id)
             if current_local is None or current_local.revision < done:
-                self._install(
+                self.snapshot.install(
                     entry, current_local is not None and current_local.status is not AgentStatusValue.OFFLINE
                 )
             elif current_local.revision == done and not current_local.lease_id:
@@ -589,7 +589,7 @@ class EtcdRegistry(MemoryRegistry):
         """The lease itself, when this Router granted ``current``'s (it keeps what it gave out):
         a same-registrant retry through it gets the same lease back. Another Router knows only
         the digest, so it can only issue a new lease id on the same etcd lease."""
-        local = self._entries.get(agent_id)
+        local = self.snapshot.entries.get(agent_id)
         if local is not None and local.lease_id and local.lease_digest == current.lease_digest:
             return local.lease_id
         return None
@@ -725,7 +725,7 @@ class EtcdRegistry(MemoryRegistry):
 
     async def _holder_of(self, agent_id: str, lease_id: str) -> AgentEntry:
         """The live entry ``lease_id`` holds: from the snapshot, else from etcd; raises otherwise."""
-        entry = self._entries.get(agent_id)
+        entry = self.snapshot.entries.get(agent_id)
         if entry is None or entry.status is AgentStatusValue.OFFLINE or not holds_lease(entry, lease_id):
             # Registered, or re-registered, through another Router a moment ago: ask etcd.
             entry = await self._authoritative(agent_id)
@@ -738,14 +738,14 @@ class EtcdRegistry(MemoryRegistry):
     async def renew(self, agent_id: str, lease_id: str) -> AgentEntry:
         entry = await self._holder_of(agent_id, lease_id)
         if entry.managed:
-            return self._entries.get(agent_id) or entry  # no lease to extend; it never expires
+            return self.snapshot.entries.get(agent_id) or entry  # no lease to extend; it never expires
         try:
             ttl = await self.client.keepalive(entry.backend_lease, deadline=self._deadline())
         except EtcdRejected as exc:
             raise self._refused_call(exc, "the renewal") from exc
         if ttl <= 0:
             raise LeaseNotFound(f"the lease of agent {agent_id!r} has expired; register again")
-        local = self._entries.get(agent_id)
+        local = self.snapshot.entries.get(agent_id)
         if local is not None and local.backend_lease == entry.backend_lease:
             local.last_heartbeat = self._clock.monotonic()
             local.last_heartbeat_wall = self._clock.time()
@@ -776,11 +776,10 @@ class EtcdRegistry(MemoryRegistry):
                 raise self._refused_call(exc, "the write", write=True) from exc
             if result.succeeded:
                 self.revision = max(self.revision, result.revision)
-        local = self._entries.get(agent_id)
+        local = self.snapshot.entries.get(agent_id)
         if local is not None:
             local.revision = max(local.revision, self.revision)
-            self._remove(local)
-            self._emit(RegistryEvent.DEREGISTERED, local)
+            self.snapshot.remove(local, RegistryEvent.DEREGISTERED)
 
     # -- shared failure knowledge ------------------------------------------------------------
 
@@ -812,10 +811,10 @@ class EtcdRegistry(MemoryRegistry):
 
     def _apply_failure(self, kv: KeyValue) -> None:
         agent_id, _, router = kv.key[len(self.keys.health) :].partition("/")
-        if router == self.router or agent_id not in self._entries:
+        if router == self.router or agent_id not in self.snapshot.entries:
             return
         record = self._decode(kv) or {}
-        self._emit_failure(agent_id, str(record.get("reason", "failing")), router)
+        self.snapshot.emit_failure(agent_id, str(record.get("reason", "failing")), router)
 
     # -- learned routes ----------------------------------------------------------------------
 
@@ -826,7 +825,7 @@ class EtcdRegistry(MemoryRegistry):
         if deleted:
             if known is not None:
                 del self._learned_keys[kv.key]
-                self._drop_learned(known[0])
+                self.snapshot.drop_learned(known[0])
             return
         record = self._decode(kv) or {}
         try:
@@ -836,16 +835,16 @@ class EtcdRegistry(MemoryRegistry):
         except (KeyError, TypeError, ValueError):
             log.warning("[registry] skipping %s: not a learned route", kv.key)
             return
-        self._learned_keys[kv.key] = (self._keep(route), kv.mod_revision)
+        self._learned_keys[kv.key] = (self.snapshot.keep(route), kv.mod_revision)
 
     async def remember(self, phrase: str, task: str, source: str, *, limit: int) -> LearnedRoute:
-        route = LearnedRoute(phrase, task, source, self._now())
+        route = LearnedRoute(phrase, task, source, self._clock.time())
         phrase_key = normalize_phrase(phrase)
         key = self.keys.learned_route(phrase_key)
         value = orjson.dumps({**route.to_json(), "router": self.router})
         # The bound holds across Routers: whoever writes past it removes the oldest.
-        room = limit if phrase_key in self._learned else limit - 1
-        victims = [old for old in self._excess(room) if old != phrase_key]
+        room = limit if phrase_key in self.snapshot.learned else limit - 1
+        victims = [old for old in self.snapshot.excess(room) if old != phrase_key]
         try:
             revision = await self.client.put(key, value, deadline=self._deadline())
             for old in victims:
@@ -876,7 +875,7 @@ class EtcdRegistry(MemoryRegistry):
         if deleted:
             if known is not None:
                 del self._negative_keys[kv.key]
-                self._negatives.pop(known[0], None)
+                self.snapshot.drop_negative(known[0])
             return
         record = self._decode(kv) or {}
         try:
@@ -886,15 +885,15 @@ class EtcdRegistry(MemoryRegistry):
         except (KeyError, TypeError, ValueError):
             log.warning("[registry] skipping %s: not a learned negative", kv.key)
             return
-        self._negative_keys[kv.key] = (self._keep_negative(route), kv.mod_revision)
+        self._negative_keys[kv.key] = (self.snapshot.keep_negative(route), kv.mod_revision)
 
     async def remember_negative(self, phrase: str, task: str, source: str, *, limit: int) -> LearnedRoute:
-        route = LearnedRoute(phrase, task, source, self._now())
+        route = LearnedRoute(phrase, task, source, self._clock.time())
         pair = (normalize_phrase(phrase), task)
         key = self.keys.negative(*pair)
         value = orjson.dumps({**route.to_json(), "router": self.router})
-        room = limit if pair in self._negatives else limit - 1
-        victims = [old for old in self._excess_negatives(room) if old != pair]
+        room = limit if pair in self.snapshot.negatives else limit - 1
+        victims = [old for old in self.snapshot.excess_negatives(room) if old != pair]
         try:
             revision = await self.client.put(key, value, deadline=self._deadline())
             for old in victims:
@@ -928,7 +927,7 @@ class EtcdRegistry(MemoryRegistry):
         return self._blocks.get((quote(model, safe=""), agent_id))
 
     def publish_vectors(self, model: str, agent_id: str, block: bytes) -> None:
-        entry = self._entries.get(agent_id)
+        entry = self.snapshot.entries.get(agent_id)
         if not self.policy.etcd.share_vectors or entry is None or not entry.backend_lease:
             return
         self._blocks[(quote(model, safe=""), agent_id)] = block
