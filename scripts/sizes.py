@@ -17,7 +17,6 @@ MAX_CLASS = 400
 
 # (path under src/, qualified name) -> lines today. Remove an entry once it is under the limit.
 KNOWN: dict[tuple[str, str], int] = {
-    ("reachmesh/registry/etcd.py", "EtcdRegistry"): 820,
     ("reachmesh/cli/semantic.py", "calibrate"): 99,
     ("reachmesh/server/openapi.py", "_admin_paths"): 95,
     ("reachmesh/server/admin.py", "AdminApi"): 419,
