@@ -28,7 +28,7 @@ from reachmesh.registry.entry import (
     normalize_phrase,
     same_registrant,
 )
-from reachmesh.registry.snapshot import Snapshot
+from reachmesh.registry.snapshot import EMPTY, Snapshot
 
 __all__ = [
     "AgentEntry",
@@ -58,24 +58,28 @@ class Registry(abc.ABC):
 
     def __init__(self, snapshot: Snapshot | None = None) -> None:
         self.snapshot = snapshot if snapshot is not None else Snapshot()
+        # The snapshot's own dicts, read here without a call through it: the Router reads them
+        # several times per request.
+        self._entries = self.snapshot.entries
+        self._index = self.snapshot.index
 
     # -- reads: the snapshot, no I/O ----------------------------------------------------------
 
     def get(self, agent_id: str) -> AgentEntry | None:
         """The entry for ``agent_id`` from the local snapshot."""
-        return self.snapshot.get(agent_id)
+        return self._entries.get(agent_id)
 
     def agents(self) -> list[AgentEntry]:
         """Every entry, offline ones included until their grace period ends."""
-        return self.snapshot.agents()
+        return list(self._entries.values())
 
     def tasks(self) -> Collection[str]:
         """Every task some entry declares."""
-        return self.snapshot.tasks()
+        return self._index.keys()
 
     def by_task(self, task: str) -> Collection[AgentEntry]:
         """The entries that declare ``task``, from the task index (no scan)."""
-        return self.snapshot.by_task(task)
+        return self._index.get(task, EMPTY).values()
 
     def learned(self) -> Mapping[str, LearnedRoute]:
         """Every learned route, by normalized phrase (a snapshot read: no I/O)."""

@@ -31,15 +31,17 @@ from reachmesh.secrets import loggable
 
 log = logging.getLogger("reachmesh.registry")
 
-_EMPTY: dict[str, AgentEntry] = {}
+EMPTY: dict[str, AgentEntry] = {}
 
 
 class Snapshot:
     """Entries by id, the task index, the learned routes and negatives, and their listeners."""
 
     def __init__(self) -> None:
-        self.entries: dict[str, AgentEntry] = {}
-        self._by_task: dict[str, dict[str, AgentEntry]] = {}
+        self.entries: dict[str, AgentEntry] = {}  # never rebound either
+        # Task -> the entries declaring it, by id. Never rebound, only changed in place: the
+        # registry reads it directly on the hot path.
+        self.index: dict[str, dict[str, AgentEntry]] = {}
         # Learned routes by normalized phrase, in the order they were (re)confirmed.
         self.learned: dict[str, LearnedRoute] = {}
         # Learned negatives by (normalized phrase, task): that capability declined that phrase.
@@ -57,10 +59,10 @@ class Snapshot:
         return list(self.entries.values())
 
     def by_task(self, task: str) -> Collection[AgentEntry]:
-        return self._by_task.get(task, _EMPTY).values()
+        return self.index.get(task, EMPTY).values()
 
     def tasks(self) -> Collection[str]:
-        return self._by_task.keys()
+        return self.index.keys()
 
     # -- listeners ---------------------------------------------------------------------------
 
@@ -90,7 +92,7 @@ class Snapshot:
             self._unindex(current)
         self.entries[entry.id] = entry
         for task in entry.capabilities:
-            self._by_task.setdefault(task, {})[entry.id] = entry
+            self.index.setdefault(task, {})[entry.id] = entry
         self.emit(RegistryEvent.REPLACED if replacing else RegistryEvent.REGISTERED, entry)
 
     def remove(self, entry: AgentEntry, event: RegistryEvent | None = None) -> None:
@@ -103,11 +105,11 @@ class Snapshot:
 
     def _unindex(self, entry: AgentEntry) -> None:
         for task in entry.capabilities:
-            holders = self._by_task.get(task)
+            holders = self.index.get(task)
             if holders is not None and holders.get(entry.id) is entry:
                 del holders[entry.id]
                 if not holders:
-                    del self._by_task[task]
+                    del self.index[task]
 
     def changed(self, entry: AgentEntry) -> None:
         """Derive ``entry``'s status again after its lease or health state moved; tell on change."""
