@@ -16,9 +16,7 @@ MAX_FUNCTION = 60
 MAX_CLASS = 400
 
 # (path under src/, qualified name) -> lines today. Remove an entry once it is under the limit.
-KNOWN: dict[tuple[str, str], int] = {
-    ("reachmesh/registry/etcd.py", "EtcdRegistry"): 820,
-}
+KNOWN: dict[tuple[str, str], int] = {}
 
 
 def oversized(path: Path, relative: str) -> list[tuple[str, str, int, int]]:

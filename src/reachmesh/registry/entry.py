@@ -1,0 +1,193 @@
+"""What the registry holds: an agent's entry, a learned route, and the rules that compare them.
+
+Plain data and pure functions, shared by the snapshot and both backends.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import unicodedata
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from reachmesh.clock import iso_utc
+from reachmesh.protocol import AgentProfile, AgentStatusValue, Capability
+from reachmesh.schema import PayloadValidator
+from reachmesh.secrets import fingerprint
+
+
+class RegistryEvent(StrEnum):
+    """What happened to an entry; listeners (metrics, logs, routing state) subscribe to these."""
+
+    REGISTERED = "registered"
+    REPLACED = "replaced"
+    SUSPECT = "suspect"
+    UNHEALTHY = "unhealthy"
+    AVAILABLE = "available"
+    OFFLINE = "offline"
+    DEREGISTERED = "deregistered"
+    REMOVED = "removed"
+
+
+@dataclass(slots=True, eq=False)
+class AgentEntry:
+    """One registered agent as the Router sees it."""
+
+    profile: AgentProfile
+    lease_id: str
+    ttl_seconds: float
+    last_heartbeat: float  # monotonic, to decide with
+    last_heartbeat_wall: float  # epoch seconds, to show
+    expires_at: float  # monotonic
+    # Two sources of truth, one status: the lease (available, suspect, offline) and the health
+    # checks (available, suspect, unhealthy). `status` is derived by refresh_status().
+    status: AgentStatusValue = AgentStatusValue.AVAILABLE
+    lease_status: AgentStatusValue = AgentStatusValue.AVAILABLE
+    health_status: AgentStatusValue = AgentStatusValue.AVAILABLE
+    offline_since: float | None = None
+    capabilities: dict[str, Capability] = field(default_factory=dict)
+    validators: dict[str, PayloadValidator | None] = field(default_factory=dict)
+    # The registrant's instance token (``instanceId``): a retry from the same process gets its
+    # lease back instead of a 409. It is a credential, so it stays out of repr() and of logs.
+    instance_id: str | None = field(default=None, repr=False)
+    # Who registered it: the agent token's fingerprint (``registry.max_agents_per_token``).
+    holder: str | None = None
+    # Shared backends keep no secrets in the store: the SHA-256 of the lease and of the instance
+    # token stand in for them, so any Router can check a renewal it did not grant.
+    lease_digest: str = field(default="", repr=False)
+    instance_digest: str | None = field(default=None, repr=False)
+    # The lease's fingerprint, the same on every Router (the lease itself may be unknown here).
+    lease_tag: str = "-"
+    # Where the entry came from in a shared store (0 for the in-memory registry).
+    revision: int = 0
+    backend_lease: int = 0
+    # A managed entry has no lease to keep: an admin registered it on the agent's behalf (an
+    # imported A2A agent), it never expires by time, and its liveness is the health checks'.
+    managed: bool = False
+
+    # Copies of the profile's id, endpoint and wire protocol as plain attributes: they are read
+    # several times per candidate on every request, and a property through the profile costs.
+    id: str = field(init=False)
+    endpoint: str = field(init=False)
+    protocol: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.id = self.profile.id
+        self.endpoint = self.profile.network.endpoint
+        if self.lease_id:
+            self.lease_digest = self.lease_digest or digest(self.lease_id)
+            self.lease_tag = fingerprint(self.lease_id)
+        if self.instance_id is not None and self.instance_digest is None:
+            self.instance_digest = digest(self.instance_id)
+        self.protocol = self.profile.network.protocol
+
+    @property
+    def routable(self) -> bool:
+        """Available or suspect: suspect agents are kept as a last resort."""
+        return self.status is AgentStatusValue.AVAILABLE or self.status is AgentStatusValue.SUSPECT
+
+    @property
+    def last_heartbeat_iso(self) -> str:
+        return iso_utc(self.last_heartbeat_wall)
+
+    def refresh_status(self) -> bool:
+        """Derive ``status`` from the lease and health states; True when it changed."""
+        if self.lease_status is AgentStatusValue.OFFLINE:
+            status = AgentStatusValue.OFFLINE
+        elif self.health_status is AgentStatusValue.UNHEALTHY:
+            status = AgentStatusValue.UNHEALTHY
+        elif AgentStatusValue.SUSPECT in (self.lease_status, self.health_status):
+            status = AgentStatusValue.SUSPECT
+        else:
+            status = AgentStatusValue.AVAILABLE
+        changed = status is not self.status
+        self.status = status
+        return changed
+
+
+@dataclass(slots=True, frozen=True)
+class LearnedRoute:
+    """A phrase confirmed for a task: by a caller's successful explicit retry, or by an operator."""
+
+    phrase: str  # as it was confirmed; routes match it normalized (normalize_phrase)
+    task: str
+    source: str  # "caller" or "operator"
+    at: float  # epoch seconds of the (latest) confirmation
+
+    def to_json(self) -> dict[str, object]:
+        return {"phrase": self.phrase, "task": self.task, "source": self.source, "at": self.at}
+
+
+_SPACES = re.compile(r"\s+")
+
+
+def normalize_phrase(text: str) -> str:
+    """The form a learned phrase is matched in: NFKC (full-width and half-width alike), casefolded,
+    runs of whitespace as one space, no space at either end. "Where is  MY parcel" and
+    "where is my parcel" are one phrase; a paraphrase is not (the semantic index serves those)."""
+    return _SPACES.sub(" ", unicodedata.normalize("NFKC", text).casefold()).strip()
+
+
+Listener = Callable[[RegistryEvent, AgentEntry], None]
+# (normalized phrase, the route, or None when it was forgotten or evicted).
+LearnedListener = Callable[[str, "LearnedRoute | None"], None]
+# (agent id, reason, reporting Router): another Router saw the agent fail (shared backends only).
+FailureListener = Callable[[str, str, str], None]
+
+
+def digest(secret: str) -> str:
+    """The SHA-256 hex digest that stands in for a lease or an instance token in a shared store."""
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def holds_lease(entry: AgentEntry, lease_id: str) -> bool:
+    """Whether ``lease_id`` is the entry's lease, compared in constant time."""
+    return hmac.compare_digest(entry.lease_digest.encode(), digest(lease_id).encode())
+
+
+def compile_capabilities(
+    profile: AgentProfile,
+) -> tuple[dict[str, Capability], dict[str, PayloadValidator | None]]:
+    """Index a profile's capabilities by task and compile their input schemas once."""
+    caps = {cap.task: cap for cap in profile.capabilities}
+    validators = {
+        cap.task: PayloadValidator(cap.input_schema) if cap.input_schema else None
+        for cap in profile.capabilities
+    }
+    return caps, validators
+
+
+def same_registrant(entry: AgentEntry, profile: AgentProfile, instance_id: str | None) -> bool:
+    """Whether a registration comes from the process that holds ``entry``: same token and endpoint."""
+    if instance_id is None or entry.instance_digest is None:
+        return False
+    # Constant time: the token is a credential, and a timing oracle would let it be guessed.
+    same_token = hmac.compare_digest(entry.instance_digest.encode(), digest(instance_id).encode())
+    return same_token and entry.endpoint == profile.network.endpoint
+
+
+class Claim(StrEnum):
+    """What a registration does to the id it names."""
+
+    NEW = "new"  # no live holder: a new lease
+    IN_PLACE = "in place"  # the holder itself (its lease, or its instance token): the lease stays
+    TAKEOVER = "takeover"  # a holder known dead: a new lease, and the old one ends
+
+
+def dead_holder(entry: AgentEntry, profile: AgentProfile) -> str | None:
+    """Why the live ``entry`` may be taken over by ``profile``'s registrant, or None when not.
+
+    The same endpoint means the same instance restarting (one process can listen there, and a
+    restart gets a new instance token); a holder the Router's own health probes mark down (its
+    last probe failed) is not serving. Two live instances at different endpoints are neither.
+    """
+    if entry.managed:
+        return None  # an admin's entry: only an admin's registration with its lease replaces it
+    if entry.endpoint == profile.network.endpoint:
+        return "the same endpoint (a restart)"
+    if entry.health_status is not AgentStatusValue.AVAILABLE:
+        return f"its health checks failing ({entry.health_status.value})"
+    return None

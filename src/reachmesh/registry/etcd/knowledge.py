@@ -1,0 +1,202 @@
+"""What the Routers tell each other through etcd: learned routes and negatives, capability
+vectors, and which agents fail. Each Router writes its own; the watch brings everyone else's."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from urllib.parse import quote
+
+import orjson
+
+from reachmesh.exceptions import RegistryUnavailable
+from reachmesh.registry.entry import AgentEntry, LearnedRoute, normalize_phrase
+from reachmesh.registry.etcd.health import Health
+from reachmesh.registry.etcd.records import decode, read_route, route_value
+from reachmesh.registry.etcd.shared import Shared
+from reachmesh.registry.etcdclient import EtcdRejected, KeyValue
+
+log = logging.getLogger("reachmesh.registry")
+
+
+def _gone(key: str, revision: int) -> KeyValue:
+    """A deletion of ``key`` at ``revision``, as the watch would bring it."""
+    return KeyValue(key, b"", 0, revision, 0)
+
+
+class SharedKnowledge:
+    """Learned routes, negatives, vector blocks and failure reports, kept in step with etcd."""
+
+    def __init__(self, shared: Shared, health: Health) -> None:
+        self._shared = shared
+        self._health = health
+        self._blocks: dict[tuple[str, str], bytes] = {}
+        self._reported: dict[str, float] = {}
+        # etcd key -> normalized phrase, and the revision applied for it (a watch event of a
+        # write this Router made itself is not applied twice).
+        self._learned_keys: dict[str, tuple[str, int]] = {}
+        self._negative_keys: dict[str, tuple[tuple[str, str], int]] = {}
+
+    # -- from etcd ---------------------------------------------------------------------------
+
+    def reset_blocks(self) -> None:
+        self._blocks.clear()
+
+    def apply_block(self, kv: KeyValue, *, deleted: bool) -> None:
+        model, _, agent_id = kv.key[len(self._shared.keys.vectors) :].partition("/")
+        if not agent_id:
+            return
+        if deleted:
+            self._blocks.pop((model, agent_id), None)
+        else:
+            self._blocks[(model, agent_id)] = kv.value
+
+    def apply_failure(self, kv: KeyValue) -> None:
+        agent_id, _, router = kv.key[len(self._shared.keys.health) :].partition("/")
+        if router == self._shared.router or agent_id not in self._shared.snapshot.entries:
+            return
+        record = decode(kv) or {}
+        self._shared.snapshot.emit_failure(agent_id, str(record.get("reason", "failing")), router)
+
+    def apply_learned(self, kv: KeyValue, *, deleted: bool) -> None:
+        known = self._learned_keys.get(kv.key)
+        if known is not None and known[1] >= kv.mod_revision and not deleted:
+            return  # this Router wrote it already
+        if deleted:
+            if known is not None:
+                del self._learned_keys[kv.key]
+                self._shared.snapshot.drop_learned(known[0])
+            return
+        route = read_route(kv, "learned route")
+        if route is not None:
+            self._learned_keys[kv.key] = (self._shared.snapshot.keep(route), kv.mod_revision)
+
+    def apply_negative(self, kv: KeyValue, *, deleted: bool) -> None:
+        known = self._negative_keys.get(kv.key)
+        if known is not None and known[1] >= kv.mod_revision and not deleted:
+            return  # this Router wrote it already
+        if deleted:
+            if known is not None:
+                del self._negative_keys[kv.key]
+                self._shared.snapshot.drop_negative(known[0])
+            return
+        route = read_route(kv, "learned negative")
+        if route is not None:
+            self._negative_keys[kv.key] = (self._shared.snapshot.keep_negative(route), kv.mod_revision)
+
+    def forget_missing(self, present: set[str], revision: int) -> None:
+        """After a full read: drop what was forgotten while this Router was not watching."""
+        for key in [k for k in self._learned_keys if k not in present]:
+            self.apply_learned(_gone(key, revision), deleted=True)
+        for key in [k for k in self._negative_keys if k not in present]:
+            self.apply_negative(_gone(key, revision), deleted=True)
+
+    # -- learned routes and negatives --------------------------------------------------------
+
+    async def remember(self, phrase: str, task: str, source: str, *, limit: int) -> LearnedRoute:
+        snapshot = self._shared.snapshot
+        phrase_key = normalize_phrase(phrase)
+        # The bound holds across Routers: whoever writes past it removes the oldest.
+        room = limit if phrase_key in snapshot.learned else limit - 1
+        victims = [old for old in snapshot.excess(room) if old != phrase_key]
+        return await self._learn(
+            LearnedRoute(phrase, task, source, self._shared.clock.time()),
+            self._shared.keys.learned_route(phrase_key),
+            [self._shared.keys.learned_route(old) for old in victims],
+            self.apply_learned,
+        )
+
+    async def remember_negative(self, phrase: str, task: str, source: str, *, limit: int) -> LearnedRoute:
+        snapshot = self._shared.snapshot
+        pair = (normalize_phrase(phrase), task)
+        room = limit if pair in snapshot.negatives else limit - 1
+        victims = [old for old in snapshot.excess_negatives(room) if old != pair]
+        return await self._learn(
+            LearnedRoute(phrase, task, source, self._shared.clock.time()),
+            self._shared.keys.negative(*pair),
+            [self._shared.keys.negative(*old) for old in victims],
+            self.apply_negative,
+        )
+
+    async def _learn(
+        self, route: LearnedRoute, key: str, victims: list[str], apply: Callable[..., None]
+    ) -> LearnedRoute:
+        """Write ``route`` under ``key`` and delete the ``victims`` past the bound, then apply both."""
+        client, deadline = self._shared.client, self._health.deadline()
+        value = route_value(route, self._shared.router)
+        try:
+            revision = await client.put(key, value, deadline=deadline)
+            for old in victims:
+                await client.delete(old, deadline=deadline)
+        except EtcdRejected as exc:
+            raise self._health.refused_call(exc, "the write", write=True) from exc
+        apply(KeyValue(key, value, 0, revision, 0), deleted=False)
+        for old in victims:
+            apply(_gone(old, revision), deleted=True)
+        return route
+
+    async def forget(self, phrase: str) -> bool:
+        key = self._shared.keys.learned_route(normalize_phrase(phrase))
+        return await self._delete(key, self._learned_keys, self.apply_learned)
+
+    async def forget_negative(self, phrase: str, task: str) -> bool:
+        key = self._shared.keys.negative(normalize_phrase(phrase), task)
+        return await self._delete(key, self._negative_keys, self.apply_negative)
+
+    async def _delete(self, key: str, known_keys: Mapping[str, object], apply: Callable[..., None]) -> bool:
+        """Delete ``key`` and apply that; whether it was there (in etcd, or known here)."""
+        try:
+            deleted = await self._shared.client.delete(key, deadline=self._health.deadline())
+        except EtcdRejected as exc:
+            raise self._health.refused_call(exc, "the write", write=True) from exc
+        known = key in known_keys
+        apply(_gone(key, self._shared.revision), deleted=True)
+        return bool(deleted) or known
+
+    # -- failure reports ---------------------------------------------------------------------
+
+    def report_failure(self, agent_id: str, reason: str) -> None:
+        shared = self._shared
+        now = shared.clock.monotonic()
+        ttl = shared.policy.etcd.failure_ttl_seconds
+        if now - self._reported.get(agent_id, -1e9) < ttl / 2:
+            return  # the others already know; the key is still alive
+        self._reported[agent_id] = now
+        if len(self._reported) > 4 * shared.policy.max_agents:
+            self._reported.clear()  # bounded: forgetting only means one more report
+        shared.background.spawn(self._publish_failure(agent_id, reason, ttl), "report")
+
+    async def _publish_failure(self, agent_id: str, reason: str, ttl: int) -> None:
+        shared = self._shared
+        value = orjson.dumps({"router": shared.router, "reason": reason, "at": shared.clock.time()})
+        deadline = shared.policy.etcd.attempt_timeout_seconds
+        try:
+            lease = await shared.client.grant(ttl, deadline=deadline)
+            await shared.client.put(
+                shared.keys.failure(agent_id, shared.router), value, lease=lease, deadline=deadline
+            )
+        except (RegistryUnavailable, EtcdRejected) as exc:
+            log.debug("[registry] could not share that %s fails: %s", agent_id, exc)
+
+    # -- capability vectors ------------------------------------------------------------------
+
+    def vectors_for(self, model: str, agent_id: str) -> bytes | None:
+        if not self._shared.policy.etcd.share_vectors:
+            return None
+        return self._blocks.get((quote(model, safe=""), agent_id))
+
+    def publish_vectors(self, model: str, agent_id: str, block: bytes) -> None:
+        entry = self._shared.snapshot.entries.get(agent_id)
+        if not self._shared.policy.etcd.share_vectors or entry is None or not entry.backend_lease:
+            return
+        self._blocks[(quote(model, safe=""), agent_id)] = block
+        self._shared.background.spawn(self._put_block(model, entry, block), "vectors")
+
+    async def _put_block(self, model: str, entry: AgentEntry, block: bytes) -> None:
+        try:
+            # On the agent's lease: the vectors leave etcd when the agent does.
+            await self._shared.client.put(
+                self._shared.keys.vector_block(model, entry.id), block, lease=entry.backend_lease
+            )
+        except (RegistryUnavailable, EtcdRejected) as exc:
+            log.debug("[registry] could not share the vectors of %s: %s", entry.id, exc)
