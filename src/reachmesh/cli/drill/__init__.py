@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import os
 import signal
 import tempfile
@@ -28,6 +27,7 @@ from reachmesh.cli.drill.report import as_json, prepare, write
 from reachmesh.cli.drill.scenarios import SCENARIOS, Result, Settings, Stage
 from reachmesh.config import RouterConfig
 from reachmesh.exceptions import ConfigError
+from reachmesh.ports import is_loopback
 from reachmesh.yamlfile import read_yaml
 
 ALL = ["latency", "crash", "storm", "breaker", "partition"]
@@ -181,20 +181,11 @@ def _check_flags(
             fail(f"--router {router!r} is not a URL")
         if parts.scheme not in ("http", "https") or not host:
             fail(f"--router {router!r} is not a URL: give http(s)://host:port")
-        if _is_loopback(agent_host) and not _is_loopback(host):
+        if is_loopback(agent_host) and not is_loopback(host):
             fail(
                 f"the drill's agents listen on {agent_host}, which the Router at {host} cannot reach: "
                 "give --agent-host an address of this machine that the Router can reach"
             )
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _scenarios(given: list[str]) -> list[str]:
