@@ -60,9 +60,9 @@ class Server:
 async def serve() -> AsyncIterator[Callable[[Handler], Awaitable[tuple[Server, str]]]]:
     servers: list[asyncio.Server] = []
 
-    async def start(handler: Handler) -> tuple[Server, str]:
+    async def start(handler: Handler, port: int = 0) -> tuple[Server, str]:
         server = Server(handler)
-        listener = await asyncio.start_server(server._serve, "127.0.0.1", 0)
+        listener = await asyncio.start_server(server._serve, "127.0.0.1", port)
         servers.append(listener)
         port = listener.sockets[0].getsockname()[1]
         return server, f"http://127.0.0.1:{port}/reach"
@@ -286,11 +286,20 @@ async def test_a_black_holed_first_address_costs_a_head_start_not_the_connect_ti
         await read_request(reader)
         writer.write(answer(OK))
 
-    server, url = await serve(ok)
-    port = int(url.split(":")[2].split("/")[0])
     # A listener on another loopback address whose accept queue is full: a connect to it hangs.
-    hole = socket.socket()
-    hole.bind(("127.0.0.2", port))
+    # Both addresses need the same port: the hole takes a free one first and the server that
+    # one on 127.0.0.1 (another process of the suite may hold it there: then another pair).
+    for _ in range(20):
+        hole = socket.socket()
+        hole.bind(("127.0.0.2", 0))
+        port = hole.getsockname()[1]
+        try:
+            server, _url = await serve(ok, port)
+            break
+        except OSError:
+            hole.close()
+    else:
+        raise AssertionError("no port free on both 127.0.0.1 and 127.0.0.2 in 20 tries")
     hole.listen(0)
     fillers = []
     for _ in range(3):
