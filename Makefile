@@ -20,13 +20,13 @@ demo: install
 
 test: install
 	scripts/test-deps
-	$(BIN)/python -m pytest -q -n 2
+	$(BIN)/python -m pytest -q -n 2 --maxschedchunk 2
 
 # The core suite only: no etcd clusters, fuzzing, held-out semantic evaluation, framework bridges
 # or browser, or the wheel installed into a fresh venv, or end-to-end runs of Router and agent
 # processes (`make test` runs them all).
 test-fast: install
-	$(BIN)/python -m pytest -q -n 2 -m "not etcd and not fuzz and not semantic_eval and not integrations and not browser and not packaging and not drill and not e2e"
+	$(BIN)/python -m pytest -q -n 2 --maxschedchunk 2 -m "not etcd and not fuzz and not semantic_eval and not integrations and not browser and not packaging and not drill and not e2e"
 
 check: install
 	scripts/check

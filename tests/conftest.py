@@ -28,6 +28,35 @@ RouterServer.defaults = {
 }
 
 
+# The slowest suites first, so that every worker is busy until the end instead of one finishing
+# a long drill or pip install while the others idle (xdist hands out tests in this order). The
+# first packaging test builds the wheel and venv that the module's other tests wait for and share
+# (tests/test_packaging.py): those go after the drills, by when the build is done.
+SLOW_FIRST = (
+    "packaging",
+    "drill",
+    "packaging-rest",
+    "semantic_eval",
+    "etcd",
+    "integrations",
+    "browser",
+    "e2e",
+    "fuzz",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    builder = next((item for item in items if item.get_closest_marker("packaging")), None)
+
+    def rank(item: pytest.Item) -> int:
+        marks = {mark.name for mark in item.iter_markers()}
+        if "packaging" in marks and item is not builder:
+            marks = {"packaging-rest"}
+        return next((i for i, name in enumerate(SLOW_FIRST) if name in marks), len(SLOW_FIRST))
+
+    items.sort(key=rank)  # stable: a module's tests stay together, in their own order
+
+
 def pytest_report_header() -> str:
     return f"REACH_TEST_TIME_SCALE={TIME_SCALE:g} (deadlines of polls and process waits)"
 

@@ -10,6 +10,7 @@ wheel's own ``reach`` command starts.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
@@ -48,11 +49,15 @@ def run(args: list[str], *, cwd: Path, timeout: float, env: dict[str, str] | Non
     return done.stdout
 
 
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
-    work = tmp_path_factory.mktemp("packaging")
+def into(venv: Path) -> list[str]:
+    """pip's options that point it at ``venv`` (which has no pip of its own)."""
+    return ["--python", str(venv / "bin" / "python")]
+
+
+def build(work: Path) -> tuple[Path, Path]:
+    """The wheel, built from a copy of the sources, and a fresh venv with it installed: (venv, wheel)."""
     source = work / "source"
-    source.mkdir()
+    source.mkdir(parents=True)
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(ROOT / name, source / name)
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "*.pyc")
@@ -63,16 +68,34 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     (wheel,) = dist.glob("*.whl")
     venv = work / "venv"
     # The venv module of the interpreter running the tests: a venv of its base Python, no
-    # --system-site-packages, so nothing of the test environment leaks in.
-    run([sys.executable, "-m", "venv", str(venv)], cwd=work, timeout=120)
+    # --system-site-packages, so nothing of the test environment leaks in. The suite's own pip
+    # installs into it (--python): a pip of its own and byte-compiling every dependency would
+    # cost half a minute and prove nothing about the wheel's metadata.
+    run([sys.executable, "-m", "venv", "--without-pip", str(venv)], cwd=work, timeout=120)
     run(
-        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", f"{wheel}[langgraph]"],
+        [*pip, *into(venv), "install", "-q", "--no-compile", f"{wheel}[langgraph]"],
         cwd=work,
         timeout=PIP_TIMEOUT_S,
     )
-    elsewhere = work / "elsewhere"
-    elsewhere.mkdir()
-    return Installed(venv, wheel, elsewhere)
+    return venv, wheel
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Installed:
+    # Under xdist the workers' temporary folders share a parent for this run: the first worker
+    # here builds the wheel and venv in it, and a worker that draws another test of this module
+    # waits for that build and uses it rather than building its own.
+    base = tmp_path_factory.getbasetemp()
+    shared = base if worker_id == "master" else base.parent
+    work = shared / "packaging"
+    with (shared / "packaging.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (work / "built").exists():
+            shutil.rmtree(work, ignore_errors=True)  # what a failed build left
+            build(work)
+            (work / "built").touch()
+    (wheel,) = (work / "dist").glob("*.whl")
+    return Installed(work / "venv", wheel, tmp_path_factory.mktemp("elsewhere"))
 
 
 class Services:
@@ -167,7 +190,7 @@ def services(installed: Installed) -> Iterator[Services]:
 @pytest.mark.timeout(2 * PIP_TIMEOUT_S)
 def test_the_wheel_installs_reachmesh_and_nothing_else(installed: Installed) -> None:
     """Distribution and import name are reachmesh; no agent_reach module; `reach` runs."""
-    pip_show = [installed.bin("python"), "-m", "pip", "show", "reachmesh"]
+    pip_show = [sys.executable, "-m", "pip", *into(installed.venv), "show", "reachmesh"]
     shown = run(pip_show, cwd=installed.elsewhere, timeout=60)
     assert re.search(r"^Name: reachmesh$", shown, re.MULTILINE), shown
     assert installed.wheel.name.startswith("reachmesh-")
