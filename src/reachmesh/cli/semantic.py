@@ -7,7 +7,6 @@ from collections.abc import Awaitable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
-import numpy as np
 import orjson
 import typer
 from rich.table import Table
@@ -79,6 +78,8 @@ def _print_phrases(phrases: list[Any]) -> None:
 
 
 def _print_distributions(distributions: dict[str, list[float]]) -> None:
+    import numpy as np  # here, not at the top: every other command of `reach` starts without numpy
+
     for name, values in distributions.items():
         if values:
             qs = np.percentile(values, [0, 25, 50, 75, 100])
