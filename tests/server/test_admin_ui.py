@@ -72,11 +72,22 @@ async def test_the_page_and_its_files_carry_a_strict_csp(http: httpx.AsyncClient
         assert resp.headers["x-content-type-options"] == "nosniff", path
         assert resp.headers["x-frame-options"] == "DENY", path
     assert (await http.get("/admin/ui/app.css")).headers["content-type"] == "text/css; charset=utf-8"
-    for missing in ("/admin/ui/index.html", "/admin/ui/nope.js", "/admin/ui/", "/admin/ui/app.js/x"):
+    for missing in ("/admin/ui/index.html", "/admin/ui/nope.js", "/admin/ui/app.js/x"):
         resp = await http.get(missing)
         assert resp.status_code == 404, missing
         assert resp.json()["error"]["code"] == "NOT_FOUND"
     assert (await http.post("/admin/ui")).status_code == 405
+
+
+async def test_the_address_with_a_slash_leads_to_the_page(http: httpx.AsyncClient) -> None:
+    """/admin/ui/ (as people type it) redirects to /admin/ui, where the page's relative file
+    names resolve, with a relative Location that survives a proxy's path prefix."""
+    resp = await http.get("/admin/ui/")
+    assert resp.status_code == 308 and resp.headers["location"] == "../ui"
+    assert str(resp.url.join(resp.headers["location"])).endswith("/admin/ui")
+    followed = await http.get("/admin/ui/", follow_redirects=True)
+    assert followed.status_code == 200 and followed.url.path == "/admin/ui"
+    assert followed.text == (ASSETS / "index.html").read_text()
 
 
 def test_the_page_loads_nothing_from_elsewhere() -> None:

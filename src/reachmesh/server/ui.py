@@ -18,7 +18,7 @@ import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from reachmesh.clock import iso_utc
@@ -106,6 +106,7 @@ class AdminUi:
         self.app = Starlette(
             routes=[
                 Route(UI_PATH, self.page, methods=["GET"]),
+                Route(UI_PATH + "/", self.to_page, methods=["GET"]),
                 Route(UI_PATH + "/{name}", self.asset, methods=["GET"]),
                 Route(SUMMARY_PATH, self.summary, methods=["GET"]),
             ],
@@ -128,6 +129,12 @@ class AdminUi:
 
     async def page(self, request: Request) -> Response:
         return Response(self._file("index.html"), media_type=_ASSETS["index.html"], headers=_PAGE_HEADERS)
+
+    async def to_page(self, request: Request) -> Response:
+        # The page's files are named relative to /admin/ui, so under /admin/ui/ they would not
+        # load: the address a person types with a slash goes to the page. A relative Location
+        # keeps working behind a proxy that serves the Router under a path prefix.
+        return RedirectResponse("../ui", status_code=308)
 
     async def asset(self, request: Request) -> Response:
         name = request.path_params["name"]
