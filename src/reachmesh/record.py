@@ -14,6 +14,9 @@ from typing import Any
 from reachmesh.protocol import Status
 from reachmesh.secrets import loggable
 
+# An agent's reason for declining, as listed among the candidates: enough for a sentence.
+DECLINE_MESSAGE_CHARS = 256
+
 
 @dataclass(slots=True)
 class AttemptRecord:
@@ -89,9 +92,11 @@ class DecisionRecord:
         score: float | None = None,
         task: str | None = None,
         limit: str | None = None,
+        message: str | None = None,
     ) -> None:
         """Record a candidate that will not handle the request, why, and for which task (and
-        the declared limit the text hit, for ``declared_limit``)."""
+        the declared limit the text hit, for ``declared_limit``; the agent's own words, for a
+        ``declined``, cut to DECLINE_MESSAGE_CHARS: up to 20 candidates are listed per answer)."""
         item: dict[str, Any] = {"agentId": agent_id, "reason": reason}
         if task is not None:
             item["task"] = task
@@ -99,6 +104,8 @@ class DecisionRecord:
             item["score"] = score
         if limit is not None:
             item["limit"] = limit
+        if message:
+            item["message"] = message[:DECLINE_MESSAGE_CHARS]
         self.rejected.append(item)
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from reachmesh import AgentConfig, Decline, ReachAgent
 from reachmesh.config import RouterConfig
+from reachmesh.record import DECLINE_MESSAGE_CHARS
 from reachmesh.testing import FakeAgent, RouterServer, free_port
 
 
@@ -83,6 +84,9 @@ async def test_every_candidate_declining_is_no_available_handler_with_reason_dec
         assert status == 503 and body["status"] == "NO_AVAILABLE_HANDLER"
         reasons = {c["agentId"]: c["reason"] for c in body["error"]["candidates"]}
         assert reasons == {"no-0": "declined", "no-1": "declined", "no-2": "declined"}
+        # Each agent's own reason reaches the caller, beside the reason code.
+        said = {c["agentId"]: c["message"] for c in body["error"]["candidates"]}
+        assert said == {f"no-{i}": f"no-{i} declines on purpose" for i in range(3)}
         assert "declined" in body["error"]["message"]
         assert [a["outcome"] for a in body["attempts"]] == ["declined"] * 3
     finally:
@@ -105,7 +109,14 @@ async def test_an_accepts_hook_declines_without_running_the_handler(router) -> N
         resp = await http.post("/reach", json={"targetTask": "echo", "payload": {"text": "a refund please"}})
         body = resp.json()
         assert body["status"] == "NO_AVAILABLE_HANDLER"
-        assert body["error"]["candidates"] == [{"agentId": "hooked", "reason": "declined", "task": "echo"}]
+        assert body["error"]["candidates"] == [
+            {
+                "agentId": "hooked",
+                "reason": "declined",
+                "task": "echo",
+                "message": "echo does not take this request",
+            }
+        ]
         resp = await http.post("/reach", json={"targetTask": "echo", "payload": {"text": "hello"}})
         assert resp.json()["status"] == "SUCCESS"
         assert ran == ["hello"]
@@ -140,3 +151,22 @@ async def test_declines_per_request_are_bounded(router) -> None:
     finally:
         for agent in agents:
             await agent.stop()
+
+
+async def test_a_long_decline_reason_is_cut_in_the_candidates(router) -> None:
+    """An agent's reason is listed at most DECLINE_MESSAGE_CHARS long: 20 candidates per answer."""
+    server, http = router
+    wordy = sdk_agent("wordy", server.url, "echo")
+
+    @wordy.capability("echo")
+    async def echo(payload: dict) -> dict:
+        raise Decline("no " * 1000)
+
+    await wordy.start()
+    try:
+        status, body = await reach(http, "echo")
+        (candidate,) = body["error"]["candidates"]
+        assert status == 503 and candidate["reason"] == "declined"
+        assert candidate["message"] == ("no " * 1000)[:DECLINE_MESSAGE_CHARS]
+    finally:
+        await wordy.stop()

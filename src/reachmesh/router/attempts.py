@@ -184,7 +184,7 @@ class AttemptRun:
             if isinstance(exc, Success):
                 return exc
             if isinstance(exc, AgentDeclined):
-                self._declined(choice)
+                self._declined(choice, exc)
                 return None
             if isinstance(exc, AgentRejected) and not exc.retryable:
                 self.record.handler = choice.entry.id
@@ -199,10 +199,12 @@ class AttemptRun:
             self.declined_by = None
             return None
 
-    def _declined(self, choice: Choice) -> None:
-        """Book a decline: the hop is given back to the request's count, and no token is spent."""
+    def _declined(self, choice: Choice, exc: AgentDeclined) -> None:
+        """Book a decline, with the agent's reason: the hop is given back to the request's count,
+        and no token is spent."""
         agent_id = choice.entry.id
-        self.record.reject(agent_id, CandidateReason.DECLINED, choice.score, self.task)
+        message = str(exc.error.get("message") or "")
+        self.record.reject(agent_id, CandidateReason.DECLINED, choice.score, self.task, message=message)
         self.record.declines.append((agent_id, self.task))
         self.attempts_left += 1
         self.declined_by = agent_id
