@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
+    AfterValidator,
     AliasChoices,
     BaseModel,
     BeforeValidator,
@@ -51,7 +52,26 @@ AgentId = Annotated[
 ]
 # The look-alike check runs before the pattern, so a zero-width space is refused by name.
 TaskName = Annotated[str, StringConstraints(pattern=TASK_PATTERN), BeforeValidator(check_task_name)]
-TraceId = Annotated[str, StringConstraints(pattern=TRACE_ID_PATTERN)]
+# "." and ".." fit the pattern but are path segments that every HTTP client resolves away, so
+# GET /reach/{traceId} and GET /admin/traces/{traceId} could never name them.
+_DOT_SEGMENTS = frozenset({".", ".."})
+_TRACE_ID = re.compile(TRACE_ID_PATTERN)
+
+
+def is_trace_id(value: object) -> bool:
+    """Whether ``value`` may be a trace id: the pattern, and not a dot segment."""
+    return isinstance(value, str) and value not in _DOT_SEGMENTS and _TRACE_ID.match(value) is not None
+
+
+def _not_a_dot_segment(value: str) -> str:
+    if value in _DOT_SEGMENTS:
+        raise ValueError(
+            f"{value!r} cannot be named in a URL path (GET /reach/{{traceId}}): choose another traceId"
+        )
+    return value
+
+
+TraceId = Annotated[str, StringConstraints(pattern=TRACE_ID_PATTERN), AfterValidator(_not_a_dot_segment)]
 PrintableText = Annotated[str, StringConstraints(pattern=_PRINTABLE, max_length=1024)]
 
 # Timeouts are positive whole milliseconds, at most an hour. Strict: "4000", 4000.5 and true

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import AsyncIterator
 
@@ -52,6 +53,27 @@ async def test_trace_id_from_traceparent(http, make_agent) -> None:
     resp = await reach(http, {"targetTask": "echo"}, headers={"traceparent": parent})
     assert resp.json()["traceId"] == "4bf92f3577b34da6a3ce929d0e0e4736"
     assert agent.headers[-1]["traceparent"].split("-")[1] == "4bf92f3577b34da6a3ce929d0e0e4736"
+
+
+@pytest.mark.parametrize("dots", [".", ".."])
+async def test_a_trace_id_no_url_can_name_is_refused_in_the_body_and_ignored_in_a_header(
+    http, make_agent, dots: str
+) -> None:
+    """'.' and '..' fit the trace id alphabet, but clients resolve them away in a path, so
+    GET /reach/{traceId} and GET /admin/traces/{traceId} could never fetch them."""
+    await make_agent("a")
+    resp = await reach(http, {"targetTask": "echo", "traceId": dots})
+    body = resp.json()
+    assert resp.status_code == 400 and body["error"]["code"] == "INVALID_REQUEST"
+    assert [d["field"] for d in body["error"]["details"]] == ["traceId"]
+    assert "URL path" in body["error"]["details"][0]["message"]
+    resp = await reach(http, {"targetTask": "echo"}, headers={"X-Reach-Trace-Id": dots})
+    chosen = resp.json()["traceId"]
+    assert resp.status_code == 200 and re.fullmatch(r"[0-9a-f]{32}", chosen), chosen
+    assert (await http.get(f"/admin/traces/{chosen}")).status_code == 200
+    for fine in ("...", "a..b", ".hidden"):
+        resp = await reach(http, {"targetTask": "echo", "traceId": fine})
+        assert resp.status_code == 200 and resp.json()["traceId"] == fine
 
 
 async def test_call_by_target_agent(http, make_agent) -> None:

@@ -36,7 +36,7 @@ from reachmesh.exceptions import (
     TraceIdInUse,
     UnknownTask,
 )
-from reachmesh.protocol import TRACE_ID_PATTERN, ReachRequest, error_details
+from reachmesh.protocol import ReachRequest, error_details, is_trace_id
 from reachmesh.record import DecisionRecord, Observer
 from reachmesh.resilience.breaker import BreakerBoard
 from reachmesh.resilience.retry import RetryBudget
@@ -54,7 +54,6 @@ from reachmesh.transport.urlguard import UrlGuard
 
 log = logging.getLogger("reachmesh.dispatcher")
 
-_TRACE_ID = re.compile(TRACE_ID_PATTERN)
 # "at http://10.0.0.5:8080/v1/embeddings" in an embedder's error: dropped before a caller sees it.
 _SERVICE_ADDRESS = re.compile(r" at [A-Za-z][A-Za-z0-9+.-]*://\S+")
 
@@ -433,7 +432,7 @@ def _decode(body: bytes, max_depth: int) -> tuple[ReachRequest, dict[str, Any]]:
 
 
 def _safe_trace_id(value: Any) -> str | None:
-    return value if isinstance(value, str) and _TRACE_ID.match(value) else None
+    return value if is_trace_id(value) else None
 
 
 def _printable(text: str) -> bool:
