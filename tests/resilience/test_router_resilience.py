@@ -86,6 +86,30 @@ async def test_breaker_opens_skips_and_recovers(cluster, caplog: pytest.LogCaptu
     assert (await http.get("/admin/agents/a")).json()["circuit"] == "closed"
 
 
+@pytest.mark.policy({"breaker": {"failure_threshold": 3, "open_seconds": 60}})
+async def test_a_retryable_agent_error_counts_as_a_failure_and_a_final_one_does_not(cluster) -> None:
+    """An agent answering AGENT_ERROR with retryable: true failed where another might not: its
+    success rate falls and its breaker opens, as for a 5xx. One answering a final AGENT_ERROR
+    refused on purpose: that answer goes to the caller, and the agent stays healthy."""
+    _server, http, make = cluster
+    await make("flaky", mode="retryable_error", weight=100)
+    await make("steady", weight=1)
+    for _ in range(3):
+        body = (await http.post("/reach", json={"targetTask": "echo"})).json()
+        assert body["status"] == "SUCCESS" and body["handlerAgentId"] == "steady"
+    flaky = (await http.get("/admin/agents/flaky")).json()
+    assert flaky["circuit"] == "open" and flaky["stats"]["successRate"] == 0.0, flaky
+    skipped = (await http.post("/reach", json={"targetTask": "echo"})).json()
+    assert [a["agentId"] for a in skipped["attempts"]] == ["steady"]
+
+    await make("strict", mode="error", tasks=("check",))
+    for _ in range(4):
+        body = (await http.post("/reach", json={"targetTask": "check"})).json()
+        assert body["status"] == "AGENT_ERROR" and body["error"]["code"] == "FAKE_FAILURE"
+    strict = (await http.get("/admin/agents/strict")).json()
+    assert strict["circuit"] == "closed" and strict["stats"]["successRate"] == 1.0, strict
+
+
 async def test_every_candidate_open_is_no_handler_with_circuit_reasons(cluster) -> None:
     """When every breaker is open the answer is NO_AVAILABLE_HANDLER with circuit_open reasons."""
     _server, http, make = cluster

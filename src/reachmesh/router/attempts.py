@@ -273,8 +273,14 @@ class AttemptRun:
         """Book one attempt: stats, the attempt record, the trace line and the breaker."""
         agent_id, record = choice.entry.id, self.record
         took = round((self.parts.clock.monotonic() - started) * 1000, 2)
-        # An agent that refuses on purpose, or is busy (429), is healthy; it only failed this request.
-        healthy = exc is None or isinstance(exc, AgentRejected | AgentBusy)
+        # An agent that refuses on purpose (a final AGENT_ERROR or a 4xx), declines, or is busy
+        # (429) is healthy; it only did not serve this request. A retryable AGENT_ERROR is the
+        # agent saying it failed where another might not: a failure, like a 5xx.
+        healthy = (
+            exc is None
+            or isinstance(exc, AgentBusy | AgentDeclined)
+            or (isinstance(exc, AgentRejected) and not exc.retryable)
+        )
         if isinstance(exc, AgentBusy) and exc.retry_after_s is not None:
             known = self.busy_retry_after_s
             self.busy_retry_after_s = exc.retry_after_s if known is None else min(known, exc.retry_after_s)
