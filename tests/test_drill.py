@@ -3,10 +3,12 @@ Router started separately with auth on; cleanup on Ctrl-C; one clear line for ea
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -280,3 +282,36 @@ def _plain_web_server() -> Iterator[str]:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_port_taken_before_the_child_binds_it_is_replaced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """free_port() saw the port free, then another process took it before the drill's Router or
+    agent bound it: that child is started again on another port instead of failing the drill."""
+    from reachmesh.cli.drill import fleet
+    from reachmesh.cli.drill.run import drill_policy
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    busy = taken.getsockname()[1]
+    handed = [busy]  # the next port free_port() hands out is the taken one
+    monkeypatch.setattr(fleet, "free_port", lambda: handed.pop() if handed else free_port())
+    own = fleet.OwnRouter(tmp_path, drill_policy("crash"))
+    team = None
+    try:
+        own.wait_ready()
+        assert own.port != busy and own.respawns == 1
+        assert "address already in use" in (tmp_path / "router.log").read_text().lower()
+        team = fleet.Fleet(own.url, None, tmp_path)
+        handed.append(busy)
+        (name,) = team.start(1)
+        asyncio.run(team.wait_registered([name]))
+        agent = team.agents[name]
+        assert agent.respawns == 1 and busy not in (agent.port, agent.health_port)
+    finally:
+        if team is not None:
+            team.cleanup()
+        own.stop()
+        taken.close()

@@ -89,22 +89,42 @@ def _tail(log: Path, lines: int = 5) -> str:
     return " | ".join(text[-lines:])
 
 
+# free_port() hands out a port that was free a moment ago; another process (an outgoing
+# connection's ephemeral port, on a busy host) may take it before the child binds it. Such a
+# child is started again on other ports, a few times, before the drill gives up.
+PORT_RETRIES = 3
+
+
+def port_taken(log: Path) -> bool:
+    """Whether the process writing ``log`` stopped because its port was taken."""
+    return "address already in use" in _tail(log, lines=3).lower()
+
+
 class OwnRouter:
     """A Router the drill starts on a free port, with the policy it is given."""
 
     def __init__(self, workdir: Path, policy: dict[str, Any]) -> None:
         self.policy = policy
+        self.log = workdir / "router.log"
+        self.config = workdir / "router.yaml"
+        self.config.write_text(yaml.safe_dump(policy), encoding="utf-8")
+        self.respawns = 0
+        self._spawn()
+
+    def _spawn(self) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log = workdir / "router.log"
-        config = workdir / "router.yaml"
-        config.write_text(yaml.safe_dump(policy), encoding="utf-8")
-        self.proc = _spawn(["router", "--port", str(self.port), "--config", str(config)], self.log)
+        self.proc = _spawn(["router", "--port", str(self.port), "--config", str(self.config)], self.log)
 
     def wait_ready(self) -> None:
+        """Until the Router answers /healthz; the URL is settled only then (see port_taken)."""
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                if port_taken(self.log) and self.respawns < PORT_RETRIES:
+                    self.respawns += 1
+                    self._spawn()
+                    continue
                 raise ConfigError(f"the drill's Router exited at start: {_tail(self.log)}")
             try:
                 if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
@@ -128,6 +148,7 @@ class DrillAgent:
     log: Path
     proc: subprocess.Popen[bytes] | None = None
     killed: bool = False
+    respawns: int = 0
 
 
 @dataclass
@@ -233,6 +254,11 @@ class Fleet:
     async def _registered(self, http: httpx.AsyncClient, name: str) -> bool:
         agent = self.agents[name]
         if agent.proc is not None and agent.proc.poll() is not None:
+            if port_taken(agent.log) and agent.respawns < PORT_RETRIES:
+                agent.respawns += 1
+                agent.port, agent.health_port = free_port(), free_port()
+                self._start(name)
+                return False
             raise ConfigError(f"drill agent {name} exited at start: {_tail(agent.log)}")
         try:
             resp = await http.get(f"/admin/agents/{name}")
