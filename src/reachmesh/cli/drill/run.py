@@ -12,7 +12,7 @@ import contextlib
 import os
 import signal
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -59,11 +59,14 @@ def _interrupt(signum: int, frame: object) -> None:
     raise Interrupted(signum)
 
 
+_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 @contextlib.contextmanager
 def _signals_interrupt() -> Iterator[None]:
     """Ctrl-C, SIGTERM (a cancelled CI job, ``timeout``) and SIGHUP (a closed terminal) all end the
     drill through its cleanup. Only this entry point changes the process's signal handlers."""
-    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    previous = {sig: signal.signal(sig, _interrupt) for sig in _SIGNALS}
     try:
         yield
     finally:
@@ -74,14 +77,40 @@ def _signals_interrupt() -> Iterator[None]:
 @contextlib.contextmanager
 def _uninterrupted() -> Iterator[None]:
     """Cleanup runs to its end: a second Ctrl-C must not leave agents registered."""
-    previous = {
-        sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    }
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in _SIGNALS}
     try:
         yield
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+async def _interruptible(scenario: Coroutine[Any, Any, Result]) -> Result:
+    """Run a scenario so that a signal ends it as Interrupted. Inside the event loop the signal
+    cancels the scenario's own task: an exception raised by a plain signal handler would land in
+    whichever task happened to run (the load generator, the watcher), be kept there, and let the
+    drill carry on to the end of its duration."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    got: list[int] = []
+
+    def on_signal(signum: int) -> None:
+        got.append(signum)
+        task.cancel()
+
+    for sig in _SIGNALS:
+        loop.add_signal_handler(sig, on_signal, sig)
+    try:
+        return await scenario
+    except asyncio.CancelledError:
+        if got:
+            raise Interrupted(got[0]) from None
+        raise
+    finally:
+        for sig in _SIGNALS:
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, _interrupt)  # back to the drill's own, which removal replaced
 
 
 def start(
@@ -270,7 +299,7 @@ def _start_etcd(workdir: Path, stack: contextlib.ExitStack) -> Any:
 
 def _on(stage: Stage, name: str, started: str) -> Result:
     try:
-        result = asyncio.run(SCENARIOS[name](stage))
+        result = asyncio.run(_interruptible(SCENARIOS[name](stage)))
     finally:
         with _uninterrupted():
             left = stage.fleet.cleanup()
