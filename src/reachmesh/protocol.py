@@ -60,7 +60,7 @@ _TRACE_ID = re.compile(TRACE_ID_PATTERN)
 
 def is_trace_id(value: object) -> bool:
     """Whether ``value`` may be a trace id: the pattern, and not a dot segment."""
-    return isinstance(value, str) and value not in _DOT_SEGMENTS and _TRACE_ID.match(value) is not None
+    return isinstance(value, str) and value not in _DOT_SEGMENTS and _TRACE_ID.fullmatch(value) is not None
 
 
 def _not_a_dot_segment(value: str) -> str:
@@ -71,7 +71,13 @@ def _not_a_dot_segment(value: str) -> str:
     return value
 
 
-TraceId = Annotated[str, StringConstraints(pattern=TRACE_ID_PATTERN), AfterValidator(_not_a_dot_segment)]
+TraceId = Annotated[
+    str,
+    StringConstraints(pattern=TRACE_ID_PATTERN),
+    AfterValidator(_not_a_dot_segment),
+    # The same rule in the JSON Schema, so that a client validating against it agrees.
+    Field(json_schema_extra={"not": {"enum": sorted(_DOT_SEGMENTS)}}),
+]
 PrintableText = Annotated[str, StringConstraints(pattern=_PRINTABLE, max_length=1024)]
 
 # Timeouts are positive whole milliseconds, at most an hour. Strict: "4000", 4000.5 and true
@@ -326,6 +332,11 @@ class ReachRequest(_Envelope):
     preferences: Preferences = Preferences()
 
 
+# The error code an SDK agent answers (retryable) for a task it has no handler for: its
+# registration is older than its code. The Router counts it neither for nor against the agent.
+UNKNOWN_TASK = "UNKNOWN_TASK"
+
+
 class Candidate(_Envelope):
     """One agent that was considered and did not handle the request, and why."""
 
@@ -336,6 +347,8 @@ class Candidate(_Envelope):
     score: float | None = None
     # An addition (v1.2): the declared limit a ``declared_limit`` candidate's text matched.
     limit: str | None = None
+    # An addition: a ``declined`` candidate's own reason, at most 256 characters.
+    message: str | None = None
 
 
 class Suggestion(_Envelope):

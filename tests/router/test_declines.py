@@ -10,6 +10,7 @@ import pytest
 
 from reachmesh import AgentConfig, Decline, ReachAgent
 from reachmesh.config import RouterConfig
+from reachmesh.protocol import ReachResponse
 from reachmesh.record import DECLINE_MESSAGE_CHARS
 from reachmesh.testing import FakeAgent, RouterServer, free_port
 
@@ -87,6 +88,14 @@ async def test_every_candidate_declining_is_no_available_handler_with_reason_dec
         # Each agent's own reason reaches the caller, beside the reason code.
         said = {c["agentId"]: c["message"] for c in body["error"]["candidates"]}
         assert said == {f"no-{i}": f"no-{i} declines on purpose" for i in range(3)}
+        # The SDK's model of the answer keeps it too (the MCP bridge re-dumps that model).
+        parsed = ReachResponse.model_validate(body)
+        assert parsed.error is not None and parsed.error.candidates is not None
+        assert {c.agent_id: c.message for c in parsed.error.candidates} == said
+        assert (
+            parsed.model_dump(by_alias=True, exclude_none=True)["error"]["candidates"]
+            == body["error"]["candidates"]
+        )
         assert "declined" in body["error"]["message"]
         assert [a["outcome"] for a in body["attempts"]] == ["declined"] * 3
     finally:

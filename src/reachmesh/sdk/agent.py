@@ -37,7 +37,7 @@ from reachmesh import jsoncodec
 from reachmesh.clock import SYSTEM_CLOCK
 from reachmesh.deadline import Deadline
 from reachmesh.exceptions import ConfigError, ReachError
-from reachmesh.protocol import ReachResponse
+from reachmesh.protocol import UNKNOWN_TASK, ReachResponse
 from reachmesh.sdk.client import ReachClient
 from reachmesh.sdk.config import AgentConfig, find_config
 from reachmesh.sdk.health import HealthServer
@@ -82,8 +82,9 @@ class Decline(Exception):
     """Raise from a handler to answer ``DECLINED``: this request is not for this agent.
 
     Not an error: the Router tries the next candidate, and the decline never counts against the
-    agent's breaker or success rate. The reason goes into the agent's log; the caller sees the
-    candidate's reason ``declined``.
+    agent's breaker or success rate. The reason goes into the agent's log and to the caller, as
+    the ``message`` of the candidate whose reason is ``declined`` (its first 256 characters):
+    write it for the caller to read, with nothing in it that must stay inside.
     """
 
     def __init__(self, reason: str = "the request is not for this agent") -> None:
@@ -397,9 +398,7 @@ class ReachAgent:
         bound = self._handlers.get(task)
         if bound is None:
             # A stale registration, say: let the Router try another agent.
-            return _answer_error(
-                "UNKNOWN_TASK", f"agent {self.id} has no handler for {task!r}", retryable=True
-            )
+            return _answer_error(UNKNOWN_TASK, f"agent {self.id} has no handler for {task!r}", retryable=True)
         deadline = _deadline_from(request.headers.get("X-Reach-Deadline-Ms"))
         parent = parse_traceparent(request.headers.get("traceparent"))
         ctx = ReachContext(
