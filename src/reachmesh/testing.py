@@ -25,6 +25,7 @@ from reachmesh import jsoncodec
 from reachmesh.clock import ManualClock
 from reachmesh.config import RouterConfig
 from reachmesh.ports import free_port
+from reachmesh.protocol import UNKNOWN_TASK
 from reachmesh.server.app import RouterApp
 from reachmesh.server.asgi import Receive, Scope, Send
 from reachmesh.server.serve import RouterProcess, uvicorn_config
@@ -44,7 +45,7 @@ __all__ = [
 ]
 
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-Mode = Literal["ok", "error", "retryable_error", "http500", "reset", "garbage", "decline"]
+Mode = Literal["ok", "error", "retryable_error", "unknown_task", "http500", "reset", "garbage", "decline"]
 
 
 async def _serve_until_started(server: uvicorn.Server, what: str) -> asyncio.Task[None]:
@@ -279,6 +280,13 @@ class FakeAgent:
         if mode == "decline":
             declined = {"code": "DECLINED", "message": f"{self.agent_id} declines on purpose"}
             return web.json_response({"status": "DECLINED", "error": declined}, status=422)
+        if mode == "unknown_task":  # as an SDK agent whose registration is older than its code
+            error = {
+                "code": UNKNOWN_TASK,
+                "message": f"agent {self.agent_id} has no handler",
+                "retryable": True,
+            }
+            return web.json_response({"status": "AGENT_ERROR", "error": error})
         error = {
             "code": "FAKE_FAILURE",
             "message": f"{self.agent_id} failed on purpose",

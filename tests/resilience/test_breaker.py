@@ -27,6 +27,21 @@ def test_opens_after_consecutive_failures() -> None:
     assert b.acquire("a", "t") == (Permit.DENY, None)
 
 
+def test_a_neutral_answer_neither_counts_nor_clears_but_closes_a_probe() -> None:
+    """A decline or a 429 (ok None) between failures does not reset their run: an agent that
+    alternates 5xx with 429 still trips. A half-open probe that gets one found the agent up."""
+    b, clock = board(failure_threshold=3, open_seconds=10)
+    for _ in range(2):
+        assert b.record("a", "t", ok=False) is None
+        assert b.record("a", "t", ok=None) is None
+    assert b.record("a", "t", ok=False) is BreakerState.OPEN
+    assert b.record("fresh", "t", ok=None) is None and b.state("fresh") is BreakerState.CLOSED
+    clock.advance(10)
+    assert b.acquire("a", "t") == (Permit.PROBE, BreakerState.HALF_OPEN)
+    assert b.record("a", "t", ok=None) is BreakerState.CLOSED
+    assert b.acquire("a", "t")[0] is not Permit.DENY
+
+
 def test_one_probe_after_the_open_period() -> None:
     """After open_seconds one probe goes through; others wait; success closes, failure reopens."""
     b, clock = board(failure_threshold=1, open_seconds=10)

@@ -109,6 +109,17 @@ async def test_a_retryable_agent_error_counts_as_a_failure_and_a_final_one_does_
     strict = (await http.get("/admin/agents/strict")).json()
     assert strict["circuit"] == "closed" and strict["stats"]["successRate"] == 1.0, strict
 
+    # An SDK agent's UNKNOWN_TASK (retryable: its registration is older than its code) fails
+    # over, but counts neither way: the agent's other tasks stay open.
+    await make("stale", mode="unknown_task", weight=100, tasks=("echo", "other"))
+    for _ in range(4):
+        body = (
+            await http.post("/reach", json={"targetTask": "echo", "filterAgentIds": ["stale", "steady"]})
+        ).json()
+        assert body["status"] == "SUCCESS" and body["handlerAgentId"] == "steady"
+    stale = (await http.get("/admin/agents/stale")).json()
+    assert stale["circuit"] == "closed" and stale["stats"]["requests"] == 0, stale
+
 
 async def test_every_candidate_open_is_no_handler_with_circuit_reasons(cluster) -> None:
     """When every breaker is open the answer is NO_AVAILABLE_HANDLER with circuit_open reasons."""

@@ -113,9 +113,13 @@ class BreakerBoard:
             return permit, BreakerState.HALF_OPEN if changed else None
         return permit, None
 
-    def record(self, agent_id: str, task: str, *, ok: bool, refused: bool = False) -> BreakerState | None:
+    def record(
+        self, agent_id: str, task: str, *, ok: bool | None, refused: bool = False
+    ) -> BreakerState | None:
         """Record an attempt's outcome; returns the new state when the breaker changed.
 
+        ``ok`` None is an answer that is neither a success nor a failure (a decline, a 429): it
+        does not clear a run of failures, but a half-open probe that gets it found the agent up.
         ``refused`` (nothing listens on the agent's port) opens the breaker at once when the
         policy says ``open_on_refused``.
         """
@@ -124,7 +128,9 @@ class BreakerBoard:
         key = self._key(task)
         scopes = self._breakers.get(agent_id)
         breaker = None if scopes is None else scopes.get(key)
-        if ok:
+        if ok is None and (breaker is None or breaker.state is not BreakerState.HALF_OPEN):
+            return None
+        if ok or ok is None:
             if breaker is None:
                 return None
             was = breaker.state

@@ -36,7 +36,7 @@ from reachmesh.exceptions import (
     DeadlineExceeded,
     NoAvailableHandler,
 )
-from reachmesh.protocol import CandidateReason, ReachRequest
+from reachmesh.protocol import UNKNOWN_TASK, CandidateReason, ReachRequest
 from reachmesh.record import AttemptRecord, DecisionRecord
 from reachmesh.resilience.affinity import AffinityTable
 from reachmesh.resilience.breaker import BreakerBoard, BreakerState, Permit
@@ -273,26 +273,26 @@ class AttemptRun:
         """Book one attempt: stats, the attempt record, the trace line and the breaker."""
         agent_id, record = choice.entry.id, self.record
         took = round((self.parts.clock.monotonic() - started) * 1000, 2)
-        # An agent that refuses on purpose (a final AGENT_ERROR or a 4xx), declines, or is busy
-        # (429) is healthy; it only did not serve this request. A retryable AGENT_ERROR is the
-        # agent saying it failed where another might not: a failure, like a 5xx.
-        healthy = (
-            exc is None
-            or isinstance(exc, AgentBusy | AgentDeclined)
-            or (isinstance(exc, AgentRejected) and not exc.retryable)
+        # An agent that refuses on purpose (a final AGENT_ERROR or a 4xx) answered: healthy. A
+        # retryable AGENT_ERROR is the agent saying it failed where another might not: a
+        # failure, like a 5xx. A decline, a 429 or an SDK agent's "no handler for this task" (a
+        # registration older than its code) are neither: the agent is up and did not serve.
+        neutral = isinstance(exc, AgentBusy | AgentDeclined) or (
+            isinstance(exc, AgentRejected) and exc.error.get("code") == UNKNOWN_TASK
         )
+        healthy = exc is None or (isinstance(exc, AgentRejected) and not exc.retryable)
         if isinstance(exc, AgentBusy) and exc.retry_after_s is not None:
             known = self.busy_retry_after_s
             self.busy_retry_after_s = exc.retry_after_s if known is None else min(known, exc.retry_after_s)
         refused = isinstance(exc, ConnectFailed) and exc.refused
         outcome = "SUCCESS" if exc is None else exc.reason
-        counted = None if isinstance(exc, AgentDeclined) else healthy
-        self.parts.stats.finished(agent_id, ok=counted, latency_ms=took)
+        verdict = None if neutral else healthy
+        self.parts.stats.finished(agent_id, ok=verdict, latency_ms=took)
         offset = round((started - record.started) * 1000, 2)
         record.attempts.append(AttemptRecord(agent_id, outcome, took, span_id, offset, choice.score))
         detail = "" if exc is None else f", outcome={exc.reason}"
         record.note("forward", f"{agent_id}, duration={took:.0f}ms{detail}")
-        change = self.parts.breakers.record(agent_id, self.task, ok=healthy, refused=refused)
+        change = self.parts.breakers.record(agent_id, self.task, ok=verdict, refused=refused)
         if change is BreakerState.OPEN:
             record.circuit_trips.append(agent_id)
             why = "connection refused" if refused else "consecutive failures or a failed probe"
