@@ -81,12 +81,12 @@ def build(work: Path) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Installed:
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     # Under xdist the workers' temporary folders share a parent for this run: the first worker
     # here builds the wheel and venv in it, and a worker that draws another test of this module
     # waits for that build and uses it rather than building its own.
     base = tmp_path_factory.getbasetemp()
-    shared = base if worker_id == "master" else base.parent
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
     work = shared / "packaging"
     with (shared / "packaging.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
