@@ -4,11 +4,46 @@ loopback host from one on the network."""
 from __future__ import annotations
 
 import ipaddress
+import random
 import socket
+from pathlib import Path
+
+# Where free ports are looked for: below the kernel's ephemeral range. A port from that range
+# (what bind(0) hands out) can be taken by any process's next outgoing connection between the
+# moment it was found free and the moment the caller's child binds it; on a busy host with many
+# connections that happened. Ports below it are only ever taken by someone binding them.
+_LOWEST = 10_000
+_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+# Not the random module's shared state: a test that seeds it would make parallel test workers
+# pick the same ports.
+_pick = random.SystemRandom()
+
+
+def _ephemeral_floor() -> int:
+    try:
+        return int(_RANGE_FILE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768  # Linux's default
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    """A TCP port on 127.0.0.1 that was free a moment ago, below the ephemeral range when there
+    is room there (else one the kernel picks)."""
+    floor = _ephemeral_floor()
+    if floor - _LOWEST >= 1_000:
+        for _ in range(50):
+            port = _pick.randrange(_LOWEST, floor)
+            if _bindable(port):
+                return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
