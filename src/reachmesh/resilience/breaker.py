@@ -130,7 +130,7 @@ class BreakerBoard:
         breaker = None if scopes is None else scopes.get(key)
         if ok is None and (breaker is None or breaker.state is not BreakerState.HALF_OPEN):
             return None
-        if ok or ok is None:
+        if ok is not False:  # a success, or a neutral answer to a half-open probe
             if breaker is None:
                 return None
             was = breaker.state

@@ -273,20 +273,12 @@ class AttemptRun:
         """Book one attempt: stats, the attempt record, the trace line and the breaker."""
         agent_id, record = choice.entry.id, self.record
         took = round((self.parts.clock.monotonic() - started) * 1000, 2)
-        # An agent that refuses on purpose (a final AGENT_ERROR or a 4xx) answered: healthy. A
-        # retryable AGENT_ERROR is the agent saying it failed where another might not: a
-        # failure, like a 5xx. A decline, a 429 or an SDK agent's "no handler for this task" (a
-        # registration older than its code) are neither: the agent is up and did not serve.
-        neutral = isinstance(exc, AgentBusy | AgentDeclined) or (
-            isinstance(exc, AgentRejected) and exc.error.get("code") == UNKNOWN_TASK
-        )
-        healthy = exc is None or (isinstance(exc, AgentRejected) and not exc.retryable)
         if isinstance(exc, AgentBusy) and exc.retry_after_s is not None:
             known = self.busy_retry_after_s
             self.busy_retry_after_s = exc.retry_after_s if known is None else min(known, exc.retry_after_s)
         refused = isinstance(exc, ConnectFailed) and exc.refused
         outcome = "SUCCESS" if exc is None else exc.reason
-        verdict = None if neutral else healthy
+        verdict = attempt_verdict(exc)
         self.parts.stats.finished(agent_id, ok=verdict, latency_ms=took)
         offset = round((started - record.started) * 1000, 2)
         record.attempts.append(AttemptRecord(agent_id, outcome, took, span_id, offset, choice.score))
@@ -333,6 +325,24 @@ class AttemptRun:
             message += f"; a busy agent asked to retry after {self.busy_retry_after_s} s"
             return AgentsBusy(message, list(record.rejected), retry_after_s=self.busy_retry_after_s)
         return NoAvailableHandler(message, list(record.rejected))
+
+
+def attempt_verdict(exc: AttemptError | None) -> bool | None:
+    """What an attempt says of the agent, for its breaker and success rate: True (it answered),
+    False (it failed), or None (neither).
+
+    A final AGENT_ERROR or a 4xx is an answer: the agent refused on purpose. A retryable
+    AGENT_ERROR is the agent saying it failed where another might not: a failure, like a 5xx. A
+    decline, a 429 or an SDK agent's "no handler for this task" (a registration older than its
+    code) are neither: the agent is up and did not serve.
+    """
+    if exc is None:
+        return True
+    if isinstance(exc, AgentBusy | AgentDeclined):
+        return None
+    if isinstance(exc, AgentRejected):
+        return None if exc.error.get("code") == UNKNOWN_TASK else not exc.retryable
+    return False
 
 
 def conversation_url(endpoint: str, conversation_id: str) -> str:
