@@ -48,6 +48,32 @@ async def test_a_restart_at_the_same_endpoint_takes_over_through_either_router(e
             await agent.stop()
 
 
+async def test_a_router_whose_watch_lags_refuses_the_old_lease_at_once(etcd, client, monkeypatch):
+    """Router a has not seen the takeover yet (its watch events are held back): the old holder's
+    renewal there is already 403, the new one's 200, and the old etcd lease is gone."""
+    async with RouterServer(etcd_policy(etcd)) as a, RouterServer(etcd_policy(etcd)) as b:
+        agent = await FakeAgent("lagged", result={"ok": 3}).start()
+        try:
+            killed = {**agent.profile(), "instanceId": "instance-token-of-the-killed-process"}
+            old = await client.post(f"{a.url}/agents", json=killed)
+            assert old.status_code == 201
+            held = a.app.parts.registry.get("lagged")
+            assert held is not None and held.backend_lease
+            watcher = a.app.parts.registry.watcher  # type: ignore[attr-defined]
+            monkeypatch.setattr(watcher, "apply", lambda events: None)
+            restarted = {**agent.profile(), "instanceId": "instance-token-of-the-restarted-one"}
+            new = await client.post(f"{b.url}/agents", json=restarted)
+            assert new.status_code == 201, new.text
+            stale = a.app.parts.registry.get("lagged")
+            assert stale is not None and stale.backend_lease == held.backend_lease  # a lags, as meant
+            assert await renewal(client, a, "lagged", old.json()["leaseId"]) == 403
+            assert await renewal(client, a, "lagged", new.json()["leaseId"]) == 200
+            etcd_client = b.app.parts.registry.client  # type: ignore[attr-defined]
+            assert await etcd_client.keepalive(held.backend_lease) <= 0
+        finally:
+            await agent.stop()
+
+
 async def test_a_holder_the_health_probes_mark_down_is_taken_over_from_another_endpoint(etcd, client):
     """The holder's health checks fail: another endpoint takes the id, and calls go there."""
     policy = etcd_policy(etcd, health={"interval_seconds": 0.1, "timeout_ms": 500})

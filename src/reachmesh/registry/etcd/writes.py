@@ -178,12 +178,14 @@ class Writer:
             self._shared.background.spawn(self._revoke_quietly(lease), "revoke")
             return None, 0
         if kv.lease:
-            self._shared.background.spawn(self._revoke_quietly(kv.lease), "revoke")
+            # Before answering: a Router whose watch has not yet seen the move would otherwise
+            # keep renewing the old holder's lease, and its answer must already be 403.
+            await self._revoke_quietly(kv.lease, deadline)
         return result.revision, lease
 
-    async def _revoke_quietly(self, lease: int) -> None:
+    async def _revoke_quietly(self, lease: int, deadline: float | None = None) -> None:
         try:
-            await self._shared.client.revoke(lease)
+            await self._shared.client.revoke(lease, deadline=deadline)
         except (RegistryUnavailable, EtcdRejected) as exc:
             log.debug("[registry] could not revoke an unused lease (%s); it expires by itself", exc)
 
@@ -229,6 +231,10 @@ class Writer:
         except EtcdRejected as exc:
             raise self._health.refused_call(exc, "the renewal") from exc
         if ttl <= 0:
+            moved = await self._authoritative(agent_id)
+            if moved is not None and not holds_lease(moved, lease_id):
+                # Taken over through another Router; this one's watch has not shown it yet.
+                raise LeaseMismatch(f"leaseId does not match the lease agent {agent_id!r} holds")
             raise LeaseNotFound(f"the lease of agent {agent_id!r} has expired; register again")
         local = shared.snapshot.entries.get(agent_id)
         if local is not None and local.backend_lease == entry.backend_lease:
