@@ -68,6 +68,11 @@ async def test_a_router_whose_watch_lags_refuses_the_old_lease_at_once(etcd, cli
             assert stale is not None and stale.backend_lease == held.backend_lease  # a lags, as meant
             assert await renewal(client, a, "lagged", old.json()["leaseId"]) == 403
             assert await renewal(client, a, "lagged", new.json()["leaseId"]) == 200
+            gone = await client.request(
+                "DELETE", f"{a.url}/agents/lagged", json={"leaseId": old.json()["leaseId"]}
+            )
+            assert gone.status_code == 403, gone.text
+            assert await renewal(client, b, "lagged", new.json()["leaseId"]) == 200
             etcd_client = b.app.parts.registry.client  # type: ignore[attr-defined]
             assert await etcd_client.keepalive(held.backend_lease) <= 0
         finally:

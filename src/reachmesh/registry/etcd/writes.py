@@ -252,7 +252,10 @@ class Writer:
             raise AgentNotFound(f"no agent {agent_id!r} is registered") from exc
         key = shared.keys.agent(agent_id)
         _, kv = await self._get(key, self._health.deadline())
-        if kv is not None and kv.lease == entry.backend_lease:
+        if kv is not None and kv.lease != entry.backend_lease:
+            # Taken over through another Router; this one's snapshot has not shown it yet.
+            raise LeaseMismatch(f"leaseId does not match the lease agent {agent_id!r} holds")
+        if kv is not None:
             await self._tombstone(key, kv)
         local = shared.snapshot.entries.get(agent_id)
         if local is not None:
