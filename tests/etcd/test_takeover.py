@@ -3,6 +3,9 @@ a live one at another endpoint keeps its id (docs/protocol.md, "Registering an i
 
 from __future__ import annotations
 
+import json
+import time
+
 import httpx
 import pytest
 
@@ -113,17 +116,18 @@ async def test_a_holder_the_health_probes_mark_down_is_taken_over_from_another_e
 
 async def test_two_live_instances_at_different_endpoints_still_get_409(etcd, client):
     """A holder that answers its health checks keeps its id against another endpoint, at both Routers."""
-    policy = etcd_policy(etcd, health={"interval_seconds": 0.1, "timeout_ms": 500})
+    # A generous probe timeout: one probe slowed by a busy machine would mark the holder down.
+    policy = etcd_policy(etcd, health={"interval_seconds": 0.1, "timeout_ms": 5000})
     async with RouterServer(policy) as a, RouterServer(policy) as b:
         first = await FakeAgent("contested-live").start()
         second = await FakeAgent("contested-live").start()
         try:
             lease = await first.register(a.url)
 
-            async def probed_at_b() -> bool:
+            async def probed_by_both() -> bool:
                 return first.health_probes >= 4
 
-            await eventually(probed_at_b)
+            await eventually(probed_by_both)
             for router in (a, b):
                 resp = await client.post(f"{router.url}/agents", json=second.profile())
                 assert resp.status_code == 409
@@ -162,3 +166,39 @@ async def test_a_router_restarted_on_etcd_reads_agents_back_without_saying_it_re
     assert any(line.startswith("[registry] read back from etcd: 1 agents") for line in said), said
     assert not any("already-there" in line for line in said), said
     assert any(line.startswith("[registry] registered registered-now:") for line in said), said
+
+
+async def test_a_peer_report_about_the_holder_taken_over_leaves_the_new_one_routable(etcd, client):
+    """A failure report about the old holder that arrives after the takeover opens no circuit on
+    the new one; a report about a current holder still does (the control, applied after it)."""
+    policy = etcd_policy(etcd, health={"enabled": False})
+    async with RouterServer(policy) as a:
+        agent = await FakeAgent("moved", result={"ok": 4}).start()
+        control = await FakeAgent("control", result={"ok": 5}).start()
+        try:
+            killed = {**agent.profile(), "instanceId": "instance-token-of-the-killed-process"}
+            assert (await client.post(f"{a.url}/agents", json=killed)).status_code == 201
+            registry = a.app.parts.registry
+            old_lease = registry.get("moved").backend_lease  # type: ignore[union-attr]
+            restarted = {**agent.profile(), "instanceId": "instance-token-of-the-restarted-one"}
+            assert (await client.post(f"{a.url}/agents", json=restarted)).status_code == 201
+            assert (await client.post(f"{a.url}/agents", json=control.profile())).status_code == 201
+            etcd_client, keys = registry.client, registry.keys  # type: ignore[attr-defined]
+            for agent_id, lease in (("moved", old_lease), ("control", registry.get("control").backend_lease)):  # type: ignore[union-attr]
+                report = {"router": "peer", "reason": "unhealthy", "at": time.time(), "lease": lease}
+                await etcd_client.put(keys.failure(agent_id, "peer"), json.dumps(report).encode())
+
+            async def control_open() -> bool:
+                row = await listed(client, a, "control")
+                return row is not None and row["circuit"] == "open"
+
+            await eventually(control_open)  # watch events arrive in order: the stale one came first
+            row = await listed(client, a, "moved")
+            assert row is not None and row["circuit"] == "closed"
+            resp = await client.post(
+                f"{a.url}/reach", json={"targetAgentId": "moved", "targetTask": "echo", "payload": {}}
+            )
+            assert resp.json()["status"] == "SUCCESS", resp.text
+        finally:
+            await agent.stop()
+            await control.stop()

@@ -31,7 +31,7 @@ class SharedKnowledge:
         self._shared = shared
         self._health = health
         self._blocks: dict[tuple[str, str], bytes] = {}
-        self._reported: dict[str, float] = {}
+        self._reported: dict[tuple[str, int], float] = {}
         # etcd key -> normalized phrase, and the revision applied for it (a watch event of a
         # write this Router made itself is not applied twice).
         self._learned_keys: dict[str, tuple[str, int]] = {}
@@ -56,6 +56,10 @@ class SharedKnowledge:
         if router == self._shared.router or agent_id not in self._shared.snapshot.entries:
             return
         record = decode(kv) or {}
+        lease = record.get("lease")
+        if isinstance(lease, int) and lease != self._shared.snapshot.entries[agent_id].backend_lease:
+            # About a holder this id no longer has (taken over since): it says nothing of the new one.
+            return
         self._shared.snapshot.emit_failure(agent_id, str(record.get("reason", "failing")), router)
 
     def apply_learned(self, kv: KeyValue, *, deleted: bool) -> None:
@@ -157,18 +161,25 @@ class SharedKnowledge:
 
     def report_failure(self, agent_id: str, reason: str) -> None:
         shared = self._shared
+        entry = shared.snapshot.entries.get(agent_id)
+        if entry is None:
+            return
         now = shared.clock.monotonic()
         ttl = shared.policy.etcd.failure_ttl_seconds
-        if now - self._reported.get(agent_id, -1e9) < ttl / 2:
+        # Per holder: a new holder of the id that fails is news even while the old report lives.
+        reported = (agent_id, entry.backend_lease)
+        if now - self._reported.get(reported, -1e9) < ttl / 2:
             return  # the others already know; the key is still alive
-        self._reported[agent_id] = now
+        self._reported[reported] = now
         if len(self._reported) > 4 * shared.policy.max_agents:
             self._reported.clear()  # bounded: forgetting only means one more report
-        shared.background.spawn(self._publish_failure(agent_id, reason, ttl), "report")
+        shared.background.spawn(self._publish_failure(agent_id, entry.backend_lease, reason, ttl), "report")
 
-    async def _publish_failure(self, agent_id: str, reason: str, ttl: int) -> None:
+    async def _publish_failure(self, agent_id: str, lease: int, reason: str, ttl: int) -> None:
         shared = self._shared
-        value = orjson.dumps({"router": shared.router, "reason": reason, "at": shared.clock.time()})
+        value = orjson.dumps(
+            {"router": shared.router, "reason": reason, "at": shared.clock.time(), "lease": lease}
+        )
         deadline = shared.policy.etcd.attempt_timeout_seconds
         try:
             lease = await shared.client.grant(ttl, deadline=deadline)
