@@ -55,8 +55,10 @@ async def test_a_frozen_etcd_leaves_routing_untouched_and_writes_fail_fast(etcd,
                 assert resp.json()["error"]["code"] == "REGISTRY_UNAVAILABLE"
                 resp = await client.put(f"{a.url}/agents/steady/lease", json={"leaseId": lease})
                 assert resp.status_code == 503
-                statuses = []
-                while time.monotonic() - frozen_at < FREEZE_S:
+                statuses: list[str] = []
+                # Until the freeze has lasted FREEZE_S, and at least 20 requests whatever the
+                # detection and the refusals above took on a slow machine.
+                while time.monotonic() - frozen_at < FREEZE_S or len(statuses) < 20:
                     for router in (a, b):
                         reply = await client.post(
                             f"{router.url}/reach", json={"targetTask": "echo", "payload": {}}

@@ -104,15 +104,20 @@ def test_workers_share_the_port_and_one_registry(routers):
     url = f"http://127.0.0.1:{port}"
     supervisor = routers.router(port, "--workers", "2", log="workers")
     routers.agent("steady", url)
-    seen: set[int] = set()
-    for _ in range(200):  # new connections each time: the kernel spreads them over the workers
+    knowing: set[int] = set()
+
+    def both_workers_list_it() -> bool:
+        # A new connection each time: the kernel spreads them over the workers. The worker that
+        # took the registration lists it at once; the other once its watch brings it.
         with httpx.Client(timeout=10) as fresh:
-            seen.add(fresh.get(f"{url}/healthz").json()["worker"])
-            listing = fresh.get(f"{url}/admin/agents").json()
-            assert [row["id"] for row in listing] == ["steady"]
-        if seen == {0, 1}:
-            break
-    assert seen == {0, 1}
+            worker = fresh.get(f"{url}/healthz").json()["worker"]
+            ids = [row["id"] for row in fresh.get(f"{url}/admin/agents").json()]
+        assert ids in ([], ["steady"]), ids
+        if ids:
+            knowing.add(worker)
+        return knowing == {0, 1}
+
+    wait_for(both_workers_list_it, interval=0.01, what="both workers listing the agent")
     for _ in range(20):
         with httpx.Client(timeout=10) as fresh:
             assert fresh.post(f"{url}/reach", json={"targetTask": "chaos"}).json()["status"] == "SUCCESS"
@@ -172,6 +177,12 @@ def test_a_three_member_cluster_loses_a_follower_then_its_leader_under_traffic(t
         for i, port in enumerate(ports):
             group.router(port, log=f"router{i}")
         group.agent("steady", urls[0])
+        for url in urls:  # the second Router knows the agent once its watch brings it
+
+            def steady_listed(url: str = url) -> bool:
+                return "steady" in {row["id"] for row in group.http.get(f"{url}/admin/agents").json()}
+
+            wait_for(steady_listed, timeout=15)
         outcomes: Counter[str] = Counter()
         stop = threading.Event()
 

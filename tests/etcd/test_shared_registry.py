@@ -12,6 +12,7 @@ import pytest
 
 from reachmesh.testing import FakeAgent, RouterServer
 from tests.etcd.conftest import etcd_policy
+from tests.helpers import scaled
 
 pytestmark = pytest.mark.etcd
 
@@ -22,7 +23,9 @@ async def listed(http: httpx.AsyncClient, router: RouterServer, agent_id: str) -
 
 
 async def eventually(check: Any, limit_s: float = 10.0) -> float:
-    """Await ``check()`` until it is true; returns how long it took (printed, never asserted)."""
+    """Await ``check()`` until it is true, within ``limit_s`` times the suite's time scale;
+    returns how long it took (printed, never asserted)."""
+    limit_s = scaled(limit_s)
     start = time.monotonic()
     while not await check():
         if time.monotonic() - start > limit_s:
@@ -129,7 +132,7 @@ async def test_an_expired_lease_is_seen_offline_by_both_routers(etcd, client):
                 return status is not None and status["status"] == "offline"
 
             await eventually(lambda: offline_at(a))
-            await eventually(lambda: offline_at(b), limit_s=2)
+            await eventually(lambda: offline_at(b))
             resp = await client.post(f"{b.url}/reach", json={"targetTask": "echo", "payload": {}})
             assert resp.json()["status"] == "NO_AVAILABLE_HANDLER"
         finally:
@@ -195,6 +198,8 @@ async def test_a_compacted_revision_makes_the_router_read_everything_again(etcd,
         agent = await FakeAgent("echo-1").start()
         try:
             await agent.register(a.url)
+            # B has applied everything up to here: the reset below is what puts it behind.
+            await eventually(lambda: listed(client, b, "echo-1"))
             head = (
                 await client.post(etcd.members[0].client_url + "/v3/kv/range", json={"key": "AA=="})
             ).json()

@@ -7,6 +7,7 @@ import pytest
 from reachmesh.semantic.queue import VectorState
 from reachmesh.testing import FakeAgent, RouterServer, wait_vectors
 from tests.etcd.conftest import etcd_policy
+from tests.etcd.test_shared_registry import eventually
 
 pytestmark = pytest.mark.etcd
 
@@ -31,6 +32,15 @@ async def test_a_joining_router_takes_the_vectors_another_router_embedded(etcd, 
         try:
             await weather.register(a.url)
             await price.register(a.url)
+            registry = a.app.parts.registry
+            etcd_client, keys = registry.client, registry.keys  # type: ignore[attr-defined]
+
+            async def both_blocks_in_etcd() -> bool:
+                _, blocks = await etcd_client.get_prefix(keys.vectors)
+                return {kv.key.rsplit("/", 1)[-1] for kv in blocks} == {"weather", "price"}
+
+            # B reads etcd once, at start: A's embeddings must be there by then to be shared.
+            await eventually(both_blocks_in_etcd, limit_s=60)
             async with RouterServer(policy) as b:
                 vectors = b.app.parts.vectors
                 assert vectors is not None
