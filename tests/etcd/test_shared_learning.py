@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import httpx
@@ -10,18 +11,25 @@ import pytest
 
 from reachmesh.testing import FakeAgent, RouterServer
 from tests.etcd.conftest import etcd_policy
+from tests.helpers import scaled
 
 pytestmark = pytest.mark.etcd
 
 
-async def _count(http: httpx.AsyncClient, url: str, count: int) -> dict[str, Any]:
-    """GET /admin/learned on ``url`` once it lists ``count`` routes (the watch brings them)."""
-    for _ in range(3000):  # bounded: a route that never arrives fails the test
+async def _count(
+    http: httpx.AsyncClient, url: str, count: int, phrases: set[str] | None = None
+) -> dict[str, Any]:
+    """GET /admin/learned on ``url`` once it lists ``count`` routes, or exactly ``phrases``
+    (the watch brings them)."""
+    deadline = time.monotonic() + scaled(60)
+    while time.monotonic() < deadline:  # bounded: a route that never arrives fails the test
         listing: dict[str, Any] = (await http.get(f"{url}/admin/learned")).json()
-        if listing["count"] == count:
+        if listing["count"] == count and (
+            phrases is None or {r["phrase"] for r in listing["learned"]} == phrases
+        ):
             return listing
         await asyncio.sleep(0.02)
-    raise AssertionError(f"never reached {count} learned routes")
+    raise AssertionError(f"never reached {count} learned routes {sorted(phrases or ())}")
 
 
 async def test_a_route_learned_on_one_router_routes_on_the_other(etcd, client) -> None:
@@ -52,7 +60,9 @@ async def test_a_route_learned_on_one_router_routes_on_the_other(etcd, client) -
                     f"{router.url}/admin/learned", json={"phrase": f"phrase {i}", "task": "track_parcel"}
                 )
                 assert made.status_code == 201
-                await _count(client, a.url if router is b else b.url, min(i + 1, 2))
+                # The bound holds on the other Router too: the oldest phrase leaves it.
+                latest = {f"phrase {j}" for j in range(max(0, i - 1), i + 1)}
+                await _count(client, a.url if router is b else b.url, min(i + 1, 2), latest)
             listing = await _count(client, a.url, 2)
             assert sorted(r["phrase"] for r in listing["learned"]) == ["phrase 1", "phrase 2"]
             async with RouterServer(policy) as c:
