@@ -202,3 +202,80 @@ async def test_a_peer_report_about_the_holder_taken_over_leaves_the_new_one_rout
         finally:
             await agent.stop()
             await control.stop()
+
+
+def hold_back_watch(router: RouterServer, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Make ``router``'s watch read events without applying them; returns the keys it read."""
+    watcher = router.app.parts.registry.watcher  # type: ignore[attr-defined]
+    read: list[str] = []
+    monkeypatch.setattr(watcher, "apply", lambda events: read.extend(event.kv.key for event in events))
+    return read
+
+
+async def test_a_lagging_router_refuses_a_lease_id_superseded_on_the_same_etcd_lease(
+    etcd, client, monkeypatch
+):
+    """A same-registrant retry through b issues a new leaseId on the same etcd lease: a, which has
+    not seen it, refuses the old leaseId's deregistration instead of deleting the live entry."""
+    async with RouterServer(etcd_policy(etcd)) as a, RouterServer(etcd_policy(etcd)) as b:
+        body = {
+            "id": "retried",
+            "network": {"endpoint": "http://127.0.0.1:9/reach"},
+            "capabilities": [{"task": "echo"}],
+            "instanceId": "instance-token-of-this-process-0123456789",
+        }
+        first = await client.post(f"{a.url}/agents", json=body)
+        assert first.status_code == 201
+        hold_back_watch(a, monkeypatch)
+        again = await client.post(f"{b.url}/agents", json=body)
+        assert again.status_code == 200
+        assert again.json()["leaseId"] != first.json()["leaseId"]
+        gone = await client.request(
+            "DELETE", f"{a.url}/agents/retried", json={"leaseId": first.json()["leaseId"]}
+        )
+        assert gone.status_code == 403, gone.text
+        assert await renewal(client, a, "retried", again.json()["leaseId"]) == 200
+        assert await listed(client, b, "retried") is not None
+
+
+async def test_a_managed_registration_taking_over_a_dead_holder_gets_no_expiring_lease(etcd, client):
+    """An admin's managed registration at a holder's endpoint takes the id over and, like any
+    managed entry, sits on no etcd lease (it would otherwise vanish when that lease ran out)."""
+    async with RouterServer(etcd_policy(etcd)) as a:
+        body = {
+            "id": "adopted",
+            "network": {"endpoint": "http://127.0.0.1:9/reach"},
+            "capabilities": [{"task": "echo"}],
+        }
+        assert (await client.post(f"{a.url}/agents", json=body)).status_code == 201
+        taken = await client.post(f"{a.url}/agents", json={**body, "managed": True})
+        assert taken.status_code == 201, taken.text
+        etcd_client, keys = a.app.parts.registry.client, a.app.parts.registry.keys  # type: ignore[attr-defined]
+        _, kv = await etcd_client.get(keys.agent("adopted"))
+        assert kv is not None and kv.lease == 0
+
+
+async def test_a_watch_resuming_after_its_own_writes_misses_no_other_routers_write(etcd, client, monkeypatch):
+    """a's watch has read b's registration but not applied it when a writes a later revision and
+    its watch restarts: it resumes from what it applied, not from its own write, and gets b's."""
+    async with RouterServer(etcd_policy(etcd)) as a, RouterServer(etcd_policy(etcd)) as b:
+        watcher = a.app.parts.registry.watcher  # type: ignore[attr-defined]
+        apply = watcher.apply
+        read = hold_back_watch(a, monkeypatch)
+        theirs = {
+            "id": "theirs",
+            "network": {"endpoint": "http://127.0.0.1:9/reach"},
+            "capabilities": [{"task": "echo"}],
+        }
+        assert (await client.post(f"{b.url}/agents", json=theirs)).status_code == 201
+        key = a.app.parts.registry.keys.agent("theirs")  # type: ignore[attr-defined]
+
+        async def read_by_a() -> bool:
+            return key in read
+
+        await eventually(read_by_a)
+        ours = {**theirs, "id": "ours", "network": {"endpoint": "http://127.0.0.1:10/reach"}}
+        assert (await client.post(f"{a.url}/agents", json=ours)).status_code == 201
+        monkeypatch.setattr(watcher, "apply", apply)
+        a.app.parts.registry._restart.set()  # type: ignore[attr-defined]
+        await eventually(lambda: listed(client, a, "theirs"))

@@ -175,16 +175,16 @@ class SharedKnowledge:
             self._reported.clear()  # bounded: forgetting only means one more report
         shared.background.spawn(self._publish_failure(agent_id, entry.backend_lease, reason, ttl), "report")
 
-    async def _publish_failure(self, agent_id: str, lease: int, reason: str, ttl: int) -> None:
+    async def _publish_failure(self, agent_id: str, holder: int, reason: str, ttl: int) -> None:
         shared = self._shared
         value = orjson.dumps(
-            {"router": shared.router, "reason": reason, "at": shared.clock.time(), "lease": lease}
+            {"router": shared.router, "reason": reason, "at": shared.clock.time(), "lease": holder}
         )
         deadline = shared.policy.etcd.attempt_timeout_seconds
         try:
-            lease = await shared.client.grant(ttl, deadline=deadline)
+            own = await shared.client.grant(ttl, deadline=deadline)
             await shared.client.put(
-                shared.keys.failure(agent_id, shared.router), value, lease=lease, deadline=deadline
+                shared.keys.failure(agent_id, shared.router), value, lease=own, deadline=deadline
             )
         except (RegistryUnavailable, EtcdRejected) as exc:
             log.debug("[registry] could not share that %s fails: %s", agent_id, exc)

@@ -124,7 +124,8 @@ class Writer:
             # The watch brought this very write in before its answer did: it could not know
             # the lease, only its digest. Keep it, so a retry here gets the same lease back.
             local.lease_id = entry.lease_id
-        shared.revision = max(shared.revision, done)
+        # shared.revision is left to the watch: it resumes from there after a reconnect, and
+        # other Routers' writes below ``done`` may not have arrived yet.
 
     async def _replace(self, key: str, value: bytes, kv: KeyValue, deadline: float) -> int | None:
         try:
@@ -167,7 +168,8 @@ class Writer:
         since it was read; then end the holder's lease (its keys left with it: the record moved)."""
         client = self._shared.client
         try:
-            lease = await client.grant(entry.ttl_seconds, deadline=deadline)
+            # A managed entry has no lease: its key stays until it is deregistered.
+            lease = 0 if entry.managed else await client.grant(entry.ttl_seconds, deadline=deadline)
             result = await client.txn(
                 [compare_mod(key, kv.mod_revision)], [put_op(key, value, lease)], deadline=deadline
             )
@@ -175,17 +177,26 @@ class Writer:
             raise self._health.refused_call(exc, "the write", write=True) from exc
         self._health.serving(wrote=True)
         if not result.succeeded:
-            self._shared.background.spawn(self._revoke_quietly(lease), "revoke")
+            if lease:
+                self._shared.background.spawn(self._revoke_quietly(lease), "revoke")
             return None, 0
         if kv.lease:
             # Before answering: a Router whose watch has not yet seen the move would otherwise
-            # keep renewing the old holder's lease, and its answer must already be 403.
-            await self._revoke_quietly(kv.lease, deadline)
+            # keep renewing the old holder's lease, and its answer must already be 403. The write
+            # is done whatever happens here: an etcd too slow for it gets the revoke later.
+            await self._revoke_now_or_later(kv.lease)
         return result.revision, lease
 
-    async def _revoke_quietly(self, lease: int, deadline: float | None = None) -> None:
+    async def _revoke_now_or_later(self, lease: int) -> None:
         try:
-            await self._shared.client.revoke(lease, deadline=deadline)
+            await self._shared.client.revoke(lease, deadline=self._health.deadline())
+        except (RegistryUnavailable, EtcdRejected) as exc:
+            log.debug("[registry] could not revoke a replaced holder's lease yet (%s); retrying", exc)
+            self._shared.background.spawn(self._revoke_quietly(lease), "revoke")
+
+    async def _revoke_quietly(self, lease: int) -> None:
+        try:
+            await self._shared.client.revoke(lease)
         except (RegistryUnavailable, EtcdRejected) as exc:
             log.debug("[registry] could not revoke an unused lease (%s); it expires by itself", exc)
 
@@ -252,18 +263,24 @@ class Writer:
             raise AgentNotFound(f"no agent {agent_id!r} is registered") from exc
         key = shared.keys.agent(agent_id)
         _, kv = await self._get(key, self._health.deadline())
-        if kv is not None and kv.lease != entry.backend_lease:
-            # Taken over through another Router; this one's snapshot has not shown it yet.
+        record = live_record(kv)
+        current = read_entry(record, kv, shared.clock) if record is not None and kv is not None else None
+        if current is not None and not holds_lease(current, lease_id):
+            # Taken over, or re-registered with a new leaseId, through another Router; this
+            # one's snapshot has not shown it yet. (The etcd lease alone cannot tell: a managed
+            # entry has none, and a same-registrant retry keeps it.)
             raise LeaseMismatch(f"leaseId does not match the lease agent {agent_id!r} holds")
-        if kv is not None:
-            await self._tombstone(key, kv)
+        done = 0
+        if kv is not None and (current is not None or kv.lease == entry.backend_lease):
+            done = await self._tombstone(key, kv)
         local = shared.snapshot.entries.get(agent_id)
         if local is not None:
-            local.revision = max(local.revision, shared.revision)
+            local.revision = max(local.revision, done)
             shared.snapshot.remove(local, RegistryEvent.DEREGISTERED)
 
-    async def _tombstone(self, key: str, kv: KeyValue) -> None:
-        """Say the agent deregistered (so every watcher drops it at once), then end its lease."""
+    async def _tombstone(self, key: str, kv: KeyValue) -> int:
+        """Say the agent deregistered (so every watcher drops it at once), then end its lease;
+        the revision of the tombstone, 0 when the key changed meanwhile."""
         shared, deadline = self._shared, self._health.deadline()
         tombstone = orjson.dumps({"state": GONE, "router": shared.router})
         try:
@@ -276,5 +293,4 @@ class Writer:
                 await shared.client.delete(key, deadline=deadline)
         except EtcdRejected as exc:
             raise self._health.refused_call(exc, "the write", write=True) from exc
-        if result.succeeded:
-            shared.revision = max(shared.revision, result.revision)
+        return result.revision if result.succeeded else 0
