@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
+from reachmesh.config import RouterConfig
 from reachmesh.testing import FakeAgent, RouterServer
 from tests.etcd.conftest import etcd_policy
 from tests.helpers import scaled
@@ -342,3 +343,39 @@ async def test_a_same_registrant_retry_through_the_same_router_keeps_its_lease(e
         assert again.status_code == 200
         assert again.json()["leaseId"] == first["leaseId"]
         assert again.json()["ttlSeconds"] == first["ttlSeconds"] == 60
+
+
+async def test_deregistering_an_offline_entry_answers_as_the_memory_registry_does(etcd, client):
+    """An entry whose lease ran out: a wrong leaseId is 403, its own removes it (204), then 404;
+    the same answers from an in-memory Router and from one on etcd."""
+    answers = {}
+    for backend, policy in (
+        (
+            "memory",
+            RouterConfig.model_validate(
+                {"registry": {"lease_ttl_seconds": 1}, "embedding": {"backend": "none"}}
+            ),
+        ),
+        ("etcd", etcd_policy(etcd, registry={"lease_ttl_seconds": 1})),
+    ):
+        async with RouterServer(policy) as router:
+            body = {
+                "id": "lapsed",
+                "network": {"endpoint": "http://127.0.0.1:9/reach"},
+                "capabilities": [{"task": "echo"}],
+            }
+            lease = (await client.post(f"{router.url}/agents", json=body)).json()["leaseId"]
+
+            async def offline() -> bool:
+                row = await listed(client, router, "lapsed")
+                return row is not None and row["status"] == "offline"
+
+            await eventually(offline)
+            codes = []
+            for attempt in ("not-the-lease-" + "0" * 20, lease, lease):
+                resp = await client.request(
+                    "DELETE", f"{router.url}/agents/lapsed", json={"leaseId": attempt}
+                )
+                codes.append(resp.status_code)
+            answers[backend] = (codes, await listed(client, router, "lapsed"))
+    assert answers["memory"] == answers["etcd"] == ([403, 204, 404], None)

@@ -260,7 +260,8 @@ class Writer:
         try:
             entry = await self._holder_of(agent_id, lease_id)
         except LeaseNotFound as exc:
-            raise AgentNotFound(f"no agent {agent_id!r} is registered") from exc
+            self._drop_offline(agent_id, lease_id, exc)
+            return
         key = shared.keys.agent(agent_id)
         _, kv = await self._get(key, self._health.deadline())
         record = live_record(kv)
@@ -277,6 +278,16 @@ class Writer:
         if local is not None:
             local.revision = max(local.revision, done)
             shared.snapshot.remove(local, RegistryEvent.DEREGISTERED)
+
+    def _drop_offline(self, agent_id: str, lease_id: str, exc: LeaseNotFound) -> None:
+        """Deregistering an entry whose lease ran out (etcd has no key): as in memory, its own
+        lease removes it from the listing, another is refused; raises when nothing is listed."""
+        local = self._shared.snapshot.entries.get(agent_id)
+        if local is None or local.status is not AgentStatusValue.OFFLINE:
+            raise AgentNotFound(f"no agent {agent_id!r} is registered") from exc
+        if not holds_lease(local, lease_id):
+            raise LeaseMismatch(f"leaseId does not match the lease agent {agent_id!r} holds") from exc
+        self._shared.snapshot.remove(local, RegistryEvent.DEREGISTERED)
 
     async def _tombstone(self, key: str, kv: KeyValue) -> int:
         """Say the agent deregistered (so every watcher drops it at once), then end its lease;
