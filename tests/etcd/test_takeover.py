@@ -62,8 +62,7 @@ async def test_a_router_whose_watch_lags_refuses_the_old_lease_at_once(etcd, cli
             assert old.status_code == 201
             held = a.app.parts.registry.get("lagged")
             assert held is not None and held.backend_lease
-            watcher = a.app.parts.registry.watcher  # type: ignore[attr-defined]
-            monkeypatch.setattr(watcher, "apply", lambda events: None)
+            hold_back_watch(a, monkeypatch)
             restarted = {**agent.profile(), "instanceId": "instance-token-of-the-restarted-one"}
             new = await client.post(f"{b.url}/agents", json=restarted)
             assert new.status_code == 201, new.text

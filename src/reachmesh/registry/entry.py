@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from reachmesh.clock import iso_utc
+from reachmesh.exceptions import LeaseMismatch
 from reachmesh.protocol import AgentProfile, AgentStatusValue, Capability
 from reachmesh.schema import PayloadValidator
 from reachmesh.secrets import fingerprint
@@ -146,6 +147,12 @@ def digest(secret: str) -> str:
 def holds_lease(entry: AgentEntry, lease_id: str) -> bool:
     """Whether ``lease_id`` is the entry's lease, compared in constant time."""
     return hmac.compare_digest(entry.lease_digest.encode(), digest(lease_id).encode())
+
+
+def require_lease(entry: AgentEntry, lease_id: str) -> None:
+    """Raise ``LeaseMismatch`` (403) unless ``lease_id`` is the entry's lease."""
+    if not holds_lease(entry, lease_id):
+        raise LeaseMismatch(f"leaseId does not match the lease agent {entry.id!r} holds")
 
 
 def compile_capabilities(

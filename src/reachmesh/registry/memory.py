@@ -7,7 +7,7 @@ import secrets
 
 from reachmesh.clock import SYSTEM_CLOCK, Clock
 from reachmesh.config import RegistryPolicy
-from reachmesh.exceptions import AgentNotFound, LeaseMismatch, LeaseNotFound
+from reachmesh.exceptions import AgentNotFound, LeaseNotFound
 from reachmesh.lifecycle import Background
 from reachmesh.protocol import AgentProfile, AgentStatusValue
 from reachmesh.registry.base import Registry
@@ -17,8 +17,8 @@ from reachmesh.registry.entry import (
     LearnedRoute,
     RegistryEvent,
     compile_capabilities,
-    holds_lease,
     normalize_phrase,
+    require_lease,
 )
 from reachmesh.registry.snapshot import Snapshot
 
@@ -102,8 +102,7 @@ class MemoryRegistry(Registry):
         entry = self.snapshot.get(agent_id)
         if entry is None or entry.status is AgentStatusValue.OFFLINE:
             raise LeaseNotFound(f"no live lease for agent {agent_id!r}; register again")
-        if not holds_lease(entry, lease_id):
-            raise LeaseMismatch(f"leaseId does not match the lease agent {agent_id!r} holds")
+        require_lease(entry, lease_id)
         now = self._clock.monotonic()
         entry.last_heartbeat = now
         entry.last_heartbeat_wall = self._clock.time()
@@ -125,8 +124,7 @@ class MemoryRegistry(Registry):
         entry = self.snapshot.get(agent_id)
         if entry is None:
             raise AgentNotFound(f"no agent {agent_id!r} is registered")
-        if not holds_lease(entry, lease_id):
-            raise LeaseMismatch(f"leaseId does not match the lease agent {agent_id!r} holds")
+        require_lease(entry, lease_id)
         self.snapshot.remove(entry, RegistryEvent.DEREGISTERED)
 
     # -- learned routes and negatives ------------------------------------------------------

@@ -14,12 +14,11 @@ import orjson
 from reachmesh.exceptions import (
     AgentIdConflict,
     AgentNotFound,
-    LeaseMismatch,
     LeaseNotFound,
     RegistryUnavailable,
 )
 from reachmesh.protocol import AgentProfile, AgentStatusValue
-from reachmesh.registry.entry import AgentEntry, Claim, RegistryEvent, holds_lease
+from reachmesh.registry.entry import AgentEntry, Claim, RegistryEvent, holds_lease, require_lease
 from reachmesh.registry.etcd.health import Health
 from reachmesh.registry.etcd.keys import new_secret_lease
 from reachmesh.registry.etcd.records import GONE, draft, live_record, read_entry
@@ -58,9 +57,7 @@ class Writer:
         key = shared.keys.agent(profile.id)
         deadline = self._health.deadline()
         for _ in range(3):
-            _, kv = await self._get(key, deadline)
-            record = live_record(kv)
-            current = read_entry(record, kv, shared.clock) if record is not None and kv is not None else None
+            kv, current = await self._read(key, deadline)
             claim = shared.snapshot.claim(
                 current, profile, lease_id, instance_id, max_agents=shared.policy.max_agents
             )
@@ -210,13 +207,17 @@ class Writer:
         self._health.serving()
         return found
 
-    async def _authoritative(self, agent_id: str) -> AgentEntry | None:
-        """The entry as etcd has it now (the snapshot may lag by a watch event)."""
-        _, kv = await self._get(self._shared.keys.agent(agent_id), self._health.deadline())
+    async def _read(self, key: str, deadline: float) -> tuple[KeyValue | None, AgentEntry | None]:
+        """An agent's key, and its live entry as etcd has it now (the snapshot may lag by a
+        watch event); None for a key that is absent or says the agent deregistered."""
+        _, kv = await self._get(key, deadline)
         record = live_record(kv)
         if kv is None or record is None:
-            return None
-        return read_entry(record, kv, self._shared.clock)
+            return kv, None
+        return kv, read_entry(record, kv, self._shared.clock)
+
+    async def _authoritative(self, agent_id: str) -> AgentEntry | None:
+        return (await self._read(self._shared.keys.agent(agent_id), self._health.deadline()))[1]
 
     async def _holder_of(self, agent_id: str, lease_id: str) -> AgentEntry:
         """The live entry ``lease_id`` holds: from the snapshot, else from etcd; raises otherwise."""
@@ -226,8 +227,7 @@ class Writer:
             entry = await self._authoritative(agent_id)
             if entry is None:
                 raise LeaseNotFound(f"no live lease for agent {agent_id!r}; register again")
-            if not holds_lease(entry, lease_id):
-                raise LeaseMismatch(f"leaseId does not match the lease agent {agent_id!r} holds")
+            require_lease(entry, lease_id)
         return entry
 
     # -- renew and deregister ----------------------------------------------------------------
@@ -243,9 +243,9 @@ class Writer:
             raise self._health.refused_call(exc, "the renewal") from exc
         if ttl <= 0:
             moved = await self._authoritative(agent_id)
-            if moved is not None and not holds_lease(moved, lease_id):
+            if moved is not None:
                 # Taken over through another Router; this one's watch has not shown it yet.
-                raise LeaseMismatch(f"leaseId does not match the lease agent {agent_id!r} holds")
+                require_lease(moved, lease_id)
             raise LeaseNotFound(f"the lease of agent {agent_id!r} has expired; register again")
         local = shared.snapshot.entries.get(agent_id)
         if local is not None and local.backend_lease == entry.backend_lease:
@@ -263,14 +263,12 @@ class Writer:
             self._drop_offline(agent_id, lease_id, exc)
             return
         key = shared.keys.agent(agent_id)
-        _, kv = await self._get(key, self._health.deadline())
-        record = live_record(kv)
-        current = read_entry(record, kv, shared.clock) if record is not None and kv is not None else None
-        if current is not None and not holds_lease(current, lease_id):
+        kv, current = await self._read(key, self._health.deadline())
+        if current is not None:
             # Taken over, or re-registered with a new leaseId, through another Router; this
             # one's snapshot has not shown it yet. (The etcd lease alone cannot tell: a managed
             # entry has none, and a same-registrant retry keeps it.)
-            raise LeaseMismatch(f"leaseId does not match the lease agent {agent_id!r} holds")
+            require_lease(current, lease_id)
         done = 0
         if kv is not None and (current is not None or kv.lease == entry.backend_lease):
             done = await self._tombstone(key, kv)
@@ -285,8 +283,7 @@ class Writer:
         local = self._shared.snapshot.entries.get(agent_id)
         if local is None or local.status is not AgentStatusValue.OFFLINE:
             raise AgentNotFound(f"no agent {agent_id!r} is registered") from exc
-        if not holds_lease(local, lease_id):
-            raise LeaseMismatch(f"leaseId does not match the lease agent {agent_id!r} holds") from exc
+        require_lease(local, lease_id)
         self._shared.snapshot.remove(local, RegistryEvent.DEREGISTERED)
 
     async def _tombstone(self, key: str, kv: KeyValue) -> int:
