@@ -49,29 +49,40 @@ LIMITS = settings(
 )
 
 
-@pytest.fixture(scope="module")
-def router() -> Iterator[tuple[str, int]]:
-    """A Router at its default limits (but a short body timeout), with one `echo` agent: (url, port)."""
+def limits_config(**server: Any) -> RouterConfig:
+    """The default limits, checked to be the ones this module names, with ``server`` overrides."""
     # No embedder: the limits are validation, and embedding registered examples would only burn
-    # CPU. No health probes of the profiles registered here. A short body timeout keeps the 408
-    # property quick; every other limit is the default one the docstring names.
+    # CPU. No health probes of the profiles registered here.
     config = RouterConfig.model_validate(
-        {
-            "embedding": {"backend": "none"},
-            "health": {"enabled": False},
-            "server": {"body_timeout_seconds": 0.3},
-        }
+        {"embedding": {"backend": "none"}, "health": {"enabled": False}, "server": server}
     )
     assert config.server.body_limit_bytes == BODY_LIMIT and config.server.max_json_depth == MAX_DEPTH
     assert config.limits.max_timeout_ms == TIMEOUT_CAP_MS
     assert (config.server.max_headers, config.server.max_header_bytes) == (MAX_HEADERS, MAX_HEAD_BYTES)
+    return config
+
+
+@pytest.fixture(scope="module")
+def router() -> Iterator[tuple[str, int]]:
+    """A Router at its default limits, with one `echo` agent: (url, port)."""
+    # The default body timeout too: a megabyte body on a busy machine may take longer than a
+    # short timeout to arrive, and the answer would then be 408 instead of the limit under test.
     with BackgroundLoop() as bg:
-        server = bg.run(RouterServer(config).__aenter__())
+        server = bg.run(RouterServer(limits_config()).__aenter__())
         bg.on_close(lambda: server.__aexit__(None, None, None))
         agent = bg.run(FakeAgent("limits-agent", tasks=("echo",)).start())
         bg.on_close(agent.stop)
         bg.run(agent.register(server.url, vectors=False))
         yield server.url, server.port
+
+
+@pytest.fixture(scope="module")
+def stalling_router() -> Iterator[int]:
+    """A Router whose body timeout is short, for bodies that stop arriving: its port."""
+    with BackgroundLoop() as bg:
+        server = bg.run(RouterServer(limits_config(body_timeout_seconds=0.3)).__aenter__())
+        bg.on_close(lambda: server.__aexit__(None, None, None))
+        yield server.port
 
 
 @pytest.fixture(scope="module")
@@ -188,10 +199,10 @@ def test_reach_timeout_cap(http: httpx.Client, field: str, value: Any) -> None:
 
 @settings(LIMITS, max_examples=8)
 @given(sent=st.integers(0, 99))
-def test_reach_stalled_body_times_out(router: tuple[str, int], sent: int) -> None:
+def test_reach_stalled_body_times_out(stalling_router: int, sent: int) -> None:
     """A body that stops arriving gets 408 BODY_TIMEOUT as a whole ReachResponse, however much of it came."""
     head = b"POST /reach HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
-    status, body = raw_exchange(router[1], head + b"{" * sent)
+    status, body = raw_exchange(stalling_router, head + b"{" * sent)
     assert status == 408
     answer = json.loads(body)
     assert set(answer) == REACH_KEYS and answer["error"]["code"] == "BODY_TIMEOUT"
