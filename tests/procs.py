@@ -164,7 +164,8 @@ class Drill:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         base: dict[str, Any] = {
-            "registry": {"lease_ttl_seconds": 2, "sweep_interval_seconds": 0.05},
+            # Scaled: an agent process on a busy machine may renew a third of a second late.
+            "registry": {"lease_ttl_seconds": scaled(2), "sweep_interval_seconds": 0.05},
             "embedding": {"backend": "none"},
         }
         for key, value in policy.items():

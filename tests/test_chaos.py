@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.helpers import scaled
 from tests.procs import Drill, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -32,15 +33,29 @@ def drill(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Drill]:
         d.stop()
 
 
-@pytest.mark.policy({"health": {"interval_seconds": 0.2, "timeout_ms": 300, "unhealthy_after": 2}})
+# Probes every 0.2 s with a 300 ms timeout on a quiet machine; on a busy one the agent's health
+# thread may wait longer than that for the CPU, which is the machine, not the agent.
+@pytest.mark.policy(
+    {
+        "health": {
+            "interval_seconds": scaled(0.2),
+            "timeout_ms": int(scaled(300)),
+            "unhealthy_after": 2,
+        }
+    }
+)
 def test_busy_agent_is_not_taken_out(drill: Drill) -> None:
     """A handler holding the CPU and its loop for 3 s: health answers, the lease renews, it stays in."""
     drill.start_agent("busy-1")
     drill.wait_available("busy-1")
-    drill.fault("busy-1", mode="cpu_busy", cpu_ms=3000)
+    # The test looks in while the handler is busy: give it the time a busy machine needs.
+    busy_ms = int(scaled(3000))
+    drill.fault("busy-1", mode="cpu_busy", cpu_ms=busy_ms)
     heartbeat = drill.http.get("/admin/agents/busy-1").json()["lastHeartbeat"]
     outcome: dict[str, Any] = {}
-    caller = threading.Thread(target=lambda: outcome.update(drill.call(timeoutMs=8000, readTimeoutMs=7000)))
+    caller = threading.Thread(
+        target=lambda: outcome.update(drill.call(timeoutMs=busy_ms + 5000, readTimeoutMs=busy_ms + 4000))
+    )
     caller.start()
     wait_for(lambda: "handle: chaos" in drill.agents["busy-1"].text())
     # The health port answers while the handler holds the loop: the call is still in flight.

@@ -23,6 +23,7 @@ from hypothesis.stateful import run_state_machine_as_test
 from reachmesh.config import RouterConfig
 from reachmesh.server.openapi import openapi_document
 from reachmesh.testing import BackgroundLoop, FakeAgent, RouterServer
+from tests.helpers import scaled
 
 CONFIG = Path(__file__).resolve().parent.parent / "schemathesis.toml"
 
@@ -96,7 +97,7 @@ def test_a_finished_async_result_is_answered_as_documented(
     assert accepted.status_code == 202
     trace_id = accepted.json()["traceId"]
     poll = schema["/reach/{trace_id}"]["GET"]
-    for _ in range(100):
+    for _ in range(int(scaled(500))):
         resp = poll.Case(path_parameters={"trace_id": trace_id}).call_and_validate(
             base_url=router_url, session=session, timeout=10
         )

@@ -148,6 +148,9 @@ class FakeAgent:
     tasks: tuple[str, ...] = ("echo",)
     mode: Mode = "ok"
     delay_s: float = 0.0
+    # Requests wait for this event (after ``delay_s``) when it is set here: a test holds answers
+    # back until it has seen what it needs, however slow the machine.
+    hold: asyncio.Event | None = None
     weight: float = 1.0
     input_schema: dict[str, Any] | None = None
     descriptions: dict[str, str] = field(default_factory=dict)
@@ -214,6 +217,8 @@ class FakeAgent:
 
     async def stop(self) -> None:
         """Stop listening: from now on connections are refused."""
+        if self.hold is not None:  # held requests end now, not at the runner's shutdown timeout
+            self.hold.set()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -254,6 +259,8 @@ class FakeAgent:
         self.headers.append(dict(request.headers))
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
+        if self.hold is not None:
+            await self.hold.wait()
         mode = self.mode
         if mode == "reset":
             assert request.transport is not None

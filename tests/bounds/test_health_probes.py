@@ -10,6 +10,10 @@ import httpx
 from reachmesh.config import RouterConfig
 from reachmesh.resilience.health import HealthChecker
 from reachmesh.testing import FakeAgent, RouterServer
+from tests.helpers import scaled
+
+# Each probe's timeout: 200 ms on a quiet machine; the healthy canary on a busy one may answer later.
+PROBE_MS = int(scaled(200))
 
 
 def profile(agent_id: str, endpoint: str, interval: float = 15) -> dict[str, object]:
@@ -48,7 +52,7 @@ async def hanging_server() -> tuple[asyncio.Server, int]:
 
 async def poll(check: object, limit_s: float = 10.0) -> None:
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + limit_s
+    deadline = loop.time() + scaled(limit_s)
     while loop.time() < deadline:
         if check():  # type: ignore[operator]
             return
@@ -58,14 +62,14 @@ async def poll(check: object, limit_s: float = 10.0) -> None:
 
 async def test_one_probe_per_agent_a_canary_is_still_probed_and_nothing_is_left_behind() -> None:
     """Ten agents that never answer their probes, probed every 20 ms (the operator's override, far
-    under each probe's 200 ms timeout) through a gate of two: at most one probe per agent is ever
+    under each probe's 200 ms (scaled) timeout) through a gate of two: at most one probe per agent is ever
     in flight, a healthy canary keeps being probed, deregistration releases the probes, and
     the Router stops at once."""
     config = RouterConfig.from_mapping(
         {
             "embedding": {"backend": "none"},
             "limits": {"loop_lag_ms": 10_000},
-            "health": {"interval_seconds": 0.02, "timeout_ms": 200, "jitter": 0, "concurrency": 2},
+            "health": {"interval_seconds": 0.02, "timeout_ms": PROBE_MS, "jitter": 0, "concurrency": 2},
         }
     )
     hang, port = await hanging_server()
@@ -85,7 +89,7 @@ async def test_one_probe_per_agent_a_canary_is_still_probed_and_nothing_is_left_
             start_probes = canary.health_probes
             # At least 1.5 s of the attack, and until the canary has been probed twice more
             # (about once a second here: ten 200 ms probes through a gate of two).
-            watch_from, deadline = loop.time(), loop.time() + 15
+            watch_from, deadline = loop.time(), loop.time() + scaled(15)
             while loop.time() - watch_from < 1.5 or canary.health_probes - start_probes < 2:
                 assert loop.time() < deadline, f"the canary got {canary.health_probes - start_probes} probes"
                 seen_in_flight = max(seen_in_flight, checker.probes_in_flight, len(checker._probes))
@@ -107,4 +111,4 @@ async def test_one_probe_per_agent_a_canary_is_still_probed_and_nothing_is_left_
         stopped_in = time.monotonic() - started
         await canary.stop()
         hang.close()
-    assert stopped_in < 5, stopped_in
+    assert stopped_in < scaled(5), stopped_in

@@ -18,6 +18,7 @@ from mcp import Client
 from reachmesh.config import RouterConfig
 from reachmesh.integrations.mcp import ReachMCP, tool_name
 from reachmesh.testing import AsgiServer, FakeAgent, RouterServer
+from tests.helpers import scaled
 
 pytestmark = pytest.mark.integrations
 
@@ -123,7 +124,7 @@ async def test_a_handshake_client_gets_list_changed_over_http(bridge) -> None:
         stock = await FakeAgent("stock-agent", tasks=("query_stock",)).start()
         try:
             await stock.register(router.url, vectors=False)
-            await asyncio.wait_for(changed.wait(), timeout=2)
+            await asyncio.wait_for(changed.wait(), timeout=scaled(5))
             assert [t.name for t in (await client.list_tools()).tools] == ["query_price", "query_stock"]
             assert server.sessions == 1
         finally:

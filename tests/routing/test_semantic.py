@@ -16,7 +16,7 @@ from reachmesh.semantic.embedders.local import MODEL_NAME, LocalEmbedder
 from reachmesh.semantic.evaluation import cross_validate
 from reachmesh.testing import FakeAgent, RouterServer, wait_vectors
 from reachmesh.yamlfile import read_yaml
-from tests.helpers import log_lines, price_agent
+from tests.helpers import log_lines, price_agent, scaled
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "routing_phrases.yaml"
 
@@ -214,8 +214,14 @@ async def test_sdk_agent_handles_a_semantic_route() -> None:
 
 async def test_a_refusal_with_nothing_registered_says_so() -> None:
     """With no capability embedded yet, the refusal names that, not a best score of zero."""
-    config = RouterConfig.model_validate({"health": {"enabled": False}, "embedding": {"backend": "auto"}})
-    async with RouterServer(config) as server, httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+    # The query is embedded first, and a cold worker loads the model for it: on a busy machine
+    # that may take longer than the default 2 s embedding timeout.
+    embedding = {"backend": "auto", "timeout_ms": int(scaled(10_000))}
+    config = RouterConfig.model_validate({"health": {"enabled": False}, "embedding": embedding})
+    async with (
+        RouterServer(config) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=scaled(30)) as http,
+    ):
         body = (
             await http.post(
                 "/reach",

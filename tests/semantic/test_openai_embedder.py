@@ -28,7 +28,7 @@ from reachmesh.semantic.embedders import build_embedder
 from reachmesh.semantic.embedders.http import ApiKey, OpenAIEmbedder, _retry_after
 from reachmesh.semantic.embedders.local import LocalEmbedder
 from reachmesh.testing import AsgiServer, RouterServer, free_port, wait_vectors
-from tests.helpers import price_agent, until
+from tests.helpers import price_agent, scaled, until
 
 KEY = "sk-test-0123456789abcdef"
 
@@ -384,7 +384,7 @@ async def test_start_line_and_reload(tmp_path: Path, caplog: pytest.LogCaptureFi
         ):
             vectors = router.app.parts.vectors
             assert vectors is not None
-            for _ in range(200):
+            for _ in range(int(scaled(200))):
                 if any("semantic routing: embedder m" in r.getMessage() for r in caplog.records):
                     break
                 await asyncio.sleep(0.02)

@@ -26,6 +26,7 @@ import pytest
 
 from reachmesh.config import RouterConfig
 from reachmesh.testing import FakeAgent, RouterServer, wait_vectors
+from tests.helpers import scaled
 
 Behaviour = Callable[[asyncio.StreamWriter, bytes, int], Awaitable[bool]]
 ERROR_STATUSES = {"NO_AVAILABLE_HANDLER", "AGENT_ERROR", "TIMEOUT"}
@@ -370,9 +371,10 @@ async def test_a_flooding_agent_is_cut_off_within_bounds_while_others_are_served
             assert answer["status"] == status, answer
             error = answer["error"]
             assert why in (error["code"], *(c["reason"] for c in error.get("candidates", []))), error
-        assert flooded_s < 20, flooded_s
-        assert statistics.median(took) < 1.0, took
-        # Four floods at once against the 8 MiB answer limit: each holds at most the limit.
+        # Bounds, not service levels (those are in bench/): a Router frozen by a flood, as a 112 s
+        # endless head once froze it, fails them on any machine.
+        assert flooded_s < scaled(20), flooded_s
+        assert statistics.median(took) < scaled(1.0), took
         # Four floods at once, each holding at most the 1 MiB limit decoded, plus socket buffers
         # and the test's own work: 12 MiB (measured: under 1 MiB). Reading the compressed stream
         # whole before checking it, the flaw this bounds, grew the process by 35 MiB here.

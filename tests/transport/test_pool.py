@@ -16,9 +16,11 @@ from reachmesh.transport.answer import HeadLimits
 from reachmesh.transport.base import AttemptLimits, retry_after_seconds
 from reachmesh.transport.http import HttpTransport, head_limits
 from reachmesh.transport.pool import interleave
+from tests.helpers import scaled
 
 OK = b'{"status":"SUCCESS","result":{"ok":true}}'
-LIMITS = AttemptLimits(1.0, 0.3, 2.0)
+# Short, so the timeout cases are quick; scaled, so a busy machine's slow answer is not one.
+LIMITS = AttemptLimits(scaled(1.0), scaled(0.3), scaled(2.0))
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
@@ -233,7 +235,7 @@ async def test_a_dripping_head_times_out_at_the_read_timeout_not_the_ceiling(ser
     async def drips(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\nX-Slow: ")
-        for _ in range(100):
+        for _ in range(int(scaled(100))):
             await writer.drain()
             await asyncio.sleep(0.05)
             writer.write(b"a")
@@ -242,8 +244,8 @@ async def test_a_dripping_head_times_out_at_the_read_timeout_not_the_ceiling(ser
     loop = asyncio.get_running_loop()
     began = loop.time()
     with pytest.raises(AttemptTimeout):
-        await transport.send(url, b"{}", {}, AttemptLimits(1.0, 0.3, 5.0))
-    assert loop.time() - began < 2.0
+        await transport.send(url, b"{}", {}, AttemptLimits(1.0, 0.3, scaled(5.0)))
+    assert loop.time() - began < scaled(2.0)
 
 
 async def test_the_head_bounds_come_from_the_server_policy(serve) -> None:
@@ -318,10 +320,10 @@ async def test_a_black_holed_first_address_costs_a_head_start_not_the_connect_ti
     try:
         began = loop.time()
         result = await transport.send(
-            f"http://agent.test:{port}/reach", b"{}", {}, AttemptLimits(1.0, 1.0, 3.0)
+            f"http://agent.test:{port}/reach", b"{}", {}, AttemptLimits(scaled(1.0), scaled(1.0), scaled(3.0))
         )
         assert result == {"ok": True}
-        assert loop.time() - began < 0.9
+        assert loop.time() - began < scaled(0.9)
         assert server.connections == 1
         assert len(pool._all) == 1  # the hung attempt was dropped, not kept in the pool
     finally:
