@@ -162,7 +162,7 @@ def test_sigterm_deregisters_the_agent(cluster: Cluster) -> None:
     wait_for(lambda: "promotion-agent" not in cluster.statuses(), timeout=20)
     for _ in range(5):
         assert cluster.reach(promo)["handlerAgentId"] == "price-query-agent"
-    assert cluster.agents["promotion-agent"].popen.wait(5) == 0
+    assert cluster.agents["promotion-agent"].popen.wait(scaled(5)) == 0
     assert "[reach-client] deregistered agent: promotion-agent" in cluster.agents["promotion-agent"].text()
 
 

@@ -149,7 +149,8 @@ class FakeAgent:
     mode: Mode = "ok"
     delay_s: float = 0.0
     # Requests wait for this event (after ``delay_s``) when it is set here: a test holds answers
-    # back until it has seen what it needs, however slow the machine.
+    # back until it has seen what it needs, however slow the machine. It must belong to the
+    # agent's loop; stop() sets it for good, so held requests end with the agent.
     hold: asyncio.Event | None = None
     weight: float = 1.0
     input_schema: dict[str, Any] | None = None

@@ -70,6 +70,8 @@ async def test_one_probe_per_agent_a_canary_is_still_probed_and_nothing_is_left_
             "embedding": {"backend": "none"},
             "limits": {"loop_lag_ms": 10_000},
             "health": {"interval_seconds": 0.02, "timeout_ms": PROBE_MS, "jitter": 0, "concurrency": 2},
+            # Far above the stop bound below: a stop that waited for the drain would fail it.
+            "server": {"drain_timeout_seconds": 60},
         }
     )
     hang, port = await hanging_server()
@@ -88,7 +90,7 @@ async def test_one_probe_per_agent_a_canary_is_still_probed_and_nothing_is_left_
             loop = asyncio.get_running_loop()
             start_probes = canary.health_probes
             # At least 1.5 s of the attack, and until the canary has been probed twice more
-            # (about once a second here: ten 200 ms probes through a gate of two).
+            # (about once a second here: ten 200 ms probes through a gate of two; scaled on CI).
             watch_from, deadline = loop.time(), loop.time() + scaled(15)
             while loop.time() - watch_from < 1.5 or canary.health_probes - start_probes < 2:
                 assert loop.time() < deadline, f"the canary got {canary.health_probes - start_probes} probes"

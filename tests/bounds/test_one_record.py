@@ -82,7 +82,7 @@ async def test_requests_running_at_the_drain_deadline_get_timeout_answers(
                 for i in range(3)
             ]
             loop = asyncio.get_running_loop()
-            deadline = loop.time() + 10
+            deadline = loop.time() + scaled(10)
             while len(stuck.received) < 3:
                 assert loop.time() < deadline, "the calls never reached the agent"
                 await asyncio.sleep(0.02)
