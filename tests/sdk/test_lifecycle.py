@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -18,6 +19,8 @@ import pytest
 
 from reachmesh import AgentConfig, ReachAgent
 from reachmesh.config import RouterConfig
+from reachmesh.sdk import lease as lease_module
+from reachmesh.sdk.lease import LeaseKeeper
 from reachmesh.server.asgi import Receive, Scope, Send
 from reachmesh.testing import ASGIApp, BackgroundLoop, RouterServer, free_port
 from tests.helpers import scaled, until
@@ -222,6 +225,87 @@ async def test_a_lost_registration_reply_still_yields_the_lease() -> None:
         finally:
             await agent.stop()
         assert router.app.parts.registry.get("late-reply") is None
+
+
+class FakeRouter:
+    """The Router's lease endpoints as an httpx transport: a lease for every registration, and
+    the leases given back, in order."""
+
+    def __init__(self) -> None:
+        self.given_back: list[str] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "DELETE":
+            self.given_back.append(request.headers["X-Reach-Lease"])
+            return httpx.Response(204)
+        return httpx.Response(200, json={"agentId": "a", "leaseId": "0x1", "ttlSeconds": 30})
+
+
+def keeper_on(router: FakeRouter) -> LeaseKeeper:
+    keeper = LeaseKeeper("http://router", {"id": "a"}, callback="http://a/reach", tasks=["t"])
+    keeper._http = httpx.Client(transport=httpx.MockTransport(router))
+    return keeper
+
+
+def test_a_signal_as_renewal_starts_stops_cleanly_and_gives_the_lease_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A signal that lands after the registration's answer but before the renewal thread runs:
+    the agent's stop() (from its own thread) neither raises nor leaves a renewal thread, and the
+    lease is given back once. It once joined a thread not yet started: a traceback, exit 1."""
+    router = FakeRouter()
+    keeper = keeper_on(router)
+    failed: list[BaseException] = []
+    stopped = threading.Event()
+
+    def stop_as_the_agent_does() -> None:
+        try:
+            keeper.stop(wait=0)  # what ReachAgent does on a signal during start()
+        except RuntimeError as exc:
+            failed.append(exc)
+        finally:
+            stopped.set()
+
+    class SignalAtStart(threading.Thread):
+        def start(self) -> None:
+            threading.Thread(target=stop_as_the_agent_does).start()
+            assert keeper._stop.wait(scaled(5)), "the stop never began"
+            # Let the stop run as far as it can before the renewal thread does.
+            stopped.wait(0.2)
+            super().start()
+
+    monkeypatch.setattr(lease_module, "threading", SimpleNamespace(Thread=SignalAtStart))
+    try:
+        keeper.open()
+        assert stopped.wait(scaled(5)), "the stop never ended"
+        assert failed == []
+        keeper.deregister()  # the rest of the agent's stop()
+        assert router.given_back == ["0x1"]
+        assert keeper._thread is None or not keeper._thread.is_alive()
+    finally:
+        keeper.close()
+
+
+def test_a_stop_while_the_registration_is_answered_gives_the_lease_back_once() -> None:
+    """The agent stops (and deregisters) while open() is receiving the registration's answer:
+    open() then does not start renewing, and the lease is deleted once, not by both threads."""
+    router = FakeRouter()
+    keeper = keeper_on(router)
+    register = keeper.register_until_done
+
+    def answered_then_stopped(*args: Any) -> bool:
+        done = register(*args)
+        keeper.stop(wait=0)
+        keeper.deregister()
+        return done
+
+    keeper.register_until_done = answered_then_stopped  # type: ignore[method-assign,assignment]
+    try:
+        assert keeper.open() is False
+        assert keeper._thread is None
+        assert router.given_back == ["0x1"]
+    finally:
+        keeper.close()
 
 
 @pytest.mark.e2e

@@ -167,6 +167,9 @@ class LeaseKeeper:
         self._wait = wait or self._stop.wait
         self._trouble = Trouble(clock, router_url)
         self._thread: threading.Thread | None = None
+        # open() runs on a thread of its own and stop() on the agent's: the lock makes "not
+        # stopped yet, so start renewing" one step, and hands each lease to one deregistration.
+        self._lock = threading.Lock()
         self._registration_timeout = registration_timeout
         self._opening = False  # open() is registering on some thread: the client is in use
         # An HTTPS Router with a private CA is trusted through REACH_CA_FILE.
@@ -276,25 +279,29 @@ class LeaseKeeper:
         """
         self._opening = True
         try:
-            registered = self.register_until_done()
+            if not self.register_until_done():
+                return False
+            if not self.start():
+                # Stopped while the answer was on its way: the agent is leaving, so give the lease
+                # back rather than leave it to expire.
+                self.deregister()
+                return False
+            return True
         finally:
             self._opening = False
-        if not registered:
-            return False
-        if self._stop.is_set():
-            # Stopped while the answer was on its way: the agent is leaving, so give the lease
-            # back rather than leave it to expire.
-            self.deregister()
-            return False
-        self.start()
-        return True
 
     # -- renewal -----------------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Renew in the background, three times per TTL."""
-        self._thread = threading.Thread(target=self._renew_forever, name="reach-lease", daemon=True)
-        self._thread.start()
+    def start(self) -> bool:
+        """Renew in the background, three times per TTL; False, and no thread, once stop() was called."""
+        with self._lock:
+            if self._stop.is_set():
+                return False
+            # Published only once running: stop() joins whatever it finds here.
+            thread = threading.Thread(target=self._renew_forever, name="reach-lease", daemon=True)
+            thread.start()
+            self._thread = thread
+        return True
 
     def _next_renewal_in(self) -> float:
         """Seconds until the next renewal: a third of a TTL after the last extension was *sent*.
@@ -395,19 +402,26 @@ class LeaseKeeper:
         deregistration that follows does not need it, and a hung Router must not hold the stop.
         """
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=wait)
-            if not self._thread.is_alive():
-                self._thread = None
+        with self._lock:  # a start() under way publishes its running thread first
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout=wait)
+            if not thread.is_alive():
+                with self._lock:
+                    if self._thread is thread:
+                        self._thread = None
 
     def deregister(self, timeout: float = DEREGISTER_TIMEOUT_S) -> None:
-        """Give the lease back so the Router stops routing here at once."""
-        if self.lease_id is None:
+        """Give the lease back so the Router stops routing here at once (once per lease, whichever
+        thread asks first)."""
+        with self._lock:
+            lease_id, self.lease_id = self.lease_id, None
+        if lease_id is None:
             return
         try:
             resp = self._http.delete(
                 f"{self.router_url}/agents/{self.agent_id}",
-                headers={"X-Reach-Lease": self.lease_id},
+                headers={"X-Reach-Lease": lease_id},
                 timeout=timeout,
             )
             if resp.status_code == 204:
@@ -416,7 +430,6 @@ class LeaseKeeper:
                 log.warning("[reach-client] deregistration answered HTTP %s", resp.status_code)
         except httpx.HTTPError as exc:
             log.warning("[reach-client] could not deregister (%s); the lease will expire", exc)
-        self.lease_id = None
 
     def close(self) -> None:
         """Close the HTTP client, unless a thread still uses it (process exit will end it)."""
