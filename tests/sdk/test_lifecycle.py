@@ -19,6 +19,7 @@ import pytest
 
 from reachmesh import AgentConfig, ReachAgent
 from reachmesh.config import RouterConfig
+from reachmesh.sdk import agent as agent_module
 from reachmesh.sdk import lease as lease_module
 from reachmesh.sdk.lease import LeaseKeeper
 from reachmesh.server.asgi import Receive, Scope, Send
@@ -227,6 +228,69 @@ async def test_a_lost_registration_reply_still_yields_the_lease() -> None:
         assert router.app.parts.registry.get("late-reply") is None
 
 
+class HoldUntil:
+    """ASGI middleware: the first registration is served whole, but its reply waits for ``release``."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.release = asyncio.Event()
+        self.holding = False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or self.holding:
+            await self.app(scope, receive, send)
+            return
+        self.holding = True
+
+        async def held_send(message: dict[str, Any]) -> None:
+            await self.release.wait()
+            await send(message)
+
+        await self.app(scope, receive, held_send)
+
+
+async def test_a_stop_while_the_registration_is_answered_waits_and_leaves_nothing_listed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The agent stops while its registration is written but not yet answered: stop() waits for
+    the answer (within its budget) and the lease is given back before it returns. Before, stop()
+    returned at once, the process exited, and the entry stayed listed until its lease ran out."""
+    holder: list[HoldUntil] = []
+
+    def hold(app: ASGIApp) -> ASGIApp:
+        holder.append(HoldUntil(app))
+        return holder[0]
+
+    # The budget is the product's bound on a stop; a busy machine gets the suite's factor.
+    monkeypatch.setattr(agent_module, "DEREGISTER_BUDGET_S", scaled(agent_module.DEREGISTER_BUDGET_S))
+    async with RouterServer(quiet_router(), middleware=hold) as router:
+        agent = ReachAgent(
+            AgentConfig.from_mapping(
+                {
+                    "agent": {
+                        "id": "leaving",
+                        "network": {"endpoint": f"http://127.0.0.1:{free_port()}/reach"},
+                        "capabilities": [{"task": "echo"}],
+                    },
+                    "router": {"url": router.url},
+                },
+                env={},
+            )
+        )
+        agent.capability("echo")(lambda payload: payload)
+        starting = asyncio.create_task(agent.start())
+        registry = router.app.parts.registry
+        await until(lambda: registry.get("leaving"), "the registration written, its reply held")
+        lease = agent._lease
+        assert lease is not None
+        starting.cancel()  # what serve_forever does on a signal
+        stopping = asyncio.create_task(agent.stop())
+        await until(lambda: lease.stopping, "the stop under way")
+        holder[0].release.set()
+        await stopping
+        assert registry.get("leaving") is None
+
+
 class FakeRouter:
     """The Router's lease endpoints as an httpx transport: a lease for every registration, and
     the leases given back, in order."""
@@ -256,10 +320,11 @@ def test_a_signal_as_renewal_starts_stops_cleanly_and_gives_the_lease_back(
     router = FakeRouter()
     keeper = keeper_on(router)
     failed: list[BaseException] = []
-    stopped = threading.Event()
+    stopping, stopped = threading.Event(), threading.Event()
 
     def stop_as_the_agent_does() -> None:
         try:
+            stopping.set()
             keeper.stop(wait=0)  # what ReachAgent does on a signal during start()
         except RuntimeError as exc:
             failed.append(exc)
@@ -269,7 +334,7 @@ def test_a_signal_as_renewal_starts_stops_cleanly_and_gives_the_lease_back(
     class SignalAtStart(threading.Thread):
         def start(self) -> None:
             threading.Thread(target=stop_as_the_agent_does).start()
-            assert keeper._stop.wait(scaled(5)), "the stop never began"
+            assert stopping.wait(scaled(5)), "the stop never began"
             # Let the stop run as far as it can before the renewal thread does.
             stopped.wait(0.2)
             super().start()

@@ -304,10 +304,17 @@ class ReachAgent:
             # Joining the lease thread must not block the loop: the thread may be waiting on a
             # Router that is served by this very loop (in tests, or an embedded Router).
             await _on_daemon_thread(lease.stop, "reach-lease-stop")
+            loop = asyncio.get_running_loop()
+            budget_ends = loop.time() + DEREGISTER_BUDGET_S
+            # A registration sent before the stop may be answered yet: its own thread gives that
+            # lease back, so wait for it (within the budget) rather than exit and leave it listed.
+            waiting = functools.partial(lease.wait_opened, DEREGISTER_BUDGET_S)
+            await _on_daemon_thread(waiting, "reach-open-wait")
             try:
                 # The keeper's own timeout bounds each phase of the request; this bounds the whole.
                 await asyncio.wait_for(
-                    _on_daemon_thread(lease.deregister, "reach-deregister"), DEREGISTER_BUDGET_S
+                    _on_daemon_thread(lease.deregister, "reach-deregister"),
+                    max(budget_ends - loop.time(), 0.1),
                 )
             except TimeoutError:
                 log.warning("[reach-client] the Router did not answer the deregistration in time")

@@ -172,6 +172,9 @@ class LeaseKeeper:
         self._lock = threading.Lock()
         self._registration_timeout = registration_timeout
         self._opening = False  # open() is registering on some thread: the client is in use
+        # Clear while an open() is under way; stop() callers wait on it (see wait_opened).
+        self._open_idle = threading.Event()
+        self._open_idle.set()
         # An HTTPS Router with a private CA is trusted through REACH_CA_FILE.
         self._http = httpx.Client(timeout=5, headers=auth_headers(), verify=router_verify())
         # One token per keeper (per process, in practice): it identifies this registrant to the
@@ -277,7 +280,11 @@ class LeaseKeeper:
         request to the agent the moment it is registered, and a handler that blocks the loop
         would otherwise hold up the lease thread's start until the lease ran out.
         """
-        self._opening = True
+        with self._lock:  # an open() begun before stop() is one that stop() can wait for
+            if self._stop.is_set():
+                return False
+            self._opening = True
+            self._open_idle.clear()
         try:
             if not self.register_until_done():
                 return False
@@ -289,6 +296,15 @@ class LeaseKeeper:
             return True
         finally:
             self._opening = False
+            self._open_idle.set()
+
+    def wait_opened(self, timeout: float) -> bool:
+        """After :meth:`stop`: wait up to ``timeout`` s for an :meth:`open` under way to end.
+
+        A registration already sent when the stop came may still be answered; that open() gives
+        the lease back itself, but only if the process lives that long. True once none is under way.
+        """
+        return self._open_idle.wait(timeout)
 
     # -- renewal -----------------------------------------------------------------------------
 
@@ -401,8 +417,8 @@ class LeaseKeeper:
         A renewal still in flight after that is left to finish on its own (daemon) thread: the
         deregistration that follows does not need it, and a hung Router must not hold the stop.
         """
-        self._stop.set()
-        with self._lock:  # a start() under way publishes its running thread first
+        with self._lock:  # a start() or an open() under way is seen whole, or not at all
+            self._stop.set()
             thread = self._thread
         if thread is not None:
             thread.join(timeout=wait)

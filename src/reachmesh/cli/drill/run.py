@@ -53,6 +53,7 @@ class Interrupted(Exception):
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+        self.left: list[str] = []  # the drill's agents still listed after its clean-up
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -158,7 +159,10 @@ def _main(
         _finish(results, report, json_out, partial=True)
         fail(exc.message)
     except Interrupted as exc:
-        message = f"[reach-drill] interrupted ({exc}): the drill's agents were stopped and removed"
+        removed = (
+            f"still listed: {', '.join(exc.left)}, until their leases run out" if exc.left else "removed"
+        )
+        message = f"[reach-drill] interrupted ({exc}): the drill's agents were stopped, {removed}"
         err.print(message, highlight=False, markup=False)
         raise typer.Exit(128 + exc.signum) from None
     _finish(results, report, json_out)
@@ -298,15 +302,15 @@ def _start_etcd(workdir: Path, stack: contextlib.ExitStack) -> Any:
 
 
 def _on(stage: Stage, name: str, started: str) -> Result:
+    cleaned = False
     try:
         result = asyncio.run(_interruptible(SCENARIOS[name](stage)))
+    except Interrupted as exc:
+        exc.left, cleaned = _clean_up(stage), True
+        raise
     finally:
-        with _uninterrupted():
-            left = stage.fleet.cleanup()
-        if left:
-            err.print(
-                f"[reach-drill] still listed after cleanup: {', '.join(left)}", highlight=False, markup=False
-            )
+        if not cleaned:
+            _clean_up(stage)
     result.router = {
         "url": stage.router_url,
         "started": started,
@@ -314,6 +318,17 @@ def _on(stage: Stage, name: str, started: str) -> Result:
         "policy": stage.policy,
     }
     return result
+
+
+def _clean_up(stage: Stage) -> list[str]:
+    """Stop and remove the drill's agents; says which are still listed, and returns them."""
+    with _uninterrupted():
+        left = stage.fleet.cleanup()
+    if left:
+        err.print(
+            f"[reach-drill] still listed after cleanup: {', '.join(left)}", highlight=False, markup=False
+        )
+    return left
 
 
 def _policy_of(url: str, token: str | None) -> dict[str, Any] | None:
