@@ -93,6 +93,24 @@ def quiet_router(ttl: float = 60.0) -> RouterConfig:
     )
 
 
+def echo_agent(agent_id: str, router_url: str, **router: Any) -> ReachAgent:
+    """An in-process SDK agent with one `echo` handler, not started; ``router`` adds settings."""
+    config = AgentConfig.from_mapping(
+        {
+            "agent": {
+                "id": agent_id,
+                "network": {"endpoint": f"http://127.0.0.1:{free_port()}/reach"},
+                "capabilities": [{"task": "echo"}],
+            },
+            "router": {"url": router_url, **router},
+        },
+        env={},
+    )
+    agent = ReachAgent(config)
+    agent.capability("echo")(lambda payload: payload)
+    return agent
+
+
 def start_agent(tmp_path: Path, name: str, router_url: str) -> Proc:
     """The chaos agent as a real process (``python -m reachmesh agent``), with no faults."""
     return chaos_agent(tmp_path, name, router_url, free_port(), free_port())
@@ -193,19 +211,7 @@ async def test_a_lost_registration_reply_still_yields_the_lease() -> None:
     # A 2 s lease: the retry (0.3 s timeout, then 0.1 s backoff) finds it live however slow the
     # machine, so the answer must be the idempotent one; renewals come every 0.67 s.
     async with RouterServer(quiet_router(ttl=2), middleware=hold_first_registration) as router:
-        config = AgentConfig.from_mapping(
-            {
-                "agent": {
-                    "id": "late-reply",
-                    "network": {"endpoint": f"http://127.0.0.1:{free_port()}/reach"},
-                    "capabilities": [{"task": "echo"}],
-                },
-                "router": {"url": router.url, "registration_timeout_seconds": 0.3},
-            },
-            env={},
-        )
-        agent = ReachAgent(config)
-        agent.capability("echo")(lambda payload: payload)
+        agent = echo_agent("late-reply", router.url, registration_timeout_seconds=0.3)
         await asyncio.wait_for(agent.start(), scaled(15))
         try:
             # The first reply was lost, and the retry was answered with the lease it carried.
@@ -264,20 +270,7 @@ async def test_a_stop_while_the_registration_is_answered_waits_and_leaves_nothin
     # The budget is the product's bound on a stop; a busy machine gets the suite's factor.
     monkeypatch.setattr(agent_module, "DEREGISTER_BUDGET_S", scaled(agent_module.DEREGISTER_BUDGET_S))
     async with RouterServer(quiet_router(), middleware=hold) as router:
-        agent = ReachAgent(
-            AgentConfig.from_mapping(
-                {
-                    "agent": {
-                        "id": "leaving",
-                        "network": {"endpoint": f"http://127.0.0.1:{free_port()}/reach"},
-                        "capabilities": [{"task": "echo"}],
-                    },
-                    "router": {"url": router.url},
-                },
-                env={},
-            )
-        )
-        agent.capability("echo")(lambda payload: payload)
+        agent = echo_agent("leaving", router.url)
         starting = asyncio.create_task(agent.start())
         registry = router.app.parts.registry
         await until(lambda: registry.get("leaving"), "the registration written, its reply held")
