@@ -208,7 +208,7 @@ def test_an_interrupt_mid_run_stops_and_removes_every_drill_agent(
                 proc.wait()
         log.seek(0)
         said = log.read()
-    assert "Traceback" not in said and "interrupted" in said, said
+    assert "Traceback" not in said and "the drill's agents were stopped and removed" in said, said
     assert team.drill_agents() == []
     assert team.agent("team-agent")["status"] == "available"
     still = [
@@ -217,6 +217,18 @@ def test_an_interrupt_mid_run_stops_and_removes_every_drill_agent(
         if any(f"{agent_id}.yaml" in part for agent_id in ids for part in (p.info["cmdline"] or []))
     ]
     assert still == []
+
+
+def test_an_interrupted_drill_says_what_became_of_its_agents() -> None:
+    """Removed only when the Router's list shows none; else the ones left, or that it is unknown."""
+    from reachmesh.cli.drill.run import Interrupted, _interrupted_line
+
+    exc = Interrupted(signal.SIGTERM)
+    assert _interrupted_line(exc).endswith("(SIGTERM): the drill's agents were stopped and removed")
+    exc.left = ["drill-1-2", "drill-1-3"]
+    assert _interrupted_line(exc).endswith("still listed until their leases run out: drill-1-2, drill-1-3")
+    exc.left = None
+    assert "could not be read" in _interrupted_line(exc)
 
 
 def test_a_missing_token_is_one_line(team: TeamRouter) -> None:

@@ -171,7 +171,8 @@ class LeaseKeeper:
         # stopped yet, so start renewing" one step, and hands each lease to one deregistration.
         self._lock = threading.Lock()
         self._registration_timeout = registration_timeout
-        self._opening = False  # open() is registering on some thread: the client is in use
+        self._opening = False  # a registration is under way on some thread: the client is in use
+        self._deregistering = False  # likewise, a deregistration
         # Clear while an open() is under way; stop() callers wait on it (see wait_opened).
         self._open_idle = threading.Event()
         self._open_idle.set()
@@ -280,28 +281,40 @@ class LeaseKeeper:
         request to the agent the moment it is registered, and a handler that blocks the loop
         would otherwise hold up the lease thread's start until the lease ran out.
         """
-        with self._lock:  # an open() begun before stop() is one that stop() can wait for
+        if not self._register_unless_stopped():
+            return False
+        if not self.start():
+            # Stopped since: the agent is leaving, so give the lease back rather than leave it
+            # to expire.
+            self.deregister()
+            return False
+        return True
+
+    def _register_unless_stopped(self, backoff: Backoff | None = None) -> bool:
+        """:meth:`register_until_done`, begun only if not stopped; a lease answered after a stop
+        is given back at once. :meth:`wait_opened` waits for it."""
+        with self._lock:  # a registration begun before stop() is one that stop() can wait for
             if self._stop.is_set():
                 return False
             self._opening = True
             self._open_idle.clear()
         try:
-            if not self.register_until_done():
+            if not self.register_until_done(backoff):
                 return False
-            if not self.start():
-                # Stopped while the answer was on its way: the agent is leaving, so give the lease
-                # back rather than leave it to expire.
+            if self._stop.is_set():
                 self.deregister()
                 return False
             return True
         finally:
-            self._opening = False
+            with self._lock:
+                self._opening = False
             self._open_idle.set()
 
     def wait_opened(self, timeout: float) -> bool:
-        """After :meth:`stop`: wait up to ``timeout`` s for an :meth:`open` under way to end.
+        """After :meth:`stop`: wait up to ``timeout`` s for a registration under way to end (the
+        first, or the renewal thread's registering again).
 
-        A registration already sent when the stop came may still be answered; that open() gives
+        A registration already sent when the stop came may still be answered; its thread gives
         the lease back itself, but only if the process lives that long. True once none is under way.
         """
         return self._open_idle.wait(timeout)
@@ -361,6 +374,10 @@ class LeaseKeeper:
                     return
                 wait, probe = self._next_renewal_in(), False
                 continue
+            if self._stop.is_set():
+                # The agent is leaving: a renewal answered 404 because its deregistration came
+                # first is not a lease to register again.
+                return
             if resp.status_code == 200:
                 self._extended_at = sent
                 self._trouble.recovered()
@@ -388,7 +405,7 @@ class LeaseKeeper:
     def _register_again(self, backoff: Backoff) -> bool:
         """Register anew from the renewal thread; False when stopped or refused for good."""
         try:
-            return self.register_until_done(backoff)
+            return self._register_unless_stopped(backoff)
         except ConfigError as exc:
             log.error("[reach-client] %s", exc.message)
             return False
@@ -427,13 +444,15 @@ class LeaseKeeper:
                     if self._thread is thread:
                         self._thread = None
 
-    def deregister(self, timeout: float = DEREGISTER_TIMEOUT_S) -> None:
+    def deregister(self, timeout: float | None = None) -> None:
         """Give the lease back so the Router stops routing here at once (once per lease, whichever
         thread asks first)."""
+        timeout = DEREGISTER_TIMEOUT_S if timeout is None else timeout
         with self._lock:
             lease_id, self.lease_id = self.lease_id, None
-        if lease_id is None:
-            return
+            if lease_id is None:
+                return
+            self._deregistering = True
         try:
             resp = self._http.delete(
                 f"{self.router_url}/agents/{self.agent_id}",
@@ -446,10 +465,15 @@ class LeaseKeeper:
                 log.warning("[reach-client] deregistration answered HTTP %s", resp.status_code)
         except httpx.HTTPError as exc:
             log.warning("[reach-client] could not deregister (%s); the lease will expire", exc)
+        finally:
+            with self._lock:
+                self._deregistering = False
 
     def close(self) -> None:
         """Close the HTTP client, unless a thread still uses it (process exit will end it)."""
-        if self._thread is None and not self._opening:
+        with self._lock:
+            busy = self._thread is not None or self._opening or self._deregistering
+        if not busy:
             self._http.close()
 
 

@@ -271,8 +271,9 @@ class Fleet:
             )
         return isinstance(row, dict) and row.get("status") == "available" and agent.lease_file.exists()
 
-    def cleanup(self) -> list[str]:
-        """Stop every agent and leave none registered; returns the ids still listed afterwards."""
+    def cleanup(self) -> list[str] | None:
+        """Stop every agent and leave none registered; returns the ids still listed afterwards,
+        or None when the Router's list could not be read."""
         stop_all([agent.proc for agent in self.agents.values() if agent.proc is not None])
         with httpx.Client(base_url=self.router_url, headers=auth_headers(self.token), timeout=5) as http:
             for agent in self.agents.values():
@@ -280,8 +281,10 @@ class Fleet:
             try:
                 listed = http.get("/admin/agents").json()
             except (httpx.HTTPError, ValueError):
-                return []
-        rows = listed if isinstance(listed, list) else []
+                return None
+        if not isinstance(listed, list):
+            return None
+        rows = listed
         return [
             str(row.get("id"))
             for row in rows

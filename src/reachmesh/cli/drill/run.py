@@ -53,7 +53,8 @@ class Interrupted(Exception):
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
-        self.left: list[str] = []  # the drill's agents still listed after its clean-up
+        # The drill's agents still listed after its clean-up (None: the Router's list was unread).
+        self.left: list[str] | None = []
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -159,13 +160,20 @@ def _main(
         _finish(results, report, json_out, partial=True)
         fail(exc.message)
     except Interrupted as exc:
-        removed = (
-            f"still listed: {', '.join(exc.left)}, until their leases run out" if exc.left else "removed"
-        )
-        message = f"[reach-drill] interrupted ({exc}): the drill's agents were stopped, {removed}"
-        err.print(message, highlight=False, markup=False)
+        err.print(_interrupted_line(exc), highlight=False, markup=False)
         raise typer.Exit(128 + exc.signum) from None
     _finish(results, report, json_out)
+
+
+def _interrupted_line(exc: Interrupted) -> str:
+    """What an interrupted drill says about its agents: removed, or which are left, or unknown."""
+    if exc.left is None:
+        fate = "; the Router's list could not be read to check they were removed"
+    elif exc.left:
+        fate = f"; still listed until their leases run out: {', '.join(exc.left)}"
+    else:
+        fate = " and removed"
+    return f"[reach-drill] interrupted ({exc}): the drill's agents were stopped{fate}"
 
 
 def _check_flags(
@@ -320,11 +328,15 @@ def _on(stage: Stage, name: str, started: str) -> Result:
     return result
 
 
-def _clean_up(stage: Stage) -> list[str]:
+def _clean_up(stage: Stage) -> list[str] | None:
     """Stop and remove the drill's agents; says which are still listed, and returns them."""
     with _uninterrupted():
         left = stage.fleet.cleanup()
-    if left:
+    if left is None:
+        err.print(
+            "[reach-drill] could not read the Router's agents after cleanup", highlight=False, markup=False
+        )
+    elif left:
         err.print(
             f"[reach-drill] still listed after cleanup: {', '.join(left)}", highlight=False, markup=False
         )
