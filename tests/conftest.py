@@ -15,6 +15,7 @@ import httpx
 import psutil
 import pytest
 
+from reachmesh import ports
 from reachmesh.config import RouterConfig
 from reachmesh.testing import FakeAgent, RouterServer
 from tests.helpers import TIME_SCALE, scaled
@@ -55,6 +56,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return next((i for i, name in enumerate(SLOW_FIRST) if name in marks), len(SLOW_FIRST))
 
     items.sort(key=rank)  # stable: a module's tests stay together, in their own order
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Each xdist worker picks free ports from a slice of its own, and so do the processes it
+    starts (they inherit the variable): two workers once picked the same port, and the second
+    agent process to bind it could not start."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is None or os.environ.get(ports.RANGE_ENV):
+        return
+    index = int(str(workerinput["workerid"]).removeprefix("gw"))
+    count = int(workerinput["workercount"])
+    low, high = 10_000, ports._ephemeral_floor()
+    size = (high - low) // count
+    os.environ[ports.RANGE_ENV] = f"{low + index * size}-{low + (index + 1) * size}"
 
 
 def pytest_report_header() -> str:
