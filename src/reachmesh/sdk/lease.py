@@ -171,9 +171,9 @@ class LeaseKeeper:
         # stopped yet, so start renewing" one step, and hands each lease to one deregistration.
         self._lock = threading.Lock()
         self._registration_timeout = registration_timeout
-        self._opening = False  # a registration is under way on some thread: the client is in use
-        self._deregistering = False  # likewise, a deregistration
-        # Clear while an open() is under way; stop() callers wait on it (see wait_opened).
+        self._deregistering = False  # a deregistration is under way: the client is in use
+        # Clear while a registration is under way on some thread (the client is in use then
+        # too); stop() callers wait on it (see wait_opened).
         self._open_idle = threading.Event()
         self._open_idle.set()
         # An HTTPS Router with a private CA is trusted through REACH_CA_FILE.
@@ -296,7 +296,6 @@ class LeaseKeeper:
         with self._lock:  # a registration begun before stop() is one that stop() can wait for
             if self._stop.is_set():
                 return False
-            self._opening = True
             self._open_idle.clear()
         try:
             if not self.register_until_done(backoff):
@@ -306,8 +305,6 @@ class LeaseKeeper:
                 return False
             return True
         finally:
-            with self._lock:
-                self._opening = False
             self._open_idle.set()
 
     def wait_opened(self, timeout: float) -> bool:
@@ -472,7 +469,7 @@ class LeaseKeeper:
     def close(self) -> None:
         """Close the HTTP client, unless a thread still uses it (process exit will end it)."""
         with self._lock:
-            busy = self._thread is not None or self._opening or self._deregistering
+            busy = self._thread is not None or not self._open_idle.is_set() or self._deregistering
         if not busy:
             self._http.close()
 

@@ -284,10 +284,9 @@ class Fleet:
                 return None
         if not isinstance(listed, list):
             return None
-        rows = listed
         return [
             str(row.get("id"))
-            for row in rows
+            for row in listed
             if isinstance(row, dict) and str(row.get("id", "")).startswith(self.prefix)
         ]
 
