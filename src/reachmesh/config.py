@@ -290,11 +290,27 @@ class AsyncPolicy(_Section):
     # replyTo delivery: retried with exponential backoff and jitter, starting at
     # reply_backoff_ms and doubling up to reply_backoff_max_ms, until it is taken, until
     # reply_window_seconds have passed, or after reply_attempts POSTs, whichever comes first.
+    # Ten tries span about two minutes of backoff; more only repeat the same body at an address
+    # the caller chose.
     reply_window_seconds: Positive = 300
-    reply_attempts: Annotated[int, Field(ge=1, le=1000)] = 100
+    reply_attempts: Annotated[int, Field(ge=1, le=1000)] = 10
+    # Deliveries retrying at once; past it a delivery gets one try (each reads the result from
+    # the store, so none holds bytes of its own).
+    max_pending_replies: Annotated[int, Field(ge=1, le=1_000_000)] = 1000
     reply_backoff_ms: Annotated[int, Field(ge=0, le=60_000)] = 500
     reply_backoff_max_ms: Annotated[int, Field(ge=1, le=600_000)] = 30_000
     reply_timeout_ms: PositiveMs = 5000
+
+
+class A2APolicy(_Section):
+    """The A2A export's task store (GetTask, ListTasks): it keeps what agents answered."""
+
+    # Finished tasks kept, and their bytes (protobuf size); past either the oldest go first.
+    max_tasks: Annotated[int, Field(ge=1, le=10_000_000)] = 1000
+    max_store_bytes: Annotated[int, Field(ge=64 * 1024, le=1 << 40)] = 64 * 1024 * 1024
+    # One task's bytes: a bigger one is kept without its artifacts and history (the caller had
+    # them in the call's answer), so GetTask still tells how it ended.
+    max_task_bytes: Annotated[int, Field(ge=4096, le=1 << 30)] = 1024 * 1024
 
 
 class MeritPolicy(_Section):
@@ -430,6 +446,10 @@ class TracingPolicy(_Section):
 
     enabled: bool = True
     store_size: Annotated[int, Field(ge=1, le=1_000_000)] = 10_000
+    # The store's bytes, and one hop's: a hop quotes what callers and agents sent, so a count
+    # alone does not bound it. A hop over max_hop_bytes is kept without its notes and details.
+    store_max_bytes: Annotated[int, Field(ge=64 * 1024, le=1 << 40)] = 64 * 1024 * 1024
+    max_hop_bytes: Annotated[int, Field(ge=4096, le=16 * 1024 * 1024)] = 64 * 1024
     # Emit OpenTelemetry spans (needs the `otel` extra; exporters are set up the OTel way).
     otel: bool = False
 
@@ -477,6 +497,7 @@ class RouterConfig(_Section):
     health: HealthPolicy = HealthPolicy()
     affinity: AffinityPolicy = AffinityPolicy()
     async_mode: AsyncPolicy = AsyncPolicy()
+    a2a: A2APolicy = A2APolicy()
     routing: RoutingPolicy = RoutingPolicy()
     embedding: EmbeddingPolicy = EmbeddingPolicy()
     tracing: TracingPolicy = TracingPolicy()

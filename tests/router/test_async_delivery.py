@@ -108,3 +108,72 @@ async def test_drain_lets_running_requests_finish_and_abandons_the_rest(
     abandoned = {r.getMessage().split("]")[0][1:] for r in caplog.records if "abandoned" in r.getMessage()}
     assert abandoned == {"job-2", "job-3", "job-4"}
     assert len(runner) == 0
+
+
+class CountingTransport(FakeTransport):
+    """Counts every POST to replyTo, refused or not, and the bytes sent."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        super().__init__(clock)
+        self.tries: list[tuple[str, int]] = []
+
+    async def deliver(self, url: str, body: bytes, headers: dict[str, str], timeout_s: float) -> None:
+        self.tries.append((headers["X-Reach-Trace-Id"], len(body)))
+        await super().deliver(url, body, headers, timeout_s)
+
+
+async def test_a_delivery_holds_no_copy_and_stops_once_the_store_lets_the_result_go(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Retrying deliveries once kept whole answers beyond the store's byte budget (262 MiB held
+    while the gauge read 16). Each try now reads the store; an evicted result is not sent again."""
+    clock = ManualClock()
+    fake = CountingTransport(clock)
+    fake.endpoint(LISTENER, healthy=False)
+    policy = AsyncPolicy(max_result_bytes=4096)
+    parked = asyncio.Event()
+
+    async def park(seconds: float) -> None:
+        clock.advance(seconds)
+        await parked.wait()
+
+    runner = AsyncRequests(fake, ResultStore(policy, clock=clock), policy, clock=clock, sleep=park)
+
+    async def answer() -> tuple[int, bytes]:
+        return 200, b"a" * 3000
+
+    runner.start("first", answer, LISTENER)
+    await until(lambda: len(fake.tries) == 1, "the first try")
+    runner.start("second", answer, None)  # 6,000 bytes > 4,096: "first" is evicted
+    await until(lambda: runner.results.get("second") is not None, "the second result")
+    assert runner.results.get("first") is None
+    with caplog.at_level(logging.ERROR, logger="reachmesh.async"):
+        parked.set()
+        await until(lambda: not runner._deliveries, "the delivery to end")
+    assert fake.tries == [("first", 3000)]
+    assert any("no longer held" in r.getMessage() for r in caplog.records)
+
+
+async def test_deliveries_past_the_pending_bound_get_one_try() -> None:
+    clock = ManualClock()
+    fake = CountingTransport(clock)
+    fake.endpoint(LISTENER, healthy=False)
+    policy = AsyncPolicy(max_pending_replies=2, reply_attempts=5)
+    parked = asyncio.Event()
+
+    async def park(seconds: float) -> None:
+        await parked.wait()
+
+    runner = AsyncRequests(fake, ResultStore(policy, clock=clock), policy, clock=clock, sleep=park)
+
+    async def answer() -> tuple[int, bytes]:
+        return 200, b"{}"
+
+    for i in range(5):
+        runner.start(f"r{i}", answer, LISTENER)
+    await until(lambda: len(fake.tries) == 5, "one try each")
+    parked.set()
+    await until(lambda: not runner._deliveries, "every delivery to end")
+    tries = {trace: sum(1 for t, _ in fake.tries if t == trace) for trace in (f"r{i}" for i in range(5))}
+    assert sorted(tries.values()) == [1, 1, 1, 5, 5]  # two retried to the end, three tried once
+    assert AsyncPolicy().reply_attempts == 10

@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from collections import deque
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -309,24 +308,53 @@ def owner_context(key: str) -> ServerCallContext:
 
 
 class BoundedTaskStore(InMemoryTaskStore):
-    """An in-memory task store, kept per owner, that forgets the oldest tasks past ``limit``: a
-    Router runs for months, and every A2A call leaves a task behind."""
+    """An in-memory task store, kept per owner, that forgets the oldest tasks past ``limit`` or
+    past ``max_bytes``: a Router runs for months, every A2A call leaves a task behind, and a task
+    holds what an agent answered (30 answers of 4 MB once grew the Router by 165 MiB)."""
 
-    def __init__(self, limit: int = TASKS_KEPT) -> None:
+    def __init__(
+        self,
+        limit: int = TASKS_KEPT,
+        *,
+        max_bytes: int = 64 * 1024 * 1024,
+        max_task_bytes: int = 1024 * 1024,
+    ) -> None:
         super().__init__()
-        self._order: deque[tuple[str, str]] = deque()
-        self._seen: set[tuple[str, str]] = set()
+        self._sizes: dict[tuple[str, str], int] = {}  # insertion order is age
         self._limit = limit
+        self.max_bytes = max_bytes
+        self.max_task_bytes = max_task_bytes
+        self.bytes_held = 0
+        self.slimmed = 0
+
+    def _slim(self, task: Task, size: int) -> Task:
+        """``task`` without its artifacts and history, saying why, for one over max_task_bytes."""
+        slim = Task()
+        slim.CopyFrom(task)
+        del slim.artifacts[:]
+        del slim.history[:]
+        slim.metadata.update(
+            {
+                "agentReachOmitted": f"artifacts and history left out: the task was {size} bytes, "
+                f"over the Router's a2a.max_task_bytes ({self.max_task_bytes}); the call's "
+                "answer carried them"
+            }
+        )
+        self.slimmed += 1
+        return slim
 
     async def save(self, task: Task, context: ServerCallContext) -> None:
         key = (context.user.user_name, task.id)
-        if key not in self._seen:
-            self._seen.add(key)
-            self._order.append(key)
+        size = task.ByteSize()
+        if size > self.max_task_bytes:
+            task = self._slim(task, size)
+            size = task.ByteSize()
+        self.bytes_held += size - self._sizes.pop(key, 0)
+        self._sizes[key] = size
         await super().save(task, context)
-        while len(self._order) > self._limit:
-            owner, task_id = self._order.popleft()
-            self._seen.discard((owner, task_id))
+        while len(self._sizes) > 1 and (len(self._sizes) > self._limit or self.bytes_held > self.max_bytes):
+            owner, task_id = oldest = next(iter(self._sizes))
+            self.bytes_held -= self._sizes.pop(oldest)
             await self.delete(task_id, owner_context(owner))
 
 
@@ -342,7 +370,15 @@ class A2AExport:
         self.public_url = public_url.rstrip("/")
         self.name = name
         card = router_card(app, public_url, name=name)
-        self.tasks = BoundedTaskStore()
+        policy = app.config.a2a
+        self.tasks = tasks = BoundedTaskStore(
+            policy.max_tasks, max_bytes=policy.max_store_bytes, max_task_bytes=policy.max_task_bytes
+        )
+        app.parts.metrics.gauge(
+            "reach_a2a_task_bytes",
+            "Bytes of A2A tasks held for GetTask by the A2A export (a2a.max_store_bytes)",
+            lambda: tasks.bytes_held,
+        )
         self.stamps = StatusStamps(app.parts.clock)
         handler = DefaultRequestHandlerV2(
             agent_executor=ReachExecutor(app, self.stamps), task_store=self.tasks, agent_card=card

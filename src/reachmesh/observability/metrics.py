@@ -107,6 +107,7 @@ class RouterMetrics:
     def __init__(self, registry: Registry, live: LiveReadings) -> None:
         self._registry = registry
         self.prom = CollectorRegistry(auto_describe=True)
+        self._gauges: dict[str, _Gauge] = {}
         # In the order prometheus-client's own families were registered, so a scrape reads the
         # same as before the counting moved to plain numbers (see observability/series.py).
         self.requests = CounterSeries(
@@ -181,8 +182,14 @@ class RouterMetrics:
             self.health_failures.inc((agent_id,))
 
     def gauge(self, name: str, documentation: str, read: Callable[[], float]) -> None:
-        """A gauge read at scrape time from another part (the async result store's bytes)."""
-        self.prom.register(_Gauge(name, documentation, read))
+        """A gauge read at scrape time from another part (the async result store's bytes).
+
+        Naming a gauge again points it at the new reading (a bridge built twice for one Router)."""
+        old = self._gauges.pop(name, None)
+        if old is not None:
+            self.prom.unregister(old)
+        self._gauges[name] = gauge = _Gauge(name, documentation, read)
+        self.prom.register(gauge)
 
     def exposition(self) -> bytes:
         """The Prometheus text format of every metric."""

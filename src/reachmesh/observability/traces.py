@@ -8,6 +8,11 @@ Each hop is kept as one JSON bytes object and turned back into a `_Hop` only whe
 thousand live decision records, with their lists and dicts, doubled what the garbage collector
 scans on every full pass, and even as tuples of plain values they cost every request of a loaded
 Router about 20 us through the memory they scatter (measured; not the collector).
+
+The store is bounded in bytes as well as in hops: a hop quotes what callers and agents sent (a
+task's free text, an agent's error code, notes), and a count alone once let one agent token grow
+the Router by 10 MiB a call. Each hop is cut to ``max_hop_bytes`` (its notes and score details
+go first) and the oldest hops leave once ``max_bytes`` would be passed.
 """
 
 from __future__ import annotations
@@ -160,11 +165,61 @@ def _freeze(r: DecisionRecord) -> tuple[Any, ...]:
     )
 
 
-class TraceStore:
-    """Keeps the last ``size`` hops; memory is fixed whatever the traffic."""
+# What a hop over ``max_hop_bytes`` keeps of each text field, once its notes and details are gone.
+_SLIM_CHARS = 256
+# The fields of a frozen hop that hold free text (task, source, matched task, error code...).
+_TEXT_FIELDS = tuple(
+    _Hop._fields.index(name)
+    for name in (
+        "task",
+        "source",
+        "matched_task",
+        "status",
+        "handler",
+        "mode",
+        "conversation_id",
+        "parent_span_id",
+        "rule",
+        "strategy",
+        "selected",
+        "affinity",
+        "error_code",
+    )
+)
 
-    def __init__(self, size: int = 10_000) -> None:
+
+def _slim(frozen: tuple[Any, ...], size: int, limit: int) -> bytes:
+    """A hop of ``size`` bytes, over ``limit``, without its notes and score details, its text
+    fields cut: what the trace view needs to show that a request happened and how it ended."""
+    fields = list(frozen)
+    names = _Hop._fields
+    for i in _TEXT_FIELDS:
+        if isinstance(fields[i], str) and len(fields[i]) > _SLIM_CHARS:
+            fields[i] = fields[i][:_SLIM_CHARS] + "…"
+    fields[names.index("extra")] = None
+    fields[names.index("events")] = (
+        ("trace", f"notes and score details left out: the hop was {size} bytes, over {limit}"),
+    )
+    fields[names.index("candidates")] = fields[names.index("candidates")][:3]
+    fields[names.index("rejected")] = tuple(
+        (str(a)[:_SLIM_CHARS], str(r)[:64], sc) for a, r, sc in fields[names.index("rejected")][:3]
+    )
+    return orjson.dumps(tuple(fields), default=str, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+class TraceStore:
+    """Keeps the last ``size`` hops, in at most ``max_bytes``; memory is fixed whatever the traffic."""
+
+    def __init__(
+        self, size: int = 10_000, *, max_bytes: int = 64 * 1024 * 1024, max_hop_bytes: int = 64 * 1024
+    ) -> None:
         self.size = size
+        self.max_bytes = max_bytes
+        self.max_hop_bytes = max_hop_bytes
+        self._bytes = 0
+        # Hops cut to max_hop_bytes, and hops dropped early to keep within max_bytes.
+        self.slimmed = 0
+        self.evicted_for_bytes = 0
         # Each hop is kept as one JSON bytes object, beside its traceId: two objects per
         # hop instead of a dozen tuples. Measured under load, ten thousand hops held as tuples
         # cost the whole Router about 20 us per request (GC off or on: it is the memory they
@@ -175,6 +230,28 @@ class TraceStore:
         # no list is made per request).
         self._by_trace: dict[str, Any] = {}
 
+    def resize(self, size: int, max_bytes: int, max_hop_bytes: int) -> None:
+        """New bounds (a reload); a smaller store sheds its oldest hops with the next one kept."""
+        self.size, self.max_bytes, self.max_hop_bytes = size, max_bytes, max_hop_bytes
+
+    @property
+    def bytes_held(self) -> int:
+        """Bytes of the hops held now (the ``reach_trace_store_bytes`` gauge)."""
+        return self._bytes
+
+    def _evict_oldest(self) -> None:
+        old_id = self._ids.popleft()
+        old = self._hops.popleft()
+        self._bytes -= len(old)
+        index = self._by_trace
+        held = index.get(old_id)
+        if held is old:
+            del index[old_id]
+        elif type(held) is list:
+            held.remove(old)
+            if len(held) == 1:
+                index[old_id] = held[0]
+
     def __call__(self, record: DecisionRecord) -> None:
         size = self.size
         if size <= 0:
@@ -182,18 +259,17 @@ class TraceStore:
         ids = self._ids
         hops = self._hops
         index = self._by_trace
-        while len(ids) >= size:
-            old_id = ids.popleft()
-            old = hops.popleft()
-            held = index.get(old_id)
-            if held is old:
-                del index[old_id]
-            elif type(held) is list:
-                held.remove(old)
-                if len(held) == 1:
-                    index[old_id] = held[0]
         # Anything orjson cannot write (never expected) is kept as its text rather than losing the hop.
-        hop = orjson.dumps(_freeze(record), default=str, option=orjson.OPT_SERIALIZE_NUMPY)
+        frozen = _freeze(record)
+        hop = orjson.dumps(frozen, default=str, option=orjson.OPT_SERIALIZE_NUMPY)
+        if len(hop) > self.max_hop_bytes:
+            hop = _slim(frozen, len(hop), self.max_hop_bytes)
+            self.slimmed += 1
+        while ids and (len(ids) >= size or self._bytes + len(hop) > self.max_bytes):
+            if len(ids) < size:
+                self.evicted_for_bytes += 1
+            self._evict_oldest()
+        self._bytes += len(hop)
         trace_id = record.trace_id
         ids.append(trace_id)
         hops.append(hop)

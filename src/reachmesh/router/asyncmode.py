@@ -4,6 +4,11 @@ The answer is kept in the :class:`~reachmesh.router.results.ResultStore` for
 ``GET /reach/{traceId}`` and, when the caller gave a ``replyTo``, POSTed there through the
 transport, retried with exponential backoff and jitter for ``reply_window_seconds``.
 
+A delivery holds no copy of the answer: each try reads it from the result store, so the bytes
+the store's gauge reports are all there are, and a result the store has let go is not delivered
+again (retried deliveries of 4 MB answers once held 262 MiB while the gauge read 16). At most
+``max_pending_replies`` deliveries retry at once; past that, a delivery gets one try.
+
 Nothing accepted is lost silently: on shutdown, requests still running get until the drain
 deadline; the rest are logged as abandoned by traceId, their stored result becomes ``TIMEOUT``,
 and their ``replyTo`` is sent that ``TIMEOUT`` once.
@@ -82,7 +87,11 @@ class AsyncRequests:
         self.results.finish(accepted.trace_id, reply)
         if accepted.reply_to:
             # Delivery outlives the request: it is tracked apart, so draining waits only for work.
-            delivery = asyncio.create_task(self.deliver(accepted.trace_id, accepted.reply_to, reply[1]))
+            # Deliveries beyond the bound get one try: each one retrying is a task and a timer.
+            crowded = len(self._deliveries) >= self.policy.max_pending_replies
+            delivery = asyncio.create_task(
+                self.deliver(accepted.trace_id, accepted.reply_to, tries=1 if crowded else None)
+            )
             self._deliveries[delivery] = (accepted.trace_id, accepted.reply_to)
             delivery.add_done_callback(lambda task: self._deliveries.pop(task, None))
 
@@ -91,21 +100,44 @@ class AsyncRequests:
         ceiling = min(policy.reply_backoff_max_ms, policy.reply_backoff_ms * 2.0 ** (attempt - 1))
         return float(ceiling * _jitter.uniform(0.5, 1.0) / 1000)
 
-    async def deliver(self, trace_id: str, url: str, body: bytes) -> bool:
-        """POST the ReachResponse to ``replyTo`` until it is taken or the window closes."""
+    def _body(self, trace_id: str) -> bytes | None:
+        stored = self.results.get(trace_id)
+        return None if stored is None else stored[1]
+
+    async def deliver(
+        self, trace_id: str, url: str, body: bytes | None = None, *, tries: int | None = None
+    ) -> bool:
+        """POST the ReachResponse to ``replyTo`` until it is taken or the window closes, at most
+        ``tries`` times (``reply_attempts`` by default).
+
+        Without ``body``, each try reads the result from the store; once the store has let it
+        go (evicted for room, or expired), delivery stops and says so."""
         policy = self.policy
         headers = {"Content-Type": "application/json", "X-Reach-Trace-Id": trace_id}
         closes = self._clock.monotonic() + policy.reply_window_seconds
+        tries = policy.reply_attempts if tries is None else tries
         last, attempt = "", 0
-        while attempt < policy.reply_attempts:
+        while attempt < tries:
             attempt += 1
+            sent = body if body is not None else self._body(trace_id)
+            if sent is None:
+                log.error(
+                    "[%s] reply to %s stopped after %d attempts: the result is no longer held "
+                    "(async_mode.max_result_bytes, max_results or result_ttl_seconds)",
+                    trace_id,
+                    loggable_url(url),
+                    attempt - 1,
+                )
+                return False
             try:
-                await self.transport.deliver(url, body, headers, policy.reply_timeout_ms / 1000)
+                await self.transport.deliver(url, sent, headers, policy.reply_timeout_ms / 1000)
             except DeliveryFailed as exc:
                 last = exc.message
             else:
                 log.info("[%s] reply delivered to %s (attempt %d)", trace_id, loggable_url(url), attempt)
                 return True
+            if attempt >= tries:
+                break
             wait = self._backoff_s(attempt)
             if self._clock.monotonic() + wait >= closes:
                 break

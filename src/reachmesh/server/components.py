@@ -162,7 +162,11 @@ class RouterParts:
             pipeline=Pipeline(
                 registry, config.routing, breakers=breakers, affinity=affinity, stats=stats, vectors=vectors
             ),
-            traces=TraceStore(config.tracing.store_size),
+            traces=TraceStore(
+                config.tracing.store_size,
+                max_bytes=config.tracing.store_max_bytes,
+                max_hop_bytes=config.tracing.max_hop_bytes,
+            ),
             metrics=_metrics(registry, breakers, stats, shedder, vectors),
             trace_log=TraceLog(redact_fields=config.logging.redact),
             url_guard=url_guard,
@@ -170,14 +174,23 @@ class RouterParts:
         )
         if vectors is not None:
             vectors.set_learning(config.routing.learning.enabled)
-        results = parts.results
-        parts.metrics.gauge(
+        parts._store_gauges()
+        parts._wire()
+        return parts
+
+    def _store_gauges(self) -> None:
+        """The bytes each bounded store holds, read at scrape time."""
+        results, traces = self.results, self.traces
+        self.metrics.gauge(
             "reach_async_result_bytes",
             "Bytes of finished async results held for GET /reach/{traceId} (async_mode.max_result_bytes)",
             lambda: results.bytes_held,
         )
-        parts._wire()
-        return parts
+        self.metrics.gauge(
+            "reach_trace_store_bytes",
+            "Bytes of trace hops held for GET /admin/traces (tracing.store_max_bytes)",
+            lambda: traces.bytes_held,
+        )
 
     def _wire(self) -> None:
         self.dispatcher = Dispatcher(
@@ -230,6 +243,8 @@ class RouterParts:
             self.vectors.set_learning(config.routing.learning.enabled)
         self.registry.apply(config.registry)
         self.breakers.policy = config.breaker
+        tracing = config.tracing
+        self.traces.resize(tracing.store_size, tracing.store_max_bytes, tracing.max_hop_bytes)
         self.breakers.overrides = config.tasks
         self.affinity.policy = config.affinity
         self.shedder.policy = config.limits

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import email.utils
 import math
+import re
 import time
 from typing import Any, NamedTuple, Protocol
 
@@ -20,6 +21,12 @@ DEFAULT_RESPONSE_LIMIT = 8 * 1024 * 1024
 RESPONSE_TOO_LARGE = "RESPONSE_TOO_LARGE"
 # The longest wait an agent's Retry-After may ask of a caller; a longer one is cut to this.
 MAX_RETRY_AFTER_S = 300
+# An agent's error ``code`` is kept by the Router (trace store, metrics, logs) long after the
+# answer is gone, so only a short identifier is taken as one: an 8 MB code once cost 10 MiB of
+# Router memory per call. Anything else becomes AGENT_ERROR; the caller still gets the rest.
+_ERROR_CODE = re.compile(r"[A-Za-z][A-Za-z0-9_.:-]{0,63}")
+# An agent's error ``message`` reaches the caller, the trace and the log: a paragraph, not a body.
+MAX_ERROR_MESSAGE_CHARS = 4096
 
 
 class AttemptLimits(NamedTuple):
@@ -129,10 +136,20 @@ def retry_after_seconds(value: bytes | None) -> int | None:
 
 
 def normalise_error(error: Any, fallback: str) -> dict[str, Any]:
-    """An agent's error object with at least ``code`` and ``message``."""
+    """An agent's error object with at least ``code`` and ``message``, both bounded strings.
+
+    ``code`` is the agent's own only when it is a string shaped like an identifier of at most
+    64 characters; ``message`` only when it is a string, cut to MAX_ERROR_MESSAGE_CHARS."""
     if not isinstance(error, dict):
         return {"code": "AGENT_ERROR", "message": fallback}
     out = dict(error)
-    out["code"] = str(out.get("code") or "AGENT_ERROR")
-    out["message"] = str(out.get("message") or fallback)
+    code = out.get("code")
+    out["code"] = code if isinstance(code, str) and _ERROR_CODE.fullmatch(code) else "AGENT_ERROR"
+    message = out.get("message")
+    if not isinstance(message, str) or not message:
+        message = fallback
+    elif len(message) > MAX_ERROR_MESSAGE_CHARS:
+        cut = len(message) - MAX_ERROR_MESSAGE_CHARS
+        message = f"{message[:MAX_ERROR_MESSAGE_CHARS]}… [{cut} more characters cut by the Router]"
+    out["message"] = message
     return out
