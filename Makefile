@@ -33,7 +33,7 @@ test: install
 # or browser, or the wheel installed into a fresh venv, or end-to-end runs of Router and agent
 # processes (`make test` runs them all).
 test-fast: install
-	$(PYTEST) -m "not etcd and not fuzz and not semantic_eval and not integrations and not browser and not packaging and not drill and not e2e"
+	$(PYTEST) -m "not etcd and not fuzz and not semantic_eval and not integrations and not browser and not packaging and not drill and not e2e and not prometheus"
 
 check: install
 	scripts/check

@@ -41,6 +41,7 @@ SLOW_FIRST = (
     "etcd",
     "integrations",
     "browser",
+    "prometheus",
     "e2e",
     "fuzz",
 )

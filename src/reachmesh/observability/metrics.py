@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from reachmesh.observability.series import CounterSeries, HistogramSeries
@@ -94,11 +94,14 @@ class _LiveState(Collector):
 
 
 class _Gauge(Collector):
-    def __init__(self, name: str, documentation: str, read: Callable[[], float]) -> None:
+    def __init__(
+        self, name: str, documentation: str, read: Callable[[], float], *, counter: bool = False
+    ) -> None:
         self._name, self._documentation, self._read = name, documentation, read
+        self._family = CounterMetricFamily if counter else GaugeMetricFamily
 
     def collect(self) -> Iterable[Any]:
-        yield GaugeMetricFamily(self._name, self._documentation, value=self._read())
+        yield self._family(self._name, self._documentation, value=self._read())
 
 
 class RouterMetrics:
@@ -181,14 +184,17 @@ class RouterMetrics:
         if not ok:
             self.health_failures.inc((agent_id,))
 
-    def gauge(self, name: str, documentation: str, read: Callable[[], float]) -> None:
-        """A gauge read at scrape time from another part (the async result store's bytes).
+    def gauge(
+        self, name: str, documentation: str, read: Callable[[], float], *, counter: bool = False
+    ) -> None:
+        """A gauge (or, with ``counter``, a running total) read at scrape time from another part:
+        the async result store's bytes, the retries the budget refused.
 
-        Naming a gauge again points it at the new reading (a bridge built twice for one Router)."""
+        Naming one again points it at the new reading (a bridge built twice for one Router)."""
         old = self._gauges.pop(name, None)
         if old is not None:
             self.prom.unregister(old)
-        self._gauges[name] = gauge = _Gauge(name, documentation, read)
+        self._gauges[name] = gauge = _Gauge(name, documentation, read, counter=counter)
         self.prom.register(gauge)
 
     def exposition(self) -> bytes:

@@ -14,11 +14,13 @@ from reachmesh.config import RetryBudgetPolicy
 class RetryBudget:
     """``retries <= ratio * requests + min_per_second * window`` over the last window."""
 
-    __slots__ = ("_clock", "_requests", "_retries", "_seconds", "policy")
+    __slots__ = ("_clock", "_requests", "_retries", "_seconds", "denied", "policy")
 
     def __init__(self, policy: RetryBudgetPolicy | None = None, *, clock: Clock = SYSTEM_CLOCK) -> None:
         self.policy = policy or RetryBudgetPolicy()
         self._clock = clock
+        # Retries refused since start: read at scrape time (an alert on a spent budget).
+        self.denied = 0
         self._reset(self.policy.window_seconds)
 
     def _reset(self, size: int) -> None:
@@ -63,6 +65,7 @@ class RetryBudget:
         requests, retries = self._totals()
         allowance = self.policy.ratio * requests + self.policy.min_per_second * len(self._seconds)
         if retries + 1 > allowance:
+            self.denied += 1
             return False
         self._retries[index] += 1
         return True

@@ -191,6 +191,19 @@ class RouterParts:
             "Bytes of trace hops held for GET /admin/traces (tracing.store_max_bytes)",
             lambda: traces.bytes_held,
         )
+        # The bound beside the figure, so an alert reads "near its bound" whatever the policy.
+        self.metrics.gauge(
+            "reach_async_result_bytes_limit",
+            "async_mode.max_result_bytes: the bytes of async results the Router holds at most",
+            lambda: self.config.async_mode.max_result_bytes,
+        )
+        budget = self.budget
+        self.metrics.gauge(
+            "reach_retry_budget_exhausted",
+            "Retries and failovers refused because the Router-wide retry budget was spent",
+            lambda: budget.denied,
+            counter=True,
+        )
 
     def _wire(self) -> None:
         self.dispatcher = Dispatcher(
