@@ -132,6 +132,10 @@ class EtcdPolicy(_Section):
     ca_file: str | None = None
     client_cert_file: str | None = None
     client_key_file: str | None = None
+    # Every this many seconds the Router compacts etcd's history up to the revision it saw one
+    # interval earlier (etcd 3.4 keeps every old revision unless told): without it, re-registrations
+    # fill etcd's quota and every registration fails. 0 leaves it to etcd's --auto-compaction-*.
+    compact_interval_seconds: Annotated[float, Field(ge=0, le=86_400)] = 300
 
     @model_validator(mode="after")
     def _prefix_shape(self) -> EtcdPolicy:
@@ -159,6 +163,13 @@ class RegistryPolicy(_Section):
     # bounds the cost of a request; and of those, the most one agent token may hold.
     max_agents_per_task: Annotated[int, Field(ge=1, le=1_000_000)] = 1000
     max_agents_per_task_per_token: Annotated[int, Field(ge=1, le=1_000_000)] = 100
+    # The largest profile (as stored: compact JSON) a registration may carry; larger is a 422.
+    # Each write of it is a whole new revision in etcd until compaction.
+    max_profile_bytes: Annotated[int, Field(ge=1024, le=16 * 1024 * 1024)] = 256 * 1024
+    # Registrations (POST /agents) one agent token may make: a sustained rate and a burst (the
+    # excess is a 429 with Retry-After), so one token cannot write etcd full for everyone.
+    registrations_per_minute_per_token: Annotated[float, Field(gt=0, le=1_000_000)] = 300
+    registration_burst_per_token: Annotated[int, Field(ge=1, le=1_000_000)] = 200
     # auto: etcd when registry.etcd.endpoints or REACH_ETCD_ENDPOINTS names members, else memory.
     backend: Literal["auto", "memory", "etcd"] = "auto"
     etcd: EtcdPolicy = EtcdPolicy()

@@ -22,6 +22,7 @@ caller never has to know which library sat underneath.
     │   ├── AgentIdConflict          409 AGENT_ID_CONFLICT: the id's lease is live and not yours
     │   ├── RegistryFull             503 REGISTRY_FULL: registry.max_agents are registered
     │   ├── RegistryUnavailable      503 REGISTRY_UNAVAILABLE: the shared registry is out of reach
+    │   ├── RegistrationThrottled    429 OVERLOADED: the agent token registers too often
     │   ├── LeaseNotFound            404 LEASE_NOT_FOUND: the lease expired or never existed
     │   ├── LeaseMismatch            403 FORBIDDEN: the lease belongs to another registration
     │   ├── Forbidden                403 FORBIDDEN: the token may not register this id or task
@@ -214,6 +215,21 @@ class RegistryUnavailable(RegistryError):
 
     code = "REGISTRY_UNAVAILABLE"
     http_status = 503
+
+
+class RegistrationThrottled(RegistryError):
+    """An agent token registered more often than ``registry.registrations_per_minute_per_token``
+    allows; the registrant should come back after ``retry_after_s``."""
+
+    code = "OVERLOADED"
+    http_status = 429
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    def to_error(self) -> dict[str, Any]:
+        return {**super().to_error(), "retryAfterSeconds": self.retry_after_s}
 
 
 class LeaseNotFound(RegistryError):

@@ -39,6 +39,9 @@ _RETRYABLE_CODES = {4, 10, 14}
 _NOT_FOUND = 5
 _PERMISSION_DENIED = 7
 _FAILED_PRECONDITION = 9
+_OUT_OF_RANGE = 11
+# etcd refuses writes with this while its NOSPACE alarm is raised (the backend quota is full).
+NOSPACE_MESSAGE = "database space exceeded"
 # What etcd answers when the token is missing, lapsed or predates a change to its users: logging
 # in again fixes each (a missing token: etcd turned authentication on after the client started).
 _TOKEN_REFUSALS = ("invalid auth token", "user name is empty", "revision of auth store is old")
@@ -182,6 +185,8 @@ class EtcdClient:
         self.logins = 0
         # etcd answered that authentication is off although a user was configured.
         self.auth_off = False
+        # The alarms (NOSPACE, CORRUPT) the last status answer listed as raised.
+        self.alarms: frozenset[str] = frozenset()
 
     async def open(self) -> None:
         if self._session is None:
@@ -439,12 +444,25 @@ class EtcdClient:
                 raise
 
     async def status(self, endpoint: str, limit_s: float) -> bool:
-        """Whether ``endpoint`` answers a status call within ``limit_s`` (it has a leader)."""
+        """Whether ``endpoint`` answers a status call within ``limit_s`` (it has a leader).
+
+        The answer also lists the cluster's raised alarms, kept in :attr:`alarms`."""
         try:
             answer = await self._post(endpoint, "/v3/maintenance/status", b"{}", limit_s)
         except (_MemberDown, EtcdRejected):
             return False
+        self.alarms = _alarms(answer.get("errors"))
         return str(answer.get("leader", "0")) != "0"
+
+    async def compact(self, revision: int, *, deadline: float | None = None) -> bool:
+        """Drop the history before ``revision``; False when it was compacted already."""
+        try:
+            await self.call("/v3/kv/compaction", {"revision": str(revision)}, deadline=deadline)
+        except EtcdRejected as exc:
+            if exc.code == _OUT_OF_RANGE and "compacted" in exc.message:
+                return False  # another Router (or etcd's own auto-compaction) was first
+            raise
+        return True
 
     # -- watch -------------------------------------------------------------------------------
 
@@ -504,6 +522,18 @@ class EtcdClient:
                 raise refusal  # no login would help, or no login is configured: the operator's
             raise RegistryUnavailable(f"etcd cancelled the watch on {endpoint}: {reason}")
         return [Event(_kv(raw["kv"]), raw.get("type") == "DELETE") for raw in result.get("events") or []]
+
+
+def _alarms(errors: Any) -> frozenset[str]:
+    """The alarm names in a status answer's ``errors`` (``"memberID:… alarm:NOSPACE "``)."""
+    if not isinstance(errors, list):
+        return frozenset()
+    found = set()
+    for error in errors[:64]:
+        for word in str(error)[:200].split():
+            if word.startswith("alarm:"):
+                found.add(word.removeprefix("alarm:")[:32])
+    return frozenset(found)
 
 
 def _failure(endpoint: str, exc: BaseException) -> str:

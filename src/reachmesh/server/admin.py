@@ -27,6 +27,7 @@ from reachmesh.exceptions import (
     Forbidden,
     InvalidProfile,
     OutboundRefused,
+    RegistrationThrottled,
     RegistryError,
     RegistryFull,
     RequestError,
@@ -40,6 +41,7 @@ from reachmesh.server.catalog import catalog
 from reachmesh.server.components import RouterParts
 from reachmesh.server.learned import LearnedRoutes
 from reachmesh.server.openapi import openapi_document
+from reachmesh.server.registration import RegistrationThrottle, check_profile_size
 from reachmesh.server.reload import PolicyFile
 from reachmesh.server.responses import JsonResponse, json_error
 from reachmesh.transport.urlguard import Address, literal_address
@@ -123,6 +125,7 @@ class AdminApi:
         self._openapi: dict[str, Any] | None = None
         # Registrations between their quota check and their write, per agent token.
         self._reserved: dict[str, list[str]] = {}
+        self._throttle = RegistrationThrottle(parts.clock)
         self.learned = LearnedRoutes(parts, self._read_json)
         self.app = Starlette(
             routes=self._routes(),
@@ -195,6 +198,10 @@ class AdminApi:
             ) from exc
         principal = principal_of(request.scope)
         _may_register(request, profile.id, profile.tasks)
+        policy = self.parts.config.registry
+        check_profile_size(profile, policy.max_profile_bytes)
+        if principal.role == "agent":
+            self._throttle.take(principal.key, principal.label, policy)
         # Held from the check to the write: concurrent registrations of one token count each other.
         self._check_weights(principal, profile)
         self._check_task_caps(principal, profile)
@@ -441,6 +448,10 @@ class AdminApi:
 
     async def _on_reach_error(self, request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RegistryError | RequestError)
+        if isinstance(exc, RegistrationThrottled):
+            response = JsonResponse({"error": exc.to_error()}, status_code=exc.http_status)
+            response.headers["Retry-After"] = str(exc.retry_after_s)
+            return response
         return json_error(exc.http_status, exc.code, exc.message, exc.details)
 
     async def _on_http_error(self, request: Request, exc: Exception) -> Response:

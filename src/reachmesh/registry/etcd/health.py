@@ -12,7 +12,14 @@ from urllib.parse import urlsplit
 from reachmesh.exceptions import RegistryUnavailable
 from reachmesh.ports import is_loopback
 from reachmesh.registry.etcd.shared import Shared
-from reachmesh.registry.etcdclient import EtcdRejected, compare_never, put_op
+from reachmesh.registry.etcdclient import NOSPACE_MESSAGE, EtcdRejected, compare_never, put_op
+
+# What /readyz says while etcd's quota is full, and what the operator does about it.
+NOSPACE_REASON = (
+    "etcd raised its NOSPACE alarm: its backend quota (--quota-backend-bytes) is full and it "
+    "refuses every write, so no agent can register; compact and defragment etcd, then disarm "
+    "the alarm (etcdctl alarm disarm), see docs/etcd.md"
+)
 
 log = logging.getLogger("reachmesh.registry")
 
@@ -31,6 +38,8 @@ class Health:
         # still reads, and must not look ready).
         self.refused_write = False
         self.pings = 0
+        # Why etcd takes no writes although it answers (its NOSPACE alarm), while it does.
+        self.nospace: str | None = None
         self._misses = 0  # ping rounds in a row that no member answered
 
     def degraded(self) -> str | None:
@@ -85,6 +94,9 @@ class Health:
         if exc.token_refused or exc.code == 7 or "authentication failed" in exc.message:
             self.note_refusal(exc, write=write)
             return RegistryUnavailable(self.refusal_hint(exc))
+        if NOSPACE_MESSAGE in exc.message:
+            self._set_nospace(True)
+            return RegistryUnavailable(NOSPACE_REASON)
         return RegistryUnavailable(f"etcd refused {what}: {exc.message}")
 
     def note_refusal(self, exc: EtcdRejected, *, write: bool = False) -> None:
@@ -173,6 +185,15 @@ class Health:
     def _answered(self) -> None:
         self._misses = 0
         self._set_unreachable(None)
+        self._set_nospace("NOSPACE" in self._shared.client.alarms)
+
+    def _set_nospace(self, raised: bool) -> None:
+        if raised and self.nospace is None:
+            log.warning("[registry] %s", NOSPACE_REASON)
+            self._shared.last_error = NOSPACE_REASON
+        elif not raised and self.nospace is not None:
+            log.warning("[registry] etcd's NOSPACE alarm is cleared: registrations are written again")
+        self.nospace = NOSPACE_REASON if raised else None
 
     def _set_unreachable(self, reason: str | None) -> None:
         shared = self._shared

@@ -125,6 +125,26 @@ def draft(
     return entry, orjson.dumps(record)
 
 
+# What a record says about when and through which Router it was written, not what it registers.
+_CIRCUMSTANCES = ("at", "router")
+
+
+def same_record(stored: bytes, new: bytes) -> bool:
+    """Whether two agent records register the same thing (profile, lease, holder, TTL alike)."""
+    if stored == new:
+        return True
+    try:
+        old, fresh = orjson.loads(stored), orjson.loads(new)
+    except orjson.JSONDecodeError:
+        return False
+    if not isinstance(old, dict) or not isinstance(fresh, dict):
+        return False
+    for name in _CIRCUMSTANCES:
+        old.pop(name, None)
+        fresh.pop(name, None)
+    return bool(old == fresh)
+
+
 def read_route(kv: KeyValue, what: str) -> LearnedRoute | None:
     """The learned route (or negative: ``what`` names which) under ``kv``, or None when not one."""
     record = decode(kv) or {}

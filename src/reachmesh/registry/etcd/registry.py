@@ -14,6 +14,7 @@ from reachmesh.lifecycle import Background
 from reachmesh.protocol import AgentProfile, AgentStatusValue
 from reachmesh.registry.base import Registry
 from reachmesh.registry.entry import AgentEntry, LearnedRoute
+from reachmesh.registry.etcd.compaction import Compactor
 from reachmesh.registry.etcd.health import Health
 from reachmesh.registry.etcd.keys import Keys, router_name
 from reachmesh.registry.etcd.knowledge import SharedKnowledge
@@ -67,6 +68,7 @@ class EtcdRegistry(Registry):
         self.knowledge = SharedKnowledge(self._shared, self.health)
         self.watcher = Watcher(self._shared, self.health, self.knowledge)
         self.writer = Writer(self._shared, self.health)
+        self.compactor = Compactor(self._shared, self.health)
 
     # -- what the parts share, for operators and tests ---------------------------------------
 
@@ -143,6 +145,14 @@ class EtcdRegistry(Registry):
             self._background.every(lambda: self.policy.sweep_interval_seconds, self._sweep_tick, "loop")
         etcd = self.policy.etcd
         self._background.spawn(self.watcher.loop(), "watch")
+        if etcd.compact_interval_seconds > 0:
+            self._background.every(lambda: etcd.compact_interval_seconds, self.compactor.tick, "compact")
+        else:
+            log.warning(
+                "[registry] registry.etcd.compact_interval_seconds is 0: unless etcd runs with "
+                "--auto-compaction-retention, every re-registration stays in its history until "
+                "its quota (--quota-backend-bytes) is full and it refuses all writes"
+            )
         self._background.every(lambda: etcd.ping_interval_seconds, self.health.ping, "ping")
 
     def apply(self, policy: RegistryPolicy) -> None:
@@ -156,7 +166,8 @@ class EtcdRegistry(Registry):
     def ready(self) -> str | None:
         if not self.watcher.loaded:
             return f"the registry is not loaded from etcd yet ({self._shared.last_error})"
-        return None
+        # Not merely degraded: every Router sharing this etcd refuses every registration.
+        return self.health.nospace
 
     def degraded(self) -> str | None:
         return self.health.degraded()

@@ -21,7 +21,7 @@ from reachmesh.protocol import AgentProfile, AgentStatusValue
 from reachmesh.registry.entry import AgentEntry, Claim, RegistryEvent, holds_lease, require_lease
 from reachmesh.registry.etcd.health import Health
 from reachmesh.registry.etcd.keys import new_secret_lease
-from reachmesh.registry.etcd.records import GONE, draft, live_record, read_entry
+from reachmesh.registry.etcd.records import GONE, draft, live_record, read_entry, same_record
 from reachmesh.registry.etcd.shared import Shared
 from reachmesh.registry.etcdclient import (
     EtcdRejected,
@@ -77,7 +77,11 @@ class Writer:
                 clock=shared.clock,
                 router=shared.router,
             )
-            if replacing and current is not None and kv is not None:
+            if replacing and current is not None and kv is not None and same_record(kv.value, value):
+                # Nothing changed: a new revision would only fill etcd's history (and quota).
+                done = await self._unchanged(kv, deadline)
+                entry.backend_lease = kv.lease
+            elif replacing and current is not None and kv is not None:
                 done = await self._replace(key, value, kv, deadline)
                 entry.backend_lease = kv.lease
             elif claim is Claim.TAKEOVER and kv is not None:
@@ -87,7 +91,7 @@ class Writer:
             if done is None:
                 continue  # someone else wrote the key meanwhile: decide again on what is there now
             self._written(entry, done)
-            return entry, claim is not Claim.IN_PLACE
+            return self._heard_from(entry), claim is not Claim.IN_PLACE
         raise AgentIdConflict(f"agent id {profile.id!r} is being registered concurrently elsewhere; retry")
 
     def _secret(
@@ -123,6 +127,34 @@ class Writer:
             local.lease_id = entry.lease_id
         # shared.revision is left to the watch: it resumes from there after a reconnect, and
         # other Routers' writes below ``done`` may not have arrived yet.
+
+    async def _unchanged(self, kv: KeyValue, deadline: float) -> int | None:
+        """A re-registration in place that changes nothing: it renews the etcd lease (as the
+        write would have) and writes nothing; None when the lease ran out meanwhile."""
+        if kv.lease:
+            try:
+                ttl = await self._shared.client.keepalive(kv.lease, deadline=deadline)
+            except EtcdRejected as exc:
+                raise self._health.refused_call(exc, "the renewal") from exc
+            if ttl <= 0:
+                return None
+        return kv.mod_revision
+
+    def _heard_from(self, entry: AgentEntry) -> AgentEntry:
+        """The snapshot's entry for ``entry`` when it is the same registration (an unchanged
+        re-registration keeps it), with its heartbeat renewed; else ``entry``."""
+        snapshot = self._shared.snapshot
+        local = snapshot.entries.get(entry.id)
+        if local is None or local.revision != entry.revision or local.lease_digest != entry.lease_digest:
+            return entry
+        if local.status is AgentStatusValue.OFFLINE:
+            snapshot.install(entry, False)  # its lease is live in etcd: it is back
+            return entry
+        if local is not entry:
+            local.last_heartbeat = entry.last_heartbeat
+            local.last_heartbeat_wall = entry.last_heartbeat_wall
+            local.expires_at = entry.expires_at
+        return local
 
     async def _replace(self, key: str, value: bytes, kv: KeyValue, deadline: float) -> int | None:
         try:
