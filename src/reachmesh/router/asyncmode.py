@@ -43,6 +43,7 @@ _jitter = random.Random()
 class _Accepted:
     trace_id: str
     reply_to: str | None
+    client: str = "-"
     task: asyncio.Task[None] | None = None
 
 
@@ -64,19 +65,30 @@ class AsyncRequests:
         self._clock = clock
         self._sleep = sleep
         self._running: dict[str, _Accepted] = {}
+        # Requests running per client (a token, or an address with auth off): one caller held
+        # every async slot when only the total was counted.
+        self._by_client: dict[str, int] = {}
         self._deliveries: dict[asyncio.Task[bool], tuple[str, str]] = {}
 
     def __len__(self) -> int:
         return len(self._running)
 
-    def start(self, trace_id: str, run: Run, reply_to: str | None, owner: str | None = None) -> None:
+    def running_for(self, client: str) -> int:
+        """How many of ``client``'s async requests are running now."""
+        return self._by_client.get(client, 0)
+
+    def start(
+        self, trace_id: str, run: Run, reply_to: str | None, owner: str | None = None, client: str = "-"
+    ) -> None:
         """Run ``run()`` in the background; its answer is stored, then delivered to ``reply_to``.
 
-        ``owner`` (a token's fingerprint) is the only caller besides an admin who may fetch it.
+        ``owner`` (a token's fingerprint) is the only caller besides an admin who may fetch it;
+        ``client`` is who is counted for it (:meth:`running_for`).
         """
         self.results.start(trace_id, owner)
-        accepted = _Accepted(trace_id, reply_to)
+        accepted = _Accepted(trace_id, reply_to, client)
         self._running[trace_id] = accepted
+        self._by_client[client] = self._by_client.get(client, 0) + 1
         accepted.task = asyncio.create_task(self._serve(accepted, run), name=f"reach-async-{trace_id}")
 
     async def _serve(self, accepted: _Accepted, run: Run) -> None:
@@ -84,6 +96,11 @@ class AsyncRequests:
             reply = await run()
         finally:
             self._running.pop(accepted.trace_id, None)
+            left = self._by_client.get(accepted.client, 1) - 1
+            if left > 0:
+                self._by_client[accepted.client] = left
+            else:
+                self._by_client.pop(accepted.client, None)
         self.results.finish(accepted.trace_id, reply)
         if accepted.reply_to:
             # Delivery outlives the request: it is tracked apart, so draining waits only for work.

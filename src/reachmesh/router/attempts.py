@@ -251,7 +251,7 @@ class AttemptRun:
         self.account(choice, started, span_id, None)
         self.record.handler = choice.entry.id
         if self.request.conversation_id:
-            self.parts.affinity.bind(self.request.conversation_id, choice.entry.id)
+            self.parts.affinity.bind(self.request.conversation_id, choice.entry.id, self.record.caller)
         return Success(result)
 
     def _may_retry_same(self, exc: AttemptError, same_agent_left: int) -> bool:

@@ -129,12 +129,15 @@ class Dispatcher:
         parent: tuple[str, str] | None = None,
         owner: str | None = None,
         caller: str = "-",
+        client: str | None = None,
     ) -> Reply:
         """Decode ``body`` as a ReachRequest and serve it; never raises for bad input.
 
         ``parent`` is the (trace id, span id) of the caller's W3C ``traceparent``, if any;
         ``owner`` is who may fetch an async result later (None: anyone, when auth is off);
-        ``caller`` is the principal's key, for the decision record.
+        ``caller`` is the principal's key, for the decision record; ``client`` is who the
+        per-client limits count (the caller's key, or its address with auth off; default
+        ``caller``).
         """
         started = self.clock.monotonic()
         hint = _safe_trace_id(trace_header) or (parent[0] if parent else None)
@@ -164,7 +167,7 @@ class Dispatcher:
         if self.config.logging.log_payloads:
             record.payload = request.payload
         if request.preferences.mode == "async":
-            return self._accept(request, data, record, owner)
+            return self._accept(request, data, record, owner, client or caller)
         return await self._dispatch_until_abandoned(request, data, record)
 
     async def _dispatch_until_abandoned(
@@ -245,12 +248,21 @@ class Dispatcher:
     # -- async mode --------------------------------------------------------------------------
 
     def _accept(
-        self, request: ReachRequest, data: dict[str, Any], record: DecisionRecord, owner: str | None
+        self,
+        request: ReachRequest,
+        data: dict[str, Any],
+        record: DecisionRecord,
+        owner: str | None,
+        client: str,
     ) -> Reply:
         trace_id = record.trace_id
         if self.results.known(trace_id):
-            error = TraceIdInUse(f"traceId {trace_id!r} is already in use by an async request")
-            return self.refuse(error, trace_id=trace_id, task=request.target_task)
+            if self.results.owner(trace_id) == owner:
+                error = TraceIdInUse(f"traceId {trace_id!r} is already in use by an async request")
+                return self.refuse(error, trace_id=trace_id, task=request.target_task)
+            # Another caller's request: refusing would tell this one that it exists. This one
+            # gets a traceId of its own instead (its answer says which).
+            trace_id = record.trace_id = data["traceId"] = new_trace_id()
         reply_to = request.preferences.reply_to
         if reply_to is not None:
             try:
@@ -261,8 +273,16 @@ class Dispatcher:
                     details=[{"field": "preferences.replyTo", "message": exc.message}],
                 )
                 return self.refuse(refused, trace_id=trace_id, task=request.target_task)
-        if self.results.pending >= self.config.limits.max_inflight:
+        limits = self.config.limits
+        if self.results.pending >= limits.max_inflight:
             return self.shed(f"{self.results.pending} async requests pending", trace_id=trace_id)
+        mine = self.async_requests.running_for(client)
+        if mine >= limits.max_inflight_per_client:
+            return self.shed(
+                f"this client has {mine} async requests pending (limit {limits.max_inflight_per_client}, "
+                "limits.max_inflight_per_client)",
+                trace_id=trace_id,
+            )
 
         async def run() -> Reply:
             try:
@@ -271,7 +291,7 @@ class Dispatcher:
                 log.exception("[%s] async request failed inside the Router", trace_id)
                 return self.refuse(InternalError(), trace_id=trace_id, task=request.target_task)
 
-        self.async_requests.start(trace_id, run, request.preferences.reply_to, owner)
+        self.async_requests.start(trace_id, run, request.preferences.reply_to, owner, client)
         return answer.standalone(self.clock, trace_id)
 
     async def drain(self, timeout_s: float) -> None:

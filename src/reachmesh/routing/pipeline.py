@@ -256,7 +256,7 @@ class Pipeline:
         """The agent a conversation is bound to goes first while it is routable."""
         if not request.conversation_id:
             return ranked
-        bound_agent = self.affinity.get(request.conversation_id)
+        bound_agent = self.affinity.get(request.conversation_id, record.caller)
         if bound_agent is None:
             return ranked
         record.affinity = bound_agent

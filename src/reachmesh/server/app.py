@@ -139,7 +139,7 @@ class RouterApp:
             owner = caller if self.auth_on else None
             try:
                 status, payload = await parts.dispatcher.handle(
-                    body, trace_header=trace_hint, parent=parent, owner=owner, caller=caller
+                    body, trace_header=trace_hint, parent=parent, owner=owner, caller=caller, client=peer
                 )
             except Exception:
                 # A bug, not bad input: still one ReachResponse, counted and traced like any
