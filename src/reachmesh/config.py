@@ -18,6 +18,7 @@ from reachmesh.yamlfile import read_yaml
 
 Positive = Annotated[float, Field(gt=0)]
 PositiveMs = Annotated[int, Field(gt=0, le=3_600_000)]
+EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=128)]
 
 
 class _Section(BaseModel):
@@ -98,6 +99,12 @@ class OutboundPolicy(_Section):
     # in the certificate file, so it is optional, but a key alone means nothing.
     client_cert_file: str | None = None
     client_key_file: str | None = None
+    # A shared secret the Router sends every agent in X-Reach-Agent-Secret, for SDK agents that
+    # check it (an agent otherwise answers whoever reaches its port): the environment variable
+    # that holds it (the secret never sits in the policy file), and per agent id glob, one for
+    # those agents instead (the first glob that matches wins).
+    agent_secret_env: EnvName | None = None
+    agent_secret_envs: dict[str, EnvName] = {}
 
     @model_validator(mode="after")
     def _key_with_cert(self) -> OutboundPolicy:

@@ -335,6 +335,9 @@ class ReachRequest(_Envelope):
 # The error code an SDK agent answers (retryable) for a task it has no handler for: its
 # registration is older than its code. The Router counts it neither for nor against the agent.
 UNKNOWN_TASK = "UNKNOWN_TASK"
+# The header that carries the shared secret the Router sends agents that ask for one
+# (outbound.agent_secret_env on the Router, server.shared_secret_env on an SDK agent).
+AGENT_SECRET_HEADER = "X-Reach-Agent-Secret"
 
 
 class Candidate(_Envelope):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 from urllib.parse import quote
 
@@ -42,6 +42,8 @@ from reachmesh.resilience.affinity import AffinityTable
 from reachmesh.resilience.breaker import BreakerBoard, BreakerState, Permit
 from reachmesh.resilience.retry import RetryBudget
 from reachmesh.resilience.timeouts import Deadline, Timeout
+from reachmesh.router.agentsecret import HEADER as AGENT_SECRET_HEADER
+from reachmesh.router.agentsecret import AgentSecrets
 from reachmesh.routing.base import Choice
 from reachmesh.routing.stats import StatsBook
 from reachmesh.tracecontext import new_span_id, w3c_trace_id
@@ -70,6 +72,7 @@ class Forwarding:
     stats: StatsBook
     config: RouterConfig
     clock: Clock
+    agent_secrets: AgentSecrets = field(default_factory=AgentSecrets)
 
 
 class Success(NamedTuple):
@@ -234,6 +237,9 @@ class AttemptRun:
             "traceparent": f"00-{self._w3c_trace}-{span_id}-01",
             "X-Reach-Deadline-Ms": str(int(remaining)),
         }
+        secret = self.parts.agent_secrets.for_agent(choice.entry.id)
+        if secret is not None:
+            headers[AGENT_SECRET_HEADER] = secret
         clock = self.parts.clock
         started = clock.monotonic()
         self.parts.stats.started(choice.entry.id)

@@ -42,6 +42,7 @@ from reachmesh.resilience.breaker import BreakerBoard
 from reachmesh.resilience.retry import RetryBudget
 from reachmesh.resilience.timeouts import Timeout
 from reachmesh.router import answer
+from reachmesh.router.agentsecret import AgentSecrets
 from reachmesh.router.asyncmode import AsyncRequests
 from reachmesh.router.attempts import AttemptRun, Forwarding
 from reachmesh.router.results import Reply, ResultStore
@@ -95,6 +96,7 @@ class Dispatcher:
             stats=StatsBook() if stats is None else stats,
             config=config,
             clock=clock,
+            agent_secrets=AgentSecrets.from_policy(config.outbound),
         )
         self.results = ResultStore(config.async_mode, clock=clock) if results is None else results
         self.suggester = Suggester(pipeline.registry, pipeline.vectors, clock)
@@ -112,7 +114,8 @@ class Dispatcher:
         """Take a reloaded policy; requests in flight keep the one they started with."""
         # A new Forwarding, not the old one changed: each request in flight holds the one it
         # started with, and AttemptRun reads its policy (retries, backoff, timeouts) from it.
-        self.forwarding = replace(self.forwarding, config=config, budget=budget)
+        secrets = AgentSecrets.from_policy(config.outbound)
+        self.forwarding = replace(self.forwarding, config=config, budget=budget, agent_secrets=secrets)
         self.async_requests.policy = config.async_mode
 
     @property

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hmac
 import inspect
 import logging
 import os
@@ -37,6 +38,7 @@ from reachmesh import jsoncodec
 from reachmesh.clock import SYSTEM_CLOCK
 from reachmesh.deadline import Deadline
 from reachmesh.exceptions import ConfigError, ReachError
+from reachmesh.protocol import AGENT_SECRET_HEADER as SECRET_HEADER
 from reachmesh.protocol import UNKNOWN_TASK, ReachResponse
 from reachmesh.sdk.client import ReachClient
 from reachmesh.sdk.config import AgentConfig, find_config
@@ -140,8 +142,16 @@ class ReachAgent:
     """One agent process: its handlers, its lease, its callback and health servers."""
 
     def __init__(
-        self, config: AgentConfig | str | os.PathLike[str] | None = None, *, otel: bool | None = None
+        self,
+        config: AgentConfig | str | os.PathLike[str] | None = None,
+        *,
+        otel: bool | None = None,
+        shared_secret: str | None = None,
     ) -> None:
+        """``shared_secret``: answer only calls that carry it in ``X-Reach-Agent-Secret`` (the
+        Router's ``outbound.agent_secret_env``); by default, the configuration's (see
+        :mod:`reachmesh.sdk.config`), else every call is answered."""
+        self._shared_secret = shared_secret
         self._config: AgentConfig | None = None
         self._config_source = config
         self._handlers: dict[str, tuple[Handler, bool, bool]] = {}
@@ -393,7 +403,25 @@ class ReachAgent:
                 log.exception("conversation hook failed for %s", conversation_id)
         return web.json_response({"holds": holds})
 
+    def _caller_refused(self, request: web.Request) -> web.Response | None:
+        """A 401 for a call without the shared secret, when the agent has one; else None."""
+        secret = self._shared_secret or self.config.shared_secret
+        if secret is None:
+            return None
+        given = request.headers.get(SECRET_HEADER, "")
+        if hmac.compare_digest(given.encode(), secret.encode()):
+            return None
+        return _answer_error(
+            "UNAUTHORIZED",
+            f"this agent answers only calls that carry its shared secret in {SECRET_HEADER}",
+            retryable=False,
+            status=401,
+        )
+
     async def _on_reach(self, request: web.Request) -> web.Response:
+        refused = self._caller_refused(request)
+        if refused is not None:
+            return refused
         try:
             data = jsoncodec.loads(await request.read())
         except jsoncodec.JSONDecodeError:

@@ -13,12 +13,18 @@ server:           # optional: where the SDK listens; default 127.0.0.1 and the e
   port: 7301
   tls_cert_file: agent.crt   # optional, with tls_key_file: serve the callback over HTTPS
   tls_key_file: agent.key    # (the endpoint must then be https://)
+  shared_secret_env: REACH_AGENT_SECRET   # optional: answer only calls that carry this secret
 ```
 
 The environment wins over the file: ``REACH_SELF_ID`` (agent.id), ``REACH_ROUTER_URL``
 (router.url), ``REACH_CALLBACK_URL`` (agent.network.endpoint) and, an addition to the
 protocol, ``REACH_HEALTH_PORT`` (agent.health_check.port). ``REACH_CA_FILE`` is the CA bundle an
 HTTPS Router's certificate is checked against (see :mod:`reachmesh.sdk.tls`).
+
+An agent answers whoever reaches its port. With a shared secret (in the environment variable
+``server.shared_secret_env`` names, ``REACH_AGENT_SECRET`` unless it names another), it answers a
+call to its callback only when the call carries that secret in ``X-Reach-Agent-Secret``, which
+the Router sends when its ``outbound.agent_secret_env`` names the same secret; others get 401.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import difflib
 import logging
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -58,6 +64,8 @@ class AgentConfig:
     # HTTPS for the callback: the certificate chain and key (PEM), both or neither.
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
+    # The secret a call must carry in X-Reach-Agent-Secret; None: every call is answered.
+    shared_secret: str | None = field(default=None, repr=False)
 
     @property
     def callback_path(self) -> str:
@@ -108,6 +116,7 @@ class AgentConfig:
                 f"from 0 to 300, got {timeout!r}"
             )
         cert_file, key_file = _server_tls(server, profile, source)
+        secret = _shared_secret(server, env, source)
         return cls(
             profile=profile,
             router_url=str(router_url).rstrip("/"),
@@ -116,6 +125,7 @@ class AgentConfig:
             registration_timeout_seconds=float(timeout),
             tls_cert_file=cert_file,
             tls_key_file=key_file,
+            shared_secret=secret,
         )
 
 
@@ -156,9 +166,26 @@ def _server_tls(server: dict[str, Any], profile: AgentProfile, source: str) -> t
     return cert_file, key_file
 
 
+DEFAULT_SECRET_ENV = "REACH_AGENT_SECRET"
+
+
+def _shared_secret(server: dict[str, Any], env: dict[str, str], source: str) -> str | None:
+    """The secret from ``server.shared_secret_env``'s variable (default REACH_AGENT_SECRET).
+
+    A variable the file names explicitly must be set: the agent would otherwise answer anyone
+    while its author believes it checks the Router."""
+    named = server.get("shared_secret_env")
+    if named is not None and (not isinstance(named, str) or not named.isidentifier()):
+        raise ConfigError(f"{source}: server.shared_secret_env must name an environment variable")
+    secret = env.get(named or DEFAULT_SECRET_ENV, "").strip()
+    if named is not None and not secret:
+        raise ConfigError(f"{source}: server.shared_secret_env names {named}, which is not set")
+    return secret or None
+
+
 _SECTIONS: dict[str, set[str]] = {
     "router": {"url", "registration_timeout_seconds"},
-    "server": {"host", "port", "tls_cert_file", "tls_key_file"},
+    "server": {"host", "port", "tls_cert_file", "tls_key_file", "shared_secret_env"},
 }
 
 

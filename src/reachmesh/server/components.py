@@ -24,6 +24,7 @@ from reachmesh.resilience.breaker import BreakerBoard, BreakerState
 from reachmesh.resilience.health import HealthChecker
 from reachmesh.resilience.retry import RetryBudget
 from reachmesh.resilience.shedding import LoadShedder
+from reachmesh.router.agentsecret import AgentSecrets
 from reachmesh.router.dispatcher import Dispatcher
 from reachmesh.router.learning import RouteLearner
 from reachmesh.router.results import ResultStore
@@ -243,6 +244,7 @@ class RouterParts:
 
     def apply(self, config: RouterConfig) -> None:
         """Switch every part to a new policy. Requests in flight keep the one they started with."""
+        AgentSecrets.from_policy(config.outbound)  # an unset secret variable: refused before any change
         _warn_restart_only_changes(self.config, config)
         self.config = config
         self.url_guard.policy = config.outbound

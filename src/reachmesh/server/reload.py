@@ -40,13 +40,14 @@ class PolicyFile:
             return False
         try:
             config = RouterConfig.load(self.path)
+            # Applying may refuse too (a secret's variable unset): before it changes anything.
+            self._apply(config)
         except ConfigError as exc:
             log.error("policy reload rejected, keeping the old policy: %s", exc.message)
             self.last_error = exc.message
             self.last_reload = (self._clock.time(), False)
             return False
         self.last_error = None
-        self._apply(config)
         self.loaded_at = self._clock.time()
         self.last_reload = (self.loaded_at, True)
         log.info("policy reloaded from %s", self.path)
