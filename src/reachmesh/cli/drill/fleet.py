@@ -28,8 +28,12 @@ import yaml
 from reachmesh.cli.workers import die_with_parent
 from reachmesh.exceptions import ConfigError
 from reachmesh.ports import free_port
+from reachmesh.secrets import loggable
 
 AGENT_APP = "reachmesh.cli.drill.agent:agent"
+# What the drill takes from a Router's agent listing: its own agents are a few dozen at most.
+MAX_LISTED = 10_000
+MAX_ID_SHOWN = 160
 START_TIMEOUT_S = 60.0  # a busy 2-core machine starts a Python process in seconds, not tens
 
 
@@ -284,9 +288,10 @@ class Fleet:
                 return None
         if not isinstance(listed, list):
             return None
+        # The ids are printed: a hostile Router's must not carry terminal control sequences.
         return [
-            str(row.get("id"))
-            for row in listed
+            loggable(row.get("id"), MAX_ID_SHOWN)
+            for row in listed[:MAX_LISTED]
             if isinstance(row, dict) and str(row.get("id", "")).startswith(self.prefix)
         ]
 

@@ -4,12 +4,14 @@ installed (the ``drill`` extra): success rate and p50/p99 over time, the faults 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from reachmesh.cli.drill.load import Sample, percentile
 from reachmesh.cli.drill.scenarios import Result
+from reachmesh.secrets import loggable
 
 
 def prepare(folder: Path) -> None:
@@ -73,17 +75,27 @@ def _r(value: float | None) -> float | None:
 
 
 def markdown(report: dict[str, Any], plots: dict[str, str]) -> str:
+    """The report for people. Whatever came from the Router (its version, ids, policy values)
+    is escaped: report.md is rendered as Markdown and HTML, and the Router may be hostile."""
     router = report["router"]
     lines = [
         "# reach drill report",
         "",
-        f"- Router: version {router.get('version') or 'unknown'}; {router['started']}",
+        f"- Router: version {md(router.get('version') or 'unknown')}; {md(router['started'])}",
         f"- Result: **{'all promises held' if report['ok'] else 'a promise was missed'}**",
     ]
     for name, scenario in report["scenarios"].items():
         policy = scenario["router"].get("policy")
-        lines += ["", f"## {name}", "", f"Router: {scenario['router'].get('url')}. Policy in force:", ""]
+        lines += [
+            "",
+            f"## {md(name)}",
+            "",
+            f"Router: {md(scenario['router'].get('url'))}. Policy in force:",
+            "",
+        ]
         lines += (
+            # JSON escapes control characters and puts every line after an indent or a bracket,
+            # so no value can close the fence; inside it nothing is rendered.
             ["```json", json.dumps(policy, indent=2, sort_keys=True), "```"]
             if policy is not None
             else [
@@ -93,20 +105,21 @@ def markdown(report: dict[str, Any], plots: dict[str, str]) -> str:
         )
         lines += ["", "| promise | held | measured |", "|---|---|---|"]
         lines += [
-            f"| {p['name']} | {'yes' if p['ok'] else '**no**'} | {p['detail']} |"
+            f"| {md(p['name'])} | {'yes' if p['ok'] else '**no**'} | {md(p['detail'])} |"
             for p in scenario["promises"]
         ]
         figures = scenario["figures"]
         lines += ["", "| figure | value |", "|---|---|"]
-        lines += [f"| {key} | {_cell(value)} |" for key, value in figures.items() if not _rows(value)]
+        lines += [f"| {md(key)} | {_cell(value)} |" for key, value in figures.items() if not _rows(value)]
         for key, value in figures.items():
             if _rows(value):
                 columns = list(value[0])
-                lines += ["", f"{key}:", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+                header = "| " + " | ".join(md(c) for c in columns) + " |"
+                lines += ["", f"{md(key)}:", "", header, "|" + "---|" * len(columns)]
                 lines += ["| " + " | ".join(_cell(row.get(c)) for c in columns) + " |" for row in value]
-        marks = ", ".join(f"{m['label']} at {m['atS']} s" for m in scenario["marks"])
+        marks = ", ".join(f"{md(m['label'])} at {md(m['atS'])} s" for m in scenario["marks"])
         lines += ["", f"Faults: {marks or 'none'}."]
-        lines += ["", f"![{name}]({plots[name]})" if name in plots else f"({PLOTS_HINT})"]
+        lines += ["", f"![{md(name)}]({plots[name]})" if name in plots else f"({PLOTS_HINT})"]
     return "\n".join(lines) + "\n"
 
 
@@ -116,8 +129,21 @@ def _rows(value: Any) -> bool:
 
 def _cell(value: Any) -> str:
     if isinstance(value, dict | list):
-        return "`" + json.dumps(value, separators=(", ", ": ")) + "`"
-    return str(value)
+        return md(json.dumps(value, separators=(", ", ": ")))
+    return md(value)
+
+
+# Markdown's characters that start emphasis, links, code, strikethrough, or end a table cell
+# (inside a cell or a line's middle, nothing else starts anything).
+_MARKDOWN = re.compile(r"([\\`*_\[\]|~])")
+_HTML = {"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;"}
+
+
+def md(value: object, limit: int = 2000) -> str:
+    """``value`` as inert Markdown text: control characters escaped (one line), Markdown's
+    punctuation backslashed, and HTML's characters as entities."""
+    text = _MARKDOWN.sub(r"\\\1", loggable(value, limit))
+    return "".join(_HTML.get(ch, ch) for ch in text)
 
 
 def plot(result: Result, folder: Path) -> str | None:

@@ -28,6 +28,7 @@ from reachmesh.cli.drill.scenarios import SCENARIOS, Result, Settings, Stage
 from reachmesh.config import RouterConfig
 from reachmesh.exceptions import ConfigError
 from reachmesh.ports import is_loopback
+from reachmesh.secrets import loggable
 from reachmesh.yamlfile import read_yaml
 
 ALL = ["latency", "crash", "storm", "breaker", "partition"]
@@ -355,7 +356,8 @@ def _policy_of(url: str, token: str | None) -> dict[str, Any] | None:
 
 def _version(stage: Stage) -> str | None:
     try:
-        return str(httpx.get(f"{stage.router_url}/openapi.json", timeout=5).json()["info"]["version"])
+        found = httpx.get(f"{stage.router_url}/openapi.json", timeout=5).json()["info"]["version"]
+        return loggable(found, 64)  # printed and written into the report: the Router's own words
     except (httpx.HTTPError, ValueError, KeyError, TypeError):
         return None
 
@@ -376,7 +378,8 @@ def _finish(results: list[Result], folder: Path | None, json_out: bool, *, parti
             out.print(f"[bold]{result.scenario}[/]", highlight=False)
             for promise in result.promises:
                 mark = "[green]held[/]" if promise.ok else "[red]MISSED[/]"
-                out.print(f"  {mark}  {escape(promise.name)}: {escape(promise.detail)}", highlight=False)
+                said = f"{escape(loggable(promise.name))}: {escape(loggable(promise.detail))}"
+                out.print(f"  {mark}  {said}", highlight=False)
         if folder:
             out.print(f"report: {folder / 'report.md'}", highlight=False, markup=False)
     if partial:

@@ -20,9 +20,11 @@ from typing import Any
 import aiohttp
 import httpx
 
+from reachmesh.cli.console import err
 from reachmesh.cli.drill.fleet import Fleet, Watcher, auth_headers
 from reachmesh.cli.drill.load import LiveView, Load, Sample, percentile, summary
 from reachmesh.exceptions import ConfigError
+from reachmesh.secrets import loggable
 
 Action = Callable[[], Any]
 
@@ -69,9 +71,30 @@ class Stage:
     freeze: Action | None = None  # partition: stop the registry's store
     thaw: Action | None = None
 
+    # What the drill did not take from the Router's policy as it was (out of bounds, not a number).
+    clamped: list[str] = field(default_factory=list)
+
     def policy_value(self, section: str, key: str, default: Any) -> Any:
         found = (self.policy or {}).get(section, {})
         return found.get(key, default) if isinstance(found, dict) else default
+
+    def policy_number(self, section: str, key: str, default: float, low: float, high: float) -> float:
+        """A number from the Router's policy, kept within ``[low, high]``: the Router may be
+        broken or hostile, and its value must neither make a drill run on (a breaker
+        ``open_seconds`` of 1e9) nor stop it with a traceback. Each change is noted and said."""
+        raw = self.policy_value(section, key, default)
+        try:
+            value = float(raw) if not isinstance(raw, bool) else math.nan
+        except (TypeError, ValueError, OverflowError):
+            value = math.nan
+        used = default if not math.isfinite(value) else min(max(value, low), high)
+        if used != value:
+            shown = loggable(repr(raw), 40)
+            bounds = f"{low:g}..{high:g}"
+            note = f"the Router's {section}.{key} of {shown} is not within {bounds}: the drill uses {used:g}"
+            self.clamped.append(note)
+            err.print(f"[reach-drill] {note}", highlight=False, markup=False)
+        return used
 
 
 @dataclass
@@ -376,10 +399,7 @@ async def breaker(stage: Stage) -> Result:
     names = stage.fleet.start(max(stage.settings.agents, 2))
     await stage.fleet.wait_registered(names)
     bad = names[0]
-    threshold = int(stage.policy_value("breaker", "failure_threshold", 5))
-    open_seconds = float(stage.policy_value("breaker", "open_seconds", 10))
-    # Long enough to see the half-open probe succeed after the fault ends.
-    duration = max(stage.settings.duration, 1.0 + BREAKER_FAULT_S + open_seconds + 4.0)
+    threshold, open_seconds, duration = breaker_plan(stage)
 
     def fail() -> None:
         stage.fleet.fault(bad, mode="hang_until", until=time.time() + BREAKER_FAULT_S, hang_ms=2000)
@@ -407,6 +427,7 @@ async def breaker(stage: Stage) -> Result:
         "openSeconds": open_seconds,
         # A Router whose policy could not be read: the defaults were assumed.
         "policyAssumed": stage.policy is None,
+        "policyClamped": list(stage.clamped),
         "faultSeconds": BREAKER_FAULT_S,
         "readTimeoutMs": BREAKER_READ_TIMEOUT_MS,
         "failuresBeforeOpen": before_open,
@@ -424,6 +445,21 @@ async def breaker(stage: Stage) -> Result:
         slack = math.ceil(share * (BREAKER_READ_TIMEOUT_MS / 1000 + 0.2))
     promises = _breaker_promises(threshold, slack, before_open, opened, closed, duration)
     return Result("breaker", figures, promises, run.marks, run.load.samples)
+
+
+# The breaker policy the drill will wait on: a Router's open_seconds beyond this would keep the
+# drill running for that long (it waits for the half-open probe).
+MAX_OPEN_SECONDS = 300.0
+MAX_FAILURE_THRESHOLD = 1000
+
+
+def breaker_plan(stage: Stage) -> tuple[int, float, float]:
+    """The failure threshold and open seconds the drill expects, within bounds, and how long it
+    runs: long enough to see the half-open probe succeed after the fault ends."""
+    threshold = int(stage.policy_number("breaker", "failure_threshold", 5, 1, MAX_FAILURE_THRESHOLD))
+    open_seconds = stage.policy_number("breaker", "open_seconds", 10, 0.001, MAX_OPEN_SECONDS)
+    duration = max(stage.settings.duration, 1.0 + BREAKER_FAULT_S + open_seconds + 4.0)
+    return threshold, open_seconds, duration
 
 
 def _breaker_promises(
