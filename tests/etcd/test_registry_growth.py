@@ -88,7 +88,7 @@ async def test_the_router_compacts_etcds_history(etcd: EtcdCluster, client) -> N
                 break
             assert time.monotonic() < deadline, "the old revision was never compacted"
             await asyncio.sleep(0.1)
-        assert registry.compactor.compacted > old
+        assert registry.compactor.compacted >= old
 
 
 async def test_a_full_etcd_takes_the_router_out_of_readyz_with_the_reason(tmp_path: Path, client) -> None:
