@@ -19,6 +19,7 @@ from reachmesh.exceptions import (
     LeaseMismatch,
     LeaseNotFound,
     PayloadTooLarge,
+    RegistrationThrottled,
     RegistryError,
     RegistryFull,
     RegistryUnavailable,
@@ -208,7 +209,9 @@ def _registry_paths() -> dict[str, Operation]:
                         _json(_ref("Registration"), "replaced in place, or a retry answered with its lease"),
                         **_REGISTRATION_LINKS,
                     ),
-                    **error_responses(AgentIdConflict, InvalidProfile, RegistryFull, body=True),
+                    **error_responses(
+                        AgentIdConflict, InvalidProfile, RegistrationThrottled, RegistryFull, body=True
+                    ),
                 },
             }
         },
