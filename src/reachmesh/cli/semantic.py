@@ -11,7 +11,7 @@ import orjson
 import typer
 from rich.table import Table
 
-from reachmesh.cli.console import app, err, out
+from reachmesh.cli.console import app, err, need_router, out
 from reachmesh.cli.console import fail as _fail
 from reachmesh.exceptions import ConfigError, EmbeddingError
 
@@ -33,6 +33,7 @@ def embed_server(
     ] = None,
 ) -> None:
     """Serve the local embedding model: POST /embed, POST /v1/embeddings, GET /healthz."""
+    need_router("reach embed-server")
     import asyncio
 
     import uvicorn
@@ -273,6 +274,7 @@ def calibrate(
 ) -> None:
     """Measure semantic routing on labelled phrases: k-fold held-out figures, and a proposed
     threshold and margin for the model."""
+    need_router("reach calibrate")
     try:
         embedder, current, progress = _open_embedder(labelled, config)
         if corpus:

@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from reachmesh.cli.console import app
+from reachmesh.cli.console import app, need_router
 
 
 @app.command()
@@ -55,6 +55,8 @@ def drill(
     ] = False,
 ) -> None:
     """Run resilience drills (latency, crash, storm, breaker, partition, all); exit 1 on a missed promise."""
+    if router is None:
+        need_router("reach drill without --router (it starts a Router of its own)")
     # The drill's machinery (aiohttp, the scenarios, matplotlib for the plots) loads only when a
     # drill runs: every other command of `reach` starts without it.
     from reachmesh.cli.drill.run import start
