@@ -105,6 +105,14 @@ class OutboundPolicy(_Section):
     # those agents instead (the first glob that matches wins).
     agent_secret_env: EnvName | None = None
     agent_secret_envs: dict[str, EnvName] = {}
+    # The forwarding pool's connections: at most max_connections open in all, at most
+    # max_connections_per_agent to one agent (scheme, host, port), and at most
+    # max_connecting_per_agent being opened to one agent at once. Beyond any of them a request
+    # waits for a connection (first come, first served) rather than opening one: a burst of calls
+    # never becomes a burst of connects that overflows the agent's accept queue.
+    max_connections: Annotated[int, Field(ge=1, le=1_000_000)] = 4096
+    max_connections_per_agent: Annotated[int, Field(ge=1, le=1_000_000)] = 1024
+    max_connecting_per_agent: Annotated[int, Field(ge=1, le=10_000)] = 32
 
     @model_validator(mode="after")
     def _key_with_cert(self) -> OutboundPolicy:
@@ -269,6 +277,9 @@ class LimitsPolicy(_Section):
     # within the window. 0 makes sustained lag alone enough.
     loop_lag_inflight_share: Annotated[float, Field(ge=0, le=1)] = 0.1
     retry_after_seconds: Annotated[int, Field(ge=1, le=3600)] = 1
+    # Requests that may wait in the Router for a slot at one full agent (its max_concurrency);
+    # past it, a request that finds every candidate full is answered OVERLOADED at once.
+    max_queued_per_agent: Annotated[int, Field(ge=0, le=1_000_000)] = 1024
     # The longest timeoutMs (and connect or read timeout) a caller may ask for; longer is a 400,
     # so no caller holds a request slot for an hour.
     max_timeout_ms: PositiveMs = 300_000

@@ -37,6 +37,7 @@ caller never has to know which library sat underneath.
     │   └── DeadlineExceeded         504 TIMEOUT: the overall budget ran out
     ├── AttemptError                 one upstream attempt failed (internal to the dispatcher)
     │   ├── ConnectFailed            refused, reset, unreachable or connect timeout
+    │   ├── PoolTimeout              no slot or pool connection came free: not the agent's fault
     │   ├── AttemptTimeout           the agent did not answer in time
     │   ├── BadAgentResponse         5xx, or an answer that is not a valid agent reply
     │   ├── AgentRejected            the agent answered AGENT_ERROR, or a 4xx
@@ -386,10 +387,22 @@ class ConnectFailed(AttemptError):
     code = "CONNECT_ERROR"
     reason = "connect_error"
 
-    def __init__(self, message: str, *, refused: bool = False) -> None:
+    def __init__(self, message: str, *, refused: bool = False, sent: bool = False) -> None:
         super().__init__(message)
         # Refused: nothing listens on the agent's port, so the process is gone or not started.
         self.refused = refused
+        # Sent: the request was written before the connection failed, so the agent may have read
+        # (and run) it; only an idempotent capability may be sent it again.
+        self.sent = sent
+
+
+class PoolTimeout(AttemptError):
+    """No slot at the agent (its max_concurrency) or no connection of the Router's own pool came
+    free in time. Nothing was sent: it is the Router's wait, not the agent's failure, so neither
+    the breaker nor the success rate hear of it."""
+
+    code = "POOL_TIMEOUT"
+    reason = "at_capacity"
 
 
 class AttemptTimeout(AttemptError):

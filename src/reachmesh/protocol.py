@@ -87,6 +87,8 @@ MAX_SCHEMA_DEPTH = 32
 # What one registration may ask the Router to embed: every description and example is a model
 # call, so these bound the work a single registrant can cause.
 MAX_CAPABILITIES = 64
+# The largest max_concurrency a profile may declare (a bound on what a stranger can ask for).
+MAX_CONCURRENCY = 100_000
 MAX_DESCRIPTION_CHARS = 2048
 MAX_EXAMPLES = 20
 MAX_EXAMPLE_CHARS = 500
@@ -167,6 +169,7 @@ class CandidateReason(StrEnum):
     DECLINED = "declined"  # the agent answered DECLINED, or a learned negative for this phrase
     DECLARED_LIMIT = "declared_limit"  # semantic_route: the text matches a declared limit
     BUSY = "busy"  # the agent answered 429 (too many requests); the request failed over
+    AT_CAPACITY = "at_capacity"  # the agent is full (max_concurrency) and its queue too
 
 
 class Strategy(StrEnum):
@@ -200,6 +203,9 @@ class Capability(_ProfileModel):
         list[Annotated[str, StringConstraints(min_length=1, max_length=MAX_LIMIT_CHARS, pattern=_PRINTABLE)]],
         Field(max_length=MAX_LIMITS),
     ] = []
+    # Running it twice does no harm: a request sent whose outcome is unknown (the connection
+    # closed after the request was written) may be sent again, to this agent or another.
+    idempotent: bool = False
 
     @field_validator("input_schema", "output_schema")
     @classmethod
@@ -259,6 +265,9 @@ class AgentProfile(_ProfileModel):
     network: Network
     capabilities: Annotated[list[Capability], Field(min_length=1, max_length=MAX_CAPABILITIES)]
     health_check: HealthCheck = HealthCheck()
+    # The most requests this instance wants in flight at once (PROTOCOL §15); None: no cap but
+    # the Router's own pool bounds.
+    max_concurrency: Annotated[int, Field(ge=1, le=MAX_CONCURRENCY)] | None = None
 
     @model_validator(mode="after")
     def _tasks_are_unique(self) -> AgentProfile:

@@ -76,6 +76,7 @@ class DecisionRecord:
     result: Any = None  # the handler's result, on SUCCESS
     handler: str | None = None
     duration_ms: float = 0.0
+    queue_wait_ms: float = 0.0  # time spent waiting for a slot at a full agent (capacity)
 
     def note(self, kind: str, text: str) -> None:
         """Add an ordered event line, e.g. ``note("retry", "price-agent, attempt=2")``.

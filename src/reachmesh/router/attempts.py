@@ -35,11 +35,14 @@ from reachmesh.exceptions import (
     ContextUnavailable,
     DeadlineExceeded,
     NoAvailableHandler,
+    Overloaded,
+    PoolTimeout,
 )
 from reachmesh.protocol import UNKNOWN_TASK, CandidateReason, ReachRequest
 from reachmesh.record import AttemptRecord, DecisionRecord
 from reachmesh.resilience.affinity import AffinityTable
 from reachmesh.resilience.breaker import BreakerBoard, BreakerState, Permit
+from reachmesh.resilience.capacity import CapacityBoard
 from reachmesh.resilience.retry import RetryBudget
 from reachmesh.resilience.timeouts import Deadline, Timeout
 from reachmesh.router.agentsecret import HEADER as AGENT_SECRET_HEADER
@@ -72,6 +75,7 @@ class Forwarding:
     stats: StatsBook
     config: RouterConfig
     clock: Clock
+    capacity: CapacityBoard
     agent_secrets: AgentSecrets = field(default_factory=AgentSecrets)
 
 
@@ -134,6 +138,9 @@ class AttemptRun:
         if reason is not None:
             record.reject(agent_id, reason, choice.score, self.task)
             return False
+        if self.parts.capacity.queue_full(agent_id, choice.entry.profile.max_concurrency):
+            record.reject(agent_id, CandidateReason.AT_CAPACITY, choice.score, self.task)
+            return False
         permit, change = self.parts.breakers.acquire(agent_id, self.task)
         if permit is Permit.DENY:
             record.reject(agent_id, CandidateReason.CIRCUIT_OPEN, choice.score, self.task)
@@ -189,17 +196,26 @@ class AttemptRun:
             if isinstance(exc, AgentDeclined):
                 self._declined(choice, exc)
                 return None
+            if isinstance(exc, PoolTimeout):
+                # Full, and nothing was sent: the next candidate is tried without a token.
+                self.record.reject(choice.entry.id, exc.reason, choice.score, self.task)
+                self._check_deadline()
+                return None
             if isinstance(exc, AgentRejected) and not exc.retryable:
                 self.record.handler = choice.entry.id
                 raise exc
             self._check_deadline()
-            if self._may_retry_same(exc, same_agent_left):
+            if self._may_retry_same(exc, same_agent_left, choice):
                 same_agent_left -= 1
                 await self._backoff()
                 continue
             self.record.reject(choice.entry.id, exc.reason, choice.score, self.task)
             self.last_failure = (choice.entry.id, exc.reason)
             self.declined_by = None
+            if _sent_unknown(exc) and not choice.capability.idempotent:
+                # The agent may have read (and run) it: another agent would run it a second time.
+                self.record.note("no failover", f"{choice.entry.id} may have the request ({exc.reason})")
+                self.attempts_left = 0
             return None
 
     def _declined(self, choice: Choice, exc: AgentDeclined) -> None:
@@ -225,7 +241,42 @@ class AttemptRun:
         self.data["requestedTask"] = self.request.target_task
 
     async def _attempt(self, choice: Choice, body: bytes) -> Success | AttemptError:
-        """One attempt, accounted; its Success or its failure."""
+        """One attempt, accounted; its Success or its failure.
+
+        A slot at the agent is taken first (waiting while it is full, within the deadline) and
+        given back when the attempt ends; the wait is the Router's own, charged to nobody.
+        """
+        self._check_deadline()
+        agent_id = choice.entry.id
+        waited = await self._take_slot(choice)
+        if isinstance(waited, PoolTimeout):
+            return waited
+        try:
+            return await self._send(choice, body)
+        finally:
+            self.parts.capacity.give(agent_id)
+
+    async def _take_slot(self, choice: Choice) -> float | PoolTimeout:
+        """Seconds waited for a slot at the agent, or PoolTimeout when its queue is full."""
+        capacity, agent_id = self.parts.capacity, choice.entry.id
+        due = self.parts.clock.monotonic() + (self.deadline.remaining_ms() - MIN_ATTEMPT_MS) / 1000.0
+        try:
+            waited = await capacity.take(agent_id, choice.entry.profile.max_concurrency, due)
+        except LookupError:
+            return PoolTimeout(f"{agent_id} is full and so is its queue")
+        except TimeoutError as exc:
+            waited_ms = self.deadline.remaining_ms()
+            self.record.note("slot wait", f"{agent_id}, gave up at the deadline ({waited_ms:.0f} ms left)")
+            raise DeadlineExceeded(
+                f"the overall budget of {self.timeout.overall_ms} ms ran out waiting for a slot at {agent_id}"
+            ) from exc
+        if waited > 0:
+            self.record.queue_wait_ms += waited * 1000
+            self.record.note("slot wait", f"{agent_id}, waited={waited * 1000:.0f}ms")
+        return waited
+
+    async def _send(self, choice: Choice, body: bytes) -> Success | AttemptError:
+        """One forward to the agent, accounted."""
         self._check_deadline()
         remaining = self.deadline.remaining_ms()
         self.attempts_left -= 1
@@ -236,6 +287,8 @@ class AttemptRun:
             "X-Reach-Trace-Id": self.record.trace_id,
             "traceparent": f"00-{self._w3c_trace}-{span_id}-01",
             "X-Reach-Deadline-Ms": str(int(remaining)),
+            # The same on every attempt of this request: an SDK answers a repeat from its cache.
+            "Idempotency-Key": self.record.trace_id,
         }
         secret = self.parts.agent_secrets.for_agent(choice.entry.id)
         if secret is not None:
@@ -260,9 +313,12 @@ class AttemptRun:
             self.parts.affinity.bind(self.request.conversation_id, choice.entry.id, self.record.caller)
         return Success(result)
 
-    def _may_retry_same(self, exc: AttemptError, same_agent_left: int) -> bool:
-        """A network error may be retried on the same agent, within the cap and the budget."""
+    def _may_retry_same(self, exc: AttemptError, same_agent_left: int, choice: Choice) -> bool:
+        """A network error may be retried on the same agent, within the cap and the budget; one
+        after the request was sent only for an idempotent capability."""
         if exc.reason != CandidateReason.CONNECT_ERROR or same_agent_left <= 0 or self.attempts_left <= 0:
+            return False
+        if _sent_unknown(exc) and not choice.capability.idempotent:
             return False
         agent_id = self.record.attempts[-1].agent_id
         if not self.parts.budget.try_spend():
@@ -290,6 +346,8 @@ class AttemptRun:
         record.attempts.append(AttemptRecord(agent_id, outcome, took, span_id, offset, choice.score))
         detail = "" if exc is None else f", outcome={exc.reason}"
         record.note("forward", f"{agent_id}, duration={took:.0f}ms{detail}")
+        if isinstance(exc, PoolTimeout):
+            return  # the agent was never reached: a half-open probe must not close on it
         change = self.parts.breakers.record(agent_id, self.task, ok=verdict, refused=refused)
         if change is BreakerState.OPEN:
             record.circuit_trips.append(agent_id)
@@ -311,7 +369,7 @@ class AttemptRun:
         wait_ms = min(base * _jitter.uniform(0.5, 1.5), max(self.deadline.remaining_ms(), 0.0))
         await asyncio.sleep(wait_ms / 1000.0)
 
-    def exhausted(self) -> ContextUnavailable | NoAvailableHandler:
+    def exhausted(self) -> ContextUnavailable | NoAvailableHandler | Overloaded:
         """The error for a run in which no candidate succeeded."""
         record = self.record
         if self.bound_agent is not None and any(
@@ -327,6 +385,11 @@ class AttemptRun:
                 f"every candidate for {self.request.target_task!r} declined it", list(record.rejected)
             )
         message = f"every candidate for {self.task!r} failed or was skipped"
+        if record.rejected and all(c.get("reason") == CandidateReason.AT_CAPACITY for c in record.rejected):
+            return Overloaded(
+                f"every candidate for {self.task!r} is full, and so is its queue",
+                retry_after_s=self.parts.config.limits.retry_after_seconds,
+            )
         if self.busy_retry_after_s is not None:
             message += f"; a busy agent asked to retry after {self.busy_retry_after_s} s"
             return AgentsBusy(message, list(record.rejected), retry_after_s=self.busy_retry_after_s)
@@ -344,11 +407,16 @@ def attempt_verdict(exc: AttemptError | None) -> bool | None:
     """
     if exc is None:
         return True
-    if isinstance(exc, AgentBusy | AgentDeclined):
+    if isinstance(exc, AgentBusy | AgentDeclined | PoolTimeout):
         return None
     if isinstance(exc, AgentRejected):
         return None if exc.error.get("code") == UNKNOWN_TASK else not exc.retryable
     return False
+
+
+def _sent_unknown(exc: AttemptError) -> bool:
+    """Whether the request may have reached the agent though no answer came back."""
+    return isinstance(exc, ConnectFailed) and exc.sent
 
 
 def conversation_url(endpoint: str, conversation_id: str) -> str:

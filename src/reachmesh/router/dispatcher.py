@@ -39,6 +39,7 @@ from reachmesh.exceptions import (
 from reachmesh.protocol import ReachRequest, error_details, is_trace_id
 from reachmesh.record import DecisionRecord, Observer
 from reachmesh.resilience.breaker import BreakerBoard
+from reachmesh.resilience.capacity import CapacityBoard
 from reachmesh.resilience.retry import RetryBudget
 from reachmesh.resilience.timeouts import Timeout
 from reachmesh.router import answer
@@ -82,6 +83,7 @@ class Dispatcher:
         results: ResultStore | None = None,
         observers: Iterable[Observer] = (),
         clock: Clock = SYSTEM_CLOCK,
+        capacity: CapacityBoard | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.clock = clock
@@ -97,6 +99,9 @@ class Dispatcher:
             config=config,
             clock=clock,
             agent_secrets=AgentSecrets.from_policy(config.outbound),
+            capacity=CapacityBoard(max_queued=config.limits.max_queued_per_agent, clock=clock)
+            if capacity is None
+            else capacity,
         )
         self.results = ResultStore(config.async_mode, clock=clock) if results is None else results
         self.suggester = Suggester(pipeline.registry, pipeline.vectors, clock)
@@ -116,6 +121,7 @@ class Dispatcher:
         # started with, and AttemptRun reads its policy (retries, backoff, timeouts) from it.
         secrets = AgentSecrets.from_policy(config.outbound)
         self.forwarding = replace(self.forwarding, config=config, budget=budget, agent_secrets=secrets)
+        self.forwarding.capacity.max_queued = config.limits.max_queued_per_agent
         self.async_requests.policy = config.async_mode
 
     @property

@@ -24,6 +24,7 @@ from reachmesh.exceptions import (
     ConnectFailed,
     DeliveryFailed,
     OutboundRefused,
+    PoolTimeout,
 )
 from reachmesh.tls import verifying_context
 from reachmesh.transport import a2a
@@ -36,7 +37,7 @@ from reachmesh.transport.answer import (
     HeadTooLarge,
 )
 from reachmesh.transport.base import DEFAULT_RESPONSE_LIMIT, AttemptLimits, busy, classify_answer
-from reachmesh.transport.pool import BadUrl, ConnectTimeout, Pool
+from reachmesh.transport import pool as lean
 from reachmesh.transport.urlguard import UrlGuard
 from reachmesh.version import __version__
 
@@ -96,26 +97,32 @@ class HttpTransport:
     def __init__(
         self,
         *,
-        pool_size: int = 1024,
+        pool_size: int | None = None,
         response_limit: int = DEFAULT_RESPONSE_LIMIT,
         guard: UrlGuard | None = None,
         tls: OutboundPolicy | None = None,
         head: HeadLimits = DEFAULT_HEAD,
     ) -> None:
-        """``tls``: the outbound policy's CA and client certificate (read once, here); ``head``:
-        the bounds on an answer's head."""
-        self._pool_size = pool_size
+        """``tls``: the outbound policy: its CA and client certificate (read once, here) and its
+        connection caps (``pool_size`` overrides the global one); ``head``: the bounds on an
+        answer's head."""
+        outbound = tls or OutboundPolicy()
+        self._pool_size = pool_size or outbound.max_connections
+        self._per_agent = min(outbound.max_connections_per_agent, self._pool_size)
+        self._connecting = outbound.max_connecting_per_agent
         self._response_limit = response_limit
         self._head = head
         self._guard = guard or UrlGuard()
-        self._ssl = client_tls(tls or OutboundPolicy())
+        self._ssl = client_tls(outbound)
         self._session: aiohttp.ClientSession | None = None
-        self._pool: Pool | None = None
+        self._pool: lean.Pool | None = None
 
     async def open(self) -> None:
         if self._pool is None:
-            self._pool = Pool(
+            self._pool = lean.Pool(
                 size=self._pool_size,
+                per_agent=self._per_agent,
+                connecting_per_agent=self._connecting,
                 response_limit=self._response_limit,
                 guard=self._guard,
                 tls=self._ssl,
@@ -178,7 +185,10 @@ class HttpTransport:
             raise RuntimeError("HttpTransport.open() was not awaited")
         try:
             return await pool.post(url, body, headers, limits.connect_s, limits.read_s, limits.total_s)
-        except ConnectTimeout as exc:
+        except lean.PoolTimeout as exc:
+            # The Router's own pool was full until the attempt's ceiling: nothing was sent.
+            raise PoolTimeout(f"waited for a connection of the Router's pool: {exc}") from exc
+        except lean.ConnectTimeout as exc:
             raise ConnectFailed(f"connect timeout after {limits.connect_s * 1000:.0f} ms") from exc
         except ssl.SSLError as exc:
             # Before the generic branches: a certificate error is an OSError and a ValueError too.
@@ -191,8 +201,9 @@ class HttpTransport:
         except BrokenBody as exc:
             raise BadAgentResponse(f"broken response body: {exc}") from exc
         except Disconnected as exc:
-            raise ConnectFailed(f"ServerDisconnected: {exc}") from exc
-        except BadUrl as exc:
+            # After the request was written: the agent may have read it (see StaleConnection).
+            raise ConnectFailed(f"ServerDisconnected: {exc}", sent=True) from exc
+        except lean.BadUrl as exc:
             # A URL the standard library accepted at registration but that cannot be requested
             # (``http://[::1]]:80/``): this agent cannot be reached; the request fails over.
             raise ConnectFailed(f"the agent's endpoint is not a usable URL ({exc})") from exc

@@ -8,7 +8,10 @@ answer gathered whole in the protocol, one future per exchange and one timer per
 
 Kept from the aiohttp path, on purpose and exactly:
 
-- keep-alive connections pooled per (scheme, host, port), at most ``pool_size`` open in all;
+- keep-alive connections pooled per (scheme, host, port), at most ``size`` open in all, at most
+  ``per_agent`` to one (scheme, host, port) and at most ``connecting_per_agent`` being opened to
+  one at once; past any of them a request waits, first come first served, until its attempt's
+  ceiling (then :class:`PoolTimeout`): a burst of calls never becomes a burst of connects;
 - the connect timeout (socket connect and TLS handshake), the read timeout (the gap between two
   reads of the answer, from the moment the request is written) and the attempt's hard ceiling;
 - whole answers up to ``response_limit`` bytes, ``RESPONSE_TOO_LARGE`` past it, whether
@@ -28,6 +31,8 @@ the two classes below.
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import ipaddress
 import itertools
 import select
@@ -62,6 +67,15 @@ _JOIN_LIMIT = 64 * 1024
 
 class ConnectTimeout(Exception):
     """No connection (or no TLS handshake) within the connect timeout."""
+
+
+class PoolTimeout(Exception):
+    """No connection of the pool came free before the attempt's ceiling; nothing was sent."""
+
+
+class StaleConnection(Disconnected):
+    """A kept-alive connection closed with no byte of an answer after the request was written:
+    the agent may have read the request, so it is not sent again here (the caller decides)."""
 
 
 class BadUrl(Exception):
@@ -281,6 +295,8 @@ class Pool:
         self,
         *,
         size: int,
+        per_agent: int | None = None,
+        connecting_per_agent: int = 32,
         response_limit: int,
         guard: UrlGuard,
         tls: ssl.SSLContext,
@@ -288,6 +304,8 @@ class Pool:
         head: HeadLimits = DEFAULT_HEAD,
     ) -> None:
         self._size = size
+        self._per_agent = per_agent or size
+        self._connecting_cap = connecting_per_agent
         self._limit = response_limit
         self._head = head
         self._guard = guard
@@ -296,7 +314,10 @@ class Pool:
         self._idle: dict[tuple[str, str, int], list[_Conn]] = {}
         self._all: set[_Conn] = set()
         self._opening = 0
-        self._room: list[asyncio.Future[None]] = []  # callers waiting for a free slot
+        self._open_to: dict[tuple[str, str, int], int] = {}  # connections in _all, per target
+        self._connecting: dict[tuple[str, str, int], int] = {}  # being opened, per target
+        # Callers waiting for a connection to each target, first come first served.
+        self._waiting: dict[tuple[str, str, int], collections.deque[asyncio.Future[None]]] = {}
         self._targets: dict[str, _Target] = {}
         self._names: dict[tuple[str, int], tuple[float, list[str]]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -332,17 +353,16 @@ class Pool:
             head.append(f"{name}: {value}\r\n".encode())
         head.append(b"Content-Length: %d\r\n\r\n" % len(body))
         data = b"".join(head)
-        conn = self._reuse(target.key, loop.time())
-        if conn is not None:
-            try:
-                return await conn.exchange(data, body, self._limit, read_s, hard)
-            except Disconnected:
-                if conn.reader.got_bytes:
-                    raise
-                # The agent had closed this kept-alive connection before a byte of the answer:
-                # its fault is only a race, so one fresh connection, not counted against it.
-        conn = await self._connect(target, connect_s, hard)
-        return await conn.exchange(data, body, self._limit, read_s, hard)
+        conn = await self._acquire(target, connect_s, hard)
+        reused = conn.idle_since > 0.0
+        try:
+            return await conn.exchange(data, body, self._limit, read_s, hard)
+        except Disconnected as exc:
+            if reused and not conn.reader.got_bytes:
+                # Closed after the request was written: the agent may have read it (and be running
+                # it), so it is never silently sent again; the caller knows if it may be.
+                raise StaleConnection(f"a kept-alive connection closed after the request ({exc})") from exc
+            raise
 
     def _reuse(self, key: tuple[str, str, int], now: float) -> _Conn | None:
         idle = self._idle.get(key)
@@ -353,23 +373,68 @@ class Pool:
             conn._close()
         return None
 
+    async def _acquire(self, target: _Target, connect_s: float, hard: float) -> _Conn:
+        """An idle connection to ``target``, or a new one once the caps allow; FIFO waits."""
+        loop = self._loop
+        assert loop is not None
+        key = target.key
+        woken = False
+        while True:
+            if woken or not self._waiting.get(key):  # a newcomer queues behind earlier waiters
+                conn = self._reuse(key, loop.time())
+                if conn is not None:
+                    return conn
+                if self._may_open(key):
+                    return await self._connect(target, connect_s, hard)
+                if self._target_room(key) and self._evict_one():
+                    continue  # the pool was full of idle connections elsewhere: one made room
+            await self._wait(key, hard, front=woken)
+            woken = True
+
+    def _target_room(self, key: tuple[str, str, int]) -> bool:
+        opened = self._open_to.get(key, 0) + self._connecting.get(key, 0)
+        return opened < self._per_agent and self._connecting.get(key, 0) < self._connecting_cap
+
+    def _may_open(self, key: tuple[str, str, int]) -> bool:
+        return self._target_room(key) and len(self._all) + self._opening < self._size
+
+    async def _wait(self, key: tuple[str, str, int], hard: float, *, front: bool) -> None:
+        """Wait for a wake-up on ``key`` (a connection released, closed or made), until ``hard``."""
+        loop = self._loop
+        assert loop is not None
+        room: asyncio.Future[None] = loop.create_future()
+        queue = self._waiting.setdefault(key, collections.deque())
+        if front:
+            queue.appendleft(room)  # woken once already: it keeps its place
+        else:
+            queue.append(room)
+        woke = False
+        try:
+            async with asyncio.timeout_at(hard):
+                await room
+            woke = True
+        except TimeoutError as exc:
+            raise PoolTimeout(f"no connection to {key[1]}:{key[2]} came free in time") from exc
+        finally:
+            if not woke:
+                if room.done() and not room.cancelled():
+                    # Woken just as it gave up (its timeout, or a cancellation): the wake-up is
+                    # passed on, or the next waiter would sleep on a free connection.
+                    self._wake(key)
+                else:
+                    room.cancel()
+                    with contextlib.suppress(ValueError):
+                        queue.remove(room)  # a newcomer must not queue behind a gone waiter
+            if not queue and self._waiting.get(key) is queue:
+                del self._waiting[key]
+
     async def _connect(self, target: _Target, connect_s: float, hard: float) -> _Conn:
         loop = self._loop
         assert loop is not None
-        while len(self._all) + self._opening >= self._size:
-            # Full: wait for a connection to close (or an idle one to be handed over).
-            room: asyncio.Future[None] = loop.create_future()
-            self._room.append(room)
-            async with asyncio.timeout_at(hard):
-                await room
-            conn = self._reuse(target.key, loop.time())
-            if conn is not None:
-                return conn
-            if len(self._all) + self._opening >= self._size:
-                # Make room: close the longest-idle connection to any other host.
-                self._evict_one()
+        key = target.key
         connect_due = loop.time() + connect_s
         self._opening += 1
+        self._connecting[key] = self._connecting.get(key, 0) + 1
         try:
             async with asyncio.timeout_at(min(connect_due, hard)):
                 return await self._open(target)
@@ -379,6 +444,12 @@ class Pool:
             raise ConnectTimeout from exc
         finally:
             self._opening -= 1
+            left = self._connecting[key] - 1
+            if left:
+                self._connecting[key] = left
+            else:
+                del self._connecting[key]
+            self._wake(key)  # a connect slot is free (and a failed one frees a connection's)
 
     async def _open(self, target: _Target) -> _Conn:
         addresses = await self._resolve(target.host, target.port)
@@ -399,6 +470,7 @@ class Pool:
         # uvloop may call connection_made after create_connection returns: take it from here.
         conn.transport = transport
         self._all.add(conn)
+        self._open_to[target.key] = self._open_to.get(target.key, 0) + 1
         return conn
 
     async def _race(self, target: _Target, addresses: list[str]) -> _Conn:
@@ -464,33 +536,55 @@ class Pool:
 
     def release(self, conn: _Conn) -> None:
         """Put a connection whose answer was read whole back in the pool."""
-        conn.idle_since = self._loop.time() if self._loop is not None else 0.0
+        conn.idle_since = self._loop.time() if self._loop is not None else 1.0
         self._idle.setdefault(conn.key, []).append(conn)
-        self._wake()
+        self._wake(conn.key)
 
     def forget(self, conn: _Conn) -> None:
         """A connection closed: it is no longer pooled, and its slot is free."""
         if conn in self._all:
             self._all.discard(conn)
-            idle = self._idle.get(conn.key)
+            key = conn.key
+            left = self._open_to.get(key, 1) - 1
+            if left > 0:
+                self._open_to[key] = left
+            else:
+                self._open_to.pop(key, None)
+            idle = self._idle.get(key)
             if idle and conn in idle:
                 idle.remove(conn)
-            self._wake()
+            if not self._wake(key):
+                self._wake_any()  # a slot of the global cap is free: someone elsewhere may use it
 
-    def _wake(self) -> None:
-        while self._room:
-            room = self._room.pop(0)
+    def _wake(self, key: tuple[str, str, int]) -> bool:
+        """Wake the first live waiter for ``key``; False when there was none."""
+        queue = self._waiting.get(key)
+        while queue:
+            room = queue.popleft()
             if not room.done():
                 room.set_result(None)
+                if not queue:
+                    del self._waiting[key]
+                return True
+        if queue is not None:
+            del self._waiting[key]
+        return False
+
+    def _wake_any(self) -> None:
+        for key in list(self._waiting):
+            if self._target_room(key) and self._wake(key):
                 return
 
-    def _evict_one(self) -> None:
+    def _evict_one(self) -> bool:
+        """Close the longest-idle connection (to any target); False when none is idle."""
         oldest: _Conn | None = None
         for idle in self._idle.values():
             if idle and (oldest is None or idle[0].idle_since < oldest.idle_since):
                 oldest = idle[0]
-        if oldest is not None:
-            oldest._close()
+        if oldest is None:
+            return False
+        oldest._close()
+        return True
 
     def close(self) -> None:
         """Close every connection, idle or busy (a busy one's caller gets Disconnected)."""
@@ -498,11 +592,13 @@ class Pool:
             conn._close()
         self._all.clear()
         self._idle.clear()
+        self._open_to.clear()
         self._names.clear()
-        for room in self._room:
-            if not room.done():
-                room.set_result(None)
-        self._room.clear()
+        for queue in self._waiting.values():
+            for room in queue:
+                if not room.done():
+                    room.set_result(None)
+        self._waiting.clear()
 
 
-__all__ = ["BadUrl", "ConnectTimeout", "Pool"]
+__all__ = ["BadUrl", "ConnectTimeout", "Pool", "PoolTimeout", "StaleConnection"]

@@ -1,0 +1,134 @@
+"""Capacity: how many requests each agent has in flight, and a queue at the full ones.
+
+An agent that declares ``max_concurrency`` (PROTOCOL §15) never has more than that in flight from
+this Router. A request that finds it full waits here, first come first served, within its
+deadline; at most ``limits.max_queued_per_agent`` wait per agent, and past that the agent is
+skipped (reason ``at_capacity``). Agents without a declared capacity are counted too, for the
+load-aware choice and the gauges, but never wait here: the transport's pool bounds their
+connections.
+
+Waiting is the Router's own business: the breaker and the success rate never hear of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Iterator
+
+from reachmesh.clock import SYSTEM_CLOCK, Clock
+
+# Room is judged against this many slots when an agent declares no capacity: share = n / this.
+UNDECLARED_SHARE_BASE = 1024
+
+
+class _Slots:
+    """One agent's slots: in flight, its declared capacity, and its FIFO of waiters."""
+
+    __slots__ = ("capacity", "inflight", "queued", "waiters", "waited_s")
+
+    def __init__(self) -> None:
+        self.inflight = 0
+        self.capacity: int | None = None
+        self.queued = 0
+        self.waiters: deque[asyncio.Future[None]] = deque()
+        self.waited_s = 0.0  # total seconds requests spent waiting here (for the metrics)
+
+
+class CapacityBoard:
+    """Per-agent slots. ``take`` waits for one (or raises); ``give`` hands it to the next waiter."""
+
+    def __init__(self, *, max_queued: int = 1024, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.max_queued = max_queued
+        self.clock = clock
+        self._agents: dict[str, _Slots] = {}
+
+    def _slots(self, agent_id: str, capacity: int | None) -> _Slots:
+        slots = self._agents.get(agent_id)
+        if slots is None:
+            slots = self._agents[agent_id] = _Slots()
+        slots.capacity = capacity  # a re-registration may change it
+        return slots
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def inflight(self, agent_id: str) -> int:
+        slots = self._agents.get(agent_id)
+        return 0 if slots is None else slots.inflight
+
+    def queued(self, agent_id: str) -> int:
+        slots = self._agents.get(agent_id)
+        return 0 if slots is None else slots.queued
+
+    def has_room(self, agent_id: str, capacity: int | None) -> bool:
+        return capacity is None or self.inflight(agent_id) < capacity
+
+    def share(self, agent_id: str, capacity: int | None) -> float:
+        """In flight relative to capacity: 0 idle, 1 full (an undeclared one is never full)."""
+        return self.inflight(agent_id) / (capacity or UNDECLARED_SHARE_BASE)
+
+    def queue_full(self, agent_id: str, capacity: int | None) -> bool:
+        """Full, and as many waiting as may: a request would be turned away at once."""
+        if capacity is None:
+            return False
+        slots = self._agents.get(agent_id)
+        return slots is not None and slots.inflight >= capacity and slots.queued >= self.max_queued
+
+    def readings(self) -> Iterator[tuple[str, int, int, float]]:
+        """(agent, in flight, queued, seconds waited in all) for each agent seen."""
+        for agent_id, slots in list(self._agents.items()):
+            yield agent_id, slots.inflight, slots.queued, slots.waited_s
+
+    # -- taking and giving -------------------------------------------------------------------
+
+    async def take(self, agent_id: str, capacity: int | None, due: float) -> float:
+        """Take a slot at ``agent_id``, waiting (FIFO) until the monotonic ``due`` at most.
+
+        Returns the seconds waited. Raises ``TimeoutError`` at ``due``, and ``LookupError`` at
+        once when the agent's queue is full; either way no slot is held.
+        """
+        slots = self._slots(agent_id, capacity)
+        if capacity is None or (slots.inflight < capacity and not slots.queued):
+            slots.inflight += 1
+            return 0.0
+        if slots.queued >= self.max_queued:
+            raise LookupError(agent_id)
+        started = self.clock.monotonic()
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        slots.waiters.append(waiter)
+        slots.queued += 1
+        granted = False
+        try:
+            async with asyncio.timeout(max(due - started, 0.0)):
+                await waiter
+            granted = True
+        finally:
+            slots.queued -= 1
+            waited = self.clock.monotonic() - started
+            slots.waited_s += waited
+            if not granted:
+                if waiter.done() and not waiter.cancelled():
+                    # Handed the slot just as we left (timeout or cancellation): pass it on, or
+                    # the next waiter would never be woken.
+                    self.give(agent_id)
+                else:
+                    waiter.cancel()
+        return waited
+
+    def give(self, agent_id: str) -> None:
+        """The end of a request at ``agent_id``: its slot goes to the first waiter, if any."""
+        slots = self._agents.get(agent_id)
+        if slots is None:
+            return
+        while slots.waiters:
+            waiter = slots.waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # the slot changes hands: in flight stays the same
+                return
+        slots.inflight = max(slots.inflight - 1, 0)
+        if slots.inflight == 0 and not slots.queued:
+            del self._agents[agent_id]  # idle agents cost nothing; a gone one is not kept
+
+    def capacity_of(self, agent_id: str) -> int | None:
+        slots = self._agents.get(agent_id)
+        return None if slots is None else slots.capacity
