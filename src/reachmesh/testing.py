@@ -172,6 +172,10 @@ class FakeAgent:
     headers: list[dict[str, str]] = field(default_factory=list)
     port: int = field(default_factory=free_port)
     lease_id: str | None = None
+    # PROTOCOL §15: the most requests it wants in flight; and whether its capabilities are
+    # idempotent (the Router may then send a request again whose outcome it does not know).
+    max_concurrency: int | None = None
+    idempotent: bool = False
     # Serve HTTPS with this context (its certificate must cover 127.0.0.1); None serves HTTP.
     ssl_context: ssl.SSLContext | None = None
     _runner: web.AppRunner | None = None
@@ -194,8 +198,10 @@ class FakeAgent:
                 cap["examples"] = self.examples[task]
             if task in self.limits:
                 cap["limits"] = self.limits[task]
+            if self.idempotent:
+                cap["idempotent"] = True
             caps.append(cap)
-        return {
+        profile: dict[str, Any] = {
             "id": self.agent_id,
             "network": {"endpoint": self.endpoint},
             "capabilities": caps,
@@ -204,6 +210,9 @@ class FakeAgent:
                 "timeout_ms": self.health_timeout_ms,
             },
         }
+        if self.max_concurrency is not None:
+            profile["max_concurrency"] = self.max_concurrency
+        return profile
 
     async def start(self) -> FakeAgent:
         app = web.Application()

@@ -25,14 +25,13 @@ UNDECLARED_SHARE_BASE = 1024
 class _Slots:
     """One agent's slots: in flight, its declared capacity, and its FIFO of waiters."""
 
-    __slots__ = ("capacity", "inflight", "queued", "waiters", "waited_s")
+    __slots__ = ("capacity", "inflight", "queued", "waiters")
 
     def __init__(self) -> None:
         self.inflight = 0
         self.capacity: int | None = None
         self.queued = 0
         self.waiters: deque[asyncio.Future[None]] = deque()
-        self.waited_s = 0.0  # total seconds requests spent waiting here (for the metrics)
 
 
 class CapacityBoard:
@@ -74,10 +73,10 @@ class CapacityBoard:
         slots = self._agents.get(agent_id)
         return slots is not None and slots.inflight >= capacity and slots.queued >= self.max_queued
 
-    def readings(self) -> Iterator[tuple[str, int, int, float]]:
-        """(agent, in flight, queued, seconds waited in all) for each agent seen."""
+    def readings(self) -> Iterator[tuple[str, int, int]]:
+        """(agent, in flight, queued) for each agent with a request in flight or waiting."""
         for agent_id, slots in list(self._agents.items()):
-            yield agent_id, slots.inflight, slots.queued, slots.waited_s
+            yield agent_id, slots.inflight, slots.queued
 
     # -- taking and giving -------------------------------------------------------------------
 
@@ -105,7 +104,6 @@ class CapacityBoard:
         finally:
             slots.queued -= 1
             waited = self.clock.monotonic() - started
-            slots.waited_s += waited
             if not granted:
                 if waiter.done() and not waiter.cancelled():
                     # Handed the slot just as we left (timeout or cancellation): pass it on, or

@@ -83,7 +83,6 @@ class Dispatcher:
         results: ResultStore | None = None,
         observers: Iterable[Observer] = (),
         clock: Clock = SYSTEM_CLOCK,
-        capacity: CapacityBoard | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.clock = clock
@@ -99,9 +98,7 @@ class Dispatcher:
             config=config,
             clock=clock,
             agent_secrets=AgentSecrets.from_policy(config.outbound),
-            capacity=CapacityBoard(max_queued=config.limits.max_queued_per_agent, clock=clock)
-            if capacity is None
-            else capacity,
+            capacity=CapacityBoard(max_queued=config.limits.max_queued_per_agent, clock=clock),
         )
         self.results = ResultStore(config.async_mode, clock=clock) if results is None else results
         self.suggester = Suggester(pipeline.registry, pipeline.vectors, clock)

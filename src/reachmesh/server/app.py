@@ -147,7 +147,13 @@ class RouterApp:
                 log.exception("internal error while serving /reach")
                 trace_id = trace_hint or (parent[0] if parent else None)
                 status, payload = parts.dispatcher.refuse(InternalError(), trace_id=trace_id)
-            await send_json(send, status, payload)
+            # 429 from routing: every candidate full, and its queue too (PROTOCOL §15).
+            extra = (
+                [(b"retry-after", str(parts.config.limits.retry_after_seconds).encode())]
+                if status == 429
+                else []
+            )
+            await send_json(send, status, payload, extra)
         finally:
             parts.shedder.release(peer)
 

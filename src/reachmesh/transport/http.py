@@ -28,6 +28,7 @@ from reachmesh.exceptions import (
 )
 from reachmesh.tls import verifying_context
 from reachmesh.transport import a2a
+from reachmesh.transport import pool as lean
 from reachmesh.transport.answer import (
     DEFAULT_HEAD,
     Answer,
@@ -37,7 +38,6 @@ from reachmesh.transport.answer import (
     HeadTooLarge,
 )
 from reachmesh.transport.base import DEFAULT_RESPONSE_LIMIT, AttemptLimits, busy, classify_answer
-from reachmesh.transport import pool as lean
 from reachmesh.transport.urlguard import UrlGuard
 from reachmesh.version import __version__
 
@@ -73,6 +73,18 @@ def tls_failure(exc: aiohttp.ClientSSLError | ssl.SSLError) -> str:
     cause = exc.os_error if isinstance(exc, aiohttp.ClientConnectorSSLError) else exc
     detail = getattr(cause, "reason", None) or str(cause)
     return f"TLS: the handshake with the agent failed ({detail})"
+
+
+def _pool_error(exc: Exception, limits: AttemptLimits) -> PoolTimeout | ConnectFailed:
+    """The project's error for the pool's own: nothing was sent in any of these cases."""
+    if isinstance(exc, lean.PoolTimeout):
+        # The Router's own pool was full until the attempt's ceiling: the agent is not at fault.
+        return PoolTimeout(f"waited for a connection of the Router's pool: {exc}")
+    if isinstance(exc, lean.ConnectTimeout):
+        return ConnectFailed(f"connect timeout after {limits.connect_s * 1000:.0f} ms")
+    # A URL the standard library accepted at registration but that cannot be requested
+    # (``http://[::1]]:80/``): this agent cannot be reached; the request fails over.
+    return ConnectFailed(f"the agent's endpoint is not a usable URL ({exc})")
 
 
 class _GuardedResolver(AbstractResolver):
@@ -185,11 +197,8 @@ class HttpTransport:
             raise RuntimeError("HttpTransport.open() was not awaited")
         try:
             return await pool.post(url, body, headers, limits.connect_s, limits.read_s, limits.total_s)
-        except lean.PoolTimeout as exc:
-            # The Router's own pool was full until the attempt's ceiling: nothing was sent.
-            raise PoolTimeout(f"waited for a connection of the Router's pool: {exc}") from exc
-        except lean.ConnectTimeout as exc:
-            raise ConnectFailed(f"connect timeout after {limits.connect_s * 1000:.0f} ms") from exc
+        except (lean.PoolTimeout, lean.ConnectTimeout, lean.BadUrl) as exc:
+            raise _pool_error(exc, limits) from exc
         except ssl.SSLError as exc:
             # Before the generic branches: a certificate error is an OSError and a ValueError too.
             raise ConnectFailed(tls_failure(exc)) from exc
@@ -203,10 +212,6 @@ class HttpTransport:
         except Disconnected as exc:
             # After the request was written: the agent may have read it (see StaleConnection).
             raise ConnectFailed(f"ServerDisconnected: {exc}", sent=True) from exc
-        except lean.BadUrl as exc:
-            # A URL the standard library accepted at registration but that cannot be requested
-            # (``http://[::1]]:80/``): this agent cannot be reached; the request fails over.
-            raise ConnectFailed(f"the agent's endpoint is not a usable URL ({exc})") from exc
         except OSError as exc:
             # Refused, reset, unreachable, a name that does not resolve (or only to refused
             # addresses): all network errors.

@@ -538,7 +538,8 @@ class Pool:
         """Put a connection whose answer was read whole back in the pool."""
         conn.idle_since = self._loop.time() if self._loop is not None else 1.0
         self._idle.setdefault(conn.key, []).append(conn)
-        self._wake(conn.key)
+        if not self._wake(conn.key) and len(self._all) + self._opening >= self._size:
+            self._wake_any()  # the pool is full: a waiter elsewhere may close this idle one
 
     def forget(self, conn: _Conn) -> None:
         """A connection closed: it is no longer pooled, and its slot is free."""

@@ -1,0 +1,237 @@
+"""Busy is not broken (issue #34): capacity, queues and pool waits, through a real Router and real
+agents on loopback. Answers are held back with ``FakeAgent.hold``, never by sleeping."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from reachmesh.config import RouterConfig
+from reachmesh.testing import FakeAgent, RouterServer, free_port
+from tests.helpers import scaled, until
+
+MakeAgent = Callable[..., Awaitable[FakeAgent]]
+
+
+@pytest.fixture
+async def cluster(
+    request: pytest.FixtureRequest,
+) -> AsyncIterator[tuple[RouterServer, httpx.AsyncClient, MakeAgent]]:
+    marker = request.node.get_closest_marker("policy")
+    policy: dict[str, Any] = {"health": {"enabled": False}, "breaker": {"failure_threshold": 1}}
+    if marker is not None:
+        for section, values in marker.args[0].items():
+            policy[section] = {**policy.get(section, {}), **values}
+    started: list[FakeAgent] = []
+    async with RouterServer(RouterConfig.from_mapping(policy)) as server:
+        limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
+        async with httpx.AsyncClient(base_url=server.url, timeout=scaled(30), limits=limits) as http:
+
+            async def make(agent_id: str, **kwargs: Any) -> FakeAgent:
+                agent = await FakeAgent(agent_id, **kwargs).start()
+                started.append(agent)
+                await agent.register(server.url, vectors=False)
+                return agent
+
+            yield server, http, make
+        for agent in started:
+            await agent.stop()
+
+
+def call(http: httpx.AsyncClient, task: str = "echo", **prefs: Any) -> Awaitable[httpx.Response]:
+    return http.post("/reach", json={"targetTask": task, "payload": {}, "preferences": prefs})
+
+
+async def circuit(http: httpx.AsyncClient, agent_id: str) -> str:
+    return str((await http.get(f"/admin/agents/{agent_id}")).json()["circuit"])
+
+
+async def test_an_agent_never_has_more_than_its_capacity_in_flight_and_the_rest_wait(cluster) -> None:
+    """max_concurrency 2 and six calls at once: two reach the agent, four wait in the Router (first
+    come, first served); when it answers, every call succeeds and its breaker stays closed."""
+    server, http, make = cluster
+    agent = await make("small", max_concurrency=2, hold=asyncio.Event())
+    calls = [asyncio.ensure_future(call(http)) for _ in range(6)]
+    capacity = server.app.parts.dispatcher.forwarding.capacity
+    await until(lambda: capacity.queued("small") == 4 and len(agent.received) == 2, "two sent, four queued")
+    assert capacity.inflight("small") == 2
+    assert agent.hold is not None
+    agent.hold.set()
+    answers = await asyncio.gather(*calls)
+    assert [a.json()["status"] for a in answers] == ["SUCCESS"] * 6
+    assert len(agent.received) == 6
+    assert await circuit(http, "small") == "closed"
+
+
+@pytest.mark.policy({"limits": {"max_queued_per_agent": 2}})
+async def test_a_full_agents_callers_get_overloaded_or_their_timeout_within_the_deadline(cluster) -> None:
+    """Capacity 1, at most two waiting: a fourth call is answered OVERLOADED with Retry-After at
+    once; the two waiting ones end TIMEOUT at their deadline (never a hang); the breaker stays
+    closed, and once the agent answers it serves again."""
+    _server, http, make = cluster
+    agent = await make("one", max_concurrency=1, hold=asyncio.Event())
+    first = asyncio.ensure_future(
+        call(http, timeoutMs=int(scaled(20_000)), readTimeoutMs=int(scaled(20_000)))
+    )
+    await until(lambda: len(agent.received) == 1, "the first call at the agent")
+    deadline_ms = int(scaled(1500))
+    waiting = [asyncio.ensure_future(call(http, timeoutMs=deadline_ms)) for _ in range(2)]
+    server_caps = _server.app.parts.dispatcher.forwarding.capacity
+    await until(lambda: server_caps.queued("one") == 2, "two calls waiting")
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    refused = await call(http, timeoutMs=deadline_ms)
+    assert refused.status_code == 429
+    assert refused.json()["status"] == "OVERLOADED"
+    assert refused.headers["Retry-After"] == "1"
+    assert loop.time() - began < scaled(1.0)
+    for waited in await asyncio.gather(*waiting):
+        assert waited.json()["status"] == "TIMEOUT"
+    assert loop.time() - began < scaled(1.5) + scaled(3.0)
+    assert len(agent.received) == 1
+    assert await circuit(http, "one") == "closed"
+    assert agent.hold is not None
+    agent.hold.set()
+    assert (await first).json()["status"] == "SUCCESS"
+    assert (await call(http)).json()["status"] == "SUCCESS"
+
+
+@pytest.mark.policy({"outbound": {"max_connections": 1}})
+async def test_a_wait_for_the_routers_own_pool_is_not_charged_to_the_agent(cluster) -> None:
+    """A pool of one connection held by a slow agent: a call to a healthy agent waits for the pool
+    until its deadline. It ends TIMEOUT, but no connection was ever opened to that agent, so its
+    breaker (threshold 1) stays closed and its success rate untouched; it serves once there is room."""
+    _server, http, make = cluster
+    slow = await make("slow", tasks=("slow",), hold=asyncio.Event())
+    healthy = await make("healthy")
+    held = asyncio.ensure_future(
+        call(http, "slow", timeoutMs=int(scaled(20_000)), readTimeoutMs=int(scaled(20_000)))
+    )
+    await until(lambda: len(slow.received) == 1, "the slow agent holds the pool's one connection")
+    waited = (await call(http, timeoutMs=int(scaled(600)))).json()
+    assert waited["status"] == "TIMEOUT", waited
+    assert healthy.received == []
+    row = (await http.get("/admin/agents/healthy")).json()
+    assert row["circuit"] == "closed"
+    assert row["stats"]["successRate"] == 1.0
+    assert slow.hold is not None
+    slow.hold.set()
+    assert (await held).json()["status"] == "SUCCESS"
+    served = (await call(http)).json()
+    assert served["status"] == "SUCCESS" and served["handlerAgentId"] == "healthy"
+
+
+@pytest.mark.policy({"outbound": {"max_connections": 16, "max_connections_per_agent": 8}})
+async def test_after_a_burst_at_one_agent_a_new_agent_serves_at_once_and_stays_available(cluster) -> None:
+    """Forty calls held by one agent fill its share of the pool and queue; a new agent on another
+    task registers meanwhile and serves at once, every time, and stays available; the first
+    agent's breaker stays closed through the burst, and every call of it is answered."""
+    _server, http, make = cluster
+    busy = await make("busy", tasks=("slow",), hold=asyncio.Event())
+    burst = [
+        asyncio.ensure_future(
+            call(http, "slow", timeoutMs=int(scaled(30_000)), readTimeoutMs=int(scaled(30_000)))
+        )
+        for _ in range(40)
+    ]
+    await until(lambda: len(busy.received) == 8, "the busy agent's share of the pool in use")
+    fresh = await make("fresh", tasks=("other",))
+    assert fresh.health_probes == 0
+    for _ in range(5):
+        answer = (await call(http, "other", timeoutMs=int(scaled(5_000)))).json()
+        assert answer["status"] == "SUCCESS" and answer["handlerAgentId"] == "fresh", answer
+    assert len(fresh.received) == 5
+    row = (await http.get("/admin/agents/fresh")).json()
+    assert row["status"] == "available" and row["circuit"] == "closed"
+    assert len(busy.received) == 8  # the rest wait for its connections, not a burst of connects
+    assert busy.hold is not None
+    busy.hold.set()
+    answers = await asyncio.gather(*burst)
+    assert [a.json()["status"] for a in answers] == ["SUCCESS"] * 40
+    assert await circuit(http, "busy") == "closed"
+
+
+class _DropsTheSecond:
+    """An agent on a raw socket: it answers the first request on each connection and keeps it
+    alive; it reads the second one, then closes the connection without a byte of answer."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.seen: list[bytes] = []
+        self._server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> _DropsTheSecond:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+
+    async def _read(self, reader: asyncio.StreamReader) -> bytes:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(
+            int(line.split(b":", 1)[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length")
+        )
+        body = await reader.readexactly(length)
+        self.seen.append(body)
+        return body
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            await self._read(reader)
+            body = b'{"status": "SUCCESS", "result": {"ok": true}}'
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+            )
+            writer.write(body)
+            await writer.drain()
+            await self._read(reader)
+        writer.close()
+
+    def profile(self, *, idempotent: bool) -> dict[str, Any]:
+        return {
+            "id": "dropper",
+            "network": {"endpoint": f"http://127.0.0.1:{self.port}/reach"},
+            "capabilities": [{"task": "echo", "idempotent": idempotent}],
+        }
+
+
+@pytest.mark.parametrize("idempotent", [False, True])
+async def test_an_agent_that_closes_a_reused_connection_after_reading_sees_the_request_once(
+    cluster, idempotent: bool
+) -> None:
+    """The second call is read by the agent, which then drops the kept-alive connection. For a
+    capability not marked idempotent the Router does not send it again (it did, twice: on a fresh
+    connection, then as a same-agent retry), and the caller learns it failed; an idempotent one is
+    sent again, and succeeds."""
+    _server, http, _make = cluster
+    async with _DropsTheSecond() as agent:
+        registered = await http.post("/agents", json=agent.profile(idempotent=idempotent))
+        assert registered.status_code == 201
+        assert (await call(http)).json()["status"] == "SUCCESS"
+        second = (await call(http)).json()
+        if idempotent:
+            assert second["status"] == "SUCCESS"
+            assert len(agent.seen) == 3
+        else:
+            assert second["status"] != "SUCCESS"
+            assert len(agent.seen) == 2, "the second request was delivered more than once"
+            assert [a["outcome"] for a in second["attempts"]] == ["connect_error"]
+
+
+async def test_the_router_sends_an_idempotency_key_the_same_on_every_attempt(cluster) -> None:
+    _server, http, make = cluster
+    agent = await make("keyed")
+    answer = (
+        await http.post("/reach", json={"traceId": "idem-1", "targetTask": "echo", "payload": {}})
+    ).json()
+    assert answer["status"] == "SUCCESS"
+    assert agent.headers[0]["Idempotency-Key"] == "idem-1"
