@@ -234,4 +234,37 @@ async def test_the_router_sends_an_idempotency_key_the_same_on_every_attempt(clu
         await http.post("/reach", json={"traceId": "idem-1", "targetTask": "echo", "payload": {}})
     ).json()
     assert answer["status"] == "SUCCESS"
-    assert agent.headers[0]["Idempotency-Key"] == "idem-1"
+    key = agent.headers[0]["Idempotency-Key"]
+    assert key.startswith("idem-1.") and len(key) > len("idem-1.")
+
+
+async def test_a_transport_pool_of_one_does_not_fail_a_healthy_agent() -> None:
+    """The review's demo, through the transport's own constructor: a pool of one connection, held
+    by a slow agent, made a healthy agent's call an attempt timeout charged to its breaker, though
+    no connection to it was ever opened. Now the wait is the pool's: the breaker stays closed."""
+    from reachmesh.transport.http import HttpTransport
+
+    policy = RouterConfig.from_mapping({"health": {"enabled": False}, "breaker": {"failure_threshold": 1}})
+    slow = await FakeAgent("slow", tasks=("slow",), hold=asyncio.Event()).start()
+    healthy = await FakeAgent("healthy").start()
+    try:
+        async with (
+            RouterServer(policy, transport=HttpTransport(pool_size=1)) as server,
+            httpx.AsyncClient(base_url=server.url, timeout=scaled(30)) as http,
+        ):
+            await slow.register(server.url, vectors=False)
+            await healthy.register(server.url, vectors=False)
+            held = asyncio.ensure_future(
+                call(http, "slow", timeoutMs=int(scaled(20_000)), readTimeoutMs=int(scaled(20_000)))
+            )
+            await until(lambda: len(slow.received) == 1, "the slow agent holds the one connection")
+            await call(http, timeoutMs=int(scaled(600)))
+            assert healthy.received == []
+            assert await circuit(http, "healthy") == "closed"
+            assert slow.hold is not None
+            slow.hold.set()
+            assert (await held).json()["status"] == "SUCCESS"
+            assert (await call(http)).json()["handlerAgentId"] == "healthy"
+    finally:
+        await slow.stop()
+        await healthy.stop()

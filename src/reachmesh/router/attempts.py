@@ -116,6 +116,9 @@ class AttemptRun:
         self.declined_by: str | None = None  # the agent that declined the last attempt, if one did
         self.busy_retry_after_s: int | None = None  # the soonest Retry-After of a busy (429) agent
         self._w3c_trace = w3c_trace_id(record.trace_id)
+        # The same on every attempt of this request, and only of this one (a caller may reuse a
+        # trace id): an SDK answers a repeat of it from its cache instead of running it again.
+        self._idempotency_key = f"{record.trace_id}.{new_span_id()}"
 
     async def run(self, choices: list[Choice]) -> Any:
         """The result of the first agent that succeeds; else the error that ends the request."""
@@ -287,8 +290,7 @@ class AttemptRun:
             "X-Reach-Trace-Id": self.record.trace_id,
             "traceparent": f"00-{self._w3c_trace}-{span_id}-01",
             "X-Reach-Deadline-Ms": str(int(remaining)),
-            # The same on every attempt of this request: an SDK answers a repeat from its cache.
-            "Idempotency-Key": self.record.trace_id,
+            "Idempotency-Key": self._idempotency_key,
         }
         secret = self.parts.agent_secrets.for_agent(choice.entry.id)
         if secret is not None:

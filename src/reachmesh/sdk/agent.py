@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import hmac
 import inspect
@@ -39,7 +40,8 @@ from reachmesh.clock import SYSTEM_CLOCK
 from reachmesh.deadline import Deadline
 from reachmesh.exceptions import ConfigError, ReachError
 from reachmesh.protocol import AGENT_SECRET_HEADER as SECRET_HEADER
-from reachmesh.protocol import UNKNOWN_TASK, ReachResponse
+from reachmesh.protocol import MAX_CONCURRENCY, UNKNOWN_TASK, ReachResponse
+from reachmesh.sdk.capacity import Gate
 from reachmesh.sdk.client import ReachClient
 from reachmesh.sdk.config import AgentConfig, find_config
 from reachmesh.sdk.health import HealthServer
@@ -147,11 +149,18 @@ class ReachAgent:
         *,
         otel: bool | None = None,
         shared_secret: str | None = None,
+        max_concurrency: int | None = None,
     ) -> None:
         """``shared_secret``: answer only calls that carry it in ``X-Reach-Agent-Secret`` (the
         Router's ``outbound.agent_secret_env``); by default, the configuration's (see
-        :mod:`reachmesh.sdk.config`), else every call is answered."""
+        :mod:`reachmesh.sdk.config`), else every call is answered. ``max_concurrency``: the most
+        requests handled at once (the profile's key, which it overrides); the next one is
+        answered 429 busy, and the Router is told in the profile."""
         self._shared_secret = shared_secret
+        if max_concurrency is not None and not 1 <= max_concurrency <= MAX_CONCURRENCY:
+            raise ValueError(f"max_concurrency must be between 1 and {MAX_CONCURRENCY}")
+        self._max_concurrency = max_concurrency
+        self._gate: Gate | None = None
         self._config: AgentConfig | None = None
         self._config_source = config
         self._handlers: dict[str, tuple[Handler, bool, bool]] = {}
@@ -183,10 +192,19 @@ class ReachAgent:
     def config(self) -> AgentConfig:
         if self._config is None:
             source = self._config_source
-            self._config = (
-                source if isinstance(source, AgentConfig) else AgentConfig.load(find_config(source))
-            )
+            config = source if isinstance(source, AgentConfig) else AgentConfig.load(find_config(source))
+            if self._max_concurrency is not None:
+                profile = config.profile.model_copy(update={"max_concurrency": self._max_concurrency})
+                config = dataclasses.replace(config, profile=profile)
+            self._config = config
         return self._config
+
+    @property
+    def gate(self) -> Gate:
+        """Handlers in flight, the busy answer past max_concurrency, and answers to repeats."""
+        if self._gate is None:
+            self._gate = Gate(self.config.profile.max_concurrency)
+        return self._gate
 
     @property
     def lease_id(self) -> str | None:
@@ -452,12 +470,21 @@ class ReachAgent:
             log.info("[%s] decline: %s (%s)", trace_id, task, declined)
             self._handled.labels(task, "declined").inc()
             return _answer_declined(declined)
-        log.info("[%s] handle: %s from %s", trace_id, task, ctx.source_agent or "-")
-        span = self._spans.start(task, trace_id, ctx.parent_span_id) if self._spans is not None else None
+        return await self.gate.serve(
+            request.headers.get("Idempotency-Key"), lambda: self._handle(bound, payload, ctx)
+        )
+
+    async def _handle(
+        self, bound: tuple[Handler, bool, bool], payload: dict[str, Any], ctx: ReachContext
+    ) -> web.Response:
+        log.info("[%s] handle: %s from %s", ctx.trace_id, ctx.task, ctx.source_agent or "-")
+        span = (
+            self._spans.start(ctx.task, ctx.trace_id, ctx.parent_span_id) if self._spans is not None else None
+        )
         started = asyncio.get_running_loop().time()
         answer = await self._run_handler(bound, payload, ctx)
-        self._handler_latency.labels(task).observe(asyncio.get_running_loop().time() - started)
-        self._handled.labels(task, answer[1]).inc()
+        self._handler_latency.labels(ctx.task).observe(asyncio.get_running_loop().time() - started)
+        self._handled.labels(ctx.task, answer[1]).inc()
         if span is not None and self._spans is not None:
             self._spans.end(span, answer[1])
         return answer[0]

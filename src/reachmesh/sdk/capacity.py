@@ -1,0 +1,121 @@
+"""An agent's own gate: at most ``max_concurrency`` handlers at once, and repeats answered once.
+
+- **Busy.** The (N+1)th concurrent request is answered ``429`` with ``Retry-After`` and a
+  retryable ``AGENT_BUSY`` error: the Router reads a 429 as "busy, not broken" and fails over,
+  so even a Router that does not keep capacity (PROTOCOL §15) cannot overload the agent.
+- **Repeats.** The Router sends an ``Idempotency-Key`` (the request's trace id and a per-request
+  id), the same on every attempt of one request. A request whose key was answered in the last
+  :data:`REPEAT_TTL_S` seconds gets the same answer again, and one whose first copy is still
+  running waits for that one's answer: the handler never runs twice for one request. The cache
+  is bounded (:data:`REPEAT_MAX_KEYS` keys, answers up to :data:`REPEAT_MAX_BYTES` each).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from reachmesh import jsoncodec
+
+REPEAT_TTL_S = 60.0
+REPEAT_MAX_KEYS = 1024
+REPEAT_MAX_BYTES = 64 * 1024
+# A key longer than this is not remembered (the Router's is about 50 characters).
+MAX_KEY_CHARS = 200
+BUSY_RETRY_AFTER_S = 1
+
+_UNFINISHED = jsoncodec.dumps(
+    {
+        "status": "AGENT_ERROR",
+        "error": {
+            "code": "REPEAT_UNFINISHED",
+            "message": "the first copy of this request did not finish here",
+            "retryable": True,
+        },
+    }
+)
+
+Answer = tuple[int, bytes]  # status and JSON body: what a repeat is given back
+
+
+def busy_answer(limit: int) -> web.Response:
+    error = {
+        "code": "AGENT_BUSY",
+        "message": f"the agent is running its {limit} requests at once (max_concurrency); retry later",
+        "retryable": True,
+    }
+    return web.Response(
+        status=429,
+        body=jsoncodec.dumps({"status": "AGENT_ERROR", "error": error}),
+        content_type="application/json",
+        headers={"Retry-After": str(BUSY_RETRY_AFTER_S)},
+    )
+
+
+class Gate:
+    """Counts handlers in flight and remembers recent answers by idempotency key."""
+
+    def __init__(self, max_concurrency: int | None, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_concurrency = max_concurrency
+        self.inflight = 0
+        self._clock = clock
+        self._answers: OrderedDict[str, tuple[float, asyncio.Future[Answer]]] = OrderedDict()
+
+    async def serve(self, key: str | None, run: Callable[[], Awaitable[web.Response]]) -> web.Response:
+        """``run()``'s answer, or a remembered one for ``key``, or busy when full."""
+        usable = key if key and len(key) <= MAX_KEY_CHARS else None
+        if usable is not None:
+            remembered = self._recall(usable)
+            if remembered is not None:
+                status, body = await asyncio.shield(remembered)
+                return web.Response(status=status, body=body, content_type="application/json")
+        limit = self.max_concurrency
+        if limit is not None and self.inflight >= limit:
+            return busy_answer(limit)
+        pending: asyncio.Future[Answer] | None = None
+        if usable is not None:
+            pending = asyncio.get_running_loop().create_future()
+            self._remember(usable, pending)
+        self.inflight += 1
+        response: web.Response | None = None
+        try:
+            response = await run()
+            return response
+        finally:
+            self.inflight -= 1
+            if pending is not None:
+                self._settle(usable or "", pending, response)
+
+    def _settle(self, key: str, pending: asyncio.Future[Answer], response: web.Response | None) -> None:
+        """Give waiting repeats the answer, and keep it for later ones when it is small enough."""
+        body = response.body if response is not None and isinstance(response.body, bytes) else None
+        if response is None or body is None or len(body) > REPEAT_MAX_BYTES:
+            # The first copy did not finish (or its answer is too big to keep): a repeat waiting
+            # on it is told to try again, and the key is forgotten.
+            self._answers.pop(key, None)
+            pending.set_result((503, _UNFINISHED))
+            return
+        pending.set_result((response.status, body))
+
+    def _recall(self, key: str) -> asyncio.Future[Answer] | None:
+        found = self._answers.get(key)
+        if found is None:
+            return None
+        expires, answer = found
+        if expires < self._clock() or answer.cancelled():
+            del self._answers[key]
+            return None
+        return answer
+
+    def _remember(self, key: str, answer: asyncio.Future[Answer]) -> None:
+        now = self._clock()
+        while self._answers:
+            oldest_key, (expires, _) = next(iter(self._answers.items()))
+            if expires >= now and len(self._answers) < REPEAT_MAX_KEYS:
+                break
+            del self._answers[oldest_key]
+        self._answers[key] = (now + REPEAT_TTL_S, answer)

@@ -1,0 +1,113 @@
+"""The SDK's own gate (issue #34): max_concurrency refuses the next call with a retryable busy
+answer, and a repeated Idempotency-Key is answered from a short cache, the handler run once."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from reachmesh import AgentConfig, ReachAgent
+from reachmesh.testing import RouterServer, free_port
+from tests.helpers import scaled, until
+
+
+def config(router_url: str, **agent: object) -> AgentConfig:
+    port = free_port()
+    return AgentConfig.from_mapping(
+        {
+            "agent": {
+                "id": "gated",
+                "network": {"endpoint": f"http://127.0.0.1:{port}/reach"},
+                "capabilities": [{"task": "work"}],
+                **agent,
+            },
+            "router": {"url": router_url},
+        },
+        env={},
+    )
+
+
+def envelope(trace_id: str) -> dict[str, object]:
+    return {"traceId": trace_id, "targetTask": "work", "payload": {}}
+
+
+async def test_the_agent_refuses_the_call_past_its_max_concurrency_as_busy(router: RouterServer) -> None:
+    """max_concurrency=2 given to ReachAgent: the Router is told (the profile), and a third call
+    straight to the agent, past any Router, is answered 429 with Retry-After and a retryable
+    AGENT_BUSY; once one ends, the next is served."""
+    agent = ReachAgent(config(router.url), max_concurrency=2)
+    release = asyncio.Event()
+    running: list[str] = []
+
+    @agent.capability("work")
+    async def work(payload: dict) -> dict:
+        running.append("x")
+        await release.wait()
+        return {"done": True}
+
+    await agent.start()
+    try:
+        entry = router.app.parts.registry.get("gated")
+        assert entry is not None and entry.profile.max_concurrency == 2
+        url = agent.config.profile.network.endpoint
+        async with httpx.AsyncClient(timeout=scaled(10)) as http:
+            held = [asyncio.ensure_future(http.post(url, json=envelope(f"t{i}"))) for i in range(2)]
+            await until(lambda: len(running) == 2, "two handlers running")
+            busy = await http.post(url, json=envelope("t3"))
+            assert busy.status_code == 429
+            assert busy.headers["Retry-After"] == "1"
+            assert busy.json()["error"]["code"] == "AGENT_BUSY"
+            assert busy.json()["error"]["retryable"] is True
+            release.set()
+            assert [r.status_code for r in await asyncio.gather(*held)] == [200, 200]
+            assert (await http.post(url, json=envelope("t4"))).json()["status"] == "SUCCESS"
+    finally:
+        release.set()
+        await agent.stop()
+
+
+async def test_the_config_file_key_declares_it(router: RouterServer) -> None:
+    agent = ReachAgent(config(router.url, max_concurrency=3))
+    assert agent.config.profile.max_concurrency == 3
+    assert agent.gate.max_concurrency == 3
+    with pytest.raises(ValueError, match="max_concurrency"):
+        ReachAgent(config(router.url), max_concurrency=0)
+
+
+async def test_a_repeated_idempotency_key_is_answered_from_the_cache(router: RouterServer) -> None:
+    """The same key twice (the second while the first still runs, the third after it ended): the
+    handler runs once, and every copy gets its answer; another key runs it again."""
+    agent = ReachAgent(config(router.url))
+    release = asyncio.Event()
+    runs: list[int] = []
+
+    @agent.capability("work")
+    async def work(payload: dict) -> dict:
+        runs.append(1)
+        await release.wait()
+        return {"run": len(runs)}
+
+    await agent.start()
+    try:
+        url = agent.config.profile.network.endpoint
+        headers = {"Idempotency-Key": "trace-1.abc"}
+        async with httpx.AsyncClient(timeout=scaled(10)) as http:
+            first = asyncio.ensure_future(http.post(url, json=envelope("trace-1"), headers=headers))
+            await until(lambda: runs, "the first copy running")
+            second = asyncio.ensure_future(http.post(url, json=envelope("trace-1"), headers=headers))
+            await until(lambda: agent.gate.inflight == 1 and len(agent.gate._answers) == 1, "repeat seen")
+            release.set()
+            answers = [(await first).json(), (await second).json()]
+            third = (await http.post(url, json=envelope("trace-1"), headers=headers)).json()
+            other = (
+                await http.post(url, json=envelope("trace-1"), headers={"Idempotency-Key": "trace-1.def"})
+            ).json()
+        assert [a["result"] for a in answers] == [{"run": 1}, {"run": 1}]
+        assert third["result"] == {"run": 1}
+        assert other["result"] == {"run": 2}
+        assert len(runs) == 2
+    finally:
+        release.set()
+        await agent.stop()
