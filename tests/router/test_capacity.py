@@ -268,3 +268,20 @@ async def test_a_transport_pool_of_one_does_not_fail_a_healthy_agent() -> None:
     finally:
         await slow.stop()
         await healthy.stop()
+
+
+async def test_a_burst_goes_mostly_to_the_agent_with_room(cluster) -> None:
+    """Capacities 10 and 100, a hundred calls held: the small one never has more than 10, the big
+    one takes the rest (at least 80 %), and nobody waits in the Router."""
+    server, http, make = cluster
+    small = await make("small", max_concurrency=10, hold=asyncio.Event())
+    big = await make("big", max_concurrency=100, hold=asyncio.Event())
+    slow = {"timeoutMs": int(scaled(30_000)), "readTimeoutMs": int(scaled(30_000))}
+    burst = [asyncio.ensure_future(call(http, **slow)) for _ in range(100)]
+    await until(lambda: len(small.received) + len(big.received) == 100, "every call at an agent")
+    assert len(small.received) <= 10 and len(big.received) >= 80
+    assert server.app.parts.dispatcher.forwarding.capacity.queued("small") == 0
+    for agent in (small, big):
+        assert agent.hold is not None
+        agent.hold.set()
+    assert [a.json()["status"] for a in await asyncio.gather(*burst)] == ["SUCCESS"] * 100

@@ -39,7 +39,6 @@ from reachmesh.exceptions import (
 from reachmesh.protocol import ReachRequest, error_details, is_trace_id
 from reachmesh.record import DecisionRecord, Observer
 from reachmesh.resilience.breaker import BreakerBoard
-from reachmesh.resilience.capacity import CapacityBoard
 from reachmesh.resilience.retry import RetryBudget
 from reachmesh.resilience.timeouts import Timeout
 from reachmesh.router import answer
@@ -98,8 +97,10 @@ class Dispatcher:
             config=config,
             clock=clock,
             agent_secrets=AgentSecrets.from_policy(config.outbound),
-            capacity=CapacityBoard(max_queued=config.limits.max_queued_per_agent, clock=clock),
+            capacity=pipeline.capacity,
         )
+        pipeline.capacity.max_queued = config.limits.max_queued_per_agent
+        pipeline.capacity.clock = clock
         self.results = ResultStore(config.async_mode, clock=clock) if results is None else results
         self.suggester = Suggester(pipeline.registry, pipeline.vectors, clock)
         self.async_requests = AsyncRequests(transport, self.results, config.async_mode, clock=clock)

@@ -35,8 +35,10 @@ from reachmesh.record import DecisionRecord
 from reachmesh.registry.base import AgentEntry, Registry, normalize_phrase
 from reachmesh.resilience.affinity import AffinityTable
 from reachmesh.resilience.breaker import BreakerBoard
+from reachmesh.resilience.capacity import CapacityBoard
 from reachmesh.routing.base import Choice, Ranker
 from reachmesh.routing.exact import ExactMatch
+from reachmesh.routing.load import load_aware
 from reachmesh.routing.stats import StatsBook
 from reachmesh.routing.weighted import Merit, WeightedRoundRobin
 from reachmesh.secrets import loggable
@@ -61,8 +63,11 @@ class Pipeline:
         affinity: AffinityTable | None = None,
         stats: StatsBook | None = None,
         vectors: CapabilityVectors | None = None,
+        capacity: CapacityBoard | None = None,
     ) -> None:
         self.registry = registry
+        # Requests in flight per agent, and the queue at full ones: read for the load-aware order.
+        self.capacity = CapacityBoard() if capacity is None else capacity
         self.policy = policy or RoutingPolicy()
         # `is None`, not `or`: an empty board or table is falsy (it has a length).
         self.breakers = BreakerBoard() if breakers is None else breakers
@@ -139,6 +144,7 @@ class Pipeline:
         groups = self._filter(request, record, task, pool, similarity)
         ranked = self._rank(record, strategy, task, groups, similarity)
         ranked = self._affinity_first(request, record, ranked)
+        ranked = load_aware(ranked, self.capacity, keep_first=record.affinity is not None)
         if similarity is not None and self._alternates:
             ranked.extend(self._on_decline(request, record, strategy))
         return ranked
