@@ -450,6 +450,11 @@ class AgentStatus(BaseModel):
     lastHeartbeat: str
     circuit: Literal["closed", "open", "half_open"] = "closed"
     stats: AgentStats = AgentStats()
+    # PROTOCOL §15: requests in flight to it from this Router, its max_concurrency (None: not
+    # declared), and requests waiting in this Router for a slot at it.
+    inflight: int = 0
+    capacity: int | None = None
+    queued: int = 0
     # Routing by meaning: pending (exact task only so far), ready, or unavailable (embedder
     # down; retried). Absent when the Router has semantic routing switched off.
     vectors: Literal["pending", "ready", "unavailable"] | None = None

@@ -60,12 +60,25 @@ async def test_an_agent_never_has_more_than_its_capacity_in_flight_and_the_rest_
     capacity = server.app.parts.dispatcher.forwarding.capacity
     await until(lambda: capacity.queued("small") == 4 and len(agent.received) == 2, "two sent, four queued")
     assert capacity.inflight("small") == 2
+    row = (await http.get("/admin/agents/small")).json()
+    assert (row["inflight"], row["capacity"], row["queued"]) == (2, 2, 4)
+    metrics = (await http.get("/metrics")).text
+    assert 'reach_agent_queued_requests{agent="small"} 4.0' in metrics
     assert agent.hold is not None
     agent.hold.set()
     answers = await asyncio.gather(*calls)
     assert [a.json()["status"] for a in answers] == ["SUCCESS"] * 6
     assert len(agent.received) == 6
     assert await circuit(http, "small") == "closed"
+    metrics = (await http.get("/metrics")).text
+    assert 'reach_queue_wait_seconds_count{agent="small"} 4.0' in metrics
+    waited = 0
+    for a in answers:
+        trace = (await http.get(f"/admin/traces/{a.json()['traceId']}")).json()
+        hops = trace.get("hops", [trace])
+        events = [e for hop in hops for e in hop.get("events", []) if e["kind"] == "slot wait"]
+        waited += bool(events) and events[0]["text"].startswith("small, waited=")
+    assert waited == 4
 
 
 @pytest.mark.policy({"limits": {"max_queued_per_agent": 2}})
@@ -276,7 +289,7 @@ async def test_a_burst_goes_mostly_to_the_agent_with_room(cluster) -> None:
     server, http, make = cluster
     small = await make("small", max_concurrency=10, hold=asyncio.Event())
     big = await make("big", max_concurrency=100, hold=asyncio.Event())
-    slow = {"timeoutMs": int(scaled(30_000)), "readTimeoutMs": int(scaled(30_000))}
+    slow: dict[str, Any] = {"timeoutMs": int(scaled(30_000)), "readTimeoutMs": int(scaled(30_000))}
     burst = [asyncio.ensure_future(call(http, **slow)) for _ in range(100)]
     await until(lambda: len(small.received) + len(big.received) == 100, "every call at an agent")
     assert len(small.received) <= 10 and len(big.received) >= 80

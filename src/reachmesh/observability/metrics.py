@@ -42,6 +42,8 @@ class LiveReadings:
     agent_inflight: Callable[[str], int]
     inflight: Callable[[], int]
     embedding_up: Callable[[], bool | None] = lambda: None
+    # Requests waiting in the Router for a slot at a full agent (PROTOCOL §15).
+    agent_queued: Callable[[str], int] = lambda _agent_id: 0
 
 
 class _LiveState(Collector):
@@ -70,11 +72,18 @@ class _LiveState(Collector):
         agent_inflight = GaugeMetricFamily(
             "reach_agent_inflight_requests", "Requests in flight per agent", labels=["agent"]
         )
+        agent_queued = GaugeMetricFamily(
+            "reach_agent_queued_requests",
+            "Requests waiting in the Router for a slot at a full agent (its max_concurrency)",
+            labels=["agent"],
+        )
         for entry in agents:
             circuit.add_metric([entry.id], self._live.circuit(entry.id))
             agent_inflight.add_metric([entry.id], self._live.agent_inflight(entry.id))
+            agent_queued.add_metric([entry.id], self._live.agent_queued(entry.id))
         yield circuit
         yield agent_inflight
+        yield agent_queued
         yield GaugeMetricFamily(
             "reach_inflight_requests", "Requests in flight in the Router", value=self._live.inflight()
         )
@@ -137,6 +146,12 @@ class RouterMetrics:
             "reach_health_check_failures", "Failed health probes by agent", ("agent",)
         )
         self.attempts = CounterSeries("reach_upstream_attempts", "Upstream attempts by outcome", ("outcome",))
+        self.queue_wait = HistogramSeries(
+            "reach_queue_wait_seconds",
+            "Time a request waited in the Router for a slot at a full agent (requests that waited)",
+            ("agent",),
+            _LATENCY_BUCKETS,
+        )
         self.semantic_refusals = CounterSeries(
             "reach_semantic_refusals", "Requests refused because no capability scored above the threshold"
         )
@@ -151,6 +166,7 @@ class RouterMetrics:
             self.health_failures,
             self.attempts,
             self.semantic_refusals,
+            self.queue_wait,
         ):
             self.prom.register(family)
         self.prom.register(_LiveState(registry, live))
@@ -175,6 +191,8 @@ class RouterMetrics:
             self.circuit_trips.inc((agent_id,))
         if record.semantic_refused:
             self.semantic_refusals.inc()
+        if record.queue_wait_ms:
+            self.queue_wait.observe((agent,), record.queue_wait_ms / 1000)
 
     def on_registry(self, event: RegistryEvent, entry: AgentEntry) -> None:
         if event is RegistryEvent.OFFLINE:

@@ -21,6 +21,7 @@ from reachmesh.registry.base import AgentEntry, Registry, RegistryEvent
 from reachmesh.registry.factory import build_registry
 from reachmesh.resilience.affinity import AffinityTable
 from reachmesh.resilience.breaker import BreakerBoard, BreakerState
+from reachmesh.resilience.capacity import CapacityBoard
 from reachmesh.resilience.health import HealthChecker
 from reachmesh.resilience.retry import RetryBudget
 from reachmesh.resilience.shedding import LoadShedder
@@ -138,6 +139,7 @@ class RouterParts:
         breakers = BreakerBoard(config.breaker, clock=clock, overrides=config.tasks)
         affinity = AffinityTable(config.affinity, clock=clock)
         shedder = LoadShedder(config.limits)
+        capacity = CapacityBoard(max_queued=config.limits.max_queued_per_agent, clock=clock)
         url_guard = UrlGuard(config.outbound)
         vectors = None
         if config.embedding.backend != "none":
@@ -161,14 +163,20 @@ class RouterParts:
             results=ResultStore(config.async_mode, clock=clock),
             vectors=vectors,
             pipeline=Pipeline(
-                registry, config.routing, breakers=breakers, affinity=affinity, stats=stats, vectors=vectors
+                registry,
+                config.routing,
+                breakers=breakers,
+                affinity=affinity,
+                stats=stats,
+                vectors=vectors,
+                capacity=capacity,
             ),
             traces=TraceStore(
                 config.tracing.store_size,
                 max_bytes=config.tracing.store_max_bytes,
                 max_hop_bytes=config.tracing.max_hop_bytes,
             ),
-            metrics=_metrics(registry, breakers, stats, shedder, vectors),
+            metrics=_metrics(registry, breakers, stats, shedder, vectors, capacity),
             trace_log=TraceLog(redact_fields=config.logging.redact),
             url_guard=url_guard,
             learner=RouteLearner(registry, config.routing.learning, clock=clock),
@@ -353,6 +361,11 @@ class RouterParts:
             "lastHeartbeat": entry.last_heartbeat_iso,
             "circuit": self.breakers.state(entry.id).value,
             "stats": self.stats.snapshot(entry.id),
+            # PROTOCOL §15: requests in flight from this Router, its declared capacity, and the
+            # requests waiting here for a slot at it.
+            "inflight": self.pipeline.capacity.inflight(entry.id),
+            "capacity": entry.profile.max_concurrency,
+            "queued": self.pipeline.capacity.queued(entry.id),
         }
         if entry.protocol != "http" or entry.managed:
             # Additions for bridged agents: shown only where they differ from a leased Reach agent.
@@ -371,6 +384,7 @@ def _metrics(
     stats: StatsBook,
     shedder: LoadShedder,
     vectors: CapabilityVectors | None,
+    capacity: CapacityBoard,
 ) -> RouterMetrics:
     """The metrics, reading the breakers and the stats book through plain readings."""
     return RouterMetrics(
@@ -378,6 +392,7 @@ def _metrics(
         LiveReadings(
             circuit=lambda agent_id: _CIRCUIT_VALUE[breakers.state(agent_id)],
             agent_inflight=lambda agent_id: int(stats.snapshot(agent_id)["inflight"]),
+            agent_queued=capacity.queued,
             inflight=lambda: shedder.inflight,
             embedding_up=lambda: None if vectors is None else vectors.up,
         ),

@@ -223,6 +223,14 @@
     $("agents-empty").hidden = agentRows.length > 0;
   }
 
+  // In flight at the agent, "/ capacity" when it declares one, "+ n queued" when calls wait.
+  function inflightText(agent, stats) {
+    let text = String(agent.inflight ?? stats.inflight ?? 0);
+    if (agent.capacity) text += " / " + agent.capacity;
+    if (agent.queued) text += " + " + agent.queued + " queued";
+    return text;
+  }
+
   function agentRow(agent) {
     const tr = el("tr");
     tr.dataset.agent = String(agent.id);
@@ -246,7 +254,7 @@
       breaker,
       el("td", "num", success),
       el("td", "num", stats.p50LatencyMs === null || stats.p50LatencyMs === undefined ? "–" : ms(stats.p50LatencyMs) + " ms"),
-      el("td", "num", stats.inflight ?? 0),
+      el("td", "num", inflightText(agent, stats)),
       caps,
       el("td", "num", lease),
     );
