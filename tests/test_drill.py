@@ -42,6 +42,7 @@ FIGURES = {
     "storm": {"sheddingBeganAtRate", "inflightPeak", "retryAmplification", "healthzP99Ms", "shed"},
     "breaker": {"failuresBeforeOpen", "halfOpenProbes", "openedAtS", "closedAtS"},
     "partition": {"timeDegradedS", "servedDuringPartition", "resyncAfterS"},
+    "burst": {"calls", "answered", "breakersOpened", "idealLastMs"},
 }
 
 

@@ -165,6 +165,8 @@ class Fleet:
     host: str = "127.0.0.1"  # where the drill's agents listen, and the address they advertise
     run_id: str = field(default_factory=lambda: secrets.token_hex(3))
     agents: dict[str, DrillAgent] = field(default_factory=dict)
+    # Declared by agents started from now on (the burst drill's capacity), if set.
+    max_concurrency: int | None = None
 
     @property
     def prefix(self) -> str:
@@ -205,7 +207,7 @@ class Fleet:
         agent.killed = False
 
     def _profile(self, agent: DrillAgent) -> dict[str, Any]:
-        return {
+        profile: dict[str, Any] = {
             "agent": {
                 "id": agent.name,
                 "display_name": f"reach drill {self.run_id}",
@@ -222,6 +224,9 @@ class Fleet:
             },
             "router": {"url": self.router_url},
         }
+        if self.max_concurrency is not None:
+            profile["agent"]["max_concurrency"] = self.max_concurrency
+        return profile
 
     def fault(self, name: str, **faults: Any) -> None:
         target = self.agents[name].faults

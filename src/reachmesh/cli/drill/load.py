@@ -130,6 +130,11 @@ class Load:
 
         await asyncio.gather(*(caller() for _ in range(concurrency)))
 
+    async def burst(self, calls: int) -> None:
+        """``calls`` requests sent at once (a fan-out), each waited for."""
+        self.begin = self.now()
+        await asyncio.gather(*(self._one() for _ in range(calls)))
+
     async def _one(self) -> None:
         async with self._gate:
             self._seq += 1

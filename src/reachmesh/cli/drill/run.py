@@ -22,6 +22,7 @@ import typer
 from rich.markup import escape
 
 from reachmesh.cli.console import err, fail, out
+from reachmesh.cli.drill.burst import burst_policy
 from reachmesh.cli.drill.fleet import Fleet, OwnRouter, auth_headers
 from reachmesh.cli.drill.report import as_json, prepare, write
 from reachmesh.cli.drill.scenarios import SCENARIOS, Result, Settings, Stage
@@ -31,7 +32,7 @@ from reachmesh.ports import is_loopback
 from reachmesh.secrets import loggable
 from reachmesh.yamlfile import read_yaml
 
-ALL = ["latency", "crash", "storm", "breaker", "partition"]
+ALL = ["latency", "crash", "storm", "breaker", "partition", "burst"]
 
 
 def drill_policy(scenario: str) -> dict[str, Any]:
@@ -45,6 +46,8 @@ def drill_policy(scenario: str) -> dict[str, Any]:
     }
     if scenario == "storm":
         policy["limits"] = {"max_inflight": 32}
+    if scenario == "burst":
+        policy.update(burst_policy())
     return policy
 
 

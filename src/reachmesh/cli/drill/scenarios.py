@@ -21,6 +21,7 @@ import aiohttp
 import httpx
 
 from reachmesh.cli.console import err
+from reachmesh.cli.drill.burst import run_burst
 from reachmesh.cli.drill.fleet import Fleet, Watcher, auth_headers
 from reachmesh.cli.drill.load import LiveView, Load, Sample, percentile, summary
 from reachmesh.exceptions import ConfigError
@@ -541,7 +542,17 @@ def _state_at(changes: list[tuple[float, str]], t: float) -> str | None:
     return state
 
 
+async def burst(stage: Stage) -> Result:
+    """A fan-out at slow agents with a declared capacity: every call answered, no breaker opened."""
+    settings = stage.settings
+    figures, promises, samples = await run_burst(
+        stage.fleet, stage.router_url, stage.token, settings.agents, settings.rate
+    )
+    return Result("burst", figures, [Promise(*p) for p in promises], [(0.0, "burst")], samples)
+
+
 SCENARIOS: dict[str, Callable[[Stage], Coroutine[Any, Any, Result]]] = {
+    "burst": burst,
     "latency": latency,
     "crash": crash,
     "storm": storm,
