@@ -139,11 +139,14 @@ class RouterParts:
         breakers = BreakerBoard(config.breaker, clock=clock, overrides=config.tasks)
         affinity = AffinityTable(config.affinity, clock=clock)
         shedder = LoadShedder(config.limits)
-        capacity = CapacityBoard(max_queued=config.limits.max_queued_per_agent, clock=clock)
         url_guard = UrlGuard(config.outbound)
         vectors = None
         if config.embedding.backend != "none":
             vectors = CapabilityVectors(build_embedder(config.embedding), registry, config.embedding)
+        # It keeps the per-agent capacity (slots and queues) too; the dispatcher applies its policy.
+        pipeline = Pipeline(
+            registry, config.routing, breakers=breakers, affinity=affinity, stats=stats, vectors=vectors
+        )
         parts = cls(
             config=config,
             clock=clock,
@@ -162,21 +165,13 @@ class RouterParts:
             shedder=shedder,
             results=ResultStore(config.async_mode, clock=clock),
             vectors=vectors,
-            pipeline=Pipeline(
-                registry,
-                config.routing,
-                breakers=breakers,
-                affinity=affinity,
-                stats=stats,
-                vectors=vectors,
-                capacity=capacity,
-            ),
+            pipeline=pipeline,
             traces=TraceStore(
                 config.tracing.store_size,
                 max_bytes=config.tracing.store_max_bytes,
                 max_hop_bytes=config.tracing.max_hop_bytes,
             ),
-            metrics=_metrics(registry, breakers, stats, shedder, vectors, capacity),
+            metrics=_metrics(registry, breakers, stats, shedder, vectors, pipeline.capacity),
             trace_log=TraceLog(redact_fields=config.logging.redact),
             url_guard=url_guard,
             learner=RouteLearner(registry, config.routing.learning, clock=clock),

@@ -61,6 +61,10 @@ DNS_TTL_S = 60.0
 # When a name has several addresses, each one's head start over the next (RFC 8305's
 # "Connection Attempt Delay").
 STAGGER_S = 0.25
+# After a connect timed out to an agent that holds connections of ours, no new connect to it for
+# this long: its accept queue is full (it is busy, not broken), so requests wait for the
+# connections it has (about the kernel's first SYN retransmit, 1 s).
+HOLD_OFF_S = 1.0
 # Below this size the request body is copied behind its head and written in one call.
 _JOIN_LIMIT = 64 * 1024
 
@@ -316,6 +320,7 @@ class Pool:
         self._opening = 0
         self._open_to: dict[tuple[str, str, int], int] = {}  # connections in _all, per target
         self._connecting: dict[tuple[str, str, int], int] = {}  # being opened, per target
+        self._hold_off: dict[tuple[str, str, int], float] = {}  # no new connect before, per target
         # Callers waiting for a connection to each target, first come first served.
         self._waiting: dict[tuple[str, str, int], collections.deque[asyncio.Future[None]]] = {}
         self._targets: dict[str, _Target] = {}
@@ -385,7 +390,16 @@ class Pool:
                 if conn is not None:
                     return conn
                 if self._may_open(key):
-                    return await self._connect(target, connect_s, hard)
+                    try:
+                        return await self._connect(target, connect_s, hard)
+                    except ConnectTimeout:
+                        if not self._open_to.get(key):
+                            raise
+                        # It serves connections of ours, yet took no new one in time: busy, not
+                        # broken. Wait for one of its connections instead of failing.
+                        self._hold_off[key] = loop.time() + HOLD_OFF_S
+                        woken = False
+                        continue
                 if self._target_room(key) and self._evict_one():
                     continue  # the pool was full of idle connections elsewhere: one made room
             await self._wait(key, hard, front=woken)
@@ -393,6 +407,11 @@ class Pool:
 
     def _target_room(self, key: tuple[str, str, int]) -> bool:
         opened = self._open_to.get(key, 0) + self._connecting.get(key, 0)
+        hold_off = self._hold_off.get(key)
+        if hold_off is not None and opened:
+            if self._loop is not None and self._loop.time() < hold_off:
+                return False
+            del self._hold_off[key]
         return opened < self._per_agent and self._connecting.get(key, 0) < self._connecting_cap
 
     def _may_open(self, key: tuple[str, str, int]) -> bool:
@@ -594,6 +613,7 @@ class Pool:
         self._all.clear()
         self._idle.clear()
         self._open_to.clear()
+        self._hold_off.clear()
         self._names.clear()
         for queue in self._waiting.values():
             for room in queue:

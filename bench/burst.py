@@ -1,0 +1,230 @@
+"""Bursts at slow agents (issue #34): every caller answered, the Router's p99 beside a direct
+burst's, the Router's memory per call in flight, capacity kept, and load-aware shares.
+
+    .venv/bin/python bench/burst.py one   [--calls 2000] [--hold 8]
+    .venv/bin/python bench/burst.py many  [--calls 10000] [--hold 30] [--agents 10]
+    .venv/bin/python bench/burst.py cap   # max_concurrency 20, 200 calls held 0.5 s
+    .venv/bin/python bench/burst.py share # capacities 10 and 100, a 100-call burst
+
+Agents (bench/slow_agent.py, aiohttp) and the Router (``reach router``) run in processes of
+their own; the callers are this process. ``one`` sends the burst straight to the agent first,
+then through the Router, in the same run. Memory: the Router's RSS just before the burst, and
+its peak while the burst is in flight (sampled every 100 ms), over the calls in flight. Each run
+is bounded by the hold time plus a minute. Prints one JSON line per run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from servers import Server, free_port, http
+
+HERE = Path(__file__).resolve().parent
+
+
+def policy(calls: int, hold_s: float) -> dict[str, Any]:
+    """Limits that admit the whole burst: the queueing under test is the per-agent one."""
+    wait_ms = int((hold_s + 60) * 1000)
+    return {
+        "embedding": {"backend": "none"},
+        "health": {"enabled": False},
+        "logging": {"level": "WARNING"},
+        "limits": {
+            "max_inflight": calls + 100,
+            "max_inflight_per_client": calls + 100,
+            "max_timeout_ms": wait_ms,
+            "loop_lag_shedding": False,
+            "max_queued_per_agent": calls,
+        },
+        "timeouts": {"read_ms": wait_ms, "overall_ms": wait_ms},
+        "outbound": {"max_connections": calls + 100, "max_connections_per_agent": calls + 100},
+    }
+
+
+class Fleet:
+    """A Router and slow agents, each its own process."""
+
+    def __init__(self, tmp: Path, calls: int, hold_s: float) -> None:
+        self.tmp = tmp
+        self.hold_s = hold_s
+        self.port = free_port()
+        config = tmp / "router.yaml"
+        config.write_text(yaml.safe_dump(policy(calls, hold_s)))
+        argv = [
+            sys.executable,
+            "-m",
+            "reachmesh",
+            "router",
+            "--port",
+            str(self.port),
+            "--config",
+            str(config),
+        ]
+        self.router = Server("router", argv, tmp / "router.log")
+        self.agents: list[tuple[str, Server, int]] = []
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.router.start()
+        self.router.wait_ready(lambda: http("GET", f"{self.url}/readyz")[0] == 200, 60)
+
+    def agent(self, agent_id: str, capacity: int | None = None) -> str:
+        port = free_port()
+        argv = [sys.executable, str(HERE / "slow_agent.py"), str(port), str(self.hold_s)]
+        server = Server(agent_id, argv, self.tmp / f"{agent_id}.log")
+        server.start()
+        base = f"http://127.0.0.1:{port}"
+        server.wait_ready(lambda: http("GET", f"{base}/healthz")[0] == 200, 30)
+        profile: dict[str, Any] = {
+            "id": agent_id,
+            "network": {"endpoint": f"{base}/reach"},
+            "capabilities": [{"task": "slow"}],
+        }
+        if capacity is not None:
+            profile["max_concurrency"] = capacity
+        status, answer = http("POST", f"{self.url}/agents", profile)
+        if status not in (200, 201):
+            raise RuntimeError(f"registration of {agent_id}: {status} {answer}")
+        self.agents.append((agent_id, server, port))
+        return f"{base}/reach"
+
+    def peak(self, port: int) -> dict[str, Any]:
+        return dict(http("GET", f"http://127.0.0.1:{port}/peak")[1])
+
+    def stop(self) -> None:
+        for _, server, _ in self.agents:
+            server.stop()
+        self.router.stop()
+
+
+class RssPeak:
+    """The Router's RSS, sampled every 100 ms on a thread until stopped."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.before = server.rss_bytes()
+        self.peak = self.before
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.1):
+            self.peak = max(self.peak, self.server.rss_bytes())
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+
+
+async def burst(url: str, calls: int, budget_ms: int) -> dict[str, Any]:
+    """``calls`` POSTs at once; answered count, statuses, handlers, p50/p99 in seconds."""
+    body = {
+        "targetTask": "slow",
+        "payload": {},
+        "preferences": {"timeoutMs": budget_ms, "readTimeoutMs": budget_ms},
+    }
+    timeout = aiohttp.ClientTimeout(total=budget_ms / 1000 + 30)
+    connector = aiohttp.TCPConnector(limit=0)
+    took: list[float] = []
+    statuses: dict[str, int] = {}
+    handlers: dict[str, int] = {}
+    errors: dict[str, Any] = {}  # one error answer of each status, to say why
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+
+        async def one() -> None:
+            sent = time.monotonic()
+            try:
+                async with session.post(url, json=body) as resp:
+                    answer = await resp.json(content_type=None)
+                status = str(answer.get("status"))
+                handler = str(answer.get("handlerAgentId") or "direct")
+                if status != "SUCCESS" and "error" in answer:
+                    errors.setdefault(status, answer["error"])
+            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                status, handler = f"client:{type(exc).__name__}", "-"
+            took.append(time.monotonic() - sent)
+            statuses[status] = statuses.get(status, 0) + 1
+            handlers[handler] = handlers.get(handler, 0) + 1
+
+        await asyncio.gather(*(one() for _ in range(calls)))
+    took.sort()
+    return {
+        "answered": statuses.get("SUCCESS", 0),
+        "statuses": statuses,
+        "handlers": handlers,
+        "errors": errors,
+        "p50_s": round(took[len(took) // 2], 2),
+        "p99_s": round(took[min(len(took) - 1, int(len(took) * 0.99))], 2),
+    }
+
+
+def through_router(fleet: Fleet, calls: int, budget_ms: int) -> dict[str, Any]:
+    rss = RssPeak(fleet.router)
+    try:
+        found = asyncio.run(burst(f"{fleet.url}/reach", calls, budget_ms))
+    finally:
+        rss.stop()
+    found["router_rss_before_mib"] = round(rss.before / 2**20, 1)
+    found["router_rss_peak_mib"] = round(rss.peak / 2**20, 1)
+    found["kib_per_call_in_flight"] = round((rss.peak - rss.before) / 1024 / calls, 1)
+    return found
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    scenario = args.scenario
+    calls, hold = {"cap": (200, 0.5), "share": (100, 2.0)}.get(scenario, (args.calls, args.hold))
+    budget_ms = int((hold + 60) * 1000)
+    with tempfile.TemporaryDirectory() as name:
+        fleet = Fleet(Path(name), calls, hold)
+        try:
+            fleet.start()
+            out: dict[str, Any] = {"scenario": scenario, "calls": calls, "hold_s": hold}
+            if scenario == "one":
+                direct = fleet.agent("slow-0")
+                out["direct"] = asyncio.run(burst(direct, calls, budget_ms))
+                out["router"] = through_router(fleet, calls, budget_ms)
+            elif scenario == "many":
+                for i in range(args.agents):
+                    fleet.agent(f"slow-{i}")
+                out["router"] = through_router(fleet, calls, budget_ms)
+            elif scenario == "cap":
+                fleet.agent("capped", capacity=20)
+                out["router"] = through_router(fleet, calls, budget_ms)
+                out["agent_peak"] = fleet.peak(fleet.agents[0][2])["peak"]
+            else:
+                fleet.agent("small", capacity=10)
+                fleet.agent("big", capacity=100)
+                out["router"] = through_router(fleet, calls, budget_ms)
+                out["big_share"] = out["router"]["handlers"].get("big", 0) / calls
+            out["router_cpu_s"] = round(fleet.router.cpu_seconds(), 1)
+            return out
+        finally:
+            fleet.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("scenario", choices=["one", "many", "cap", "share"])
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--hold", type=float, default=8.0)
+    parser.add_argument("--agents", type=int, default=10)
+    args = parser.parse_args()
+    print(json.dumps(run(args)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
