@@ -397,7 +397,11 @@ class Pool:
                             raise
                         # It serves connections of ours, yet took no new one in time: busy, not
                         # broken. Wait for one of its connections instead of failing.
-                        self._hold_off[key] = loop.time() + HOLD_OFF_S
+                        if key not in self._hold_off:
+                            self._hold_off[key] = loop.time() + HOLD_OFF_S
+                            # Its connections may stay busy for long: the end of the hold-off
+                            # must wake the waiters by itself.
+                            loop.call_later(HOLD_OFF_S, self._wake_many, key)
                         woken = False
                         continue
                 if self._target_room(key) and self._evict_one():
@@ -589,6 +593,12 @@ class Pool:
         if queue is not None:
             del self._waiting[key]
         return False
+
+    def _wake_many(self, key: tuple[str, str, int]) -> None:
+        """Wake as many waiters for ``key`` as may open a connection at once."""
+        for _ in range(self._connecting_cap):
+            if not self._wake(key):
+                return
 
     def _wake_any(self) -> None:
         for key in list(self._waiting):
