@@ -35,6 +35,9 @@ from servers import Server, free_port, http
 HERE = Path(__file__).resolve().parent
 
 
+CONNECTING = {"per_agent": 32}  # --connecting sets outbound.max_connecting_per_agent
+
+
 def policy(calls: int, hold_s: float) -> dict[str, Any]:
     """Limits that admit the whole burst: the queueing under test is the per-agent one."""
     wait_ms = int((hold_s + 60) * 1000)
@@ -50,7 +53,11 @@ def policy(calls: int, hold_s: float) -> dict[str, Any]:
             "max_queued_per_agent": calls,
         },
         "timeouts": {"read_ms": wait_ms, "overall_ms": wait_ms},
-        "outbound": {"max_connections": calls + 100, "max_connections_per_agent": calls + 100},
+        "outbound": {
+            "max_connections": calls + 100,
+            "max_connections_per_agent": calls + 100,
+            "max_connecting_per_agent": CONNECTING["per_agent"],
+        },
     }
 
 
@@ -192,7 +199,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         fleet = Fleet(Path(name), calls, hold)
         try:
             fleet.start()
-            out: dict[str, Any] = {"scenario": scenario, "calls": calls, "hold_s": hold}
+            out: dict[str, Any] = {
+                "scenario": scenario,
+                "calls": calls,
+                "hold_s": hold,
+                "max_connecting_per_agent": CONNECTING["per_agent"],
+            }
             if scenario == "one":
                 direct = fleet.agent("slow-0")
                 out["direct"] = asyncio.run(burst(direct, calls, budget_ms))
@@ -222,7 +234,9 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--hold", type=float, default=8.0)
     parser.add_argument("--agents", type=int, default=10)
+    parser.add_argument("--connecting", type=int, default=32, help="outbound.max_connecting_per_agent")
     args = parser.parse_args()
+    CONNECTING["per_agent"] = args.connecting
     print(json.dumps(run(args)), flush=True)
 
 
