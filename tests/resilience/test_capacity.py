@@ -1,0 +1,69 @@
+"""CapacityBoard: slots per agent, a FIFO queue with a bound, and a wake-up never lost."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from reachmesh.resilience.capacity import CapacityBoard
+from tests.helpers import scaled, until
+
+
+async def queued(board: CapacityBoard, agent: str, n: int) -> None:
+    await until(lambda: board.queued(agent) == n, f"{n} waiting")
+
+
+async def test_slots_are_handed_over_first_come_first_served_within_the_queue_bound() -> None:
+    board = CapacityBoard(max_queued=2)
+    far = asyncio.get_running_loop().time() + scaled(30)
+    assert await board.take("a", 1, far) == 0.0
+    first = asyncio.ensure_future(board.take("a", 1, far))
+    await queued(board, "a", 1)
+    second = asyncio.ensure_future(board.take("a", 1, far))
+    await queued(board, "a", 2)
+    assert board.queue_full("a", 1)
+    with pytest.raises(LookupError):
+        await board.take("a", 1, far)
+    board.give("a")
+    await first
+    assert not second.done() and board.inflight("a") == 1
+    board.give("a")
+    await second
+    board.give("a")
+    assert board.inflight("a") == 0 and board.queued("a") == 0
+
+
+async def test_a_waiter_cancelled_as_it_is_handed_the_slot_passes_it_on() -> None:
+    """give() hands the slot to the first waiter, which is cancelled before it runs: the slot
+    goes to the next waiter instead of being lost (both would sleep on a free slot)."""
+    board = CapacityBoard()
+    far = asyncio.get_running_loop().time() + scaled(30)
+    await board.take("a", 1, far)
+    first = asyncio.ensure_future(board.take("a", 1, far))
+    await queued(board, "a", 1)
+    second = asyncio.ensure_future(board.take("a", 1, far))
+    await queued(board, "a", 2)
+    board.give("a")  # the slot is first's now...
+    first.cancel()  # ...but it leaves before it could use it
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    await asyncio.wait_for(second, scaled(5))
+    assert board.inflight("a") == 1
+
+
+async def test_a_wait_ends_at_its_due_time_holding_nothing() -> None:
+    board = CapacityBoard()
+    loop = asyncio.get_running_loop()
+    await board.take("a", 1, loop.time() + scaled(30))
+    with pytest.raises(TimeoutError):
+        await board.take("a", 1, loop.time() + 0.05)
+    assert board.inflight("a") == 1 and board.queued("a") == 0
+
+
+async def test_an_agent_without_a_capacity_is_counted_but_never_waits() -> None:
+    board = CapacityBoard()
+    far = asyncio.get_running_loop().time() + scaled(30)
+    for _ in range(5):
+        assert await board.take("free", None, far) == 0.0
+    assert board.inflight("free") == 5 and board.has_room("free", None)

@@ -1,0 +1,115 @@
+"""The pool under a burst (issue #34): caps per agent, FIFO waits that time out as the pool's own
+error, and an agent whose accept queue is full treated as busy, not broken."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from reachmesh.config import OutboundPolicy
+from reachmesh.exceptions import PoolTimeout
+from reachmesh.transport.base import AttemptLimits
+from reachmesh.transport.http import HttpTransport
+from tests.helpers import scaled, until
+
+OK = b'{"status": "SUCCESS", "result": {"ok": true}}'
+ANSWER = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(OK), OK)
+
+
+class OneConnectionAgent:
+    """A listening socket with a backlog of one that accepts a single connection and serves every
+    request on it once ``gate`` is set: a burst's other connects find its accept queue full."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(1)
+        self.port = self.sock.getsockname()[1]
+        self.gate = threading.Event()
+        self.accepted = 0
+        self.requests = 0
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        conn, _ = self.sock.accept()
+        self.accepted += 1
+        with conn, contextlib.suppress(OSError):
+            while True:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return
+                    data += chunk
+                self.requests += 1
+                self.gate.wait()
+                conn.sendall(ANSWER)
+
+    def close(self) -> None:
+        self.gate.set()
+        self.sock.close()
+
+
+@pytest.fixture
+def agent() -> Iterator[OneConnectionAgent]:
+    found = OneConnectionAgent()
+    yield found
+    found.close()
+
+
+async def test_a_full_accept_queue_is_busy_and_the_request_waits_for_a_connection(agent) -> None:
+    """The agent serves one connection of ours and its accept queue is full: a second request's
+    connect times out. It does not fail (the agent is busy, not broken): it waits for the
+    agent's connection and is answered on it once the first answer is in."""
+    fillers = []
+    transport = HttpTransport(tls=OutboundPolicy())
+    await transport.open()
+    try:
+        url = f"http://127.0.0.1:{agent.port}/reach"
+        limits = AttemptLimits(scaled(0.3), scaled(10.0), scaled(20.0))
+        first = asyncio.ensure_future(transport.send(url, b"{}", {}, limits))
+        await until(lambda: agent.requests == 1, "the first request at the agent")
+        for _ in range(3):  # fill the accept queue (a backlog of 1 holds two) from outside
+            filler = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            filler.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                filler.connect(("127.0.0.1", agent.port))
+            fillers.append(filler)
+        second = asyncio.ensure_future(transport.send(url, b"{}", {}, limits))
+        # Three connect timeouts' worth: before the change it had failed within one.
+        done, _ = await asyncio.wait({second}, timeout=scaled(0.3) * 3)
+        assert not done, "the second request failed instead of waiting for the agent's connection"
+        agent.gate.set()
+        assert await first == {"ok": True}
+        assert await second == {"ok": True}
+        assert agent.accepted == 1 and agent.requests == 2
+    finally:
+        for filler in fillers:
+            filler.close()
+        await transport.close()
+
+
+async def test_a_wait_for_a_connection_past_the_ceiling_is_the_pools_own_error(agent) -> None:
+    """One connection per agent: a second request waits for it until the attempt's ceiling and
+    ends PoolTimeout (nothing sent), not an attempt timeout charged to the agent."""
+    transport = HttpTransport(tls=OutboundPolicy(max_connections_per_agent=1))
+    await transport.open()
+    try:
+        url = f"http://127.0.0.1:{agent.port}/reach"
+        first = asyncio.ensure_future(
+            transport.send(url, b"{}", {}, AttemptLimits(scaled(1.0), scaled(10.0), scaled(20.0)))
+        )
+        await until(lambda: agent.requests == 1, "the first request at the agent")
+        with pytest.raises(PoolTimeout):
+            await transport.send(url, b"{}", {}, AttemptLimits(scaled(1.0), scaled(1.0), scaled(0.3)))
+        agent.gate.set()
+        assert await first == {"ok": True}
+        assert agent.accepted == 1 and agent.requests == 1
+    finally:
+        await transport.close()
