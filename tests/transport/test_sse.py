@@ -8,7 +8,9 @@ import pytest
 
 from reachmesh.transport.sse import SseError, SseEvent, SseLimits, SseParser, encode_event
 
-STREAM = b'event: chunk\ndata: "a"\n\nevent: chunk\ndata: {"b": 2}\n\nevent: done\ndata: {"status":"SUCCESS"}\n\n'
+STREAM = (
+    b'event: chunk\ndata: "a"\n\nevent: chunk\ndata: {"b": 2}\n\nevent: done\ndata: {"status":"SUCCESS"}\n\n'
+)
 EXPECTED = [
     SseEvent("chunk", '"a"'),
     SseEvent("chunk", '{"b": 2}'),

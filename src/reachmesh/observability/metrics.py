@@ -140,6 +140,18 @@ class RouterMetrics:
         self.semantic_refusals = CounterSeries(
             "reach_semantic_refusals", "Requests refused because no capability scored above the threshold"
         )
+        self.first_chunk = HistogramSeries(
+            "reach_stream_first_chunk_seconds",
+            "Time from a streamed request's arrival to its first chunk going out",
+            ("task",),
+            _LATENCY_BUCKETS,
+        )
+        self.stream_bytes = CounterSeries(
+            "reach_stream_bytes", "Bytes of chunks relayed to streaming callers", ("task",)
+        )
+        self.streams = CounterSeries(
+            "reach_streams", "Streamed requests by how they ended (done, plain, broken, ...)", ("ended",)
+        )
         for family in (
             self.requests,
             self.match_score,
@@ -151,6 +163,9 @@ class RouterMetrics:
             self.health_failures,
             self.attempts,
             self.semantic_refusals,
+            self.first_chunk,
+            self.stream_bytes,
+            self.streams,
         ):
             self.prom.register(family)
         self.prom.register(_LiveState(registry, live))
@@ -175,6 +190,13 @@ class RouterMetrics:
             self.circuit_trips.inc((agent_id,))
         if record.semantic_refused:
             self.semantic_refusals.inc()
+        stream = record.stream
+        if stream is not None:
+            self.streams.inc((stream.ended or "before_first_chunk",))
+            if stream.first_chunk_ms is not None:
+                self.first_chunk.observe((task,), stream.first_chunk_ms / 1000)
+            if stream.bytes:
+                self.stream_bytes.inc((task,), stream.bytes)
 
     def on_registry(self, event: RegistryEvent, entry: AgentEntry) -> None:
         if event is RegistryEvent.OFFLINE:

@@ -244,13 +244,7 @@ class AttemptRun:
         started = clock.monotonic()
         self.parts.stats.started(choice.entry.id)
         try:
-            result = await self.parts.transport.send(
-                choice.entry.endpoint,
-                body,
-                headers,
-                AttemptLimits(connect_s, read_s, total_s),
-                choice.entry.protocol,
-            )
+            result = await self._send(choice, body, headers, AttemptLimits(connect_s, read_s, total_s))
         except AttemptError as exc:
             self.account(choice, started, span_id, exc)
             return exc
@@ -259,6 +253,11 @@ class AttemptRun:
         if self.request.conversation_id:
             self.parts.affinity.bind(self.request.conversation_id, choice.entry.id, self.record.caller)
         return Success(result)
+
+    async def _send(self, choice: Choice, body: bytes, headers: dict[str, str], limits: AttemptLimits) -> Any:
+        """The transport call of one attempt (a streamed request's run asks for a stream)."""
+        entry = choice.entry
+        return await self.parts.transport.send(entry.endpoint, body, headers, limits, entry.protocol)
 
     def _may_retry_same(self, exc: AttemptError, same_agent_left: int) -> bool:
         """A network error may be retried on the same agent, within the cap and the budget."""

@@ -34,6 +34,9 @@ class SseLimits(NamedTuple):
     max_total: int = 256 * 1024 * 1024
 
 
+DEFAULT_LIMITS = SseLimits()
+
+
 class SseEvent(NamedTuple):
     """One whole event: its type (``message`` when it named none) and its data."""
 
@@ -44,7 +47,7 @@ class SseEvent(NamedTuple):
 class SseParser:
     """The events of one stream, fed its bytes in reads of any size."""
 
-    def __init__(self, limits: SseLimits = SseLimits()) -> None:
+    def __init__(self, limits: SseLimits = DEFAULT_LIMITS) -> None:
         self._max_line, self._max_event, self._max_total = limits
         self.total = 0  # bytes fed so far
         self._partial = bytearray()  # the line still open at the end of the last read
@@ -67,28 +70,35 @@ class SseParser:
         self._cr = False
         events: list[SseEvent] = []
         start = 0
-        end = len(data)
-        while start < end:
+        while start < len(data):
             cut = _line_end(data, start)
             if cut < 0:
-                self._partial += data[start:]
-                if len(self._partial) > self._max_line:
-                    raise SseError(f"an event stream line is over {self._max_line} bytes")
+                self._hold(data[start:])
                 break
             line = data[start:cut]
             if self._partial:
                 line = bytes(self._partial) + line
                 self._partial.clear()
-            if data[cut] == 13:  # CR: an LF right after it belongs to the same line end
-                if cut + 1 < end:
-                    cut += data[cut + 1] == 10
-                else:
-                    self._cr = True
-            start = cut + 1
+            start = self._after_line_end(data, cut)
             event = self._line(line)
             if event is not None:
                 events.append(event)
         return events
+
+    def _hold(self, tail: bytes) -> None:
+        """Keep the line still open at the end of a read, within the line bound."""
+        self._partial += tail
+        if len(self._partial) > self._max_line:
+            raise SseError(f"an event stream line is over {self._max_line} bytes")
+
+    def _after_line_end(self, data: bytes, cut: int) -> int:
+        """Where the next line starts: a CR's LF belongs to it, even when it comes in the next read."""
+        if data[cut] == 13:
+            if cut + 1 == len(data):
+                self._cr = True
+            elif data[cut + 1] == 10:
+                return cut + 2
+        return cut + 1
 
     def eof(self) -> None:
         """The stream ended; raises SseError if it ended inside an event or a line."""
@@ -144,4 +154,4 @@ def encode_event(event: str, data: bytes) -> bytes:
     return b"event: " + event.encode() + b"\ndata: " + data + b"\n\n"
 
 
-__all__ = ["SseError", "SseEvent", "SseLimits", "SseParser", "encode_event"]
+__all__ = ["DEFAULT_LIMITS", "SseError", "SseEvent", "SseLimits", "SseParser", "encode_event"]
