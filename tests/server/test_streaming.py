@@ -56,9 +56,11 @@ class CallerStream:
 
 @contextlib.asynccontextmanager
 async def streamed(router: RouterServer, body: dict[str, Any]) -> AsyncIterator[CallerStream]:
-    async with httpx.AsyncClient(timeout=scaled(10)) as http:
-        async with http.stream("POST", f"{router.url}/reach", json=body, headers=STREAM_HEADERS) as resp:
-            yield CallerStream(resp)
+    async with (
+        httpx.AsyncClient(timeout=scaled(10)) as http,
+        http.stream("POST", f"{router.url}/reach", json=body, headers=STREAM_HEADERS) as resp,
+    ):
+        yield CallerStream(resp)
 
 
 def done_of(events: list[SseEvent]) -> dict[str, Any]:

@@ -44,6 +44,7 @@ from reachmesh.sdk.client import ReachClient
 from reachmesh.sdk.config import AgentConfig, find_config
 from reachmesh.sdk.health import HealthServer
 from reachmesh.sdk.lease import LeaseKeeper
+from reachmesh.sdk.streaming import ReachStream, gather_values, send_stream, wants_stream
 from reachmesh.sdk.tls import server_context
 from reachmesh.tracecontext import make_traceparent, new_trace_id, parse_traceparent
 
@@ -127,6 +128,21 @@ class ReachContext:
             "traceparent": make_traceparent(self.trace_id, self.parent_span_id),
         }
         return await self.agent.client.call(task, payload, headers=headers, **options)
+
+    def stream(self, task: str, payload: dict[str, Any] | None = None, **options: Any) -> ReachStream:
+        """Call another agent with a streamed answer (``async with ctx.stream(...) as s:``), in
+        this request's trace and budget, as :meth:`call`."""
+        remaining = self.remaining_ms
+        if remaining is not None:
+            wanted = options.get("timeout_ms")
+            options["timeout_ms"] = max(1, int(min(remaining, wanted) if wanted else remaining))
+        options.setdefault("trace_id", self.trace_id)
+        options.setdefault("conversation_id", self.conversation_id)
+        headers = {
+            "X-Reach-Trace-Id": self.trace_id,
+            "traceparent": make_traceparent(self.trace_id, self.parent_span_id),
+        }
+        return self.agent.client.stream(task, payload, headers=headers, **options)
 
 
 def _wants_context(handler: Handler) -> bool:
@@ -418,7 +434,7 @@ class ReachAgent:
             status=401,
         )
 
-    async def _on_reach(self, request: web.Request) -> web.Response:
+    async def _on_reach(self, request: web.Request) -> web.StreamResponse:
         refused = self._caller_refused(request)
         if refused is not None:
             return refused
@@ -455,7 +471,10 @@ class ReachAgent:
         log.info("[%s] handle: %s from %s", trace_id, task, ctx.source_agent or "-")
         span = self._spans.start(task, trace_id, ctx.parent_span_id) if self._spans is not None else None
         started = asyncio.get_running_loop().time()
-        answer = await self._run_handler(bound, payload, ctx)
+        if inspect.isasyncgenfunction(bound[0]):
+            answer = await self._run_streaming(request, bound, payload, ctx)
+        else:
+            answer = await self._run_handler(bound, payload, ctx)
         self._handler_latency.labels(task).observe(asyncio.get_running_loop().time() - started)
         self._handled.labels(task, answer[1]).inc()
         if span is not None and self._spans is not None:
@@ -477,6 +496,22 @@ class ReachAgent:
         except Decline as exc:
             return exc.reason
         return f"{task} does not take this request"
+
+    async def _run_streaming(
+        self,
+        request: web.Request,
+        bound: tuple[Handler, bool, bool],
+        payload: dict[str, Any],
+        ctx: ReachContext,
+    ) -> tuple[web.StreamResponse, str]:
+        """Run an async-generator handler: a stream when the Router asked for one, else the list
+        of its values as one answer (protocol §14)."""
+        handler, _, wants_ctx = bound
+        values = handler(*((payload, ctx) if wants_ctx else (payload,)))
+        if wants_stream(request):
+            return await send_stream(request, values, ctx.deadline, _stream_refusal)
+        gather = (lambda _payload: gather_values(values, None), True, False)
+        return await self._run_handler(gather, {}, ctx)
 
     async def _run_handler(
         self, bound: tuple[Handler, bool, bool], payload: dict[str, Any], ctx: ReachContext
@@ -553,6 +588,15 @@ def _answer_refusal(trace_id: str, task: str, exc: Decline | AgentError) -> tupl
         return _answer_declined(exc.reason), "declined"
     body = orjson.dumps({"status": "AGENT_ERROR", "error": exc.to_error()})
     return web.Response(body=body, content_type="application/json"), "agent_error"
+
+
+def _stream_refusal(exc: BaseException) -> dict[str, Any] | None:
+    """A streaming handler's own refusal as its ``done`` answer; None for any other error."""
+    if isinstance(exc, Decline):
+        return {"status": "DECLINED", "error": {"code": "DECLINED", "message": exc.reason}}
+    if isinstance(exc, AgentError):
+        return {"status": "AGENT_ERROR", "error": exc.to_error()}
+    return None
 
 
 def _answer_declined(reason: str) -> web.Response:
