@@ -14,7 +14,7 @@ from typing import Any
 from reachmesh import AgentError, ReachAgent, ReachClient, ReachContext, SyncReachClient
 from reachmesh.sdk.agent import Decline
 from reachmesh.testing import RouterServer
-from tests.helpers import scaled
+from tests.helpers import scaled, until
 from tests.sdk.test_agent import agent_config
 
 
@@ -136,10 +136,8 @@ async def test_cancelling_the_iteration_closes_the_call_and_the_generator(router
                         pass
 
             reader = asyncio.create_task(read())
-            await asyncio.sleep(0)
-            async with asyncio.timeout(scaled(10)):
-                while router.app.parts.dispatcher.streams_in_flight == 0:
-                    await asyncio.sleep(0.01)
+            dispatcher = router.app.parts.dispatcher
+            await until(lambda: dispatcher.streams_in_flight > 0, "the stream to be relayed")
             reader.cancel()
             async with asyncio.timeout(scaled(5)):
                 await closed.wait()  # the Router closed the agent's connection; the generator ended
