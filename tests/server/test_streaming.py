@@ -19,7 +19,7 @@ import pytest
 from reachmesh.config import RouterConfig
 from reachmesh.testing import FakeAgent, RouterServer
 from reachmesh.transport.sse import SseEvent, SseParser
-from tests.helpers import scaled
+from tests.helpers import scaled, until
 from tests.streaming_agents import Conn, StreamAgent
 
 STREAM_HEADERS = {"Accept": "text/event-stream"}
@@ -128,6 +128,18 @@ async def test_chunks_reach_the_caller_as_the_agent_sends_them(router_with, agen
     assert done["result"] == {"tokens": 2}
     assert done["traceId"] and [a["outcome"] for a in done["attempts"]] == ["SUCCESS"]
     assert agent.conns[0].header("accept") == "text/event-stream"
+    # The trace and the metrics saw the stream: its first chunk, its chunks and bytes, its end.
+    hop = router.app.parts.traces.hops(done["traceId"])[0]
+    stream = hop["stream"]
+    assert stream["chunks"] == 2 and stream["ended"] == "done"
+    assert stream["bytes"] == len(b'{"text":"Hel"}{"text":"lo"}')
+    assert 0 < stream["firstChunkMs"] <= stream["marksMs"][1] <= hop["durationMs"]
+    metrics = router.app.parts.metrics
+    assert metrics.streams.values[("done",)] == 1
+    assert metrics.stream_bytes.values[("talk",)] == stream["bytes"]
+    exposition = metrics.exposition().decode()
+    assert "reach_stream_first_chunk_seconds_count" in exposition
+    assert "reach_streams_in_flight 0.0" in exposition
 
 
 async def test_failover_before_the_first_chunk(router_with, agents) -> None:
@@ -269,6 +281,9 @@ async def test_a_caller_that_goes_away_closes_the_agents_connection(router_with,
     # The caller's connection is closed now: the Router closes the agent's within a second.
     async with asyncio.timeout(scaled(1.0)):
         await closed.wait()
+    streams = router.app.parts.metrics.streams
+    await until(lambda: streams.values.get(("caller_gone",)), "the stream's end to be counted")
+    assert router.app.parts.dispatcher.streams_in_flight == 0
 
 
 async def test_an_idle_agent_ends_the_stream(router_with, agents) -> None:
