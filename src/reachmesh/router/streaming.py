@@ -101,7 +101,7 @@ async def relay(
         if stream.plain:
             assert isinstance(piece, Final)
             # A plain answer to a streaming caller: its result as the one chunk (§14 mixed ends).
-            await _emit(Chunk(piece.result, jsoncodec.dumps(piece.result)), sink, record, clock)
+            await _emit(Chunk(jsoncodec.dumps(piece.result)), sink, record, clock)
             stats.ended = "plain"
             return None, None
         while isinstance(piece, Chunk):

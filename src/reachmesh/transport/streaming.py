@@ -19,6 +19,7 @@ from collections import deque
 from typing import Any, NamedTuple, Protocol
 
 import aiohttp
+import orjson
 
 from reachmesh import jsoncodec
 from reachmesh.exceptions import AttemptTimeout, BadAgentResponse, ConnectFailed
@@ -29,10 +30,13 @@ EVENT_STREAM = "text/event-stream"
 
 
 class Chunk(NamedTuple):
-    """One piece of the result: its JSON value, and its size as the caller will get it."""
+    """One piece of the result: its JSON text, checked, on one line (as the caller gets it)."""
 
-    value: Any
-    raw: bytes  # the value encoded as one line of JSON
+    raw: bytes
+
+    @property
+    def value(self) -> Any:
+        return jsoncodec.loads(self.raw)
 
 
 class Final(NamedTuple):
@@ -83,14 +87,30 @@ class PlainStream:
         return None
 
 
+def checked_json(data: str) -> bytes:
+    """An event's data as one line of JSON, passed on as the agent wrote it when it is valid.
+
+    Checked with orjson first (microseconds for 64 KiB; the exact reader's scan for long
+    integers took 3 ms); only what orjson refuses (an integer past 64 bits, say) goes through
+    the exact reader, and is re-encoded. A data field of several lines is JSON with line
+    breaks between tokens (a raw line break is never valid inside a JSON string), so a space
+    stands for each.
+    """
+    raw = data.encode()
+    try:
+        orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        try:
+            return jsoncodec.dumps(jsoncodec.loads(raw))
+        except jsoncodec.JSONDecodeError as exc:
+            raise BadAgentResponse(f"a chunk event's data is not JSON ({exc.msg})") from exc
+    return raw.replace(b"\n", b" ") if b"\n" in raw else raw
+
+
 def piece_of(event: SseEvent) -> Piece | None:
     """The piece an event carries, None for an event the protocol does not name (ignored)."""
     if event.event == "chunk":
-        try:
-            value = jsoncodec.loads(event.data)
-        except jsoncodec.JSONDecodeError as exc:
-            raise BadAgentResponse(f"a chunk event's data is not JSON ({exc.msg})") from exc
-        return Chunk(value, jsoncodec.dumps(value))
+        return Chunk(checked_json(event.data))
     if event.event == "done":
         raw = event.data.encode()
         try:
