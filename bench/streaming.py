@@ -137,7 +137,7 @@ def main() -> int:
         agent.start()
         started.append(agent)
         config = workdir / "router.yaml"
-        config.write_text("streaming:\n  max_bytes: 1099511627776\nlimits:\n  loop_lag_shedding: false\n")
+        config.write_text("streaming:\n  max_bytes: 1099511627776\nlimits:\n  loop_lag_shedding: false\n  max_inflight_per_client: 1024\n")
         argv = [
             sys.executable,
             "-m",
