@@ -4,7 +4,8 @@ Three figures, each with the agent (bench/stream_agent.py) and the Router in the
 and the caller (aiohttp) in this one:
 
 1. time to first chunk, p50 and p90 of ``--calls`` sequential one-chunk streams, direct and
-   through the Router; the difference is what the hop adds;
+   through the Router; the difference is what the hop adds. Beside it, the p50 of the same call
+   through the Router without streaming (the whole answer), as a control for the machine;
 2. ``--concurrent`` streams of 100 chunks each at once: all complete, each in order;
 3. one stream of ``--mib`` MiB (64 KiB chunks) direct and through the Router: the time of each,
    and the Router's RSS sampled during it (its rise over the start).
@@ -97,6 +98,17 @@ async def measure(
             ttfc = [(await one_stream(http_, url, envelope(1, 16)))[0] * 1000 for _ in range(args.calls)]
             out[f"ttfc_{name}_p50_ms"] = round(statistics.median(ttfc), 3)
             out[f"ttfc_{name}_p90_ms"] = round(pct(ttfc, 0.9), 3)
+        # The control: the same call through the Router without streaming (the agent's one
+        # chunk gathered into a plain answer), so the machine's own noise is visible beside it.
+        plain = []
+        for _ in range(args.calls):
+            started = time.perf_counter()
+            async with http_.post(
+                routed, data=envelope(1, 16), headers={"Content-Type": "application/json"}
+            ) as resp:
+                await resp.read()
+            plain.append((time.perf_counter() - started) * 1000)
+        out["plain_router_p50_ms"] = round(statistics.median(plain), 3)
         started = time.perf_counter()
         results = await asyncio.gather(
             *(one_stream(http_, routed, envelope(100, 32)) for _ in range(args.concurrent))
@@ -137,7 +149,9 @@ def main() -> int:
         agent.start()
         started.append(agent)
         config = workdir / "router.yaml"
-        config.write_text("streaming:\n  max_bytes: 1099511627776\nlimits:\n  loop_lag_shedding: false\n  max_inflight_per_client: 1024\n")
+        config.write_text(
+            "streaming:\n  max_bytes: 1099511627776\nlimits:\n  loop_lag_shedding: false\n  max_inflight_per_client: 1024\ntimeouts:\n  connect_ms: 5000\n"
+        )
         argv = [
             sys.executable,
             "-m",

@@ -170,8 +170,11 @@ class HttpAgentStream:
             raise ConnectFailed(f"the event stream broke: {type(exc).__name__}: {exc}") from exc
 
     async def aclose(self) -> None:
-        # close(), not release(): release would read the rest of a stream nobody wants.
-        self._response.close()
+        if self._finished and self._response.content.at_eof():
+            self._response.release()  # read to its end: the connection may carry another call
+        else:
+            # close(), not release(): the rest of a stream nobody wants is never read.
+            self._response.close()
 
 
 async def read_plain(response: aiohttp.ClientResponse, limit: int) -> bytes:
