@@ -149,8 +149,12 @@ def main() -> int:
         agent.start()
         started.append(agent)
         config = workdir / "router.yaml"
+        # No lag shedding and room for one client's 500 streams; a connect timeout that a
+        # loaded machine's 500 simultaneous connects stay within.
         config.write_text(
-            "streaming:\n  max_bytes: 1099511627776\nlimits:\n  loop_lag_shedding: false\n  max_inflight_per_client: 1024\ntimeouts:\n  connect_ms: 5000\n"
+            "streaming:\n  max_bytes: 1099511627776\n"
+            "limits:\n  loop_lag_shedding: false\n  max_inflight_per_client: 1024\n"
+            "timeouts:\n  connect_ms: 5000\n"
         )
         argv = [
             sys.executable,
