@@ -243,7 +243,7 @@ async def test_reach_node_streams_the_agents_chunks_into_astream(router: RouterS
     await agent.start()
     try:
         custom: list[Any] = []
-        final: dict[str, Any] = {}
+        final: Any = {}
         async for mode, item in graph.astream({"topic": "a time"}, stream_mode=["custom", "values"]):
             if mode == "custom":
                 custom.append(item)

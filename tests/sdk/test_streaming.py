@@ -99,7 +99,8 @@ async def test_a_decline_before_any_chunk_is_a_plain_refusal(router: RouterServe
 
     @agent.capability("talk")
     async def talk(payload: dict[str, Any]) -> AsyncIterator[str]:
-        raise Decline("not mine")
+        if payload.get("never", True):
+            raise Decline("not mine")
         yield "never"
 
     await agent.start()

@@ -17,8 +17,9 @@ import orjson
 import pytest
 
 from reachmesh.config import RouterConfig
+from reachmesh.resilience.breaker import BreakerState
+from reachmesh.sse import SseEvent, SseParser
 from reachmesh.testing import FakeAgent, RouterServer
-from reachmesh.transport.sse import SseEvent, SseParser
 from tests.helpers import scaled, until
 from tests.streaming_agents import Conn, StreamAgent
 
@@ -170,7 +171,7 @@ async def test_failover_before_the_first_chunk(router_with, agents) -> None:
 async def test_a_break_after_the_first_chunk_ends_the_stream_and_never_fails_over(
     router_with, agents
 ) -> None:
-    router = await router_with()
+    router = await router_with({"breaker": {"failure_threshold": 1}})
 
     async def breaks(conn: Conn) -> None:
         await conn.sse_head()
@@ -192,6 +193,8 @@ async def test_a_break_after_the_first_chunk_ends_the_stream_and_never_fails_ove
     assert done["error"]["code"] == "STREAM_BROKEN"
     assert done["handlerAgentId"] == "a"
     assert len(a.conns) == 1 and b.conns == []
+    # Booked a success at its first chunk, the attempt's break still reaches the breaker.
+    assert router.app.parts.breakers.state("a") is BreakerState.OPEN
 
 
 async def test_break_after_first_chunk_with_a_second_candidate_never_mixes_agents(

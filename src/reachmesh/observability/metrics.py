@@ -104,6 +104,22 @@ class _Gauge(Collector):
         yield self._family(self._name, self._documentation, value=self._read())
 
 
+def _stream_series() -> tuple[HistogramSeries, CounterSeries, CounterSeries]:
+    """The families of streamed answers (protocol §14): time to first chunk, bytes, endings."""
+    return (
+        HistogramSeries(
+            "reach_stream_first_chunk_seconds",
+            "Time from a streamed request's arrival to its first chunk going out",
+            ("task",),
+            _LATENCY_BUCKETS,
+        ),
+        CounterSeries("reach_stream_bytes", "Bytes of chunks relayed to streaming callers", ("task",)),
+        CounterSeries(
+            "reach_streams", "Streamed requests by how they ended (done, plain, broken, ...)", ("ended",)
+        ),
+    )
+
+
 class RouterMetrics:
     """The Router's metric families, one CollectorRegistry per Router (so tests stay apart)."""
 
@@ -140,18 +156,7 @@ class RouterMetrics:
         self.semantic_refusals = CounterSeries(
             "reach_semantic_refusals", "Requests refused because no capability scored above the threshold"
         )
-        self.first_chunk = HistogramSeries(
-            "reach_stream_first_chunk_seconds",
-            "Time from a streamed request's arrival to its first chunk going out",
-            ("task",),
-            _LATENCY_BUCKETS,
-        )
-        self.stream_bytes = CounterSeries(
-            "reach_stream_bytes", "Bytes of chunks relayed to streaming callers", ("task",)
-        )
-        self.streams = CounterSeries(
-            "reach_streams", "Streamed requests by how they ended (done, plain, broken, ...)", ("ended",)
-        )
+        self.first_chunk, self.stream_bytes, self.streams = _stream_series()
         for family in (
             self.requests,
             self.match_score,

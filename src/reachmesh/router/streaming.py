@@ -28,11 +28,12 @@ from reachmesh.exceptions import (
     ReachError,
 )
 from reachmesh.record import MAX_CHUNK_MARKS, DecisionRecord, StreamRecord
+from reachmesh.resilience.breaker import BreakerState
 from reachmesh.router.attempts import AttemptRun
 from reachmesh.routing.base import Choice
+from reachmesh.sse import SseLimits
 from reachmesh.transport.base import AttemptLimits
-from reachmesh.transport.sse import SseLimits
-from reachmesh.transport.streaming import AgentStream, Chunk, Final, Piece, StreamBounds
+from reachmesh.transport.pieces import AgentStream, Chunk, Final, Piece, StreamBounds
 
 STREAM_BROKEN = "STREAM_BROKEN"
 
@@ -115,6 +116,13 @@ async def relay(
             stats.ended = "timeout"
         else:
             stats.ended = "agent_error" if error is exc else "broken"
+        if stats.ended == "broken":
+            # The attempt was booked a success at its first chunk; a stream the agent broke
+            # afterwards (reset, idle, malformed) is a failure its breaker must hear of.
+            change = run.parts.breakers.record(opened.agent_id, run.task, ok=False)
+            if change is BreakerState.OPEN:
+                record.circuit_trips.append(opened.agent_id)
+                record.note("circuit open", f"agent {opened.agent_id} (a broken stream)")
         record.note("stream ended", f"{opened.agent_id} after {stats.chunks} chunks: {error.message}")
         return None, error
     except asyncio.CancelledError:

@@ -27,7 +27,7 @@ from reachmesh import jsoncodec
 from reachmesh.deadline import Deadline
 from reachmesh.exceptions import RouterUnavailable
 from reachmesh.protocol import ReachResponse
-from reachmesh.transport.sse import SseError, SseEvent, SseLimits, SseParser, encode_event
+from reachmesh.sse import SseError, SseEvent, SseLimits, SseParser, encode_event
 
 log = logging.getLogger("reachmesh.sdk")
 

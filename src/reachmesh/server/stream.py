@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 
 from reachmesh.router.results import Reply
 from reachmesh.server.asgi import Receive, Send, send_json
-from reachmesh.transport.sse import encode_event
+from reachmesh.sse import encode_event
 
 EVENT_STREAM = b"text/event-stream"
 _HEAD = [

@@ -12,13 +12,11 @@ import email.utils
 import math
 import re
 import time
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from reachmesh import jsoncodec
 from reachmesh.exceptions import AgentBusy, AgentDeclined, AgentRejected, AttemptTimeout, BadAgentResponse
-
-if TYPE_CHECKING:  # streaming imports this module: only its types are needed here
-    from reachmesh.transport.streaming import AgentStream, StreamBounds
+from reachmesh.transport.pieces import AgentStream, StreamBounds
 
 DEFAULT_RESPONSE_LIMIT = 8 * 1024 * 1024
 RESPONSE_TOO_LARGE = "RESPONSE_TOO_LARGE"

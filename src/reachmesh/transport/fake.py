@@ -18,7 +18,7 @@ from reachmesh import jsoncodec
 from reachmesh.clock import ManualClock
 from reachmesh.exceptions import AttemptTimeout, ConnectFailed, DeliveryFailed
 from reachmesh.transport.base import AttemptLimits, classify_answer, too_large
-from reachmesh.transport.streaming import AgentStream, PlainStream, StreamBounds
+from reachmesh.transport.pieces import AgentStream, PlainStream, StreamBounds
 
 Fault = Literal[
     "refused",

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from reachmesh.transport.sse import SseError, SseEvent, SseLimits, SseParser, encode_event
+from reachmesh.sse import SseError, SseEvent, SseLimits, SseParser, encode_event
 
 STREAM = (
     b'event: chunk\ndata: "a"\n\nevent: chunk\ndata: {"b": 2}\n\nevent: done\ndata: {"status":"SUCCESS"}\n\n'
