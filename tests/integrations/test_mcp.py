@@ -275,10 +275,10 @@ async def test_progress_notifications_carry_a_streaming_agents_chunks() -> None:
         await agent.start()
         server = ReachMCP(router.url, poll_interval_s=0.05)
         await server.refresh()
-        progress: list[tuple[float, str | None]] = []
+        notes: list[tuple[float, str | None]] = []
 
-        async def on_progress(value: float, total: float | None, message: str | None) -> None:
-            progress.append((value, message))
+        async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+            notes.append((progress, message))
             client_has_first.set()
 
         try:
@@ -290,7 +290,7 @@ async def test_progress_notifications_carry_a_streaming_agents_chunks() -> None:
         finally:
             await server.aclose()
             await agent.stop()
-    assert progress == [(1, "once"), (2, '{"then":"the end"}')]
+    assert notes == [(1, "once"), (2, '{"then":"the end"}')]
     assert not result.is_error
     assert result.structured_content == {"result": ["once", {"then": "the end"}]}
     assert plain.structured_content == {"result": ["once", {"then": "the end"}]}
