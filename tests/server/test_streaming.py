@@ -449,3 +449,64 @@ async def test_a_slow_caller_slows_the_agent(router_with, agents) -> None:
         assert seen[0].written < 48 * 1024 * 1024
         count = 1 + len(chunks_of(await stream.rest()))
     assert count == total
+
+
+async def test_a_reset_before_the_answer_is_retried_on_the_same_agent(router_with, agents) -> None:
+    router = await router_with()
+    calls = 0
+
+    async def script(conn: Conn) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            conn.reset()  # a network error before the answer: the same agent once more
+            return
+        await conn.sse_head()
+        await conn.chunk("whole")
+        await conn.done()
+
+    agent = await agents("only", script, router)
+    async with streamed(router, envelope()) as stream:
+        events = await stream.rest()
+    done = done_of(events)
+    assert done["status"] == "SUCCESS" and chunks_of(events) == ["whole"]
+    assert [a["outcome"] for a in done["attempts"]] == ["connect_error", "SUCCESS"]
+    assert len(agent.conns) == 2
+
+
+async def test_a_decline_in_the_done_before_any_chunk_tries_the_next_agent(router_with, agents) -> None:
+    router = await router_with()
+
+    async def declines(conn: Conn) -> None:
+        await conn.sse_head()
+        await conn.done({"status": "DECLINED", "error": {"code": "DECLINED", "message": "not mine"}})
+
+    async def answers(conn: Conn) -> None:
+        await conn.sse_head()
+        await conn.chunk("mine")
+        await conn.done()
+
+    await agents("a", declines, router)
+    await agents("b", answers, router)
+    async with streamed(router, envelope(filterAgentIds=["a", "b"])) as stream:
+        events = await stream.rest()
+    done = done_of(events)
+    assert done["status"] == "SUCCESS" and done["handlerAgentId"] == "b"
+    assert chunks_of(events) == ["mine"]
+
+
+async def test_a_compressed_stream_is_refused(router_with, agents) -> None:
+    router = await router_with()
+
+    async def gzipped(conn: Conn) -> None:
+        await conn.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Encoding: gzip\r\n"
+            b"Connection: close\r\n\r\n"
+        )
+        await conn.closed_by_router()
+
+    await agents("a", gzipped, router)
+    async with httpx.AsyncClient(timeout=scaled(10)) as http:
+        resp = await http.post(f"{router.url}/reach", json=envelope(), headers=STREAM_HEADERS)
+    assert resp.status_code == 503
+    assert resp.json()["error"]["candidates"][0]["reason"] == "agent_error"
