@@ -470,6 +470,18 @@ class EmbeddingPolicy(_Section):
     retry_seconds: Positive = 5
 
 
+class StreamingPolicy(_Section):
+    """Bounds on a streamed answer (``Accept: text/event-stream``), on top of the deadline."""
+
+    # The longest wait for the agent's next event (a chunk, a comment, done) once its head is in.
+    idle_timeout_ms: PositiveMs = 30_000
+    # All the bytes of one agent's event stream; past it the stream ends STREAM_BROKEN.
+    max_bytes: Annotated[int, Field(ge=1024, le=1 << 40)] = 256 * 1024 * 1024
+    # One event's data (one chunk), and one line of the stream.
+    max_event_bytes: Annotated[int, Field(ge=256, le=256 * 1024 * 1024)] = 1024 * 1024
+    max_line_bytes: Annotated[int, Field(ge=256, le=256 * 1024 * 1024)] = 1024 * 1024
+
+
 class TracingPolicy(_Section):
     """The in-memory trace store (``GET /admin/traces``)."""
 
@@ -527,6 +539,7 @@ class RouterConfig(_Section):
     affinity: AffinityPolicy = AffinityPolicy()
     async_mode: AsyncPolicy = AsyncPolicy()
     a2a: A2APolicy = A2APolicy()
+    streaming: StreamingPolicy = StreamingPolicy()
     routing: RoutingPolicy = RoutingPolicy()
     embedding: EmbeddingPolicy = EmbeddingPolicy()
     tracing: TracingPolicy = TracingPolicy()

@@ -33,6 +33,32 @@ class AttemptRecord:
         return {"agentId": self.agent_id, "outcome": self.outcome, "durationMs": self.duration_ms}
 
 
+# The chunk times a trace keeps for its waterfall: enough to see a stream's rhythm.
+MAX_CHUNK_MARKS = 200
+
+
+@dataclass(slots=True)
+class StreamRecord:
+    """What a streamed answer did: when its first chunk left, how much followed, how it ended."""
+
+    first_chunk_ms: float | None = None  # from the start of the request
+    chunks: int = 0
+    bytes: int = 0  # the chunks' JSON bytes relayed to the caller
+    # done (the agent's done), plain (a JSON answer relayed as one chunk), broken, timeout,
+    # agent_error, caller_gone; None while it runs.
+    ended: str | None = None
+    marks_ms: list[float] = field(default_factory=list)  # the first chunks' times, for the waterfall
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "firstChunkMs": self.first_chunk_ms,
+            "chunks": self.chunks,
+            "bytes": self.bytes,
+            "ended": self.ended,
+            "marksMs": list(self.marks_ms),
+        }
+
+
 @dataclass(slots=True)
 class DecisionRecord:
     """Everything decided about one request, in order."""
@@ -77,6 +103,7 @@ class DecisionRecord:
     handler: str | None = None
     duration_ms: float = 0.0
     queue_wait_ms: float = 0.0  # time spent waiting for a slot at a full agent (capacity)
+    stream: StreamRecord | None = None  # set when the caller asked for a stream
 
     def note(self, kind: str, text: str) -> None:
         """Add an ordered event line, e.g. ``note("retry", "price-agent, attempt=2")``.

@@ -201,3 +201,60 @@ def test_branch_on_with_failure_sends_every_other_status_to_one_path() -> None:
     assert route({"reach_status": "INVALID_REQUEST"}) == "sorry"
     assert route({"reach_status": "OVERLOADED"}) == "sorry"
     assert branch_on()({"reach_status": "TIMEOUT"}) == "TIMEOUT"
+
+
+class Talk(TypedDict, total=False):
+    topic: str
+    result: Any
+    reach_status: str
+
+
+async def test_reach_node_streams_the_agents_chunks_into_astream(router: RouterServer) -> None:
+    """stream=True: the graph's custom stream yields each chunk while the agent still talks (its
+    last yield waits until the graph has yielded the first)."""
+    from reachmesh import AgentConfig, ReachAgent
+
+    port = free_port()
+    config = AgentConfig.from_mapping(
+        {
+            "agent": {
+                "id": "storyteller",
+                "network": {"endpoint": f"http://127.0.0.1:{port}/reach"},
+                "capabilities": [{"task": "talk"}],
+            },
+            "router": {"url": router.url},
+        },
+        env={},
+    )
+    agent = ReachAgent(config)
+    graph_has_first = asyncio.Event()
+
+    @agent.capability("talk")
+    async def talk(payload: dict[str, Any]) -> AsyncIterator[str]:
+        yield f"once upon {payload['topic']}"
+        await graph_has_first.wait()
+        yield "the end"
+
+    builder = StateGraph(Talk)
+    builder.add_node("talk", reach_node("talk", inputs=["topic"], stream=True, router_url=router.url))
+    builder.add_edge(START, "talk")
+    builder.add_edge("talk", END)
+    graph = builder.compile()
+    await agent.start()
+    try:
+        custom: list[Any] = []
+        final: Any = {}
+        async for mode, item in graph.astream({"topic": "a time"}, stream_mode=["custom", "values"]):
+            if mode == "custom":
+                custom.append(item)
+                graph_has_first.set()
+            else:
+                final = item
+        assert custom == [
+            {"task": "talk", "chunk": "once upon a time"},
+            {"task": "talk", "chunk": "the end"},
+        ]
+        assert final["reach_status"] == "SUCCESS"
+        assert final["result"] == ["once upon a time", "the end"]
+    finally:
+        await agent.stop()

@@ -241,3 +241,56 @@ async def test_a_non_admin_token_is_named_once_not_every_poll(monkeypatch, caplo
             assert len(said) == 1 and "REACH_TOKEN" in said[0], said
         finally:
             await server.aclose()
+
+
+async def test_progress_notifications_carry_a_streaming_agents_chunks() -> None:
+    """A call with a progress token is streamed: each chunk arrives as a progress notification
+    while the agent still talks (its last chunk waits until the client has the first)."""
+    from reachmesh import AgentConfig, ReachAgent
+    from reachmesh.ports import free_port
+
+    async with RouterServer(RouterConfig.model_validate(POLICY)) as router:
+        port = free_port()
+        agent = ReachAgent(
+            AgentConfig.from_mapping(
+                {
+                    "agent": {
+                        "id": "storyteller",
+                        "network": {"endpoint": f"http://127.0.0.1:{port}/reach"},
+                        "capabilities": [{"task": "story"}],
+                    },
+                    "router": {"url": router.url},
+                },
+                env={},
+            )
+        )
+        client_has_first = asyncio.Event()
+
+        @agent.capability("story")
+        async def story(payload: dict[str, Any]) -> Any:
+            yield "once"
+            await client_has_first.wait()
+            yield {"then": "the end"}
+
+        await agent.start()
+        server = ReachMCP(router.url, poll_interval_s=0.05)
+        await server.refresh()
+        notes: list[tuple[float, str | None]] = []
+
+        async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+            notes.append((progress, message))
+            client_has_first.set()
+
+        try:
+            async with AsgiServer(server.http_app()) as http, Client(f"{http.url}/mcp") as client:
+                result = await asyncio.wait_for(
+                    client.call_tool("story", {}, progress_callback=on_progress), timeout=scaled(20)
+                )
+                plain = await client.call_tool("story", {})  # no token: one whole answer
+        finally:
+            await server.aclose()
+            await agent.stop()
+    assert notes == [(1, "once"), (2, '{"then":"the end"}')]
+    assert not result.is_error
+    assert result.structured_content == {"result": ["once", {"then": "the end"}]}
+    assert plain.structured_content == {"result": ["once", {"then": "the end"}]}

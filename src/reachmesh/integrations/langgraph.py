@@ -17,11 +17,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from reachmesh.integrations import LoopClients, missing_extra, single_capability_agent
-from reachmesh.protocol import Status
+from reachmesh.protocol import ReachResponse, Status
 from reachmesh.sdk import ReachAgent, ReachClient, ReachContext
 
 try:
     from langchain_core.runnables import RunnableConfig
+    from langgraph.config import get_stream_writer
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise missing_extra("langgraph", exc) from exc
 
@@ -72,6 +73,7 @@ def reach_node(  # noqa: PLR0913 - each keyword is one choice a graph author mak
     client: ReachClient | None = None,
     router_url: str | None = None,
     source_agent: str = "langgraph",
+    stream: bool = False,
     **options: Any,
 ) -> ReachNode:
     """A graph node that calls ``task`` through the Router.
@@ -81,6 +83,12 @@ def reach_node(  # noqa: PLR0913 - each keyword is one choice a graph author mak
     branches with ``add_conditional_edges(node, lambda s: s["reach_status"], {...})``.
     ``response_key`` also stores the trace id, handler and attempts (to see a failover).
     ``options`` are :meth:`ReachClient.call`'s (``timeout_ms``, ``strategy``, ...).
+
+    With ``stream=True`` the call is streamed (protocol §14): each chunk is written to the
+    graph's custom stream as ``{"task": task, "chunk": value}`` as it arrives, so
+    ``graph.astream(..., stream_mode="custom")`` yields the agent's chunks while it talks; the
+    node's ``output`` is then the agent's final result, or the list of its chunks when it gave
+    none.
     """
     own = LoopClients(router_url, source_agent)
 
@@ -90,9 +98,14 @@ def reach_node(  # noqa: PLR0913 - each keyword is one choice a graph author mak
         if conversation is not None:
             call_options.setdefault("conversation_id", conversation)
         caller = client if client is not None else await own.get()
-        reply = await caller.call(task, payload_from(state, inputs), **call_options)
+        if stream:
+            reply, chunks = await _streamed(caller, task, payload_from(state, inputs), call_options)
+            result = reply.result if reply.result is not None or not reply.ok else chunks
+        else:
+            reply = await caller.call(task, payload_from(state, inputs), **call_options)
+            result = reply.result
         update: dict[str, Any] = {
-            output: reply.result if reply.ok else None,
+            output: result if reply.ok else None,
             status_key: str(reply.status),
             error_key: None
             if reply.error is None
@@ -108,6 +121,19 @@ def reach_node(  # noqa: PLR0913 - each keyword is one choice a graph author mak
 
     node.__name__ = f"reach_{task}"
     return node
+
+
+async def _streamed(
+    caller: ReachClient, task: str, payload: dict[str, Any], options: dict[str, Any]
+) -> tuple[ReachResponse, list[Any]]:
+    """A streamed call whose chunks go to the graph's custom stream as they come."""
+    write = get_stream_writer()
+    chunks: list[Any] = []
+    async with caller.stream(task, payload, **options) as answer:
+        async for chunk in answer:
+            chunks.append(chunk)
+            write({"task": task, "chunk": chunk})
+    return answer.response, chunks
 
 
 def branch_on(status_key: str = "reach_status", *, failure: str | None = None) -> Callable[[State], str]:

@@ -30,6 +30,7 @@ import orjson
 
 from reachmesh.exceptions import ConfigError, RouterUnavailable
 from reachmesh.integrations import described, missing_extra, tool_name
+from reachmesh.protocol import ReachResponse
 from reachmesh.sdk import ReachClient
 from reachmesh.sdk.auth import auth_headers
 from reachmesh.secrets import loggable
@@ -230,12 +231,15 @@ class ReachMCP(MCPServer):
             self._client = ReachClient(self.router_url, source_agent="mcp")
         options: dict[str, Any] = {} if self.timeout_ms is None else {"timeout_ms": self.timeout_ms}
         try:
-            reply = await self._client.call(task, arguments, **options)
+            if context is not None and _progress_wanted(context):
+                reply, result = await _streamed(self._client, task, arguments, options, context)
+            else:
+                reply = await self._client.call(task, arguments, **options)
+                result = reply.result
         except RouterUnavailable as exc:
             return _error_result(exc.message, {"status": "ROUTER_UNAVAILABLE"})
         if reply.ok:
-            structured = reply.result if isinstance(reply.result, dict) else {"result": reply.result}
-            result = reply.result
+            structured = result if isinstance(result, dict) else {"result": result}
             text = result if isinstance(result, str) else orjson.dumps(result).decode()
             return CallToolResult(
                 content=[TextContent(type="text", text=text)], structured_content=structured
@@ -354,6 +358,41 @@ class _BearerOnly:
                 given = hashlib.sha256(value[7:].strip()).digest()
                 return any(hmac.compare_digest(given, d) for d in self._digests)
         return False
+
+
+def _progress_wanted(context: Context[Any, Any]) -> bool:
+    """Whether the client gave a progress token with this call (``_meta.progressToken``)."""
+    try:
+        meta = context.request_context.meta
+    except (ValueError, AttributeError):
+        return False
+    if meta is None:
+        return False
+    # A TypedDict in the mcp package (``progress_token``); the wire's own spelling too, in case
+    # a transport hands the raw map on.
+    return meta.get("progress_token", meta.get("progressToken")) is not None
+
+
+async def _streamed(
+    client: ReachClient,
+    task: str,
+    arguments: dict[str, Any],
+    options: dict[str, Any],
+    context: Context[Any, Any],
+) -> tuple[ReachResponse, Any]:
+    """A streamed call (protocol §14) whose chunks go to the client as progress notifications,
+    each with the chunk as its message, as they come. The tool's result is the agent's final
+    result; without one, its one chunk (a plain agent's whole answer) or the list of chunks."""
+    chunks: list[Any] = []
+    async with client.stream(task, arguments, **options) as answer:
+        async for chunk in answer:
+            chunks.append(chunk)
+            text = chunk if isinstance(chunk, str) else orjson.dumps(chunk).decode()
+            await context.report_progress(len(chunks), None, text)
+    reply = answer.response
+    if reply.result is not None:
+        return reply, reply.result
+    return reply, chunks[0] if len(chunks) == 1 else chunks
 
 
 def _said(resp: httpx.Response) -> str:

@@ -113,6 +113,22 @@ class _Gauge(Collector):
         yield self._family(self._name, self._documentation, value=self._read())
 
 
+def _stream_series() -> tuple[HistogramSeries, CounterSeries, CounterSeries]:
+    """The families of streamed answers (protocol §14): time to first chunk, bytes, endings."""
+    return (
+        HistogramSeries(
+            "reach_stream_first_chunk_seconds",
+            "Time from a streamed request's arrival to its first chunk going out",
+            ("task",),
+            _LATENCY_BUCKETS,
+        ),
+        CounterSeries("reach_stream_bytes", "Bytes of chunks relayed to streaming callers", ("task",)),
+        CounterSeries(
+            "reach_streams", "Streamed requests by how they ended (done, plain, broken, ...)", ("ended",)
+        ),
+    )
+
+
 class RouterMetrics:
     """The Router's metric families, one CollectorRegistry per Router (so tests stay apart)."""
 
@@ -155,6 +171,7 @@ class RouterMetrics:
         self.semantic_refusals = CounterSeries(
             "reach_semantic_refusals", "Requests refused because no capability scored above the threshold"
         )
+        self.first_chunk, self.stream_bytes, self.streams = _stream_series()
         for family in (
             self.requests,
             self.match_score,
@@ -167,6 +184,9 @@ class RouterMetrics:
             self.attempts,
             self.semantic_refusals,
             self.queue_wait,
+            self.first_chunk,
+            self.stream_bytes,
+            self.streams,
         ):
             self.prom.register(family)
         self.prom.register(_LiveState(registry, live))
@@ -193,6 +213,17 @@ class RouterMetrics:
             self.semantic_refusals.inc()
         if record.queue_wait_ms:
             self.queue_wait.observe((agent,), record.queue_wait_ms / 1000)
+        if record.stream is not None:
+            self._stream(record, task)
+
+    def _stream(self, record: DecisionRecord, task: str) -> None:
+        stream = record.stream
+        assert stream is not None
+        self.streams.inc((stream.ended or "before_first_chunk",))
+        if stream.first_chunk_ms is not None:
+            self.first_chunk.observe((task,), stream.first_chunk_ms / 1000)
+        if stream.bytes:
+            self.stream_bytes.inc((task,), stream.bytes)
 
     def on_registry(self, event: RegistryEvent, entry: AgentEntry) -> None:
         if event is RegistryEvent.OFFLINE:

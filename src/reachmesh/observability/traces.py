@@ -60,6 +60,8 @@ class _Hop(NamedTuple):
     # How many candidates and rejections are not listed (a task may have a thousand agents).
     candidates_omitted: int = 0
     rejected_omitted: int = 0
+    # A streamed answer's first-chunk time, chunks, bytes, ending and chunk times (protocol §14).
+    stream: dict[str, Any] | None = None
 
     @property
     def span_ids(self) -> tuple[str, ...]:
@@ -115,6 +117,7 @@ class _Hop(NamedTuple):
             "failovers": list(self.failovers),
             "circuitTrips": list(self.circuit_trips),
             "errorCode": self.error_code,
+            "stream": self.stream,
         }
 
 
@@ -162,6 +165,7 @@ def _freeze(r: DecisionRecord) -> tuple[Any, ...]:
         r.error_code,
         max(len(r.candidates) - _SHOWN, 0),
         max(len(r.rejected) - _SHOWN, 0),
+        r.stream.to_dict() if r.stream is not None else None,
     )
 
 

@@ -255,7 +255,7 @@ class AttemptRun:
         if isinstance(waited, PoolTimeout):
             return waited
         try:
-            return await self._send(choice, body)
+            return await self._forward(choice, body)
         finally:
             self.parts.capacity.give(agent_id)
 
@@ -278,7 +278,7 @@ class AttemptRun:
             self.record.note("slot wait", f"{agent_id}, waited={waited * 1000:.0f}ms")
         return waited
 
-    async def _send(self, choice: Choice, body: bytes) -> Success | AttemptError:
+    async def _forward(self, choice: Choice, body: bytes) -> Success | AttemptError:
         """One forward to the agent, accounted."""
         self._check_deadline()
         remaining = self.deadline.remaining_ms()
@@ -299,13 +299,7 @@ class AttemptRun:
         started = clock.monotonic()
         self.parts.stats.started(choice.entry.id)
         try:
-            result = await self.parts.transport.send(
-                choice.entry.endpoint,
-                body,
-                headers,
-                AttemptLimits(connect_s, read_s, total_s),
-                choice.entry.protocol,
-            )
+            result = await self._send(choice, body, headers, AttemptLimits(connect_s, read_s, total_s))
         except AttemptError as exc:
             self.account(choice, started, span_id, exc)
             return exc
@@ -314,6 +308,11 @@ class AttemptRun:
         if self.request.conversation_id:
             self.parts.affinity.bind(self.request.conversation_id, choice.entry.id, self.record.caller)
         return Success(result)
+
+    async def _send(self, choice: Choice, body: bytes, headers: dict[str, str], limits: AttemptLimits) -> Any:
+        """The transport call of one attempt (a streamed request's run asks for a stream)."""
+        entry = choice.entry
+        return await self.parts.transport.send(entry.endpoint, body, headers, limits, entry.protocol)
 
     def _may_retry_same(self, exc: AttemptError, same_agent_left: int, choice: Choice) -> bool:
         """A network error may be retried on the same agent, within the cap and the budget; one

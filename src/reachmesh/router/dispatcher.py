@@ -37,7 +37,7 @@ from reachmesh.exceptions import (
     UnknownTask,
 )
 from reachmesh.protocol import ReachRequest, error_details, is_trace_id
-from reachmesh.record import DecisionRecord, Observer
+from reachmesh.record import DecisionRecord, Observer, StreamRecord
 from reachmesh.resilience.breaker import BreakerBoard
 from reachmesh.resilience.retry import RetryBudget
 from reachmesh.resilience.timeouts import Timeout
@@ -46,6 +46,7 @@ from reachmesh.router.agentsecret import AgentSecrets
 from reachmesh.router.asyncmode import AsyncRequests
 from reachmesh.router.attempts import AttemptRun, Forwarding
 from reachmesh.router.results import Reply, ResultStore
+from reachmesh.router.streaming import StreamingRun, StreamSink, relay, stream_broken
 from reachmesh.router.suggest import Suggester
 from reachmesh.routing.pipeline import Pipeline
 from reachmesh.routing.stats import StatsBook
@@ -65,6 +66,12 @@ _ENDINGS: tuple[tuple[type[ReachError], str], ...] = (
     (RoutingError, "no handler"),
     (RequestError, "invalid request"),
     (Overloaded, "overloaded"),
+)
+
+# Async mode answers later, elsewhere; a stream is an answer now, on this connection.
+_ASYNC_STREAM = RequestError(
+    "preferences.mode 'async' cannot be streamed: ask without Accept: text/event-stream, or with mode 'sync'",
+    details=[{"field": "preferences.mode", "message": "async mode cannot be streamed"}],
 )
 
 
@@ -108,6 +115,7 @@ class Dispatcher:
         self._running: set[asyncio.Task[Any]] = set()
         self._cancelled: set[asyncio.Task[Any]] = set()
         self._abandoning = False
+        self.streams_in_flight = 0  # streamed requests running now (a gauge reads it)
 
     @property
     def config(self) -> RouterConfig:
@@ -137,6 +145,7 @@ class Dispatcher:
         owner: str | None = None,
         caller: str = "-",
         client: str | None = None,
+        sink: StreamSink | None = None,
     ) -> Reply:
         """Decode ``body`` as a ReachRequest and serve it; never raises for bad input.
 
@@ -144,7 +153,9 @@ class Dispatcher:
         ``owner`` is who may fetch an async result later (None: anyone, when auth is off);
         ``caller`` is the principal's key, for the decision record; ``client`` is who the
         per-client limits count (the caller's key, or its address with auth off; default
-        ``caller``).
+        ``caller``). With a ``sink`` the caller asked for a stream (§14): chunks go to it as
+        they come, and the Reply returned is the ending (the body of the ``done`` event once
+        ``sink.opened``).
         """
         started = self.clock.monotonic()
         hint = _safe_trace_id(trace_header) or (parent[0] if parent else None)
@@ -173,12 +184,20 @@ class Dispatcher:
         )
         if self.config.logging.log_payloads:
             record.payload = request.payload
+        if sink is not None:
+            if request.preferences.mode == "async":
+                return self.refuse(_ASYNC_STREAM, trace_id=trace_id, task=request.target_task)
+            record.stream = StreamRecord()
         if request.preferences.mode == "async":
             return self._accept(request, data, record, owner, client or caller)
-        return await self._dispatch_until_abandoned(request, data, record)
+        return await self._dispatch_until_abandoned(request, data, record, sink)
 
     async def _dispatch_until_abandoned(
-        self, request: ReachRequest, data: dict[str, Any], record: DecisionRecord
+        self,
+        request: ReachRequest,
+        data: dict[str, Any],
+        record: DecisionRecord,
+        sink: StreamSink | None = None,
     ) -> Reply:
         """:meth:`dispatch`, unless the Router is shutting down and the drain deadline comes
         first: then the request ends TIMEOUT through the same finish path (counted, traced, and
@@ -192,10 +211,12 @@ class Dispatcher:
             return self._abandoned(record)
         self._running.add(task)
         try:
-            return await self.dispatch(request, data, record)
+            return await self.dispatch(request, data, record, sink)
         except asyncio.CancelledError:
             # Only the cancellation abandon() sent is answered; any other goes on.
             if task not in self._cancelled:
+                if sink is not None and record.status is None:
+                    self._caller_gone(record)
                 raise
             self._cancelled.discard(task)
             task.uncancel()
@@ -311,16 +332,33 @@ class Dispatcher:
 
     # -- routing and attempts ----------------------------------------------------------------
 
-    async def dispatch(self, request: ReachRequest, data: dict[str, Any], record: DecisionRecord) -> Reply:
+    async def dispatch(
+        self,
+        request: ReachRequest,
+        data: dict[str, Any],
+        record: DecisionRecord,
+        sink: StreamSink | None = None,
+    ) -> Reply:
         """Route and forward a validated request. ``data`` is its decoded body, forwarded as is."""
+        if sink is not None:
+            self.streams_in_flight += 1
         try:
-            result = await self._route_and_forward(request, data, record)
+            result = await self._route_and_forward(request, data, record, sink)
         except ReachError as exc:
             return self._finish(record, error=exc)
+        finally:
+            if sink is not None:
+                self.streams_in_flight -= 1
         return self._finish(record, result=result)
 
+    def _caller_gone(self, record: DecisionRecord) -> None:
+        """A streaming caller went away: the request ends here, traced and counted as such."""
+        if record.stream is not None:
+            record.stream.ended = "caller_gone"
+        self._finish(record, error=stream_broken("the caller went away before the stream ended"))
+
     async def _route_and_forward(
-        self, request: ReachRequest, data: dict[str, Any], record: DecisionRecord
+        self, request: ReachRequest, data: dict[str, Any], record: DecisionRecord, sink: StreamSink | None
     ) -> Any:
         # The policy this request keeps to its end, whatever a reload does meanwhile (apply()
         # replaces the Forwarding, never changes it).
@@ -361,7 +399,7 @@ class Dispatcher:
             data["requestedTask"] = task
             task = record.matched_task
         # Per-task policy follows the declared task, however the caller phrased it.
-        run = AttemptRun(
+        run = (AttemptRun if sink is None else StreamingRun)(
             parts,
             request,
             data,
@@ -370,7 +408,13 @@ class Dispatcher:
             self._timeout(request, task, config),
             self._max_retries(request, task, config),
         )
-        return await run.run(choices)
+        result = await run.run(choices)
+        if sink is None:
+            return result
+        result, error = await relay(result, sink, record, run)
+        if error is not None:
+            raise error
+        return result
 
     async def _ensure_query_vector(self, request: ReachRequest) -> None:
         """The one place a model may be called: a semantic request whose text is not cached yet."""

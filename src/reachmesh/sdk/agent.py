@@ -46,6 +46,7 @@ from reachmesh.sdk.client import ReachClient
 from reachmesh.sdk.config import AgentConfig, find_config
 from reachmesh.sdk.health import HealthServer
 from reachmesh.sdk.lease import LeaseKeeper
+from reachmesh.sdk.streaming import ReachStream, gather_values, send_stream, wants_stream
 from reachmesh.sdk.tls import server_context
 from reachmesh.tracecontext import make_traceparent, new_trace_id, parse_traceparent
 
@@ -129,6 +130,21 @@ class ReachContext:
             "traceparent": make_traceparent(self.trace_id, self.parent_span_id),
         }
         return await self.agent.client.call(task, payload, headers=headers, **options)
+
+    def stream(self, task: str, payload: dict[str, Any] | None = None, **options: Any) -> ReachStream:
+        """Call another agent with a streamed answer (``async with ctx.stream(...) as s:``), in
+        this request's trace and budget, as :meth:`call`."""
+        remaining = self.remaining_ms
+        if remaining is not None:
+            wanted = options.get("timeout_ms")
+            options["timeout_ms"] = max(1, int(min(remaining, wanted) if wanted else remaining))
+        options.setdefault("trace_id", self.trace_id)
+        options.setdefault("conversation_id", self.conversation_id)
+        headers = {
+            "X-Reach-Trace-Id": self.trace_id,
+            "traceparent": make_traceparent(self.trace_id, self.parent_span_id),
+        }
+        return self.agent.client.stream(task, payload, headers=headers, **options)
 
 
 def _wants_context(handler: Handler) -> bool:
@@ -436,7 +452,7 @@ class ReachAgent:
             status=401,
         )
 
-    async def _on_reach(self, request: web.Request) -> web.Response:
+    async def _on_reach(self, request: web.Request) -> web.StreamResponse:
         refused = self._caller_refused(request)
         if refused is not None:
             return refused
@@ -471,18 +487,26 @@ class ReachAgent:
             self._handled.labels(task, "declined").inc()
             return _answer_declined(declined)
         return await self.gate.serve(
-            request.headers.get("Idempotency-Key"), lambda: self._handle(bound, payload, ctx)
+            request.headers.get("Idempotency-Key"), lambda: self._handle(request, bound, payload, ctx)
         )
 
     async def _handle(
-        self, bound: tuple[Handler, bool, bool], payload: dict[str, Any], ctx: ReachContext
-    ) -> web.Response:
+        self,
+        request: web.Request,
+        bound: tuple[Handler, bool, bool],
+        payload: dict[str, Any],
+        ctx: ReachContext,
+    ) -> web.StreamResponse:
         log.info("[%s] handle: %s from %s", ctx.trace_id, ctx.task, ctx.source_agent or "-")
         span = (
             self._spans.start(ctx.task, ctx.trace_id, ctx.parent_span_id) if self._spans is not None else None
         )
         started = asyncio.get_running_loop().time()
-        answer = await self._run_handler(bound, payload, ctx)
+        answer: tuple[web.StreamResponse, str]
+        if inspect.isasyncgenfunction(bound[0]):
+            answer = await self._run_streaming(request, bound, payload, ctx)
+        else:
+            answer = await _run_handler(bound, payload, ctx)
         self._handler_latency.labels(ctx.task).observe(asyncio.get_running_loop().time() - started)
         self._handled.labels(ctx.task, answer[1]).inc()
         if span is not None and self._spans is not None:
@@ -505,40 +529,21 @@ class ReachAgent:
             return exc.reason
         return f"{task} does not take this request"
 
-    async def _run_handler(
-        self, bound: tuple[Handler, bool, bool], payload: dict[str, Any], ctx: ReachContext
-    ) -> tuple[web.Response, str]:
-        """Run one handler under the deadline; returns the HTTP answer and its outcome label."""
-        trace_id, task = ctx.trace_id, ctx.task
-        deadline = ctx.deadline
-        handler, is_async, wants_ctx = bound
-        args = (payload, ctx) if wants_ctx else (payload,)
-        work: Awaitable[Any] = handler(*args) if is_async else asyncio.to_thread(handler, *args)
-        try:
-            if deadline is None:
-                result = await work
-            else:
-                async with asyncio.timeout(max(deadline.remaining_ms(), 0) / 1000):
-                    result = await work
-        except TimeoutError:
-            log.warning("[%s] handler for %s ran past the deadline", trace_id, task)
-            message = "the handler ran past the request's deadline"
-            return _answer_error("DEADLINE_EXCEEDED", message, retryable=False), "deadline_exceeded"
-        except (Decline, AgentError) as exc:
-            return _answer_refusal(trace_id, task, exc)
-        except ReachError as exc:
-            return _answer_error(exc.code, exc.message, retryable=False), "agent_error"
-        except Exception as exc:
-            log.exception("[%s] handler for %s failed", trace_id, task)
-            message = f"{type(exc).__name__}: {exc}"[:500]
-            return _answer_error("HANDLER_FAILED", message, retryable=False), "handler_failed"
-        try:
-            body = jsoncodec.dumps({"status": "SUCCESS", "result": result})
-        except TypeError as exc:
-            log.error("[%s] handler for %s returned something that is not JSON: %s", trace_id, task, exc)
-            message = "the handler's result is not JSON-serialisable"
-            return _answer_error("HANDLER_FAILED", message, retryable=False), "handler_failed"
-        return web.Response(body=body, content_type="application/json"), "success"
+    async def _run_streaming(
+        self,
+        request: web.Request,
+        bound: tuple[Handler, bool, bool],
+        payload: dict[str, Any],
+        ctx: ReachContext,
+    ) -> tuple[web.StreamResponse, str]:
+        """Run an async-generator handler: a stream when the Router asked for one, else the list
+        of its values as one answer (protocol §14)."""
+        handler, _, wants_ctx = bound
+        values = handler(*((payload, ctx) if wants_ctx else (payload,)))
+        if wants_stream(request):
+            return await send_stream(request, values, ctx.deadline, _stream_refusal)
+        gather = (lambda _payload: gather_values(values, None), True, False)
+        return await _run_handler(gather, {}, ctx)
 
 
 def _on_daemon_thread(fn: Callable[[], T], name: str) -> asyncio.Future[T]:
@@ -568,6 +573,42 @@ def _on_daemon_thread(fn: Callable[[], T], name: str) -> asyncio.Future[T]:
     return future
 
 
+async def _run_handler(
+    bound: tuple[Handler, bool, bool], payload: dict[str, Any], ctx: ReachContext
+) -> tuple[web.Response, str]:
+    """Run one handler under the deadline; returns the HTTP answer and its outcome label."""
+    trace_id, task = ctx.trace_id, ctx.task
+    deadline = ctx.deadline
+    handler, is_async, wants_ctx = bound
+    args = (payload, ctx) if wants_ctx else (payload,)
+    work: Awaitable[Any] = handler(*args) if is_async else asyncio.to_thread(handler, *args)
+    try:
+        if deadline is None:
+            result = await work
+        else:
+            async with asyncio.timeout(max(deadline.remaining_ms(), 0) / 1000):
+                result = await work
+    except TimeoutError:
+        log.warning("[%s] handler for %s ran past the deadline", trace_id, task)
+        message = "the handler ran past the request's deadline"
+        return _answer_error("DEADLINE_EXCEEDED", message, retryable=False), "deadline_exceeded"
+    except (Decline, AgentError) as exc:
+        return _answer_refusal(trace_id, task, exc)
+    except ReachError as exc:
+        return _answer_error(exc.code, exc.message, retryable=False), "agent_error"
+    except Exception as exc:
+        log.exception("[%s] handler for %s failed", trace_id, task)
+        message = f"{type(exc).__name__}: {exc}"[:500]
+        return _answer_error("HANDLER_FAILED", message, retryable=False), "handler_failed"
+    try:
+        body = jsoncodec.dumps({"status": "SUCCESS", "result": result})
+    except TypeError as exc:
+        log.error("[%s] handler for %s returned something that is not JSON: %s", trace_id, task, exc)
+        message = "the handler's result is not JSON-serialisable"
+        return _answer_error("HANDLER_FAILED", message, retryable=False), "handler_failed"
+    return web.Response(body=body, content_type="application/json"), "success"
+
+
 def _answer_error(code: str, message: str, *, retryable: bool, status: int = 200) -> web.Response:
     body = {"status": "AGENT_ERROR", "error": {"code": code, "message": message, "retryable": retryable}}
     return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
@@ -580,6 +621,15 @@ def _answer_refusal(trace_id: str, task: str, exc: Decline | AgentError) -> tupl
         return _answer_declined(exc.reason), "declined"
     body = orjson.dumps({"status": "AGENT_ERROR", "error": exc.to_error()})
     return web.Response(body=body, content_type="application/json"), "agent_error"
+
+
+def _stream_refusal(exc: BaseException) -> dict[str, Any] | None:
+    """A streaming handler's own refusal as its ``done`` answer; None for any other error."""
+    if isinstance(exc, Decline):
+        return {"status": "DECLINED", "error": {"code": "DECLINED", "message": exc.reason}}
+    if isinstance(exc, AgentError):
+        return {"status": "AGENT_ERROR", "error": exc.to_error()}
+    return None
 
 
 def _answer_declined(reason: str) -> web.Response:

@@ -65,7 +65,9 @@ class Gate:
         self._clock = clock
         self._answers: OrderedDict[str, tuple[float, asyncio.Future[Answer]]] = OrderedDict()
 
-    async def serve(self, key: str | None, run: Callable[[], Awaitable[web.Response]]) -> web.Response:
+    async def serve(
+        self, key: str | None, run: Callable[[], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
         """``run()``'s answer, or a remembered one for ``key``, or busy when full."""
         usable = key if key and len(key) <= MAX_KEY_CHARS else None
         if usable is not None:
@@ -81,7 +83,7 @@ class Gate:
             pending = asyncio.get_running_loop().create_future()
             self._remember(usable, pending)
         self.inflight += 1
-        response: web.Response | None = None
+        response: web.StreamResponse | None = None
         try:
             response = await run()
             return response
@@ -90,9 +92,11 @@ class Gate:
             if pending is not None:
                 self._settle(usable or "", pending, response)
 
-    def _settle(self, key: str, pending: asyncio.Future[Answer], response: web.Response | None) -> None:
-        """Give waiting repeats the answer, and keep it for later ones when it is small enough."""
-        body = response.body if response is not None and isinstance(response.body, bytes) else None
+    def _settle(self, key: str, pending: asyncio.Future[Answer], response: web.StreamResponse | None) -> None:
+        """Give waiting repeats the answer, and keep it for later ones when it is small enough (a
+        streamed answer, gone as it was written, is not kept)."""
+        raw = getattr(response, "body", None)
+        body = raw if isinstance(raw, bytes) else None
         if response is None or body is None or len(body) > REPEAT_MAX_BYTES:
             # The first copy did not finish (or its answer is too big to keep): a repeat waiting
             # on it is told to try again, and the key is forgotten.

@@ -19,6 +19,7 @@ from reachmesh.exceptions import RouterUnavailable
 from reachmesh.protocol import PROTOCOL_VERSION, ReachResponse
 from reachmesh.sdk.auth import auth_headers
 from reachmesh.sdk.config import DEFAULT_ROUTER_URL
+from reachmesh.sdk.streaming import EVENT_STREAM, ReachStream, SyncReachStream
 from reachmesh.sdk.tls import router_verify
 
 # The Router answers within the request's budget; this is how long to wait when none is given.
@@ -154,6 +155,23 @@ class ReachClient:
             raise RouterUnavailable(f"cannot reach the Router at {self.router_url}: {exc!r}") from exc
         return parse_response(status, raw)
 
+    def stream(
+        self,
+        task: str,
+        payload: dict[str, Any] | None = None,
+        *,
+        headers: dict[str, str] | None = None,
+        **options: Any,
+    ) -> ReachStream:
+        """A streamed call (protocol §14): ``async with client.stream(task, payload) as s:``,
+        ``async for chunk in s``, then ``s.response``. Same options as :meth:`call`."""
+        body, sent, wait_s = prepare(task, payload, headers, self.source_agent, options)
+        sent["Accept"] = EVENT_STREAM
+        # The deadline bounds the whole call; the Router's idle bound covers a quiet agent.
+        timeout = aiohttp.ClientTimeout(total=wait_s)
+        url = f"{self.router_url}/reach"
+        return ReachStream(lambda: self._http().post(url, data=body, headers=sent, timeout=timeout))
+
 
 class SyncReachClient:
     """Blocking client with the same API as :class:`ReachClient`."""
@@ -192,3 +210,20 @@ class SyncReachClient:
         except httpx.HTTPError as exc:
             raise RouterUnavailable(f"cannot reach the Router at {self.router_url}: {exc!r}") from exc
         return parse_response(resp.status_code, resp.content)
+
+    def stream(
+        self,
+        task: str,
+        payload: dict[str, Any] | None = None,
+        *,
+        headers: dict[str, str] | None = None,
+        **options: Any,
+    ) -> SyncReachStream:
+        """A streamed call: ``with client.stream(task, payload) as s: for chunk in s: ...``,
+        then ``s.response``. Same options as :meth:`call`."""
+        body, sent, wait_s = prepare(task, payload, headers, self.source_agent, options)
+        sent["Accept"] = EVENT_STREAM
+        url = f"{self.router_url}/reach"
+        return SyncReachStream(
+            lambda: self._http.stream("POST", url, content=body, headers=sent, timeout=wait_s)
+        )

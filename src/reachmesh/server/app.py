@@ -12,6 +12,7 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from reachmesh.exceptions import ConfigError, InternalError, RequestError
 from reachmesh.lifecycle import Background
 from reachmesh.registry.base import Registry
 from reachmesh.router import answer
+from reachmesh.router.results import Reply
 from reachmesh.server.admin import AdminApi
 from reachmesh.server.asgi import (
     ClientGone,
@@ -37,6 +39,7 @@ from reachmesh.server.asgi import (
 from reachmesh.server.auth import ANONYMOUS, Denial, Guard, OpenGuard, TokenGuard, action_for, principal_of
 from reachmesh.server.components import RouterParts
 from reachmesh.server.reload import PolicyFile
+from reachmesh.server.stream import EventSink, serve_stream, wants_stream
 from reachmesh.server.ui import AdminUi
 from reachmesh.tracecontext import parse_traceparent
 from reachmesh.transport.base import Transport
@@ -137,6 +140,9 @@ class RouterApp:
             except ClientGone:
                 return
             owner = caller if self.auth_on else None
+            if wants_stream(headers.get(b"accept")):
+                await self._stream(send, receive, body, trace_hint, parent, owner, caller)
+                return
             try:
                 status, payload = await parts.dispatcher.handle(
                     body, trace_header=trace_hint, parent=parent, owner=owner, caller=caller, client=peer
@@ -156,6 +162,30 @@ class RouterApp:
             await send_json(send, status, payload, extra)
         finally:
             parts.shedder.release(peer)
+
+    async def _stream(
+        self,
+        send: Send,
+        receive: Receive,
+        body: bytes,
+        trace_hint: str | None,
+        parent: tuple[str, str] | None,
+        owner: str | None,
+        caller: str,
+    ) -> None:
+        """A caller that asked for ``text/event-stream`` (protocol §14)."""
+        dispatcher = self.parts.dispatcher
+
+        def run(sink: EventSink) -> Awaitable[Reply]:
+            return dispatcher.handle(
+                body, trace_header=trace_hint, parent=parent, owner=owner, caller=caller, sink=sink
+            )
+
+        def internal_error() -> Reply:
+            log.exception("internal error while streaming /reach")
+            return dispatcher.refuse(InternalError(), trace_id=trace_hint or (parent[0] if parent else None))
+
+        await serve_stream(send, receive, run, internal_error)
 
     async def _deny(self, send: Send, denial: Denial, *, reach: bool, post_reach: bool = False) -> None:
         """A refusal in the shape of the endpoint: a ReachResponse on /reach, else an error object."""

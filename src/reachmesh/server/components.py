@@ -221,6 +221,12 @@ class RouterParts:
             clock=self.clock,
         )
         self.dispatcher.url_guard = self.url_guard
+        dispatcher = self.dispatcher
+        self.metrics.gauge(
+            "reach_streams_in_flight",
+            "Streamed answers (Accept: text/event-stream) being relayed now",
+            lambda: dispatcher.streams_in_flight,
+        )
         self.health = HealthChecker(self.registry, self.transport, self.config.health, clock=self.clock)
         self.health.subscribe(self.metrics.on_probe)
         self.registry.subscribe(self._on_registry_event)

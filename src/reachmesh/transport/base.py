@@ -16,6 +16,7 @@ from typing import Any, NamedTuple, Protocol
 
 from reachmesh import jsoncodec
 from reachmesh.exceptions import AgentBusy, AgentDeclined, AgentRejected, AttemptTimeout, BadAgentResponse
+from reachmesh.transport.pieces import AgentStream, StreamBounds
 
 DEFAULT_RESPONSE_LIMIT = 8 * 1024 * 1024
 RESPONSE_TOO_LARGE = "RESPONSE_TOO_LARGE"
@@ -60,6 +61,20 @@ class Transport(Protocol):
         ``protocol`` is the agent profile's ``network.protocol``: ``http`` sends the envelope as
         it is, ``a2a`` as an A2A ``SendMessage`` (:mod:`.a2a`), with the answer mapped back.
         """
+        ...
+
+    async def stream(
+        self,
+        url: str,
+        body: bytes,
+        headers: dict[str, str],
+        limits: AttemptLimits,
+        bounds: StreamBounds,
+        protocol: str = "http",
+    ) -> AgentStream:
+        """POST a ReachRequest asking for an event stream (protocol §14): the agent's answer
+        once its head is in, read piece by piece; a plain JSON answer is one piece. Failures
+        up to the head raise as ``send`` does; the stream's own, from its ``next()``."""
         ...
 
     async def probe(self, url: str, timeout_s: float) -> bool:

@@ -18,6 +18,7 @@ from reachmesh import jsoncodec
 from reachmesh.clock import ManualClock
 from reachmesh.exceptions import AttemptTimeout, ConnectFailed, DeliveryFailed
 from reachmesh.transport.base import AttemptLimits, classify_answer, too_large
+from reachmesh.transport.pieces import AgentStream, PlainStream, StreamBounds
 
 Fault = Literal[
     "refused",
@@ -113,6 +114,18 @@ class FakeTransport:
             raise AttemptTimeout(f"no answer within {budget * 1000:.0f} ms")
         await self._spend(target.latency_s)
         return _answer(outcome)
+
+    async def stream(
+        self,
+        url: str,
+        body: bytes,
+        headers: dict[str, str],
+        limits: AttemptLimits,
+        bounds: StreamBounds,
+        protocol: str = "http",
+    ) -> AgentStream:
+        """A scripted answer is a plain one: one piece (streams are tested on real sockets)."""
+        return PlainStream(await self.send(url, body, headers, limits, protocol))
 
     async def probe(self, url: str, timeout_s: float) -> bool:
         for target in self.endpoints.values():

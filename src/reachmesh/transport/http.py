@@ -8,6 +8,7 @@ project's own here, with ``raise ... from exc``, and nowhere else.
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import ssl
 from typing import Any
@@ -38,6 +39,16 @@ from reachmesh.transport.answer import (
     HeadTooLarge,
 )
 from reachmesh.transport.base import DEFAULT_RESPONSE_LIMIT, AttemptLimits, busy, classify_answer
+from reachmesh.transport.streaming import (
+    EVENT_STREAM,
+    AgentStream,
+    HttpAgentStream,
+    PlainStream,
+    StreamBounds,
+    gather,
+    looks_like_events,
+    read_plain,
+)
 from reachmesh.transport.urlguard import UrlGuard
 from reachmesh.version import __version__
 
@@ -85,6 +96,27 @@ def _pool_error(exc: Exception, limits: AttemptLimits) -> PoolTimeout | ConnectF
     # A URL the standard library accepted at registration but that cannot be requested
     # (``http://[::1]]:80/``): this agent cannot be reached; the request fails over.
     return ConnectFailed(f"the agent's endpoint is not a usable URL ({exc})")
+
+
+def stream_failure(exc: Exception, limits: AttemptLimits) -> Exception:
+    """The project's error for a failure to open an event stream (up to its head); ``exc``
+    itself when it is none of the failures a connection can have."""
+    mapped: Exception = exc
+    if isinstance(exc, aiohttp.ServerTimeoutError | aiohttp.ConnectionTimeoutError):
+        mapped = ConnectFailed(f"connect timeout after {limits.connect_s * 1000:.0f} ms")
+    elif isinstance(exc, TimeoutError):
+        waited = min(limits.connect_s + limits.read_s, limits.total_s) * 1000
+        mapped = AttemptTimeout(f"no answer head within {waited:.0f} ms")
+    elif isinstance(exc, aiohttp.ClientSSLError | ssl.SSLError):
+        mapped = ConnectFailed(tls_failure(exc))
+    elif isinstance(exc, aiohttp.ClientConnectorError):
+        refused = isinstance(exc.os_error, ConnectionRefusedError)
+        mapped = ConnectFailed(f"{type(exc).__name__}: {exc}", refused=refused)
+    elif isinstance(exc, aiohttp.ClientResponseError):
+        mapped = BadAgentResponse(f"answer head refused: {exc.message}")
+    elif isinstance(exc, aiohttp.ClientError | OSError | ValueError):
+        mapped = ConnectFailed(f"{type(exc).__name__}: {exc}")
+    return mapped
 
 
 class _GuardedResolver(AbstractResolver):
@@ -183,7 +215,77 @@ class HttpTransport:
                 raise busy(answer.retry_after)
             return a2a.classify(answer.status, answer.body)
         answer = await self._post(url, body, headers, limits)
+        if looks_like_events(answer.status, answer.body):
+            # An agent that streams to a caller that asked for no stream: its chunks as a list,
+            # within the answer limit the pool already kept to (protocol §14, mixed ends).
+            return gather(answer.body)
         return classify_answer(answer.status, answer.body, answer.retry_after)
+
+    async def stream(
+        self,
+        url: str,
+        body: bytes,
+        headers: dict[str, str],
+        limits: AttemptLimits,
+        bounds: StreamBounds,
+        protocol: str = "http",
+    ) -> AgentStream:
+        """POST ``body`` asking for an event stream; the answer once its head is in.
+
+        On the aiohttp session, not the lean pool: a stream holds its connection for as long as
+        the agent talks, and is read as the caller takes it, which the pool (built to gather
+        whole answers in its protocol) does not do. The guard, TLS and errors are the same.
+        """
+        if protocol != "http":
+            return PlainStream(await self.send(url, body, headers, limits, protocol))
+        refused = self._refused(url)
+        if refused is not None:
+            raise ConnectFailed(f"the agent's endpoint is refused: {refused}")
+        sent = {**headers, "Accept": EVENT_STREAM, "Accept-Encoding": "identity"}
+        head_s = min(limits.connect_s + limits.read_s, limits.total_s)
+        try:
+            async with asyncio.timeout(head_s):
+                response = await self._http.post(
+                    url,
+                    data=body,
+                    headers=sent,
+                    timeout=aiohttp.ClientTimeout(total=None, sock_connect=limits.connect_s),
+                    allow_redirects=False,
+                    auto_decompress=False,
+                )
+        except (aiohttp.ClientError, OSError, ValueError, TimeoutError) as exc:
+            mapped = stream_failure(exc, limits)
+            if mapped is exc:
+                raise
+            raise mapped from exc
+        opened: AgentStream | None = None
+        try:
+            opened = await self._opened(response, bounds)
+        finally:
+            if opened is None:  # refused, failed or cancelled: the connection goes now
+                response.close()
+        return opened
+
+    async def _opened(self, response: aiohttp.ClientResponse, bounds: StreamBounds) -> AgentStream:
+        """The stream of an answer whose head is in, or its plain answer, or its error."""
+        if response.status == 429:
+            raise busy(response.headers.get("Retry-After", "").encode("latin-1") or None)
+        if response.status >= 500:
+            raise BadAgentResponse(f"agent answered HTTP {response.status}")
+        encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            raise BadAgentResponse(f"agent answered a {encoding[:32]}-encoded stream, asked for identity")
+        if response.status == 200 and response.content_type == EVENT_STREAM:
+            return HttpAgentStream(response, bounds)
+        try:
+            async with asyncio.timeout_at(bounds.deadline):
+                raw = await read_plain(response, bounds.plain_limit)
+        except TimeoutError as exc:
+            raise AttemptTimeout("the agent's answer did not arrive within the deadline") from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            raise ConnectFailed(f"broken response body: {type(exc).__name__}") from exc
+        response.release()
+        return PlainStream(classify_answer(response.status, raw))
 
     async def _post(self, url: str, body: bytes, headers: dict[str, str], limits: AttemptLimits) -> Answer:
         """POST ``body`` to ``url``: the whole answer, its errors mapped to the project's own.

@@ -1,0 +1,196 @@
+"""Streamed answers through the Router against the same agent called directly (issue #35).
+
+Three figures, each with the agent (bench/stream_agent.py) and the Router in their own processes
+and the caller (aiohttp) in this one:
+
+1. time to first chunk, p50 and p90 of ``--calls`` sequential one-chunk streams, direct and
+   through the Router; the difference is what the hop adds. Beside it, the p50 of the same call
+   through the Router without streaming (the whole answer), as a control for the machine;
+2. ``--concurrent`` streams of 100 chunks each at once: all complete, each in order;
+3. one stream of ``--mib`` MiB (64 KiB chunks) direct and through the Router: the time of each,
+   and the Router's RSS sampled during it (its rise over the start).
+
+    .venv/bin/python bench/streaming.py [--calls 300] [--concurrent 500] [--mib 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import psutil
+
+from servers import Server, free_port, http
+
+BENCH_DIR = Path(__file__).resolve().parent
+
+
+def envelope(chunks: int, size: int) -> bytes:
+    prefs = {"timeoutMs": 300_000}
+    return json.dumps(
+        {"targetTask": "talk", "payload": {"chunks": chunks, "size": size}, "preferences": prefs}
+    ).encode()
+
+
+HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+
+
+async def one_stream(http_: aiohttp.ClientSession, url: str, body: bytes) -> tuple[float, list[int], int]:
+    """(seconds to the first chunk event, the chunk numbers in order, bytes read)."""
+    started = time.perf_counter()
+    first = 0.0
+    order: list[int] = []
+    total = 0
+    buffer = b""
+    async with http_.post(url, data=body, headers=HEADERS) as resp:
+        if resp.content_type != "text/event-stream":
+            raise RuntimeError(f"{url} answered {resp.status} {(await resp.read())[:300]!r}")
+        async for data in resp.content.iter_any():
+            total += len(data)
+            buffer += data
+            while b"\n\n" in buffer:
+                event, buffer = buffer.split(b"\n\n", 1)
+                if event.startswith(b"event: chunk"):
+                    if not first:
+                        first = time.perf_counter() - started
+                    number = event.split(b"data: [", 1)[1].split(b",", 1)[0]
+                    order.append(int(number))
+    return first, order, total
+
+
+async def big_stream(
+    http_: aiohttp.ClientSession, url: str, body: bytes, router: psutil.Process | None
+) -> tuple[float, int, int]:
+    """(seconds, bytes, peak RSS rise of the Router in bytes) for one large stream."""
+    base = router.memory_info().rss if router else 0
+    peak = base
+    started = time.perf_counter()
+    total = 0
+    async with http_.post(url, data=body, headers=HEADERS) as resp:
+        async for data in resp.content.iter_chunked(1 << 20):
+            total += len(data)
+            if router is not None:
+                peak = max(peak, router.memory_info().rss)
+    return time.perf_counter() - started, total, peak - base
+
+
+def pct(values: list[float], q: float) -> float:
+    return sorted(values)[min(len(values) - 1, int(q * len(values)))]
+
+
+async def measure(
+    args: argparse.Namespace, direct: str, routed: str, router: psutil.Process
+) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as http_:
+        for name, url in (("direct", direct), ("router", routed)):
+            for _ in range(20):  # warm the connections and the code paths
+                await one_stream(http_, url, envelope(1, 16))
+            ttfc = [(await one_stream(http_, url, envelope(1, 16)))[0] * 1000 for _ in range(args.calls)]
+            out[f"ttfc_{name}_p50_ms"] = round(statistics.median(ttfc), 3)
+            out[f"ttfc_{name}_p90_ms"] = round(pct(ttfc, 0.9), 3)
+        # The control: the same call through the Router without streaming (the agent's one
+        # chunk gathered into a plain answer), so the machine's own noise is visible beside it.
+        plain = []
+        for _ in range(args.calls):
+            started = time.perf_counter()
+            async with http_.post(
+                routed, data=envelope(1, 16), headers={"Content-Type": "application/json"}
+            ) as resp:
+                await resp.read()
+            plain.append((time.perf_counter() - started) * 1000)
+        out["plain_router_p50_ms"] = round(statistics.median(plain), 3)
+        started = time.perf_counter()
+        results = await asyncio.gather(
+            *(one_stream(http_, routed, envelope(100, 32)) for _ in range(args.concurrent))
+        )
+        out["concurrent_streams"] = args.concurrent
+        out["concurrent_seconds"] = round(time.perf_counter() - started, 2)
+        out["concurrent_all_whole_and_in_order"] = all(order == list(range(100)) for _, order, _ in results)
+        chunk = 64 * 1024
+        count = args.mib * 1024 * 1024 // chunk
+        for name, url, proc in (("direct", direct, None), ("router", routed, router)):
+            seconds, total, rise = await big_stream(http_, url, envelope(count, chunk), proc)
+            out[f"big_{name}_seconds"] = round(seconds, 2)
+            out[f"big_{name}_mib"] = round(total / (1 << 20), 1)
+            if proc is not None:
+                out["big_router_rss_rise_mib"] = round(rise / (1 << 20), 1)
+        out["big_ratio"] = round(out["big_router_seconds"] / out["big_direct_seconds"], 2)
+    out["ttfc_added_p50_ms"] = round(out["ttfc_router_p50_ms"] - out["ttfc_direct_p50_ms"], 3)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--concurrent", type=int, default=500)
+    parser.add_argument("--mib", type=int, default=100)
+    args = parser.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="reach-stream-bench-"))
+    started: list[Server] = []
+    try:
+        agent_port, router_port = free_port(), free_port()
+        agent = Server(
+            "agent",
+            [sys.executable, str(BENCH_DIR / "stream_agent.py"), str(agent_port)],
+            workdir / "agent.log",
+        )
+        agent.start()
+        started.append(agent)
+        config = workdir / "router.yaml"
+        # No lag shedding and room for one client's 500 streams; a connect timeout that a
+        # loaded machine's 500 simultaneous connects stay within.
+        config.write_text(
+            "streaming:\n  max_bytes: 1099511627776\n"
+            "limits:\n  loop_lag_shedding: false\n  max_inflight_per_client: 1024\n"
+            "timeouts:\n  connect_ms: 5000\n"
+        )
+        argv = [
+            sys.executable,
+            "-m",
+            "reachmesh",
+            "router",
+            "--port",
+            str(router_port),
+            "--config",
+            str(config),
+            "--log-level",
+            "WARNING",
+        ]
+        router = Server("router", argv, workdir / "router.log")
+        router.start()
+        started.append(router)
+        base = f"http://127.0.0.1:{router_port}"
+        agent.wait_ready(lambda: http("GET", f"http://127.0.0.1:{agent_port}/healthz")[0] == 200)
+        router.wait_ready(lambda: http("GET", f"{base}/healthz")[0] == 200)
+        profile = {
+            "id": "streamer",
+            "network": {"endpoint": f"http://127.0.0.1:{agent_port}/reach"},
+            "capabilities": [{"task": "talk"}],
+        }
+        status, answer = http("POST", f"{base}/agents", profile)
+        if status != 201:
+            raise RuntimeError(f"registration failed: {status} {answer}")
+        results = asyncio.run(
+            measure(args, f"http://127.0.0.1:{agent_port}/reach", f"{base}/reach", psutil.Process(router.pid))
+        )
+        print(json.dumps(results, indent=2))
+    finally:
+        for server in reversed(started):
+            server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,158 @@
+"""Streamed answers (protocol §14): the attempts up to the first chunk, then the relay.
+
+A caller that asks with ``Accept: text/event-stream`` is served by a :class:`StreamingRun`: the
+same attempt loop as a plain request (admission, breakers, same-agent retry, failover), except
+that an attempt asks the agent for a stream and succeeds once the agent's first piece (a chunk,
+its ``done``, or a plain JSON answer) is read. Until then any failure fails over as usual.
+
+From there :func:`relay` hands each chunk to the caller's :class:`StreamSink` as it is read;
+the sink's write waits while the caller is slow, so the read from the agent waits too and
+nothing gathers the answer. After the first chunk has gone out, a failure ends the stream: a
+caller never gets chunks from two agents in one answer. The ending is written to the record
+and encoded by :mod:`.answer`, like every other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, NamedTuple, Protocol
+
+from reachmesh import jsoncodec
+from reachmesh.clock import Clock
+from reachmesh.config import StreamingPolicy
+from reachmesh.exceptions import (
+    AgentRejected,
+    AttemptError,
+    AttemptTimeout,
+    DeadlineExceeded,
+    ReachError,
+)
+from reachmesh.record import MAX_CHUNK_MARKS, DecisionRecord, StreamRecord
+from reachmesh.resilience.breaker import BreakerState
+from reachmesh.router.attempts import AttemptRun
+from reachmesh.routing.base import Choice
+from reachmesh.sse import SseLimits
+from reachmesh.transport.base import AttemptLimits
+from reachmesh.transport.pieces import AgentStream, Chunk, Final, Piece, StreamBounds
+
+STREAM_BROKEN = "STREAM_BROKEN"
+
+
+class StreamSink(Protocol):
+    """Where a streamed answer's chunks go: the caller's connection."""
+
+    opened: bool  # a chunk (and so the stream's head) has been sent
+
+    async def chunk(self, data: bytes) -> None:
+        """Send one chunk (one line of JSON); returns once the caller's side took it."""
+        ...
+
+
+class Opened(NamedTuple):
+    """An attempt that got its agent's first piece: the stream is this agent's from now on."""
+
+    stream: AgentStream
+    first: Piece
+    agent_id: str
+
+
+def stream_limits(policy: StreamingPolicy) -> SseLimits:
+    return SseLimits(policy.max_line_bytes, policy.max_event_bytes, policy.max_bytes)
+
+
+def stream_broken(message: str) -> AgentRejected:
+    """The error that ends a stream broken after its first chunk went out."""
+    return AgentRejected({"code": STREAM_BROKEN, "message": message}, retryable=False)
+
+
+class StreamingRun(AttemptRun):
+    """The attempts of one streamed request: each opens a stream and reads its first piece."""
+
+    async def _send(self, choice: Choice, body: bytes, headers: dict[str, str], limits: AttemptLimits) -> Any:
+        config = self.parts.config
+        loop = asyncio.get_running_loop()
+        bounds = StreamBounds(
+            idle_s=config.streaming.idle_timeout_ms / 1000,
+            deadline=loop.time() + max(self.deadline.remaining_ms(), 0.0) / 1000,
+            sse=stream_limits(config.streaming),
+            plain_limit=config.server.response_limit_bytes,
+        )
+        stream = await self.parts.transport.stream(
+            choice.entry.endpoint, body, headers, limits, bounds, choice.entry.protocol
+        )
+        first: Piece | None = None
+        try:
+            first = await stream.next()
+        finally:
+            if first is None:  # failed or cancelled before its first piece: this agent is done
+                await stream.aclose()
+        return Opened(stream, first, choice.entry.id)
+
+
+async def relay(
+    opened: Opened, sink: StreamSink, record: DecisionRecord, run: AttemptRun
+) -> tuple[Any, ReachError | None]:
+    """Send the stream's chunks to ``sink`` as they are read: the result for the record (the
+    agent's ``done`` result, if it gave one) and the error that ended the stream, if one did."""
+    stats = record.stream if record.stream is not None else StreamRecord()
+    record.stream = stats
+    stream, piece = opened.stream, opened.first
+    clock = run.parts.clock
+    try:
+        if stream.plain:
+            assert isinstance(piece, Final)
+            # A plain answer to a streaming caller: its result as the one chunk (§14 mixed ends).
+            await _emit(Chunk(jsoncodec.dumps(piece.result)), sink, record, clock)
+            stats.ended = "plain"
+            return None, None
+        while isinstance(piece, Chunk):
+            await _emit(piece, sink, record, clock)
+            piece = await stream.next()
+        stats.ended = "done"
+        return (piece.result if piece.has_result else None), None
+    except AttemptError as exc:
+        error = _ending(exc, opened.agent_id, run)
+        if isinstance(error, DeadlineExceeded):
+            stats.ended = "timeout"
+        else:
+            stats.ended = "agent_error" if error is exc else "broken"
+        if stats.ended == "broken":
+            # The attempt was booked a success at its first chunk; a stream the agent broke
+            # afterwards (reset, idle, malformed) is a failure its breaker must hear of.
+            change = run.parts.breakers.record(opened.agent_id, run.task, ok=False)
+            if change is BreakerState.OPEN:
+                record.circuit_trips.append(opened.agent_id)
+                record.note("circuit open", f"agent {opened.agent_id} (a broken stream)")
+        record.note("stream ended", f"{opened.agent_id} after {stats.chunks} chunks: {error.message}")
+        return None, error
+    except asyncio.CancelledError:
+        stats.ended = "caller_gone"
+        raise
+    finally:
+        await stream.aclose()
+
+
+def _ending(exc: AttemptError, agent_id: str, run: AttemptRun) -> ReachError:
+    """What a failure after the first chunk ends the request with: TIMEOUT at the deadline, the
+    agent's own error from its done, STREAM_BROKEN for the rest (a reset, an idle agent, a
+    malformed event, a bound)."""
+    if run.deadline.remaining_ms() <= 0:
+        return DeadlineExceeded(f"the overall budget of {run.timeout.overall_ms} ms ran out mid-stream")
+    if isinstance(exc, AgentRejected):
+        return exc  # the agent's done carried its error: its words, not ours
+    if isinstance(exc, AttemptTimeout):
+        return stream_broken(f"agent {agent_id} went idle: {exc.message}")
+    return stream_broken(f"agent {agent_id}'s stream broke: {exc.message}")
+
+
+async def _emit(chunk: Chunk, sink: StreamSink, record: DecisionRecord, clock: Clock) -> None:
+    await sink.chunk(chunk.raw)
+    stats = record.stream
+    assert stats is not None
+    run_ms = round((clock.monotonic() - record.started) * 1000, 2)
+    if stats.first_chunk_ms is None:
+        stats.first_chunk_ms = run_ms
+    stats.chunks += 1
+    stats.bytes += len(chunk.raw)
+    if len(stats.marks_ms) < MAX_CHUNK_MARKS:
+        stats.marks_ms.append(run_ms)

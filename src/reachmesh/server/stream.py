@@ -1,0 +1,98 @@
+"""The caller's side of a streamed answer (protocol §14): an event stream over raw ASGI.
+
+:class:`EventSink` opens the ``text/event-stream`` response at the first chunk and writes each
+chunk as one ``chunk`` event; ``send`` waits while the caller's connection is backed up, which is
+what slows the Router's read from the agent. :func:`serve_stream` runs the request beside a
+watch on the caller's connection: when the caller goes away, the request is cancelled, which
+closes the connection to the agent at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+
+from reachmesh.router.results import Reply
+from reachmesh.server.asgi import Receive, Send, send_json
+from reachmesh.sse import encode_event
+
+EVENT_STREAM = b"text/event-stream"
+_HEAD = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    # Proxies that buffer (nginx) would hold the chunks back and defeat the point.
+    (b"x-accel-buffering", b"no"),
+]
+
+
+def wants_stream(accept: bytes | None) -> bool:
+    """Whether the caller's Accept asks for an event stream."""
+    return accept is not None and EVENT_STREAM in accept.lower()
+
+
+class EventSink:
+    """Chunks and the final ReachResponse as server-sent events on one ASGI response."""
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.opened = False
+
+    async def _open(self) -> None:
+        self.opened = True
+        await self._send({"type": "http.response.start", "status": 200, "headers": _HEAD})
+
+    async def chunk(self, data: bytes) -> None:
+        if not self.opened:
+            await self._open()
+        event = encode_event("chunk", data)
+        await self._send({"type": "http.response.body", "body": event, "more_body": True})
+
+    async def done(self, body: bytes) -> None:
+        if not self.opened:
+            await self._open()
+        event = encode_event("done", body)
+        await self._send({"type": "http.response.body", "body": event, "more_body": False})
+
+
+async def _caller_gone(receive: Receive) -> None:
+    """Returns when the caller's connection is gone (the body has been read before)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def serve_stream(
+    send: Send, receive: Receive, run: Callable[[EventSink], Awaitable[Reply]], on_error: Callable[[], Reply]
+) -> None:
+    """Serve one streamed request: ``run`` relays its chunks to the sink and returns its ending.
+
+    The ending is the ``done`` event once the stream is open, or when the request succeeded
+    without a chunk; an error before any chunk is a plain JSON ReachResponse with its HTTP
+    status, exactly as for a caller that asked for no stream. ``on_error`` is the answer for a
+    bug in ``run`` (an internal error, still one ReachResponse).
+    """
+    sink = EventSink(send)
+    work = asyncio.ensure_future(run(sink))
+    watch = asyncio.ensure_future(_caller_gone(receive))
+    try:
+        await asyncio.wait((work, watch), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not work.done():
+            # The caller went away (or this task was cancelled): stop the request, which closes
+            # the agent's connection; nobody is left to answer.
+            work.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await work
+    if work.cancelled():
+        return
+    try:
+        status, body = work.result()
+    except Exception:  # noqa: BLE001 - a bug: on_error logs it, and the caller still gets one answer
+        status, body = on_error()
+    if sink.opened or status == 200:
+        await sink.done(body)
+    else:
+        await send_json(send, status, body)
