@@ -133,6 +133,8 @@ class Dispatcher:
         owner: str | None = None,
         caller: str = "-",
         client: str | None = None,
+        serves: tuple[str, ...] = (),
+        reach_tasks: tuple[str, ...] = ("*",),
     ) -> Reply:
         """Decode ``body`` as a ReachRequest and serve it; never raises for bad input.
 
@@ -140,7 +142,8 @@ class Dispatcher:
         ``owner`` is who may fetch an async result later (None: anyone, when auth is off);
         ``caller`` is the principal's key, for the decision record; ``client`` is who the
         per-client limits count (the caller's key, or its address with auth off; default
-        ``caller``).
+        ``caller``); ``serves``, an agent token's task globs (it never confirms a learned route
+        to them); ``reach_tasks``, the tasks the token may reach by meaning (docs/security.md).
         """
         started = self.clock.monotonic()
         hint = _safe_trace_id(trace_header) or (parent[0] if parent else None)
@@ -164,6 +167,8 @@ class Dispatcher:
             started_wall=self.clock.time(),
             conversation_id=request.conversation_id,
             caller=caller,
+            caller_serves=serves,
+            reach_tasks=reach_tasks,
             parent_span_id=parent[1] if parent else None,
             mode=request.preferences.mode,
         )
@@ -323,7 +328,7 @@ class Dispatcher:
         parts = self.forwarding
         config = parts.config
         parts.budget.on_request()
-        await self._ensure_query_vector(request)
+        await self._ensure_query_vector(request, record)
         try:
             choices = self.pipeline.decide(request, record)
         except UnknownTask as exc:
@@ -368,10 +373,10 @@ class Dispatcher:
         )
         return await run.run(choices)
 
-    async def _ensure_query_vector(self, request: ReachRequest) -> None:
+    async def _ensure_query_vector(self, request: ReachRequest, record: DecisionRecord) -> None:
         """The one place a model may be called: a semantic request whose text is not cached yet."""
         vectors = self.pipeline.vectors
-        if vectors is None or not self.pipeline.wants_semantic(request):
+        if vectors is None or not self.pipeline.wants_semantic(request, record.caller, record.reach_tasks):
             return
         if vectors.cached(request.target_task) is not None:
             return

@@ -296,6 +296,28 @@ class SemanticIndex:
         assert key is not None
         return float(values[best]) - baseline, key[1]
 
+    def limit_hits(self, query: Vector, task: str, baseline: float = 0.0) -> dict[str, tuple[float, str]]:
+        """Each agent declaring limits on ``task``: the best score of ``query`` against its own
+        limits, and that limit. One agent's limits speak for that agent alone."""
+        limits = self._limits
+        rows = None if limits is None else limits._task_rows.get(LIMIT + task)
+        if not rows:
+            return {}
+        assert limits is not None
+        order = list(rows)
+        values = limits._store[order].astype(np.float32) @ query
+        hits: dict[str, tuple[float, str]] = {}
+        for row, value in zip(order, values, strict=True):
+            key = limits._key_of[row]
+            if key is None:
+                continue
+            score = float(value) - baseline
+            for agent_id in limits._users.get(row, ()):
+                known = hits.get(agent_id)
+                if known is None or score > known[0]:
+                    hits[agent_id] = (score, key[1])
+        return hits
+
     def judge(
         self,
         query: Vector,

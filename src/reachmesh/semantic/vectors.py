@@ -111,7 +111,9 @@ class CapabilityVectors:
     def _on_learned(self, key: str, route: LearnedRoute | None) -> None:
         self.index.remove_agent(LEARNED + key)
         self._learned_todo.pop(key, None)
-        if route is not None and self.learning:
+        # Only a route that serves every caller (an operator's) becomes an example of its task: a
+        # caller's own, or one held for an operator, must not move anyone else's routes.
+        if route is not None and self.learning and route.owner is None and not route.pending:
             self._learned_todo[key] = (route.task, route.phrase)
             self._learned_wake.set()
 

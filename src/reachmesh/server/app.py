@@ -139,7 +139,14 @@ class RouterApp:
             owner = caller if self.auth_on else None
             try:
                 status, payload = await parts.dispatcher.handle(
-                    body, trace_header=trace_hint, parent=parent, owner=owner, caller=caller, client=peer
+                    body,
+                    trace_header=trace_hint,
+                    parent=parent,
+                    owner=owner,
+                    caller=caller,
+                    client=peer,
+                    serves=principal_of(scope).serves,
+                    reach_tasks=principal_of(scope).reach_tasks,
                 )
             except Exception:
                 # A bug, not bad input: still one ReachResponse, counted and traced like any

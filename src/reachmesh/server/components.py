@@ -161,7 +161,13 @@ class RouterParts:
             results=ResultStore(config.async_mode, clock=clock),
             vectors=vectors,
             pipeline=Pipeline(
-                registry, config.routing, breakers=breakers, affinity=affinity, stats=stats, vectors=vectors
+                registry,
+                config.routing,
+                breakers=breakers,
+                affinity=affinity,
+                stats=stats,
+                vectors=vectors,
+                clock=clock,
             ),
             traces=TraceStore(
                 config.tracing.store_size,
