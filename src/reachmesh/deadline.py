@@ -23,6 +23,10 @@ class Deadline:
         """Milliseconds left; negative once the deadline has passed."""
         return (self._at - self._clock.monotonic()) * 1000.0
 
+    def extend(self, ms: float) -> None:
+        """Move the deadline ``ms`` later (time given back, as a decline's to the next agent)."""
+        self._at += max(ms, 0.0) / 1000.0
+
     @property
     def expired(self) -> bool:
         return self._clock.monotonic() >= self._at

@@ -111,6 +111,8 @@ class AttemptRun:
         self.last_failure: tuple[str, str] | None = None  # (agent, reason) of the last failed agent
         self.declined_by: str | None = None  # the agent that declined the last attempt, if one did
         self.busy_retry_after_s: int | None = None  # the soonest Retry-After of a busy (429) agent
+        self._given_back_ms = 0.0  # time declines used, given back to the deadline
+        self._attempt_ms = 0.0  # the time the attempt under way may take
         self._w3c_trace = w3c_trace_id(record.trace_id)
 
     async def run(self, choices: list[Choice]) -> Any:
@@ -141,6 +143,12 @@ class AttemptRun:
         if change is BreakerState.HALF_OPEN:
             record.note("circuit half_open", f"agent {agent_id} (probe request)")
         if self.declined_by is not None:
+            # The first decline is free; each after it is a hop like a failover, and costs the same.
+            if len(record.declines) > 1 and not self.parts.budget.try_spend():
+                record.note("retry budget", f"exhausted; no failover from {self.declined_by} (declined)")
+                self.budget_spent = True
+                record.reject(agent_id, CandidateReason.BUDGET_EXHAUSTED, choice.score, self.task)
+                return False
             record.note("failover", f"{self.declined_by} -> {agent_id} (declined)")
         elif self.last_failure is not None:
             failed, why = self.last_failure
@@ -203,8 +211,9 @@ class AttemptRun:
             return None
 
     def _declined(self, choice: Choice, exc: AgentDeclined) -> None:
-        """Book a decline, with the agent's reason: the hop is given back to the request's count,
-        and no token is spent."""
+        """Book a decline, with the agent's reason: the hop is given back to the request's count
+        (admit() charges the budget from the second decline on), and the time it took is given
+        back to the deadline, so that the next agent gets its own attempt time."""
         agent_id = choice.entry.id
         message = str(exc.error.get("message") or "")
         self.record.reject(agent_id, CandidateReason.DECLINED, choice.score, self.task, message=message)
@@ -212,6 +221,12 @@ class AttemptRun:
         self.attempts_left += 1
         self.declined_by = agent_id
         self.last_failure = None
+        took = self.record.attempts[-1].duration_ms
+        # At most the overall budget in all: a request never lasts more than twice what it asked.
+        given = min(took, self.timeout.overall_ms - self._given_back_ms)
+        if given > 0:
+            self._given_back_ms += given
+            self.deadline.extend(given)
 
     def _take_task(self, choice: Choice) -> None:
         """A candidate of a runner-up task by meaning gets that task, and the caller's words."""
@@ -230,6 +245,7 @@ class AttemptRun:
         remaining = self.deadline.remaining_ms()
         self.attempts_left -= 1
         connect_s, read_s, total_s = self.timeout.attempt_limits(remaining)
+        self._attempt_ms = total_s * 1000.0
         span_id = new_span_id()
         headers = {
             "Content-Type": "application/json",
@@ -285,6 +301,8 @@ class AttemptRun:
         refused = isinstance(exc, ConnectFailed) and exc.refused
         outcome = "SUCCESS" if exc is None else exc.reason
         verdict = attempt_verdict(exc)
+        if isinstance(exc, AgentDeclined):
+            verdict = self._decline_verdict(agent_id, took)
         self.parts.stats.finished(agent_id, ok=verdict, latency_ms=took)
         offset = round((started - record.started) * 1000, 2)
         record.attempts.append(AttemptRecord(agent_id, outcome, took, span_id, offset, choice.score))
@@ -297,6 +315,20 @@ class AttemptRun:
             record.note("circuit open", f"agent {agent_id} ({why})")
         elif change is BreakerState.CLOSED:
             record.note("circuit closed", f"agent {agent_id}")
+
+    def _decline_verdict(self, agent_id: str, took_ms: float) -> bool | None:
+        """A decline is neither a success nor a failure, unless it came late (after most of the
+        attempt's time) or after too many in a row: then it is a failure, for the breaker and
+        merit, so that declining is never a free way to hold up or crowd out other agents."""
+        policy = self.parts.config.declines
+        in_a_row = self.parts.stats.declined(agent_id)
+        if took_ms >= policy.late_fraction * self._attempt_ms:
+            self.record.note("late decline", f"{agent_id} declined after {took_ms:.0f} ms: a failure")
+            return False
+        if in_a_row > policy.free_in_a_row:
+            self.record.note("repeated decline", f"{agent_id}, {in_a_row} in a row: a failure")
+            return False
+        return None
 
     # -- endings -----------------------------------------------------------------------------
 
