@@ -368,6 +368,10 @@ class RouterParts:
             # An addition to the protocol: whether the agent is routable by meaning yet.
             state = self.vectors.state(entry.id)
             status["vectors"] = None if state is None else state.value
+            near = self.vectors.duplicates.get(entry.id)
+            if near:
+                # Capabilities worded like another token's (docs/security.md): shown, maybe refused.
+                status["nearDuplicates"] = [d.to_json() for d in near]
         return status
 
 
