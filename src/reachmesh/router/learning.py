@@ -73,6 +73,11 @@ class RouteLearner:
         self._background = Background("reach-learning")
         self.learned = 0  # routes learned from callers by this Router
 
+    @property
+    def pending(self) -> int:
+        """Registry writes still under way (what a finished request taught, not yet kept)."""
+        return len(self._background)
+
     @staticmethod
     def thread(record: DecisionRecord) -> Thread | None:
         """Who asked, and in which conversation; None when the request names neither."""
@@ -121,14 +126,14 @@ class RouteLearner:
         return phrase
 
     def _negatives(self, record: DecisionRecord) -> None:
-        """The agents found by meaning that declined this phrase, and whose task did not take it."""
+        """The agents found by meaning that declined this phrase: each one's own negative (even
+        when another agent of its task took the phrase: that one is not kept off it)."""
         if record.semantic is None or record.narrowed:
             return  # an exact task route, or a caller who picked its own candidates
-        took = record.matched_task if record.status is Status.SUCCESS else None
         now = self._clock.time()
         for agent_id, task in dict.fromkeys(record.declines):
             entry = self.registry.get(agent_id)
-            if task == took or entry is None:
+            if entry is None:
                 continue
             route = LearnedRoute(
                 record.task,
