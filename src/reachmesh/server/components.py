@@ -160,15 +160,7 @@ class RouterParts:
             shedder=shedder,
             results=ResultStore(config.async_mode, clock=clock),
             vectors=vectors,
-            pipeline=Pipeline(
-                registry,
-                config.routing,
-                breakers=breakers,
-                affinity=affinity,
-                stats=stats,
-                vectors=vectors,
-                clock=clock,
-            ),
+            pipeline=_pipeline(config, registry, breakers, affinity, stats, vectors, clock),
             traces=TraceStore(
                 config.tracing.store_size,
                 max_bytes=config.tracing.store_max_bytes,
@@ -373,6 +365,26 @@ class RouterParts:
                 # Capabilities worded like another token's (docs/security.md): shown, maybe refused.
                 status["nearDuplicates"] = [d.to_json() for d in near]
         return status
+
+
+def _pipeline(
+    config: RouterConfig,
+    registry: Registry,
+    breakers: BreakerBoard,
+    affinity: AffinityTable,
+    stats: StatsBook,
+    vectors: CapabilityVectors | None,
+    clock: Clock,
+) -> Pipeline:
+    return Pipeline(
+        registry,
+        config.routing,
+        breakers=breakers,
+        affinity=affinity,
+        stats=stats,
+        vectors=vectors,
+        clock=clock,
+    )
 
 
 def _metrics(
