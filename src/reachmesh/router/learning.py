@@ -151,7 +151,7 @@ class RouteLearner:
         policy = self.policy
         try:
             await self.registry.remember_negative(
-                route, limit=policy.max_negatives, quota=policy.negatives_per_token
+                route, limit=policy.max_negatives, quota=_quota(route, policy.negatives_per_token)
             )
         except RegistryError as exc:
             log.warning(
@@ -181,7 +181,9 @@ class RouteLearner:
         if held and known is not None and not known.pending:
             return  # an operator's route stands; a caller's confirmation never replaces it
         try:
-            await self.registry.remember(route, limit=policy.max_phrases, quota=policy.phrases_per_token)
+            await self.registry.remember(
+                route, limit=policy.max_phrases, quota=_quota(route, policy.phrases_per_token)
+            )
         except RegistryError as exc:
             log.warning("[learning] could not remember %r -> %s: %s", loggable(phrase), task, exc.message)
             return
@@ -191,3 +193,9 @@ class RouteLearner:
 
     async def close(self) -> None:
         await self._background.close()
+
+
+def _quota(route: LearnedRoute, quota: int) -> int | None:
+    """The per-token quota for what ``route.by`` made; none while auth is off (one principal,
+    "-", whom the overall bound already holds)."""
+    return None if route.by == "-" else quota
