@@ -10,8 +10,10 @@
 4. ``semantic_route``, only where the policy enables it (``routing.semantic_tasks`` patterns, or
    a caller asking for it) and exact match found nobody: the nearest declared task above the
    threshold and clear of the runner-up by the margin; else a refusal listing the best scores.
-   Tasks whose declared limits match the text better than the task itself (by the limit margin),
-   and tasks that declined this phrase before (learned negatives), are set aside first. The other
+   An agent whose own declared limit matches the text better than its task (by the limit
+   margin), or whose registration declined this phrase before (a live learned negative), is kept
+   off; a task is set aside first only when every live agent of it is, and tasks outside the
+   caller token's ``reach_tasks`` are not considered at all (docs/security.md). The other
    tasks above the threshold follow the chosen one's agents, tried only after a decline;
 5. hard filters: the ``filterAgentIds`` allowlist, status (offline and unhealthy out, suspect
    last), the circuit breaker (open and no probe due: out);
