@@ -189,3 +189,22 @@ async def test_one_agents_limits_set_aside_that_agent_alone_and_never_after_its_
             assert not limited.received
         finally:
             await stop(agents)
+
+
+async def test_learned_routes_are_quoted_per_token_too() -> None:
+    """routing.learning.phrases_per_token: a caller flooding confirmations loses its own oldest;
+    another caller's route, and the route's owner scope, stay (a record round trip keeps both)."""
+    clock = ManualClock()
+    registry = MemoryRegistry(clock=clock)
+
+    def route(phrase: str, owner: str) -> LearnedRoute:
+        clock.advance(1)
+        return LearnedRoute(phrase, "t", "caller", clock.time(), owner=owner, by=owner)
+
+    await registry.remember(route("mine", "fp:a"), limit=100, quota=2)
+    for i in range(5):
+        await registry.remember(route(f"flood {i}", "fp:b"), limit=100, quota=2)
+    assert sorted(r.phrase for r in registry.learned().values()) == ["flood 3", "flood 4", "mine"]
+    kept = registry.learned()["fp:a\nmine"]
+    assert LearnedRoute.from_json(kept.to_json()) == kept
+    assert await registry.forget("MINE", "fp:a") and not await registry.forget("mine")
