@@ -72,6 +72,10 @@ class TokenSpec(_Section):
     # The highest routing_weight this token's agents may declare, instead of routing.max_weight
     # (higher for a trusted team, lower for a newcomer).
     max_weight: Annotated[float, Field(gt=0, le=10_000)] | None = None
+    # The tasks this token's requests may reach by meaning or by a learned route (glob patterns);
+    # an exact task name is not limited by it. A tenant's callers stay off another's capabilities
+    # however closely those are worded like their own.
+    reach_tasks: list[str] = ["*"]
 
 
 class AuthPolicy(_Section):
@@ -371,6 +375,24 @@ class LearningPolicy(_Section):
     # that said, itself, "not mine".
     negatives: bool = True
     max_negatives: Annotated[int, Field(ge=1, le=1_000_000)] = 10_000
+    # How long a learned negative keeps a phrase off the agent that declined it.
+    negative_ttl_seconds: Annotated[int, Field(ge=1, le=30 * 86_400)] = 3600
+    # The most negatives the requests of one caller token may leave, and the most learned routes
+    # one caller token may confirm: past it, that token's own oldest go first, nobody else's.
+    negatives_per_token: Annotated[int, Field(ge=1, le=1_000_000)] = 100
+    phrases_per_token: Annotated[int, Field(ge=1, le=1_000_000)] = 100
+    # Whom a caller's confirmed route serves: "caller", that caller alone; "operator", nobody
+    # until an operator confirms it (POST /admin/learned), then every caller.
+    scope: Literal["caller", "operator"] = "caller"
+
+
+class DeclinePolicy(_Section):
+    """What a decline costs the agent that declines, and the request it declined."""
+
+    # A decline after this share of the time its attempt had is a failure (breaker and merit).
+    late_fraction: Annotated[float, Field(gt=0, le=1)] = 0.5
+    # Declines in a row an agent may make for free; each one after counts as a failure.
+    free_in_a_row: Annotated[int, Field(ge=0, le=1000)] = 10
 
 
 class RoutingPolicy(_Section):
@@ -435,6 +457,11 @@ class EmbeddingPolicy(_Section):
     margin: Annotated[float, Field(ge=0, le=2)] | None = None
     # Declared limits: null takes the model's calibration (`reach calibrate --limits`), else 0.
     limit_margin: Annotated[float, Field(ge=-1, le=1)] | None = None
+    # A capability whose texts nearly repeat another token's capability (most of its texts at
+    # this cosine or closer to that one's): "flag" shows it in /admin/agents and the page,
+    # "refuse" also keeps it out of routes by meaning (its exact task name still works).
+    duplicates: Literal["off", "flag", "refuse"] = "flag"
+    duplicate_similarity: Annotated[float, Field(ge=0, le=1)] = 0.97
     # Operating points by model name (the name `reach calibrate` prints): the one of the model in
     # use applies when threshold is null, so switching models never carries one model's
     # threshold over to another.
@@ -533,6 +560,7 @@ class RouterConfig(_Section):
     timeouts: TimeoutPolicy = TimeoutPolicy()
     retries: RetryPolicy = RetryPolicy()
     retry_budget: RetryBudgetPolicy = RetryBudgetPolicy()
+    declines: DeclinePolicy = DeclinePolicy()
     breaker: BreakerPolicy = BreakerPolicy()
     limits: LimitsPolicy = LimitsPolicy()
     health: HealthPolicy = HealthPolicy()

@@ -71,6 +71,12 @@ class DecisionRecord:
     # Who sent it: the principal's key ("-" while auth is off). Route learning matches a retry
     # to a refusal only from the same caller.
     caller: str = "-"
+    # An agent token's task globs (empty for any other role): it never confirms a route to them.
+    caller_serves: tuple[str, ...] = ()
+    # The tasks the caller's token may reach by meaning or by a learned route (auth.tokens).
+    reach_tasks: tuple[str, ...] = ("*",)
+    # The request chose its own candidates (filterAgentIds, targetAgent): its declines teach nothing.
+    narrowed: bool = False
     started_wall: float = 0.0  # epoch seconds, for display
     parent_span_id: str | None = None  # from the caller's traceparent: links hops into a tree
     matched_task: str | None = None  # the declared task that supplied candidates (safe as a label)

@@ -234,22 +234,32 @@ class FakeAgent:
             self._runner = None
 
     async def register(
-        self, router_url: str, *, vectors: bool = True, router_tls: ssl.SSLContext | None = None
+        self,
+        router_url: str,
+        *,
+        vectors: bool = True,
+        router_tls: ssl.SSLContext | None = None,
+        token: str | None = None,
+        admin_token: str | None = None,
     ) -> str:
         """Register with the Router; returns the lease id.
 
         With ``vectors`` (the default) it returns once the Router can route to this agent by
         meaning too, so a test never races the embedding queue. ``router_tls`` trusts an HTTPS
-        Router's test CA.
+        Router's test CA. With auth on, ``token`` registers (an agent token) and
+        ``admin_token`` reads the agent's vector state.
         """
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
         async with aiohttp.ClientSession() as http:
-            async with http.post(f"{router_url}/agents", json=self.profile(), ssl=router_tls or True) as resp:
+            async with http.post(
+                f"{router_url}/agents", json=self.profile(), ssl=router_tls or True, headers=headers
+            ) as resp:
                 answer = await resp.json()
                 if resp.status not in (200, 201):
                     raise RuntimeError(f"registration failed: {resp.status} {answer}")
             self.lease_id = str(answer["leaseId"])
         if vectors:
-            await wait_vectors(router_url, self.agent_id, router_tls=router_tls)
+            await wait_vectors(router_url, self.agent_id, router_tls=router_tls, token=admin_token)
         return self.lease_id
 
     async def _health(self, request: web.Request) -> web.Response:
@@ -324,15 +334,22 @@ class FakeAgent:
 
 
 async def wait_vectors(
-    router_url: str, agent_id: str, timeout_s: float = 60.0, *, router_tls: ssl.SSLContext | None = None
+    router_url: str,
+    agent_id: str,
+    timeout_s: float = 60.0,
+    *,
+    router_tls: ssl.SSLContext | None = None,
+    token: str | None = None,
 ) -> None:
-    """Wait until the Router says an agent's capability vectors are no longer pending."""
+    """Wait until the Router says an agent's capability vectors are no longer pending (``token``:
+    an admin token, with auth on)."""
     loop = asyncio.get_running_loop()
     end = loop.time() + timeout_s
     url = f"{router_url}/admin/agents/{agent_id}"
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     async with aiohttp.ClientSession() as http:
         while loop.time() < end:
-            async with http.get(url, ssl=router_tls or True) as resp:
+            async with http.get(url, ssl=router_tls or True, headers=headers) as resp:
                 status = await resp.json()
             if status.get("vectors") != "pending":
                 return

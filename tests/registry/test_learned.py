@@ -26,14 +26,14 @@ async def test_the_registry_keeps_at_most_the_limit_oldest_out() -> None:
     heard: list[tuple[str, LearnedRoute | None]] = []
     registry.subscribe_learned(lambda key, route: heard.append((key, route)))
     for i in range(5):
-        await registry.remember(f"Phrase {i}", "t", "operator", limit=3)
+        await registry.remember(LearnedRoute(f"Phrase {i}", "t", "operator", clock.time()), limit=3)
         clock.advance(1)
     assert list(registry.learned()) == ["phrase 2", "phrase 3", "phrase 4"]
     assert [key for key, route in heard if route is None] == ["phrase 0", "phrase 1"]
     # Confirmed again: the newest once more, so the next eviction takes another.
-    await registry.remember("phrase 2", "u", "caller", limit=3)
+    await registry.remember(LearnedRoute("phrase 2", "u", "caller", clock.time()), limit=3)
     clock.advance(1)
-    await registry.remember("phrase 5", "t", "caller", limit=3)
+    await registry.remember(LearnedRoute("phrase 5", "t", "caller", clock.time()), limit=3)
     assert set(registry.learned()) == {"phrase 2", "phrase 4", "phrase 5"}
     assert registry.learned()["phrase 2"].task == "u"
     assert await registry.forget("PHRASE   2")

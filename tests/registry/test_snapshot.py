@@ -97,8 +97,8 @@ def test_learned_routes_are_kept_newest_last_and_excess_is_the_oldest() -> None:
     assert snapshot.excess(1) == ["refund please"]
     assert snapshot.drop_learned("refund please") and not snapshot.drop_learned("refund please")
     assert [key for key, route in heard if route is None] == ["refund please"]
-    snapshot.keep_negative(LearnedRoute("Hello", "track", "caller", 1.0))
-    assert snapshot.drop_negative(("hello", "track")) and not snapshot.negatives
+    snapshot.keep_negative(LearnedRoute("Hello", "track", "decline", 1.0, agent="a"))
+    assert snapshot.drop_negative(("hello", "track", "a")) and not snapshot.negatives
 
 
 def test_both_backends_are_the_contract_over_a_snapshot_and_neither_extends_the_other() -> None:

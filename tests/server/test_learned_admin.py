@@ -130,5 +130,7 @@ async def test_confirming_while_learning_is_off_is_a_conflict(learning_off) -> N
         "pendingVectors": 0,
         "learned": [],
         "negativesEnabled": True,
+        "scope": "caller",
+        "negativeTtlSeconds": 3600,
         "negatives": [],
     }

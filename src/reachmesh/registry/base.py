@@ -25,6 +25,7 @@ from reachmesh.registry.entry import (
     dead_holder,
     digest,
     holds_lease,
+    learned_key,
     normalize_phrase,
     same_registrant,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "dead_holder",
     "digest",
     "holds_lease",
+    "learned_key",
     "normalize_phrase",
     "same_registrant",
 ]
@@ -85,8 +87,8 @@ class Registry(abc.ABC):
         """Every learned route, by normalized phrase (a snapshot read: no I/O)."""
         return self.snapshot.learned
 
-    def negatives(self) -> Mapping[tuple[str, str], LearnedRoute]:
-        """Every learned negative, by (normalized phrase, task) (a snapshot read: no I/O)."""
+    def negatives(self) -> Mapping[tuple[str, str, str], LearnedRoute]:
+        """Every learned negative, by (normalized phrase, task, agent) (a snapshot read: no I/O)."""
         return self.snapshot.negatives
 
     def subscribe(self, listener: Listener) -> None:
@@ -179,19 +181,23 @@ class Registry(abc.ABC):
     # shared backend what one Router learned routes on every other.
 
     @abc.abstractmethod
-    async def remember(self, phrase: str, task: str, source: str, *, limit: int) -> LearnedRoute:
-        """Learn ``phrase`` -> ``task`` (a newer confirmation replaces an older one), keeping at
-        most ``limit`` phrases: the oldest confirmations are forgotten first."""
+    async def remember(self, route: LearnedRoute, *, limit: int, quota: int | None = None) -> LearnedRoute:
+        """Learn ``route`` (a newer confirmation replaces an older one of the same phrase and
+        owner), keeping at most ``limit`` routes, and at most ``quota`` made by ``route.by``:
+        the oldest confirmations are forgotten first, that token's own before anyone else's."""
 
     @abc.abstractmethod
-    async def forget(self, phrase: str) -> bool:
-        """Forget a learned phrase (any spelling that normalizes alike); False when unknown."""
+    async def forget(self, phrase: str, owner: str | None = None) -> bool:
+        """Forget a learned phrase (any spelling that normalizes alike) of ``owner`` (None: the
+        route for every caller); False when unknown."""
 
     @abc.abstractmethod
-    async def remember_negative(self, phrase: str, task: str, source: str, *, limit: int) -> LearnedRoute:
-        """Learn that ``task`` declines ``phrase`` (a capability that declined a phrase is not
-        offered it again by meaning), keeping at most ``limit`` negatives."""
+    async def remember_negative(
+        self, route: LearnedRoute, *, limit: int, quota: int | None = None
+    ) -> LearnedRoute:
+        """Learn that ``route.agent`` declines ``route.phrase`` for ``route.task``, keeping at
+        most ``limit`` negatives and ``quota`` of them made by ``route.by``."""
 
     @abc.abstractmethod
-    async def forget_negative(self, phrase: str, task: str) -> bool:
+    async def forget_negative(self, phrase: str, task: str, agent: str | None = None) -> bool:
         """Forget that ``task`` declines ``phrase``; False when it was not known."""

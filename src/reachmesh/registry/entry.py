@@ -111,15 +111,80 @@ class AgentEntry:
 
 @dataclass(slots=True, frozen=True)
 class LearnedRoute:
-    """A phrase confirmed for a task: by a caller's successful explicit retry, or by an operator."""
+    """A phrase confirmed for a task (by a caller's successful explicit retry, or by an operator),
+    or, as a learned negative, a phrase one agent declined.
+
+    Who it reaches is part of it (docs/security.md, the trust table): a caller's confirmation
+    routes for that caller alone (``owner``) or waits for an operator (``pending``); a negative
+    keeps the phrase off the one registration that declined it (``agent`` and ``lease``), until
+    it ``expires``. ``by`` is the token whose request made it: quotas count per token.
+    """
 
     phrase: str  # as it was confirmed; routes match it normalized (normalize_phrase)
     task: str
-    source: str  # "caller" or "operator"
+    source: str  # "caller", "operator" or "decline"
     at: float  # epoch seconds of the (latest) confirmation
+    owner: str | None = None  # a learned route: the only caller it routes for; None: every caller
+    pending: bool = False  # a learned route held until an operator confirms it: routes nobody
+    agent: str | None = None  # a negative: the agent that declined
+    lease: str = "-"  # a negative: that agent's lease fingerprint; a new registration starts afresh
+    by: str = "-"  # the token whose request made it (the caller's key; "operator" for the admin)
+    expires: float | None = None  # epoch seconds after which it no longer applies; None: never
+
+    @property
+    def key(self) -> str:
+        """Where the snapshot keeps a learned route: its phrase, and its owner when it has one."""
+        phrase = normalize_phrase(self.phrase)
+        # A normalized phrase holds no newline, so the owner's part cannot be forged by a phrase.
+        return phrase if self.owner is None else f"{self.owner}\n{phrase}"
+
+    @property
+    def negative_key(self) -> tuple[str, str, str]:
+        return (normalize_phrase(self.phrase), self.task, self.agent or "")
+
+    def live(self, now: float) -> bool:
+        return self.expires is None or now < self.expires
 
     def to_json(self) -> dict[str, object]:
-        return {"phrase": self.phrase, "task": self.task, "source": self.source, "at": self.at}
+        data: dict[str, object] = {
+            "phrase": self.phrase,
+            "task": self.task,
+            "source": self.source,
+            "at": self.at,
+        }
+        optional = {
+            "owner": self.owner,
+            "pending": self.pending or None,
+            "agent": self.agent,
+            "lease": None if self.lease == "-" else self.lease,
+            "by": None if self.by == "-" else self.by,
+            "expires": self.expires,
+        }
+        data.update({k: v for k, v in optional.items() if v is not None})
+        return data
+
+    @classmethod
+    def from_json(cls, record: dict[str, object]) -> LearnedRoute:
+        """Raises KeyError, TypeError or ValueError when ``record`` is not one."""
+        expires = record.get("expires")
+        owner, agent = record.get("owner"), record.get("agent")
+        return cls(
+            str(record["phrase"]),
+            str(record["task"]),
+            str(record["source"]),
+            float(record["at"]),  # type: ignore[arg-type]
+            owner=None if owner is None else str(owner),
+            pending=record.get("pending") is True,
+            agent=None if agent is None else str(agent),
+            lease=str(record.get("lease") or "-"),
+            by=str(record.get("by") or "-"),
+            expires=None if expires is None else float(expires),  # type: ignore[arg-type]
+        )
+
+
+def learned_key(phrase: str, owner: str | None) -> str:
+    """The snapshot key of ``phrase`` learned for ``owner`` (None: for every caller)."""
+    return LearnedRoute(phrase, "", "", 0.0, owner=owner).key
 
 
 _SPACES = re.compile(r"\s+")

@@ -17,6 +17,7 @@ from reachmesh.registry.entry import (
     LearnedRoute,
     RegistryEvent,
     compile_capabilities,
+    learned_key,
     normalize_phrase,
     require_lease,
 )
@@ -129,25 +130,27 @@ class MemoryRegistry(Registry):
 
     # -- learned routes and negatives ------------------------------------------------------
 
-    async def remember(self, phrase: str, task: str, source: str, *, limit: int) -> LearnedRoute:
-        route = LearnedRoute(phrase, task, source, self._clock.time())
+    async def remember(self, route: LearnedRoute, *, limit: int, quota: int | None = None) -> LearnedRoute:
         self.snapshot.keep(route)
-        for key in self.snapshot.excess(limit):
+        for key in self.snapshot.excess(limit, route.by, quota):
             self.snapshot.drop_learned(key)
         return route
 
-    async def forget(self, phrase: str) -> bool:
-        return self.snapshot.drop_learned(normalize_phrase(phrase))
+    async def forget(self, phrase: str, owner: str | None = None) -> bool:
+        return self.snapshot.drop_learned(learned_key(phrase, owner))
 
-    async def remember_negative(self, phrase: str, task: str, source: str, *, limit: int) -> LearnedRoute:
-        route = LearnedRoute(phrase, task, source, self._clock.time())
+    async def remember_negative(
+        self, route: LearnedRoute, *, limit: int, quota: int | None = None
+    ) -> LearnedRoute:
         self.snapshot.keep_negative(route)
-        for key in self.snapshot.excess_negatives(limit):
+        for key in self.snapshot.excess_negatives(limit, route.by, quota):
             self.snapshot.drop_negative(key)
         return route
 
-    async def forget_negative(self, phrase: str, task: str) -> bool:
-        return self.snapshot.drop_negative((normalize_phrase(phrase), task))
+    async def forget_negative(self, phrase: str, task: str, agent: str | None = None) -> bool:
+        phrase_key = normalize_phrase(phrase)
+        keys = [k for k in self.snapshot.negatives if k[:2] == (phrase_key, task) and agent in (None, k[2])]
+        return sum(self.snapshot.drop_negative(k) for k in keys) > 0
 
     # -- expiry ------------------------------------------------------------------------------
 

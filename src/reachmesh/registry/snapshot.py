@@ -11,6 +11,7 @@ from __future__ import annotations
 import heapq
 import logging
 from collections.abc import Collection
+from typing import TypeVar
 
 from reachmesh.exceptions import AgentIdConflict, RegistryFull
 from reachmesh.protocol import AgentProfile, AgentStatusValue
@@ -24,10 +25,11 @@ from reachmesh.registry.entry import (
     RegistryEvent,
     dead_holder,
     holds_lease,
-    normalize_phrase,
     same_registrant,
 )
 from reachmesh.secrets import loggable
+
+_K = TypeVar("_K", str, tuple[str, str, str])
 
 log = logging.getLogger("reachmesh.registry")
 
@@ -42,10 +44,11 @@ class Snapshot:
         # Task -> the entries declaring it, by id. Never rebound, only changed in place: the
         # registry reads it directly on the hot path.
         self.index: dict[str, dict[str, AgentEntry]] = {}
-        # Learned routes by normalized phrase, in the order they were (re)confirmed.
+        # Learned routes by LearnedRoute.key (the phrase, and its owner), in the order they were
+        # (re)confirmed.
         self.learned: dict[str, LearnedRoute] = {}
-        # Learned negatives by (normalized phrase, task): that capability declined that phrase.
-        self.negatives: dict[tuple[str, str], LearnedRoute] = {}
+        # Learned negatives by (normalized phrase, task, agent): that agent declined that phrase.
+        self.negatives: dict[tuple[str, str, str], LearnedRoute] = {}
         self._listeners: list[Listener] = []
         self._failure_listeners: list[FailureListener] = []
         self._learned_listeners: list[LearnedListener] = []
@@ -189,8 +192,8 @@ class Snapshot:
     # -- learned routes and negatives --------------------------------------------------------
 
     def keep(self, route: LearnedRoute) -> str:
-        """Learn ``route`` (it is the newest confirmation of its phrase); its phrase key."""
-        key = normalize_phrase(route.phrase)
+        """Learn ``route`` (it is the newest confirmation of its phrase, for its owner); its key."""
+        key = route.key
         self.learned.pop(key, None)  # re-confirmed: it is the newest again
         self.learned[key] = route
         for listener in self._learned_listeners:
@@ -204,25 +207,38 @@ class Snapshot:
             listener(key, None)
         return True
 
-    def excess(self, limit: int) -> list[str]:
-        """The phrase keys beyond ``limit``, oldest confirmation first."""
-        over = len(self.learned) - limit
-        if over <= 0:
-            return []
-        return [key for key, _ in heapq.nsmallest(over, self.learned.items(), key=lambda kv: kv[1].at)]
+    def excess(self, limit: int, by: str | None = None, quota: int | None = None) -> list[str]:
+        """The keys beyond ``limit``, oldest confirmation first; with ``by``, also the oldest of
+        that token's beyond its ``quota`` (one token never pushes out another's)."""
+        return _excess(self.learned, limit, by, quota)
 
-    def keep_negative(self, route: LearnedRoute) -> tuple[str, str]:
-        key = (normalize_phrase(route.phrase), route.task)
+    def keep_negative(self, route: LearnedRoute) -> tuple[str, str, str]:
+        key = route.negative_key
         self.negatives.pop(key, None)
         self.negatives[key] = route
         return key
 
-    def drop_negative(self, key: tuple[str, str]) -> bool:
+    def drop_negative(self, key: tuple[str, str, str]) -> bool:
         return self.negatives.pop(key, None) is not None
 
-    def excess_negatives(self, limit: int) -> list[tuple[str, str]]:
-        """The negatives beyond ``limit``, oldest first."""
-        over = len(self.negatives) - limit
-        if over <= 0:
-            return []
-        return [key for key, _ in heapq.nsmallest(over, self.negatives.items(), key=lambda kv: kv[1].at)]
+    def excess_negatives(
+        self, limit: int, by: str | None = None, quota: int | None = None
+    ) -> list[tuple[str, str, str]]:
+        """The negatives beyond ``limit`` (and ``by``'s beyond its ``quota``), oldest first."""
+        return _excess(self.negatives, limit, by, quota)
+
+
+def _excess(table: dict[_K, LearnedRoute], limit: int, by: str | None, quota: int | None) -> list[_K]:
+    """The keys to drop so ``table`` keeps ``limit`` entries and ``by`` at most ``quota`` of them:
+    the token over its quota loses its own oldest first, so a flood from one token costs only it."""
+    victims: list[_K] = []
+    if by is not None and quota is not None:
+        own = [(k, r) for k, r in table.items() if r.by == by]
+        if len(own) > quota:
+            victims = [k for k, _ in heapq.nsmallest(len(own) - quota, own, key=lambda kv: kv[1].at)]
+    over = len(table) - len(victims) - limit
+    if over <= 0:
+        return victims
+    gone = set(victims)
+    rest = ((k, r) for k, r in table.items() if k not in gone)
+    return victims + [k for k, _ in heapq.nsmallest(over, rest, key=lambda kv: kv[1].at)]

@@ -31,6 +31,7 @@ from reachmesh.exceptions import (
     AgentRejected,
     AgentsBusy,
     AttemptError,
+    AttemptTimeout,
     ConnectFailed,
     ContextUnavailable,
     DeadlineExceeded,
@@ -115,6 +116,9 @@ class AttemptRun:
         self.last_failure: tuple[str, str] | None = None  # (agent, reason) of the last failed agent
         self.declined_by: str | None = None  # the agent that declined the last attempt, if one did
         self.busy_retry_after_s: int | None = None  # the soonest Retry-After of a busy (429) agent
+        self._attempt_ms = 0.0  # the time the attempt under way may take
+        # Whether the deadline cut the attempt under way below the policy's connect + read time.
+        self._cut_short = False
         self._w3c_trace = w3c_trace_id(record.trace_id)
         # The same on every attempt of this request, and only of this one (a caller may reuse a
         # trace id): an SDK answers a repeat of it from its cache instead of running it again.
@@ -151,6 +155,12 @@ class AttemptRun:
         if change is BreakerState.HALF_OPEN:
             record.note("circuit half_open", f"agent {agent_id} (probe request)")
         if self.declined_by is not None:
+            # The first decline is free; each after it is a hop like a failover, and costs the same.
+            if len(record.declines) > 1 and not self.parts.budget.try_spend():
+                record.note("retry budget", f"exhausted; no failover from {self.declined_by} (declined)")
+                self.budget_spent = True
+                record.reject(agent_id, CandidateReason.BUDGET_EXHAUSTED, choice.score, self.task)
+                return False
             record.note("failover", f"{self.declined_by} -> {agent_id} (declined)")
         elif self.last_failure is not None:
             failed, why = self.last_failure
@@ -222,8 +232,10 @@ class AttemptRun:
             return None
 
     def _declined(self, choice: Choice, exc: AgentDeclined) -> None:
-        """Book a decline, with the agent's reason: the hop is given back to the request's count,
-        and no token is spent."""
+        """Book a decline, with the agent's reason: the hop is given back to the request's count
+        (admit() charges the budget from the second decline on). The time it took is not given
+        back: the caller's timeoutMs bounds the whole request. Instead, a later agent that times
+        out in what the decline left of the deadline is not charged for it (see account())."""
         agent_id = choice.entry.id
         message = str(exc.error.get("message") or "")
         self.record.reject(agent_id, CandidateReason.DECLINED, choice.score, self.task, message=message)
@@ -284,6 +296,8 @@ class AttemptRun:
         remaining = self.deadline.remaining_ms()
         self.attempts_left -= 1
         connect_s, read_s, total_s = self.timeout.attempt_limits(remaining)
+        self._attempt_ms = total_s * 1000.0
+        self._cut_short = total_s * 1000.0 < self.timeout.connect_ms + self.timeout.read_ms - 1.0
         span_id = new_span_id()
         headers = {
             "Content-Type": "application/json",
@@ -342,6 +356,13 @@ class AttemptRun:
         refused = isinstance(exc, ConnectFailed) and exc.refused
         outcome = "SUCCESS" if exc is None else exc.reason
         verdict = attempt_verdict(exc)
+        if isinstance(exc, AgentDeclined):
+            verdict = self._decline_verdict(agent_id, took)
+        elif isinstance(exc, AttemptTimeout) and self._cut_short and record.declines:
+            # The deadline left it less than its attempt time because another agent declined
+            # late: the time the decline used is never charged to the agent after it.
+            verdict = None
+            record.note("timeout not charged", f"{agent_id} had {self._attempt_ms:.0f} ms after a decline")
         self.parts.stats.finished(agent_id, ok=verdict, latency_ms=took)
         offset = round((started - record.started) * 1000, 2)
         record.attempts.append(AttemptRecord(agent_id, outcome, took, span_id, offset, choice.score))
@@ -356,6 +377,20 @@ class AttemptRun:
             record.note("circuit open", f"agent {agent_id} ({why})")
         elif change is BreakerState.CLOSED:
             record.note("circuit closed", f"agent {agent_id}")
+
+    def _decline_verdict(self, agent_id: str, took_ms: float) -> bool | None:
+        """A decline is neither a success nor a failure, unless it came late (after most of the
+        attempt's time) or after too many in a row: then it is a failure, for the breaker and
+        merit, so that declining is never a free way to hold up or crowd out other agents."""
+        policy = self.parts.config.declines
+        in_a_row = self.parts.stats.declined(agent_id)
+        if took_ms >= policy.late_fraction * self._attempt_ms:
+            self.record.note("late decline", f"{agent_id} declined after {took_ms:.0f} ms: a failure")
+            return False
+        if in_a_row > policy.free_in_a_row:
+            self.record.note("repeated decline", f"{agent_id}, {in_a_row} in a row: a failure")
+            return False
+        return None
 
     # -- endings -----------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ import logging
 import re
 from collections.abc import Iterable
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 
@@ -73,6 +73,19 @@ _ASYNC_STREAM = RequestError(
     "preferences.mode 'async' cannot be streamed: ask without Accept: text/event-stream, or with mode 'sync'",
     details=[{"field": "preferences.mode", "message": "async mode cannot be streamed"}],
 )
+
+
+class Grants(NamedTuple):
+    """What a caller's token allows beyond calling: ``serves``, an agent token's task globs (it
+    never confirms a learned route to them); ``reach_tasks``, the tasks it may reach by meaning
+    (docs/security.md)."""
+
+    serves: tuple[str, ...] = ()
+    reach_tasks: tuple[str, ...] = ("*",)
+
+
+# A caller whose token names no limits (and every caller while auth is off).
+EVERY_TASK = Grants()
 
 
 class Dispatcher:
@@ -146,6 +159,7 @@ class Dispatcher:
         caller: str = "-",
         client: str | None = None,
         sink: StreamSink | None = None,
+        grants: Grants = EVERY_TASK,
     ) -> Reply:
         """Decode ``body`` as a ReachRequest and serve it; never raises for bad input.
 
@@ -153,9 +167,10 @@ class Dispatcher:
         ``owner`` is who may fetch an async result later (None: anyone, when auth is off);
         ``caller`` is the principal's key, for the decision record; ``client`` is who the
         per-client limits count (the caller's key, or its address with auth off; default
-        ``caller``). With a ``sink`` the caller asked for a stream (§14): chunks go to it as
-        they come, and the Reply returned is the ending (the body of the ``done`` event once
-        ``sink.opened``).
+        ``caller``); ``grants``, what the caller's token may do beyond calling (see
+        :class:`Grants`).
+        With a ``sink`` the caller asked for a stream (§14): chunks go to it as they come, and
+        the Reply returned is the ending (the body of the ``done`` event once ``sink.opened``).
         """
         started = self.clock.monotonic()
         hint = _safe_trace_id(trace_header) or (parent[0] if parent else None)
@@ -164,7 +179,7 @@ class Dispatcher:
         except RequestError as exc:
             return self.refuse(exc, started=started, trace_id=exc.trace_id or hint, task=exc.task)
         try:
-            self._check_timeouts(request)
+            _check_timeouts(request, self.config.limits.max_timeout_ms)
         except RequestError as exc:
             return self.refuse(
                 exc, started=started, trace_id=request.trace_id or hint, task=request.target_task
@@ -179,6 +194,8 @@ class Dispatcher:
             started_wall=self.clock.time(),
             conversation_id=request.conversation_id,
             caller=caller,
+            caller_serves=grants.serves,
+            reach_tasks=grants.reach_tasks,
             parent_span_id=parent[1] if parent else None,
             mode=request.preferences.mode,
         )
@@ -237,22 +254,6 @@ class Dispatcher:
         for task in self._running:
             self._cancelled.add(task)
             task.cancel()
-
-    def _check_timeouts(self, request: ReachRequest) -> None:
-        """A caller's timeouts stay within the policy's cap (limits.max_timeout_ms)."""
-        cap = self.config.limits.max_timeout_ms
-        prefs = request.preferences
-        asked = {
-            "preferences.timeoutMs": prefs.timeout_ms,
-            "preferences.connectTimeoutMs": prefs.connect_timeout_ms,
-            "preferences.readTimeoutMs": prefs.read_timeout_ms,
-        }
-        over = [(field, value) for field, value in asked.items() if value is not None and value > cap]
-        if over:
-            raise RequestError(
-                f"{over[0][0]} of {over[0][1]} ms is over the Router's cap of {cap} ms",
-                details=[{"field": field, "message": f"at most {cap} ms"} for field, _ in over],
-            )
 
     def refuse(
         self,
@@ -365,7 +366,7 @@ class Dispatcher:
         parts = self.forwarding
         config = parts.config
         parts.budget.on_request()
-        await self._ensure_query_vector(request)
+        await self._ensure_query_vector(request, record)
         try:
             choices = self.pipeline.decide(request, record)
         except UnknownTask as exc:
@@ -416,10 +417,10 @@ class Dispatcher:
             raise error
         return result
 
-    async def _ensure_query_vector(self, request: ReachRequest) -> None:
+    async def _ensure_query_vector(self, request: ReachRequest, record: DecisionRecord) -> None:
         """The one place a model may be called: a semantic request whose text is not cached yet."""
         vectors = self.pipeline.vectors
-        if vectors is None or not self.pipeline.wants_semantic(request):
+        if vectors is None or not self.pipeline.wants_semantic(request, record.caller, record.reach_tasks):
             return
         if vectors.cached(request.target_task) is not None:
             return
@@ -508,3 +509,19 @@ def _safe_trace_id(value: Any) -> str | None:
 
 def _printable(text: str) -> bool:
     return len(text) <= 256 and text.isprintable()
+
+
+def _check_timeouts(request: ReachRequest, cap: int) -> None:
+    """A caller's timeouts stay within the policy's cap (limits.max_timeout_ms)."""
+    prefs = request.preferences
+    asked = {
+        "preferences.timeoutMs": prefs.timeout_ms,
+        "preferences.connectTimeoutMs": prefs.connect_timeout_ms,
+        "preferences.readTimeoutMs": prefs.read_timeout_ms,
+    }
+    over = [(field, value) for field, value in asked.items() if value is not None and value > cap]
+    if over:
+        raise RequestError(
+            f"{over[0][0]} of {over[0][1]} ms is over the Router's cap of {cap} ms",
+            details=[{"field": field, "message": f"at most {cap} ms"} for field, _ in over],
+        )

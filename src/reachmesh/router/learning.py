@@ -16,10 +16,19 @@ What does *not* teach anything:
   named exactly, as declared, confirms;
 - a call the guard refused (no token, a role that may not call): it never reaches the dispatcher.
 
-A decline teaches the opposite: when a capability found by meaning declined the phrase (and the
-request did not end handled by that same capability), the Router remembers (phrase, task) as a
-learned negative (``routing.learning.negatives``, on by default), and routes by meaning keep that
-phrase off that task from then on, on every Router sharing the registry.
+- a retry by an agent token to a task that token may serve: an agent never confirms a route to
+  its own capability.
+
+Whom a confirmed route serves is the policy's (``routing.learning.scope``): the caller who
+confirmed it alone, or nobody until an operator confirms it (docs/security.md, the trust table).
+
+A decline teaches the opposite: when an agent found by meaning declined the phrase (and the
+request did not end handled by that same capability), the Router remembers (phrase, task, agent)
+as a learned negative (``routing.learning.negatives``, on by default), and routes by meaning keep
+that phrase off that agent's registration for ``negative_ttl_seconds``, on every Router sharing
+the registry; the task is set aside only while every live agent of it has declined. A request
+that narrowed its own candidates (``filterAgentIds``, ``targetAgent``) teaches nothing: it chose
+who would answer, so its decline says nothing of the others.
 
 This is an :class:`~reachmesh.record.Observer`: it reads finished decision records and never
 sits on the request path; the registry write runs in the background.
@@ -29,6 +38,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from fnmatch import fnmatchcase
 
 from reachmesh.clock import SYSTEM_CLOCK, Clock
 from reachmesh.config import LearningPolicy
@@ -36,7 +46,7 @@ from reachmesh.exceptions import RegistryError
 from reachmesh.lifecycle import Background
 from reachmesh.protocol import Status
 from reachmesh.record import DecisionRecord
-from reachmesh.registry.base import Registry
+from reachmesh.registry.base import LearnedRoute, Registry
 from reachmesh.secrets import loggable
 
 log = logging.getLogger("reachmesh.learning")
@@ -62,6 +72,11 @@ class RouteLearner:
         self._refused: OrderedDict[Thread, tuple[str, float]] = OrderedDict()
         self._background = Background("reach-learning")
         self.learned = 0  # routes learned from callers by this Router
+
+    @property
+    def pending(self) -> int:
+        """Registry writes still under way (what a finished request taught, not yet kept)."""
+        return len(self._background)
 
     @staticmethod
     def thread(record: DecisionRecord) -> Thread | None:
@@ -89,8 +104,7 @@ class RouteLearner:
             # Never from a failed call: the refusal stays open for a later success instead.
             phrase = self._confirmed(thread, record)
             if phrase is not None:
-                assert record.matched_task is not None
-                self._background.spawn(self._remember(phrase, record.matched_task), "remember")
+                self._background.spawn(self._remember(phrase, record), "remember")
 
     def _confirmed(self, thread: Thread, record: DecisionRecord) -> str | None:
         """The refused phrase a successful ``record`` confirms, if it confirms one."""
@@ -104,34 +118,84 @@ class RouteLearner:
         task = record.matched_task
         if record.rule not in _EXPLICIT or task is None or task != record.task or task == phrase:
             return None
+        if any(fnmatchcase(task, glob) for glob in record.caller_serves):
+            # An agent token naming its own task: a confirmation no one else made.
+            del self._refused[thread]
+            return None
         del self._refused[thread]
         return phrase
 
     def _negatives(self, record: DecisionRecord) -> None:
-        """The capabilities found by meaning that declined this phrase, and did not take it."""
-        if record.semantic is None:
-            return  # an exact task route: the phrase is a task name, nothing to keep off it
-        took = record.matched_task if record.status is Status.SUCCESS else None
-        for task in dict.fromkeys(task for _, task in record.declines):
-            if task != took:
-                self._background.spawn(self._remember_negative(record.task, task), "negative")
+        """The agents found by meaning that declined this phrase: each one's own negative (even
+        when another agent of its task took the phrase: that one is not kept off it)."""
+        if record.semantic is None or record.narrowed:
+            return  # an exact task route, or a caller who picked its own candidates
+        now = self._clock.time()
+        for agent_id, task in dict.fromkeys(record.declines):
+            entry = self.registry.get(agent_id)
+            if entry is None:
+                continue
+            route = LearnedRoute(
+                record.task,
+                task,
+                "decline",
+                now,
+                agent=agent_id,
+                lease=entry.lease_tag,
+                by=record.caller,
+                expires=now + self.policy.negative_ttl_seconds,
+            )
+            self._background.spawn(self._remember_negative(route), "negative")
 
-    async def _remember_negative(self, phrase: str, task: str) -> None:
+    async def _remember_negative(self, route: LearnedRoute) -> None:
+        policy = self.policy
         try:
-            await self.registry.remember_negative(phrase, task, "decline", limit=self.policy.max_negatives)
+            await self.registry.remember_negative(
+                route, limit=policy.max_negatives, quota=_quota(route, policy.negatives_per_token)
+            )
         except RegistryError as exc:
-            log.warning("[learning] could not remember %r -/-> %s: %s", loggable(phrase), task, exc.message)
+            log.warning(
+                "[learning] could not remember %r -/-> %s: %s",
+                loggable(route.phrase),
+                route.task,
+                exc.message,
+            )
             return
-        log.info("[learning] learned %r is not for %s (declined)", loggable(phrase), task)
+        log.info(
+            "[learning] learned %r is not for %s on %s (declined)",
+            loggable(route.phrase),
+            route.task,
+            route.agent,
+        )
 
-    async def _remember(self, phrase: str, task: str) -> None:
+    async def _remember(self, phrase: str, record: DecisionRecord) -> None:
+        task, policy = record.matched_task, self.policy
+        assert task is not None
+        held = policy.scope == "operator"
+        # While auth is off every caller is the same one ("-"): its route is everyone's.
+        owner = None if held or record.caller == "-" else record.caller
+        route = LearnedRoute(
+            phrase, task, "caller", self._clock.time(), owner=owner, pending=held, by=record.caller
+        )
+        known = self.registry.learned().get(route.key)
+        if held and known is not None and not known.pending:
+            return  # an operator's route stands; a caller's confirmation never replaces it
         try:
-            await self.registry.remember(phrase, task, "caller", limit=self.policy.max_phrases)
+            await self.registry.remember(
+                route, limit=policy.max_phrases, quota=_quota(route, policy.phrases_per_token)
+            )
         except RegistryError as exc:
             log.warning("[learning] could not remember %r -> %s: %s", loggable(phrase), task, exc.message)
             return
         self.learned += 1
-        log.info("[learning] learned %r -> %s (a caller's confirmed retry)", loggable(phrase), task)
+        how = "held for an operator" if held else "for that caller"
+        log.info("[learning] learned %r -> %s (a caller's confirmed retry, %s)", loggable(phrase), task, how)
 
     async def close(self) -> None:
         await self._background.close()
+
+
+def _quota(route: LearnedRoute, quota: int) -> int | None:
+    """The per-token quota for what ``route.by`` made; none while auth is off (one principal,
+    "-", whom the overall bound already holds)."""
+    return None if route.by == "-" else quota

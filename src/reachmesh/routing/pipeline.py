@@ -10,8 +10,10 @@
 4. ``semantic_route``, only where the policy enables it (``routing.semantic_tasks`` patterns, or
    a caller asking for it) and exact match found nobody: the nearest declared task above the
    threshold and clear of the runner-up by the margin; else a refusal listing the best scores.
-   Tasks whose declared limits match the text better than the task itself (by the limit margin),
-   and tasks that declined this phrase before (learned negatives), are set aside first. The other
+   An agent whose own declared limit matches the text better than its task (by the limit
+   margin), or whose registration declined this phrase before (a live learned negative), is kept
+   off; a task is set aside first only when every live agent of it is, and tasks outside the
+   caller token's ``reach_tasks`` are not considered at all (docs/security.md). The other
    tasks above the threshold follow the chosen one's agents, tried only after a decline;
 5. hard filters: the ``filterAgentIds`` allowlist, status (offline and unhealthy out, suspect
    last), the circuit breaker (open and no probe due: out);
@@ -26,13 +28,15 @@ vector of a semantic request is fetched by the dispatcher first, and only read f
 from __future__ import annotations
 
 import difflib
+from dataclasses import replace
 from fnmatch import fnmatchcase
 
+from reachmesh.clock import SYSTEM_CLOCK, Clock
 from reachmesh.config import RoutingPolicy
 from reachmesh.exceptions import NoAvailableHandler, SemanticUnavailable, UnknownTask
 from reachmesh.protocol import AgentStatusValue, CandidateReason, ReachRequest, Strategy
 from reachmesh.record import DecisionRecord
-from reachmesh.registry.base import AgentEntry, Registry, normalize_phrase
+from reachmesh.registry.base import AgentEntry, LearnedRoute, Registry, learned_key, normalize_phrase
 from reachmesh.resilience.affinity import AffinityTable
 from reachmesh.resilience.breaker import BreakerBoard
 from reachmesh.resilience.capacity import CapacityBoard
@@ -44,6 +48,10 @@ from reachmesh.routing.weighted import Merit, WeightedRoundRobin
 from reachmesh.secrets import loggable
 from reachmesh.semantic.index import Vector, Verdict, Veto
 from reachmesh.semantic.vectors import CapabilityVectors
+
+# The veto reason of a task outside the caller's auth.tokens reach_tasks: dropped from what the
+# caller is told.
+OUT_OF_REACH = "out_of_reach"
 
 _OUT = {
     AgentStatusValue.OFFLINE: CandidateReason.OFFLINE,
@@ -64,10 +72,12 @@ class Pipeline:
         stats: StatsBook | None = None,
         vectors: CapabilityVectors | None = None,
         capacity: CapacityBoard | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.registry = registry
         # Requests in flight per agent, and the queue at full ones: read for the load-aware order.
         self.capacity = CapacityBoard() if capacity is None else capacity
+        self._clock = clock
         self.policy = policy or RoutingPolicy()
         # `is None`, not `or`: an empty board or table is falsy (it has a length).
         self.breakers = BreakerBoard() if breakers is None else breakers
@@ -76,6 +86,9 @@ class Pipeline:
         self.exact = ExactMatch()
         # The other tasks above the threshold of the last route by meaning (decide() reads them).
         self._alternates: list[tuple[str, float]] = []
+        # The agents of each task by meaning kept off this text by their own declines or limits
+        # (the task itself stays while another live agent of it has neither).
+        self._excluded: dict[str, dict[str, tuple[str, str | None]]] = {}
         self.merit = Merit(StatsBook() if stats is None else stats, self.policy.merit)
         self.weighted = WeightedRoundRobin(self.merit)
 
@@ -99,27 +112,36 @@ class Pipeline:
     def canonical(self, task: str) -> str:
         return self.policy.task_map.get(task, task)
 
-    def learned_task(self, text: str) -> str | None:
-        """The task ``text`` was learned for, when learning is on and an agent declares it now
-        (a learned route whose task nobody declares any more is kept, unused)."""
+    def learned_task(self, text: str, caller: str = "-", reach: tuple[str, ...] = ("*",)) -> str | None:
+        """The task ``text`` was learned for, for this caller, when learning is on and an agent
+        declares it now (a learned route whose task nobody declares any more is kept, unused).
+
+        The caller's own confirmation first, then an operator's; a route held for an operator
+        routes nobody, and a task outside the caller's ``reach`` is never one."""
         if not self.policy.learning.enabled:
             return None
         learned = self.registry.learned()
         if not learned:
             return None
-        route = learned.get(normalize_phrase(text))
-        if route is None or not self.registry.by_task(route.task):
-            return None
-        return route.task
+        phrase = normalize_phrase(text)
+        for key in (learned_key(phrase, caller), phrase):
+            route = learned.get(key)
+            if route is None or route.pending or not self.registry.by_task(route.task):
+                continue
+            if any(fnmatchcase(route.task, glob) for glob in reach):
+                return route.task
+        return None
 
-    def wants_semantic(self, request: ReachRequest) -> bool:
+    def wants_semantic(
+        self, request: ReachRequest, caller: str = "-", reach: tuple[str, ...] = ("*",)
+    ) -> bool:
         """True when this request would be routed semantically (so it needs a query vector)."""
         if self.vectors is None or request.target_agent:
             return False
         task = request.target_task
         if task in self.policy.task_map or self.registry.by_task(task):
             return False
-        if self.learned_task(task) is not None:
+        if self.learned_task(task, caller, reach) is not None:
             return False
         if self.strategy(request) is Strategy.SEMANTIC_ROUTE:
             return True
@@ -132,6 +154,8 @@ class Pipeline:
         strategy = self.strategy(request)
         record.strategy = strategy.value
         self._alternates = []
+        self._excluded = {}
+        record.narrowed = bool(request.target_agent) or request.preferences.filter_agent_ids is not None
         similarity: float | None = None
         if request.target_agent:
             task, target = self._targeted(request, record)
@@ -195,13 +219,13 @@ class Pipeline:
             record.rule = strategy.value if strategy is not Strategy.SEMANTIC_ROUTE else "exact_match"
         similarity: float | None = None
         if not self.registry.by_task(task) and mapped is None:
-            learned = self.learned_task(task)
+            learned = self.learned_task(task, record.caller, record.reach_tasks)
             if learned is not None:
                 # Its own rule, so a learned route is told apart from the operator's task map.
                 record.rule = "learned"
                 record.note("learned", f"{loggable(task)} -> {learned}")
                 task = learned
-            elif self.wants_semantic(request):
+            elif self.wants_semantic(request, record.caller, record.reach_tasks):
                 task, similarity = self._semantic(request, record)
                 record.rule = "semantic_route"
         if not self.registry.by_task(task):
@@ -219,11 +243,15 @@ class Pipeline:
         """Hard filters: the allowlist, status and breaker. Available agents, then suspect ones."""
         allow = request.preferences.filter_agent_ids
         allowed = set(allow) if allow is not None else None
+        excluded = self._excluded.get(task, {}) if similarity is not None else {}
         eligible: list[AgentEntry] = []
         last_resort: list[AgentEntry] = []
         for entry in pool:
             if allowed is not None and entry.id not in allowed:
                 record.reject(entry.id, CandidateReason.FILTERED, similarity, task)
+            elif entry.id in excluded:
+                why, limit = excluded[entry.id]
+                record.reject(entry.id, why, similarity, task, limit)
             elif not entry.routable:
                 record.reject(entry.id, _OUT[entry.status], similarity, task)
             elif self.breakers.blocked(entry.id, task):
@@ -293,8 +321,12 @@ class Pipeline:
             )
         threshold, margin = limits
         baseline = self.vectors.baseline(query)
-        veto = self._veto(text, query, baseline)
+        veto = self._veto(text, query, baseline, record.reach_tasks)
         verdict = self.vectors.index.judge(query, threshold, margin, baseline, veto)
+        if any(why == OUT_OF_REACH for _, _, why, _ in verdict.vetoed):
+            # Another tenant's tasks are not named to this caller, not even as set aside.
+            kept = [v for v in verdict.vetoed if v[2] != OUT_OF_REACH]
+            verdict = replace(verdict, vetoed=kept)
         self._set_aside(record, verdict)
         record.semantic = {
             "score": round(verdict.score, 4),
@@ -329,21 +361,37 @@ class Pipeline:
         self._alternates = [(t, s) for t, s in verdict.best[1:] if s >= threshold]
         return verdict.task, verdict.score
 
-    def _veto(self, text: str, query: Vector, baseline: float) -> Veto | None:
-        """What sets a task aside for this text: a learned negative, or a declared limit that the
-        text matches better than the task itself by the limit margin."""
+    def _veto(self, text: str, query: Vector, baseline: float, reach: tuple[str, ...]) -> Veto | None:
+        """What sets a task aside for this text: a task the caller may not reach by meaning
+        (silently), or every live agent of it having declined the text or declaring a limit it
+        matches better than the task itself by the limit margin. An agent alone in that case is
+        kept off (``_excluded``) while the others of its task stay."""
         assert self.vectors is not None
         index = self.vectors.index
         negatives = self.registry.negatives()
         phrase = normalize_phrase(text) if negatives else ""
         limit_margin = self.vectors.limit_margin()
+        now = self._clock.time()
+        anywhere = reach == ("*",)
 
         def veto(task: str, score: float) -> tuple[str, str | None] | None:
-            if negatives and (phrase, task) in negatives:
-                return CandidateReason.DECLINED, None
-            hit = index.limit_hit(query, task, baseline)
-            if hit is not None and hit[0] - score > limit_margin:
-                return CandidateReason.DECLARED_LIMIT, hit[1]
+            if not anywhere and not any(fnmatchcase(task, glob) for glob in reach):
+                return OUT_OF_REACH, None
+            hits = index.limit_hits(query, task, baseline)
+            out: dict[str, tuple[str, str | None]] = {}
+            live = [e for e in self.registry.by_task(task) if e.routable]
+            for entry in live:
+                negative = negatives.get((phrase, task, entry.id)) if negatives else None
+                hit = hits.get(entry.id)
+                if negative is not None and _applies(negative, entry, now):
+                    out[entry.id] = (CandidateReason.DECLINED, None)
+                elif hit is not None and hit[0] - score > limit_margin:
+                    out[entry.id] = (CandidateReason.DECLARED_LIMIT, hit[1])
+            if live and len(out) == len(live):
+                limits = [why for why in out.values() if why[0] == CandidateReason.DECLARED_LIMIT]
+                return limits[0] if limits else (CandidateReason.DECLINED, None)
+            if out:
+                self._excluded[task] = out
             return None
 
         return veto
@@ -371,6 +419,12 @@ class Pipeline:
     @staticmethod
     def _no_handler(record: DecisionRecord, message: str) -> NoAvailableHandler:
         return NoAvailableHandler(message, list(record.rejected))
+
+
+def _applies(negative: LearnedRoute, entry: AgentEntry, now: float) -> bool:
+    """A negative speaks for the registration that declined, until it expires: the same agent
+    registered afresh (fixed, restarted) is offered the phrase again."""
+    return negative.live(now) and negative.lease == entry.lease_tag
 
 
 def _weak_match(verdict: Verdict, threshold: float, margin: float) -> str:

@@ -17,6 +17,7 @@ LATENCY_WINDOW = 256
 
 class _AgentStats:
     __slots__ = (
+        "declines_in_a_row",
         "ewma_latency_ms",
         "ewma_success",
         "failures",
@@ -30,6 +31,7 @@ class _AgentStats:
         self.requests = 0
         self.failures = 0
         self.inflight = 0
+        self.declines_in_a_row = 0  # since its last success: repeated declines cost (DeclinePolicy)
         self.latencies: deque[float] = deque(maxlen=LATENCY_WINDOW)
         # Time-decayed EWMAs: how much a sample moves them depends on the time since the last
         # one, so they react within seconds whether an agent sees 1 or 1,000 requests/s.
@@ -63,6 +65,8 @@ class StatsBook:
         stats.inflight -= 1
         if ok is None:
             return
+        if ok:
+            stats.declines_in_a_row = 0
         stats.requests += 1
         if not ok:
             stats.failures += 1
@@ -77,6 +81,14 @@ class StatsBook:
             stats.ewma_latency_ms += alpha * (latency_ms - stats.ewma_latency_ms)
             stats.ewma_success += alpha * ((1.0 if ok else 0.0) - stats.ewma_success)
         stats.last_sample = now
+
+    def declined(self, agent_id: str) -> int:
+        """Book a decline: the agent's declines since its last success, this one included."""
+        stats = self._agents.get(agent_id)
+        if stats is None:
+            return 1
+        stats.declines_in_a_row += 1
+        return stats.declines_in_a_row
 
     def merit(self, agent_id: str) -> tuple[float, float | None]:
         """``(EWMA success rate, EWMA latency in ms or None before any sample)``."""

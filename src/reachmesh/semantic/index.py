@@ -296,6 +296,51 @@ class SemanticIndex:
         assert key is not None
         return float(values[best]) - baseline, key[1]
 
+    def limit_hits(self, query: Vector, task: str, baseline: float = 0.0) -> dict[str, tuple[float, str]]:
+        """Each agent declaring limits on ``task``: the best score of ``query`` against its own
+        limits, and that limit. One agent's limits speak for that agent alone."""
+        limits = self._limits
+        rows = None if limits is None else limits._task_rows.get(LIMIT + task)
+        if not rows:
+            return {}
+        assert limits is not None
+        order = list(rows)
+        values = limits._store[order].astype(np.float32) @ query
+        hits: dict[str, tuple[float, str]] = {}
+        for row, value in zip(order, values, strict=True):
+            key = limits._key_of[row]
+            if key is None:
+                continue
+            score = float(value) - baseline
+            for agent_id in limits._users.get(row, ()):
+                known = hits.get(agent_id)
+                if known is None or score > known[0]:
+                    hits[agent_id] = (score, key[1])
+        return hits
+
+    def close_tasks(self, rows: Vector, similarity: float) -> dict[str, tuple[int, float]]:
+        """For each declared task with a row at ``similarity`` or closer to some of ``rows``: how
+        many of ``rows`` have one, and the closest cosine. One product over the index: the cost
+        of checking a new capability against every other (docs/security.md, near-duplicates)."""
+        if self._size == 0 or len(rows) == 0:
+            return {}
+        sims = rows.astype(np.float32) @ self._store[: self._size].astype(np.float32).T
+        found: dict[str, tuple[int, float]] = {}
+        for values in sims:
+            best: dict[str, float] = {}
+            for col in np.flatnonzero(values >= similarity):
+                task = self._task_of[int(col)]
+                if task is not None and task in self._task_agents:
+                    best[task] = max(best.get(task, -1.0), float(values[col]))
+            for task, value in best.items():
+                count, closest = found.get(task, (0, -1.0))
+                found[task] = (count + 1, max(closest, value))
+        return found
+
+    def declaring(self, task: str) -> set[str]:
+        """The agents (not learned rows) whose capability texts are indexed for ``task``."""
+        return set(self._task_agents.get(task, ()))
+
     def judge(
         self,
         query: Vector,

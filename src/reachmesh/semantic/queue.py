@@ -1,8 +1,9 @@
 """The embedding work of registrations: off the request path, bounded, and fair.
 
 A registration answers at once; its capability texts wait here. One worker embeds them a few at a
-time, taking turns between registrants, so a profile with hundreds of long examples delays
-another agent's vectors by one batch at most, and never delays a registration or a question
+time, taking turns first between tokens (the agent token that registered, ``AgentEntry.holder``)
+and then between that token's agents, so the profiles of one token, however many and however
+long, delay another token's agent by one batch per turn at most, and never a registration or a question
 (queries have their own lane in the embedder). The agent is routable by its exact task names at
 once, and by meaning as soon as its vectors are in.
 """
@@ -64,13 +65,15 @@ Embed = Callable[[list[str]], Awaitable[Vector]]
 
 
 class EmbeddingQueue:
-    """Jobs by agent, served round robin one batch at a time by :meth:`run`."""
+    """Jobs by agent, served one batch at a time by :meth:`run`: round robin between the tokens
+    that registered them, and between each token's agents."""
 
     def __init__(self, embed: Embed, is_current: Callable[[AgentEntry], bool]) -> None:
         self._embed = embed
         self._is_current = is_current
         self._jobs: dict[str, Job] = {}
-        self._turns: deque[str] = deque()
+        self._turns: deque[str] = deque()  # tokens with agents waiting, in turn
+        self._waiting: dict[str, deque[str]] = {}  # token -> its agents, in turn
         self._wake = asyncio.Event()
 
     def __len__(self) -> int:
@@ -82,9 +85,16 @@ class EmbeddingQueue:
     def put(self, job: Job) -> None:
         """Queue ``job``, replacing any older job of the same agent."""
         if job.entry.id not in self._jobs:
-            self._turns.append(job.entry.id)
+            self._queue(_token(job.entry), job.entry.id)
         self._jobs[job.entry.id] = job
         self._wake.set()
+
+    def _queue(self, token: str, agent_id: str) -> None:
+        waiting = self._waiting.get(token)
+        if waiting is None:
+            waiting = self._waiting[token] = deque()
+            self._turns.append(token)
+        waiting.append(agent_id)
 
     def drop(self, agent_id: str) -> None:
         self._jobs.pop(agent_id, None)
@@ -102,7 +112,13 @@ class EmbeddingQueue:
     async def _turn(
         self, finished: Callable[[Job], None], failed: Callable[[Job, EmbeddingError], None]
     ) -> None:
-        agent_id = self._turns.popleft()
+        token = self._turns.popleft()
+        waiting = self._waiting[token]
+        agent_id = waiting.popleft()
+        if waiting:
+            self._turns.append(token)  # the token's next agent, at the token's next turn
+        else:
+            del self._waiting[token]
         job = self._jobs.get(agent_id)
         if job is None or not self._is_current(job.entry):
             self._jobs.pop(agent_id, None)
@@ -127,4 +143,9 @@ class EmbeddingQueue:
             del self._jobs[agent_id]
             finished(job)
         else:
-            self._turns.append(agent_id)
+            self._queue(token, agent_id)
+
+
+def _token(entry: AgentEntry) -> str:
+    """Who takes turns for ``entry``: the token that registered it ("-" while auth is off)."""
+    return entry.holder or "-"

@@ -19,10 +19,12 @@ from reachmesh.config import EmbeddingPolicy
 from reachmesh.exceptions import EmbeddingError, EmbeddingUnavailable
 from reachmesh.lifecycle import Background
 from reachmesh.registry.base import AgentEntry, LearnedRoute, Registry, RegistryEvent
+from reachmesh.semantic.duplicates import NearDuplicate, near_duplicate
 from reachmesh.semantic.embedders.base import Embedder, calibrated_limit_margin
 from reachmesh.semantic.index import (
     BACKGROUND,
     LEARNED,
+    LIMIT,
     QueryCache,
     SemanticIndex,
     Vector,
@@ -69,6 +71,8 @@ class CapabilityVectors:
         self._pending: dict[str, AgentEntry] = {}
         self._ready: set[str] = set()
         self.shared_hits = 0  # agents made ready from another Router's vectors, not embedded here
+        # Capabilities that nearly repeat another token's, by agent (semantic/duplicates.py).
+        self.duplicates: dict[str, list[NearDuplicate]] = {}
         self.queue = EmbeddingQueue(self._embed_passages, lambda e: self.registry.get(e.id) is e)
         self._background = Background("reach-vectors")
         registry.subscribe(self._on_registry)
@@ -93,6 +97,7 @@ class CapabilityVectors:
             self._pending.pop(entry.id, None)
             self._ready.discard(entry.id)
             self.queue.drop(entry.id)
+            self.duplicates.pop(entry.id, None)
 
     # -- learned phrases as example rows -----------------------------------------------------
 
@@ -111,7 +116,9 @@ class CapabilityVectors:
     def _on_learned(self, key: str, route: LearnedRoute | None) -> None:
         self.index.remove_agent(LEARNED + key)
         self._learned_todo.pop(key, None)
-        if route is not None and self.learning:
+        # Only a route that serves every caller (an operator's) becomes an example of its task: a
+        # caller's own, or one held for an operator, must not move anyone else's routes.
+        if route is not None and self.learning and route.owner is None and not route.pending:
             self._learned_todo[key] = (route.task, route.phrase)
             self._learned_wake.set()
 
@@ -218,16 +225,49 @@ class CapabilityVectors:
             # Rows another agent brought left with it while this job waited: embed them too.
             self.schedule(entry)
             return
+        groups: list[tuple[str, list[str], Vector]] = []
         row = 0
         for task, texts in entry_groups(entry):
             todo = [text for t, text in fresh_texts if t == task]
             if todo and fresh is not None:
-                self.index.add(entry.id, task, todo, fresh[row : row + len(todo)])
+                groups.append((task, todo, fresh[row : row + len(todo)]))
                 row += len(todo)
             known = [t for t in texts if t not in todo]
             if known:
-                self.index.add(entry.id, task, known, self._rows_for(task, known))
+                groups.append((task, known, self._rows_for(task, known)))
+        refused = self._check_duplicates(entry, groups)
+        for task, texts, rows in groups:
+            if task.removeprefix(LIMIT) not in refused:
+                self.index.add(entry.id, task, texts, rows)
         self._ready.add(entry.id)
+
+    def _check_duplicates(self, entry: AgentEntry, groups: list[tuple[str, list[str], Vector]]) -> set[str]:
+        """Flag each capability of ``entry`` that nearly repeats another token's; the tasks the
+        policy refuses by meaning for it."""
+        import numpy as np
+
+        mode = self.policy.duplicates
+        self.duplicates.pop(entry.id, None)
+        if mode == "off" or entry.holder is None:
+            return set()
+        found: list[NearDuplicate] = []
+        for task in {t for t, _, _ in groups if not t.startswith(LIMIT)}:
+            rows = np.concatenate([r for t, _, r in groups if t == task])
+            hit = near_duplicate(
+                self.index, task, rows, entry.holder, self._holder_of, self.policy.duplicate_similarity
+            )
+            if hit is not None:
+                found.append(NearDuplicate(task, hit[0], hit[1], hit[2], refused=mode == "refuse"))
+        if found:
+            self.duplicates[entry.id] = found
+            log.warning(
+                "[semantic] %s: %s", entry.id, ", ".join(f"{d.task} nearly repeats {d.of}" for d in found)
+            )
+        return {d.task for d in found if d.refused}
+
+    def _holder_of(self, agent_id: str) -> str | None:
+        entry = self.registry.get(agent_id)
+        return None if entry is None else entry.holder
 
     def _rows_for(self, task: str, texts: list[str]) -> Vector:
         import numpy as np

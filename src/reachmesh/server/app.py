@@ -22,6 +22,7 @@ from reachmesh.exceptions import ConfigError, InternalError, RequestError
 from reachmesh.lifecycle import Background
 from reachmesh.registry.base import Registry
 from reachmesh.router import answer
+from reachmesh.router.dispatcher import Grants
 from reachmesh.router.results import Reply
 from reachmesh.server.admin import AdminApi
 from reachmesh.server.asgi import (
@@ -112,15 +113,8 @@ class RouterApp:
         trace_hint = trace_header.decode("latin-1") if trace_header else None
         raw_parent = headers.get(b"traceparent")
         parent = parse_traceparent(raw_parent.decode("latin-1")) if raw_parent else None
-        # Slots are counted per credential when auth is on: one token behind five source
-        # addresses took all 1,024 when they were counted per address. With auth off, the
-        # address is all there is to tell callers apart.
-        caller = principal_of(scope).key
-        if self.auth_on and caller != ANONYMOUS.key:
-            peer = caller
-        else:
-            client = scope.get("client")
-            peer = client[0] if client else "-"
+        principal = principal_of(scope)
+        caller, peer = principal.key, self._client_key(scope)
         shed = parts.shedder.admit(peer)
         if shed is not None:
             status, payload = parts.dispatcher.shed(shed, trace_id=parent[0] if parent else None)
@@ -139,14 +133,20 @@ class RouterApp:
                 return
             except ClientGone:
                 return
-            owner = caller if self.auth_on else None
+            # Who is asking, the same for a plain and a streamed answer.
+            who: dict[str, Any] = {
+                "trace_header": trace_hint,
+                "parent": parent,
+                "owner": caller if self.auth_on else None,
+                "caller": caller,
+                "client": peer,
+                "grants": Grants(principal.serves, principal.reach_tasks),
+            }
             if wants_stream(headers.get(b"accept")):
-                await self._stream(send, receive, body, trace_hint, parent, owner, caller)
+                await self._stream(send, receive, body, who)
                 return
             try:
-                status, payload = await parts.dispatcher.handle(
-                    body, trace_header=trace_hint, parent=parent, owner=owner, caller=caller, client=peer
-                )
+                status, payload = await parts.dispatcher.handle(body, **who)
             except Exception:
                 # A bug, not bad input: still one ReachResponse, counted and traced like any
                 # other, and the traceback stays here.
@@ -163,27 +163,35 @@ class RouterApp:
         finally:
             parts.shedder.release(peer)
 
+    def _client_key(self, scope: Scope) -> str:
+        """Who the per-client limits count. Slots are counted per credential when auth is on:
+        one token behind five source addresses took all 1,024 when they were counted per
+        address. With auth off, the address is all there is to tell callers apart."""
+        caller = principal_of(scope).key
+        if self.auth_on and caller != ANONYMOUS.key:
+            return caller
+        client = scope.get("client")
+        return client[0] if client else "-"
+
     async def _stream(
         self,
         send: Send,
         receive: Receive,
         body: bytes,
-        trace_hint: str | None,
-        parent: tuple[str, str] | None,
-        owner: str | None,
-        caller: str,
+        who: dict[str, Any],
     ) -> None:
         """A caller that asked for ``text/event-stream`` (protocol §14)."""
         dispatcher = self.parts.dispatcher
 
         def run(sink: EventSink) -> Awaitable[Reply]:
-            return dispatcher.handle(
-                body, trace_header=trace_hint, parent=parent, owner=owner, caller=caller, sink=sink
-            )
+            return dispatcher.handle(body, sink=sink, **who)
 
         def internal_error() -> Reply:
             log.exception("internal error while streaming /reach")
-            return dispatcher.refuse(InternalError(), trace_id=trace_hint or (parent[0] if parent else None))
+            parent = who["parent"]
+            return dispatcher.refuse(
+                InternalError(), trace_id=who["trace_header"] or (parent[0] if parent else None)
+            )
 
         await serve_stream(send, receive, run, internal_error)
 

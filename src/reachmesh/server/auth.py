@@ -59,12 +59,19 @@ class Principal:
     tasks: tuple[str, ...] = ("*",)
     # The highest routing_weight this token's agents may declare; None: routing.max_weight.
     max_weight: float | None = None
+    # The tasks its requests may reach by meaning or by a learned route (exact names: any).
+    reach_tasks: tuple[str, ...] = ("*",)
 
     def may_register(self, agent_id: str) -> bool:
         return self.role == "admin" or any(fnmatchcase(agent_id, glob) for glob in self.agent_ids)
 
     def may_serve(self, task: str) -> bool:
         return self.role == "admin" or any(fnmatchcase(task, glob) for glob in self.tasks)
+
+    @property
+    def serves(self) -> tuple[str, ...]:
+        """The task globs this principal's agents serve: an agent token's, else none."""
+        return self.tasks if self.role == "agent" else ()
 
 
 ANONYMOUS = Principal("anonymous", "-")
@@ -169,7 +176,13 @@ class TokenGuard:
 def _principal(spec: TokenSpec) -> Principal:
     key = f"fp:{spec.sha256[:8]}"
     return Principal(
-        spec.role, spec.name or key, key, tuple(spec.agent_ids), tuple(spec.tasks), spec.max_weight
+        spec.role,
+        spec.name or key,
+        key,
+        tuple(spec.agent_ids),
+        tuple(spec.tasks),
+        spec.max_weight,
+        tuple(spec.reach_tasks),
     )
 
 

@@ -144,9 +144,7 @@ class RouterParts:
         if config.embedding.backend != "none":
             vectors = CapabilityVectors(build_embedder(config.embedding), registry, config.embedding)
         # It keeps the per-agent capacity (slots and queues) too; the dispatcher applies its policy.
-        pipeline = Pipeline(
-            registry, config.routing, breakers=breakers, affinity=affinity, stats=stats, vectors=vectors
-        )
+        pipeline = _pipeline(config, registry, breakers, affinity, stats, vectors, clock)
         parts = cls(
             config=config,
             clock=clock,
@@ -376,7 +374,31 @@ class RouterParts:
             # An addition to the protocol: whether the agent is routable by meaning yet.
             state = self.vectors.state(entry.id)
             status["vectors"] = None if state is None else state.value
+            near = self.vectors.duplicates.get(entry.id)
+            if near:
+                # Capabilities worded like another token's (docs/security.md): shown, maybe refused.
+                status["nearDuplicates"] = [d.to_json() for d in near]
         return status
+
+
+def _pipeline(
+    config: RouterConfig,
+    registry: Registry,
+    breakers: BreakerBoard,
+    affinity: AffinityTable,
+    stats: StatsBook,
+    vectors: CapabilityVectors | None,
+    clock: Clock,
+) -> Pipeline:
+    return Pipeline(
+        registry,
+        config.routing,
+        breakers=breakers,
+        affinity=affinity,
+        stats=stats,
+        vectors=vectors,
+        clock=clock,
+    )
 
 
 def _metrics(

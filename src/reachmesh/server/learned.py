@@ -43,9 +43,21 @@ class LearnedRoutes:
             "declared": bool(self.parts.registry.by_task(route.task)),
         }
 
+    def _negative_view(self, negative: LearnedRoute) -> dict[str, Any]:
+        view: dict[str, Any] = {**negative.to_json(), "at": iso_utc(negative.at)}
+        if negative.expires is not None:
+            view["expires"] = iso_utc(negative.expires)
+        entry = self.parts.registry.get(negative.agent or "")
+        # False: that agent left, or registered afresh since; the negative no longer applies.
+        view["applies"] = entry is not None and entry.lease_tag == negative.lease
+        return view
+
     async def list_learned(self, request: Request) -> Response:
         policy = self.parts.config.routing.learning
         routes = sorted(self.parts.registry.learned().values(), key=lambda r: -r.at)
+        now = self.parts.clock.time()
+        # An expired negative applies to nobody: it is not shown (etcd removes it at its TTL).
+        negatives = [n for n in self.parts.registry.negatives().values() if n.live(now)]
         vectors = self.parts.vectors
         return JsonResponse(
             {
@@ -57,10 +69,9 @@ class LearnedRoutes:
                 "learned": [self._learned_view(r) for r in routes],
                 # (phrase, task) pairs routes by meaning keep apart: that task declined that phrase.
                 "negativesEnabled": policy.negatives,
-                "negatives": [
-                    {**n.to_json(), "at": iso_utc(n.at)}
-                    for n in sorted(self.parts.registry.negatives().values(), key=lambda r: -r.at)
-                ],
+                "scope": policy.scope,
+                "negativeTtlSeconds": policy.negative_ttl_seconds,
+                "negatives": [self._negative_view(n) for n in sorted(negatives, key=lambda r: -r.at)],
             }
         )
 
@@ -89,17 +100,18 @@ class LearnedRoutes:
                 f"no agent declares task {task!r}",
                 details=[{"field": "task", "message": "no agent declares it"}],
             )
-        route = await self.parts.registry.remember(phrase, task, "operator", limit=policy.max_phrases)
+        route = LearnedRoute(phrase, task, "operator", self.parts.clock.time(), by="operator")
+        await self.parts.registry.remember(route, limit=policy.max_phrases)
         return JsonResponse(self._learned_view(route), status_code=201)
 
     async def forget_learned(self, request: Request) -> Response:
-        phrase = request.query_params.get("phrase")
+        phrase, owner = request.query_params.get("phrase"), request.query_params.get("owner")
         if not phrase:
             raise RequestError(
-                "give the phrase to forget: DELETE /admin/learned?phrase=...",
+                "give the phrase to forget: DELETE /admin/learned?phrase=...[&owner=...]",
                 details=[{"field": "phrase", "message": "required"}],
             )
-        if not await self.parts.registry.forget(phrase):
+        if not await self.parts.registry.forget(phrase, owner or None):
             return json_error(404, "NOT_FOUND", "no learned route for that phrase")
         return Response(status_code=204)
 
@@ -107,14 +119,16 @@ class LearnedRoutes:
         phrase, task = request.query_params.get("phrase"), request.query_params.get("task")
         if not phrase or not task:
             raise RequestError(
-                "give the phrase and the task: DELETE /admin/learned/negatives?phrase=...&task=...",
+                "give the phrase and the task: "
+                "DELETE /admin/learned/negatives?phrase=...&task=...[&agent=...]",
                 details=[
                     {"field": f, "message": "required"}
                     for f, v in (("phrase", phrase), ("task", task))
                     if not v
                 ],
             )
-        if not await self.parts.registry.forget_negative(phrase, task):
+        agent = request.query_params.get("agent") or None
+        if not await self.parts.registry.forget_negative(phrase, task, agent):
             return json_error(404, "NOT_FOUND", "no learned negative for that phrase and task")
         return Response(status_code=204)
 

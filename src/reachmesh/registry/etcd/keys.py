@@ -42,9 +42,10 @@ class Keys:
     def vector_block(self, model: str, agent_id: str) -> str:
         return f"{self.vectors}{quote(model, safe='')}/{agent_id}"
 
-    def negative(self, phrase_key: str, task: str) -> str:
-        return self.negatives + hashlib.sha256(f"{phrase_key}\0{task}".encode()).hexdigest()
+    def negative(self, phrase_key: str, task: str, agent: str) -> str:
+        return self.negatives + hashlib.sha256(f"{phrase_key}\0{task}\0{agent}".encode()).hexdigest()
 
     def learned_route(self, phrase_key: str) -> str:
+        """``phrase_key`` is a LearnedRoute.key: the phrase, and its owner when it has one."""
         # A digest, not the phrase: caller text never becomes part of a key.
         return self.learned + hashlib.sha256(phrase_key.encode()).hexdigest()

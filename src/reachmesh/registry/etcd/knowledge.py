@@ -4,13 +4,14 @@ vectors, and which agents fail. Each Router writes its own; the watch brings eve
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Mapping
 from urllib.parse import quote
 
 import orjson
 
 from reachmesh.exceptions import RegistryUnavailable
-from reachmesh.registry.entry import AgentEntry, LearnedRoute, normalize_phrase
+from reachmesh.registry.entry import AgentEntry, LearnedRoute, learned_key, normalize_phrase
 from reachmesh.registry.etcd.health import Health
 from reachmesh.registry.etcd.records import decode, read_route, route_value
 from reachmesh.registry.etcd.shared import Shared
@@ -35,7 +36,7 @@ class SharedKnowledge:
         # etcd key -> normalized phrase, and the revision applied for it (a watch event of a
         # write this Router made itself is not applied twice).
         self._learned_keys: dict[str, tuple[str, int]] = {}
-        self._negative_keys: dict[str, tuple[tuple[str, str], int]] = {}
+        self._negative_keys: dict[str, tuple[tuple[str, str, str], int]] = {}
 
     # -- from etcd ---------------------------------------------------------------------------
 
@@ -97,27 +98,33 @@ class SharedKnowledge:
 
     # -- learned routes and negatives --------------------------------------------------------
 
-    async def remember(self, phrase: str, task: str, source: str, *, limit: int) -> LearnedRoute:
+    async def remember(self, route: LearnedRoute, *, limit: int, quota: int | None = None) -> LearnedRoute:
         snapshot = self._shared.snapshot
-        phrase_key = normalize_phrase(phrase)
+        key = route.key
         # The bound holds across Routers: whoever writes past it removes the oldest.
-        room = limit if phrase_key in snapshot.learned else limit - 1
-        victims = [old for old in snapshot.excess(room) if old != phrase_key]
+        room = limit if key in snapshot.learned else limit - 1
+        known = snapshot.learned.get(key)
+        own = quota if quota is None or (known is not None and known.by == route.by) else quota - 1
+        victims = [old for old in snapshot.excess(room, route.by, own) if old != key]
         return await self._learn(
-            LearnedRoute(phrase, task, source, self._shared.clock.time()),
-            self._shared.keys.learned_route(phrase_key),
+            route,
+            self._shared.keys.learned_route(key),
             [self._shared.keys.learned_route(old) for old in victims],
             self.apply_learned,
         )
 
-    async def remember_negative(self, phrase: str, task: str, source: str, *, limit: int) -> LearnedRoute:
+    async def remember_negative(
+        self, route: LearnedRoute, *, limit: int, quota: int | None = None
+    ) -> LearnedRoute:
         snapshot = self._shared.snapshot
-        pair = (normalize_phrase(phrase), task)
-        room = limit if pair in snapshot.negatives else limit - 1
-        victims = [old for old in snapshot.excess_negatives(room) if old != pair]
+        key = route.negative_key
+        room = limit if key in snapshot.negatives else limit - 1
+        known = snapshot.negatives.get(key)
+        own = quota if quota is None or (known is not None and known.by == route.by) else quota - 1
+        victims = [old for old in snapshot.excess_negatives(room, route.by, own) if old != key]
         return await self._learn(
-            LearnedRoute(phrase, task, source, self._shared.clock.time()),
-            self._shared.keys.negative(*pair),
+            route,
+            self._shared.keys.negative(*key),
             [self._shared.keys.negative(*old) for old in victims],
             self.apply_negative,
         )
@@ -129,7 +136,12 @@ class SharedKnowledge:
         client, deadline = self._shared.client, self._health.deadline()
         value = route_value(route, self._shared.router)
         try:
-            revision = await client.put(key, value, deadline=deadline)
+            lease = 0
+            if route.expires is not None:
+                # Its own lease: etcd removes it at the end of its TTL, whichever Routers are up.
+                ttl = max(1, math.ceil(route.expires - self._shared.clock.time()))
+                lease = await client.grant(ttl, deadline=deadline)
+            revision = await client.put(key, value, lease=lease, deadline=deadline)
             for old in victims:
                 await client.delete(old, deadline=deadline)
         except EtcdRejected as exc:
@@ -139,13 +151,24 @@ class SharedKnowledge:
             apply(_gone(old, revision), deleted=True)
         return route
 
-    async def forget(self, phrase: str) -> bool:
-        key = self._shared.keys.learned_route(normalize_phrase(phrase))
+    async def forget(self, phrase: str, owner: str | None = None) -> bool:
+        key = self._shared.keys.learned_route(learned_key(phrase, owner))
         return await self._delete(key, self._learned_keys, self.apply_learned)
 
-    async def forget_negative(self, phrase: str, task: str) -> bool:
-        key = self._shared.keys.negative(normalize_phrase(phrase), task)
-        return await self._delete(key, self._negative_keys, self.apply_negative)
+    async def forget_negative(self, phrase: str, task: str, agent: str | None = None) -> bool:
+        phrase_key = normalize_phrase(phrase)
+        agents = [
+            k[2]
+            for k in self._shared.snapshot.negatives
+            if k[:2] == (phrase_key, task) and agent in (None, k[2])
+        ]
+        if agent is not None and agent not in agents:
+            agents.append(agent)  # perhaps in etcd and not yet here: the delete says
+        found = False
+        for one in agents:
+            key = self._shared.keys.negative(phrase_key, task, one)
+            found = await self._delete(key, self._negative_keys, self.apply_negative) or found
+        return found
 
     async def _delete(self, key: str, known_keys: Mapping[str, object], apply: Callable[..., None]) -> bool:
         """Delete ``key`` and apply that; whether it was there (in etcd, or known here)."""

@@ -149,9 +149,7 @@ def read_route(kv: KeyValue, what: str) -> LearnedRoute | None:
     """The learned route (or negative: ``what`` names which) under ``kv``, or None when not one."""
     record = decode(kv) or {}
     try:
-        return LearnedRoute(
-            str(record["phrase"]), str(record["task"]), str(record["source"]), float(record["at"])
-        )
+        return LearnedRoute.from_json(record)
     except (KeyError, TypeError, ValueError):
         log.warning("[registry] skipping %s: not a %s", kv.key, what)
         return None

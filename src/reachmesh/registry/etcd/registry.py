@@ -223,14 +223,16 @@ class EtcdRegistry(Registry):
     def publish_vectors(self, model: str, agent_id: str, block: bytes) -> None:
         self.knowledge.publish_vectors(model, agent_id, block)
 
-    async def remember(self, phrase: str, task: str, source: str, *, limit: int) -> LearnedRoute:
-        return await self.knowledge.remember(phrase, task, source, limit=limit)
+    async def remember(self, route: LearnedRoute, *, limit: int, quota: int | None = None) -> LearnedRoute:
+        return await self.knowledge.remember(route, limit=limit, quota=quota)
 
-    async def forget(self, phrase: str) -> bool:
-        return await self.knowledge.forget(phrase)
+    async def forget(self, phrase: str, owner: str | None = None) -> bool:
+        return await self.knowledge.forget(phrase, owner)
 
-    async def remember_negative(self, phrase: str, task: str, source: str, *, limit: int) -> LearnedRoute:
-        return await self.knowledge.remember_negative(phrase, task, source, limit=limit)
+    async def remember_negative(
+        self, route: LearnedRoute, *, limit: int, quota: int | None = None
+    ) -> LearnedRoute:
+        return await self.knowledge.remember_negative(route, limit=limit, quota=quota)
 
-    async def forget_negative(self, phrase: str, task: str) -> bool:
-        return await self.knowledge.forget_negative(phrase, task)
+    async def forget_negative(self, phrase: str, task: str, agent: str | None = None) -> bool:
+        return await self.knowledge.forget_negative(phrase, task, agent)

@@ -245,6 +245,13 @@
     breaker.append(pill(agent.circuit, BREAKER_CLASS[agent.circuit] || ""));
     const caps = el("td");
     for (const task of agent.capabilities || []) caps.append(el("span", "chip", task));
+    for (const dup of agent.nearDuplicates || []) {
+      // A capability worded like another token's: it could take that tenant's callers by meaning.
+      const flag = pill((dup.refused ? "refused: " : "") + dup.task + " ≈ " + dup.of, "status-warn");
+      flag.title = "near-duplicate of another token's task " + dup.of + " (cosine " + dup.similarity + ")";
+      flag.dataset.duplicate = String(dup.task);
+      caps.append(flag);
+    }
     const success = stats.requests ? (stats.successRate * 100).toFixed(1) + " %" : "–";
     const heartbeat = Date.parse(agent.lastHeartbeat);
     const lease = agent.managed ? "managed" : ago((serverNow() - heartbeat) / 1000);
