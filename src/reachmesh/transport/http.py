@@ -23,7 +23,9 @@ from reachmesh.exceptions import (
     BadAgentResponse,
     ConnectFailed,
     DeliveryFailed,
+    InternalError,
     OutboundRefused,
+    ReachError,
 )
 from reachmesh.tls import verifying_context
 from reachmesh.transport import a2a
@@ -36,12 +38,31 @@ from reachmesh.transport.answer import (
     HeadTooLarge,
 )
 from reachmesh.transport.base import DEFAULT_RESPONSE_LIMIT, AttemptLimits, busy, classify_answer
-from reachmesh.transport.pool import BadUrl, ConnectTimeout, Pool
+from reachmesh.transport.pool import BadHeader, BadUrl, ConnectTimeout, Pool, ReadTimeout
 from reachmesh.transport.urlguard import UrlGuard
 from reachmesh.version import __version__
 
 # What a failed probe, holds check or delivery can raise; all mean "no".
 _QUIET = (aiohttp.ClientError, TimeoutError, OSError, ValueError)
+
+
+# A holds answer is one small JSON object; more than this is not one.
+HOLDS_LIMIT = 64 * 1024
+
+
+async def _read_whole(content: aiohttp.StreamReader, limit: int) -> bytes | None:
+    """The whole body, however many writes it came in; None past ``limit`` bytes (never read
+    further). ``read(n)`` alone returns what has arrived so far, not the body."""
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        part = await content.read(limit + 1 - size)
+        if not part:
+            return b"".join(parts)
+        size += len(part)
+        if size > limit:
+            return None
+        parts.append(part)
 
 
 def head_limits(policy: ServerPolicy) -> HeadLimits:
@@ -72,6 +93,24 @@ def tls_failure(exc: aiohttp.ClientSSLError | ssl.SSLError) -> str:
     cause = exc.os_error if isinstance(exc, aiohttp.ClientConnectorSSLError) else exc
     detail = getattr(cause, "reason", None) or str(cause)
     return f"TLS: the handshake with the agent failed ({detail})"
+
+
+def timeout_said(exc: TimeoutError, limits: AttemptLimits) -> str:
+    """Which timeout fired, and its value: the read timeout, or the attempt's ceiling."""
+    if isinstance(exc, ReadTimeout):
+        return f"no answer within the {limits.read_s * 1000:.0f} ms read timeout"
+    return f"the attempt's {limits.total_s * 1000:.0f} ms ceiling passed"
+
+
+def unsendable(exc: BadHeader | BadUrl) -> ReachError:
+    """What a request that could not be written at all amounts to."""
+    if isinstance(exc, BadHeader):
+        # Built by the Router, never by the agent: not the agent's failure (no breaker, no
+        # failover: no other agent would fare better).
+        return InternalError(f"{exc}; the request was not sent")
+    # A URL the standard library accepted at registration but that cannot be requested
+    # (``http://[::1]]:80/``): this agent cannot be reached; the request fails over.
+    return ConnectFailed(f"the agent's endpoint is not a usable URL ({exc})")
 
 
 class _GuardedResolver(AbstractResolver):
@@ -183,19 +222,16 @@ class HttpTransport:
         except ssl.SSLError as exc:
             # Before the generic branches: a certificate error is an OSError and a ValueError too.
             raise ConnectFailed(tls_failure(exc)) from exc
-        except TimeoutError as exc:  # the read timeout, or the attempt's ceiling
-            waited = min(limits.read_s, limits.total_s) * 1000
-            raise AttemptTimeout(f"no answer within {waited:.0f} ms") from exc
+        except TimeoutError as exc:
+            raise AttemptTimeout(timeout_said(exc, limits)) from exc
         except HeadTooLarge as exc:
             raise BadAgentResponse(f"answer head refused: {exc}") from exc
         except BrokenBody as exc:
             raise BadAgentResponse(f"broken response body: {exc}") from exc
         except Disconnected as exc:
             raise ConnectFailed(f"ServerDisconnected: {exc}") from exc
-        except BadUrl as exc:
-            # A URL the standard library accepted at registration but that cannot be requested
-            # (``http://[::1]]:80/``): this agent cannot be reached; the request fails over.
-            raise ConnectFailed(f"the agent's endpoint is not a usable URL ({exc})") from exc
+        except (BadHeader, BadUrl) as exc:
+            raise unsendable(exc) from exc
         except OSError as exc:
             # Refused, reset, unreachable, a name that does not resolve (or only to refused
             # addresses): all network errors.
@@ -234,7 +270,10 @@ class HttpTransport:
             ) as resp:
                 if resp.status != 200:
                     return False
-                answer = orjson.loads(await resp.content.read(64 * 1024 + 1))
+                body = await _read_whole(resp.content, HOLDS_LIMIT)
+                if body is None:
+                    return False
+                answer = orjson.loads(body)
         except (*_QUIET, orjson.JSONDecodeError):
             return False
         return isinstance(answer, dict) and answer.get("holds") is True
