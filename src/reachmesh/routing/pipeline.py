@@ -69,8 +69,6 @@ class Pipeline:
         self.affinity = AffinityTable() if affinity is None else affinity
         self.vectors = vectors
         self.exact = ExactMatch()
-        # The other tasks above the threshold of the last route by meaning (decide() reads them).
-        self._alternates: list[tuple[str, float]] = []
         self.merit = Merit(StatsBook() if stats is None else stats, self.policy.merit)
         self.weighted = WeightedRoundRobin(self.merit)
 
@@ -126,27 +124,34 @@ class Pipeline:
         """The ranked choices for ``request``, each stage written to ``record``."""
         strategy = self.strategy(request)
         record.strategy = strategy.value
-        self._alternates = []
         similarity: float | None = None
+        # The other tasks above the threshold of a route by meaning: this request's alone, so
+        # they travel with it, never on the shared pipeline.
+        alternates: list[tuple[str, float]] = []
         if request.target_agent:
             task, target = self._targeted(request, record)
             pool = [target]
         else:
-            task, similarity = self._by_task(request, record, strategy)
+            task, similarity, alternates = self._by_task(request, record, strategy)
             pool = list(self.registry.by_task(task))
         record.matched_task = task
         record.candidates = [e.id for e in pool]
         groups = self._filter(request, record, task, pool, similarity)
         ranked = self._rank(record, strategy, task, groups, similarity)
         ranked = self._affinity_first(request, record, ranked)
-        if similarity is not None and self._alternates:
-            ranked.extend(self._on_decline(request, record, strategy))
+        if similarity is not None and alternates:
+            ranked.extend(self._on_decline(request, record, strategy, alternates))
         return ranked
 
-    def _on_decline(self, request: ReachRequest, record: DecisionRecord, strategy: Strategy) -> list[Choice]:
-        """The agents of the runner-up tasks above the threshold, each task's ranked as usual, to
-        try after a decline (never after a failure)."""
-        alternates, self._alternates = self._alternates, []
+    def _on_decline(
+        self,
+        request: ReachRequest,
+        record: DecisionRecord,
+        strategy: Strategy,
+        alternates: list[tuple[str, float]],
+    ) -> list[Choice]:
+        """The agents of the runner-up tasks above the threshold (``alternates``), each task's
+        ranked as usual, to try after a decline (never after a failure)."""
         choices: list[Choice] = []
         for task, score in alternates:
             pool = list(self.registry.by_task(task))
@@ -177,8 +182,9 @@ class Pipeline:
 
     def _by_task(
         self, request: ReachRequest, record: DecisionRecord, strategy: Strategy
-    ) -> tuple[str, float | None]:
-        """The declared task that supplies candidates: mapped, exact, or found by meaning."""
+    ) -> tuple[str, float | None, list[tuple[str, float]]]:
+        """The declared task that supplies candidates: mapped, exact, or found by meaning; the
+        similarity and the runner-up tasks of a route by meaning."""
         task = request.target_task
         mapped = self.policy.task_map.get(task)
         if mapped is not None:
@@ -188,6 +194,7 @@ class Pipeline:
         else:
             record.rule = strategy.value if strategy is not Strategy.SEMANTIC_ROUTE else "exact_match"
         similarity: float | None = None
+        alternates: list[tuple[str, float]] = []
         if not self.registry.by_task(task) and mapped is None:
             learned = self.learned_task(task)
             if learned is not None:
@@ -196,11 +203,12 @@ class Pipeline:
                 record.note("learned", f"{loggable(task)} -> {learned}")
                 task = learned
             elif self.wants_semantic(request):
-                task, similarity = self._semantic(request, record)
+                # Before the search: a refusal by meaning is told by this rule too.
                 record.rule = "semantic_route"
+                task, similarity, alternates = self._semantic(request, record)
         if not self.registry.by_task(task):
             raise UnknownTask(task, list(record.rejected))
-        return task, similarity
+        return task, similarity, alternates
 
     def _filter(
         self,
@@ -267,8 +275,11 @@ class Pipeline:
                 break
         return ranked
 
-    def _semantic(self, request: ReachRequest, record: DecisionRecord) -> tuple[str, float]:
-        """The task a free-text request means, or a refusal with the best scores."""
+    def _semantic(
+        self, request: ReachRequest, record: DecisionRecord
+    ) -> tuple[str, float, list[tuple[str, float]]]:
+        """The task a free-text request means, its score and the runner-ups above the threshold;
+        or a refusal with the best scores."""
         assert self.vectors is not None
         text = request.target_task
         query = self.vectors.cached(text)
@@ -320,8 +331,8 @@ class Pipeline:
                 )
             why = _weak_match(verdict, threshold, margin)
             raise self._no_handler(record, f"no capability matches {text!r} well enough: {why}")
-        self._alternates = [(t, s) for t, s in verdict.best[1:] if s >= threshold]
-        return verdict.task, verdict.score
+        alternates = [(t, s) for t, s in verdict.best[1:] if s >= threshold]
+        return verdict.task, verdict.score, alternates
 
     def _veto(self, text: str, query: Vector, baseline: float) -> Veto | None:
         """What sets a task aside for this text: a learned negative, or a declared limit that the
