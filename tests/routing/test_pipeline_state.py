@@ -12,6 +12,7 @@ from reachmesh.routing import Pipeline
 from reachmesh.testing import RouterServer
 from tests.helpers import scaled
 from tests.routing.test_exact import agent, record
+from tests.routing.test_semantic import semantic_router  # noqa: F401  (a fixture)
 
 
 async def test_a_decision_leaves_the_shared_pipeline_as_it_found_it() -> None:
@@ -45,3 +46,14 @@ async def test_a_refusal_by_meaning_is_told_by_its_rule() -> None:
         assert body["status"] == "NO_AVAILABLE_HANDLER"
         hop = (await http.get(f"/admin/traces/{body['traceId']}")).json()["hops"][0]
     assert hop["decision"]["rule"] == "semantic_route"
+
+
+async def test_a_route_by_meaning_records_its_score_rounded(semantic_router) -> None:  # noqa: F811
+    """The trace (page, reach trace, JSON) carries the selected score to four places."""
+    _server, http = semantic_router
+    body = (await http.post("/reach", json={"targetTask": "how much does a mango cost now"})).json()
+    assert body["handlerAgentId"] == "price-agent"
+    hop = (await http.get(f"/admin/traces/{body['traceId']}")).json()["hops"][0]
+    score = hop["decision"]["score"]
+    assert hop["decision"]["rule"] == "semantic_route"
+    assert isinstance(score, float) and score == round(score, 4)

@@ -46,7 +46,8 @@ class _Hop(NamedTuple):
     rule: str | None
     strategy: str | None
     candidates: tuple[str, ...]
-    rejected: tuple[tuple[str, str, float | None], ...]
+    # (agentId, reason, score, the agent's own words: a decline's message, else None)
+    rejected: tuple[tuple[str, str, float | None, str | None], ...]
     selected: str | None
     score: float | None
     affinity: str | None
@@ -81,10 +82,12 @@ class _Hop(NamedTuple):
         """Everything recorded about the hop, in wire case."""
         extra = self.extra or {"semantic": None, "scores": []}
         rejected = []
-        for agent_id, reason, score in self.rejected:
+        for agent_id, reason, score, message in self.rejected:
             item: dict[str, Any] = {"agentId": agent_id, "reason": reason}
             if score is not None:
                 item["score"] = score
+            if message is not None:
+                item["message"] = message
             rejected.append(item)
         return {
             **self.summary(),
@@ -147,7 +150,7 @@ def _freeze(r: DecisionRecord) -> tuple[Any, ...]:
         r.rule,
         r.strategy,
         tuple(r.candidates[:_SHOWN]),
-        tuple([(c["agentId"], c["reason"], c.get("score")) for c in r.rejected[:_SHOWN]])
+        tuple([(c["agentId"], c["reason"], c.get("score"), c.get("message")) for c in r.rejected[:_SHOWN]])
         if r.rejected
         else (),
         r.selected,
