@@ -40,7 +40,7 @@ def drawn(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Figure:
 
 def test_every_fault_label_is_inside_its_plot(drawn: Figure) -> None:
     """Inside the axes it marks: not over the frame, the title or the figure's edge."""
-    renderer = FigureCanvasAgg(drawn).get_renderer()
+    renderer = FigureCanvasAgg(drawn).get_renderer()  # type: ignore[no-untyped-call]
     texts = [(axis, t) for axis in drawn.axes for t in axis.texts]
     assert texts
     for axis, text in texts:
@@ -52,8 +52,8 @@ def test_every_fault_label_is_inside_its_plot(drawn: Figure) -> None:
 
 def test_a_partial_last_second_is_left_out_not_drawn_as_a_drop(drawn: Figure) -> None:
     success = drawn.axes[0].lines[0]
-    xs = list(success.get_xdata())
-    ys = list(success.get_ydata())
+    xs: list[float] = success.get_xdata().tolist()  # type: ignore[union-attr]
+    ys: list[float] = success.get_ydata().tolist()  # type: ignore[union-attr]
     assert max(xs) == 9.0, xs
     assert min(ys) == 100.0, ys
     rows = report.timeline(drill_result().samples)
