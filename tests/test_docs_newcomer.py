@@ -67,6 +67,6 @@ def test_the_etcd_page_gives_a_line_that_starts_etcd(tmp_path: Path) -> None:
 
 def _healthy(port: int) -> bool:
     try:
-        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).json().get("health") == "true"
+        return bool(httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).json().get("health") == "true")
     except (httpx.HTTPError, ValueError):
         return False
