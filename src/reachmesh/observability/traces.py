@@ -205,7 +205,8 @@ def _slim(frozen: tuple[Any, ...], size: int, limit: int) -> bytes:
     )
     fields[names.index("candidates")] = fields[names.index("candidates")][:3]
     fields[names.index("rejected")] = tuple(
-        (str(a)[:_SLIM_CHARS], str(r)[:64], sc) for a, r, sc in fields[names.index("rejected")][:3]
+        (str(a)[:_SLIM_CHARS], str(r)[:64], sc, None if m is None else str(m)[:_SLIM_CHARS])
+        for a, r, sc, m in fields[names.index("rejected")][:3]
     )
     return orjson.dumps(tuple(fields), default=str, option=orjson.OPT_SERIALIZE_NUMPY)
 
