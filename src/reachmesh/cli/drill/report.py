@@ -130,7 +130,9 @@ def markdown(report: dict[str, Any], plots: dict[str, str]) -> str:
                 lines += ["| " + " | ".join(_cell(row.get(c)) for c in columns) + " |" for row in value]
         marks = ", ".join(f"{md(m['label'])} at {md(m['atS'])} s" for m in scenario["marks"])
         lines += ["", f"Faults: {marks or 'none'}."]
-        opened = ", ".join(f"{md(b['agentId'])} at {md(b['atS'])} s" for b in scenario["breakersOpened"])
+        opened = ", ".join(
+            f"{md(b['agentId'])} at {md(b['atS'])} s" for b in scenario.get("breakersOpened") or []
+        )
         lines += ["", f"Breakers opened: {opened or 'none'}."]
         lines += ["", f"![{md(name)}]({plots[name]})" if name in plots else f"({PLOTS_HINT})"]
     return "\n".join(lines) + "\n"
