@@ -97,6 +97,9 @@ class DecisionRecord:
     explain: list[dict[str, Any]] = field(default_factory=list)  # per-candidate score factors
     semantic: dict[str, Any] | None = None  # the semantic match: score, runner-up, threshold, best
     semantic_refused: bool = False
+    # Agents of a task by meaning kept off this text by their own declines or limits, by task
+    # (the task itself stays while another live agent of it has neither).
+    agents_set_aside: dict[str, dict[str, tuple[str, str | None]]] = field(default_factory=dict)
     # (agent, task) of each decline: the learner turns the ones on a route by meaning into
     # learned negatives.
     declines: list[tuple[str, str]] = field(default_factory=list)

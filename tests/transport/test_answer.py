@@ -94,6 +94,38 @@ def test_bytes_after_the_answer_in_a_later_read_make_it_unusable() -> None:
     assert not r.reusable
 
 
+# What a stray partial answer leaves behind: each alone, in the answer's own read, once started
+# a parser that is mid-message for whatever comes next on the connection.
+STRAYS = [
+    b"H",
+    b"HTTP/1.1 200 OK\r\n",
+    b"HTTP/1.1 204 No Content\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nab",
+    b"x",
+]
+
+
+@pytest.mark.parametrize("stray", STRAYS)
+@pytest.mark.parametrize("when", ["same read", "later read"])
+def test_any_byte_after_a_whole_answer_makes_the_connection_unusable(stray: bytes, when: str) -> None:
+    r = reader()
+    if when == "same read":
+        assert r.feed(answer(OK) + stray) is True
+    else:
+        assert r.feed(answer(OK)) is True
+        assert r.feed(stray) is True
+    assert not r.reusable
+    assert r.answer() == Answer(200, OK, None)  # the answer itself stands
+
+
+def test_a_stray_status_line_never_becomes_the_next_exchanges_answer() -> None:
+    """Without the stray marking the connection, the next answer on it would be read as header
+    lines of the stray message ("Invalid header token")."""
+    r = reader()
+    assert r.feed(answer(OK, b"Retry-After: 3\r\n") + b"HTTP/1.1 503 Service Unavailable\r\n") is True
+    assert (r.status, r.retry_after, r.reusable) == (200, b"3", False)
+
+
 def test_connection_close_and_http10_answers_are_not_reusable() -> None:
     r = reader()
     assert r.feed(answer(OK, b"Connection: close\r\n")) is True

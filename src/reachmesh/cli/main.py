@@ -430,7 +430,9 @@ def call(
 
     With auth on, REACH_TOKEN must hold a caller token (or an admin token).
     """
+    from reachmesh.cli.timeline import declines
     from reachmesh.sdk.client import SyncReachClient
+    from reachmesh.secrets import loggable
 
     try:
         body = json.loads(payload)
@@ -457,9 +459,8 @@ def call(
     out.print_json(response.model_dump_json(by_alias=True, exclude_none=False))
     if not response.ok and response.error is not None:
         # The one line a person reads first: what went wrong, and any "did you mean".
-        err.print(
-            f"{response.status}: {response.error.message}", markup=False, highlight=False, soft_wrap=True
-        )
+        line = f"{response.status}: {response.error.message}{declines(response.error.candidates)}"
+        err.print(loggable(line, 4096), markup=False, highlight=False, soft_wrap=True)
     raise typer.Exit(0 if response.ok else 1)
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from rich.markup import escape
 from rich.text import Text
 from rich.tree import Tree
 
+from reachmesh.protocol import Candidate, CandidateReason
 from reachmesh.secrets import loggable
 
 _STYLE = {"SUCCESS": "green", "TIMEOUT": "yellow", "ACCEPTED": "cyan"}
@@ -67,9 +69,21 @@ def _add_hop(
         for child in spawned.get(attempt.get("spanId") or "", []):
             _add_hop(node, hops[child], hops, children)
     for rejected in decision.get("rejected") or []:
-        branch.add(
-            Text(loggable(f"not used: {rejected.get('agentId')} ({rejected.get('reason')})"), style="dim")
-        )
+        said = rejected.get("message")
+        # A decline's reason is the agent's own message: the one thing an operator wants here.
+        why = f'{rejected.get("reason")}: "{said}"' if isinstance(said, str) else rejected.get("reason")
+        branch.add(Text(loggable(f"not used: {rejected.get('agentId')} ({why})"), style="dim"))
+
+
+def declines(candidates: Sequence[Candidate] | None, shown: int = 3) -> str:
+    """The declines among an error's candidates, in the agents' own words, for the CLI's one
+    summary line ("" when none declined): "; declined by a: "not on Sundays", b: ..."."""
+    said = [c for c in candidates or [] if c.reason == CandidateReason.DECLINED]
+    if not said:
+        return ""
+    parts = [f'{c.agent_id}: "{c.message}"' if c.message else c.agent_id for c in said[:shown]]
+    more = f" and {len(said) - shown} more" if len(said) > shown else ""
+    return "; declined by " + ", ".join(parts) + more
 
 
 def render_trace(data: dict[str, Any]) -> Tree:

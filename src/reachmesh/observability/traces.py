@@ -46,7 +46,8 @@ class _Hop(NamedTuple):
     rule: str | None
     strategy: str | None
     candidates: tuple[str, ...]
-    rejected: tuple[tuple[str, str, float | None], ...]
+    # (agentId, reason, score, the agent's own words: a decline's message, else None)
+    rejected: tuple[tuple[str, str, float | None, str | None], ...]
     selected: str | None
     score: float | None
     affinity: str | None
@@ -83,10 +84,12 @@ class _Hop(NamedTuple):
         """Everything recorded about the hop, in wire case."""
         extra = self.extra or {"semantic": None, "scores": []}
         rejected = []
-        for agent_id, reason, score in self.rejected:
+        for agent_id, reason, score, message in self.rejected:
             item: dict[str, Any] = {"agentId": agent_id, "reason": reason}
             if score is not None:
                 item["score"] = score
+            if message is not None:
+                item["message"] = message
             rejected.append(item)
         return {
             **self.summary(),
@@ -150,7 +153,7 @@ def _freeze(r: DecisionRecord) -> tuple[Any, ...]:
         r.rule,
         r.strategy,
         tuple(r.candidates[:_SHOWN]),
-        tuple([(c["agentId"], c["reason"], c.get("score")) for c in r.rejected[:_SHOWN]])
+        tuple([(c["agentId"], c["reason"], c.get("score"), c.get("message")) for c in r.rejected[:_SHOWN]])
         if r.rejected
         else (),
         r.selected,
@@ -206,7 +209,8 @@ def _slim(frozen: tuple[Any, ...], size: int, limit: int) -> bytes:
     )
     fields[names.index("candidates")] = fields[names.index("candidates")][:3]
     fields[names.index("rejected")] = tuple(
-        (str(a)[:_SLIM_CHARS], str(r)[:64], sc) for a, r, sc in fields[names.index("rejected")][:3]
+        (str(a)[:_SLIM_CHARS], str(r)[:64], sc, None if m is None else str(m)[:_SLIM_CHARS])
+        for a, r, sc, m in fields[names.index("rejected")][:3]
     )
     return orjson.dumps(tuple(fields), default=str, option=orjson.OPT_SERIALIZE_NUMPY)
 

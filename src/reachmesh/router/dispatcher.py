@@ -391,7 +391,9 @@ class Dispatcher:
                     details=faults,
                 )
         record.selected = first.entry.id
-        record.score = first.score
+        # Four places, as the semantic block and the rejections carry them: a similarity's
+        # seventeen digits say nothing more to anyone reading a trace.
+        record.score = None if first.score is None else round(first.score, 4)
         task = request.target_task
         if record.matched_task is not None and record.matched_task != task:
             # Routed by the mapping table or by meaning: the agent gets the task it declared, and

@@ -84,11 +84,6 @@ class Pipeline:
         self.affinity = AffinityTable() if affinity is None else affinity
         self.vectors = vectors
         self.exact = ExactMatch()
-        # The other tasks above the threshold of the last route by meaning (decide() reads them).
-        self._alternates: list[tuple[str, float]] = []
-        # The agents of each task by meaning kept off this text by their own declines or limits
-        # (the task itself stays while another live agent of it has neither).
-        self._excluded: dict[str, dict[str, tuple[str, str | None]]] = {}
         self.merit = Merit(StatsBook() if stats is None else stats, self.policy.merit)
         self.weighted = WeightedRoundRobin(self.merit)
 
@@ -153,15 +148,16 @@ class Pipeline:
         """The ranked choices for ``request``, each stage written to ``record``."""
         strategy = self.strategy(request)
         record.strategy = strategy.value
-        self._alternates = []
-        self._excluded = {}
         record.narrowed = bool(request.target_agent) or request.preferences.filter_agent_ids is not None
         similarity: float | None = None
+        # The other tasks above the threshold of a route by meaning: this request's alone, so
+        # they travel with it, never on the shared pipeline.
+        alternates: list[tuple[str, float]] = []
         if request.target_agent:
             task, target = self._targeted(request, record)
             pool = [target]
         else:
-            task, similarity = self._by_task(request, record, strategy)
+            task, similarity, alternates = self._by_task(request, record, strategy)
             pool = list(self.registry.by_task(task))
         record.matched_task = task
         record.candidates = [e.id for e in pool]
@@ -169,14 +165,19 @@ class Pipeline:
         ranked = self._rank(record, strategy, task, groups, similarity)
         ranked = self._affinity_first(request, record, ranked)
         ranked = load_aware(ranked, self.capacity, keep_first=record.affinity is not None)
-        if similarity is not None and self._alternates:
-            ranked.extend(self._on_decline(request, record, strategy))
+        if similarity is not None and alternates:
+            ranked.extend(self._on_decline(request, record, strategy, alternates))
         return ranked
 
-    def _on_decline(self, request: ReachRequest, record: DecisionRecord, strategy: Strategy) -> list[Choice]:
-        """The agents of the runner-up tasks above the threshold, each task's ranked as usual, to
-        try after a decline (never after a failure)."""
-        alternates, self._alternates = self._alternates, []
+    def _on_decline(
+        self,
+        request: ReachRequest,
+        record: DecisionRecord,
+        strategy: Strategy,
+        alternates: list[tuple[str, float]],
+    ) -> list[Choice]:
+        """The agents of the runner-up tasks above the threshold (``alternates``), each task's
+        ranked as usual, to try after a decline (never after a failure)."""
         choices: list[Choice] = []
         for task, score in alternates:
             pool = list(self.registry.by_task(task))
@@ -207,8 +208,9 @@ class Pipeline:
 
     def _by_task(
         self, request: ReachRequest, record: DecisionRecord, strategy: Strategy
-    ) -> tuple[str, float | None]:
-        """The declared task that supplies candidates: mapped, exact, or found by meaning."""
+    ) -> tuple[str, float | None, list[tuple[str, float]]]:
+        """The declared task that supplies candidates: mapped, exact, or found by meaning; the
+        similarity and the runner-up tasks of a route by meaning."""
         task = request.target_task
         mapped = self.policy.task_map.get(task)
         if mapped is not None:
@@ -218,6 +220,7 @@ class Pipeline:
         else:
             record.rule = strategy.value if strategy is not Strategy.SEMANTIC_ROUTE else "exact_match"
         similarity: float | None = None
+        alternates: list[tuple[str, float]] = []
         if not self.registry.by_task(task) and mapped is None:
             learned = self.learned_task(task, record.caller, record.reach_tasks)
             if learned is not None:
@@ -226,11 +229,12 @@ class Pipeline:
                 record.note("learned", f"{loggable(task)} -> {learned}")
                 task = learned
             elif self.wants_semantic(request, record.caller, record.reach_tasks):
-                task, similarity = self._semantic(request, record)
+                # Before the search: a refusal by meaning is told by this rule too.
                 record.rule = "semantic_route"
+                task, similarity, alternates = self._semantic(request, record)
         if not self.registry.by_task(task):
             raise UnknownTask(task, list(record.rejected))
-        return task, similarity
+        return task, similarity, alternates
 
     def _filter(
         self,
@@ -243,7 +247,7 @@ class Pipeline:
         """Hard filters: the allowlist, status and breaker. Available agents, then suspect ones."""
         allow = request.preferences.filter_agent_ids
         allowed = set(allow) if allow is not None else None
-        excluded = self._excluded.get(task, {}) if similarity is not None else {}
+        excluded = record.agents_set_aside.get(task, {}) if similarity is not None else {}
         eligible: list[AgentEntry] = []
         last_resort: list[AgentEntry] = []
         for entry in pool:
@@ -301,8 +305,11 @@ class Pipeline:
                 break
         return ranked
 
-    def _semantic(self, request: ReachRequest, record: DecisionRecord) -> tuple[str, float]:
-        """The task a free-text request means, or a refusal with the best scores."""
+    def _semantic(
+        self, request: ReachRequest, record: DecisionRecord
+    ) -> tuple[str, float, list[tuple[str, float]]]:
+        """The task a free-text request means, its score and the runner-ups above the threshold;
+        or a refusal with the best scores."""
         assert self.vectors is not None
         text = request.target_task
         query = self.vectors.cached(text)
@@ -321,7 +328,7 @@ class Pipeline:
             )
         threshold, margin = limits
         baseline = self.vectors.baseline(query)
-        veto = self._veto(text, query, baseline, record.reach_tasks)
+        veto = self._veto(text, query, baseline, record)
         verdict = self.vectors.index.judge(query, threshold, margin, baseline, veto)
         if any(why == OUT_OF_REACH for _, _, why, _ in verdict.vetoed):
             # Another tenant's tasks are not named to this caller, not even as set aside.
@@ -341,37 +348,44 @@ class Pipeline:
             ],
         }
         if verdict.task is None:
-            record.semantic_refused = True
-            for best_task, score in verdict.best:
-                for entry in self.registry.by_task(best_task):
-                    record.reject(entry.id, verdict.reason, round(score, 4), best_task)
-            if not verdict.best and verdict.vetoed:
-                raise self._no_handler(
-                    record,
-                    f"no capability takes {text!r}: the nearest ones declare they do not handle it, "
-                    "or declined it before",
-                )
-            if not verdict.best:
-                # Nothing to compare with: saying "best score 0.000" would blame the question.
-                raise self._no_handler(
-                    record, f"no capability is ready to route by meaning yet, so {text!r} matches none"
-                )
-            why = _weak_match(verdict, threshold, margin)
-            raise self._no_handler(record, f"no capability matches {text!r} well enough: {why}")
-        self._alternates = [(t, s) for t, s in verdict.best[1:] if s >= threshold]
-        return verdict.task, verdict.score
+            raise self._refused_by_meaning(record, verdict, text, threshold, margin)
+        alternates = [(t, s) for t, s in verdict.best[1:] if s >= threshold]
+        return verdict.task, verdict.score, alternates
 
-    def _veto(self, text: str, query: Vector, baseline: float, reach: tuple[str, ...]) -> Veto | None:
+    def _refused_by_meaning(
+        self, record: DecisionRecord, verdict: Verdict, text: str, threshold: float, margin: float
+    ) -> NoAvailableHandler:
+        """The refusal of a text no capability takes, its best matches listed as candidates."""
+        record.semantic_refused = True
+        for best_task, score in verdict.best:
+            for entry in self.registry.by_task(best_task):
+                record.reject(entry.id, verdict.reason, round(score, 4), best_task)
+        if not verdict.best and verdict.vetoed:
+            return self._no_handler(
+                record,
+                f"no capability takes {text!r}: the nearest ones declare they do not handle it, "
+                "or declined it before",
+            )
+        if not verdict.best:
+            # Nothing to compare with: saying "best score 0.000" would blame the question.
+            return self._no_handler(
+                record, f"no capability is ready to route by meaning yet, so {text!r} matches none"
+            )
+        why = _weak_match(verdict, threshold, margin)
+        return self._no_handler(record, f"no capability matches {text!r} well enough: {why}")
+
+    def _veto(self, text: str, query: Vector, baseline: float, record: DecisionRecord) -> Veto | None:
         """What sets a task aside for this text: a task the caller may not reach by meaning
         (silently), or every live agent of it having declined the text or declaring a limit it
         matches better than the task itself by the limit margin. An agent alone in that case is
-        kept off (``_excluded``) while the others of its task stay."""
+        kept off (``record.agents_set_aside``) while the others of its task stay."""
         assert self.vectors is not None
         index = self.vectors.index
         negatives = self.registry.negatives()
         phrase = normalize_phrase(text) if negatives else ""
         limit_margin = self.vectors.limit_margin()
         now = self._clock.time()
+        reach = record.reach_tasks
         anywhere = reach == ("*",)
 
         def veto(task: str, score: float) -> tuple[str, str | None] | None:
@@ -391,7 +405,7 @@ class Pipeline:
                 limits = [why for why in out.values() if why[0] == CandidateReason.DECLARED_LIMIT]
                 return limits[0] if limits else (CandidateReason.DECLINED, None)
             if out:
-                self._excluded[task] = out
+                record.agents_set_aside[task] = out
             return None
 
         return veto

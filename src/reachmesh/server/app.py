@@ -277,6 +277,7 @@ class RouterApp:
         await self.parts.dispatcher.drain(budget)
         await self._background.close()
         await self.parts.close()
+        log.info("[router] stopped")
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:

@@ -7,6 +7,8 @@ alike, so the process exits within it.
 
 from __future__ import annotations
 
+import logging
+import signal
 import socket
 import ssl
 import time
@@ -20,6 +22,8 @@ from reachmesh.config import ServerPolicy
 from reachmesh.exceptions import ConfigError
 from reachmesh.server.app import RouterApp
 from reachmesh.server.h1 import bounded_protocol
+
+log = logging.getLogger("reachmesh.router")
 
 
 def tls_settings(server: ServerPolicy) -> dict[str, str]:
@@ -76,8 +80,19 @@ class RouterProcess(uvicorn.Server):
             self._on_ready()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if not self.should_exit:
+            # The operator's signal, said in the log: otherwise the process just goes quiet.
+            drain = self.router_app.config.server.drain_timeout_seconds
+            log.info("[router] %s received: draining for up to %g s, then stopping", _name(sig), drain)
         self.router_app.begin_drain(time.monotonic())
         super().handle_exit(sig, frame)
+
+
+def _name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
 
 
 def bind_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:

@@ -181,12 +181,15 @@ class AnswerReader:
 
     # -- httptools callbacks (a raise stops the parser; _parse re-raises it) -----------------
 
+    def on_message_begin(self) -> None:
+        if self.complete:
+            # Anything behind the whole answer (one byte of a status line is enough) would leave
+            # the parser mid-message for the next exchange: never read it, never reuse the
+            # connection. The raise stops the parser here; _parse keeps the answer.
+            raise BrokenBody("bytes after the answer")
+
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers += 1
-        if self.complete:
-            # A second answer behind the first: never read it as anybody's (no on_message_begin
-            # for this: a callback per answer costs more than this test per header).
-            raise BrokenBody("bytes after the answer")
         if self._headers > self._max_headers or len(name) + len(value) + 2 > self._max_line:
             raise HeadTooLarge(
                 f"the answer has over {self._max_headers} header lines"
@@ -205,8 +208,6 @@ class AnswerReader:
             self.retry_after = value[:64]
 
     def on_headers_complete(self) -> None:
-        if self.complete:
-            raise BrokenBody("bytes after the answer")  # a second answer, with no header lines
         status = self._parser.get_status_code()
         if status == 101:
             raise BrokenBody("the agent switched protocols (HTTP 101)")

@@ -24,8 +24,10 @@ from reachmesh.exceptions import (
     BadAgentResponse,
     ConnectFailed,
     DeliveryFailed,
+    InternalError,
     OutboundRefused,
     PoolTimeout,
+    ReachError,
 )
 from reachmesh.tls import verifying_context
 from reachmesh.transport import a2a
@@ -54,6 +56,25 @@ from reachmesh.version import __version__
 
 # What a failed probe, holds check or delivery can raise; all mean "no".
 _QUIET = (aiohttp.ClientError, TimeoutError, OSError, ValueError)
+
+
+# A holds answer is one small JSON object; more than this is not one.
+HOLDS_LIMIT = 64 * 1024
+
+
+async def _read_whole(content: aiohttp.StreamReader, limit: int) -> bytes | None:
+    """The whole body, however many writes it came in; None past ``limit`` bytes (never read
+    further). ``read(n)`` alone returns what has arrived so far, not the body."""
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        part = await content.read(limit + 1 - size)
+        if not part:
+            return b"".join(parts)
+        size += len(part)
+        if size > limit:
+            return None
+        parts.append(part)
 
 
 def head_limits(policy: ServerPolicy) -> HeadLimits:
@@ -96,6 +117,19 @@ def _pool_error(exc: Exception, limits: AttemptLimits) -> PoolTimeout | ConnectF
     # A URL the standard library accepted at registration but that cannot be requested
     # (``http://[::1]]:80/``): this agent cannot be reached; the request fails over.
     return ConnectFailed(f"the agent's endpoint is not a usable URL ({exc})")
+
+
+def timeout_said(exc: TimeoutError, limits: AttemptLimits) -> str:
+    """Which timeout fired, and its value: the read timeout, or the attempt's ceiling."""
+    if isinstance(exc, lean.ReadTimeout):
+        return f"no answer within the {limits.read_s * 1000:.0f} ms read timeout"
+    return f"the attempt's {limits.total_s * 1000:.0f} ms ceiling passed"
+
+
+def unsendable(exc: lean.BadHeader) -> ReachError:
+    """A request the Router built with a header that would split it: never the agent's failure
+    (no breaker, no failover: no other agent would fare better)."""
+    return InternalError(f"{exc}; the request was not sent")
 
 
 def stream_failure(exc: Exception, limits: AttemptLimits) -> Exception:
@@ -304,9 +338,8 @@ class HttpTransport:
         except ssl.SSLError as exc:
             # Before the generic branches: a certificate error is an OSError and a ValueError too.
             raise ConnectFailed(tls_failure(exc)) from exc
-        except TimeoutError as exc:  # the read timeout, or the attempt's ceiling
-            waited = min(limits.read_s, limits.total_s) * 1000
-            raise AttemptTimeout(f"no answer within {waited:.0f} ms") from exc
+        except TimeoutError as exc:
+            raise AttemptTimeout(timeout_said(exc, limits)) from exc
         except HeadTooLarge as exc:
             raise BadAgentResponse(f"answer head refused: {exc}") from exc
         except BrokenBody as exc:
@@ -314,6 +347,8 @@ class HttpTransport:
         except Disconnected as exc:
             # After the request was written: the agent may have read it (see StaleConnection).
             raise ConnectFailed(f"ServerDisconnected: {exc}", sent=True) from exc
+        except lean.BadHeader as exc:
+            raise unsendable(exc) from exc
         except OSError as exc:
             # Refused, reset, unreachable, a name that does not resolve (or only to refused
             # addresses): all network errors.
@@ -352,7 +387,10 @@ class HttpTransport:
             ) as resp:
                 if resp.status != 200:
                     return False
-                answer = orjson.loads(await resp.content.read(64 * 1024 + 1))
+                body = await _read_whole(resp.content, HOLDS_LIMIT)
+                if body is None:
+                    return False
+                answer = orjson.loads(body)
         except (*_QUIET, orjson.JSONDecodeError):
             return False
         return isinstance(answer, dict) and answer.get("holds") is True

@@ -86,6 +86,19 @@ class BadUrl(Exception):
     """An endpoint the client cannot use (it would not be a valid request target)."""
 
 
+class BadHeader(ValueError):
+    """A request header value that would split the request (a CR or LF in it); nothing is sent."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"the request header {name!r} holds a line break")
+        self.name = name
+
+
+class ReadTimeout(TimeoutError):
+    """The read timeout fired (the head not within it of the request, or a gap between two
+    reads of the body): a plain ``TimeoutError`` is the attempt's ceiling."""
+
+
 def interleave(addresses: list[str]) -> list[str]:
     """The addresses alternating between IPv6 and IPv4, the resolver's first choice first."""
     six = [a for a in addresses if ":" in a]
@@ -141,6 +154,7 @@ class _Conn(asyncio.Protocol):
         self.closed = False
         self.idle_since = 0.0
         self.reader = AnswerReader(head)
+        self.exchanges = 0  # exchanges begun on this connection
         self._waiter: asyncio.Future[Answer] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._last_read = 0.0
@@ -180,7 +194,11 @@ class _Conn(asyncio.Protocol):
     def _ended(self, exc: Exception | None) -> None:
         if self._waiter is None or self._waiter.done():
             return
-        if isinstance(exc, ssl.SSLError) and not self.reader.got_bytes:
+        if isinstance(exc, ssl.SSLError) and not self.reader.got_bytes and self.exchanges == 1:
+            # On a connection's first exchange, a TLS error before any answer byte is the end of
+            # its handshake (TLS 1.3 servers refuse a client certificate only after the client's
+            # side is done). A reused connection had finished its handshake long ago: there the
+            # error is a broken connection, as a reset would be.
             self._fail(exc)
             return
         why = exc or "connection closed"
@@ -205,6 +223,7 @@ class _Conn(asyncio.Protocol):
         loop = self._loop
         waiter: asyncio.Future[Answer] = loop.create_future()
         self._waiter = waiter
+        self.exchanges += 1
         self.reader.start(limit)
         self._read_s = read_s
         self._hard = hard
@@ -237,7 +256,9 @@ class _Conn(asyncio.Protocol):
         if self._loop.time() + 0.0005 < due:
             self._timer = self._loop.call_at(due, self._on_timer)
             return
-        self._fail(TimeoutError())
+        # Which deadline this was decides what the caller is told: the read timeout, or the
+        # attempt's ceiling when it came first.
+        self._fail(TimeoutError() if due >= self._hard else ReadTimeout())
 
     def _finish(self) -> None:
         waiter = self._waiter
@@ -283,6 +304,11 @@ class _Conn(asyncio.Protocol):
             return not poller.poll(0)
         except (OSError, ValueError):
             return False
+
+    def abort(self, why: str) -> None:
+        """Close the connection from this side; an exchange under way fails. (Once this side
+        closes, the loop reports an orderly end: a close-delimited body would pass for whole.)"""
+        self._fail(BrokenBody(why) if self.reader.head_done else Disconnected(why))
 
     def _close(self) -> None:
         if not self.closed:
@@ -354,7 +380,7 @@ class Pool:
         head = [target.request_line, self._ua]
         for name, value in headers.items():
             if "\r" in value or "\n" in value:
-                raise BadUrl("a header value holds a line break")
+                raise BadHeader(name)
             head.append(f"{name}: {value}\r\n".encode())
         head.append(b"Content-Length: %d\r\n\r\n" % len(body))
         data = b"".join(head)
@@ -617,9 +643,10 @@ class Pool:
         return True
 
     def close(self) -> None:
-        """Close every connection, idle or busy (a busy one's caller gets Disconnected)."""
+        """Close every connection, idle or busy (a busy one's caller gets an error, never the
+        part of its answer read so far)."""
         for conn in list(self._all):
-            conn._close()
+            conn.abort("the Router closed its connections (shutting down)")
         self._all.clear()
         self._idle.clear()
         self._open_to.clear()
@@ -632,4 +659,4 @@ class Pool:
         self._waiting.clear()
 
 
-__all__ = ["BadUrl", "ConnectTimeout", "Pool", "PoolTimeout", "StaleConnection"]
+__all__ = ["BadHeader", "BadUrl", "ConnectTimeout", "Pool", "PoolTimeout", "ReadTimeout", "StaleConnection"]

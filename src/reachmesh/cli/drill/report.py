@@ -7,11 +7,14 @@ import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from reachmesh.cli.drill.load import Sample, percentile
 from reachmesh.cli.drill.scenarios import Result
 from reachmesh.secrets import loggable
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 def prepare(folder: Path) -> None:
@@ -40,6 +43,7 @@ def as_json(results: Sequence[Result]) -> dict[str, Any]:
                 "figures": r.figures,
                 "promises": [{"name": p.name, "ok": p.ok, "detail": p.detail} for p in r.promises],
                 "marks": [{"atS": t, "label": label} for t, label in r.marks],
+                "breakersOpened": [{"atS": round(t, 3), "agentId": agent} for t, agent in r.breakers],
                 "timeline": timeline(r.samples),
             }
             for r in results
@@ -48,16 +52,22 @@ def as_json(results: Sequence[Result]) -> dict[str, Any]:
 
 
 def timeline(samples: list[Sample], bin_s: float = 1.0) -> list[dict[str, Any]]:
-    """Per-second requests, success share, p50 and p99: what the plots draw."""
+    """Per-second requests, success share, p50 and p99: what the plots draw.
+
+    A second that traffic covered less than half of (traffic started or stopped within it) is
+    ``partial``: its handful of requests says little, and a plot leaves it out rather than show
+    a count, a share or a p99 of two requests as a drop."""
     if not samples:
         return []
     bins: dict[int, list[Sample]] = {}
     for sample in samples:
         bins.setdefault(int(sample.t // bin_s), []).append(sample)
+    begin, end = min(s.t for s in samples), max(s.t for s in samples)
     rows = []
     for index in range(min(bins), max(bins) + 1):
         chunk = bins.get(index, [])
         ms = [s.ms for s in chunk]
+        covered = min(end, (index + 1) * bin_s) - max(begin, index * bin_s)
         rows.append(
             {
                 "atS": round(index * bin_s, 3),
@@ -65,6 +75,7 @@ def timeline(samples: list[Sample], bin_s: float = 1.0) -> list[dict[str, Any]]:
                 "success": round(sum(1 for s in chunk if s.ok) / len(chunk), 4) if chunk else None,
                 "p50Ms": _r(percentile(ms, 0.5)),
                 "p99Ms": _r(percentile(ms, 0.99)),
+                "partial": covered < bin_s / 2,
             }
         )
     return rows
@@ -119,6 +130,10 @@ def markdown(report: dict[str, Any], plots: dict[str, str]) -> str:
                 lines += ["| " + " | ".join(_cell(row.get(c)) for c in columns) + " |" for row in value]
         marks = ", ".join(f"{md(m['label'])} at {md(m['atS'])} s" for m in scenario["marks"])
         lines += ["", f"Faults: {marks or 'none'}."]
+        opened = ", ".join(
+            f"{md(b['agentId'])} at {md(b['atS'])} s" for b in scenario.get("breakersOpened") or []
+        )
+        lines += ["", f"Breakers opened: {opened or 'none'}."]
         lines += ["", f"![{md(name)}]({plots[name]})" if name in plots else f"({PLOTS_HINT})"]
     return "\n".join(lines) + "\n"
 
@@ -146,14 +161,14 @@ def md(value: object, limit: int = 2000) -> str:
     return "".join(_HTML.get(ch, ch) for ch in text)
 
 
-def plot(result: Result, folder: Path) -> str | None:
-    """``<scenario>.png`` in ``folder``; ``None`` when matplotlib is not installed."""
+def draw(result: Result) -> Figure | None:
+    """The plot of ``result``; ``None`` when matplotlib is not installed."""
     try:
         # The object API renders with Agg and leaves matplotlib's global backend alone.
         from matplotlib.figure import Figure
     except ImportError:
         return None
-    rows = timeline(result.samples)
+    rows = [row for row in timeline(result.samples) if not row["partial"]]
     xs = [row["atS"] for row in rows]
     figure = Figure(figsize=(9, 5.5))
     top, bottom = figure.subplots(2, 1, sharex=True)
@@ -165,12 +180,28 @@ def plot(result: Result, folder: Path) -> str | None:
     bottom.set_ylabel("latency ms")
     bottom.set_xlabel("seconds")
     bottom.legend(loc="upper left")
-    for at, label in result.marks:
+    marks = [(at, label, "tab:red", "--") for at, label in result.marks]
+    # An agent id is the Router's word (a hostile one's too): one line, and no "$" for mathtext.
+    marks += [
+        (at, "breaker opened: " + loggable(agent, 64).replace("$", r"\$"), "tab:purple", ":")
+        for at, agent in result.breakers
+    ]
+    for at, label, color, style in marks:
         for axis in (top, bottom):
-            axis.axvline(at, color="tab:red", linestyle="--", linewidth=1)
-        top.annotate(label, (at, 102), fontsize=8, color="tab:red")
+            axis.axvline(at, color=color, linestyle=style, linewidth=1)
+        # Upright beside its line, inside the axes: a label never runs past the figure's edge
+        # nor sits on the success line at 100 %.
+        top.text(at, 4, label, rotation=90, fontsize=8, color=color, ha="right", va="bottom")
     top.set_title(f"reach drill {result.scenario}")
     figure.tight_layout()
+    return figure
+
+
+def plot(result: Result, folder: Path) -> str | None:
+    """``<scenario>.png`` in ``folder``; ``None`` when matplotlib is not installed."""
+    figure = draw(result)
+    if figure is None:
+        return None
     name = f"{result.scenario}.png"
     figure.savefig(folder / name, dpi=90)
     return name

@@ -54,6 +54,7 @@ class Result:
     marks: list[tuple[float, str]]
     samples: list[Sample] = field(repr=False, default_factory=list)
     router: dict[str, Any] = field(default_factory=dict)  # the Router it ran on, and its policy
+    breakers: list[tuple[float, str]] = field(default_factory=list)  # (when, agent) a breaker opened
 
     @property
     def ok(self) -> bool:
@@ -105,6 +106,11 @@ class Run:
     marks: list[tuple[float, str]]
     healthz_ms: list[float]
     inflight_peak: int
+
+    @property
+    def breakers(self) -> list[tuple[float, str]]:
+        """When each breaker opened during the run, and whose: the plots mark them."""
+        return [(c.t, c.agent) for c in self.watcher.changes if c.what == "circuit" and c.value == "open"]
 
 
 async def drive(
@@ -257,7 +263,7 @@ async def latency(stage: Stage) -> Result:
         "breakerOpenedAtS": _sec(run.watcher.first(slow, "circuit", "open")),
         "dropped": run.load.dropped,
     }
-    return Result("latency", figures, promises, run.marks, run.load.samples)
+    return Result("latency", figures, promises, run.marks, run.load.samples, breakers=run.breakers)
 
 
 # -- crash ---------------------------------------------------------------------------------------
@@ -309,7 +315,7 @@ async def crash(stage: Stage) -> Result:
             f"{len(failed)} failed",
         ),
     ]
-    return Result("crash", figures, promises, run.marks, run.load.samples)
+    return Result("crash", figures, promises, run.marks, run.load.samples, breakers=run.breakers)
 
 
 def _minus(value: float | None, base: float) -> float | None:
@@ -381,7 +387,7 @@ async def storm(stage: Stage) -> Result:
             f"{figures['shedWithRetryAfter']}/{len(shed)}",
         ),
     ]
-    return Result("storm", figures, promises, run.marks, samples)
+    return Result("storm", figures, promises, run.marks, samples, breakers=run.breakers)
 
 
 def _round(value: float | None) -> float | None:
@@ -445,7 +451,7 @@ async def breaker(stage: Stage) -> Result:
         share = stage.settings.rate / max(stage.settings.agents, 2)
         slack = math.ceil(share * (BREAKER_READ_TIMEOUT_MS / 1000 + 0.2))
     promises = _breaker_promises(threshold, slack, before_open, opened, closed, duration)
-    return Result("breaker", figures, promises, run.marks, run.load.samples)
+    return Result("breaker", figures, promises, run.marks, run.load.samples, breakers=run.breakers)
 
 
 # The breaker policy the drill will wait on: a Router's open_seconds beyond this would keep the
@@ -530,7 +536,7 @@ async def partition(stage: Stage) -> Result:
             str(figures["resyncAfterS"]),
         ),
     ]
-    return Result("partition", figures, promises, run.marks, run.load.samples)
+    return Result("partition", figures, promises, run.marks, run.load.samples, breakers=run.breakers)
 
 
 def _state_at(changes: list[tuple[float, str]], t: float) -> str | None:

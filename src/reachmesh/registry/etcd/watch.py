@@ -54,7 +54,10 @@ class Watcher:
         now = shared.clock.monotonic()
         for entry in list(shared.snapshot.entries.values()):
             # Gone from etcd while this Router was not watching: its lease ran out meanwhile.
-            if entry.id not in present and entry.status is not _OFFLINE:
+            # An entry written after the read's revision (registered through this Router while
+            # the read was in flight) is newer than the read, not missing from it.
+            missing = entry.id not in present and entry.revision <= revision
+            if missing and entry.status is not _OFFLINE:
                 shared.snapshot.go_offline(entry, now)
         shared.revision = revision
         how = "resynced from etcd" if self.loaded else "read back from etcd"

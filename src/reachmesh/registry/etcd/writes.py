@@ -284,6 +284,12 @@ class Writer:
             local.last_heartbeat = shared.clock.monotonic()
             local.last_heartbeat_wall = shared.clock.time()
             local.expires_at = local.last_heartbeat + local.ttl_seconds
+            if local.lease_status is AgentStatusValue.OFFLINE:
+                # etcd just kept this lease alive, so the key is live whatever this snapshot
+                # concluded (a full read that missed it): the entry is listed and routable again.
+                local.lease_status = AgentStatusValue.AVAILABLE
+                local.offline_since = None
+                shared.snapshot.changed(local)
             return local
         return entry
 
@@ -327,10 +333,14 @@ class Writer:
             result = await shared.client.txn(
                 [compare_mod(key, kv.mod_revision)], [put_op(key, tombstone, kv.lease)], deadline=deadline
             )
+            if not result.succeeded:
+                # The key changed since it was read (a re-registration on the same lease, a
+                # takeover): its lease and key now belong to that write, so neither is ended here.
+                return 0
             if kv.lease:
                 await shared.client.revoke(kv.lease, deadline=deadline)
             else:  # a managed entry's key has no lease to take it away
                 await shared.client.delete(key, deadline=deadline)
         except EtcdRejected as exc:
             raise self._health.refused_call(exc, "the write", write=True) from exc
-        return result.revision if result.succeeded else 0
+        return result.revision

@@ -77,6 +77,12 @@
     return value >= 100 ? value.toFixed(0) : value.toFixed(1);
   }
 
+  // Scores and factors are floats: three significant digits are what a person compares.
+  function num(value) {
+    if (typeof value !== "number" || !Number.isFinite(value) || Number.isInteger(value)) return value;
+    return Math.abs(value) >= 100 ? value.toFixed(0) : String(Number(value.toPrecision(3)));
+  }
+
   function ago(seconds) {
     if (!Number.isFinite(seconds)) return "–";
     if (seconds < 90) return Math.max(0, seconds).toFixed(0) + " s";
@@ -166,6 +172,19 @@
     const mine = generation;
     poll(mine, tickTraffic, TRAFFIC_MS);
     poll(mine, tickState, STATE_MS);
+    openLinkedTrace();
+  }
+
+  function openLinkedTrace() {
+    const match = /^#trace=(.+)$/.exec(location.hash);
+    if (!match) return;
+    let traceId;
+    try {
+      traceId = decodeURIComponent(match[1]);
+    } catch (err) {
+      return; // not a trace id this page wrote
+    }
+    if (traceId !== selectedTrace) openTrace(traceId);
   }
 
   async function poll(mine, tick, everyMs) {
@@ -294,11 +313,16 @@
       shortId(hop.traceId),
       cutCell(hop.task),
       cutCell(hop.handlerAgentId || "–"),
-      el("td", statusClass(hop.status), hop.status || "–"),
+      titled(el("td", statusClass(hop.status), hop.status || "–")),
       el("td", "num", ms(hop.durationMs)),
     );
     tr.addEventListener("click", () => openTrace(String(hop.traceId)));
     return tr;
+  }
+
+  function titled(cell) {
+    cell.title = cell.textContent;
+    return cell;
   }
 
   function cutCell(text) {
@@ -327,6 +351,9 @@
 
   async function openTrace(traceId) {
     selectedTrace = traceId;
+    // The address names the trace open, so it can be shared: /admin/ui#trace=<traceId>.
+    const hash = "#trace=" + encodeURIComponent(traceId);
+    if (location.hash !== hash) history.replaceState(null, "", hash);
     for (const row of $("traffic-table").tBodies[0].rows) {
       row.classList.toggle("selected", row.dataset.trace === traceId);
     }
@@ -434,7 +461,7 @@
         ["strategy", decision.strategy],
         ["matched task", decision.matchedTask],
         ["selected", decision.selected],
-        ["score", decision.score],
+        ["score", num(decision.score)],
         ["affinity", decision.affinity],
         ["mode", hop.mode],
         ["conversation", hop.conversationId],
@@ -483,20 +510,28 @@
       const tr = el("tr");
       tr.dataset.candidate = String(id);
       const out = rejected.get(id);
-      const chosen = id === decision.selected;
+      // Selected first, then declined (or failed): what it did outranks that it was picked.
+      const chosen = id === decision.selected && !out;
       if (chosen) tr.classList.add("chosen");
-      const outcome = chosen ? el("td", "status-ok", "selected") : out ? el("td", "reason", out.reason) : el("td", "muted", "not needed");
+      const outcome = out ? rejectedCell(out) : chosen ? el("td", "status-ok", "selected") : el("td", "muted", "not needed");
       const row = factors.get(id);
       // The match score when there is one (by meaning, or a rejection's), else the weighted share.
       let score = out && out.score !== undefined ? out.score : chosen ? decision.score : null;
       if ((score === null || score === undefined) && row && row.effective !== undefined) score = row.effective;
       const parts = row
-        ? Object.entries(row).filter(([key]) => key !== "agentId").map(([key, value]) => key + " " + value).join(" · ")
+        ? Object.entries(row).filter(([key]) => key !== "agentId").map(([key, value]) => key + " " + num(value)).join(" · ")
         : "";
-      tr.append(el("td", "mono", id), outcome, el("td", "num", score === null || score === undefined ? "–" : score), el("td", "", parts));
+      tr.append(el("td", "mono", id), outcome, el("td", "num", score === null || score === undefined ? "–" : num(score)), el("td", "", parts));
       table.tBodies[0].append(tr);
     }
     return table;
+  }
+
+  function rejectedCell(out) {
+    // A decline's reason is the agent's own message: the one thing an operator wants to read here.
+    const cell = el("td", "reason", out.reason);
+    if (out.message) cell.append(el("span", "said", "“" + out.message + "”"));
+    return cell;
   }
 
   // -- the Router itself --------------------------------------------------------------------
@@ -684,6 +719,7 @@
     showLogin("");
   });
   $("pause").addEventListener("click", togglePause);
+  window.addEventListener("hashchange", openLinkedTrace);
   $("task-filter").addEventListener("input", renderAgents);
   connect();
 })();
