@@ -101,10 +101,13 @@ def test_call_prints_the_response(router_url: str) -> None:
         ],
     )
     assert result.exit_code == 0, result.output
-    body = json.loads(result.output)
+    body = json.loads(result.stdout)  # stdout is the ReachResponse alone: `| jq` works
     assert body["status"] == "SUCCESS"
     assert body["traceId"] == "cli-1"
     assert body["handlerAgentId"] == "price-query-agent"
+    assert body["route"] == {"task": "query_product_price", "by": "exact", "score": None}
+    # The task that ran, in a line a person reads (stderr).
+    assert "route: query_product_price (by exact)" in result.stderr
 
 
 def test_call_failure_exits_1(router_url: str) -> None:

@@ -387,6 +387,12 @@ class RoutingPolicy(_Section):
     # targetTask glob patterns for which semantic_route applies when exact match finds nothing
     # (["*"]: everywhere). A caller asking for strategy semantic_route enables it for its request.
     semantic_tasks: list[str] = []
+    # Whether a targetTask shaped like a task name (no spaces, no CJK: `update_order_address`)
+    # may be routed by meaning under semantic_tasks. Off: such a name is exact or refused with
+    # "did you mean", because a caller who names a task expects that task to run, and a
+    # neighbour by meaning (track_order for update_order_address) would act on the wrong thing.
+    # A caller's own `strategy: semantic_route` still routes it by meaning, for that request.
+    semantic_identifiers: bool = False
     merit: MeritPolicy = MeritPolicy()
     learning: LearningPolicy = LearningPolicy()
 

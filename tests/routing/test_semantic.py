@@ -230,3 +230,42 @@ async def test_a_refusal_with_nothing_registered_says_so() -> None:
         ).json()
     assert body["status"] == "NO_AVAILABLE_HANDLER"
     assert "ready to route by meaning" in body["error"]["message"]
+
+
+async def test_every_answer_names_the_task_that_ran(semantic_router) -> None:
+    """`route` says which declared task ran and how it was chosen: exact, by the mapping table,
+    by meaning with its score; a refusal by meaning names none."""
+    _server, http = semantic_router
+    exact = await route(http, "query_promotion")
+    assert exact["route"] == {"task": "query_promotion", "by": "exact"}
+    mapped = await route(http, "比价")
+    assert mapped["route"] == {"task": "query_product_price", "by": "task_map"}
+    meant = await route(http, "how much does a mango cost now")
+    assert meant["status"] == "SUCCESS"
+    assert meant["route"]["task"] == "query_product_price"
+    assert meant["route"]["by"] == "meaning"
+    assert isinstance(meant["route"]["score"], float)
+    targeted = await route(http, "query_promotion", targetAgent="promotion-agent")
+    assert targeted["route"] == {"task": "query_promotion", "by": "exact"}
+    refused = await route(http, "book a flight to Paris")
+    assert refused["status"] == "NO_AVAILABLE_HANDLER" and refused["route"] is None
+
+
+async def test_a_task_name_nobody_declares_is_refused_not_rerouted(semantic_router) -> None:
+    """Under semantic_tasks ["*"], an identifier-shaped targetTask that no agent declares is
+    refused with "did you mean", never run as its neighbour by meaning; asking for
+    semantic_route in the request routes it by meaning, and says so."""
+    server, http = semantic_router
+    typo = await route(http, "query_product_prise", payload={"product_id": "SKU-1"})
+    assert typo["status"] == "NO_AVAILABLE_HANDLER", typo
+    assert typo["attempts"] == [] and typo["route"] is None
+    assert "did you mean 'query_product_price'" in typo["error"]["message"]
+    assert {"task": "query_product_price", "by": "spelling"} in typo["error"]["suggestions"]
+    # A name with no near spelling: refused all the same, nothing ran.
+    unknown = await route(http, "update_product_price_history_chart")
+    assert unknown["status"] == "NO_AVAILABLE_HANDLER" and unknown["attempts"] == []
+    asked = await route(
+        http, "query_product_prise", payload={"product_id": "SKU-1"}, preferences={"strategy": "semantic_route"}
+    )
+    assert asked["status"] == "SUCCESS", asked
+    assert asked["route"]["task"] == "query_product_price" and asked["route"]["by"] == "meaning"

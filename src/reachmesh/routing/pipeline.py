@@ -26,6 +26,7 @@ vector of a semantic request is fetched by the dispatcher first, and only read f
 from __future__ import annotations
 
 import difflib
+import re
 from fnmatch import fnmatchcase
 
 from reachmesh.config import RoutingPolicy
@@ -44,6 +45,17 @@ from reachmesh.routing.weighted import Merit, WeightedRoundRobin
 from reachmesh.secrets import loggable
 from reachmesh.semantic.index import Vector, Verdict, Veto
 from reachmesh.semantic.vectors import CapabilityVectors
+
+# A targetTask of this shape names a task (`update_order_address`, `orders.v2/track`): it is
+# exact or refused, never routed by meaning to another task unless asked (see
+# RoutingPolicy.semantic_identifiers).
+_IDENTIFIER = re.compile(r"[A-Za-z0-9_.:/@#-]{1,256}")
+
+
+def is_identifier(text: str) -> bool:
+    """True for text shaped like a task name: no spaces, no CJK, only name characters."""
+    return _IDENTIFIER.fullmatch(text) is not None
+
 
 _OUT = {
     AgentStatusValue.OFFLINE: CandidateReason.OFFLINE,
@@ -121,7 +133,13 @@ class Pipeline:
             return False
         if self.learned_task(task) is not None:
             return False
-        if self.strategy(request) is Strategy.SEMANTIC_ROUTE:
+        strategy = self.strategy(request)
+        asked = strategy is Strategy.SEMANTIC_ROUTE and request.preferences.strategy is strategy
+        if is_identifier(task) and not asked and not self.policy.semantic_identifiers:
+            # A task name nobody declares is refused with "did you mean", not run as its
+            # neighbour by meaning: the caller believes the task it named ran.
+            return False
+        if strategy is Strategy.SEMANTIC_ROUTE:
             return True
         return any(fnmatchcase(task, pattern) for pattern in self.policy.semantic_tasks)
 
@@ -169,6 +187,7 @@ class Pipeline:
         """``targetAgent``: only that agent, and it must declare the task."""
         assert request.target_agent is not None
         record.rule = "target_agent"
+        record.route_by = "task_map" if request.target_task in self.policy.task_map else "exact"
         entry = self.registry.get(request.target_agent)
         if entry is None:
             record.reject(request.target_agent, CandidateReason.UNKNOWN_AGENT)
@@ -188,22 +207,23 @@ class Pipeline:
         task = request.target_task
         mapped = self.policy.task_map.get(task)
         if mapped is not None:
-            record.rule = "task_map"
+            record.rule = record.route_by = "task_map"
             record.note("task map", f"{task} -> {mapped}")
             task = mapped
         else:
             record.rule = strategy.value if strategy is not Strategy.SEMANTIC_ROUTE else "exact_match"
+            record.route_by = "exact"
         similarity: float | None = None
         if not self.registry.by_task(task) and mapped is None:
             learned = self.learned_task(task)
             if learned is not None:
                 # Its own rule, so a learned route is told apart from the operator's task map.
-                record.rule = "learned"
+                record.rule = record.route_by = "learned"
                 record.note("learned", f"{loggable(task)} -> {learned}")
                 task = learned
             elif self.wants_semantic(request):
                 task, similarity = self._semantic(request, record)
-                record.rule = "semantic_route"
+                record.rule, record.route_by = "semantic_route", "meaning"
         if not self.registry.by_task(task):
             raise UnknownTask(task, list(record.rejected))
         return task, similarity
