@@ -397,6 +397,10 @@ class RoutingPolicy(_Section):
     learning: LearningPolicy = LearningPolicy()
 
 
+# The few-shot head's margin for a model nobody calibrated it for.
+HEAD_MARGIN = 0.3
+
+
 class Calibration(_Section):
     """One model's operating point, as `reach calibrate` proposes it."""
 
@@ -404,6 +408,8 @@ class Calibration(_Section):
     margin: Annotated[float, Field(ge=0, le=2)] = 0.0
     # How much better a text must match a declared limit than its capability to be kept off it.
     limit_margin: Annotated[float, Field(ge=-1, le=1)] | None = None
+    # How much more probable the few-shot head must find its choice than the runner-up.
+    head_margin: Annotated[float, Field(ge=0, le=1)] | None = None
 
 
 class EmbeddingPolicy(_Section):
@@ -441,6 +447,18 @@ class EmbeddingPolicy(_Section):
     margin: Annotated[float, Field(ge=0, le=2)] | None = None
     # Declared limits: null takes the model's calibration (`reach calibrate --limits`), else 0.
     limit_margin: Annotated[float, Field(ge=-1, le=1)] | None = None
+    # The few-shot head (a softmax regression over the capabilities' examples, retrained in the
+    # background as the registry changes) chooses among capabilities with examples; off: the
+    # nearest task by similarity, as for capabilities with a description only.
+    head: bool = True
+    # The head's margin: null takes the model's calibration, else HEAD_MARGIN.
+    head_margin: Annotated[float, Field(ge=0, le=1)] | None = None
+    # The most time one retrain of the head may take (a worker thread; requests keep the
+    # previous head meanwhile). Past it, the weights reached so far are used.
+    head_budget_ms: Annotated[int, Field(ge=10, le=600_000)] = 10_000
+    # The share of in-scope phrases `reach calibrate` lets its proposal send to a wrong task:
+    # it proposes the operating point with the most right routes within it.
+    wrong_route_budget: Annotated[float, Field(ge=0, le=0.5)] = 0.03
     # Operating points by model name (the name `reach calibrate` prints): the one of the model in
     # use applies when threshold is null, so switching models never carries one model's
     # threshold over to another.
@@ -462,6 +480,15 @@ class EmbeddingPolicy(_Section):
             return None
         margin = self.margin if self.margin is not None else (base[1] if base else 0.0)
         return float(threshold), float(margin)
+
+    def head_margin_for(self, model: str, default: float | None) -> float:
+        """The few-shot head's margin for ``model``: set here, else its calibration, else
+        ``default`` (the model's built-in one), else HEAD_MARGIN."""
+        known = self.calibrations.get(model)
+        for value in (self.head_margin, known.head_margin if known else None, default):
+            if value is not None:
+                return float(value)
+        return HEAD_MARGIN
 
     def limit_margin_for(self, model: str, default: float | None) -> float:
         """The declared-limit margin for ``model``: set here, else its calibration, else 0 (a

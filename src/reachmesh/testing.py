@@ -326,7 +326,8 @@ class FakeAgent:
 async def wait_vectors(
     router_url: str, agent_id: str, timeout_s: float = 60.0, *, router_tls: ssl.SSLContext | None = None
 ) -> None:
-    """Wait until the Router says an agent's capability vectors are no longer pending."""
+    """Wait until the Router says an agent's capability vectors are no longer pending, and its
+    few-shot head has been retrained on them (so a route by meaning is decided as it will be)."""
     loop = asyncio.get_running_loop()
     end = loop.time() + timeout_s
     url = f"{router_url}/admin/agents/{agent_id}"
@@ -334,7 +335,7 @@ async def wait_vectors(
         while loop.time() < end:
             async with http.get(url, ssl=router_tls or True) as resp:
                 status = await resp.json()
-            if status.get("vectors") != "pending":
+            if status.get("vectors") != "pending" and status.get("head") != "training":
                 return
             await asyncio.sleep(0.02)
     raise TimeoutError(f"{url}: capability vectors still pending after {timeout_s:g} s")

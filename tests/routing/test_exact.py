@@ -150,9 +150,7 @@ async def test_identifier_shaped_tasks_route_by_meaning_only_when_asked_or_widen
     )
     assert pipeline.wants_semantic(asked)
     # The operator's default strategy is not the caller asking.
-    by_default = Pipeline(
-        registry, RoutingPolicy(default_strategy="semantic_route"), vectors=vectors
-    )
+    by_default = Pipeline(registry, RoutingPolicy(default_strategy="semantic_route"), vectors=vectors)
     assert not by_default.wants_semantic(ReachRequest(target_task="update_order_address"))
     widened = Pipeline(
         registry, RoutingPolicy(semantic_tasks=["*"], semantic_identifiers=True), vectors=vectors

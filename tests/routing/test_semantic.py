@@ -94,12 +94,12 @@ async def test_reference_scenario(semantic_router, caplog: pytest.LogCaptureFixt
     assert price_agent_seen["requestedTask"] == "how much does a mango cost now"
     history = await route(http, "这个商品过去半年的价格走势怎么样")
     assert history["handlerAgentId"] == "trend-agent"
-    # The bundled model rates this one within the calibrated margin of the trend task: refusing
-    # beats guessing, and the refusal says which tasks were close.
+    # By similarity alone the bundled model rates this one within the margin of the trend task
+    # (it was refused as ambiguous); the few-shot head, trained on both tasks' examples, tells
+    # a price question from a price-history one.
     close = await route(http, "当前芒果多少钱")
-    assert close["status"] == "NO_AVAILABLE_HANDLER"
-    assert {c["reason"] for c in close["error"]["candidates"]} == {"ambiguous"}
-    assert {c["task"] for c in close["error"]["candidates"]} >= {"query_product_price", "analyze_price_trend"}
+    assert close["status"] == "SUCCESS", close
+    assert close["route"]["task"] == "query_product_price"
     refused = await route(http, "book a flight to Paris")
     assert refused["status"] == "NO_AVAILABLE_HANDLER"
     assert refused["attempts"] == []
@@ -109,10 +109,10 @@ async def test_reference_scenario(semantic_router, caplog: pytest.LogCaptureFixt
     lines = [line for line in log_lines(caplog) if line.startswith("[sem-")]
     assert any("select price-agent by semantic_route (score=" in line for line in lines)
     metrics = (await http.get("/metrics")).text
-    assert "reach_semantic_refusals_total 2.0" in metrics
-    assert 'reach_route_match_score_count{strategy="semantic_route"} 2.0' in metrics
-    # Both routes by meaning scored under 0.3, in buckets fine enough to tell them apart there.
-    assert 'reach_route_match_score_bucket{le="0.3",strategy="semantic_route"} 2.0' in metrics
+    assert "reach_semantic_refusals_total 1.0" in metrics
+    assert 'reach_route_match_score_count{strategy="semantic_route"} 3.0' in metrics
+    # The routes by meaning scored under 0.3, in buckets fine enough to tell them apart there.
+    assert 'reach_route_match_score_bucket{le="0.3",strategy="semantic_route"} 3.0' in metrics
     assert 'reach_route_match_score_bucket{le="0.025",strategy="semantic_route"} 0.0' in metrics
 
 
@@ -255,7 +255,7 @@ async def test_a_task_name_nobody_declares_is_refused_not_rerouted(semantic_rout
     """Under semantic_tasks ["*"], an identifier-shaped targetTask that no agent declares is
     refused with "did you mean", never run as its neighbour by meaning; asking for
     semantic_route in the request routes it by meaning, and says so."""
-    server, http = semantic_router
+    _server, http = semantic_router
     typo = await route(http, "query_product_prise", payload={"product_id": "SKU-1"})
     assert typo["status"] == "NO_AVAILABLE_HANDLER", typo
     assert typo["attempts"] == [] and typo["route"] is None
@@ -265,7 +265,10 @@ async def test_a_task_name_nobody_declares_is_refused_not_rerouted(semantic_rout
     unknown = await route(http, "update_product_price_history_chart")
     assert unknown["status"] == "NO_AVAILABLE_HANDLER" and unknown["attempts"] == []
     asked = await route(
-        http, "query_product_prise", payload={"product_id": "SKU-1"}, preferences={"strategy": "semantic_route"}
+        http,
+        "query_product_prise",
+        payload={"product_id": "SKU-1"},
+        preferences={"strategy": "semantic_route"},
     )
     assert asked["status"] == "SUCCESS", asked
     assert asked["route"]["task"] == "query_product_price" and asked["route"]["by"] == "meaning"

@@ -314,7 +314,7 @@ class Pipeline:
         threshold, margin = limits
         baseline = self.vectors.baseline(query)
         veto = self._veto(text, query, baseline)
-        verdict = self.vectors.index.judge(query, threshold, margin, baseline, veto)
+        verdict = self.vectors.index.judge(query, threshold, margin, baseline, veto, self.vectors.head_rule())
         self._set_aside(record, verdict)
         record.semantic = {
             "score": round(verdict.score, 4),

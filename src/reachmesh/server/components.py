@@ -376,6 +376,8 @@ class RouterParts:
             # An addition to the protocol: whether the agent is routable by meaning yet.
             state = self.vectors.state(entry.id)
             status["vectors"] = None if state is None else state.value
+            # Also an addition: whether the few-shot head has caught up with the registry.
+            status["head"] = self.vectors.head_state()
         return status
 
 
