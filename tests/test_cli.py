@@ -204,7 +204,8 @@ def test_calibrate_reports_k_fold_figures() -> None:
     result = runner.invoke(app, ["calibrate", str(data)], env={"COLUMNS": "220"})
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    held = next(i for i, line in enumerate(lines) if line.startswith("5-fold held out"))
+    held = next(i for i, line in enumerate(lines) if line.startswith("5-fold estimate of this proposal"))
+    assert "within a 3.0% wrong-route budget" in lines[held]
     proposed = next(i for i, line in enumerate(lines) if line.startswith("proposed"))
     assert held < proposed
     assert "wrong 0 (0.0%)" in lines[held]

@@ -136,6 +136,8 @@ class Verdict:
     # Tasks set aside before judging (a declared limit, a learned negative): task, score,
     # reason, and the limit it hit.
     vetoed: list[tuple[str, float, str, str | None]] = field(default_factory=list)
+    # When the few-shot head chose: how much more probable it found the task than the runner-up.
+    head_gap: float | None = None
 
 
 class SemanticIndex:
@@ -379,11 +381,12 @@ class SemanticIndex:
         score = dict(best)[task]
         ranked = [(task, score), *[(t, s) for t, s in best if t != task]]
         runner_up = ranked[1][1]
+        gap = first - second
         if score < threshold:
-            return Verdict(None, score, runner_up, "below_threshold", ranked)
-        if first - second < head_margin:
-            return Verdict(None, score, runner_up, "ambiguous", ranked)
-        return Verdict(task, score, runner_up, "match", ranked)
+            return Verdict(None, score, runner_up, "below_threshold", ranked, head_gap=gap)
+        if gap < head_margin:
+            return Verdict(None, score, runner_up, "ambiguous", ranked, head_gap=gap)
+        return Verdict(task, score, runner_up, "match", ranked, head_gap=gap)
 
     def _kept(
         self, query: Vector, baseline: float, veto: Veto | None
