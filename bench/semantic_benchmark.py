@@ -235,6 +235,45 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
+def decision_latency(capabilities: int = 150, examples: int = 10, queries: int = 3000) -> dict[str, Any]:
+    """The semantic decision's p50/p99 (judge(), the query vector given) with and without the
+    head, at ``capabilities`` x ``examples`` rows: what the head adds to a request."""
+    rng = np.random.default_rng(7)
+    dim = 384
+    index = SemanticIndex(dim=dim)
+    rows: dict[str, np.ndarray] = {}
+    centres = rng.normal(size=(capabilities, dim)).astype(np.float32)
+    for i in range(capabilities):
+        matrix = centres[i] + rng.normal(size=(examples + 2, dim)).astype(np.float32)
+        matrix /= np.linalg.norm(matrix, axis=1, keepdims=True)
+        rows[f"task{i}"] = matrix
+        index.add(f"agent{i}", f"task{i}", [f"t{i}-{j}" for j in range(examples + 2)], matrix)
+    head = train(rows, index.generation, budget_s=600)
+    assert head is not None
+    # Between two capabilities, so the head is consulted on most of them (its worst case).
+    first, second = rng.integers(0, capabilities, size=(2, queries))
+    asked = centres[first] + centres[second] + rng.normal(size=(queries, dim)).astype(np.float32)
+    asked /= np.linalg.norm(asked, axis=1, keepdims=True)
+    rules = {"similarity only": None, "with the head": (head, 0.3)}
+    times: dict[str, list[float]] = {name: [] for name in rules}
+    consulted = 0
+    for query in asked:
+        # Interleaved, so both see the same noise of a shared machine.
+        for name, rule in rules.items():
+            started = time.perf_counter()
+            verdict = index.judge(query, 0.0, 0.015, 0.0, None, rule)
+            times[name].append(time.perf_counter() - started)
+            consulted += rule is not None and verdict.head_gap is not None
+    out: dict[str, Any] = {"rows": len(index), "queries": queries, "head consulted": consulted}
+    for name, spent in times.items():
+        ms = np.array(spent[200:]) * 1000
+        out[name] = {
+            "p50_ms": round(float(np.percentile(ms, 50)), 3),
+            "p99_ms": round(float(np.percentile(ms, 99)), 3),
+        }
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -245,8 +284,10 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=0.03, help="wrong-route budget of every fit")
     parser.add_argument("--test-limit", type=int, default=0, help="a seeded sample of the test file (0: all)")
     parser.add_argument("--cache", type=Path, default=None, help="an .npz file keeping the vectors")
+    parser.add_argument("--latency", action="store_true", help="only the decision's latency, head or not")
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(run(args)), indent=2, ensure_ascii=False))
+    report = decision_latency() if args.latency else asyncio.run(run(args))
+    print(json.dumps(report, indent=2, ensure_ascii=False))
 
 
 if __name__ == "__main__":

@@ -155,6 +155,21 @@ def propose(
     return evaluate(phrases, round(best[1], 4), best[2], best[3])
 
 
+def fit_head_margin(phrases: list[Scored], threshold: float, margin: float, max_wrong: float) -> Outcome:
+    """The head margin with the most right routes plus refusals within ``max_wrong``, the
+    threshold and margin kept as they are (so capabilities the head does not cover, those with a
+    description only, are routed exactly as before)."""
+    inside = sum(1 for p in phrases if p.expect is not None)
+    best: Outcome | None = None
+    for head_margin in reversed(HEAD_MARGINS):  # ties go to the larger margin: fewer guesses
+        outcome = evaluate(phrases, threshold, margin, head_margin)
+        if outcome.in_scope_wrong > max_wrong * inside:
+            continue
+        if best is None or outcome.in_scope_right + outcome.refused > best.in_scope_right + best.refused:
+            best = outcome
+    return best if best is not None else evaluate(phrases, threshold, margin, 1.0)
+
+
 def score_index(
     index: SemanticIndex,
     background: Vector,

@@ -27,7 +27,15 @@ import yaml
 
 from reachmesh.config import HEAD_MARGIN
 from reachmesh.exceptions import ConfigError
-from reachmesh.semantic.calibrate import Outcome, Scored, evaluate, load_labelled, propose, score_phrases
+from reachmesh.semantic.calibrate import (
+    Outcome,
+    Scored,
+    evaluate,
+    fit_head_margin,
+    load_labelled,
+    propose,
+    score_phrases,
+)
 from reachmesh.semantic.embedders.base import Embedder
 
 # The three ways an agent may describe a capability, from the reference profile to the richest.
@@ -227,15 +235,19 @@ async def evaluate_corpus(
     """
     corpus = load_corpus(folder)
     calibration: list[Scored] = []
+    plain: list[Scored] = []
     by_condition: dict[str, list[Scored]] = {}
     for condition in CONDITIONS:
         by_condition[condition] = await score_questions(
             corpus, condition, corpus.calibration, embedder, head=head
         )
         calibration += by_condition[condition]
-    fitted = propose(calibration, budget)
+        plain += await score_questions(corpus, condition, corpus.calibration, embedder, head=False)
+    # Two steps: the threshold and margin by similarity alone (as before the head), then the head
+    # margin with them kept, so profiles the head does not cover route exactly as before.
+    fitted = propose(plain, budget)
     threshold, margin = fixed if fixed is not None else (fitted.threshold, fitted.margin)
-    head_margin = HEAD_MARGIN if fixed is not None else fitted.head_margin
+    head_margin = fit_head_margin(calibration, threshold, margin, budget).head_margin
     results = []
     for condition in CONDITIONS:
         taught = confirmations(by_condition[condition], threshold, margin, head_margin) if learn else None
