@@ -206,7 +206,9 @@ async def _corpus_reports(
         if not learned:
             return report, None
         point = (report.threshold, report.margin)
-        return report, await evaluate_corpus(folder, embedder, fixed=point, learn=True)
+        return report, await evaluate_corpus(
+            folder, embedder, fixed=point, learn=True, head_margin=report.head_margin
+        )
 
     return await _closing(embedder, both())
 

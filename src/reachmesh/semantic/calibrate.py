@@ -135,8 +135,10 @@ def propose(
     head_gap = np.array([p.head_gap if p.head_gap is not None else 0.0 for p in phrases])
     inside = np.array([p.expect is not None for p in phrases])
     right_task = np.array([p.best is not None and p.best == p.expect for p in phrases])
-    levels = np.unique(np.round(score, 6))
-    thresholds = np.concatenate([[levels[0] - 0.001], (levels[:-1] + levels[1:]) / 2, [levels[-1] + 0.001]])
+    # Candidates on the 4-decimal grid the proposal is printed in, just below and above each
+    # score: the point proposed is judged exactly as it will be applied.
+    grid = np.floor(score * 10_000) / 10_000
+    thresholds = np.unique(np.concatenate([grid, grid + 0.0001, [grid.max() + 0.001]]))
     allowed = max_wrong * int(inside.sum())
     best: tuple[tuple[float, float, float], float, float, float] | None = None
     for head_margin in head_margins if by_head.any() else [HEAD_MARGIN]:

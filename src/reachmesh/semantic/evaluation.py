@@ -221,6 +221,7 @@ async def evaluate_corpus(
     learn: bool = False,
     head: bool = True,
     budget: float = MAX_WRONG,
+    head_margin: float | None = None,
 ) -> CorpusReport:
     """Fit the operating point on the calibration half (all three conditions together, as one
     Router meets all kinds of profiles), then report the held-out half with it.
@@ -231,7 +232,8 @@ async def evaluate_corpus(
     task and indexed as a learned phrase; the held-out half (whose phrases were never confirmed)
     is then scored at the same operating point. That is what learning buys on unseen phrases.
     ``head``: with the few-shot head (as the Router routes by default); ``budget``: the share of
-    in-scope calibration questions the fit may send to a wrong task.
+    in-scope calibration questions the fit may send to a wrong task; ``head_margin``: the head's
+    margin to report at (with ``fixed``), else fitted.
     """
     corpus = load_corpus(folder)
     calibration: list[Scored] = []
@@ -247,7 +249,8 @@ async def evaluate_corpus(
     # margin with them kept, so profiles the head does not cover route exactly as before.
     fitted = propose(plain, budget)
     threshold, margin = fixed if fixed is not None else (fitted.threshold, fitted.margin)
-    head_margin = fit_head_margin(calibration, threshold, margin, budget).head_margin
+    if head_margin is None:
+        head_margin = fit_head_margin(calibration, threshold, margin, budget).head_margin
     results = []
     for condition in CONDITIONS:
         taught = confirmations(by_condition[condition], threshold, margin, head_margin) if learn else None
