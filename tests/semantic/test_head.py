@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import httpx
 import numpy as np
@@ -43,7 +43,7 @@ class HeldTrainer:
         return train(rows, generation, budget_s=budget_s)
 
 
-async def until(condition, what: str) -> None:  # type: ignore[no-untyped-def]
+async def until(condition: Callable[[], bool], what: str) -> None:
     deadline = asyncio.get_running_loop().time() + scaled(30)
     while not condition():
         assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"

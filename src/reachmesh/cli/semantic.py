@@ -272,8 +272,7 @@ def calibrate(
             "--budget",
             min=0.0,
             max=0.5,
-            help="The share of in-scope phrases the proposal may send to a wrong task (default: "
-            "the policy's embedding.wrong_route_budget, 0.03): the most right routes within it.",
+            help="Share of in-scope phrases the proposal may route wrong (embedding.wrong_route_budget).",
         ),
     ] = None,
     learned: Annotated[
