@@ -37,7 +37,17 @@ MAX_DEPTH = 64
 TIMEOUT_CAP_MS = 300_000
 MAX_HEADERS = 100
 MAX_HEAD_BYTES = 64 * 1024
-REACH_KEYS = {"version", "traceId", "status", "handlerAgentId", "durationMs", "result", "error", "attempts"}
+REACH_KEYS = {
+    "version",
+    "traceId",
+    "status",
+    "handlerAgentId",
+    "durationMs",
+    "result",
+    "error",
+    "attempts",
+    "route",
+}
 
 # Few examples each, derandomized: the boundaries are in the strategies, not found by luck.
 LIMITS = settings(

@@ -409,8 +409,18 @@ class RoutingPolicy(_Section):
     # targetTask glob patterns for which semantic_route applies when exact match finds nothing
     # (["*"]: everywhere). A caller asking for strategy semantic_route enables it for its request.
     semantic_tasks: list[str] = []
+    # Whether a targetTask shaped like a task name (no spaces, no CJK: `update_order_address`)
+    # may be routed by meaning under semantic_tasks. Off: such a name is exact or refused with
+    # "did you mean", because a caller who names a task expects that task to run, and a
+    # neighbour by meaning (track_order for update_order_address) would act on the wrong thing.
+    # A caller's own `strategy: semantic_route` still routes it by meaning, for that request.
+    semantic_identifiers: bool = False
     merit: MeritPolicy = MeritPolicy()
     learning: LearningPolicy = LearningPolicy()
+
+
+# The few-shot head's margin for a model nobody calibrated it for.
+HEAD_MARGIN = 0.3
 
 
 class Calibration(_Section):
@@ -420,6 +430,8 @@ class Calibration(_Section):
     margin: Annotated[float, Field(ge=0, le=2)] = 0.0
     # How much better a text must match a declared limit than its capability to be kept off it.
     limit_margin: Annotated[float, Field(ge=-1, le=1)] | None = None
+    # How much more probable the few-shot head must find its choice than the runner-up.
+    head_margin: Annotated[float, Field(ge=0, le=1)] | None = None
 
 
 class EmbeddingPolicy(_Section):
@@ -462,6 +474,18 @@ class EmbeddingPolicy(_Section):
     # "refuse" also keeps it out of routes by meaning (its exact task name still works).
     duplicates: Literal["off", "flag", "refuse"] = "flag"
     duplicate_similarity: Annotated[float, Field(ge=0, le=1)] = 0.97
+    # The few-shot head (a softmax regression over the capabilities' examples, retrained in the
+    # background as the registry changes) chooses among capabilities with examples; off: the
+    # nearest task by similarity, as for capabilities with a description only.
+    head: bool = True
+    # The head's margin: null takes the model's calibration, else HEAD_MARGIN.
+    head_margin: Annotated[float, Field(ge=0, le=1)] | None = None
+    # The most time one retrain of the head may take (a worker thread; requests keep the
+    # previous head meanwhile). Past it, the weights reached so far are used.
+    head_budget_ms: Annotated[int, Field(ge=10, le=600_000)] = 10_000
+    # The share of in-scope phrases `reach calibrate` lets its proposal send to a wrong task:
+    # it proposes the operating point with the most right routes within it.
+    wrong_route_budget: Annotated[float, Field(ge=0, le=0.5)] = 0.03
     # Operating points by model name (the name `reach calibrate` prints): the one of the model in
     # use applies when threshold is null, so switching models never carries one model's
     # threshold over to another.
@@ -483,6 +507,15 @@ class EmbeddingPolicy(_Section):
             return None
         margin = self.margin if self.margin is not None else (base[1] if base else 0.0)
         return float(threshold), float(margin)
+
+    def head_margin_for(self, model: str, default: float | None) -> float:
+        """The few-shot head's margin for ``model``: set here, else its calibration, else
+        ``default`` (the model's built-in one), else HEAD_MARGIN."""
+        known = self.calibrations.get(model)
+        for value in (self.head_margin, known.head_margin if known else None, default):
+            if value is not None:
+                return float(value)
+        return HEAD_MARGIN
 
     def limit_margin_for(self, model: str, default: float | None) -> float:
         """The declared-limit margin for ``model``: set here, else its calibration, else 0 (a

@@ -394,6 +394,20 @@ class Attempt(_Envelope):
     duration_ms: float
 
 
+class Route(_Envelope):
+    """Which declared task the Router ran for the request, and how it chose it.
+
+    ``by``: ``exact`` (the task named), ``task_map`` (the operator's mapping table),
+    ``learned`` (a phrase confirmed for the task before) or ``meaning`` (semantic_route, with
+    its ``score``). A caller whose ``targetTask`` differs from ``task`` learns here that
+    something other than what it named was run.
+    """
+
+    task: str
+    by: str
+    score: float | None = None
+
+
 class ReachResponse(_Envelope):
     """The one answer every request ends in."""
 
@@ -405,6 +419,8 @@ class ReachResponse(_Envelope):
     result: Any = None
     error: ErrorInfo | None = None
     attempts: list[Attempt] = []
+    # None when the request never got as far as a task (refused at the door, unknown task).
+    route: Route | None = None
 
     @property
     def ok(self) -> bool:

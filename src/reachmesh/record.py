@@ -83,6 +83,9 @@ class DecisionRecord:
     mode: str = "sync"
     affinity: str | None = None  # the agent the conversation was bound to, when one was
     rule: str | None = None  # what picked the pool: target_agent or the strategy
+    # How the task that ran was chosen, as the answer's `route.by` says it: exact, task_map,
+    # learned or meaning (None: routing never got as far as a task).
+    route_by: str | None = None
     strategy: str | None = None
     candidates: list[str] = field(default_factory=list)
     rejected: list[dict[str, Any]] = field(default_factory=list)

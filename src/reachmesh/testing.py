@@ -341,8 +341,9 @@ async def wait_vectors(
     router_tls: ssl.SSLContext | None = None,
     token: str | None = None,
 ) -> None:
-    """Wait until the Router says an agent's capability vectors are no longer pending (``token``:
-    an admin token, with auth on)."""
+    """Wait until the Router says an agent's capability vectors are no longer pending, and its
+    few-shot head has been retrained on them, so a route by meaning is decided as it will be
+    (``token``: an admin token, with auth on)."""
     loop = asyncio.get_running_loop()
     end = loop.time() + timeout_s
     url = f"{router_url}/admin/agents/{agent_id}"
@@ -351,7 +352,7 @@ async def wait_vectors(
         while loop.time() < end:
             async with http.get(url, ssl=router_tls or True, headers=headers) as resp:
                 status = await resp.json()
-            if status.get("vectors") != "pending":
+            if status.get("vectors") != "pending" and status.get("head") != "training":
                 return
             await asyncio.sleep(0.02)
     raise TimeoutError(f"{url}: capability vectors still pending after {timeout_s:g} s")

@@ -13,7 +13,17 @@ from reachmesh.protocol import AgentProfile, ReachResponse
 from reachmesh.server.components import RouterParts
 from reachmesh.testing import Answer, FakeTransport, ManualClock
 
-WIRE_KEYS = {"version", "traceId", "status", "handlerAgentId", "durationMs", "result", "error", "attempts"}
+WIRE_KEYS = {
+    "version",
+    "traceId",
+    "status",
+    "handlerAgentId",
+    "durationMs",
+    "result",
+    "error",
+    "attempts",
+    "route",
+}
 
 
 class Rig:

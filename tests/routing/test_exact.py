@@ -126,3 +126,33 @@ async def test_unknown_task_has_no_candidates(registry: MemoryRegistry) -> None:
     with pytest.raises(NoAvailableHandler, match="no agent declares task 'nope'") as info:
         Pipeline(registry).decide(ReachRequest(target_task="nope"), record())
     assert info.value.candidates == []
+
+
+async def test_identifier_shaped_tasks_route_by_meaning_only_when_asked_or_widened(
+    registry: MemoryRegistry,
+) -> None:
+    """Under semantic_tasks ["*"], a task-name-shaped targetTask nobody declares is not sent
+    to the model (so it is refused, never rerouted), free text is; the request's own
+    semantic_route or routing.semantic_identifiers widens it."""
+    from typing import Any, cast
+
+    from reachmesh.config import RoutingPolicy
+
+    vectors = cast(Any, object())  # wants_semantic only asks whether there is one
+    policy = RoutingPolicy(semantic_tasks=["*"])
+    pipeline = Pipeline(registry, policy, vectors=vectors)
+    assert not pipeline.wants_semantic(ReachRequest(target_task="update_order_address"))
+    assert not pipeline.wants_semantic(ReachRequest(target_task="orders.v2/track-order"))
+    assert pipeline.wants_semantic(ReachRequest(target_task="change my delivery address"))
+    assert pipeline.wants_semantic(ReachRequest(target_task="改地址"))
+    asked = ReachRequest.model_validate(
+        {"targetTask": "update_order_address", "preferences": {"strategy": "semantic_route"}}
+    )
+    assert pipeline.wants_semantic(asked)
+    # The operator's default strategy is not the caller asking.
+    by_default = Pipeline(registry, RoutingPolicy(default_strategy="semantic_route"), vectors=vectors)
+    assert not by_default.wants_semantic(ReachRequest(target_task="update_order_address"))
+    widened = Pipeline(
+        registry, RoutingPolicy(semantic_tasks=["*"], semantic_identifiers=True), vectors=vectors
+    )
+    assert widened.wants_semantic(ReachRequest(target_task="update_order_address"))

@@ -123,6 +123,9 @@ async def test_a_decline_by_meaning_tries_the_runner_up_and_learns_a_negative(ro
         assert [a["agentId"] for a in first["attempts"]] == ["order-agent", "price-agent"]
         assert price.received[-1]["targetTask"] == PRICE
         assert price.received[-1]["requestedTask"] == "cancel my order"
+        # The answer names the task that ran after the decline, not the one first chosen.
+        assert first["route"]["task"] == PRICE and first["route"]["by"] == "meaning"
+        assert isinstance(first["route"]["score"], float)
         learned = await _negatives(http, 1)
         assert learned[0]["phrase"] == "cancel my order" and learned[0]["task"] == TRACK
         again = await reach(http, "Cancel  my ORDER")  # the same phrase, normalized

@@ -11,7 +11,7 @@ import pytest
 
 from reachmesh.config import RouterConfig
 from reachmesh.semantic.calibrate import calibrate, evaluate
-from reachmesh.semantic.embedders.base import calibrated_thresholds
+from reachmesh.semantic.embedders.base import calibrated_head_margin, calibrated_thresholds
 from reachmesh.semantic.embedders.local import MODEL_NAME, LocalEmbedder
 from reachmesh.semantic.evaluation import cross_validate
 from reachmesh.testing import FakeAgent, RouterServer, wait_vectors
@@ -94,8 +94,9 @@ async def test_reference_scenario(semantic_router, caplog: pytest.LogCaptureFixt
     assert price_agent_seen["requestedTask"] == "how much does a mango cost now"
     history = await route(http, "这个商品过去半年的价格走势怎么样")
     assert history["handlerAgentId"] == "trend-agent"
-    # The bundled model rates this one within the calibrated margin of the trend task: refusing
-    # beats guessing, and the refusal says which tasks were close.
+    # The bundled model rates this one within the calibrated margin of the trend task, and the
+    # few-shot head is not sure enough either: refusing beats guessing, and the refusal says
+    # which tasks were close.
     close = await route(http, "当前芒果多少钱")
     assert close["status"] == "NO_AVAILABLE_HANDLER"
     assert {c["reason"] for c in close["error"]["candidates"]} == {"ambiguous"}
@@ -147,18 +148,22 @@ async def test_repeated_phrasing_hits_the_cache(semantic_router) -> None:
 
 
 async def test_labelled_set_cross_validates_without_wrong_routes() -> None:
-    """On the small labelled set, k-fold held-out figures send no phrase to a wrong task, and
-    neither does the shipped operating point (which was fitted on the evaluation corpus instead)."""
+    """On the small labelled set, k-fold held-out figures stay within a point of the wrong-route
+    budget, and the shipped operating point (fitted on the evaluation corpus instead) sends no
+    phrase to a wrong task."""
     data = read_yaml(DATA)
     assert len(data["phrases"]) >= 60 and len(data["capabilities"]) >= 8
     assert sum(1 for p in data["phrases"] if p["expect"] is None) >= 15
     result = await calibrate(data, LocalEmbedder(), current=calibrated_thresholds(MODEL_NAME))
     held = cross_validate(result.phrases, 5).held_out
-    assert held.wrong == 0
+    # Fitted within a 2% wrong-route budget, judged on the fold left out: within a point of it.
+    assert held.wrong_pct is not None and held.wrong_pct <= 3.0
     assert held.right_pct is not None and held.right_pct >= 90
     thresholds = LocalEmbedder().thresholds
     assert thresholds is not None
-    assert evaluate(result.phrases, *thresholds).in_scope_wrong == 0
+    head_margin = calibrated_head_margin(MODEL_NAME)
+    assert head_margin is not None
+    assert evaluate(result.phrases, *thresholds, head_margin).in_scope_wrong == 0
 
 
 async def test_sdk_agent_handles_a_semantic_route() -> None:
@@ -230,3 +235,45 @@ async def test_a_refusal_with_nothing_registered_says_so() -> None:
         ).json()
     assert body["status"] == "NO_AVAILABLE_HANDLER"
     assert "ready to route by meaning" in body["error"]["message"]
+
+
+async def test_every_answer_names_the_task_that_ran(semantic_router) -> None:
+    """`route` says which declared task ran and how it was chosen: exact, by the mapping table,
+    by meaning with its score; a refusal by meaning names none."""
+    _server, http = semantic_router
+    exact = await route(http, "query_promotion")
+    assert exact["route"] == {"task": "query_promotion", "by": "exact"}
+    mapped = await route(http, "比价")
+    assert mapped["route"] == {"task": "query_product_price", "by": "task_map"}
+    meant = await route(http, "how much does a mango cost now")
+    assert meant["status"] == "SUCCESS"
+    assert meant["route"]["task"] == "query_product_price"
+    assert meant["route"]["by"] == "meaning"
+    assert isinstance(meant["route"]["score"], float)
+    targeted = await route(http, "query_promotion", targetAgent="promotion-agent")
+    assert targeted["route"] == {"task": "query_promotion", "by": "exact"}
+    refused = await route(http, "book a flight to Paris")
+    assert refused["status"] == "NO_AVAILABLE_HANDLER" and refused["route"] is None
+
+
+async def test_a_task_name_nobody_declares_is_refused_not_rerouted(semantic_router) -> None:
+    """Under semantic_tasks ["*"], an identifier-shaped targetTask that no agent declares is
+    refused with "did you mean", never run as its neighbour by meaning; asking for
+    semantic_route in the request routes it by meaning, and says so."""
+    _server, http = semantic_router
+    typo = await route(http, "query_product_prise", payload={"product_id": "SKU-1"})
+    assert typo["status"] == "NO_AVAILABLE_HANDLER", typo
+    assert typo["attempts"] == [] and typo["route"] is None
+    assert "did you mean 'query_product_price'" in typo["error"]["message"]
+    assert {"task": "query_product_price", "by": "spelling"} in typo["error"]["suggestions"]
+    # A name with no near spelling: refused all the same, nothing ran.
+    unknown = await route(http, "update_product_price_history_chart")
+    assert unknown["status"] == "NO_AVAILABLE_HANDLER" and unknown["attempts"] == []
+    asked = await route(
+        http,
+        "query_product_prise",
+        payload={"product_id": "SKU-1"},
+        preferences={"strategy": "semantic_route"},
+    )
+    assert asked["status"] == "SUCCESS", asked
+    assert asked["route"]["task"] == "query_product_price" and asked["route"]["by"] == "meaning"

@@ -138,6 +138,7 @@ async def test_a_confirmed_retry_is_learned_and_routes_the_phrase(
     again = await reach(http, f"  {REFUSED} ", traceId="learned-1")
     assert again["status"] == "SUCCESS", again
     assert again["handlerAgentId"] == "price-agent"
+    assert again["route"] == {"task": "query_product_price", "by": "learned"}  # the caller is told
     hop = (await http.get("/admin/traces/learned-1")).json()["hops"][0]
     assert hop["decision"]["rule"] == "learned"
     lines = [line for line in log_lines(caplog) if line.startswith("[learned-1]")]

@@ -97,6 +97,11 @@ async def test_a_capability_that_repeats_another_tokens_is_flagged_and_by_policy
             await stop(agents)
 
 
+# A's and B's refund capabilities tie by similarity, so the phrase is refused and the caller's
+# retry can confirm a route; the few-shot head would break the tie on its own.
+TIE = {"head": False}
+
+
 async def confirm_by_retry(http: Any, token: str, conversation: str) -> dict[str, Any]:
     """Refused by meaning (A's and B's capability tie), then the same caller names b_refund."""
     refused = await reach(http, token, "refund my purchase please", conversationId=conversation)
@@ -110,7 +115,7 @@ async def test_an_agent_token_never_confirms_a_route_to_its_own_task() -> None:
     """Reproduction 4, learning: B's own agent token confirms "refund my purchase please" ->
     b_refund. Nothing is learned, and caller A's phrase never goes to B's agent. Before: the
     route was learned for every caller, and stayed."""
-    config = secured(routing={"semantic_tasks": ["*"], "learning": {"enabled": True}})
+    config = secured(routing={"semantic_tasks": ["*"], "learning": {"enabled": True}}, embedding=TIE)
     async with router(config) as (server, http):
         agents = await tenants(server)
         try:
@@ -126,7 +131,7 @@ async def test_an_agent_token_never_confirms_a_route_to_its_own_task() -> None:
 async def test_a_callers_confirmed_route_serves_that_caller_alone() -> None:
     """routing.learning.scope caller (the default): caller B's confirmation routes B's phrase, and
     nobody else's; the listing names its owner."""
-    config = secured(routing={"semantic_tasks": ["*"], "learning": {"enabled": True}})
+    config = secured(routing={"semantic_tasks": ["*"], "learning": {"enabled": True}}, embedding=TIE)
     async with router(config) as (server, http):
         agents = await tenants(server)
         try:
@@ -146,7 +151,10 @@ async def test_with_operator_scope_a_confirmation_waits_for_an_operator() -> Non
     """routing.learning.scope operator: a caller's confirmation is held (``pending``) and routes
     nobody, its own caller included, until an admin confirms it; then it routes everyone."""
     learning = {"enabled": True, "scope": "operator"}
-    async with router(secured(routing={"semantic_tasks": ["*"], "learning": learning})) as (server, http):
+    async with router(secured(routing={"semantic_tasks": ["*"], "learning": learning}, embedding=TIE)) as (
+        server,
+        http,
+    ):
         agents = await tenants(server)
         try:
             await confirm_by_retry(http, CALLER_B, "b-conversation")

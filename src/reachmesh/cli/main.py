@@ -457,6 +457,16 @@ def call(
     except RouterUnavailable as exc:
         _fail(exc.message, code=1)
     out.print_json(response.model_dump_json(by_alias=True, exclude_none=False))
+    if response.route is not None:
+        # Which task ran, on its own line: a caller who named one task must see it when the
+        # Router ran another (by meaning, by the mapping table).
+        score = f", score {response.route.score:.4f}" if response.route.score is not None else ""
+        err.print(
+            f"route: {response.route.task} (by {response.route.by}{score})",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
     if not response.ok and response.error is not None:
         # The one line a person reads first: what went wrong, and any "did you mean".
         line = f"{response.status}: {response.error.message}{declines(response.error.candidates)}"

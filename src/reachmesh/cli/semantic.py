@@ -97,7 +97,8 @@ def _print_distributions(distributions: dict[str, list[float]]) -> None:
 
 def _print_outcome(label: str, o: Any) -> None:
     out.print(
-        f"{label}: threshold {o.threshold:.4f}, margin {o.margin:.4f} -> in-scope right "
+        f"{label}: threshold {o.threshold:.4f}, margin {o.margin:.4f}, head margin {o.head_margin:.2f} "
+        f"-> in-scope right "
         f"{o.in_scope_right}/{o.in_scope} ({o.accuracy * 100:.1f}%), wrong {o.in_scope_wrong}; "
         f"out-of-scope refused {o.refused}/{o.out_of_scope} ({o.refusal_rate * 100:.1f}%)",
         highlight=False,
@@ -174,11 +175,11 @@ def _print_limits(report: Any) -> None:
     )
 
 
-def _print_calibration(model: str, threshold: float, margin: float) -> None:
+def _print_calibration(model: str, threshold: float, margin: float, head_margin: float) -> None:
     """The policy lines that apply an operating point to this model only."""
     out.print(
         f"embedding:\n  calibrations:\n    {orjson.dumps(model).decode()}: "
-        f"{{threshold: {threshold:.4f}, margin: {margin:.4f}}}",
+        f"{{threshold: {threshold:.4f}, margin: {margin:.4f}, head_margin: {head_margin:.2f}}}",
         highlight=False,
         markup=False,
         soft_wrap=True,
@@ -205,7 +206,9 @@ async def _corpus_reports(
         if not learned:
             return report, None
         point = (report.threshold, report.margin)
-        return report, await evaluate_corpus(folder, embedder, fixed=point, learn=True)
+        return report, await evaluate_corpus(
+            folder, embedder, fixed=point, learn=True, head_margin=report.head_margin
+        )
 
     return await _closing(embedder, both())
 
@@ -263,6 +266,15 @@ def calibrate(
             "plain out-of-scope questions apart, and declining agents simulated from the labels.",
         ),
     ] = False,
+    budget: Annotated[
+        float | None,
+        typer.Option(
+            "--budget",
+            min=0.0,
+            max=0.5,
+            help="Share of in-scope phrases the proposal may route wrong (embedding.wrong_route_budget).",
+        ),
+    ] = None,
     learned: Annotated[
         bool,
         typer.Option(
@@ -275,15 +287,19 @@ def calibrate(
     """Measure semantic routing on labelled phrases: k-fold held-out figures, and a proposed
     threshold and margin for the model."""
     need_router("reach calibrate")
+    from reachmesh.config import RouterConfig
+
     try:
+        if budget is None:
+            budget = RouterConfig.load(config).embedding.wrong_route_budget
         embedder, current, progress = _open_embedder(labelled, config)
         if corpus:
             _report_corpus(labelled, embedder, current, progress, limits=limits, learned=learned)
             return
-        result, validation = _fit_phrases(labelled, embedder, current, progress, folds)
+        result, validation = _fit_phrases(labelled, embedder, current, progress, folds, budget)
     except (ConfigError, EmbeddingError) as exc:
         _fail(exc.message)
-    _print_fit(result, validation, folds, show=show)
+    _print_fit(result, validation, folds, budget, show=show)
 
 
 def _open_embedder(
@@ -326,7 +342,7 @@ def _report_corpus(
     progress.done()
     _print_corpus(report)
     _print_outcome("fitted on the calibration half", report.calibration)
-    _print_calibration(report.model, report.threshold, report.margin)
+    _print_calibration(report.model, report.threshold, report.margin, report.head_margin)
     if after is not None:
         _print_corpus(after)
         out.print("after learning the calibration half's refused and wrong questions", highlight=False)
@@ -338,8 +354,10 @@ def _fit_phrases(
     current: tuple[float, float] | None,
     progress: _Progress,
     folds: int,
+    budget: float,
 ) -> tuple[Calibration, CrossValidation]:
-    """Labelled phrases: the fitted calibration and its k-fold cross-validation."""
+    """Labelled phrases: the calibration fitted within the wrong-route ``budget``, and the
+    k-fold cross-validation of that same fit."""
     import asyncio
 
     from reachmesh.semantic.calibrate import calibrate as run_calibration
@@ -347,26 +365,40 @@ def _fit_phrases(
     from reachmesh.yamlfile import read_yaml
 
     data = read_yaml(labelled)
-    result = asyncio.run(_closing(embedder, run_calibration(data, embedder, current=current)))
+    result = asyncio.run(_closing(embedder, run_calibration(data, embedder, current=current, budget=budget)))
     progress.done()
-    return result, cross_validate(result.phrases, folds)
+    return result, cross_validate(result.phrases, folds, budget)
 
 
-def _print_fit(result: Calibration, validation: CrossValidation, folds: int, *, show: bool) -> None:
-    """The phrases' scores (with ``show``), the k-fold, current and proposed figures, and the
-    proposal as policy text."""
+def _print_fit(
+    result: Calibration, validation: CrossValidation, folds: int, budget: float, *, show: bool
+) -> None:
+    """The phrases' scores (with ``show``), the k-fold estimate of the proposal, the current and
+    proposed figures, and the proposal as policy text."""
     if show:
         _print_phrases(result.phrases)
     _print_distributions(result.distributions)
     held = validation.held_out
     out.print(
-        f"{folds}-fold held out: in-scope right {held.right}/{held.in_scope} ({_pct(held.right_pct)}), "
-        f"wrong {held.wrong} ({_pct(held.wrong_pct)}); out-of-scope refused {held.refused}/"
-        f"{held.out_of_scope} ({_pct(held.refused_pct)})  <- expect this on phrases not seen here",
+        f"{folds}-fold estimate of this proposal (the same fit, within a {budget:.1%} wrong-route "
+        f"budget, on k-1 folds; judged on the fold left out): in-scope right {held.right}/"
+        f"{held.in_scope} ({_pct(held.right_pct)}), wrong {held.wrong} ({_pct(held.wrong_pct)}); "
+        f"out-of-scope refused {held.refused}/{held.out_of_scope} ({_pct(held.refused_pct)})  "
+        "<- expect this on phrases not seen here",
         highlight=False,
         markup=False,
         soft_wrap=True,
     )
+    if held.in_scope and 2 * (held.right + held.wrong) < held.in_scope:
+        out.print(
+            f"note: within a {budget:.1%} wrong-route budget this proposal refuses most in-scope "
+            f"phrases ({_pct(held.pct(held.in_scope - held.right - held.wrong, held.in_scope))}): "
+            "give the capabilities examples, or allow a larger "
+            "budget (--budget)",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
     if result.current is not None:
         _print_outcome("current ", result.current)
     _print_outcome("proposed", result.proposed)
@@ -375,4 +407,6 @@ def _print_fit(result: Calibration, validation: CrossValidation, folds: int, *, 
         "fitted to these phrases; the k-fold line is the honest one):",
         highlight=False,
     )
-    _print_calibration(result.model, result.proposed.threshold, result.proposed.margin)
+    _print_calibration(
+        result.model, result.proposed.threshold, result.proposed.margin, result.proposed.head_margin
+    )

@@ -51,9 +51,24 @@ def encode(record: DecisionRecord) -> Reply:
             "result": record.result,
             "error": record.error,
             "attempts": [a.to_wire() for a in record.attempts],
+            "route": route(record),
         }
     )
     return record.http_status or HTTP_STATUS[status], body
+
+
+def route(record: DecisionRecord) -> dict[str, Any] | None:
+    """The answer's ``route``: the declared task that ran (or was to run) and how it was chosen;
+    a route by meaning carries that task's score (a runner-up's, after a decline)."""
+    if record.matched_task is None or record.route_by is None:
+        return None
+    out: dict[str, Any] = {"task": record.matched_task, "by": record.route_by}
+    if record.route_by == "meaning" and record.semantic is not None:
+        for item in record.semantic.get("best", ()):
+            if item["task"] == record.matched_task:
+                out["score"] = item["score"]
+                break
+    return out
 
 
 def bare_record(

@@ -28,6 +28,7 @@ vector of a semantic request is fetched by the dispatcher first, and only read f
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import replace
 from fnmatch import fnmatchcase
 
@@ -52,6 +53,18 @@ from reachmesh.semantic.vectors import CapabilityVectors
 # The veto reason of a task outside the caller's auth.tokens reach_tasks: dropped from what the
 # caller is told.
 OUT_OF_REACH = "out_of_reach"
+
+
+# A targetTask of this shape names a task (`update_order_address`, `orders.v2/track`): it is
+# exact or refused, never routed by meaning to another task unless asked (see
+# RoutingPolicy.semantic_identifiers).
+_IDENTIFIER = re.compile(r"[A-Za-z0-9_.:/@#-]{1,256}")
+
+
+def is_identifier(text: str) -> bool:
+    """True for text shaped like a task name: no spaces, no CJK, only name characters."""
+    return _IDENTIFIER.fullmatch(text) is not None
+
 
 _OUT = {
     AgentStatusValue.OFFLINE: CandidateReason.OFFLINE,
@@ -138,7 +151,13 @@ class Pipeline:
             return False
         if self.learned_task(task, caller, reach) is not None:
             return False
-        if self.strategy(request) is Strategy.SEMANTIC_ROUTE:
+        strategy = self.strategy(request)
+        asked = strategy is Strategy.SEMANTIC_ROUTE and request.preferences.strategy is strategy
+        if is_identifier(task) and not asked and not self.policy.semantic_identifiers:
+            # A task name nobody declares is refused with "did you mean", not run as its
+            # neighbour by meaning: the caller believes the task it named ran.
+            return False
+        if strategy is Strategy.SEMANTIC_ROUTE:
             return True
         return any(fnmatchcase(task, pattern) for pattern in self.policy.semantic_tasks)
 
@@ -194,6 +213,7 @@ class Pipeline:
         """``targetAgent``: only that agent, and it must declare the task."""
         assert request.target_agent is not None
         record.rule = "target_agent"
+        record.route_by = "task_map" if request.target_task in self.policy.task_map else "exact"
         entry = self.registry.get(request.target_agent)
         if entry is None:
             record.reject(request.target_agent, CandidateReason.UNKNOWN_AGENT)
@@ -214,23 +234,24 @@ class Pipeline:
         task = request.target_task
         mapped = self.policy.task_map.get(task)
         if mapped is not None:
-            record.rule = "task_map"
+            record.rule = record.route_by = "task_map"
             record.note("task map", f"{task} -> {mapped}")
             task = mapped
         else:
             record.rule = strategy.value if strategy is not Strategy.SEMANTIC_ROUTE else "exact_match"
+            record.route_by = "exact"
         similarity: float | None = None
         alternates: list[tuple[str, float]] = []
         if not self.registry.by_task(task) and mapped is None:
             learned = self.learned_task(task, record.caller, record.reach_tasks)
             if learned is not None:
                 # Its own rule, so a learned route is told apart from the operator's task map.
-                record.rule = "learned"
+                record.rule = record.route_by = "learned"
                 record.note("learned", f"{loggable(task)} -> {learned}")
                 task = learned
             elif self.wants_semantic(request, record.caller, record.reach_tasks):
                 # Before the search: a refusal by meaning is told by this rule too.
-                record.rule = "semantic_route"
+                record.rule, record.route_by = "semantic_route", "meaning"
                 task, similarity, alternates = self._semantic(request, record)
         if not self.registry.by_task(task):
             raise UnknownTask(task, list(record.rejected))
@@ -329,7 +350,7 @@ class Pipeline:
         threshold, margin = limits
         baseline = self.vectors.baseline(query)
         veto = self._veto(text, query, baseline, record)
-        verdict = self.vectors.index.judge(query, threshold, margin, baseline, veto)
+        verdict = self.vectors.index.judge(query, threshold, margin, baseline, veto, self.vectors.head_rule())
         if any(why == OUT_OF_REACH for _, _, why, _ in verdict.vetoed):
             # Another tenant's tasks are not named to this caller, not even as set aside.
             kept = [v for v in verdict.vetoed if v[2] != OUT_OF_REACH]

@@ -15,11 +15,17 @@ from typing import Any
 
 import numpy as np
 
+from reachmesh.config import HEAD_MARGIN
 from reachmesh.exceptions import ConfigError
 from reachmesh.semantic.embedders.base import Embedder
-from reachmesh.semantic.index import BACKGROUND, LEARNED, SemanticIndex, capability_texts
+from reachmesh.semantic.head import train
+from reachmesh.semantic.index import BACKGROUND, LEARNED, HeadRule, SemanticIndex, Vector, capability_texts
 
 MARGINS = [round(float(x), 4) for x in np.arange(0.0, 0.0501, 0.0025)]
+# Differences of probabilities the few-shot head's choice may be asked to clear.
+HEAD_MARGINS = [round(float(x), 2) for x in np.arange(0.0, 0.951, 0.05)]
+# A calibration waits for its head to be trained, but not for ever.
+HEAD_BUDGET_S = 60.0
 
 
 @dataclass(slots=True)
@@ -31,6 +37,9 @@ class Scored:
     best: str | None
     score: float
     runner_up: float | None
+    # When the few-shot head chose ``best``: its probability minus the runner-up's (the head
+    # margin applies, not the similarity margin).
+    head_gap: float | None = None
 
     @property
     def gap(self) -> float:
@@ -48,6 +57,7 @@ class Outcome:
     in_scope_wrong: int
     out_of_scope: int
     refused: int
+    head_margin: float = HEAD_MARGIN
 
     @property
     def accuracy(self) -> float:
@@ -91,10 +101,13 @@ def load_labelled(data: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]
     return caps, phrases
 
 
-def evaluate(phrases: list[Scored], threshold: float, margin: float) -> Outcome:
+def evaluate(
+    phrases: list[Scored], threshold: float, margin: float, head_margin: float = HEAD_MARGIN
+) -> Outcome:
     right = wrong = refused = in_scope = out = 0
     for p in phrases:
-        routed = p.best is not None and p.score >= threshold and p.gap >= margin
+        clear = p.gap >= margin if p.head_gap is None else p.head_gap >= head_margin
+        routed = p.best is not None and p.score >= threshold and clear
         if p.expect is None:
             out += 1
             refused += not routed
@@ -103,32 +116,88 @@ def evaluate(phrases: list[Scored], threshold: float, margin: float) -> Outcome:
             right += routed and p.best == p.expect
             wrong += routed and p.best != p.expect
     right, wrong, refused = int(right), int(wrong), int(refused)
-    return Outcome(threshold, margin, in_scope, right, wrong, out, refused)
+    return Outcome(threshold, margin, in_scope, right, wrong, out, refused, head_margin)
 
 
-def propose(phrases: list[Scored], max_wrong: float = 0.0) -> Outcome:
-    """The threshold and margin with the most right routes plus refusals, among those sending at
-    most ``max_wrong`` of the in-scope phrases to a wrong task (0: none)."""
+def propose(
+    phrases: list[Scored],
+    max_wrong: float = 0.0,
+    *,
+    margins: Sequence[float] = MARGINS,
+    head_margins: Sequence[float] = HEAD_MARGINS,
+) -> Outcome:
+    """The threshold, margin and head margin with the most right routes plus refusals, among
+    those sending at most ``max_wrong`` of the in-scope phrases to a wrong task (the error
+    budget; 0: none)."""
     score = np.array([p.score for p in phrases])
+    by_head = np.array([p.head_gap is not None for p in phrases])
     gap = np.array([p.gap for p in phrases])
+    head_gap = np.array([p.head_gap if p.head_gap is not None else 0.0 for p in phrases])
     inside = np.array([p.expect is not None for p in phrases])
     right_task = np.array([p.best is not None and p.best == p.expect for p in phrases])
-    levels = np.unique(np.round(score, 6))
-    thresholds = np.concatenate([[levels[0] - 0.001], (levels[:-1] + levels[1:]) / 2, [levels[-1] + 0.001]])
+    # Candidates on the 4-decimal grid the proposal is printed in, just below and above each
+    # score: the point proposed is judged exactly as it will be applied.
+    grid = np.floor(score * 10_000) / 10_000
+    thresholds = np.unique(np.concatenate([grid, grid + 0.0001, [grid.max() + 0.001]]))
     allowed = max_wrong * int(inside.sum())
-    best: tuple[tuple[float, float], float, float] | None = None
-    for margin in MARGINS:
-        # Every threshold at once: rows are thresholds, columns phrases.
-        routed = (score[None, :] >= thresholds[:, None]) & (gap[None, :] >= margin)
-        right = (routed & inside & right_task).sum(axis=1)
-        wrong = (routed & inside & ~right_task).sum(axis=1)
-        refused = (~routed & ~inside).sum(axis=1)
-        for i in np.flatnonzero(wrong <= allowed):
-            key = (float(right[i] + refused[i]), -margin)
-            if best is None or key > best[0]:
-                best = (key, float(thresholds[i]), margin)
+    best: tuple[tuple[float, float, float], float, float, float] | None = None
+    for head_margin in head_margins if by_head.any() else [HEAD_MARGIN]:
+        for margin in margins if (~by_head).any() else [0.0]:
+            clear = np.where(by_head, head_gap >= head_margin, gap >= margin)
+            # Every threshold at once: rows are thresholds, columns phrases.
+            routed = (score[None, :] >= thresholds[:, None]) & clear[None, :]
+            right = (routed & inside & right_task).sum(axis=1)
+            wrong = (routed & inside & ~right_task).sum(axis=1)
+            refused = (~routed & ~inside).sum(axis=1)
+            for i in np.flatnonzero(wrong <= allowed):
+                key = (float(right[i] + refused[i]), -margin, -head_margin)
+                if best is None or key > best[0]:
+                    best = (key, float(thresholds[i]), margin, head_margin)
     assert best is not None  # the highest threshold refuses everything: always admissible
-    return evaluate(phrases, round(best[1], 4), best[2])
+    return evaluate(phrases, round(best[1], 4), best[2], best[3])
+
+
+def fit_head_margin(phrases: list[Scored], threshold: float, margin: float, max_wrong: float) -> Outcome:
+    """The head margin with the most right routes plus refusals within ``max_wrong``, the
+    threshold and margin kept as they are (so capabilities the head does not cover, those with a
+    description only, are routed exactly as before)."""
+    inside = sum(1 for p in phrases if p.expect is not None)
+    best: Outcome | None = None
+    for head_margin in reversed(HEAD_MARGINS):  # ties go to the larger margin: fewer guesses
+        outcome = evaluate(phrases, threshold, margin, head_margin)
+        if outcome.in_scope_wrong > max_wrong * inside:
+            continue
+        if best is None or outcome.in_scope_right + outcome.refused > best.in_scope_right + best.refused:
+            best = outcome
+    return best if best is not None else evaluate(phrases, threshold, margin, 1.0)
+
+
+def score_index(
+    index: SemanticIndex,
+    background: Vector,
+    phrases: Sequence[tuple[str, str | None]],
+    queries: Vector,
+    head: HeadRule | None,
+) -> list[Scored]:
+    """Score (text, expected task) phrases against ``index`` as the Router decides a request:
+    the few-shot head ordering the nearest tasks where it covers them (its margin left for
+    :func:`propose`), else similarity alone."""
+    rule = None if head is None else (head[0], 0.0)
+    scored = []
+    for (text, expect), query in zip(phrases, queries, strict=True):
+        verdict = index.judge(query, -10.0, 0.0, float((background @ query).mean()), None, rule)
+        best = verdict.best
+        scored.append(
+            Scored(
+                text,
+                expect,
+                best[0][0] if best else None,
+                best[0][1] if best else 0.0,
+                best[1][1] if len(best) > 1 else None,
+                verdict.head_gap,
+            )
+        )
+    return scored
 
 
 async def score_phrases(
@@ -136,11 +205,14 @@ async def score_phrases(
     phrases: list[dict[str, Any]],
     embedder: Embedder,
     learned: Sequence[tuple[str, str]] = (),
+    *,
+    head: bool = True,
 ) -> list[Scored]:
     """Score every phrase against the capabilities exactly as the Router scores a request.
 
     ``learned``: (phrase, task) routes confirmed before, indexed as the Router indexes them (one
     more example row of their task), to measure what learning buys on phrases never seen.
+    ``head``: with the few-shot head trained on them, as the Router routes by default.
     """
     index = SemanticIndex(dim=embedder.dim or 384)
     for cap in caps:
@@ -154,28 +226,23 @@ async def score_phrases(
             index.add(f"{LEARNED}{i}", task, [text], row[None, :])
     background = await embedder.embed(list(BACKGROUND), "passage")
     queries = await embedder.embed([p["text"] for p in phrases], "query")
-    scored = []
-    for phrase, query in zip(phrases, queries, strict=True):
-        best = index.nearest(query, 3, float((background @ query).mean()))
-        scored.append(
-            Scored(
-                phrase["text"],
-                phrase.get("expect"),
-                best[0][0] if best else None,
-                best[0][1] if best else 0.0,
-                best[1][1] if len(best) > 1 else None,
-            )
-        )
-    return scored
+    model = train(index.task_matrices(), index.generation, budget_s=HEAD_BUDGET_S) if head else None
+    labelled = [(str(p["text"]), p.get("expect")) for p in phrases]
+    return score_index(index, background, labelled, queries, None if model is None else (model, 0.0))
 
 
 async def calibrate(
-    data: Any, embedder: Embedder, *, current: tuple[float, float] | None = None
+    data: Any,
+    embedder: Embedder,
+    *,
+    current: tuple[float, float] | None = None,
+    budget: float = 0.03,
 ) -> Calibration:
-    """Score every phrase as the Router would, and propose a threshold and margin."""
+    """Score every phrase as the Router would, and propose the operating point with the most
+    right routes within the wrong-route ``budget``."""
     caps, phrases = load_labelled(data)
     scored = await score_phrases(caps, phrases, embedder)
-    result = Calibration(embedder.model, scored, propose(scored))
+    result = Calibration(embedder.model, scored, propose(scored, budget))
     if current is not None:
         result.current = evaluate(scored, *current)
     result.distributions = {

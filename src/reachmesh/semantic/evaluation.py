@@ -25,8 +25,17 @@ from typing import Any
 import numpy as np
 import yaml
 
+from reachmesh.config import HEAD_MARGIN
 from reachmesh.exceptions import ConfigError
-from reachmesh.semantic.calibrate import Outcome, Scored, evaluate, load_labelled, propose, score_phrases
+from reachmesh.semantic.calibrate import (
+    Outcome,
+    Scored,
+    evaluate,
+    fit_head_margin,
+    load_labelled,
+    propose,
+    score_phrases,
+)
 from reachmesh.semantic.embedders.base import Embedder
 
 # The three ways an agent may describe a capability, from the reference profile to the richest.
@@ -116,6 +125,7 @@ class CorpusReport:
     margin: float
     calibration: Outcome  # the fitted point on the calibration half (not a reported figure)
     results: list[ConditionResult]
+    head_margin: float = HEAD_MARGIN
 
 
 def load_corpus(folder: Path) -> Corpus:
@@ -175,31 +185,43 @@ async def score_questions(
     indices: list[int],
     embedder: Embedder,
     learned: list[tuple[str, str]] | None = None,
+    *,
+    head: bool = True,
 ) -> list[Scored]:
     caps = [profile(c, condition) for c in corpus.capabilities]
     phrases = [{"text": corpus.questions[i].text, "expect": corpus.questions[i].expect} for i in indices]
-    return await score_phrases(caps, phrases, embedder, learned or ())
+    return await score_phrases(caps, phrases, embedder, learned or (), head=head)
 
 
-def confirmations(scored: list[Scored], threshold: float, margin: float) -> list[tuple[str, str]]:
+def confirmations(
+    scored: list[Scored], threshold: float, margin: float, head_margin: float = HEAD_MARGIN
+) -> list[tuple[str, str]]:
     """The routes a Router with learning on would have been taught by these questions: each
     in-scope one it refused or sent to a wrong task, confirmed for its right task (by the caller's
     explicit retry after a refusal, or by an operator after a wrong route)."""
     taught = []
     for p in scored:
-        routed = p.best is not None and p.score >= threshold and p.gap >= margin
+        clear = p.gap >= margin if p.head_gap is None else p.head_gap >= head_margin
+        routed = p.best is not None and p.score >= threshold and clear
         if p.expect is not None and not (routed and p.best == p.expect):
             taught.append((p.text, p.expect))
     return taught
 
 
-def tally(scored: list[Scored], threshold: float, margin: float) -> Figures:
-    o = evaluate(scored, threshold, margin)
+def tally(scored: list[Scored], threshold: float, margin: float, head_margin: float = HEAD_MARGIN) -> Figures:
+    o = evaluate(scored, threshold, margin, head_margin)
     return Figures(o.in_scope_right, o.in_scope_wrong, o.in_scope, o.refused, o.out_of_scope)
 
 
 async def evaluate_corpus(
-    folder: Path, embedder: Embedder, *, fixed: tuple[float, float] | None = None, learn: bool = False
+    folder: Path,
+    embedder: Embedder,
+    *,
+    fixed: tuple[float, float] | None = None,
+    learn: bool = False,
+    head: bool = True,
+    budget: float = MAX_WRONG,
+    head_margin: float | None = None,
 ) -> CorpusReport:
     """Fit the operating point on the calibration half (all three conditions together, as one
     Router meets all kinds of profiles), then report the held-out half with it.
@@ -209,23 +231,34 @@ async def evaluate_corpus(
     question of the *calibration* half that was refused or routed wrong is confirmed for its right
     task and indexed as a learned phrase; the held-out half (whose phrases were never confirmed)
     is then scored at the same operating point. That is what learning buys on unseen phrases.
+    ``head``: with the few-shot head (as the Router routes by default); ``budget``: the share of
+    in-scope calibration questions the fit may send to a wrong task; ``head_margin``: the head's
+    margin to report at (with ``fixed``), else fitted.
     """
     corpus = load_corpus(folder)
     calibration: list[Scored] = []
+    plain: list[Scored] = []
     by_condition: dict[str, list[Scored]] = {}
     for condition in CONDITIONS:
-        by_condition[condition] = await score_questions(corpus, condition, corpus.calibration, embedder)
+        by_condition[condition] = await score_questions(
+            corpus, condition, corpus.calibration, embedder, head=head
+        )
         calibration += by_condition[condition]
-    fitted = propose(calibration, MAX_WRONG)
+        plain += await score_questions(corpus, condition, corpus.calibration, embedder, head=False)
+    # Two steps: the threshold and margin by similarity alone (as before the head), then the head
+    # margin with them kept, so profiles the head does not cover route exactly as before.
+    fitted = propose(plain, budget)
     threshold, margin = fixed if fixed is not None else (fitted.threshold, fitted.margin)
+    if head_margin is None:
+        head_margin = fit_head_margin(calibration, threshold, margin, budget).head_margin
     results = []
     for condition in CONDITIONS:
-        taught = confirmations(by_condition[condition], threshold, margin) if learn else None
-        scored = await score_questions(corpus, condition, corpus.heldout, embedder, taught)
+        taught = confirmations(by_condition[condition], threshold, margin, head_margin) if learn else None
+        scored = await score_questions(corpus, condition, corpus.heldout, embedder, taught, head=head)
         result = ConditionResult(condition, Figures())
         for i, phrase in zip(corpus.heldout, scored, strict=True):
             question = corpus.questions[i]
-            one = tally([phrase], threshold, margin)
+            one = tally([phrase], threshold, margin, head_margin)
             result.overall.add(one)
             way = direction(question, corpus)
             ways = [way] if way else [d for d in DIRECTIONS if d.startswith(question.lang)]
@@ -234,7 +267,8 @@ async def evaluate_corpus(
             for w in ways:
                 result.directions.setdefault(w, Figures()).add(one)
         results.append(result)
-    return CorpusReport(embedder.model, threshold, margin, evaluate(calibration, threshold, margin), results)
+    fit = evaluate(calibration, threshold, margin, head_margin)
+    return CorpusReport(embedder.model, threshold, margin, fit, results, head_margin)
 
 
 @dataclass(slots=True)
@@ -243,7 +277,7 @@ class CrossValidation:
 
     folds: int
     held_out: Figures
-    points: list[tuple[float, float]]  # the (threshold, margin) fitted per fold
+    points: list[tuple[float, float, float]]  # the (threshold, margin, head margin) fitted per fold
 
 
 def cross_validate(
@@ -261,8 +295,8 @@ def cross_validate(
         train = [p for i, p in enumerate(phrases) if fold_of[i] != k]
         test = [p for i, p in enumerate(phrases) if fold_of[i] == k]
         point = propose(train, max_wrong)
-        points.append((point.threshold, point.margin))
-        total.add(tally(test, point.threshold, point.margin))
+        points.append((point.threshold, point.margin, point.head_margin))
+        total.add(tally(test, point.threshold, point.margin, point.head_margin))
     return CrossValidation(folds, total, points)
 
 

@@ -26,6 +26,8 @@ import numkong
 import numpy as np
 import numpy.typing as npt
 
+from reachmesh.semantic.head import Head
+
 Vector = npt.NDArray[np.float32]
 
 # Rows a learned phrase brings are held by a pseudo-agent named with this prefix (no agent id can
@@ -112,6 +114,12 @@ def limit_rows(task: str, limits: list[str]) -> tuple[str, list[str]]:
     return LIMIT + task, list(limits)
 
 
+# How close to the nearest task (in score) a task must be for the few-shot head to choose it.
+HEAD_REACH = 0.02
+
+# A trained few-shot head and the margin (difference of probabilities) its choice needs.
+HeadRule = tuple[Head, float]
+
 # (task, its score) -> None to keep it, or (reason, the declared limit hit or None) to set it aside.
 Veto = Callable[[str, float], "tuple[str, str | None] | None"]
 
@@ -128,6 +136,8 @@ class Verdict:
     # Tasks set aside before judging (a declared limit, a learned negative): task, score,
     # reason, and the limit it hit.
     vetoed: list[tuple[str, float, str, str | None]] = field(default_factory=list)
+    # When the few-shot head chose: how much more probable it found the task than the runner-up.
+    head_gap: float | None = None
 
 
 class SemanticIndex:
@@ -146,6 +156,8 @@ class SemanticIndex:
         self._agent_rows: dict[str, list[int]] = {}
         self._task_agents: dict[str, set[str]] = {}  # task -> agents (not learned rows) declaring it
         self._free: list[int] = []
+        # Bumped whenever a task's rows change: the few-shot head is retrained when it moves.
+        self.generation = 0
 
     def _allocate(self, capacity: int) -> None:
         self._store: npt.NDArray[np.float16] = np.zeros((capacity, self.dim), dtype=np.float16)
@@ -185,6 +197,7 @@ class SemanticIndex:
             else:
                 raise ValueError(f"vectors of dimension {vectors.shape[1]} in an index of {self.dim}")
         rows = self._agent_rows.setdefault(agent_id, [])
+        self.generation += 1  # rows, or the agents that make a task routable, change
         if not agent_id.startswith(LEARNED) and not task.startswith(LIMIT):
             self._task_agents.setdefault(task, set()).add(agent_id)
         for text, vector in zip(texts, vectors, strict=True):
@@ -224,7 +237,11 @@ class SemanticIndex:
         """Forget an agent; rows no other agent uses are zeroed and reused."""
         if self._limits is not None:
             self._limits.remove_agent(agent_id)
-        for row in self._agent_rows.pop(agent_id, []):
+        rows = self._agent_rows.pop(agent_id, None)
+        if rows is None:
+            return
+        self.generation += 1
+        for row in rows:
             users = self._users.get(row)
             if users is None:
                 continue
@@ -237,18 +254,31 @@ class SemanticIndex:
             users.discard(agent_id)
             if not users:
                 del self._users[row]
-                key = self._key_of[row]
-                if key is not None:
-                    del self._row[key]
-                    task_rows = self._task_rows.get(key[0])
-                    if task_rows is not None:
-                        task_rows.discard(row)
-                        if not task_rows:
-                            del self._task_rows[key[0]]
-                self._key_of[row] = None
-                self._task_of[row] = None
-                self._put(row, np.zeros(self.dim, dtype=np.float32))
-                self._free.append(row)
+                self._release(row)
+
+    def _release(self, row: int) -> None:
+        """Zero a row no agent uses any more and keep it for reuse."""
+        key = self._key_of[row]
+        if key is not None:
+            del self._row[key]
+            task_rows = self._task_rows.get(key[0])
+            if task_rows is not None:
+                task_rows.discard(row)
+                if not task_rows:
+                    del self._task_rows[key[0]]
+        self._key_of[row] = None
+        self._task_of[row] = None
+        self._put(row, np.zeros(self.dim, dtype=np.float32))
+        self._free.append(row)
+
+    def task_matrices(self) -> dict[str, Vector]:
+        """Every routable task's rows (learned ones included), as float32 copies: what the
+        few-shot head trains on, safe to read from another thread."""
+        return {
+            task: self._store[sorted(rows)].astype(np.float32)
+            for task, rows in self._task_rows.items()
+            if task in self._task_agents
+        }
 
     def nearest(self, query: Vector, k: int = 3, baseline: float = 0.0) -> list[tuple[str, float]]:
         """The ``k`` best tasks with their scores, best first.
@@ -341,6 +371,15 @@ class SemanticIndex:
         """The agents (not learned rows) whose capability texts are indexed for ``task``."""
         return set(self._task_agents.get(task, ()))
 
+    def task_score(self, query: Vector, task: str, baseline: float = 0.0) -> float | None:
+        """``task``'s score for ``query`` as :meth:`nearest` rates it; None for a task with no rows."""
+        rows = self._task_rows.get(task)
+        if not rows:
+            return None
+        values = self._store[list(rows)].astype(np.float32) @ query
+        top = min(TOP_K, len(values))
+        return float(np.partition(values, len(values) - top)[len(values) - top :].mean()) - baseline
+
     def judge(
         self,
         query: Vector,
@@ -348,9 +387,56 @@ class SemanticIndex:
         margin: float,
         baseline: float = 0.0,
         veto: Veto | None = None,
+        head: HeadRule | None = None,
     ) -> Verdict:
         """Pick a task, or refuse: below the threshold, or too close to the runner-up. Tasks
-        ``veto`` sets aside are neither picked nor anyone's runner-up."""
+        ``veto`` sets aside are neither picked nor anyone's runner-up. With a few-shot ``head``
+        that covers the nearest task, the head chooses among the tasks it covers and the
+        chosen task's own score must clear the threshold (see :meth:`_by_head`)."""
+        best, vetoed = self._kept(query, baseline, veto)
+        verdict = None
+        if head is not None and len(best) > 1 and head[0].covers(best[0][0]):
+            verdict = self._by_head(threshold, query, head, best)
+        if verdict is None:
+            verdict = self._judged(best, threshold, margin)
+        if vetoed:
+            return Verdict(
+                verdict.task, verdict.score, verdict.runner_up, verdict.reason, verdict.best, vetoed
+            )
+        return verdict
+
+    @staticmethod
+    def _by_head(
+        threshold: float, query: Vector, head: HeadRule, best: list[tuple[str, float]]
+    ) -> Verdict | None:
+        """The head's choice among the nearest tasks within HEAD_REACH of the nearest one: taken
+        when its own score clears the threshold and the head prefers it to the runner-up among
+        them by ``head[1]`` (a difference of probabilities). None when fewer than two of them
+        are the head's: similarity alone decides then.
+
+        Similarity shortlists, the head orders the shortlist: a head trained on a few classes
+        has opinions about any text, and left free it would pick a task far from the text."""
+        model, head_margin = head
+        top = best[0][1]
+        near = {task for task, score in best if top - score <= HEAD_REACH and model.covers(task)}
+        pick = model.pick(query, near.__contains__) if len(near) > 1 else None
+        if pick is None:
+            return None
+        task, first, second = pick
+        score = dict(best)[task]
+        ranked = [(task, score), *[(t, s) for t, s in best if t != task]]
+        runner_up = ranked[1][1]
+        gap = first - second
+        if score < threshold:
+            return Verdict(None, score, runner_up, "below_threshold", ranked, head_gap=gap)
+        if gap < head_margin:
+            return Verdict(None, score, runner_up, "ambiguous", ranked, head_gap=gap)
+        return Verdict(task, score, runner_up, "match", ranked, head_gap=gap)
+
+    def _kept(
+        self, query: Vector, baseline: float, veto: Veto | None
+    ) -> tuple[list[tuple[str, float]], list[tuple[str, float, str, str | None]]]:
+        """The three nearest tasks ``veto`` keeps, and the ones it set aside."""
         best = self.nearest(query, 3, baseline)
         vetoed: list[tuple[str, float, str, str | None]] = []
         if veto is not None:
@@ -366,10 +452,7 @@ class SemanticIndex:
                 else:
                     vetoed.append((task, score, why[0], why[1]))
             best = kept[:3]
-        verdict = self._judged(best, threshold, margin)
-        if vetoed:
-            return Verdict(verdict.task, verdict.score, verdict.runner_up, verdict.reason, best, vetoed)
-        return verdict
+        return best, vetoed
 
     @staticmethod
     def _judged(best: list[tuple[str, float]], threshold: float, margin: float) -> Verdict:

