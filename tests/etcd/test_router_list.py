@@ -88,7 +88,11 @@ def test_a_client_given_both_routers_answers_while_either_is_down(routers):
     (url_a, url_b), (router_a, router_b) = two_routers(routers)
     routers.agent("steady", f"{url_a},{url_b}")
     for url in (url_a, url_b):
-        wait_for(lambda url=url: routers.call(url) == "SUCCESS", timeout=15)
+
+        def routable(url: str = url) -> bool:
+            return routers.call(url) == "SUCCESS"
+
+        wait_for(routable, timeout=15)
     both = f"{url_a},{url_b}"
 
     async def calls(n: int) -> list[str]:
