@@ -83,7 +83,7 @@ def test_an_agent_keeps_its_lease_through_the_death_of_its_router(routers, etcd)
     assert "registering again" not in text and "HTTP 409" not in text
 
 
-def test_a_client_given_both_routers_answers_while_either_is_down(routers):
+def test_a_client_given_both_routers_answers_while_either_is_down(routers: EtcdRouters) -> None:
     """ReachClient and SyncReachClient with A,B: answers with A down, then with B down."""
     (url_a, url_b), (router_a, router_b) = two_routers(routers)
     routers.agent("steady", f"{url_a},{url_b}")
