@@ -41,7 +41,7 @@ from reachmesh.record import DecisionRecord, Observer, StreamRecord
 from reachmesh.resilience.breaker import BreakerBoard
 from reachmesh.resilience.retry import RetryBudget
 from reachmesh.resilience.timeouts import Timeout
-from reachmesh.router import answer
+from reachmesh.router import answer, durable
 from reachmesh.router.agentsecret import AgentSecrets
 from reachmesh.router.asyncmode import AsyncRequests
 from reachmesh.router.attempts import AttemptRun, Forwarding
@@ -206,7 +206,7 @@ class Dispatcher:
                 return self.refuse(_ASYNC_STREAM, trace_id=trace_id, task=request.target_task)
             record.stream = StreamRecord()
         if request.preferences.mode == "async":
-            return self._accept(request, data, record, owner, client or caller)
+            return await self._accept(request, data, record, owner, client or caller)
         return await self._dispatch_until_abandoned(request, data, record, sink)
 
     async def _dispatch_until_abandoned(
@@ -276,7 +276,7 @@ class Dispatcher:
 
     # -- async mode --------------------------------------------------------------------------
 
-    def _accept(
+    async def _accept(
         self,
         request: ReachRequest,
         data: dict[str, Any],
@@ -312,6 +312,27 @@ class Dispatcher:
                 "limits.max_inflight_per_client)",
                 trace_id=trace_id,
             )
+        journal = self.async_requests.journal
+        if journal is not None:
+            failed = await durable.accept(journal, self.config, data, record, owner, reply_to)
+            if failed is not None:
+                return self.refuse(failed, trace_id=record.trace_id, task=request.target_task)
+        self.start_async(request, data, record, owner, client)
+        return answer.standalone(self.clock, record.trace_id)
+
+    def start_async(
+        self,
+        request: ReachRequest,
+        data: dict[str, Any],
+        record: DecisionRecord,
+        owner: str | None,
+        client: str = "-",
+    ) -> None:
+        """Run an accepted (or adopted) async request in the background."""
+        trace_id = record.trace_id
+        # The same key on every run of this request, by whichever Router: an agent can tell a
+        # second run (after a Router died) from a new request.
+        record.idempotency_key = durable.idempotency_key(trace_id)
 
         async def run() -> Reply:
             try:
@@ -321,7 +342,21 @@ class Dispatcher:
                 return self.refuse(InternalError(), trace_id=trace_id, task=request.target_task)
 
         self.async_requests.start(trace_id, run, request.preferences.reply_to, owner, client)
-        return answer.standalone(self.clock, trace_id)
+
+    def adopt(self, envelope: bytes, owner: str | None) -> None:
+        """Run a request another Router accepted and did not finish (see :mod:`.durable`)."""
+        request, data = _decode(envelope, self.config.server.max_json_depth)
+        trace_id = str(data["traceId"])
+        record = DecisionRecord(
+            trace_id=trace_id,
+            task=request.target_task,
+            source=request.source_agent or "-",
+            started=self.clock.monotonic(),
+            started_wall=self.clock.time(),
+            conversation_id=request.conversation_id,
+            mode="async",
+        )
+        self.start_async(request, data, record, owner)
 
     async def drain(self, timeout_s: float) -> None:
         """Let accepted async requests finish within ``timeout_s``; abandon the rest, loudly."""

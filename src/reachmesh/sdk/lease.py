@@ -210,10 +210,9 @@ class LeaseKeeper:
     def _attached(self, url: str) -> None:
         """``url`` answered: it is the Router in use; say so when that changed."""
         self.routers.answered(url)
-        if url != self._attached_to:
-            self._attached_to = url
-            if len(self.routers) > 1:
-                log.info("[reach-client] attached to Router at %s", url)
+        if url != self._attached_to and len(self.routers) > 1:
+            log.info("[reach-client] attached to Router at %s", url)
+        self._attached_to = url
 
     def _next_router(self, url: str, kind: str, detail: str) -> bool:
         """``url`` failed (unreachable or unable to serve): skip it for a while. True when another
@@ -480,12 +479,9 @@ class LeaseKeeper:
         wait, backoff = self.retry_after(resp.status_code, backoff)
         reason = _said(resp).removeprefix(": ") or "no reason given"
         kind = f"lease renewal answered HTTP {resp.status_code}"
-        if resp.status_code == 503:
-            if self._next_router(url, kind, reason):
-                wait = 0.0
-        else:
+        if resp.status_code != 503:
             self._trouble.failed(kind, reason)
-        return wait, backoff
+        return (0.0 if resp.status_code == 503 and self._next_router(url, kind, reason) else wait), backoff
 
     def _register_again(self, backoff: Backoff) -> bool:
         """Register anew from the renewal thread; False when stopped or refused for good."""
@@ -539,7 +535,7 @@ class LeaseKeeper:
                 return
             self._deregistering = True
         try:
-            resp = self._deregister_at_some_router(lease_id, timeout)
+            resp = _delete_at_some_router(self, lease_id, timeout)
             if resp.status_code == 204:
                 log.info("[reach-client] deregistered agent: %s", self.agent_id)
             else:
@@ -550,27 +546,28 @@ class LeaseKeeper:
             with self._lock:
                 self._deregistering = False
 
-    def _deregister_at_some_router(self, lease_id: str, timeout: float) -> httpx.Response:
-        """DELETE the lease at the current Router, or at the next when one refuses the connection
-        (the request never reached it). The whole list shares ``timeout``."""
-        ends = self._clock.monotonic() + timeout
-        *others, last = self.routers.order()
-        headers = {"X-Reach-Lease": lease_id}
-        for url in others:
-            left = max(ends - self._clock.monotonic(), 0.05)
-            try:
-                return self._http.delete(f"{url}/agents/{self.agent_id}", headers=headers, timeout=left)
-            except httpx.ConnectError:
-                continue
-        left = max(ends - self._clock.monotonic(), 0.05)
-        return self._http.delete(f"{last}/agents/{self.agent_id}", headers=headers, timeout=left)
-
     def close(self) -> None:
         """Close the HTTP client, unless a thread still uses it (process exit will end it)."""
         with self._lock:
             busy = self._thread is not None or not self._open_idle.is_set() or self._deregistering
         if not busy:
             self._http.close()
+
+
+def _delete_at_some_router(keeper: LeaseKeeper, lease_id: str, timeout: float) -> httpx.Response:
+    """DELETE the lease at the current Router, or at the next when one refuses the connection
+    (the request never reached it). The whole list shares ``timeout``."""
+    ends = keeper._clock.monotonic() + timeout
+    *others, last = keeper.routers.order()
+    headers = {"X-Reach-Lease": lease_id}
+    for url in others:
+        left = max(ends - keeper._clock.monotonic(), 0.05)
+        try:
+            return keeper._http.delete(f"{url}/agents/{keeper.agent_id}", headers=headers, timeout=left)
+        except httpx.ConnectError:
+            continue
+    left = max(ends - keeper._clock.monotonic(), 0.05)
+    return keeper._http.delete(f"{last}/agents/{keeper.agent_id}", headers=headers, timeout=left)
 
 
 def _said(resp: httpx.Response) -> str:

@@ -18,6 +18,8 @@ from reachmesh.observability.metrics import LiveReadings, RouterMetrics
 from reachmesh.observability.traces import TraceStore
 from reachmesh.record import Observer
 from reachmesh.registry.base import AgentEntry, Registry, RegistryEvent
+from reachmesh.registry.etcd import EtcdRegistry
+from reachmesh.registry.etcd.deferred import DeferredStore
 from reachmesh.registry.factory import build_registry
 from reachmesh.resilience.affinity import AffinityTable
 from reachmesh.resilience.breaker import BreakerBoard, BreakerState
@@ -27,6 +29,7 @@ from reachmesh.resilience.retry import RetryBudget
 from reachmesh.resilience.shedding import LoadShedder
 from reachmesh.router.agentsecret import AgentSecrets
 from reachmesh.router.dispatcher import Dispatcher
+from reachmesh.router.durable import Adopter
 from reachmesh.router.learning import RouteLearner
 from reachmesh.router.results import ResultStore
 from reachmesh.routing.pipeline import Pipeline
@@ -119,6 +122,8 @@ class RouterParts:
     health: HealthChecker = field(init=False)
     # Which worker of `reach router --workers N` this is (shown by /healthz); None alone.
     worker: int | None = field(default=None, init=False)
+    # With etcd: adopts the async requests of Routers that died (router/durable.py).
+    adopter: Adopter | None = field(default=None, init=False)
     # Each agent's lease as last seen: a new lease for a known id is a new instance (a restart
     # that took its id over, or a return after going offline), whose breaker and statistics
     # start afresh; the old instance's refusals say nothing about it.
@@ -219,12 +224,17 @@ class RouterParts:
             clock=self.clock,
         )
         self.dispatcher.url_guard = self.url_guard
+<<<<<<< HEAD
         dispatcher = self.dispatcher
         self.metrics.gauge(
             "reach_streams_in_flight",
             "Streamed answers (Accept: text/event-stream) being relayed now",
             lambda: dispatcher.streams_in_flight,
         )
+=======
+        if isinstance(self.registry, EtcdRegistry):
+            self._wire_durable(self.registry)
+>>>>>>> a5d34d8 (Async requests recorded in etcd before their 202, results shared, orphans adopted once by another Router (#38 item 2))
         self.health = HealthChecker(self.registry, self.transport, self.config.health, clock=self.clock)
         self.health.subscribe(self.metrics.on_probe)
         self.registry.subscribe(self._on_registry_event)
@@ -233,6 +243,28 @@ class RouterParts:
         # a shared registry), and their news opens this Router's breaker until it probes itself.
         self.breakers.on_open.append(lambda agent_id: self.registry.report_failure(agent_id, "circuit_open"))
         self.registry.subscribe_failures(self._on_peer_failure)
+
+    def _wire_durable(self, registry: EtcdRegistry) -> None:
+        """Accepted async requests recorded in etcd, results shared, orphans adopted."""
+        journal = DeferredStore(
+            registry.client,
+            registry.policy.etcd.prefix,
+            registry.router,
+            self.config.async_mode,
+            clock=self.clock,
+        )
+        self.dispatcher.async_requests.journal = journal
+        self.adopter = Adopter(journal, self.dispatcher.async_requests, self.dispatcher.adopt)
+        self.metrics.gauge(
+            "reach_async_etcd_pending",
+            "Accepted async requests waiting in etcd, as of the last look (async_mode.etcd_max_pending)",
+            lambda: journal.pending,
+        )
+        self.metrics.gauge(
+            "reach_async_etcd_results",
+            "Async results kept in etcd, as of the last look (async_mode.etcd_max_results)",
+            lambda: journal.held,
+        )
 
     def _observers(self) -> list[Observer]:
         # Switched off, the store and metrics still exist (the endpoints answer, empty) but are
@@ -271,6 +303,8 @@ class RouterParts:
         self.affinity.policy = config.affinity
         self.shedder.policy = config.limits
         self.results.policy = config.async_mode
+        if self.dispatcher.async_requests.journal is not None:
+            self.dispatcher.async_requests.journal.policy = config.async_mode
         self.health.policy = config.health
         self.trace_log.redact_fields = list(config.logging.redact)
         # The package's own loggers only; the process's logging set-up is the entry point's.
@@ -288,12 +322,16 @@ class RouterParts:
             raise
         await self.health.start()
         await self.shedder.start()
+        if self.adopter is not None:
+            await self.adopter.start()
         if self.vectors is not None:
             await self.vectors.start()
 
     async def close(self) -> None:
         """Stop background work and close connections, the reverse of :meth:`start`."""
         await self.dispatcher.close()
+        if self.adopter is not None:
+            await self.adopter.close()
         await self.learner.close()
         await self.health.close()
         await self.shedder.close()
