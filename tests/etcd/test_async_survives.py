@@ -149,7 +149,7 @@ def test_accepted_async_requests_survive_the_kill_of_their_router(tmp_path, etcd
         per_run = dict(Counter(runs.values()))
         per_reply = dict(Counter(replies.seen.values()))
         print(
-            f"{N} requests: results at B and C {took:.2f} s after the kill; runs {per_run}; replyTo {per_reply}"
+            f"{N} requests: results at B and C {took:.2f} s after kill; runs {per_run}; replyTo {per_reply}"
         )
         assert max(runs.values()) <= 2
         adopted = sum(proc.text().count("adopted an async request") for proc in group.procs[1:])
