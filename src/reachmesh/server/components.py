@@ -7,7 +7,9 @@ each part that takes one, through that part's own method, so no backend is speci
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -224,17 +226,14 @@ class RouterParts:
             clock=self.clock,
         )
         self.dispatcher.url_guard = self.url_guard
-<<<<<<< HEAD
         dispatcher = self.dispatcher
         self.metrics.gauge(
             "reach_streams_in_flight",
             "Streamed answers (Accept: text/event-stream) being relayed now",
             lambda: dispatcher.streams_in_flight,
         )
-=======
         if isinstance(self.registry, EtcdRegistry):
             self._wire_durable(self.registry)
->>>>>>> a5d34d8 (Async requests recorded in etcd before their 202, results shared, orphans adopted once by another Router (#38 item 2))
         self.health = HealthChecker(self.registry, self.transport, self.config.health, clock=self.clock)
         self.health.subscribe(self.metrics.on_probe)
         self.registry.subscribe(self._on_registry_event)
@@ -265,6 +264,30 @@ class RouterParts:
             "Async results kept in etcd, as of the last look (async_mode.etcd_max_results)",
             lambda: journal.held,
         )
+        self.metrics.gauge(
+            "reach_async_etcd_result_bytes",
+            "Bytes of async results kept in etcd, at the last look (async_mode.etcd_max_total_result_bytes)",
+            lambda: journal.held_bytes,
+        )
+        knowledge = registry.knowledge
+        for i, (name, what) in enumerate(
+            (
+                ("reach_etcd_learned_routes", "Learned routes in etcd (routing.learning.max_phrases)"),
+                (
+                    "reach_etcd_learned_route_bytes",
+                    "Bytes of learned routes in etcd (registry.etcd.max_learned_bytes)",
+                ),
+                (
+                    "reach_etcd_learned_negatives",
+                    "Learned negatives in etcd (routing.learning.max_negatives)",
+                ),
+                (
+                    "reach_etcd_learned_negative_bytes",
+                    "Bytes of learned negatives in etcd (registry.etcd.max_learned_bytes)",
+                ),
+            )
+        ):
+            self.metrics.gauge(name, what, functools.partial(_nth, knowledge.held, i))
 
     def _observers(self) -> list[Observer]:
         # Switched off, the store and metrics still exist (the endpoints answer, empty) but are
@@ -437,6 +460,10 @@ def _pipeline(
         vectors=vectors,
         clock=clock,
     )
+
+
+def _nth(read: Callable[[], tuple[int, ...]], i: int) -> int:
+    return read()[i]
 
 
 def _metrics(

@@ -7,6 +7,8 @@ Keys, under the registry's prefix::
     {prefix}/async/claim/{traceId}    the name of the Router running it, on that Router's lease
     {prefix}/async/result/{traceId}   the ReachResponse (JSON: status, body, owner), on a lease
                                       of async_mode.result_ttl_seconds
+    {prefix}/async/size/{traceId}     that result's size in bytes, on the same lease: the bounds
+                                      on results are kept by reading these, not the results
 
 - Accepting is one transaction: the job and the claim are written only if neither the job nor a
   result exists for that traceId, before the caller gets its ``202``.
@@ -85,12 +87,14 @@ class DeferredStore:
         self.jobs = prefix + "/async/job/"
         self.claims = prefix + "/async/claim/"
         self.results = prefix + "/async/result/"
+        self.sizes = prefix + "/async/size/"
         self.lease = 0
         self._result_lease = (0, 0.0)  # (lease, monotonic time until which it is reused)
         self._keeper: asyncio.Task[None] | None = None
         # Read by /metrics: refreshed by every scan for orphans.
         self.pending = 0
         self.held = 0
+        self.held_bytes = 0
 
     # -- the Router's lease ------------------------------------------------------------------
 
@@ -142,10 +146,14 @@ class DeferredStore:
         stored: dict[str, Any] = {"status": status, "owner": owner, "size": len(body)}
         if len(body) <= self.policy.etcd_max_result_bytes:
             stored["body"] = base64.b64encode(body).decode()
+        value = jsoncodec.dumps(stored)
         lease = await self._lease_for_results()
         result = await self.client.txn(
             [compare_create(self.results + trace_id, 0)],
-            [put_op(self.results + trace_id, jsoncodec.dumps(stored), lease)],
+            [
+                put_op(self.results + trace_id, value, lease),
+                put_op(self.sizes + trace_id, str(len(value)).encode(), lease),
+            ],
         )
         return result.succeeded
 
@@ -223,15 +231,23 @@ class DeferredStore:
         return result.succeeded
 
     async def trim_results(self) -> None:
-        """Keep at most ``etcd_max_results`` results (the oldest go first); count them."""
-        keys = await self.client.keys(self.results)
-        self.held = len(keys)
-        over = len(keys) - self.policy.etcd_max_results
-        if over <= 0:
-            return
-        for kv in sorted(keys, key=lambda kv: kv.create_revision)[:over]:
-            await self.client.delete(kv.key)
-        self.held -= over
+        """Keep at most ``etcd_max_results`` results and ``etcd_max_total_result_bytes`` of them
+        in etcd, the oldest going first; count them for /metrics."""
+        _, sizes = await self.client.get_prefix(self.sizes)
+        held = sorted(sizes, key=lambda kv: kv.create_revision)
+        total = sum(_size(kv.value) for kv in held)
+        policy = self.policy
+        while held and (len(held) > policy.etcd_max_results or total > policy.etcd_max_total_result_bytes):
+            oldest = held.pop(0)
+            trace_id = oldest.key.removeprefix(self.sizes)
+            await self.client.txn([], [delete_op(self.results + trace_id), delete_op(oldest.key)])
+            total -= _size(oldest.value)
+        self.held, self.held_bytes = len(held), total
+
+
+def _size(raw: bytes) -> int:
+    """A size key's value; a value that is not a number counts as nothing."""
+    return int(raw) if raw.isdigit() and len(raw) < 16 else 0
 
 
 def _job(trace_id: str, raw: bytes, revision: int) -> Job:
