@@ -20,6 +20,7 @@ from aiohttp import web
 from reachmesh.cli.etcd import EtcdCluster
 from reachmesh.testing import BackgroundLoop, FakeAgent, free_port
 from tests.etcd.test_processes import EtcdRouters
+from tests.helpers import scaled
 from tests.procs import wait_for
 
 pytestmark = pytest.mark.etcd
@@ -113,6 +114,8 @@ def test_a_result_accepted_by_one_router_is_readable_through_another(tmp_path, e
         group.stop()
 
 
+# Three Router processes and a hundred requests: minutes on a loaded 2-core machine.
+@pytest.mark.timeout(scaled(100))
 def test_accepted_async_requests_survive_the_kill_of_their_router(tmp_path, etcd, bg) -> None:
     """100 accepted by A, held at the agent; A killed -9: all finish, results at B and C,
     every replyTo called, no request run more than twice."""
