@@ -7,6 +7,7 @@ the runs of each request by its X-Reach-Idempotency-Key; replyTo is a small serv
 from __future__ import annotations
 
 import asyncio
+import base64
 import signal
 import time
 from collections import Counter
@@ -17,10 +18,12 @@ import httpx
 import pytest
 from aiohttp import web
 
+from reachmesh import jsoncodec
 from reachmesh.cli.etcd import EtcdCluster
-from reachmesh.testing import BackgroundLoop, FakeAgent, free_port
+from reachmesh.testing import BackgroundLoop, FakeAgent, RouterServer, free_port
+from tests.etcd.conftest import etcd_policy
 from tests.etcd.test_processes import EtcdRouters
-from tests.helpers import scaled
+from tests.helpers import scaled, until
 from tests.procs import wait_for
 
 pytestmark = pytest.mark.etcd
@@ -176,3 +179,48 @@ def test_a_request_too_large_for_etcd_is_refused_before_it_is_accepted(tmp_path,
         assert "async_mode.etcd_max_request_bytes" in resp.json()["error"]["message"]
     finally:
         group.stop()
+
+
+async def test_a_finished_request_whose_router_died_while_delivering_is_delivered_not_run(
+    etcd, client
+) -> None:
+    """A job left in etcd with its result and no claim (its Router died delivering replyTo): the
+    adopting Router delivers the stored result and drops the job; the agent is not called."""
+    replies = Replies()
+    await replies.start()
+    agent = await FakeAgent("quick", tasks=("hold",)).start()
+    policy = etcd_policy(etcd, async_mode={"adopt_interval_seconds": 0.05}, health={"enabled": False})
+    try:
+        async with RouterServer(policy) as b:
+            await agent.register(b.url, vectors=False)
+            journal = b.app.parts.dispatcher.async_requests.journal
+            assert journal is not None
+            trace_id = "d" * 32
+            envelope = {"targetTask": "hold", "traceId": trace_id, "preferences": {"mode": "async"}}
+            answer = {"status": "SUCCESS", "traceId": trace_id, "result": {"from": "the dead Router"}}
+            job = {
+                "envelope": jsoncodec.dumps(envelope).decode(),
+                "owner": None,
+                "replyTo": replies.url,
+                "attempt": 1,
+            }
+            stored = {
+                "status": 200,
+                "owner": None,
+                "body": base64.b64encode(jsoncodec.dumps(answer)).decode(),
+            }
+            await journal.client.put(journal.results + trace_id, jsoncodec.dumps(stored))
+            await journal.client.put(journal.jobs + trace_id, jsoncodec.dumps(job))
+            await until(lambda: replies.seen, "the stored result at replyTo", within=20)
+            assert replies.seen == Counter({trace_id: 1})
+
+            async def dropped() -> bool:
+                return await journal.job(trace_id) is None
+
+            await until(dropped, "the job dropped from etcd", within=20)
+            fetched = (await client.get(f"{b.url}/reach/{trace_id}")).json()
+            assert fetched["result"] == {"from": "the dead Router"}
+            assert agent.received == []
+    finally:
+        await agent.stop()
+        await replies.stop()
