@@ -224,3 +224,36 @@ async def test_a_finished_request_whose_router_died_while_delivering_is_delivere
     finally:
         await agent.stop()
         await replies.stop()
+
+
+async def test_a_router_stopped_gracefully_hands_its_unfinished_requests_to_another(etcd, client) -> None:
+    """SIGTERM-like stop with a request still running: not answered TIMEOUT, but released, and
+    another Router adopts it at once (long before its claim lease would run out)."""
+    hold = asyncio.Event()
+    agent = await FakeAgent("holder", tasks=("hold",), hold=hold).start()
+    policy = etcd_policy(
+        etcd,
+        async_mode={"adopt_interval_seconds": 0.05, "claim_ttl_seconds": 600},
+        server={"drain_timeout_seconds": 0.2},
+        health={"enabled": False},
+    )
+    try:
+        async with RouterServer(policy) as b:
+            async with RouterServer(policy) as a:
+                await agent.register(a.url, vectors=False)
+                accepted = await client.post(
+                    f"{a.url}/reach", json={"targetTask": "hold", "preferences": {"mode": "async"}}
+                )
+                assert accepted.status_code == 202, accepted.text
+                trace_id = accepted.json()["traceId"]
+                await until(lambda: agent.received, "the request held at the agent")
+            hold.set()
+
+            async def finished_at_b() -> bool:
+                resp = await client.get(f"{b.url}/reach/{trace_id}")
+                return resp.status_code == 200 and resp.json()["status"] == "SUCCESS"
+
+            await until(finished_at_b, "the request finished by B", within=20)
+            assert b.app.parts.adopter is not None and b.app.parts.adopter.adopted == 1
+    finally:
+        await agent.stop()
