@@ -251,7 +251,7 @@ async def test_a_router_stopped_gracefully_hands_its_unfinished_requests_to_anot
 
             async def finished_at_b() -> bool:
                 resp = await client.get(f"{b.url}/reach/{trace_id}")
-                return resp.status_code == 200 and resp.json()["status"] == "SUCCESS"
+                return resp.status_code == 200 and bool(resp.json()["status"] == "SUCCESS")
 
             await until(finished_at_b, "the request finished by B", within=20)
             assert b.app.parts.adopter is not None and b.app.parts.adopter.adopted == 1
