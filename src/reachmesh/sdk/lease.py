@@ -112,16 +112,17 @@ class Trouble:
                 self._summary_at += SUMMARY_EVERY_S
             log.warning("[reach-client] %s for %s, still retrying", self._what(), span(now - self._since))
 
-    def recovered(self) -> None:
-        """The Router answered as it should: say so if it had not."""
+    def recovered(self, url: str | None = None) -> None:
+        """The Router (``url``, of a list) answered as it should: say so if it had not."""
         if self.kind is not None:
             took = span(self._clock.monotonic() - self._since)
-            log.info("[reach-client] Router at %s answers again after %s", self._where(), took)
+            log.info("[reach-client] Router at %s answers again after %s", url or self._where(), took)
             self.kind = None
 
     def _what(self) -> str:
         if self.kind == "unreachable":
-            return f"Router at {self._where()} unreachable"
+            where = self._where()
+            return f"Routers at {where} all unreachable" if "," in where else f"Router at {where} unreachable"
         return str(self.kind)
 
 
@@ -183,7 +184,7 @@ class LeaseKeeper:
         # Waits up to n seconds and says whether stop() was called: the stop event's, unless a test
         # moves a ManualClock instead of sleeping.
         self._wait = wait or self._stop.wait
-        self._trouble = Trouble(clock, lambda: self.router_url if len(self.routers) == 1 else "every Router")
+        self._trouble = Trouble(clock, self.routers.describe)
         self._thread: threading.Thread | None = None
         # open() runs on a thread of its own and stop() on the agent's: the lock makes "not
         # stopped yet, so start renewing" one step, and hands each lease to one deregistration.
@@ -260,7 +261,7 @@ class LeaseKeeper:
         self.ttl_seconds = float(answer["ttlSeconds"])
         self._extended_at = sent
         self._attached(url)
-        self._trouble.recovered()
+        self._trouble.recovered(url)
         # The line of the protocol keeps its place; a fingerprint stands in for the lease itself.
         log.info("[reach-client] registration successful, lease id: %s", fingerprint(self.lease_id))
 
@@ -432,13 +433,13 @@ class LeaseKeeper:
             if resp.status_code == 200:
                 self._extended_at = sent
                 self._attached(url)
-                self._trouble.recovered()
+                self._trouble.recovered(url)
                 log.debug("[reach-client] lease %s renewed", fingerprint(self.lease_id))
                 wait, probe = self._next_renewal_in(), False
                 backoff.reset()
                 status_backoff = 0.25
             elif resp.status_code in (403, 404):
-                self._trouble.recovered()
+                self._trouble.recovered(url)
                 log.warning(
                     "[reach-client] lease %s is gone (HTTP %s); registering again",
                     fingerprint(self.lease_id),
