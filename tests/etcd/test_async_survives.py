@@ -257,3 +257,42 @@ async def test_a_router_stopped_gracefully_hands_its_unfinished_requests_to_anot
             assert b.app.parts.adopter is not None and b.app.parts.adopter.adopted == 1
     finally:
         await agent.stop()
+
+
+async def test_a_router_whose_claim_lease_lapsed_does_not_run_its_own_request_again(etcd, client) -> None:
+    """Its claim lease gone (etcd out of reach too long, here revoked): the Router finds its own
+    running request orphaned, claims it again under a new lease, and does not run it twice."""
+    hold = asyncio.Event()
+    agent = await FakeAgent("holder", tasks=("hold",), hold=hold).start()
+    policy = etcd_policy(
+        etcd, async_mode={"adopt_interval_seconds": 0.05, "claim_ttl_seconds": 3}, health={"enabled": False}
+    )
+    try:
+        async with RouterServer(policy) as a:
+            await agent.register(a.url, vectors=False)
+            journal = a.app.parts.dispatcher.async_requests.journal
+            assert journal is not None
+            accepted = await client.post(
+                f"{a.url}/reach", json={"targetTask": "hold", "preferences": {"mode": "async"}}
+            )
+            trace_id = accepted.json()["traceId"]
+            await until(lambda: agent.received, "the request held at the agent")
+            lapsed = journal.lease
+            await journal.client.revoke(lapsed)
+
+            async def claimed_again() -> bool:
+                _, claim = await journal.client.get(journal.claims + trace_id)
+                return claim is not None and claim.lease not in (0, lapsed)
+
+            await until(claimed_again, "the claim under a new lease", within=20)
+            hold.set()
+
+            async def finished() -> bool:
+                resp = await client.get(f"{a.url}/reach/{trace_id}")
+                return bool(resp.json()["status"] == "SUCCESS")
+
+            await until(finished, "the request finished", within=20)
+            assert len(agent.received) == 1
+            assert a.app.parts.adopter is not None and a.app.parts.adopter.adopted == 0
+    finally:
+        await agent.stop()

@@ -87,6 +87,10 @@ class AsyncRequests:
         """How many of ``client``'s async requests are running now."""
         return self._by_client.get(client, 0)
 
+    def busy(self, trace_id: str) -> bool:
+        """Whether this Router is running ``trace_id`` or delivering its answer now."""
+        return trace_id in self._running or any(t == trace_id for t, _ in self._deliveries.values())
+
     def start(
         self, trace_id: str, run: Run, reply_to: str | None, owner: str | None = None, client: str = "-"
     ) -> None:

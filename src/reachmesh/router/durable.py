@@ -160,6 +160,11 @@ class Adopter:
         await self.journal.trim_results()
 
     async def _take(self, job: Job) -> None:
+        if self.requests.busy(job.trace_id):
+            # Its own request, whose claim went with a lease that lapsed (etcd was out of reach
+            # for longer than claim_ttl_seconds): claimed again under the new lease, still running.
+            log.info("[%s] claimed again after the claim lease lapsed", job.trace_id)
+            return
         self.adopted += 1
         stored = await self.journal.result(job.trace_id)
         if stored is not None:
