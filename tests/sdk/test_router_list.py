@@ -161,3 +161,18 @@ async def test_an_async_client_with_no_router_up_names_them_all() -> None:
     async with ReachClient(",".join(down)) as client:
         with pytest.raises(RouterUnavailable, match="cannot reach any Router of"):
             await client.call("t", timeout_ms=2000)
+
+
+def test_a_read_through_a_list_goes_to_the_router_that_takes_the_connection() -> None:
+    """What `reach agents`/`reach trace` and the bridges use: A refuses, B answers."""
+    from reachmesh.sdk.routers import request_any_sync
+
+    def router(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "10.0.0.1":
+            raise httpx.ConnectError("refused", request=request)
+        return httpx.Response(200, json=[])
+
+    routers = RouterList([A, B], clock=ManualClock())
+    with httpx.Client(transport=httpx.MockTransport(router)) as http:
+        used, resp = request_any_sync(http, routers, "GET", "/admin/agents")
+    assert (used, resp.status_code, routers.current) == (B, 200, B)
