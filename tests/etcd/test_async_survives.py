@@ -88,7 +88,9 @@ def listed_everywhere(http: httpx.Client, urls: list[str], agent_id: str) -> Non
 
 
 def send_async(http: httpx.Client, url: str, reply_to: str | None) -> str:
-    prefs: dict[str, object] = {"mode": "async", "timeoutMs": 60_000}
+    # Held at the agent until the test lets go: no attempt may time out meanwhile (the default
+    # read timeout is a few seconds, and a loaded machine takes that to send a hundred).
+    prefs: dict[str, object] = {"mode": "async", "timeoutMs": 60_000, "readTimeoutMs": 60_000}
     if reply_to is not None:
         prefs["replyTo"] = reply_to
     resp = http.post(f"{url}/reach", json={"targetTask": "hold", "payload": {}, "preferences": prefs})
