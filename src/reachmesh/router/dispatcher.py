@@ -27,7 +27,6 @@ from reachmesh.exceptions import (
     DeadlineExceeded,
     EmbeddingDown,
     EmbeddingError,
-    InternalError,
     OutboundRefused,
     Overloaded,
     ReachError,
@@ -312,51 +311,14 @@ class Dispatcher:
                 "limits.max_inflight_per_client)",
                 trace_id=trace_id,
             )
-        journal = self.async_requests.journal
-        if journal is not None:
-            failed = await durable.accept(journal, self.config, data, record, owner, reply_to)
-            if failed is not None:
-                return self.refuse(failed, trace_id=record.trace_id, task=request.target_task)
-        self.start_async(request, data, record, owner, client)
-        return answer.standalone(self.clock, record.trace_id)
-
-    def start_async(
-        self,
-        request: ReachRequest,
-        data: dict[str, Any],
-        record: DecisionRecord,
-        owner: str | None,
-        client: str = "-",
-    ) -> None:
-        """Run an accepted (or adopted) async request in the background."""
-        trace_id = record.trace_id
-        # The same key on every run of this request, by whichever Router: an agent can tell a
-        # second run (after a Router died) from a new request.
-        record.idempotency_key = durable.idempotency_key(trace_id)
-
-        async def run() -> Reply:
-            try:
-                return await self.dispatch(request, data, record)
-            except Exception:  # a bug: the caller still gets one ReachResponse, counted and traced
-                log.exception("[%s] async request failed inside the Router", trace_id)
-                return self.refuse(InternalError(), trace_id=trace_id, task=request.target_task)
-
-        self.async_requests.start(trace_id, run, request.preferences.reply_to, owner, client)
-
-    def adopt(self, envelope: bytes, owner: str | None) -> None:
-        """Run a request another Router accepted and did not finish (see :mod:`.durable`)."""
-        request, data = _decode(envelope, self.config.server.max_json_depth)
-        trace_id = str(data["traceId"])
-        record = DecisionRecord(
-            trace_id=trace_id,
-            task=request.target_task,
-            source=request.source_agent or "-",
-            started=self.clock.monotonic(),
-            started_wall=self.clock.time(),
-            conversation_id=request.conversation_id,
-            mode="async",
+        unrecorded = await durable.admit(
+            self.async_requests.journal, self.config, data, record, owner, reply_to
         )
-        self.start_async(request, data, record, owner)
+        if unrecorded is not None:
+            return self.refuse(unrecorded, trace_id=record.trace_id, task=request.target_task)
+        run = durable.runner(self, request, data, record)
+        self.async_requests.start(record.trace_id, run, request.preferences.reply_to, owner, client)
+        return answer.standalone(self.clock, record.trace_id)
 
     async def drain(self, timeout_s: float) -> None:
         """Let accepted async requests finish within ``timeout_s``; abandon the rest, loudly."""

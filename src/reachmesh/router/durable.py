@@ -13,15 +13,28 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
+
+from pydantic import ValidationError
 
 from reachmesh import jsoncodec
+from reachmesh.clock import Clock
 from reachmesh.config import AsyncPolicy, RouterConfig
-from reachmesh.exceptions import Overloaded, PayloadTooLarge, ReachError, RegistryUnavailable, TraceIdInUse
+from reachmesh.exceptions import (
+    InternalError,
+    Overloaded,
+    PayloadTooLarge,
+    ReachError,
+    RegistryUnavailable,
+    RequestError,
+    TraceIdInUse,
+)
+from reachmesh.protocol import ReachRequest
 from reachmesh.record import DecisionRecord
 from reachmesh.registry.etcd.deferred import DeferredStore, Job
 from reachmesh.registry.etcdclient import EtcdRejected
-from reachmesh.router.asyncmode import AsyncRequests
+from reachmesh.router.asyncmode import AsyncRequests, Run
+from reachmesh.router.results import Reply
 from reachmesh.tracecontext import new_trace_id
 
 log = logging.getLogger("reachmesh.async")
@@ -74,6 +87,82 @@ async def record_job(
         return TraceIdInUse(f"traceId {trace_id!r} is already in use by an async request")
     journal.pending += 1
     return None
+
+
+class Dispatching(Protocol):
+    """What running an async request needs of the dispatcher (it is one)."""
+
+    clock: Clock
+    async_requests: AsyncRequests
+
+    async def dispatch(
+        self, request: ReachRequest, data: dict[str, Any], record: DecisionRecord
+    ) -> Reply: ...
+
+    def refuse(
+        self,
+        error: ReachError,
+        *,
+        started: float | None = None,
+        trace_id: str | None = None,
+        task: Any = None,
+    ) -> Reply: ...
+
+
+def runner(
+    dispatching: Dispatching, request: ReachRequest, data: dict[str, Any], record: DecisionRecord
+) -> Run:
+    """The background run of an accepted (or adopted) async request."""
+    trace_id = record.trace_id
+
+    async def run() -> Reply:
+        try:
+            return await dispatching.dispatch(request, data, record)
+        except Exception:  # a bug: the caller still gets one ReachResponse, counted and traced
+            log.exception("[%s] async request failed inside the Router", trace_id)
+            return dispatching.refuse(InternalError(), trace_id=trace_id, task=request.target_task)
+
+    return run
+
+
+def start_adopted(dispatching: Dispatching, envelope: bytes, owner: str | None) -> None:
+    """Run a request another Router accepted and did not finish."""
+    try:
+        data = jsoncodec.loads(envelope)
+        request = ReachRequest.model_validate(data)
+    except (jsoncodec.JSONDecodeError, ValidationError) as exc:
+        raise RequestError(f"the recorded request no longer decodes: {exc}") from exc
+    clock = dispatching.clock
+    record = DecisionRecord(
+        trace_id=str(data["traceId"]),
+        task=request.target_task,
+        source=request.source_agent or "-",
+        started=clock.monotonic(),
+        started_wall=clock.time(),
+        conversation_id=request.conversation_id,
+        mode="async",
+        idempotency_key=idempotency_key(str(data["traceId"])),
+    )
+    run = runner(dispatching, request, data, record)
+    dispatching.async_requests.start(record.trace_id, run, request.preferences.reply_to, owner)
+
+
+async def admit(
+    journal: DeferredStore | None,
+    config: RouterConfig,
+    data: dict[str, Any],
+    record: DecisionRecord,
+    owner: str | None,
+    reply_to: str | None,
+) -> ReachError | None:
+    """Before an async request is accepted: give it its idempotency key (the same on every run,
+    by whichever Router) and, with etcd, record it there (:func:`accept`)."""
+    record.idempotency_key = idempotency_key(record.trace_id)
+    if journal is None:
+        return None
+    failed = await accept(journal, config, data, record, owner, reply_to)
+    record.idempotency_key = idempotency_key(record.trace_id)  # the traceId may have been replaced
+    return failed
 
 
 async def accept(

@@ -29,6 +29,7 @@ from reachmesh.resilience.capacity import CapacityBoard
 from reachmesh.resilience.health import HealthChecker
 from reachmesh.resilience.retry import RetryBudget
 from reachmesh.resilience.shedding import LoadShedder
+from reachmesh.router import durable
 from reachmesh.router.agentsecret import AgentSecrets
 from reachmesh.router.dispatcher import Dispatcher
 from reachmesh.router.durable import Adopter
@@ -253,7 +254,8 @@ class RouterParts:
             clock=self.clock,
         )
         self.dispatcher.async_requests.journal = journal
-        self.adopter = Adopter(journal, self.dispatcher.async_requests, self.dispatcher.adopt)
+        start = functools.partial(durable.start_adopted, self.dispatcher)
+        self.adopter = Adopter(journal, self.dispatcher.async_requests, start)
         self.metrics.gauge(
             "reach_async_etcd_pending",
             "Accepted async requests waiting in etcd, as of the last look (async_mode.etcd_max_pending)",
