@@ -43,6 +43,7 @@ FIGURES = {
     "breaker": {"failuresBeforeOpen", "halfOpenProbes", "openedAtS", "closedAtS"},
     "partition": {"timeDegradedS", "servedDuringPartition", "resyncAfterS"},
     "burst": {"calls", "answered", "breakersOpened", "idealLastMs"},
+    "router-crash": {"asyncAccepted", "asyncInFlightAtKill", "asyncLost", "lastResultAfterKillS"},
 }
 
 
@@ -253,6 +254,11 @@ def test_a_missing_token_is_one_line(team: TeamRouter) -> None:
         (["drill", "crash", "--rate", "0"], {}, "--rate"),
         (["drill", "crash", "--router", "http://127.0.0.1:{port}"], {}, "cannot reach the Router"),
         (["drill", "partition", "--router", "http://127.0.0.1:{port}"], {}, "without --router"),
+        (
+            ["drill", "router-crash", "--router", "http://127.0.0.1:{port}"],
+            {},
+            "kills one of the drill's own",
+        ),
         (["drill", "partition"], {"PATH": "/nonexistent"}, "etcd is not installed"),
         (["drill", "crash", "--config", "{missing}"], {}, "cannot read"),
         (["drill", "crash", "--config", "{bad_key}"], {}, "bad.yaml: routing.bogus_key"),

@@ -142,6 +142,9 @@ class EtcdPolicy(_Section):
     failure_ttl_seconds: Annotated[int, Field(ge=2, le=3600)] = 10
     # Keep capability vectors in etcd, keyed by model, so a joining Router need not embed them.
     share_vectors: bool = True
+    # Bytes of learned routes kept in etcd, and as many again of learned negatives (their counts
+    # are routing.learning.max_phrases and max_negatives): past either, the oldest go first.
+    max_learned_bytes: Annotated[int, Field(ge=4096, le=1 << 32)] = 8 * 1024 * 1024
     # etcd's own authentication: the user (or REACH_ETCD_USERNAME), and the environment variable
     # that holds its password (the password itself never sits in the policy file).
     username: Annotated[str, Field(min_length=1, max_length=256)] | None = None
@@ -333,6 +336,24 @@ class AsyncPolicy(_Section):
     reply_backoff_ms: Annotated[int, Field(ge=0, le=60_000)] = 500
     reply_backoff_max_ms: Annotated[int, Field(ge=1, le=600_000)] = 30_000
     reply_timeout_ms: PositiveMs = 5000
+    # With the etcd registry, an accepted request is recorded in etcd before its 202 and its
+    # result written there, so any Router answers GET /reach/{traceId} and another one finishes
+    # the work of a Router that died (docs/several-routers.md). What that may put in etcd:
+    # a request body over etcd_max_request_bytes is refused (413) rather than accepted unrecorded;
+    etcd_max_request_bytes: Annotated[int, Field(ge=1024, le=1024 * 1024)] = 64 * 1024
+    # a result body over etcd_max_result_bytes stays on the Router that ran it (others answer 404
+    # saying so); at most etcd_max_pending requests wait in etcd (past it, OVERLOADED), at most
+    # etcd_max_results results are kept there (past it, the oldest go first) ...
+    etcd_max_result_bytes: Annotated[int, Field(ge=1024, le=1024 * 1024)] = 256 * 1024
+    etcd_max_pending: Annotated[int, Field(ge=1, le=1_000_000)] = 10_000
+    etcd_max_results: Annotated[int, Field(ge=1, le=1_000_000)] = 10_000
+    # ... and at most this many bytes of them (past it too, the oldest go first).
+    etcd_max_total_result_bytes: Annotated[int, Field(ge=1024, le=1 << 34)] = 64 * 1024 * 1024
+    # A Router's claim on the requests it runs lives on an etcd lease of this TTL: this long after
+    # a Router dies, another one adopts its unfinished requests. Orphans are looked for every
+    # adopt_interval_seconds.
+    claim_ttl_seconds: Annotated[float, Field(ge=1, le=3600)] = 10
+    adopt_interval_seconds: Annotated[float, Field(gt=0, le=3600)] = 1.0
 
 
 class A2APolicy(_Section):

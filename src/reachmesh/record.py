@@ -81,6 +81,9 @@ class DecisionRecord:
     parent_span_id: str | None = None  # from the caller's traceparent: links hops into a tree
     matched_task: str | None = None  # the declared task that supplied candidates (safe as a label)
     mode: str = "sync"
+    # Sent to the agent as X-Reach-Idempotency-Key on every attempt: the same on every run of
+    # an async request, so a run again after its Router died is known for what it is.
+    idempotency_key: str | None = None
     affinity: str | None = None  # the agent the conversation was bound to, when one was
     rule: str | None = None  # what picked the pool: target_agent or the strategy
     # How the task that ran was chosen, as the answer's `route.by` says it: exact, task_map,

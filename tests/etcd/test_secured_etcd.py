@@ -140,8 +140,12 @@ async def test_routers_share_a_registry_over_tls_with_a_login(secured, monkeypat
 async def test_a_lapsed_token_is_replaced_and_no_call_fails(secured, monkeypatch):
     """etcd forgets an idle token after its TTL; the next registration logs in again and succeeds."""
     monkeypatch.setenv(PW_ENV, PASSWORD)
-    # Pings seldom: each one reads with the token, which would keep it alive.
-    async with RouterServer(policy(secured, ping_interval_seconds=30)) as a:
+    # Pings seldom, and the look for orphaned async requests too: each one reads with the token,
+    # which would keep it alive.
+    config = policy(secured, ping_interval_seconds=30)
+    idle = {"adopt_interval_seconds": 3600, "claim_ttl_seconds": 3600}
+    config = config.model_copy(update={"async_mode": config.async_mode.model_copy(update=idle)})
+    async with RouterServer(config) as a:
         first, second = await FakeAgent("echo-1").start(), await FakeAgent("echo-2").start()
         try:
             await first.register(a.url)

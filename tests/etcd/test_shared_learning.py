@@ -70,3 +70,39 @@ async def test_a_route_learned_on_one_router_routes_on_the_other(etcd, client) -
                 assert sorted(r["phrase"] for r in joined["learned"]) == ["phrase 1", "phrase 2"]
     finally:
         await agent.stop()
+
+
+async def test_learned_routes_are_bounded_by_bytes_in_etcd_and_counted_on_metrics(etcd, client) -> None:
+    """registry.etcd.max_learned_bytes: past it the oldest routes go, whatever the count bound;
+    the keys and bytes held are on /metrics."""
+    policy = etcd_policy(
+        etcd,
+        routing={"learning": {"enabled": True, "max_phrases": 1000}},
+        registry={"etcd": {"max_learned_bytes": 4096}},
+        health={"enabled": False},
+    )
+    agent = await FakeAgent("parcel", tasks=("track_parcel",)).start()
+    try:
+        async with RouterServer(policy) as a:
+            await agent.register(a.url)
+            phrases = [f"phrase {i} " + "x" * 900 for i in range(8)]
+            for phrase in phrases:
+                made = await client.post(
+                    f"{a.url}/admin/learned", json={"phrase": phrase, "task": "track_parcel"}
+                )
+                assert made.status_code == 201, made.text
+            listing = (await client.get(f"{a.url}/admin/learned")).json()
+            kept = {r["phrase"] for r in listing["learned"]}
+            # About 1 KiB each: four fit in 4 KiB, and the newest are the ones kept.
+            assert 1 <= len(kept) <= 4
+            assert phrases[-1] in kept and phrases[0] not in kept
+            metrics = (await client.get(f"{a.url}/metrics")).text
+            values = {
+                line.split()[0]: float(line.split()[1])
+                for line in metrics.splitlines()
+                if line.startswith("reach_etcd_")
+            }
+            assert values["reach_etcd_learned_routes"] == len(kept)
+            assert 0 < values["reach_etcd_learned_route_bytes"] <= 4096
+    finally:
+        await agent.stop()

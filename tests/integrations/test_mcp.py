@@ -294,3 +294,26 @@ async def test_progress_notifications_carry_a_streaming_agents_chunks() -> None:
     assert not result.is_error
     assert result.structured_content == {"result": ["once", {"then": "the end"}]}
     assert plain.structured_content == {"result": ["once", {"then": "the end"}]}
+
+
+async def test_a_router_list_with_one_router_down_still_lists_and_calls() -> None:
+    """`reach mcp --router DOWN,UP`: the catalogue is read from, and calls go to, the one that
+    takes the connection (#38)."""
+    from reachmesh.testing import free_port
+
+    down = f"http://127.0.0.1:{free_port()}"
+    async with RouterServer(RouterConfig.model_validate(POLICY)) as router:
+        agent = FakeAgent("price", tasks=("query_price",))
+        await agent.start()
+        try:
+            await agent.register(router.url, vectors=False)
+            server = ReachMCP(f"{down},{router.url}", poll_interval_s=0.05)
+            try:
+                assert await server.refresh()
+                assert list(server.tools) == [tool_name("query_price")]
+                result = await server.call_tool(tool_name("query_price"), {"sku": "A-1"})
+                assert not result.is_error, result
+            finally:
+                await server.aclose()
+        finally:
+            await agent.stop()

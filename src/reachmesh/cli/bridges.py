@@ -25,9 +25,14 @@ app.add_typer(a2a_app, name="a2a")
 
 
 def _router_url(router: str | None) -> str:
+    """``--router`` (else REACH_ROUTER_URL): one URL, or several comma-separated Routers of one
+    service; a bad one is a one-line error."""
     from reachmesh.sdk.client import router_url_from_env
 
-    return router_url_from_env(router)
+    try:
+        return router_url_from_env(router)
+    except ConfigError as exc:
+        _fail(exc.message)
 
 
 @a2a_app.command("import")

@@ -51,7 +51,10 @@ err: Any = _Console(stderr=True)
 
 RouterOpt = Annotated[
     str | None,
-    typer.Option("--router", help="Router URL.  [env var: REACH_ROUTER_URL; default: http://127.0.0.1:7200]"),
+    typer.Option(
+        "--router",
+        help="Router URL, or several comma-separated.  [env var: REACH_ROUTER_URL; default: http://127.0.0.1:7200]",
+    ),
 ]
 
 

@@ -34,6 +34,17 @@ def _say(line: str) -> None:
     err.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
+def _router_list(router_url: str | None) -> str:
+    """``--router`` (else REACH_ROUTER_URL, else the default): one URL or several; a bad one is a
+    one-line error."""
+    from reachmesh.sdk.client import router_url_from_env
+
+    try:
+        return router_url_from_env(router_url)
+    except ConfigError as exc:
+        _fail(exc.message)
+
+
 def _router_verify() -> ssl.SSLContext | Literal[True]:
     """What the CLI trusts in an HTTPS Router (REACH_CA_FILE); a bad bundle is a one-line error."""
     from reachmesh.sdk.tls import router_verify
@@ -313,11 +324,12 @@ def list_agents(
     import httpx
 
     from reachmesh.sdk.auth import auth_headers
-    from reachmesh.sdk.client import router_url_from_env
+    from reachmesh.sdk.routers import RouterList, request_any_sync
 
-    url = router_url_from_env(router_url)
+    url = _router_list(router_url)
     try:
-        resp = httpx.get(f"{url}/admin/agents", timeout=5, headers=auth_headers(), verify=_router_verify())
+        with httpx.Client(timeout=5, headers=auth_headers(), verify=_router_verify()) as http:
+            url, resp = request_any_sync(http, RouterList(url), "GET", "/admin/agents")
         rows: list[dict[str, Any]] = resp.json()
     except (httpx.HTTPError, ValueError) as exc:
         _fail(f"cannot read {url}/admin/agents: {exc}", code=1)
@@ -454,7 +466,7 @@ def call(
                 conversation_id=conversation,
                 trace_id=trace_id,
             )
-    except RouterUnavailable as exc:
+    except (RouterUnavailable, ConfigError) as exc:
         _fail(exc.message, code=1)
     out.print_json(response.model_dump_json(by_alias=True, exclude_none=False))
     if response.route is not None:
@@ -488,13 +500,12 @@ def trace(
 
     from reachmesh.cli.timeline import render_trace
     from reachmesh.sdk.auth import auth_headers
-    from reachmesh.sdk.client import router_url_from_env
+    from reachmesh.sdk.routers import RouterList, request_any_sync
 
-    url = router_url_from_env(router_url)
+    url = _router_list(router_url)
     try:
-        resp = httpx.get(
-            f"{url}/admin/traces/{trace_id}", timeout=5, headers=auth_headers(), verify=_router_verify()
-        )
+        with httpx.Client(timeout=5, headers=auth_headers(), verify=_router_verify()) as http:
+            url, resp = request_any_sync(http, RouterList(url), "GET", f"/admin/traces/{trace_id}")
     except httpx.HTTPError as exc:
         _fail(f"cannot reach {url}: {exc}", code=1)
     if resp.status_code == 404:

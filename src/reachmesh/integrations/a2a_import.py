@@ -18,6 +18,7 @@ import httpx
 from reachmesh.exceptions import ConfigError, RegistryError
 from reachmesh.integrations import missing_extra
 from reachmesh.protocol import MAX_CAPABILITIES, MAX_EXAMPLE_CHARS, MAX_EXAMPLES, AgentProfile
+from reachmesh.sdk.routers import RouterList, request_any
 
 try:
     from a2a.client import A2ACardResolver
@@ -127,7 +128,8 @@ async def import_agent(
         body = {**profile.model_dump(mode="json"), "managed": True}
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         try:
-            resp = await client.post(f"{router_url.rstrip('/')}/agents", json=body, headers=headers)
+            routers = RouterList(router_url)
+            _, resp = await request_any(client, routers, "POST", "/agents", json=body, headers=headers)
         except httpx.HTTPError as exc:
             raise ConfigError(f"cannot reach the Router at {router_url}: {exc!r}") from exc
         answer = resp.json() if resp.content else {}

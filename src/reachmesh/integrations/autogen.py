@@ -23,6 +23,7 @@ from reachmesh.integrations import LoopClients, missing_extra, single_capability
 from reachmesh.sdk import ReachAgent, ReachClient
 from reachmesh.sdk.auth import auth_headers
 from reachmesh.sdk.client import router_url_from_env
+from reachmesh.sdk.routers import RouterList, request_any
 
 try:
     from autogen_core import CancellationToken
@@ -86,10 +87,10 @@ async def router_tools(
     """A tool per capability the Router routes now (``tasks`` narrows them), from
     ``GET /admin/capabilities``. Calls go through ``client``; without one, through the bridge's
     own (as ``autogen``), one per event loop, so the tools work from any ``asyncio.run``."""
-    url = client.router_url if client is not None else router_url_from_env(router_url)
+    url = client.routers.describe() if client is not None else router_url_from_env(router_url)
     try:
         async with httpx.AsyncClient(headers=auth_headers(), timeout=10) as http:
-            resp = await http.get(f"{url}/admin/capabilities")
+            _, resp = await request_any(http, RouterList(url), "GET", "/admin/capabilities")
             resp.raise_for_status()
             rows = resp.json()
     except (httpx.HTTPError, ValueError) as exc:

@@ -33,6 +33,7 @@ from reachmesh.integrations import described, missing_extra, tool_name
 from reachmesh.protocol import ReachResponse
 from reachmesh.sdk import ReachClient
 from reachmesh.sdk.auth import auth_headers
+from reachmesh.sdk.routers import RouterList, request_any
 from reachmesh.secrets import loggable
 from reachmesh.version import __version__
 
@@ -96,7 +97,9 @@ class ReachMCP(MCPServer):
         )
         root.handlers[:] = handlers
         root.setLevel(level)
-        self.router_url = router_url.rstrip("/")
+        # One Router, or several comma-separated: the catalogue is read from whichever answers.
+        self.routers = RouterList(router_url)
+        self.router_url = self.routers.describe()
         self.poll_interval_s = poll_interval_s
         self.timeout_ms = timeout_ms
         self.tools: dict[str, MCPTool] = {}
@@ -171,9 +174,10 @@ class ReachMCP(MCPServer):
         """Re-read the catalogue; True (and list_changed sent) when the tools changed."""
         if self._http is None:
             self._http = httpx.AsyncClient(headers=auth_headers(), timeout=10)
-        where = f"{self.router_url}/admin/capabilities"
+        where = f"{self.routers.current}/admin/capabilities"
         try:
-            resp = await self._http.get(where)
+            used, resp = await request_any(self._http, self.routers, "GET", "/admin/capabilities")
+            where = f"{used}/admin/capabilities"
             rows = resp.json() if resp.status_code == 200 else None
         except (httpx.HTTPError, ValueError) as exc:
             raise RouterUnavailable(f"cannot read {where}: {type(exc).__name__}: {exc}") from exc
@@ -216,7 +220,7 @@ class ReachMCP(MCPServer):
                 self._failing = exc.message
             return
         if self._failing is not None:
-            log.info("[reach-mcp] %s/admin/capabilities answers again", self.router_url)
+            log.info("[reach-mcp] %s/admin/capabilities answers again", self.routers.current)
             self._failing = None
 
     # -- calls -------------------------------------------------------------------------------

@@ -150,6 +150,10 @@ def range_op(key: str) -> dict[str, Any]:
     return {"request_range": {"key": _b64(key)}}
 
 
+def delete_op(key: str) -> dict[str, Any]:
+    return {"request_delete_range": {"key": _b64(key)}}
+
+
 @dataclass(frozen=True, slots=True)
 class TxnResult:
     succeeded: bool
@@ -394,6 +398,18 @@ class EtcdClient:
             if not answer.get("more") or not kvs:
                 return revision, found
             start = kvs[-1].key + "\x00"
+
+    async def keys(self, prefix: str, *, limit: int = 100_000) -> list[KeyValue]:
+        """The keys under ``prefix`` without their values (each KeyValue's value is empty), at
+        most ``limit`` of them: a listing that costs etcd and the answer no value bytes."""
+        body = {
+            "key": _b64(prefix),
+            "range_end": _b64(prefix_end(prefix)),
+            "keys_only": True,
+            "limit": str(limit),
+        }
+        answer = await self.call("/v3/kv/range", body)
+        return [_kv(raw) for raw in answer.get("kvs") or []]
 
     async def put(self, key: str, value: bytes, *, lease: int = 0, deadline: float | None = None) -> int:
         body = {"key": _b64(key), "value": _b64(value), "lease": str(lease)}

@@ -12,6 +12,12 @@ again (retried deliveries of 4 MB answers once held 262 MiB while the gauge read
 Nothing accepted is lost silently: on shutdown, requests still running get until the drain
 deadline; the rest are logged as abandoned by traceId, their stored result becomes ``TIMEOUT``,
 and their ``replyTo`` is sent that ``TIMEOUT`` once.
+
+With the etcd registry a :class:`~reachmesh.registry.etcd.deferred.DeferredStore` (the
+``journal``) holds each accepted request until its work is done: the result is written there too,
+only the Router whose result went in first delivers ``replyTo``, and the job is dropped once
+delivery is over. A Router shutting down then leaves what it has not finished to the others
+(its claims are released) instead of answering ``TIMEOUT``.
 """
 
 from __future__ import annotations
@@ -24,7 +30,9 @@ from dataclasses import dataclass
 
 from reachmesh.clock import SYSTEM_CLOCK, Clock
 from reachmesh.config import AsyncPolicy
-from reachmesh.exceptions import DeadlineExceeded, DeliveryFailed
+from reachmesh.exceptions import DeadlineExceeded, DeliveryFailed, RegistryUnavailable
+from reachmesh.registry.etcd.deferred import DeferredStore
+from reachmesh.registry.etcdclient import EtcdRejected
 from reachmesh.router import answer
 from reachmesh.router.results import Reply, ResultStore
 from reachmesh.secrets import loggable_url
@@ -69,6 +77,8 @@ class AsyncRequests:
         # every async slot when only the total was counted.
         self._by_client: dict[str, int] = {}
         self._deliveries: dict[asyncio.Task[bool], tuple[str, str]] = {}
+        # Set by the composition root when etcd is the registry: see the module's docstring.
+        self.journal: DeferredStore | None = None
 
     def __len__(self) -> int:
         return len(self._running)
@@ -76,6 +86,10 @@ class AsyncRequests:
     def running_for(self, client: str) -> int:
         """How many of ``client``'s async requests are running now."""
         return self._by_client.get(client, 0)
+
+    def busy(self, trace_id: str) -> bool:
+        """Whether this Router is running ``trace_id`` or delivering its answer now."""
+        return trace_id in self._running or any(t == trace_id for t, _ in self._deliveries.values())
 
     def start(
         self, trace_id: str, run: Run, reply_to: str | None, owner: str | None = None, client: str = "-"
@@ -102,15 +116,60 @@ class AsyncRequests:
             else:
                 self._by_client.pop(accepted.client, None)
         self.results.finish(accepted.trace_id, reply)
-        if accepted.reply_to:
-            # Delivery outlives the request: it is tracked apart, so draining waits only for work.
-            # Deliveries beyond the bound get one try: each one retrying is a task and a timer.
-            crowded = len(self._deliveries) >= self.policy.max_pending_replies
-            delivery = asyncio.create_task(
-                self.deliver(accepted.trace_id, accepted.reply_to, tries=1 if crowded else None)
-            )
-            self._deliveries[delivery] = (accepted.trace_id, accepted.reply_to)
-            delivery.add_done_callback(lambda task: self._deliveries.pop(task, None))
+        if not await self._journal_result(accepted.trace_id, reply):
+            return
+        self.hand_over(accepted.trace_id, accepted.reply_to)
+
+    def hand_over(self, trace_id: str, reply_to: str | None, body: bytes | None = None) -> None:
+        """Deliver the answer to ``reply_to`` (if any): ``body``, else the stored result; then
+        drop the job from the journal."""
+        if not reply_to:
+            if self.journal is not None:
+                self._track(asyncio.create_task(self._release(trace_id)), trace_id, "")
+            return
+        # Delivery outlives the request: it is tracked apart, so draining waits only for work.
+        # Deliveries beyond the bound get one try: each one retrying is a task and a timer.
+        tries = 1 if len(self._deliveries) >= self.policy.max_pending_replies else None
+        delivery = asyncio.create_task(self._deliver_and_release(trace_id, reply_to, body, tries))
+        self._track(delivery, trace_id, reply_to)
+
+    def _track(self, delivery: asyncio.Task[bool], trace_id: str, url: str) -> None:
+        self._deliveries[delivery] = (trace_id, url)
+        delivery.add_done_callback(lambda task: self._deliveries.pop(task, None))
+
+    async def _deliver_and_release(
+        self, trace_id: str, url: str, body: bytes | None, tries: int | None
+    ) -> bool:
+        delivered = await self.deliver(trace_id, url, body, tries=tries)
+        await self._release(trace_id)
+        return delivered
+
+    async def _journal_result(self, trace_id: str, reply: Reply) -> bool:
+        """Write the result to the journal; False when another Router's result went in first
+        (it ran the request too, after this Router's claim lapsed, and delivers replyTo itself)."""
+        if self.journal is None:
+            return True
+        try:
+            won = await self.journal.finish(trace_id, reply[0], reply[1], self.results.owner(trace_id))
+        except (EtcdRejected, RegistryUnavailable) as exc:
+            # The job stays in etcd under this Router's claim: delivered from here, and run once
+            # more by another Router only if this one dies before it can drop the job.
+            log.error("[%s] the result could not be written to etcd (%s); kept here only", trace_id, exc)
+            return True
+        if not won:
+            log.info("[%s] another Router finished this request first; its answer stands", trace_id)
+            await self._release(trace_id)
+        return won
+
+    async def _release(self, trace_id: str) -> bool:
+        if self.journal is None:
+            return True
+        try:
+            await self.journal.release(trace_id)
+        except (EtcdRejected, RegistryUnavailable) as exc:
+            log.error("[%s] the finished request could not be dropped from etcd (%s)", trace_id, exc)
+            return False
+        return True
 
     def _backoff_s(self, attempt: int) -> float:
         policy = self.policy
@@ -182,10 +241,18 @@ class AsyncRequests:
         if abandoned:
             await asyncio.gather(*(a.task for a in abandoned if a.task is not None), return_exceptions=True)
         for accepted in abandoned:
+            if self.journal is not None:
+                # Recorded in etcd: another Router adopts it once this one's claims are gone.
+                log.warning(
+                    "[%s] async request left unfinished at shutdown: another Router adopts it",
+                    accepted.trace_id,
+                )
+                continue
             await self._abandon(accepted)
         for delivery, (trace_id, url) in list(self._deliveries.items()):
             delivery.cancel()
-            log.error("[%s] reply to %s still undelivered at shutdown", trace_id, loggable_url(url))
+            if url:
+                log.error("[%s] reply to %s still undelivered at shutdown", trace_id, loggable_url(url))
         if self._deliveries:
             await asyncio.gather(*self._deliveries, return_exceptions=True)
 

@@ -17,6 +17,7 @@ The run returns the winning agent's result or raises the error that ends the req
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import random
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -123,6 +124,11 @@ class AttemptRun:
         # The same on every attempt of this request, and only of this one (a caller may reuse a
         # trace id): an SDK answers a repeat of it from its cache instead of running it again.
         self._idempotency_key = f"{record.trace_id}.{new_span_id()}"
+        if record.idempotency_key is not None:
+            # An async request: the same key on every run of it, by whichever Router (one that
+            # adopted it after its Router died), so an agent's cache answers the second run.
+            digest = hashlib.sha256(record.idempotency_key.encode()).hexdigest()[:16]
+            self._idempotency_key = f"{record.trace_id}.{digest}"
 
     async def run(self, choices: list[Choice]) -> Any:
         """The result of the first agent that succeeds; else the error that ends the request."""
@@ -309,6 +315,8 @@ class AttemptRun:
         secret = self.parts.agent_secrets.for_agent(choice.entry.id)
         if secret is not None:
             headers[AGENT_SECRET_HEADER] = secret
+        if self.record.idempotency_key is not None:
+            headers["X-Reach-Idempotency-Key"] = self.record.idempotency_key
         clock = self.parts.clock
         started = clock.monotonic()
         self.parts.stats.started(choice.entry.id)

@@ -27,7 +27,6 @@ from reachmesh.exceptions import (
     DeadlineExceeded,
     EmbeddingDown,
     EmbeddingError,
-    InternalError,
     OutboundRefused,
     Overloaded,
     ReachError,
@@ -41,7 +40,7 @@ from reachmesh.record import DecisionRecord, Observer, StreamRecord
 from reachmesh.resilience.breaker import BreakerBoard
 from reachmesh.resilience.retry import RetryBudget
 from reachmesh.resilience.timeouts import Timeout
-from reachmesh.router import answer
+from reachmesh.router import answer, durable
 from reachmesh.router.agentsecret import AgentSecrets
 from reachmesh.router.asyncmode import AsyncRequests
 from reachmesh.router.attempts import AttemptRun, Forwarding
@@ -206,7 +205,7 @@ class Dispatcher:
                 return self.refuse(_ASYNC_STREAM, trace_id=trace_id, task=request.target_task)
             record.stream = StreamRecord()
         if request.preferences.mode == "async":
-            return self._accept(request, data, record, owner, client or caller)
+            return await self._accept(request, data, record, owner, client or caller)
         return await self._dispatch_until_abandoned(request, data, record, sink)
 
     async def _dispatch_until_abandoned(
@@ -276,7 +275,7 @@ class Dispatcher:
 
     # -- async mode --------------------------------------------------------------------------
 
-    def _accept(
+    async def _accept(
         self,
         request: ReachRequest,
         data: dict[str, Any],
@@ -312,16 +311,14 @@ class Dispatcher:
                 "limits.max_inflight_per_client)",
                 trace_id=trace_id,
             )
-
-        async def run() -> Reply:
-            try:
-                return await self.dispatch(request, data, record)
-            except Exception:  # a bug: the caller still gets one ReachResponse, counted and traced
-                log.exception("[%s] async request failed inside the Router", trace_id)
-                return self.refuse(InternalError(), trace_id=trace_id, task=request.target_task)
-
-        self.async_requests.start(trace_id, run, request.preferences.reply_to, owner, client)
-        return answer.standalone(self.clock, trace_id)
+        unrecorded = await durable.admit(
+            self.async_requests.journal, self.config, data, record, owner, reply_to
+        )
+        if unrecorded is not None:
+            return self.refuse(unrecorded, trace_id=record.trace_id, task=request.target_task)
+        run = durable.runner(self, request, data, record)
+        self.async_requests.start(record.trace_id, run, request.preferences.reply_to, owner, client)
+        return answer.standalone(self.clock, record.trace_id)
 
     async def drain(self, timeout_s: float) -> None:
         """Let accepted async requests finish within ``timeout_s``; abandon the rest, loudly."""

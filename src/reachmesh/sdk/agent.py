@@ -668,8 +668,11 @@ def callback_trap(callback: str, router_url: str) -> str | None:
     Inside a container, or with the Router on another host, ``localhost`` is the Router's own
     machine: the agent registers fine and every call to it then fails to connect.
     """
-    if not _loopback_host(callback) or _loopback_host(router_url):
+    # With several Routers, any one off this machine would call its own machine.
+    remote = [url for url in router_url.split(",") if not _loopback_host(url)]
+    if not _loopback_host(callback) or not remote:
         return None
+    router_url = remote[0]
     return (
         f"the callback URL {callback} is on loopback, but the Router at {router_url} is not: the "
         "Router will call its own machine, not this agent. Set REACH_CALLBACK_URL (or "

@@ -3,6 +3,11 @@
 :class:`ReachClient` is async (one pooled aiohttp session); :class:`SyncReachClient` is the same
 API for synchronous code. Both return the ReachResponse for every answer the Router gives,
 errors included; they raise :class:`RouterUnavailable` only when there is no answer to return.
+
+Both take one Router URL or several, comma-separated (see :mod:`reachmesh.sdk.routers`). Each
+call goes to the Router that answered last; when a Router refuses the connection, or does not
+accept it within :data:`CONNECT_S`, the call never reached it and goes to the next one. A call
+that reached a Router is never sent again: it may have reached an agent.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from reachmesh.exceptions import RouterUnavailable
 from reachmesh.protocol import PROTOCOL_VERSION, ReachResponse
 from reachmesh.sdk.auth import auth_headers
 from reachmesh.sdk.config import DEFAULT_ROUTER_URL
+from reachmesh.sdk.routers import RouterList, split_router_urls
 from reachmesh.sdk.streaming import EVENT_STREAM, ReachStream, SyncReachStream
 from reachmesh.sdk.tls import router_verify
 
@@ -26,10 +32,19 @@ from reachmesh.sdk.tls import router_verify
 DEFAULT_WAIT_S = 60.0
 # Slack over the budget for the Router's own answer to arrive.
 SLACK_S = 2.0
+# With several Routers: how long a connection may take before the next Router is tried.
+CONNECT_S = 5.0
 
 
 def router_url_from_env(url: str | None) -> str:
-    return (url or os.environ.get("REACH_ROUTER_URL") or DEFAULT_ROUTER_URL).rstrip("/")
+    """``url``, else ``REACH_ROUTER_URL``, else the default: one URL, or several comma-separated."""
+    chosen = url or os.environ.get("REACH_ROUTER_URL") or DEFAULT_ROUTER_URL
+    return ",".join(split_router_urls(chosen, what="the Router URL"))
+
+
+def router_urls_from_env(url: str | None) -> list[str]:
+    """:func:`router_url_from_env` as a list."""
+    return router_url_from_env(url).split(",")
 
 
 def build_request(  # noqa: PLR0913 - one keyword per envelope field a caller may set
@@ -105,11 +120,16 @@ class ReachClient:
     """Async client: ``await client.call("query_product_price", {...}, timeout_ms=4000)``."""
 
     def __init__(self, router_url: str | None = None, *, source_agent: str | None = None) -> None:
-        self.router_url = router_url_from_env(router_url)
+        self.routers = RouterList(router_url_from_env(router_url))
         self.source_agent = source_agent
         # Read now, so a bad REACH_CA_FILE fails here and not at the first call.
         self._verify = router_verify()
         self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def router_url(self) -> str:
+        """The Router calls go to now (the one that answered last)."""
+        return self.routers.current
 
     async def __aenter__(self) -> ReachClient:
         return self
@@ -142,17 +162,7 @@ class ReachClient:
     ) -> ReachResponse:
         """Send one request; see :func:`build_request` for the options."""
         body, sent, wait_s = prepare(task, payload, headers, self.source_agent, options)
-        try:
-            async with self._http().post(
-                f"{self.router_url}/reach",
-                data=body,
-                headers=sent,
-                timeout=aiohttp.ClientTimeout(total=wait_s),
-            ) as resp:
-                raw = await resp.read()
-                status = resp.status
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise RouterUnavailable(f"cannot reach the Router at {self.router_url}: {exc!r}") from exc
+        status, raw = await self._post("/reach", body, sent, wait_s)
         return parse_response(status, raw)
 
     def stream(
@@ -172,14 +182,45 @@ class ReachClient:
         url = f"{self.router_url}/reach"
         return ReachStream(lambda: self._http().post(url, data=body, headers=sent, timeout=timeout))
 
+    async def _post(
+        self, path: str, body: bytes, headers: dict[str, str], wait_s: float
+    ) -> tuple[int, bytes]:
+        """POST to the first Router of the list that takes the connection."""
+        several = len(self.routers) > 1
+        timeout = aiohttp.ClientTimeout(
+            total=wait_s, sock_connect=min(CONNECT_S, wait_s) if several else None
+        )
+        urls = self.routers.order()
+        for url in urls:
+            try:
+                async with self._http().post(
+                    f"{url}{path}", data=body, headers=headers, timeout=timeout
+                ) as resp:
+                    raw = await resp.read()
+                    self.routers.answered(url)
+                    return resp.status, raw
+            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+                # Never reached this Router: the next one may take it.
+                self.routers.failed(url)
+                if url is urls[-1]:
+                    raise RouterUnavailable(_unreachable(self.routers, url, exc)) from exc
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                raise RouterUnavailable(f"cannot reach the Router at {url}: {exc!r}") from exc
+        raise AssertionError("a Router list is never empty")
+
 
 class SyncReachClient:
     """Blocking client with the same API as :class:`ReachClient`."""
 
     def __init__(self, router_url: str | None = None, *, source_agent: str | None = None) -> None:
-        self.router_url = router_url_from_env(router_url)
+        self.routers = RouterList(router_url_from_env(router_url))
         self.source_agent = source_agent
         self._http = httpx.Client(headers=auth_headers(), verify=router_verify())
+
+    @property
+    def router_url(self) -> str:
+        """The Router calls go to now (the one that answered last)."""
+        return self.routers.current
 
     def __enter__(self) -> SyncReachClient:
         return self
@@ -200,16 +241,23 @@ class SyncReachClient:
     ) -> ReachResponse:
         """Send one request; see :func:`build_request` for the options."""
         body, sent, wait_s = prepare(task, payload, headers, self.source_agent, options)
-        try:
-            resp = self._http.post(
-                f"{self.router_url}/reach",
-                content=body,
-                headers=sent,
-                timeout=wait_s,
-            )
-        except httpx.HTTPError as exc:
-            raise RouterUnavailable(f"cannot reach the Router at {self.router_url}: {exc!r}") from exc
-        return parse_response(resp.status_code, resp.content)
+        several = len(self.routers) > 1
+        timeout = httpx.Timeout(wait_s, connect=min(CONNECT_S, wait_s)) if several else httpx.Timeout(wait_s)
+        urls = self.routers.order()
+        for url in urls:
+            try:
+                resp = self._http.post(f"{url}/reach", content=body, headers=sent, timeout=timeout)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                # Never reached this Router: the next one may take it.
+                self.routers.failed(url)
+                if url is urls[-1]:
+                    raise RouterUnavailable(_unreachable(self.routers, url, exc)) from exc
+                continue
+            except httpx.HTTPError as exc:
+                raise RouterUnavailable(f"cannot reach the Router at {url}: {exc!r}") from exc
+            self.routers.answered(url)
+            return parse_response(resp.status_code, resp.content)
+        raise AssertionError("a Router list is never empty")
 
     def stream(
         self,
@@ -227,3 +275,10 @@ class SyncReachClient:
         return SyncReachStream(
             lambda: self._http.stream("POST", url, content=body, headers=sent, timeout=wait_s)
         )
+
+
+def _unreachable(routers: RouterList, url: str, exc: Exception) -> str:
+    """What a caller reads when no Router of the list took the connection."""
+    if len(routers) == 1:
+        return f"cannot reach the Router at {url}: {exc!r}"
+    return f"cannot reach any Router of {routers.describe()} (last: {exc!r})"

@@ -6,7 +6,7 @@ agent:            # the profile of PROTOCOL.md §1, sent to the Router as is
   network: {endpoint: http://127.0.0.1:7301/reach}
   capabilities: [...]
 router:           # optional
-  url: http://127.0.0.1:7200
+  url: http://127.0.0.1:7200         # or several Routers of one service, comma-separated
   registration_timeout_seconds: 5   # per attempt; a retry after a lost reply keeps the lease
 server:           # optional: where the SDK listens; default 127.0.0.1 and the endpoint's port
   host: 127.0.0.1
@@ -44,6 +44,7 @@ from pydantic import BaseModel, ValidationError
 from reachmesh.exceptions import ConfigError
 from reachmesh.protocol import AgentProfile, Capability, HealthCheck, Network, error_details
 from reachmesh.sdk.lease import DEFAULT_REGISTRATION_TIMEOUT_S
+from reachmesh.sdk.routers import split_router_urls
 from reachmesh.yamlfile import read_yaml
 
 log = logging.getLogger("reachmesh.sdk")
@@ -66,6 +67,11 @@ class AgentConfig:
     tls_key_file: str | None = None
     # The secret a call must carry in X-Reach-Agent-Secret; None: every call is answered.
     shared_secret: str | None = field(default=None, repr=False)
+
+    @property
+    def router_urls(self) -> list[str]:
+        """The Routers of ``router_url``: one, or several comma-separated."""
+        return router_url.split(",") if (router_url := self.router_url) else []
 
     @property
     def callback_path(self) -> str:
@@ -99,9 +105,10 @@ class AgentConfig:
         if not isinstance(router, dict) or not isinstance(server, dict):
             raise ConfigError(f"{source}: router: and server: must be mappings")
         router_url = env.get("REACH_ROUTER_URL") or router.get("url") or DEFAULT_ROUTER_URL
-        parts = urlsplit(str(router_url))
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ConfigError(f"{source}: router.url must be an http(s) URL, got {router_url!r}")
+        try:
+            router_urls = split_router_urls(str(router_url), what="router.url")
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {exc.message}") from exc
         endpoint = urlsplit(profile.network.endpoint)
         port = server.get("port", endpoint.port or (443 if endpoint.scheme == "https" else 80))
         if not isinstance(port, int) or not 0 <= port <= 65535:
@@ -119,7 +126,7 @@ class AgentConfig:
         secret = _shared_secret(server, env, source)
         return cls(
             profile=profile,
-            router_url=str(router_url).rstrip("/"),
+            router_url=",".join(router_urls),
             host=host,
             port=port,
             registration_timeout_seconds=float(timeout),

@@ -15,6 +15,12 @@ every :data:`SUMMARY_EVERY_S` while it lasts and one when it is over. A Router t
 answering is probed meanwhile with ``GET /healthz`` every :data:`PROBE_EVERY_S` (silent and cheap),
 so the agent is back within seconds of the Router's return however long the backoff had grown.
 
+Given several Routers (a comma-separated list, see :mod:`reachmesh.sdk.routers`), the keeper
+registers through one and renews through whichever answers: a Router that refuses the connection
+or times out is skipped for a while and the next one is tried at once, so with etcd behind the
+Routers the lease (the same ``leaseId``) outlives the Router it was registered with. The log says
+which Router the agent is attached to each time that changes.
+
 Stopping never waits long on the Router: :meth:`LeaseKeeper.stop` interrupts registration
 retries and waits only briefly for a renewal in flight; :meth:`LeaseKeeper.deregister` has a short
 timeout. Both threads are daemons, so a Router that does not answer cannot hold the process.
@@ -34,6 +40,7 @@ import httpx
 from reachmesh.clock import SYSTEM_CLOCK, Clock
 from reachmesh.exceptions import ConfigError
 from reachmesh.sdk.auth import auth_headers
+from reachmesh.sdk.routers import RouterList
 from reachmesh.sdk.tls import router_verify
 from reachmesh.secrets import fingerprint, loggable
 
@@ -78,9 +85,10 @@ class Trouble:
     """What the keeper says about a Router that fails it: one line when a trouble starts (or turns
     into another), a summary every :data:`SUMMARY_EVERY_S` while it lasts, one line when it ends."""
 
-    def __init__(self, clock: Clock, router_url: str) -> None:
+    def __init__(self, clock: Clock, router_url: str | Callable[[], str]) -> None:
         self._clock = clock
-        self._router_url = router_url
+        # The Router now in use: a list's current one changes as Routers fail.
+        self._where = router_url if callable(router_url) else (lambda: router_url)
         self.kind: str | None = None
         self._since = 0.0
         self._summary_at = 0.0
@@ -104,16 +112,17 @@ class Trouble:
                 self._summary_at += SUMMARY_EVERY_S
             log.warning("[reach-client] %s for %s, still retrying", self._what(), span(now - self._since))
 
-    def recovered(self) -> None:
-        """The Router answered as it should: say so if it had not."""
+    def recovered(self, url: str | None = None) -> None:
+        """The Router (``url``, of a list) answered as it should: say so if it had not."""
         if self.kind is not None:
             took = span(self._clock.monotonic() - self._since)
-            log.info("[reach-client] Router at %s answers again after %s", self._router_url, took)
+            log.info("[reach-client] Router at %s answers again after %s", url or self._where(), took)
             self.kind = None
 
     def _what(self) -> str:
         if self.kind == "unreachable":
-            return f"Router at {self._router_url} unreachable"
+            where = self._where()
+            return f"Routers at {where} all unreachable" if "," in where else f"Router at {where} unreachable"
         return str(self.kind)
 
 
@@ -130,10 +139,19 @@ def span(seconds: float) -> str:
 class RegistrationRefused(Exception):
     """The Router answered the registration with an error."""
 
-    def __init__(self, status: int, error: dict[str, Any]) -> None:
+    def __init__(self, status: int, error: dict[str, Any], url: str = "") -> None:
         super().__init__(f"HTTP {status} {error.get('code', '')}: {error.get('message', '')}")
         self.status = status
         self.error = error
+        self.url = url
+
+
+class RouterUnreachable(Exception):
+    """No HTTP answer from the Router at ``url`` (kept inside the keeper: it tries the next)."""
+
+    def __init__(self, url: str, cause: httpx.HTTPError) -> None:
+        super().__init__(f"{url}: {type(cause).__name__}")
+        self.url = url
 
 
 class LeaseKeeper:
@@ -150,7 +168,8 @@ class LeaseKeeper:
         registration_timeout: float = DEFAULT_REGISTRATION_TIMEOUT_S,
         wait: Callable[[float], bool] | None = None,
     ) -> None:
-        self.router_url = router_url
+        # One URL, or several comma-separated: the Routers of one service.
+        self.routers = RouterList(router_url, clock=clock)
         self.agent_id = str(profile["id"])
         self._profile = profile
         self._callback = callback
@@ -165,7 +184,7 @@ class LeaseKeeper:
         # Waits up to n seconds and says whether stop() was called: the stop event's, unless a test
         # moves a ManualClock instead of sleeping.
         self._wait = wait or self._stop.wait
-        self._trouble = Trouble(clock, router_url)
+        self._trouble = Trouble(clock, self.routers.describe)
         self._thread: threading.Thread | None = None
         # open() runs on a thread of its own and stop() on the agent's: the lock makes "not
         # stopped yet, so start renewing" one step, and hands each lease to one deregistration.
@@ -181,6 +200,30 @@ class LeaseKeeper:
         # One token per keeper (per process, in practice): it identifies this registrant to the
         # Router across retries. A credential: it is never logged, only its fingerprint.
         self.instance_id = secrets.token_urlsafe(24)
+        # The Router the log last said the agent is attached to.
+        self._attached_to: str | None = None
+
+    @property
+    def router_url(self) -> str:
+        """The Router the agent is attached to now (the one that last answered)."""
+        return self.routers.current
+
+    def _attached(self, url: str) -> None:
+        """``url`` answered: it is the Router in use; say so when that changed."""
+        self.routers.answered(url)
+        if url != self._attached_to and len(self.routers) > 1:
+            log.info("[reach-client] attached to Router at %s", url)
+        self._attached_to = url
+
+    def _next_router(self, url: str, kind: str, detail: str) -> bool:
+        """``url`` failed (unreachable or unable to serve): skip it for a while. True when another
+        Router is to be tried at once; else the failure is logged as a trouble, to back off."""
+        following = self.routers.failed(url)
+        if following is not None and following != url:
+            log.warning("[reach-client] Router at %s failed (%s); trying %s", url, detail, following)
+            return True
+        self._trouble.failed(kind, detail)
+        return False
 
     # -- registration ------------------------------------------------------------------------
 
@@ -202,18 +245,23 @@ class LeaseKeeper:
         if self.lease_id:
             body["leaseId"] = self.lease_id
         sent = self._clock.monotonic()
-        resp = self._http.post(f"{self.router_url}/agents", json=body, timeout=self._registration_timeout)
+        url = self.routers.order()[0]
+        try:
+            resp = self._http.post(f"{url}/agents", json=body, timeout=self._registration_timeout)
+        except httpx.HTTPError as exc:
+            raise RouterUnreachable(url, exc) from exc
         try:
             answer = resp.json()
         except ValueError:
             answer = {}
         if resp.status_code not in (200, 201):
             error = answer.get("error", {}) if isinstance(answer, dict) else {}
-            raise RegistrationRefused(resp.status_code, error)
+            raise RegistrationRefused(resp.status_code, error, url)
         self.lease_id = str(answer["leaseId"])
         self.ttl_seconds = float(answer["ttlSeconds"])
         self._extended_at = sent
-        self._trouble.recovered()
+        self._attached(url)
+        self._trouble.recovered(url)
         # The line of the protocol keeps its place; a fingerprint stands in for the lease itself.
         log.info("[reach-client] registration successful, lease id: %s", fingerprint(self.lease_id))
 
@@ -230,23 +278,35 @@ class LeaseKeeper:
                 self._attempt()
                 return True
             except RegistrationRefused as exc:
-                if exc.status in (400, 422):
-                    raise ConfigError(f"the Router refused the profile: {exc}") from exc
-                if exc.status in (401, 403):
-                    raise ConfigError(
-                        f"the Router refused the registration: {exc} (REACH_TOKEN must be an agent "
-                        "token allowed this id and these tasks, or an admin token)"
-                    ) from exc
-                said = str(exc).removeprefix(f"HTTP {exc.status} ")
-                self._trouble.failed(f"registration refused with HTTP {exc.status}", loggable(said, 300))
+                if self._refused(exc):
+                    continue
                 answered = self._pause(backoff.next(), probe=False)
-            except httpx.HTTPError as exc:
-                self._trouble.failed("unreachable", type(exc).__name__)
+            except RouterUnreachable as exc:
+                if self._next_router(exc.url, "unreachable", type(exc.__cause__).__name__):
+                    continue
                 answered = self._pause(backoff.next(), probe=True)
             if answered is None:
                 return False
             if answered:
                 backoff.reset()
+        return False
+
+    def _refused(self, exc: RegistrationRefused) -> bool:
+        """A registration the Router answered with an error: raise ConfigError when final, else
+        True when another Router is to be tried at once (False: back off)."""
+        if exc.status in (400, 422):
+            raise ConfigError(f"the Router refused the profile: {exc}") from exc
+        if exc.status in (401, 403):
+            raise ConfigError(
+                f"the Router refused the registration: {exc} (REACH_TOKEN must be an agent "
+                "token allowed this id and these tasks, or an admin token)"
+            ) from exc
+        said = loggable(str(exc).removeprefix(f"HTTP {exc.status} "), 300)
+        kind = f"registration refused with HTTP {exc.status}"
+        if exc.status == 503:
+            # That Router cannot reach its store just now; another one may.
+            return self._next_router(exc.url, kind, said)
+        self._trouble.failed(kind, said)
         return False
 
     def _pause(self, seconds: float, *, probe: bool) -> bool | None:
@@ -267,12 +327,16 @@ class LeaseKeeper:
         return False
 
     def _router_answers(self) -> bool:
-        """Whether the Router answers HTTP at all (any status: it is up again)."""
-        try:
-            self._http.get(f"{self.router_url}/healthz", timeout=PROBE_TIMEOUT_S)
-        except httpx.HTTPError:
-            return False
-        return True
+        """Whether some Router of the list answers HTTP at all (any status: it is up again); the
+        first that does is tried next."""
+        for url in self.routers.urls:
+            try:
+                self._http.get(f"{url}/healthz", timeout=PROBE_TIMEOUT_S)
+            except httpx.HTTPError:
+                continue
+            self.routers.answered(url)
+            return True
+        return False
 
     def open(self) -> bool:
         """Register (retrying), then start renewing at once, from the calling thread.
@@ -347,29 +411,20 @@ class LeaseKeeper:
                 backoff.reset()
             log.debug("[reach-client] renewing lease %s", fingerprint(self.lease_id))
             sent = self._clock.monotonic()
+            url = self.routers.order()[0]
             try:
                 resp = self._http.put(
-                    f"{self.router_url}/agents/{self.agent_id}/lease",
+                    f"{url}/agents/{self.agent_id}/lease",
                     json={"leaseId": self.lease_id},
                     # Up to half a TTL: under a CPU-bound handler this thread gets the GIL in
                     # slices, and a renewal that arrives late still beats one given up on.
                     timeout=max(self.ttl_seconds / 2, 0.5),
                 )
             except httpx.HTTPError as exc:
-                self._trouble.failed("unreachable", f"lease renewal: {type(exc).__name__}")
-                left = self.ttl_seconds - (self._clock.monotonic() - self._extended_at)
-                if left > 0:
-                    # Several tries fit in what is left of the lease (a sixth of a TTL apart at
-                    # most: a Router restarted within a short lease finds it renewed), the last
-                    # one about when it runs out.
-                    wait, probe = max(min(backoff.next(), self.ttl_seconds / 6, left), 0.05), True
-                    continue
-                # The Router has dropped the lease by now, if it is there at all: register again,
-                # going on with the same backoff.
-                log.info("[reach-client] lease %s ran out; registering again", fingerprint(self.lease_id))
-                if not self._register_again(backoff):
+                after = self._renewal_unanswered(url, exc, backoff)
+                if after is None:
                     return
-                wait, probe = self._next_renewal_in(), False
+                wait, probe = after
                 continue
             if self._stop.is_set():
                 # The agent is leaving: a renewal answered 404 because its deregistration came
@@ -377,13 +432,14 @@ class LeaseKeeper:
                 return
             if resp.status_code == 200:
                 self._extended_at = sent
-                self._trouble.recovered()
+                self._attached(url)
+                self._trouble.recovered(url)
                 log.debug("[reach-client] lease %s renewed", fingerprint(self.lease_id))
                 wait, probe = self._next_renewal_in(), False
                 backoff.reset()
                 status_backoff = 0.25
             elif resp.status_code in (403, 404):
-                self._trouble.recovered()
+                self._trouble.recovered(url)
                 log.warning(
                     "[reach-client] lease %s is gone (HTTP %s); registering again",
                     fingerprint(self.lease_id),
@@ -394,10 +450,39 @@ class LeaseKeeper:
                     return
                 wait, probe = self._next_renewal_in(), False
             else:
-                wait, status_backoff = self.retry_after(resp.status_code, status_backoff)
+                wait, status_backoff = self._renewal_refused(url, resp, status_backoff)
                 probe = False
-                reason = _said(resp).removeprefix(": ") or "no reason given"
-                self._trouble.failed(f"lease renewal answered HTTP {resp.status_code}", reason)
+
+    def _renewal_unanswered(
+        self, url: str, exc: httpx.HTTPError, backoff: Backoff
+    ) -> tuple[float, bool] | None:
+        """A renewal ``url`` did not answer: the (wait, probe) before the next try, None when stopped."""
+        if self._next_router(url, "unreachable", f"lease renewal: {type(exc).__name__}"):
+            # Another Router shares the registry (with etcd): renew there at once, on the same
+            # lease, before it runs out.
+            return 0.0, False
+        left = self.ttl_seconds - (self._clock.monotonic() - self._extended_at)
+        if left > 0:
+            # Several tries fit in what is left of the lease (a sixth of a TTL apart at most: a
+            # Router restarted within a short lease finds it renewed), the last one about when it
+            # runs out.
+            return max(min(backoff.next(), self.ttl_seconds / 6, left), 0.05), True
+        # The Router has dropped the lease by now, if it is there at all: register again, going
+        # on with the same backoff.
+        log.info("[reach-client] lease %s ran out; registering again", fingerprint(self.lease_id))
+        if not self._register_again(backoff):
+            return None
+        return self._next_renewal_in(), False
+
+    def _renewal_refused(self, url: str, resp: httpx.Response, backoff: float) -> tuple[float, float]:
+        """A renewal answered neither 200 nor 403/404: the wait before the next try, and the next
+        backoff. A 503 (this Router cannot reach the registry store) sends it to another Router."""
+        wait, backoff = self.retry_after(resp.status_code, backoff)
+        reason = _said(resp).removeprefix(": ") or "no reason given"
+        kind = f"lease renewal answered HTTP {resp.status_code}"
+        if resp.status_code != 503:
+            self._trouble.failed(kind, reason)
+        return (0.0 if resp.status_code == 503 and self._next_router(url, kind, reason) else wait), backoff
 
     def _register_again(self, backoff: Backoff) -> bool:
         """Register anew from the renewal thread; False when stopped or refused for good."""
@@ -451,11 +536,7 @@ class LeaseKeeper:
                 return
             self._deregistering = True
         try:
-            resp = self._http.delete(
-                f"{self.router_url}/agents/{self.agent_id}",
-                headers={"X-Reach-Lease": lease_id},
-                timeout=timeout,
-            )
+            resp = _delete_at_some_router(self, lease_id, timeout)
             if resp.status_code == 204:
                 log.info("[reach-client] deregistered agent: %s", self.agent_id)
             else:
@@ -472,6 +553,22 @@ class LeaseKeeper:
             busy = self._thread is not None or not self._open_idle.is_set() or self._deregistering
         if not busy:
             self._http.close()
+
+
+def _delete_at_some_router(keeper: LeaseKeeper, lease_id: str, timeout: float) -> httpx.Response:
+    """DELETE the lease at the current Router, or at the next when one refuses the connection
+    (the request never reached it). The whole list shares ``timeout``."""
+    ends = keeper._clock.monotonic() + timeout
+    *others, last = keeper.routers.order()
+    headers = {"X-Reach-Lease": lease_id}
+    for url in others:
+        left = max(ends - keeper._clock.monotonic(), 0.05)
+        try:
+            return keeper._http.delete(f"{url}/agents/{keeper.agent_id}", headers=headers, timeout=left)
+        except httpx.ConnectError:
+            continue
+    left = max(ends - keeper._clock.monotonic(), 0.05)
+    return keeper._http.delete(f"{last}/agents/{keeper.agent_id}", headers=headers, timeout=left)
 
 
 def _said(resp: httpx.Response) -> str:

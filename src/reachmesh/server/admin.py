@@ -30,10 +30,13 @@ from reachmesh.exceptions import (
     RegistrationThrottled,
     RegistryError,
     RegistryFull,
+    RegistryUnavailable,
     RequestError,
 )
 from reachmesh.observability.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from reachmesh.protocol import AgentProfile, AgentStatusValue, Status, error_details
+from reachmesh.registry.etcd.deferred import DeferredStore
+from reachmesh.registry.etcdclient import EtcdRejected
 from reachmesh.router import answer
 from reachmesh.server.asgi import Receive, Scope, Send, check_json_content_type, read_body
 from reachmesh.server.auth import Principal, principal_of
@@ -411,9 +414,37 @@ class AdminApi:
         if results.is_pending(trace_id):
             status, body = answer.standalone(self.parts.clock, trace_id)
             return JsonResponse(body, status_code=status)
+        journal = self.parts.dispatcher.async_requests.journal
+        if journal is not None:
+            return await self._shared_result(journal, trace_id, principal)
         return json_error(
             404, "NOT_FOUND", f"no async request {trace_id!r} (unknown, or its result expired or was evicted)"
         )
+
+    async def _shared_result(self, journal: DeferredStore, trace_id: str, principal: Principal) -> Response:
+        """GET /reach/{traceId} for a request another Router accepted: read from etcd."""
+        unknown = f"no async request {trace_id!r} (unknown, or its result expired or was evicted)"
+        try:
+            stored = await journal.result(trace_id)
+            job = None if stored is not None else await journal.job(trace_id)
+        except (EtcdRejected, RegistryUnavailable) as exc:
+            return json_error(503, "REGISTRY_UNAVAILABLE", f"cannot read async results from etcd now: {exc}")
+        owner = stored.owner if stored is not None else job.owner if job is not None else None
+        if owner is not None and principal.role != "admin" and principal.key != owner:
+            return json_error(404, "NOT_FOUND", unknown)
+        if stored is not None:
+            if stored.body is None:
+                return json_error(
+                    404,
+                    "NOT_FOUND",
+                    f"the result of {trace_id!r} ({stored.size} bytes) is over "
+                    "async_mode.etcd_max_result_bytes: only the Router that ran it holds it",
+                )
+            return JsonResponse(stored.body, status_code=stored.status)
+        if job is not None:
+            status, body = answer.standalone(self.parts.clock, trace_id)
+            return JsonResponse(body, status_code=status)
+        return json_error(404, "NOT_FOUND", unknown)
 
     async def get_trace(self, request: Request) -> Response:
         trace_id = request.path_params["trace_id"]

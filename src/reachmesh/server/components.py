@@ -7,7 +7,9 @@ each part that takes one, through that part's own method, so no backend is speci
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +20,8 @@ from reachmesh.observability.metrics import LiveReadings, RouterMetrics
 from reachmesh.observability.traces import TraceStore
 from reachmesh.record import Observer
 from reachmesh.registry.base import AgentEntry, Registry, RegistryEvent
+from reachmesh.registry.etcd import EtcdRegistry
+from reachmesh.registry.etcd.deferred import DeferredStore
 from reachmesh.registry.factory import build_registry
 from reachmesh.resilience.affinity import AffinityTable
 from reachmesh.resilience.breaker import BreakerBoard, BreakerState
@@ -25,8 +29,10 @@ from reachmesh.resilience.capacity import CapacityBoard
 from reachmesh.resilience.health import HealthChecker
 from reachmesh.resilience.retry import RetryBudget
 from reachmesh.resilience.shedding import LoadShedder
+from reachmesh.router import durable
 from reachmesh.router.agentsecret import AgentSecrets
 from reachmesh.router.dispatcher import Dispatcher
+from reachmesh.router.durable import Adopter
 from reachmesh.router.learning import RouteLearner
 from reachmesh.router.results import ResultStore
 from reachmesh.routing.pipeline import Pipeline
@@ -119,6 +125,8 @@ class RouterParts:
     health: HealthChecker = field(init=False)
     # Which worker of `reach router --workers N` this is (shown by /healthz); None alone.
     worker: int | None = field(default=None, init=False)
+    # With etcd: adopts the async requests of Routers that died (router/durable.py).
+    adopter: Adopter | None = field(default=None, init=False)
     # Each agent's lease as last seen: a new lease for a known id is a new instance (a restart
     # that took its id over, or a return after going offline), whose breaker and statistics
     # start afresh; the old instance's refusals say nothing about it.
@@ -225,6 +233,8 @@ class RouterParts:
             "Streamed answers (Accept: text/event-stream) being relayed now",
             lambda: dispatcher.streams_in_flight,
         )
+        if isinstance(self.registry, EtcdRegistry):
+            self._wire_durable(self.registry)
         self.health = HealthChecker(self.registry, self.transport, self.config.health, clock=self.clock)
         self.health.subscribe(self.metrics.on_probe)
         self.registry.subscribe(self._on_registry_event)
@@ -233,6 +243,53 @@ class RouterParts:
         # a shared registry), and their news opens this Router's breaker until it probes itself.
         self.breakers.on_open.append(lambda agent_id: self.registry.report_failure(agent_id, "circuit_open"))
         self.registry.subscribe_failures(self._on_peer_failure)
+
+    def _wire_durable(self, registry: EtcdRegistry) -> None:
+        """Accepted async requests recorded in etcd, results shared, orphans adopted."""
+        journal = DeferredStore(
+            registry.client,
+            registry.policy.etcd.prefix,
+            registry.router,
+            self.config.async_mode,
+            clock=self.clock,
+        )
+        self.dispatcher.async_requests.journal = journal
+        start = functools.partial(durable.start_adopted, self.dispatcher)
+        self.adopter = Adopter(journal, self.dispatcher.async_requests, start)
+        self.metrics.gauge(
+            "reach_async_etcd_pending",
+            "Accepted async requests waiting in etcd, as of the last look (async_mode.etcd_max_pending)",
+            lambda: journal.pending,
+        )
+        self.metrics.gauge(
+            "reach_async_etcd_results",
+            "Async results kept in etcd, as of the last look (async_mode.etcd_max_results)",
+            lambda: journal.held,
+        )
+        self.metrics.gauge(
+            "reach_async_etcd_result_bytes",
+            "Bytes of async results kept in etcd, at the last look (async_mode.etcd_max_total_result_bytes)",
+            lambda: journal.held_bytes,
+        )
+        knowledge = registry.knowledge
+        for i, (name, what) in enumerate(
+            (
+                ("reach_etcd_learned_routes", "Learned routes in etcd (routing.learning.max_phrases)"),
+                (
+                    "reach_etcd_learned_route_bytes",
+                    "Bytes of learned routes in etcd (registry.etcd.max_learned_bytes)",
+                ),
+                (
+                    "reach_etcd_learned_negatives",
+                    "Learned negatives in etcd (routing.learning.max_negatives)",
+                ),
+                (
+                    "reach_etcd_learned_negative_bytes",
+                    "Bytes of learned negatives in etcd (registry.etcd.max_learned_bytes)",
+                ),
+            )
+        ):
+            self.metrics.gauge(name, what, functools.partial(_nth, knowledge.held, i))
 
     def _observers(self) -> list[Observer]:
         # Switched off, the store and metrics still exist (the endpoints answer, empty) but are
@@ -271,6 +328,8 @@ class RouterParts:
         self.affinity.policy = config.affinity
         self.shedder.policy = config.limits
         self.results.policy = config.async_mode
+        if self.dispatcher.async_requests.journal is not None:
+            self.dispatcher.async_requests.journal.policy = config.async_mode
         self.health.policy = config.health
         self.trace_log.redact_fields = list(config.logging.redact)
         # The package's own loggers only; the process's logging set-up is the entry point's.
@@ -288,12 +347,16 @@ class RouterParts:
             raise
         await self.health.start()
         await self.shedder.start()
+        if self.adopter is not None:
+            await self.adopter.start()
         if self.vectors is not None:
             await self.vectors.start()
 
     async def close(self) -> None:
         """Stop background work and close connections, the reverse of :meth:`start`."""
         await self.dispatcher.close()
+        if self.adopter is not None:
+            await self.adopter.close()
         await self.learner.close()
         await self.health.close()
         await self.shedder.close()
@@ -401,6 +464,10 @@ def _pipeline(
         vectors=vectors,
         clock=clock,
     )
+
+
+def _nth(read: Callable[[], tuple[int, ...]], i: int) -> int:
+    return read()[i]
 
 
 def _metrics(

@@ -20,7 +20,9 @@ from reachmesh.cli.console import app, need_router
 def drill(
     scenarios: Annotated[
         list[str],
-        typer.Argument(help="latency, crash, storm, breaker, partition, or all.", show_default=False),
+        typer.Argument(
+            help="latency, crash, storm, breaker, partition, burst, router-crash, or all.", show_default=False
+        ),
     ],
     router: Annotated[
         str | None,

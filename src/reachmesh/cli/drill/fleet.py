@@ -163,6 +163,8 @@ class Fleet:
     token: str | None
     workdir: Path
     host: str = "127.0.0.1"  # where the drill's agents listen, and the address they advertise
+    # The Routers the agents register and renew through, when not router_url alone (a list).
+    agent_router_url: str | None = None
     run_id: str = field(default_factory=lambda: secrets.token_hex(3))
     agents: dict[str, DrillAgent] = field(default_factory=dict)
     # Declared by agents started from now on (the burst drill's capacity), if set.
@@ -222,7 +224,7 @@ class Fleet:
                     "timeout_ms": 500,
                 },
             },
-            "router": {"url": self.router_url},
+            "router": {"url": self.agent_router_url or self.router_url},
         }
         if self.max_concurrency is not None:
             profile["agent"]["max_concurrency"] = self.max_concurrency

@@ -32,7 +32,9 @@ from reachmesh.ports import is_loopback
 from reachmesh.secrets import loggable
 from reachmesh.yamlfile import read_yaml
 
-ALL = ["latency", "crash", "storm", "breaker", "partition", "burst"]
+ALL = ["latency", "crash", "storm", "breaker", "partition", "burst", "router-crash"]
+# The scenarios that start an etcd of their own (and so cannot run against a given Router).
+OWN_ETCD = ("partition", "router-crash")
 
 
 def drill_policy(scenario: str) -> dict[str, Any]:
@@ -48,6 +50,9 @@ def drill_policy(scenario: str) -> dict[str, Any]:
         policy["limits"] = {"max_inflight": 32}
     if scenario == "burst":
         policy.update(burst_policy())
+    if scenario == "router-crash":
+        # A dead Router's claims go within about 2 s (etcd's shortest lease), looked for often.
+        policy["async_mode"] = {"claim_ttl_seconds": 2, "adopt_interval_seconds": 0.2}
     return policy
 
 
@@ -190,6 +195,8 @@ def _check_flags(
         )
     if router is not None and "partition" in names:
         fail("partition freezes the drill's own etcd: run it without --router")
+    if router is not None and "router-crash" in names:
+        fail("router-crash kills one of the drill's own Routers: run it without --router")
     if concurrency is not None and "storm" in names:
         fail("storm ramps a rate past capacity: it runs open loop, without --concurrency")
     if router is not None:
@@ -286,7 +293,7 @@ def _run_one(
     chosen = dict(policy) if policy is not None else drill_policy(name)
     with contextlib.ExitStack() as stack:
         freeze = thaw = None
-        if name == "partition":
+        if name in OWN_ETCD:
             etcd = _start_etcd(workdir, stack)
             registry = dict(chosen.get("registry") or {})
             etcd_policy = {**registry.get("etcd", {}), "endpoints": etcd.endpoints.split(",")}
@@ -295,11 +302,37 @@ def _run_one(
         own = OwnRouter(workdir, chosen)
         stack.callback(own.stop)
         own.wait_ready()
-        stage = Stage(
-            own.url, token, Fleet(own.url, token, workdir, agent_host), settings, chosen, freeze, thaw
-        )
+        if name == "router-crash":
+            stage = _two_routers(own, workdir, stack, token, settings, chosen, agent_host)
+        else:
+            fleet = Fleet(own.url, token, workdir, agent_host)
+            stage = Stage(own.url, token, fleet, settings, chosen, freeze, thaw)
         result = _on(stage, name, "started by the drill")
     return result
+
+
+def _two_routers(
+    victim: OwnRouter,
+    workdir: Path,
+    stack: contextlib.ExitStack,
+    token: str | None,
+    settings: Settings,
+    policy: dict[str, Any],
+    agent_host: str,
+) -> Stage:
+    """router-crash: a second Router over the same etcd; the agents are given both, the drill
+    reads through the second, and the first is the one killed."""
+    (workdir / "b").mkdir()
+    other = OwnRouter(workdir / "b", policy)
+    stack.callback(other.stop)
+    other.wait_ready()
+    fleet = Fleet(other.url, token, workdir, agent_host, agent_router_url=f"{victim.url},{other.url}")
+
+    def crash() -> None:
+        victim.proc.kill()  # SIGKILL: no drain, no release of its claims
+        victim.proc.wait()
+
+    return Stage(other.url, token, fleet, settings, policy, victim_url=victim.url, crash=crash)
 
 
 def _start_etcd(workdir: Path, stack: contextlib.ExitStack) -> Any:

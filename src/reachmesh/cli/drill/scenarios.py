@@ -72,6 +72,9 @@ class Stage:
     policy: dict[str, Any] | None  # the policy in force when the drill started the Router
     freeze: Action | None = None  # partition: stop the registry's store
     thaw: Action | None = None
+    # router-crash: the Router killed with -9 (router_url is the one that lives on), and the kill.
+    victim_url: str | None = None
+    crash: Action | None = None
 
     # What the drill did not take from the Router's policy as it was (out of bounds, not a number).
     clamped: list[str] = field(default_factory=list)
@@ -539,6 +542,89 @@ async def partition(stage: Stage) -> Result:
     return Result("partition", figures, promises, run.marks, run.load.samples, breakers=run.breakers)
 
 
+# -- router-crash --------------------------------------------------------------------------------
+
+# Each drill agent answers this late, so that requests are in flight when the Router dies.
+CRASH_DELAY_MS = 1500
+
+
+async def router_crash(stage: Stage) -> Result:
+    """Two Routers over the drill's etcd; async requests accepted by one, which is killed with -9
+    mid-run: every accepted request still finishes (read through the other Router)."""
+    if stage.crash is None or stage.victim_url is None:
+        raise ConfigError("router-crash needs the drill's own Routers and etcd: run it without --router")
+    names = stage.fleet.start(max(stage.settings.agents, 2))
+    await stage.fleet.wait_registered(names)
+    for name in names:
+        stage.fleet.fault(name, delay_ms=CRASH_DELAY_MS)
+    duration = max(stage.settings.duration, 8.0)
+    kill_at = duration / 2
+    sender = _AsyncSender(stage, time.monotonic())
+    schedule: list[tuple[float, str, Action]] = [(kill_at, "Router A SIGKILL", stage.crash)]
+    run, _ = await asyncio.gather(
+        drive(stage, "router-crash", schedule, duration=duration), sender.until(kill_at)
+    )
+    killed = run.marks[0][0]
+    finished, last = await sender.results(stage.router_url, deadline_s=60.0)
+    accepted = len(sender.accepted)
+    in_flight = sum(1 for at in sender.accepted.values() if at > killed - CRASH_DELAY_MS / 1000)
+    figures = {
+        "killedAtS": _sec(killed),
+        "asyncAccepted": accepted,
+        "asyncInFlightAtKill": in_flight,
+        "asyncFinished": finished,
+        "asyncLost": accepted - finished,
+        "lastResultAfterKillS": _sec(_minus(last, killed)),
+        "servedThroughTheOther": summary(run.load.samples),
+    }
+    promises = [
+        Promise(
+            "requests were accepted, some in flight at the kill",
+            accepted > 0 and in_flight > 0,
+            str(in_flight),
+        ),
+        Promise("no accepted async request lost", finished == accepted, f"{finished} of {accepted} finished"),
+    ]
+    return Result("router-crash", figures, promises, run.marks, run.load.samples)
+
+
+class _AsyncSender:
+    """``mode: async`` requests to the Router that will die, and their results read at the other."""
+
+    def __init__(self, stage: Stage, started: float) -> None:
+        self.stage = stage
+        self.started = started
+        self.accepted: dict[str, float] = {}  # traceId -> when it was accepted (drill clock)
+
+    async def until(self, stop_at: float) -> None:
+        body = {"targetTask": self.stage.fleet.task, "preferences": {"mode": "async", "timeoutMs": 30_000}}
+        headers = auth_headers(self.stage.token)
+        async with httpx.AsyncClient(headers=headers, timeout=5) as http:
+            while time.monotonic() - self.started < stop_at - 0.2:
+                with contextlib.suppress(httpx.HTTPError):
+                    resp = await http.post(f"{self.stage.victim_url}/reach", json=body)
+                    if resp.status_code == 202:
+                        self.accepted[str(resp.json()["traceId"])] = time.monotonic() - self.started
+                await asyncio.sleep(1 / max(self.stage.settings.rate / 4, 1))
+
+    async def results(self, url: str, deadline_s: float) -> tuple[int, float | None]:
+        """How many accepted requests have a final answer at ``url``, and when the last came."""
+        left = set(self.accepted)
+        last: float | None = None
+        end = time.monotonic() + deadline_s
+        async with httpx.AsyncClient(headers=auth_headers(self.stage.token), timeout=5) as http:
+            while left and time.monotonic() < end:
+                for trace_id in list(left):
+                    with contextlib.suppress(httpx.HTTPError, ValueError):
+                        resp = await http.get(f"{url}/reach/{trace_id}")
+                        if resp.status_code != 202 and resp.json().get("status") not in (None, "ACCEPTED"):
+                            left.discard(trace_id)
+                            last = time.monotonic() - self.started
+                if left:
+                    await asyncio.sleep(0.2)
+        return len(self.accepted) - len(left), last
+
+
 def _state_at(changes: list[tuple[float, str]], t: float) -> str | None:
     state = None
     for at, value in changes:
@@ -564,4 +650,5 @@ SCENARIOS: dict[str, Callable[[Stage], Coroutine[Any, Any, Result]]] = {
     "storm": storm,
     "partition": partition,
     "breaker": breaker,
+    "router-crash": router_crash,
 }

@@ -37,6 +37,8 @@ class SharedKnowledge:
         # write this Router made itself is not applied twice).
         self._learned_keys: dict[str, tuple[str, int]] = {}
         self._negative_keys: dict[str, tuple[tuple[str, str, str], int]] = {}
+        # etcd key -> the bytes its value takes, for the byte bound and /metrics.
+        self._sizes: dict[str, int] = {}
 
     # -- from etcd ---------------------------------------------------------------------------
 
@@ -68,6 +70,7 @@ class SharedKnowledge:
         if known is not None and known[1] >= kv.mod_revision and not deleted:
             return  # this Router wrote it already
         if deleted:
+            self._sizes.pop(kv.key, None)
             if known is not None:
                 del self._learned_keys[kv.key]
                 self._shared.snapshot.drop_learned(known[0])
@@ -75,12 +78,14 @@ class SharedKnowledge:
         route = read_route(kv, "learned route")
         if route is not None:
             self._learned_keys[kv.key] = (self._shared.snapshot.keep(route), kv.mod_revision)
+            self._sizes[kv.key] = len(kv.value)
 
     def apply_negative(self, kv: KeyValue, *, deleted: bool) -> None:
         known = self._negative_keys.get(kv.key)
         if known is not None and known[1] >= kv.mod_revision and not deleted:
             return  # this Router wrote it already
         if deleted:
+            self._sizes.pop(kv.key, None)
             if known is not None:
                 del self._negative_keys[kv.key]
                 self._shared.snapshot.drop_negative(known[0])
@@ -88,6 +93,7 @@ class SharedKnowledge:
         route = read_route(kv, "learned negative")
         if route is not None:
             self._negative_keys[kv.key] = (self._shared.snapshot.keep_negative(route), kv.mod_revision)
+            self._sizes[kv.key] = len(kv.value)
 
     def forget_missing(self, present: set[str], revision: int) -> None:
         """After a full read: drop what was forgotten while this Router was not watching."""
@@ -106,12 +112,11 @@ class SharedKnowledge:
         known = snapshot.learned.get(key)
         own = quota if quota is None or (known is not None and known.by == route.by) else quota - 1
         victims = [old for old in snapshot.excess(room, route.by, own) if old != key]
-        return await self._learn(
-            route,
-            self._shared.keys.learned_route(key),
-            [self._shared.keys.learned_route(old) for old in victims],
-            self.apply_learned,
-        )
+        going = [self._shared.keys.learned_route(old) for old in victims]
+        where = self._shared.keys.learned_route(key)
+        order = [self._shared.keys.learned_route(old) for old in snapshot.learned]
+        going += self._over_bytes(order, where, route, going)
+        return await self._learn(route, where, going, self.apply_learned)
 
     async def remember_negative(
         self, route: LearnedRoute, *, limit: int, quota: int | None = None
@@ -122,12 +127,34 @@ class SharedKnowledge:
         known = snapshot.negatives.get(key)
         own = quota if quota is None or (known is not None and known.by == route.by) else quota - 1
         victims = [old for old in snapshot.excess_negatives(room, route.by, own) if old != key]
-        return await self._learn(
-            route,
-            self._shared.keys.negative(*key),
-            [self._shared.keys.negative(*old) for old in victims],
-            self.apply_negative,
-        )
+        going = [self._shared.keys.negative(*old) for old in victims]
+        where = self._shared.keys.negative(*key)
+        order = [self._shared.keys.negative(*old) for old in snapshot.negatives]
+        going += self._over_bytes(order, where, route, going)
+        return await self._learn(route, where, going, self.apply_negative)
+
+    def _over_bytes(
+        self, oldest_first: list[str], key: str, route: LearnedRoute, going: list[str]
+    ) -> list[str]:
+        """The further keys (oldest first) to delete so that, with ``route`` written under
+        ``key``, these keys hold at most ``registry.etcd.max_learned_bytes``."""
+        budget = self._shared.policy.etcd.max_learned_bytes
+        total = len(route_value(route, self._shared.router))
+        total += sum(self._sizes.get(k, 0) for k in oldest_first if k != key and k not in going)
+        more: list[str] = []
+        for old in oldest_first:
+            if total <= budget:
+                break
+            if old != key and old not in going:
+                more.append(old)
+                total -= self._sizes.get(old, 0)
+        return more
+
+    def held(self) -> tuple[int, int, int, int]:
+        """Learned routes and their bytes, learned negatives and theirs, as this Router sees etcd."""
+        learned = sum(self._sizes.get(k, 0) for k in self._learned_keys)
+        negatives = sum(self._sizes.get(k, 0) for k in self._negative_keys)
+        return len(self._learned_keys), learned, len(self._negative_keys), negatives
 
     async def _learn(
         self, route: LearnedRoute, key: str, victims: list[str], apply: Callable[..., None]

@@ -1,0 +1,262 @@
+"""Deferred (``mode: async``) requests kept in etcd, so that accepted work outlives its Router.
+
+Keys, under the registry's prefix::
+
+    {prefix}/async/job/{traceId}      the accepted request (JSON: envelope, owner, replyTo,
+                                      attempt), no lease: it stays until the work is done
+    {prefix}/async/claim/{traceId}    the name of the Router running it, on that Router's lease
+    {prefix}/async/result/{traceId}   the ReachResponse (JSON: status, body, owner), on a lease
+                                      of async_mode.result_ttl_seconds
+    {prefix}/async/size/{traceId}     that result's size in bytes, on the same lease: the bounds
+                                      on results are kept by reading these, not the results
+
+- Accepting is one transaction: the job and the claim are written only if neither the job nor a
+  result exists for that traceId, before the caller gets its ``202``.
+- The claim lives on the Router's own etcd lease (``claim_ttl_seconds``, kept alive while the
+  Router lives): when the Router dies, etcd deletes its claims by itself.
+- A job without a claim is an orphan. Adopting it is a transaction too: the claim must still be
+  absent and the job unchanged since it was read, so exactly one Router wins it.
+- The first result written wins (a transaction on the result's absence); only the Router that
+  wrote it delivers ``replyTo``, then deletes the job and the claim. A Router that dies while
+  delivering leaves the job behind with its result: the adopter delivers that result again
+  rather than run the request again (``replyTo`` is delivered at least once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from reachmesh import jsoncodec
+from reachmesh.clock import SYSTEM_CLOCK, Clock
+from reachmesh.config import AsyncPolicy
+from reachmesh.exceptions import RegistryUnavailable
+from reachmesh.registry.etcdclient import (
+    EtcdClient,
+    EtcdRejected,
+    compare_create,
+    compare_mod,
+    delete_op,
+    put_op,
+)
+
+log = logging.getLogger("reachmesh.async")
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """An accepted request as etcd holds it."""
+
+    trace_id: str
+    envelope: bytes
+    owner: str | None
+    reply_to: str | None
+    attempt: int
+    revision: int  # the job key's mod revision when read: what an adoption compares against
+
+
+@dataclass(frozen=True, slots=True)
+class StoredResult:
+    """A finished request's answer as etcd holds it; ``body`` is None when it was too large."""
+
+    status: int
+    body: bytes | None
+    owner: str | None
+    size: int
+
+
+class DeferredStore:
+    """The etcd side of deferred requests for one Router (see the module's docstring)."""
+
+    def __init__(
+        self,
+        client: EtcdClient,
+        prefix: str,
+        router: str,
+        policy: AsyncPolicy,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.client = client
+        self.router = router
+        self.policy = policy
+        self._clock = clock
+        self.jobs = prefix + "/async/job/"
+        self.claims = prefix + "/async/claim/"
+        self.results = prefix + "/async/result/"
+        self.sizes = prefix + "/async/size/"
+        self.lease = 0
+        self._result_lease = (0, 0.0)  # (lease, monotonic time until which it is reused)
+        self._keeper: asyncio.Task[None] | None = None
+        # Read by /metrics: refreshed by every scan for orphans.
+        self.pending = 0
+        self.held = 0
+        self.held_bytes = 0
+
+    # -- the Router's lease ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Grant this Router's claim lease and keep it alive until :meth:`close`."""
+        self.lease = await self.client.grant(self.policy.claim_ttl_seconds)
+        if self._keeper is None:
+            self._keeper = asyncio.create_task(self._keep_alive(), name="reach-async-claims")
+
+    async def _keep_alive(self) -> None:
+        while True:
+            await asyncio.sleep(self.policy.claim_ttl_seconds / 3)
+            try:
+                if await self.client.keepalive(self.lease) > 0:
+                    continue
+                # Lost (etcd was out of reach longer than the TTL): the claims went with it, and
+                # another Router may run those requests too; new ones go under a new lease.
+                log.warning("the claim lease ran out; requests this Router runs may be adopted by another")
+                self.lease = await self.client.grant(self.policy.claim_ttl_seconds)
+            except (EtcdRejected, RegistryUnavailable) as exc:  # try again at the next tick
+                log.warning("cannot keep the claim lease alive: %s", exc)
+
+    async def close(self, *, release: bool) -> None:
+        """Stop keeping the lease; with ``release``, revoke it so others adopt at once."""
+        if self._keeper is not None:
+            self._keeper.cancel()
+            await asyncio.gather(self._keeper, return_exceptions=True)
+            self._keeper = None
+        if release and self.lease:
+            await self.client.revoke(self.lease)
+
+    # -- accepting and finishing -------------------------------------------------------------
+
+    async def accept(self, trace_id: str, envelope: bytes, owner: str | None, reply_to: str | None) -> bool:
+        """Record an accepted request and claim it; False when the traceId is taken."""
+        job = {"envelope": envelope.decode(), "owner": owner, "replyTo": reply_to, "attempt": 1}
+        result = await self.client.txn(
+            [compare_create(self.jobs + trace_id, 0), compare_create(self.results + trace_id, 0)],
+            [
+                put_op(self.jobs + trace_id, jsoncodec.dumps(job)),
+                put_op(self.claims + trace_id, self.router.encode(), self.lease),
+            ],
+        )
+        return result.succeeded
+
+    async def finish(self, trace_id: str, status: int, body: bytes, owner: str | None) -> bool:
+        """Write the result unless one is there; True when this one was written (its writer
+        delivers replyTo). A body over ``etcd_max_result_bytes`` is recorded without itself."""
+        stored: dict[str, Any] = {"status": status, "owner": owner, "size": len(body)}
+        if len(body) <= self.policy.etcd_max_result_bytes:
+            stored["body"] = base64.b64encode(body).decode()
+        value = jsoncodec.dumps(stored)
+        lease = await self._lease_for_results()
+        result = await self.client.txn(
+            [compare_create(self.results + trace_id, 0)],
+            [
+                put_op(self.results + trace_id, value, lease),
+                put_op(self.sizes + trace_id, str(len(value)).encode(), lease),
+            ],
+        )
+        return result.succeeded
+
+    async def _lease_for_results(self) -> int:
+        """A lease for results written now: one per tenth of the result TTL, so results cost
+        etcd a handful of leases, each living the TTL plus at most that tenth."""
+        lease, until = self._result_lease
+        now = self._clock.monotonic()
+        if lease and now < until:
+            return lease
+        ttl = self.policy.result_ttl_seconds
+        step = max(ttl / 10, 1.0)
+        lease = await self.client.grant(ttl + step)
+        self._result_lease = (lease, now + step)
+        return lease
+
+    async def release(self, trace_id: str) -> None:
+        """The work is done (result written, replyTo tried): drop the job and the claim."""
+        await self.client.txn([], [delete_op(self.jobs + trace_id), delete_op(self.claims + trace_id)])
+
+    # -- reading -----------------------------------------------------------------------------
+
+    async def result(self, trace_id: str) -> StoredResult | None:
+        _, kv = await self.client.get(self.results + trace_id)
+        if kv is None:
+            return None
+        data = jsoncodec.loads(kv.value)
+        body = data.get("body")
+        return StoredResult(
+            int(data["status"]),
+            base64.b64decode(body) if isinstance(body, str) else None,
+            data.get("owner"),
+            int(data.get("size", 0)),
+        )
+
+    async def job(self, trace_id: str) -> Job | None:
+        _, kv = await self.client.get(self.jobs + trace_id)
+        return None if kv is None else _job(trace_id, kv.value, kv.mod_revision)
+
+    # -- adoption ----------------------------------------------------------------------------
+
+    async def orphans(self) -> list[Job]:
+        """Jobs whose claim is gone (their Router died), read whole; counts refreshed."""
+        jobs = await self.client.keys(self.jobs)
+        claims = {kv.key.removeprefix(self.claims) for kv in await self.client.keys(self.claims)}
+        self.pending = len(jobs)
+        found: list[Job] = []
+        for kv in jobs:
+            trace_id = kv.key.removeprefix(self.jobs)
+            if trace_id in claims:
+                continue
+            job = await self.job(trace_id)
+            if job is not None:
+                found.append(job)
+        return found
+
+    async def adopt(self, job: Job) -> bool:
+        """Claim an orphan; True for the one Router whose claim went in."""
+        data = {
+            "envelope": job.envelope.decode(),
+            "owner": job.owner,
+            "replyTo": job.reply_to,
+            "attempt": job.attempt + 1,
+        }
+        result = await self.client.txn(
+            [
+                compare_create(self.claims + job.trace_id, 0),
+                compare_mod(self.jobs + job.trace_id, job.revision),
+            ],
+            [
+                put_op(self.claims + job.trace_id, self.router.encode(), self.lease),
+                put_op(self.jobs + job.trace_id, jsoncodec.dumps(data)),
+            ],
+        )
+        return result.succeeded
+
+    async def trim_results(self) -> None:
+        """Keep at most ``etcd_max_results`` results and ``etcd_max_total_result_bytes`` of them
+        in etcd, the oldest going first; count them for /metrics."""
+        _, sizes = await self.client.get_prefix(self.sizes)
+        held = sorted(sizes, key=lambda kv: kv.create_revision)
+        total = sum(_size(kv.value) for kv in held)
+        policy = self.policy
+        while held and (len(held) > policy.etcd_max_results or total > policy.etcd_max_total_result_bytes):
+            oldest = held.pop(0)
+            trace_id = oldest.key.removeprefix(self.sizes)
+            await self.client.txn([], [delete_op(self.results + trace_id), delete_op(oldest.key)])
+            total -= _size(oldest.value)
+        self.held, self.held_bytes = len(held), total
+
+
+def _size(raw: bytes) -> int:
+    """A size key's value; a value that is not a number counts as nothing."""
+    return int(raw) if raw.isdigit() and len(raw) < 16 else 0
+
+
+def _job(trace_id: str, raw: bytes, revision: int) -> Job:
+    data = jsoncodec.loads(raw)
+    return Job(
+        trace_id=trace_id,
+        envelope=str(data["envelope"]).encode(),
+        owner=data.get("owner"),
+        reply_to=data.get("replyTo"),
+        attempt=int(data.get("attempt", 1)),
+        revision=revision,
+    )
