@@ -46,6 +46,23 @@ def test_the_config_and_the_environment_take_a_list() -> None:
     assert router_url_from_env(f"{A}/,{B}") == f"{A},{B}"
 
 
+def test_reach_agent_takes_a_router_list_in_code() -> None:
+    """ReachAgent(router_url=...) as a list or comma-separated, over the file and the environment."""
+    from reachmesh.sdk.agent import ReachAgent
+
+    profile = {
+        "id": "a",
+        "network": {"endpoint": "http://127.0.0.1:7301/reach"},
+        "capabilities": [{"task": "t"}],
+    }
+    config = AgentConfig.from_mapping({"agent": profile, "router": {"url": A}}, env={})
+    assert ReachAgent(config, router_url=[B, f"{C}/"]).config.router_urls == [B, C]
+    assert ReachAgent(config, router_url=f"{C},{A}").config.router_urls == [C, A]
+    assert ReachAgent(config).config.router_urls == [A]
+    with pytest.raises(ConfigError, match="router_url"):
+        ReachAgent(config, router_url=[A, "nope"])
+
+
 def test_a_failed_router_is_skipped_with_growing_pauses_then_tried_again() -> None:
     clock = ManualClock()
     routers = RouterList([A, B, C], clock=clock)

@@ -27,7 +27,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -46,6 +46,7 @@ from reachmesh.sdk.client import ReachClient
 from reachmesh.sdk.config import AgentConfig, find_config
 from reachmesh.sdk.health import HealthServer
 from reachmesh.sdk.lease import LeaseKeeper
+from reachmesh.sdk.routers import split_router_urls
 from reachmesh.sdk.streaming import ReachStream, gather_values, send_stream, wants_stream
 from reachmesh.sdk.tls import server_context
 from reachmesh.tracecontext import make_traceparent, new_trace_id, parse_traceparent
@@ -166,13 +167,18 @@ class ReachAgent:
         otel: bool | None = None,
         shared_secret: str | None = None,
         max_concurrency: int | None = None,
+        router_url: str | Sequence[str] | None = None,
     ) -> None:
         """``shared_secret``: answer only calls that carry it in ``X-Reach-Agent-Secret`` (the
         Router's ``outbound.agent_secret_env``); by default, the configuration's (see
         :mod:`reachmesh.sdk.config`), else every call is answered. ``max_concurrency``: the most
         requests handled at once (the profile's key, which it overrides); the next one is
-        answered 429 busy, and the Router is told in the profile."""
+        answered 429 busy, and the Router is told in the profile. ``router_url``: the Router, or
+        several Routers of one service (a list, or comma-separated), instead of the
+        configuration's (``REACH_ROUTER_URL``, ``router.url``); the agent registers through one
+        and renews through whichever answers."""
         self._shared_secret = shared_secret
+        self._router_urls = None if router_url is None else _router_list(router_url)
         if max_concurrency is not None and not 1 <= max_concurrency <= MAX_CONCURRENCY:
             raise ValueError(f"max_concurrency must be between 1 and {MAX_CONCURRENCY}")
         self._max_concurrency = max_concurrency
@@ -212,6 +218,8 @@ class ReachAgent:
             if self._max_concurrency is not None:
                 profile = config.profile.model_copy(update={"max_concurrency": self._max_concurrency})
                 config = dataclasses.replace(config, profile=profile)
+            if self._router_urls is not None:
+                config = dataclasses.replace(config, router_url=",".join(self._router_urls))
             self._config = config
         return self._config
 
@@ -607,6 +615,12 @@ async def _run_handler(
         message = "the handler's result is not JSON-serialisable"
         return _answer_error("HANDLER_FAILED", message, retryable=False), "handler_failed"
     return web.Response(body=body, content_type="application/json"), "success"
+
+
+def _router_list(router_url: str | Sequence[str]) -> list[str]:
+    """``router_url`` as ReachAgent takes it: one URL, a comma-separated string, or a list."""
+    joined = router_url if isinstance(router_url, str) else ",".join(router_url)
+    return split_router_urls(joined, what="router_url")
 
 
 def _answer_error(code: str, message: str, *, retryable: bool, status: int = 200) -> web.Response:
