@@ -290,6 +290,10 @@ class LimitsPolicy(_Section):
     # The longest timeoutMs (and connect or read timeout) a caller may ask for; longer is a 400,
     # so no caller holds a request slot for an hour.
     max_timeout_ms: PositiveMs = 300_000
+    # The most faults an INVALID_REQUEST lists in error.details (an input_schema mismatch, a bad
+    # envelope); error.detailsOmitted says how many more there were. Every fault of a 1 MB
+    # payload was 340,000 entries and a 32 MB answer.
+    max_error_details: Annotated[int, Field(ge=1, le=1000)] = 20
 
 
 class HealthPolicy(_Section):
