@@ -2,8 +2,9 @@
 
 Label cardinality is bounded by construction: ``task`` is a task some agent declared (anything
 else, such as a caller's free text or a typo, is ``_unknown``), ``agent`` is a registered agent
-id (``_none`` when no agent was involved), ``status`` and the reasons are closed enums. So the
-series grow with the registry, never with the traffic.
+id (``_none`` when no agent was involved), ``status`` and the reasons are closed enums. An
+agent's series, and those of the tasks only it declared, are dropped when it leaves the registry
+(deregistered or swept). So the series grow with the registry, never with the traffic.
 """
 
 from __future__ import annotations
@@ -228,6 +229,18 @@ class RouterMetrics:
     def on_registry(self, event: RegistryEvent, entry: AgentEntry) -> None:
         if event is RegistryEvent.OFFLINE:
             self.lease_expiries.inc()
+        elif event in (RegistryEvent.DEREGISTERED, RegistryEvent.REMOVED):
+            self.forget(entry)
+
+    def forget(self, entry: AgentEntry) -> None:
+        """Drop the series of an agent that left the registry, and of the tasks only it declared:
+        so the series follow the registry, and register/deregister churn leaves none behind."""
+        agent = (entry.id,)
+        gone = [task for task in entry.capabilities if not self._registry.by_task(task)]
+        for family in (self.requests, self.circuit_trips, self.health_failures):
+            family.drop("agent", agent)
+        self.requests.drop("task", gone)
+        self.latency.drop("task", gone)
 
     def on_probe(self, agent_id: str, ok: bool) -> None:
         if not ok:

@@ -1,0 +1,66 @@
+"""Metric series follow the registry: register, call, deregister (or be swept) leaves none behind."""
+
+from __future__ import annotations
+
+import httpx
+
+from reachmesh.clock import ManualClock
+from reachmesh.config import RegistryPolicy, RouterConfig
+from reachmesh.registry.memory import MemoryRegistry
+from reachmesh.testing import FakeAgent, RouterServer
+
+ROUNDS = 40
+
+
+def profile(agent_id: str, task: str, endpoint: str) -> dict[str, object]:
+    return {"id": agent_id, "network": {"endpoint": endpoint}, "capabilities": [{"task": task}]}
+
+
+async def test_churned_agents_leave_no_series_in_metrics() -> None:
+    """40 agents, each with a task of its own, register, are called (some fail) and leave: half
+    deregistered, half offline and then swept. /metrics then names none of them nor their tasks,
+    and the agent that stayed keeps its series and counts."""
+    clock = ManualClock()
+    registry = MemoryRegistry(RegistryPolicy(lease_ttl_seconds=10, offline_grace_seconds=5), clock=clock)
+    config = RouterConfig.model_validate(
+        {"embedding": {"backend": "none"}, "health": {"enabled": False}, "limits": {"loop_lag_ms": 10_000}}
+    )
+    async with (
+        RouterServer(config, registry=registry, clock=clock) as router,
+        httpx.AsyncClient(base_url=router.url, timeout=15) as http,
+    ):
+        good = await FakeAgent("stay").start()
+        bad = await FakeAgent("bad", mode="http500").start()
+        try:
+            await good.register(router.url, vectors=False)
+            assert (await http.post("/reach", json={"targetTask": "echo"})).json()["status"] == "SUCCESS"
+            leases: dict[str, str] = {}
+            for i in range(ROUNDS):
+                agent_id, task = f"churn-{i}", f"churntask-{i}"
+                endpoint = (bad if i % 4 == 0 else good).endpoint
+                resp = await http.post("/agents", json=profile(agent_id, task, endpoint))
+                assert resp.status_code == 201, resp.text
+                leases[agent_id] = resp.json()["leaseId"]
+                await http.post("/reach", json={"targetTask": task, "payload": {"i": i}})
+            before = (await http.get("/metrics")).text
+            assert "churn-7" in before and "churntask-8" in before
+            for i in range(0, ROUNDS, 2):
+                resp = await http.delete(f"/agents/churn-{i}", headers={"X-Reach-Lease": leases[f"churn-{i}"]})
+                assert resp.status_code == 204
+            # The rest lapse: the lease runs out (offline), then the grace period (swept).
+            await good.register(router.url, vectors=False)  # "stay" renews: it is not churn
+            clock.advance(11)
+            registry.sweep()
+            clock.advance(6)
+            await good.register(router.url, vectors=False)
+            registry.sweep()
+            agents = (await http.get("/admin/agents")).json()
+            assert [row["id"] for row in agents] == ["stay"]
+            after = (await http.get("/metrics")).text
+        finally:
+            await good.stop()
+            await bad.stop()
+    left = [line for line in after.splitlines() if "churn" in line]
+    assert left == [], left[:5]
+    assert 'reach_requests_total{agent="stay",status="SUCCESS",task="echo"} 1.0' in after
+    assert 'reach_end_to_end_latency_seconds_count{task="echo"} 1.0' in after
