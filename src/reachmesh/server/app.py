@@ -114,7 +114,7 @@ class RouterApp:
         raw_parent = headers.get(b"traceparent")
         parent = parse_traceparent(raw_parent.decode("latin-1")) if raw_parent else None
         principal = principal_of(scope)
-        caller, peer = principal.key, self._client_key(scope)
+        caller, peer = principal.key, self.client_key(scope)
         shed = parts.shedder.admit(peer)
         if shed is not None:
             status, payload = parts.dispatcher.shed(shed, trace_id=parent[0] if parent else None)
@@ -163,16 +163,6 @@ class RouterApp:
         finally:
             parts.shedder.release(peer)
 
-    def _client_key(self, scope: Scope) -> str:
-        """Who the per-client limits count. Slots are counted per credential when auth is on:
-        one token behind five source addresses took all 1,024 when they were counted per
-        address. With auth off, the address is all there is to tell callers apart."""
-        caller = principal_of(scope).key
-        if self.auth_on and caller != ANONYMOUS.key:
-            return caller
-        client = scope.get("client")
-        return client[0] if client else "-"
-
     async def _stream(
         self,
         send: Send,
@@ -194,6 +184,19 @@ class RouterApp:
             )
 
         await serve_stream(send, receive, run, internal_error)
+
+    def client_key(self, scope: Scope) -> str:
+        """Whom the load shedder counts a request against (``limits.max_inflight_per_client``).
+
+        Slots are counted per credential when auth is on: one token behind five source addresses
+        took all 1,024 when they were counted per address. With auth off, the address is all
+        there is to tell callers apart. Every way in (``/reach``, the A2A face) counts the same.
+        """
+        caller = principal_of(scope).key
+        if self.auth_on and caller != ANONYMOUS.key:
+            return caller
+        client = scope.get("client")
+        return client[0] if client else "-"
 
     async def _deny(self, send: Send, denial: Denial, *, reach: bool, post_reach: bool = False) -> None:
         """A refusal in the shape of the endpoint: a ReachResponse on /reach, else an error object."""
