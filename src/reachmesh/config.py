@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from reachmesh.exceptions import ConfigError
 from reachmesh.protocol import Strategy, error_details
@@ -52,6 +52,26 @@ class ServerPolicy(_Section):
     # once at start (a reload cannot re-bind the listening socket).
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
+    # Names besides the loopback ones a request may give as its Host when it reaches the Router
+    # on a loopback address ("*": any); a page on another site, rebound to 127.0.0.1, sends its
+    # own name. A reverse proxy on the same host that keeps the public name lists it here.
+    allowed_hosts: Annotated[list[Annotated[str, Field(min_length=1, max_length=253)]], Field(max_length=256)] = []
+    # Origins besides the Router's own whose pages may call it from a browser ("*": any). Other
+    # Origins are refused: with auth off, a page could otherwise drive the Router.
+    allowed_origins: Annotated[list[Annotated[str, Field(min_length=1, max_length=2048)]], Field(max_length=256)] = []
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _lower_hosts(cls, value: list[str]) -> list[str]:
+        return [name.strip().lower() for name in value]
+
+    @field_validator("allowed_origins")
+    @classmethod
+    def _bare_origins(cls, value: list[str]) -> list[str]:
+        for origin in value:
+            if origin != "*" and (origin.count("://") != 1 or origin.rstrip("/").count("/") != 2):
+                raise ValueError(f"{origin!r} is not an origin (scheme://host[:port], no path)")
+        return [origin.rstrip("/").lower() for origin in value]
 
     @model_validator(mode="after")
     def _cert_with_key(self) -> ServerPolicy:

@@ -32,6 +32,7 @@ from reachmesh.server.asgi import (
     Receive,
     Scope,
     Send,
+    check_json_content_type,
     error_body,
     header_map,
     read_body,
@@ -416,7 +417,7 @@ class A2AExport:
         if not (is_card or path.startswith("/a2a/")):
             await self.router(scope, receive, send)
             return
-        denial = self.router.guard.check(Action.PUBLIC if is_card else Action.REACH, scope)
+        denial = self.router.admit(Action.PUBLIC if is_card else Action.REACH, scope)
         if denial is not None:
             body = error_body(denial.status.value, denial.message)
             await send_json(send, denial.http_status, body, list(denial.headers) or None)
@@ -456,6 +457,7 @@ class A2AExport:
         server = self.router.config.server
         headers = header_map(scope)
         try:
+            check_json_content_type(headers)
             body = await read_body(receive, headers, server.body_limit_bytes, server.body_timeout_seconds)
             _check_depth(body, server.max_json_depth)
         except RequestError as exc:
