@@ -1,10 +1,12 @@
-"""A2A calls enter through the gates /reach keeps: the load shedder, counted per caller, and the
-caller's identity on the decision record (learning keys what it learns by it)."""
+"""A2A calls enter through the gates /reach keeps: the load shedder, counted per caller, the
+caller's identity on the decision record (learning keys what it learns by it), and the log
+formatter that escapes what a caller sent, whichever library logs it."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import io
 import time
 import uuid
 from typing import Any
@@ -18,6 +20,9 @@ from reachmesh.config import RouterConfig
 from reachmesh.integrations.a2a import A2AExport
 from reachmesh.record import DecisionRecord
 from reachmesh.testing import FakeAgent, RouterServer, free_port
+from tests.observability.test_log_forging import ESC, FORGED, assert_clean, flush_log, root_log_buffer
+
+__all__ = ["root_log_buffer"]  # a fixture, used by name
 
 pytestmark = pytest.mark.integrations
 
@@ -112,3 +117,27 @@ async def test_a2a_calls_are_shed_per_caller_like_reach_calls() -> None:
     # and the HTTP+JSON call.
     assert by_task["slow"] == [key_a, key_a]
     assert sorted(by_task["fast"]) == sorted([f"fp:{digest(TOKEN_B)[:8]}", key_a])
+
+
+async def test_a2a_sdk_log_lines_cannot_be_forged_through_the_bridge(root_log_buffer: io.StringIO) -> None:
+    """A taskId carrying a newline, a forged [registry] line and an ESC, sent to the A2A face:
+    a2a-sdk logs it in its own words through its own logger; with the entry point's logging set
+    up, the Router's log holds it escaped on one line, and no raw control byte."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    config = RouterConfig.model_validate(
+        {"health": {"enabled": False}, "embedding": {"backend": "none"}, "limits": {"loop_lag_ms": 10_000}}
+    )
+    evil = f"x\n{FORGED}{ESC}"
+    async with (
+        RouterServer(config, port=port, middleware=lambda app: A2AExport(app, url)) as router,  # type: ignore[arg-type]
+        httpx.AsyncClient(base_url=url, timeout=30) as http,
+    ):
+        assert router.url == url
+        body = {"message": {"messageId": "m", "role": "ROLE_USER", "taskId": evil, "parts": [{"text": evil}]}}
+        resp = await http.post("/a2a/rest/message:send", json=body, headers=V1)
+        assert resp.status_code == 404
+    flush_log()
+    logged = root_log_buffer.getvalue()
+    assert_clean(logged)
+    assert "[a2a." in logged and f"x\\n{FORGED}" in logged
