@@ -37,9 +37,10 @@ async def measure(items: int) -> dict[str, float]:
         agent = await FakeAgent("strict", tasks=("strict",), input_schema=SCHEMA).start()
         try:
             await agent.register(router.url, vectors=False)
-            async with httpx.AsyncClient(base_url=router.url, timeout=120) as http, httpx.AsyncClient(
-                base_url=router.url, timeout=120
-            ) as probe:
+            async with (
+                httpx.AsyncClient(base_url=router.url, timeout=120) as http,
+                httpx.AsyncClient(base_url=router.url, timeout=120) as probe,
+            ):
                 await probe.get("/healthz")
                 started = time.perf_counter()
                 call = asyncio.create_task(
@@ -65,7 +66,9 @@ async def measure(items: int) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--items", type=int, default=340_000, help="wrong items in the payload")
     parser.add_argument("--compare-src", help="a src/ folder of another version, measured the same way")
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # child mode

@@ -55,10 +55,14 @@ class ServerPolicy(_Section):
     # Names besides the loopback ones a request may give as its Host when it reaches the Router
     # on a loopback address ("*": any); a page on another site, rebound to 127.0.0.1, sends its
     # own name. A reverse proxy on the same host that keeps the public name lists it here.
-    allowed_hosts: Annotated[list[Annotated[str, Field(min_length=1, max_length=253)]], Field(max_length=256)] = []
+    allowed_hosts: Annotated[
+        list[Annotated[str, Field(min_length=1, max_length=253)]], Field(max_length=256)
+    ] = []
     # Origins besides the Router's own whose pages may call it from a browser ("*": any). Other
     # Origins are refused: with auth off, a page could otherwise drive the Router.
-    allowed_origins: Annotated[list[Annotated[str, Field(min_length=1, max_length=2048)]], Field(max_length=256)] = []
+    allowed_origins: Annotated[
+        list[Annotated[str, Field(min_length=1, max_length=2048)]], Field(max_length=256)
+    ] = []
 
     @field_validator("allowed_hosts")
     @classmethod

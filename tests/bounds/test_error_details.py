@@ -44,12 +44,17 @@ async def test_a_payload_with_thousands_of_faults_lists_twenty_and_counts_the_re
             assert agent.received == []
         finally:
             await agent.stop()
-    async with RouterServer(config(max_error_details=3)) as router, httpx.AsyncClient(base_url=router.url) as http:
+    async with (
+        RouterServer(config(max_error_details=3)) as router,
+        httpx.AsyncClient(base_url=router.url) as http,
+    ):
         agent = FakeAgent("strict", tasks=("strict",), input_schema=STRINGS)
         await agent.start()
         try:
             await agent.register(router.url, vectors=False)
-            resp = await http.post("/reach", json={"targetTask": "strict", "payload": {"items": [1, 2, 3, 4]}})
+            resp = await http.post(
+                "/reach", json={"targetTask": "strict", "payload": {"items": [1, 2, 3, 4]}}
+            )
             error = resp.json()["error"]
             assert len(error["details"]) == 3 and error["detailsOmitted"] == 1
         finally:

@@ -43,7 +43,11 @@ def policy(max_inflight_per_client: int) -> RouterConfig:
         {
             "health": {"enabled": False},
             "embedding": {"backend": "none"},
-            "limits": {"loop_lag_ms": 10_000, "max_inflight": 16, "max_inflight_per_client": max_inflight_per_client},
+            "limits": {
+                "loop_lag_ms": 10_000,
+                "max_inflight": 16,
+                "max_inflight_per_client": max_inflight_per_client,
+            },
             "auth": {"tokens": tokens},
         }
     )
@@ -85,10 +89,14 @@ async def test_a2a_calls_are_shed_per_caller_like_reach_calls() -> None:
                 resp = await http.post("/agents", json=agent.profile(), headers=bearer(ADMIN))
                 assert resp.status_code == 201, resp.text
             calls = [
-                asyncio.create_task(http.post("/a2a/jsonrpc", json=send_message("slow"), headers=bearer(TOKEN_A)))
+                asyncio.create_task(
+                    http.post("/a2a/jsonrpc", json=send_message("slow"), headers=bearer(TOKEN_A))
+                )
                 for _ in range(6)
             ]
-            await until(lambda: sum(c.done() for c in calls) == 4 and len(held.received) == 2, "4 shed, 2 held")
+            await until(
+                lambda: sum(c.done() for c in calls) == 4 and len(held.received) == 2, "4 shed, 2 held"
+            )
             shed = [c.result() for c in calls if c.done()]
             assert [r.status_code for r in shed] == [429] * 4
             assert all(r.json()["error"]["code"] == "OVERLOADED" and r.headers["retry-after"] for r in shed)
@@ -101,7 +109,9 @@ async def test_a2a_calls_are_shed_per_caller_like_reach_calls() -> None:
             ran = [await c for c in calls]
             completed = [r for r in ran if r.status_code == 200]
             assert len(completed) == 2
-            assert all(r.json()["result"]["task"]["status"]["state"] == "TASK_STATE_COMPLETED" for r in completed)
+            assert all(
+                r.json()["result"]["task"]["status"]["state"] == "TASK_STATE_COMPLETED" for r in completed
+            )
             # a2a-sdk's own path (HTTP+JSON) passes the caller too.
             body = {"message": send_message("fast")["params"]["message"]}
             rest = await http.post("/a2a/rest/message:send", json=body, headers=bearer(TOKEN_A))

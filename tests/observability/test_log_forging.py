@@ -142,7 +142,9 @@ def test_another_librarys_logger_cannot_forge_a_line(root_log_buffer: io.StringI
     text = root_log_buffer.getvalue()
     assert_clean(text)
     lines = text.splitlines()
-    shown = "Request error: Message='Task x\\n" + FORGED + ESC.encode("unicode_escape").decode() + " not found'"
+    shown = (
+        "Request error: Message='Task x\\n" + FORGED + ESC.encode("unicode_escape").decode() + " not found'"
+    )
     assert lines[0].endswith("WARNING [a2a.server.routes.common] " + shown), lines[0]
     assert lines[1].endswith("ERROR [a2a.server.routes.common] " + shown), lines[1]
     # Every line of the traceback carries the record's own prefix: the exception's message

@@ -42,10 +42,19 @@ async def test_churned_agents_leave_no_series_in_metrics() -> None:
                 assert resp.status_code == 201, resp.text
                 leases[agent_id] = resp.json()["leaseId"]
                 await http.post("/reach", json={"targetTask": task, "payload": {"i": i}})
+            # churn-1 registers again in place without its task: that task's series go at once.
+            moved = profile("churn-1", "churnother-1", good.endpoint)
+            assert (await http.post("/agents", json={**moved, "leaseId": leases["churn-1"]})).status_code in (
+                200,
+                201,
+            )
             before = (await http.get("/metrics")).text
+            assert 'task="churntask-1"' not in before
             assert "churn-7" in before and "churntask-8" in before
             for i in range(0, ROUNDS, 2):
-                resp = await http.delete(f"/agents/churn-{i}", headers={"X-Reach-Lease": leases[f"churn-{i}"]})
+                resp = await http.delete(
+                    f"/agents/churn-{i}", headers={"X-Reach-Lease": leases[f"churn-{i}"]}
+                )
                 assert resp.status_code == 204
             # The rest lapse: the lease runs out (offline), then the grace period (swept).
             await good.register(router.url, vectors=False)  # "stay" renews: it is not churn

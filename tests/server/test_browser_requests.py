@@ -28,11 +28,15 @@ def config(**server: Any) -> RouterConfig:
 
 
 def profile(agent_id: str) -> bytes:
-    return httpx.Request("POST", "http://x", json={
-        "id": agent_id,
-        "network": {"endpoint": "http://127.0.0.1:9/reach"},
-        "capabilities": [{"task": "query_price", "routing_weight": 100}],
-    }).content
+    return httpx.Request(
+        "POST",
+        "http://x",
+        json={
+            "id": agent_id,
+            "network": {"endpoint": "http://127.0.0.1:9/reach"},
+            "capabilities": [{"task": "query_price", "routing_weight": 100}],
+        },
+    ).content
 
 
 async def registered(http: httpx.AsyncClient) -> list[str]:
@@ -83,18 +87,20 @@ async def test_a_rebound_host_is_refused_on_loopback_unless_allowed() -> None:
         assert resp.status_code == 403
         for name in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}", "app.localhost"):
             assert (await http.get("/admin/agents", headers={"Host": name})).status_code == 200, name
-    async with RouterServer(config(allowed_hosts=["Router.Example"])) as router, httpx.AsyncClient(
-        base_url=router.url, timeout=10
-    ) as http:
+    async with (
+        RouterServer(config(allowed_hosts=["Router.Example"])) as router,
+        httpx.AsyncClient(base_url=router.url, timeout=10) as http,
+    ):
         assert (await http.get("/admin/agents", headers={"Host": "router.example:8080"})).status_code == 200
         assert (await http.get("/admin/agents", headers={"Host": "other.example"})).status_code == 403
 
 
 async def test_allowed_origins_widen_the_origin_check() -> None:
     """server.allowed_origins admits a listed origin (case aside); others stay refused."""
-    async with RouterServer(config(allowed_origins=["https://Console.Example"])) as router, httpx.AsyncClient(
-        base_url=router.url, timeout=10
-    ) as http:
+    async with (
+        RouterServer(config(allowed_origins=["https://Console.Example"])) as router,
+        httpx.AsyncClient(base_url=router.url, timeout=10) as http,
+    ):
         ok = {"Origin": "https://console.example", "Content-Type": "application/json"}
         resp = await http.post("/reach", content=b'{"targetTask":"x"}', headers=ok)
         assert resp.json()["status"] == "NO_AVAILABLE_HANDLER"
@@ -109,7 +115,9 @@ async def test_an_untyped_body_is_415_and_a_bodyless_delete_is_not() -> None:
         resp = await http.post("/reach", content=b'{"targetTask":"x"}')
         assert (resp.status_code, resp.json()["error"]["code"]) == (415, "UNSUPPORTED_MEDIA_TYPE")
         assert "-H 'Content-Type: application/json'" in resp.json()["error"]["message"]
-        created = await http.post("/agents", content=profile("a1"), headers={"Content-Type": "application/json"})
+        created = await http.post(
+            "/agents", content=profile("a1"), headers={"Content-Type": "application/json"}
+        )
         lease = created.json()["leaseId"]
         assert (await http.delete("/agents/a1", headers={"X-Reach-Lease": lease})).status_code == 204
 

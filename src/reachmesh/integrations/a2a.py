@@ -448,7 +448,9 @@ class A2AExport:
         parts = self.router.parts
         parts.dispatcher.shed(reason)
         retry_after = parts.config.limits.retry_after_seconds
-        body = error_body("OVERLOADED", f"the Router is shedding load: {reason}", retryAfterSeconds=retry_after)
+        body = error_body(
+            "OVERLOADED", f"the Router is shedding load: {reason}", retryAfterSeconds=retry_after
+        )
         await send_json(send, 429, body, [(b"retry-after", str(retry_after).encode())])
 
     async def _with_body(self, scope: Scope, receive: Receive, send: Send) -> None:

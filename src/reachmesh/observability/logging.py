@@ -141,7 +141,7 @@ def foreign_message(record: logging.LogRecord) -> str:
     break or a terminal escape in it is caller text, never the library's own layout."""
     try:
         text = record.getMessage()
-    except Exception:  # a library's bad format string must not lose the line
+    except (TypeError, ValueError, KeyError):  # a bad format string must not lose the line
         text = f"{record.msg!r} % {record.args!r}"
     return f"[{loggable(record.name, 128)}] {loggable(text, _ARG_LIMIT * 4)}"
 

@@ -231,6 +231,16 @@ class RouterMetrics:
             self.lease_expiries.inc()
         elif event in (RegistryEvent.DEREGISTERED, RegistryEvent.REMOVED):
             self.forget(entry)
+        elif event is RegistryEvent.REPLACED:
+            # A registration in place may drop tasks; which ones, the new entry cannot say.
+            declared = self._registry.by_task
+            gone = [
+                labels[0]
+                for labels in self.latency.series
+                if labels[0] != UNKNOWN_TASK and not declared(labels[0])
+            ]
+            self.requests.drop("task", gone)
+            self.latency.drop("task", gone)
 
     def forget(self, entry: AgentEntry) -> None:
         """Drop the series of an agent that left the registry, and of the tasks only it declared:

@@ -129,7 +129,9 @@ class HistogramSeries(Collector):
         yield family
 
 
-def _drop(series: dict[Labels, Any], created: dict[Labels, float], index: int, values: Collection[str]) -> None:
+def _drop(
+    series: dict[Labels, Any], created: dict[Labels, float], index: int, values: Collection[str]
+) -> None:
     if not values:
         return
     for labels in [labels for labels in series if labels[index] in values]:
