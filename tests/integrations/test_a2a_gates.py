@@ -54,7 +54,11 @@ def policy(max_inflight_per_client: int) -> RouterConfig:
 
 
 def send_message(skill: str) -> dict[str, Any]:
-    message = {"messageId": uuid.uuid4().hex, "role": "ROLE_USER", "parts": [{"data": {"n": 1}}]}
+    message: dict[str, Any] = {
+        "messageId": uuid.uuid4().hex,
+        "role": "ROLE_USER",
+        "parts": [{"data": {"n": 1}}],
+    }
     message["metadata"] = {"skill": skill}
     return {"jsonrpc": "2.0", "id": uuid.uuid4().hex, "method": "SendMessage", "params": {"message": message}}
 
