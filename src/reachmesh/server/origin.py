@@ -59,11 +59,15 @@ def _loopback_address(address: str) -> bool:
 class BrowserGate:
     """Refuses a foreign ``Origin``, and a non-loopback ``Host`` on a loopback connection."""
 
-    __slots__ = ("_loopback",)
+    __slots__ = ("_hosts", "_hosts_policy", "_loopback")
 
     def __init__(self) -> None:
         # Local addresses seen, and whether each is loopback: a server listens on a few at most.
         self._loopback: dict[str, bool] = {}
+        # Host headers seen and whether each passes, for the policy they were judged under: the
+        # check runs on every request, and parsing an address each time cost microseconds.
+        self._hosts: dict[bytes, bool] = {}
+        self._hosts_policy: list[str] | None = None
 
     def check(self, scope: dict[str, Any], policy: ServerPolicy) -> Denial | None:
         host = origin = None
@@ -72,13 +76,21 @@ class BrowserGate:
                 host = value
             elif name == b"origin":
                 origin = value
-        if host is not None and self._on_loopback(scope):
-            denial = _host_denial(host.decode("latin-1"), policy.allowed_hosts)
-            if denial is not None:
-                return denial
+        if host is not None and self._on_loopback(scope) and not self._host_ok(host, policy.allowed_hosts):
+            return _host_denial(host.decode("latin-1"))
         if origin is not None:
             return _origin_denial(origin.decode("latin-1"), host, policy.allowed_origins)
         return None
+
+    def _host_ok(self, host: bytes, allowed: list[str]) -> bool:
+        if allowed is not self._hosts_policy:  # a reload: judge every name again
+            self._hosts, self._hosts_policy = {}, allowed
+        known = self._hosts.get(host)
+        if known is None:
+            if len(self._hosts) >= 256:  # names a client made up: judged, not kept
+                return _host_allowed(host.decode("latin-1"), allowed)
+            known = self._hosts[host] = _host_allowed(host.decode("latin-1"), allowed)
+        return known
 
     def _on_loopback(self, scope: dict[str, Any]) -> bool:
         server = scope.get("server")
@@ -93,10 +105,12 @@ class BrowserGate:
         return known
 
 
-def _host_denial(host: str, allowed: list[str]) -> Denial | None:
+def _host_allowed(host: str, allowed: list[str]) -> bool:
     name = host_name(host)
-    if is_loopback_name(name) or "*" in allowed or name in allowed:
-        return None
+    return is_loopback_name(name) or "*" in allowed or name in allowed
+
+
+def _host_denial(host: str) -> Denial:
     return Denial(
         403,
         Status.FORBIDDEN,
