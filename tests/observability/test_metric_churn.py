@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import httpx
 
 from reachmesh.clock import ManualClock
@@ -73,3 +76,30 @@ async def test_churned_agents_leave_no_series_in_metrics() -> None:
     assert left == [], left[:5]
     assert 'reach_requests_total{agent="stay",status="SUCCESS",task="echo"} 1.0' in after
     assert 'reach_end_to_end_latency_seconds_count{task="echo"} 1.0' in after
+
+
+async def test_a_call_that_ends_after_its_agent_left_brings_no_series_back() -> None:
+    """A call held at the agent while the agent deregisters: when it ends, it is counted under
+    agent _none and task _unknown, not under the id and task that are gone."""
+    config = RouterConfig.model_validate(
+        {"embedding": {"backend": "none"}, "health": {"enabled": False}, "limits": {"loop_lag_ms": 10_000}}
+    )
+    async with RouterServer(config) as router, httpx.AsyncClient(base_url=router.url, timeout=30) as http:
+        agent = await FakeAgent("leaving", tasks=("leavingtask",), hold=asyncio.Event()).start()
+        try:
+            await agent.register(router.url, vectors=False)
+            call = asyncio.create_task(http.post("/reach", json={"targetTask": "leavingtask"}))
+            deadline = time.monotonic() + 20
+            while not agent.received:
+                assert time.monotonic() < deadline, "the call never reached the agent"
+                await asyncio.sleep(0.01)
+            resp = await http.delete("/agents/leaving", headers={"X-Reach-Lease": agent.lease_id or ""})
+            assert resp.status_code == 204
+            assert agent.hold is not None
+            agent.hold.set()
+            assert (await call).json()["status"] == "SUCCESS"
+            after = (await http.get("/metrics")).text
+        finally:
+            await agent.stop()
+    assert [line for line in after.splitlines() if "leaving" in line] == []
+    assert 'reach_requests_total{agent="_none",status="SUCCESS",task="_unknown"} 1.0' in after

@@ -4,7 +4,8 @@ Label cardinality is bounded by construction: ``task`` is a task some agent decl
 else, such as a caller's free text or a typo, is ``_unknown``), ``agent`` is a registered agent
 id (``_none`` when no agent was involved), ``status`` and the reasons are closed enums. An
 agent's series, and those of the tasks only it declared, are dropped when it leaves the registry
-(deregistered or swept). So the series grow with the registry, never with the traffic.
+(deregistered or swept); a request that ends after that counts under ``_none`` and
+``_unknown``. So the series grow with the registry, never with the traffic.
 """
 
 from __future__ import annotations
@@ -194,8 +195,15 @@ class RouterMetrics:
 
     def __call__(self, record: DecisionRecord) -> None:
         # Runs on every request, on the event loop: a dict update per family, no locks.
+        registry = self._registry
         task = record.matched_task or UNKNOWN_TASK
         agent = record.handler or (record.attempts[-1].agent_id if record.attempts else NO_AGENT)
+        # A request that ends after its agent (or its task's last agent) left the registry would
+        # bring back series forget() dropped, for good: it counts as no agent, no known task.
+        if agent != NO_AGENT and registry.get(agent) is None:
+            agent = NO_AGENT
+        if task != UNKNOWN_TASK and not registry.by_task(task):
+            task = UNKNOWN_TASK
         status = record.status.value if record.status is not None else "UNKNOWN"
         self.requests.inc((task, agent, status))
         self.latency.observe((task,), record.duration_ms / 1000)
@@ -209,7 +217,8 @@ class RouterMetrics:
         for reason in record.failovers:
             self.failovers.inc((reason,))
         for agent_id in record.circuit_trips:
-            self.circuit_trips.inc((agent_id,))
+            if registry.get(agent_id) is not None:
+                self.circuit_trips.inc((agent_id,))
         if record.semantic_refused:
             self.semantic_refusals.inc()
         if record.queue_wait_ms:
@@ -253,7 +262,7 @@ class RouterMetrics:
         self.latency.drop("task", gone)
 
     def on_probe(self, agent_id: str, ok: bool) -> None:
-        if not ok:
+        if not ok and self._registry.get(agent_id) is not None:
             self.health_failures.inc((agent_id,))
 
     def gauge(
