@@ -196,14 +196,7 @@ class RouterMetrics:
     def __call__(self, record: DecisionRecord) -> None:
         # Runs on every request, on the event loop: a dict update per family, no locks.
         registry = self._registry
-        task = record.matched_task or UNKNOWN_TASK
-        agent = record.handler or (record.attempts[-1].agent_id if record.attempts else NO_AGENT)
-        # A request that ends after its agent (or its task's last agent) left the registry would
-        # bring back series forget() dropped, for good: it counts as no agent, no known task.
-        if agent != NO_AGENT and registry.get(agent) is None:
-            agent = NO_AGENT
-        if task != UNKNOWN_TASK and not registry.by_task(task):
-            task = UNKNOWN_TASK
+        task, agent = self._labels(record)
         status = record.status.value if record.status is not None else "UNKNOWN"
         self.requests.inc((task, agent, status))
         self.latency.observe((task,), record.duration_ms / 1000)
@@ -225,6 +218,21 @@ class RouterMetrics:
             self.queue_wait.observe((agent,), record.queue_wait_ms / 1000)
         if record.stream is not None:
             self._stream(record, task)
+
+    def _labels(self, record: DecisionRecord) -> tuple[str, str]:
+        """The record's task and agent labels.
+
+        A request that ends after its agent (or its task's last agent) left the registry would
+        bring back series :meth:`forget` dropped, for good: it counts as no agent, no known task.
+        """
+        registry = self._registry
+        task = record.matched_task or UNKNOWN_TASK
+        agent = record.handler or (record.attempts[-1].agent_id if record.attempts else NO_AGENT)
+        if agent != NO_AGENT and registry.get(agent) is None:
+            agent = NO_AGENT
+        if task != UNKNOWN_TASK and not registry.by_task(task):
+            task = UNKNOWN_TASK
+        return task, agent
 
     def _stream(self, record: DecisionRecord, task: str) -> None:
         stream = record.stream
@@ -248,18 +256,20 @@ class RouterMetrics:
                 for labels in self.latency.series
                 if labels[0] != UNKNOWN_TASK and not declared(labels[0])
             ]
-            self.requests.drop("task", gone)
-            self.latency.drop("task", gone)
+            self._drop_tasks(gone)
+
+    def _drop_tasks(self, gone: list[str]) -> None:
+        for family in (self.requests, self.latency, self.first_chunk, self.stream_bytes):
+            family.drop("task", gone)
 
     def forget(self, entry: AgentEntry) -> None:
         """Drop the series of an agent that left the registry, and of the tasks only it declared:
         so the series follow the registry, and register/deregister churn leaves none behind."""
         agent = (entry.id,)
         gone = [task for task in entry.capabilities if not self._registry.by_task(task)]
-        for family in (self.requests, self.circuit_trips, self.health_failures):
+        for family in (self.requests, self.circuit_trips, self.health_failures, self.queue_wait):
             family.drop("agent", agent)
-        self.requests.drop("task", gone)
-        self.latency.drop("task", gone)
+        self._drop_tasks(gone)
 
     def on_probe(self, agent_id: str, ok: bool) -> None:
         if not ok and self._registry.get(agent_id) is not None:
