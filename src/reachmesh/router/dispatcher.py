@@ -174,10 +174,9 @@ class Dispatcher:
         """
         started = self.clock.monotonic()
         hint = _safe_trace_id(trace_header) or (parent[0] if parent else None)
+        config = self.config
         try:
-            request, data = _decode(
-                body, self.config.server.max_json_depth, self.config.limits.max_error_details
-            )
+            request, data = _decode(body, config.server.max_json_depth, config.limits.max_error_details)
         except RequestError as exc:
             return self.refuse(exc, started=started, trace_id=exc.trace_id or hint, task=exc.task)
         try:
