@@ -150,7 +150,7 @@ async def main(calls: int, rounds: int) -> dict[str, Any]:
             reach_body = json.dumps({"targetTask": "echo", "payload": payload}).encode()
 
             async def raw_reach() -> Any:
-                async with http.post(f"{router.url}/reach", data=reach_body) as resp:
+                async with http.post(f"{router.url}/reach", data=reach_body, headers=headers) as resp:
                     return await resp.read()
 
             def rpc_body() -> bytes:

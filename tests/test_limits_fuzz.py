@@ -211,7 +211,10 @@ def test_reach_timeout_cap(http: httpx.Client, field: str, value: Any) -> None:
 @given(sent=st.integers(0, 99))
 def test_reach_stalled_body_times_out(stalling_router: int, sent: int) -> None:
     """A body that stops arriving gets 408 BODY_TIMEOUT as a whole ReachResponse, however much of it came."""
-    head = b"POST /reach HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+    head = (
+        b"POST /reach HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 100\r\n\r\n"
+    )
     status, body = raw_exchange(stalling_router, head + b"{" * sent)
     assert status == 408
     answer = json.loads(body)
@@ -253,7 +256,7 @@ def _expected_length(data: bytes) -> int:
 def test_header_count_limit(router: tuple[str, int], count: int) -> None:
     """More than server.max_headers header lines is 431 before the app sees them; up to it, served."""
     # Host, Content-Type and Content-Length are three of the lines; the rest is padding.
-    lines = [b"Host: x", b"Content-Type: application/json", b"Content-Length: 22"]
+    lines = [b"Host: localhost", b"Content-Type: application/json", b"Content-Length: 22"]
     lines += [b"X-Pad-%d: y" % i for i in range(count - len(lines))]
     body = b'{"targetTask":"echo"}\n'
     request = b"POST /reach HTTP/1.1\r\n" + b"\r\n".join(lines) + b"\r\n\r\n" + body
@@ -271,7 +274,7 @@ def test_header_count_limit(router: tuple[str, int], count: int) -> None:
 @example(size=MAX_HEAD_BYTES + 1)
 def test_header_size_limit(router: tuple[str, int], size: int) -> None:
     """A request head over server.max_header_bytes is 431; a head within it is served."""
-    start = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Pad: "
+    start = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Pad: "
     end = b"\r\n\r\n"
     pad = max(size - len(start) - len(end), 0)
     request = start + b"y" * pad + end

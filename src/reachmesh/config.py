@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from reachmesh.exceptions import ConfigError
 from reachmesh.protocol import Strategy, error_details
@@ -52,6 +52,30 @@ class ServerPolicy(_Section):
     # once at start (a reload cannot re-bind the listening socket).
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
+    # Names besides the loopback ones a request may give as its Host when it reaches the Router
+    # on a loopback address ("*": any); a page on another site, rebound to 127.0.0.1, sends its
+    # own name. A reverse proxy on the same host that keeps the public name lists it here.
+    allowed_hosts: Annotated[
+        list[Annotated[str, Field(min_length=1, max_length=253)]], Field(max_length=256)
+    ] = []
+    # Origins besides the Router's own whose pages may call it from a browser ("*": any). Other
+    # Origins are refused: with auth off, a page could otherwise drive the Router.
+    allowed_origins: Annotated[
+        list[Annotated[str, Field(min_length=1, max_length=2048)]], Field(max_length=256)
+    ] = []
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _lower_hosts(cls, value: list[str]) -> list[str]:
+        return [name.strip().lower() for name in value]
+
+    @field_validator("allowed_origins")
+    @classmethod
+    def _bare_origins(cls, value: list[str]) -> list[str]:
+        for origin in value:
+            if origin != "*" and (origin.count("://") != 1 or origin.rstrip("/").count("/") != 2):
+                raise ValueError(f"{origin!r} is not an origin (scheme://host[:port], no path)")
+        return [origin.rstrip("/").lower() for origin in value]
 
     @model_validator(mode="after")
     def _cert_with_key(self) -> ServerPolicy:
@@ -290,6 +314,10 @@ class LimitsPolicy(_Section):
     # The longest timeoutMs (and connect or read timeout) a caller may ask for; longer is a 400,
     # so no caller holds a request slot for an hour.
     max_timeout_ms: PositiveMs = 300_000
+    # The most faults an INVALID_REQUEST lists in error.details (an input_schema mismatch, a bad
+    # envelope); error.detailsOmitted says how many more there were. Every fault of a 1 MB
+    # payload was 340,000 entries and a 32 MB answer.
+    max_error_details: Annotated[int, Field(ge=1, le=1000)] = 20
 
 
 class HealthPolicy(_Section):

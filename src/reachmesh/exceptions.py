@@ -70,16 +70,26 @@ class ReachError(Exception):
     status: Status = Status.INTERNAL_ERROR
     http_status: int = 500
 
-    def __init__(self, message: str, *, details: list[dict[str, Any]] | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        details: list[dict[str, Any]] | None = None,
+        details_omitted: int | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.details = details
+        # How many faults ``details`` leaves out: it lists at most limits.max_error_details.
+        self.details_omitted = details_omitted
 
     def to_error(self) -> dict[str, Any]:
-        """The wire ``error`` object: ``{"code", "message", "details"?}``."""
+        """The wire ``error`` object: ``{"code", "message", "details"?, "detailsOmitted"?}``."""
         error: dict[str, Any] = {"code": self.code, "message": self.message}
         if self.details:
             error["details"] = self.details
+            if self.details_omitted:
+                error["detailsOmitted"] = self.details_omitted
         return error
 
 
@@ -105,10 +115,11 @@ class RequestError(ReachError):
         message: str,
         *,
         details: list[dict[str, Any]] | None = None,
+        details_omitted: int | None = None,
         trace_id: str | None = None,
         task: Any = None,
     ) -> None:
-        super().__init__(message, details=details)
+        super().__init__(message, details=details, details_omitted=details_omitted)
         self.trace_id = trace_id
         self.task = task
 

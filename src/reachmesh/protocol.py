@@ -377,6 +377,9 @@ class ErrorInfo(_Envelope):
     code: str
     message: str
     details: list[dict[str, Any]] | None = None
+    # An addition: how many faults there were beyond those ``details`` lists
+    # (limits.max_error_details).
+    details_omitted: int | None = None
     candidates: list[Candidate] | None = None
     # An addition: how many candidates there were beyond the first 20 that ``candidates`` lists.
     candidates_omitted: int | None = None
@@ -494,10 +497,11 @@ def json_schemas() -> dict[str, dict[str, Any]]:
     return {name: model.model_json_schema(by_alias=True) for name, model in models.items()}
 
 
-def error_details(exc: Any, *, prefix: str = "") -> list[dict[str, Any]]:
-    """Turn a pydantic ``ValidationError`` into ``[{"field", "message"}]`` with dotted paths."""
+def error_details(exc: Any, *, prefix: str = "", limit: int | None = None) -> list[dict[str, Any]]:
+    """Turn a pydantic ``ValidationError`` into ``[{"field", "message"}]`` with dotted paths
+    (the first ``limit`` of them; ``exc.error_count()`` says how many there are)."""
     details = []
-    for err in exc.errors(include_url=False):
+    for err in exc.errors(include_url=False)[:limit]:
         path = ".".join(str(p) for p in err.get("loc", ()) if not _is_internal_loc(p))
         field = f"{prefix}.{path}" if prefix and path else (prefix or path)
         details.append({"field": field or "(body)", "message": err.get("msg", "invalid")})

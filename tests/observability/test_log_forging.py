@@ -104,3 +104,60 @@ def test_log_arguments_are_escaped_keys_and_reprs_included(log_buffer: io.String
     assert len(text.splitlines()) == 2
     assert_clean(text)
     assert text.count(FORGED) == 2
+
+
+@pytest.fixture
+def root_log_buffer() -> Iterator[io.StringIO]:
+    """The entry point's set-up (``take_root``) on a buffer; the root logger restored after."""
+    buffer = io.StringIO()
+    root, ours = logging.getLogger(), logging.getLogger("reachmesh")
+    saved = (list(root.handlers), ours.level, ours.propagate, list(ours.handlers))
+    saved_module = (reach_logging._handler, reach_logging._format)
+    reach_logging._handler = None
+    reach_logging.configure("INFO", "text", stream=buffer, take_root=True)
+    try:
+        yield buffer
+    finally:
+        flush_log()
+        root.handlers[:] = saved[0]
+        ours.setLevel(saved[1])
+        ours.propagate = saved[2]
+        ours.handlers[:] = saved[3]
+        reach_logging._handler, reach_logging._format = saved_module
+
+
+def test_another_librarys_logger_cannot_forge_a_line(root_log_buffer: io.StringIO) -> None:
+    """A third-party logger (a2a-sdk's name) writing a caller's text into its message, by ``%s``,
+    by an f-string and in an exception: each record is one escaped line (tracebacks keep their
+    lines, each with the prefix), named by its logger; no raw control byte gets through."""
+    log = logging.getLogger("a2a.server.routes.common")
+    evil = f"x\n{FORGED}{ESC}"
+    log.warning("Request error: Message='Task %s not found'", evil)
+    log.error(f"Request error: Message='Task {evil} not found'")
+    try:
+        raise ValueError(f"Task {evil} not found")
+    except ValueError:
+        log.exception("Failed to parse request params")
+    flush_log()
+    text = root_log_buffer.getvalue()
+    assert_clean(text)
+    lines = text.splitlines()
+    shown = (
+        "Request error: Message='Task x\\n" + FORGED + ESC.encode("unicode_escape").decode() + " not found'"
+    )
+    assert lines[0].endswith("WARNING [a2a.server.routes.common] " + shown), lines[0]
+    assert lines[1].endswith("ERROR [a2a.server.routes.common] " + shown), lines[1]
+    # Every line of the traceback carries the record's own prefix: the exception's message
+    # cannot begin a line.
+    assert all(line[:24] != FORGED[:24] and line[24:31] == " ERROR " for line in lines[2:]), lines[2:]
+    assert any("Traceback (most recent call last):" in line for line in lines[2:])
+
+
+def test_json_logs_of_another_library_are_one_object_each(root_log_buffer: io.StringIO) -> None:
+    """In JSON, a foreign record is one object with its logger named; its text escaped."""
+    reach_logging.configure("INFO", "json", stream=root_log_buffer, take_root=True)
+    logging.getLogger("a2a.client").warning("Task %s", f"x\n{FORGED}{ESC}")
+    flush_log()
+    text = root_log_buffer.getvalue()
+    assert len(text.splitlines()) == 1
+    assert '"logger":"a2a.client"' in text and "\\\\x1b" in text

@@ -14,7 +14,9 @@ from reachmesh.config import RouterConfig
 from reachmesh.testing import FakeAgent, RouterServer
 
 MANY_HEADERS = (
-    b"GET /healthz HTTP/1.1\r\nHost: r\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(150)) + b"\r\n"
+    b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n"
+    + b"".join(b"X-%d: 1\r\n" % i for i in range(150))
+    + b"\r\n"
 )
 ATTACKER = "127.0.0.2"  # another loopback address: another client to the Router
 RSS_BOUND_MIB = 150
@@ -28,7 +30,7 @@ async def stalled_body(port: int) -> asyncio.StreamWriter:
     """Headers promising 100 kB of body, then a few bytes, then nothing."""
     _, writer = await connect(port)
     writer.write(
-        b"POST /reach HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\n"
+        b"POST /reach HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
         b'Content-Length: 100000\r\n\r\n{"targetTask": '
     )
     await writer.drain()
@@ -38,7 +40,7 @@ async def stalled_body(port: int) -> asyncio.StreamWriter:
 async def huge_header(port: int, megabytes: int = 8) -> tuple[int, asyncio.StreamWriter]:
     """A header line that never ends, sent until the Router hangs up; returns the bytes it took."""
     reader, writer = await connect(port)
-    writer.write(b"GET /healthz HTTP/1.1\r\nHost: r\r\nX-Big: ")
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Big: ")
     chunk = b"a" * 65536
     sent = 0
     with contextlib.suppress(ConnectionError, asyncio.TimeoutError):
@@ -83,7 +85,10 @@ async def test_a_body_that_stalls_is_refused_408_and_frees_its_slot() -> None:
     config = RouterConfig.model_validate({"server": {"body_timeout_seconds": 0.3}})
     async with RouterServer(config) as router:
         reader, writer = await asyncio.open_connection("127.0.0.1", router.port)
-        writer.write(b"POST /reach HTTP/1.1\r\nHost: r\r\nContent-Length: 50\r\n\r\n{")
+        writer.write(
+            b"POST /reach HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 50\r\n\r\n{"
+        )
         await writer.drain()
         head = await asyncio.wait_for(reader.read(4096), 5)
         writer.close()
@@ -96,12 +101,12 @@ async def test_a_body_that_stalls_is_refused_408_and_frees_its_slot() -> None:
     ("head", "status"),
     [
         (
-            b"GET /healthz HTTP/1.1\r\nHost: r\r\n"
+            b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n"
             + b"".join(b"X-%d: 1\r\n" % i for i in range(150))
             + b"\r\n",
             431,
         ),
-        (b"GET /healthz HTTP/1.1\r\nHost: r\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n", 431),
+        (b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n", 431),
     ],
 )
 async def test_heads_over_the_limits_are_431(head: bytes, status: int) -> None:
@@ -121,7 +126,7 @@ async def test_a_head_that_trickles_is_closed_408() -> None:
     config = RouterConfig.model_validate({"server": {"header_timeout_seconds": 0.3}})
     async with RouterServer(config) as router:
         reader, writer = await asyncio.open_connection("127.0.0.1", router.port)
-        writer.write(b"GET /healthz HTTP/1.1\r\nHost: r\r\n")
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n")
         await writer.drain()
         answer = await asyncio.wait_for(reader.read(4096), 5)
         writer.close()

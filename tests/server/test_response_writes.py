@@ -16,7 +16,7 @@ CALL = b'{"targetTask": "echo", "payload": {"n": 1}}'
 
 def post_reach(extra: bytes = b"") -> bytes:
     return (
-        b"POST /reach HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\n"
+        b"POST /reach HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
         + extra
         + b"Content-Length: %d\r\n\r\n" % len(CALL)
         + CALL
@@ -70,7 +70,7 @@ async def test_pipelined_reach_calls_are_answered_whole_and_in_order() -> None:
         agent = await FakeAgent("a").start()
         try:
             await agent.register(router.url, vectors=False)
-            health = b"GET /healthz HTTP/1.1\r\nHost: r\r\n\r\n"
+            health = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"
             data = post_reach() + post_reach() + health + post_reach()
             reader, writer = await asyncio.open_connection("127.0.0.1", router.port)
             answers = Answers()

@@ -156,7 +156,13 @@ def _router_policy(
     except ConfigError as exc:
         _fail(exc.message)
     json_logs = (log_format or policy.logging.format) == "json"
-    configure(log_level or policy.logging.level, "json" if json_logs else "text", policy.logging.levels)
+    # The process is ours: every library's log lines go through the escaping formatter.
+    configure(
+        log_level or policy.logging.level,
+        "json" if json_logs else "text",
+        policy.logging.levels,
+        take_root=True,
+    )
     return policy
 
 
@@ -248,7 +254,7 @@ def agent(
     from reachmesh.observability.logging import configure
     from reachmesh.sdk.config import AgentConfig, find_config
 
-    configure(log_level)
+    configure(log_level, take_root=True)
     try:
         reach_agent = load_app(app_spec)
         agent_config = AgentConfig.load(find_config(config))

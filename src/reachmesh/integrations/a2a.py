@@ -32,6 +32,7 @@ from reachmesh.server.asgi import (
     Receive,
     Scope,
     Send,
+    check_json_content_type,
     error_body,
     header_map,
     read_body,
@@ -217,12 +218,15 @@ async def run_message(
     task_id: str,
     context_id: str,
     stamps: StatusStamps,
+    caller: str = "-",
 ) -> tuple[dict[str, Any], int]:
     """One A2A message through the Router's dispatcher, in process: the task it ends in, its
     status stamped when it ended (ListTasks orders and filters by that time), and that time in
-    ms since the epoch."""
+    ms since the epoch. ``caller`` is the principal's key, as ``/reach`` passes it: learning
+    keys what it learns by caller, so A2A callers are not lumped together."""
     message = {**message, "contextId": context_id}
-    _, body = await app.parts.dispatcher.handle(orjson.dumps(envelope_for(message, metadata)))
+    envelope = orjson.dumps(envelope_for(message, metadata))
+    _, body = await app.parts.dispatcher.handle(envelope, caller=caller)
     task = task_for(orjson.loads(body), message, task_id, context_id)
     ms = stamps.next()
     task["status"]["timestamp"] = iso_ms(ms)
@@ -279,12 +283,20 @@ class ReachExecutor(AgentExecutor):
             context.task_id or uuid.uuid4().hex,
             context.context_id or uuid.uuid4().hex,
             self.stamps,
+            _caller_of(context),
         )
         await event_queue.enqueue_event(task_proto(task, ms))
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         """A Reach request runs to its deadline and cannot be cancelled half-way."""
         raise ConfigError("Agent-Reach requests cannot be cancelled")
+
+
+def _caller_of(context: RequestContext) -> str:
+    """The principal's key a2a-sdk carried from ``scope["user"]`` (set by :class:`A2AExport`)."""
+    call = context.call_context
+    user = call.user if call is not None else None
+    return str(user.user_name) if user is not None and user.is_authenticated else "-"
 
 
 class _Owner(User):
@@ -405,7 +417,7 @@ class A2AExport:
         if not (is_card or path.startswith("/a2a/")):
             await self.router(scope, receive, send)
             return
-        denial = self.router.guard.check(Action.PUBLIC if is_card else Action.REACH, scope)
+        denial = self.router.admit(Action.PUBLIC if is_card else Action.REACH, scope)
         if denial is not None:
             body = error_body(denial.status.value, denial.message)
             await send_json(send, denial.http_status, body, list(denial.headers) or None)
@@ -418,8 +430,28 @@ class A2AExport:
                 await send_json(send, 400, refusal)
                 return
             await self.a2a(scope, receive, send)
-        else:
+            return
+        # Through the load shedder like POST /reach, and counted against the same client: 200
+        # concurrent SendMessage calls on one token all ran while /reach shed 192 of them.
+        shedder, peer = self.router.parts.shedder, self.router.client_key(scope)
+        shed = shedder.admit(peer)
+        if shed is not None:
+            await self._shed(send, shed)
+            return
+        try:
             await self._with_body(scope, receive, send)
+        finally:
+            shedder.release(peer)
+
+    async def _shed(self, send: Send, reason: str) -> None:
+        """429 OVERLOADED with Retry-After, counted and traced like a shed ``/reach`` call."""
+        parts = self.router.parts
+        parts.dispatcher.shed(reason)
+        retry_after = parts.config.limits.retry_after_seconds
+        body = error_body(
+            "OVERLOADED", f"the Router is shedding load: {reason}", retryAfterSeconds=retry_after
+        )
+        await send_json(send, 429, body, [(b"retry-after", str(retry_after).encode())])
 
     async def _with_body(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Read the body here, under the Router's body limits and JSON depth, before a2a-sdk
@@ -427,6 +459,7 @@ class A2AExport:
         server = self.router.config.server
         headers = header_map(scope)
         try:
+            check_json_content_type(headers)
             body = await read_body(receive, headers, server.body_limit_bytes, server.body_timeout_seconds)
             _check_depth(body, server.max_json_depth)
         except RequestError as exc:
@@ -458,6 +491,7 @@ class A2AExport:
             await self.a2a(scope, _replay(body), send)
             return
         message, metadata = request["params"]["message"], request["params"].get("metadata") or {}
+        owner = scope["user"].display_name
         task, ms = await run_message(
             self.router,
             message,
@@ -465,9 +499,9 @@ class A2AExport:
             uuid.uuid4().hex,
             message.get("contextId") or uuid.uuid4().hex,
             self.stamps,
+            owner,
         )
         # Kept like a2a-sdk keeps its tasks (per owner), so the caller's GetTask finds it.
-        owner = scope["user"].display_name
         await self.tasks.save(task_proto(task, ms), owner_context(owner))
         answer = orjson.dumps({"jsonrpc": "2.0", "id": request.get("id"), "result": {"task": task}})
         await send_json(send, 200, answer)

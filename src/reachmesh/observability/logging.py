@@ -131,16 +131,32 @@ def _escaped_lines(text: str) -> str:
     return "\n".join(loggable(line, 1 << 20) for line in text.split("\n"))
 
 
+def _ours(record: logging.LogRecord) -> bool:
+    return record.name == "reachmesh" or record.name.startswith("reachmesh.")
+
+
+def foreign_message(record: logging.LogRecord) -> str:
+    """Another library's message (a2a-sdk's, uvicorn's), on one line, its logger named: such a
+    library writes what it was sent into the text (``f"Task {task_id} not found"``), so a line
+    break or a terminal escape in it is caller text, never the library's own layout."""
+    try:
+        text = record.getMessage()
+    except (TypeError, ValueError, KeyError):  # a bad format string must not lose the line
+        text = f"{record.msg!r} % {record.args!r}"
+    return f"[{loggable(record.name, 128)}] {loggable(text, _ARG_LIMIT * 4)}"
+
+
 class TextFormatter(logging.Formatter):
-    """``2026-01-15T10:24:18.302Z INFO <message>``, the prefix repeated on each line of a message."""
+    """``2026-01-15T10:24:18.302Z INFO <message>``, the prefix repeated on each line of a message
+    and of a traceback, so no text inside either can stand as a line of its own."""
 
     def format(self, record: logging.LogRecord) -> str:
         prefix = f"{_stamp(record.created, record.msecs)} {record.levelname} "
-        message = message_of(record)
-        line = prefix + message.replace("\n", "\n" + prefix) if "\n" in message else prefix + message
+        message = message_of(record) if _ours(record) else foreign_message(record)
         if record.exc_info:
-            line += "\n" + _escaped_lines(self.formatException(record.exc_info))
-        return line
+            # An exception's message is often a caller's text ("Task <id> not found").
+            message += "\n" + _escaped_lines(self.formatException(record.exc_info))
+        return prefix + message.replace("\n", "\n" + prefix) if "\n" in message else prefix + message
 
 
 class JsonFormatter(logging.Formatter):
@@ -149,7 +165,8 @@ class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         head = {"ts": _stamp(record.created, record.msecs), "level": record.levelname, "logger": record.name}
         out = []
-        for message, fields in split_lines(record):
+        lines = split_lines(record) if _ours(record) else [(foreign_message(record), {})]
+        for message, fields in lines:
             line = {**head, "message": message, **fields}
             if record.exc_info:
                 line["exception"] = _escaped_lines(self.formatException(record.exc_info))
@@ -162,8 +179,16 @@ def configure(
     fmt: Literal["text", "json"] = "text",
     levels: Mapping[str, str] | None = None,
     stream: Any = None,
+    *,
+    take_root: bool = False,
 ) -> None:
-    """Send Agent-Reach's logs to stderr, one line per record. Calling again changes the format."""
+    """Send Agent-Reach's logs to stderr, one line per record. Calling again changes the format.
+
+    ``take_root``: the same handler and formatter become the root logger's only handler, so
+    every other library's records (a2a-sdk's, uvicorn's) are escaped too; without it they went
+    to Python's last-resort handler raw, a forged line and an ESC with them. The process's
+    entry point (``reach router``) takes the root; a library embedding the Router does not.
+    """
     global _handler
     # The Router logs on every request: skip the caller lookup and the thread/process fields
     # no formatter here prints.
@@ -180,6 +205,8 @@ def configure(
         root.addHandler(_handler)
         root.propagate = False
     _handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    if take_root:
+        logging.getLogger().handlers[:] = [_handler]
     global _format
     _format = fmt
 

@@ -2,8 +2,10 @@
 
 Label cardinality is bounded by construction: ``task`` is a task some agent declared (anything
 else, such as a caller's free text or a typo, is ``_unknown``), ``agent`` is a registered agent
-id (``_none`` when no agent was involved), ``status`` and the reasons are closed enums. So the
-series grow with the registry, never with the traffic.
+id (``_none`` when no agent was involved), ``status`` and the reasons are closed enums. An
+agent's series, and those of the tasks only it declared, are dropped when it leaves the registry
+(deregistered or swept); a request that ends after that counts under ``_none`` and
+``_unknown``. So the series grow with the registry, never with the traffic.
 """
 
 from __future__ import annotations
@@ -193,8 +195,8 @@ class RouterMetrics:
 
     def __call__(self, record: DecisionRecord) -> None:
         # Runs on every request, on the event loop: a dict update per family, no locks.
-        task = record.matched_task or UNKNOWN_TASK
-        agent = record.handler or (record.attempts[-1].agent_id if record.attempts else NO_AGENT)
+        registry = self._registry
+        task, agent = self._labels(record)
         status = record.status.value if record.status is not None else "UNKNOWN"
         self.requests.inc((task, agent, status))
         self.latency.observe((task,), record.duration_ms / 1000)
@@ -208,13 +210,29 @@ class RouterMetrics:
         for reason in record.failovers:
             self.failovers.inc((reason,))
         for agent_id in record.circuit_trips:
-            self.circuit_trips.inc((agent_id,))
+            if registry.get(agent_id) is not None:
+                self.circuit_trips.inc((agent_id,))
         if record.semantic_refused:
             self.semantic_refusals.inc()
         if record.queue_wait_ms:
             self.queue_wait.observe((agent,), record.queue_wait_ms / 1000)
         if record.stream is not None:
             self._stream(record, task)
+
+    def _labels(self, record: DecisionRecord) -> tuple[str, str]:
+        """The record's task and agent labels.
+
+        A request that ends after its agent (or its task's last agent) left the registry would
+        bring back series :meth:`forget` dropped, for good: it counts as no agent, no known task.
+        """
+        registry = self._registry
+        task = record.matched_task or UNKNOWN_TASK
+        agent = record.handler or (record.attempts[-1].agent_id if record.attempts else NO_AGENT)
+        if agent != NO_AGENT and registry.get(agent) is None:
+            agent = NO_AGENT
+        if task != UNKNOWN_TASK and not registry.by_task(task):
+            task = UNKNOWN_TASK
+        return task, agent
 
     def _stream(self, record: DecisionRecord, task: str) -> None:
         stream = record.stream
@@ -228,9 +246,33 @@ class RouterMetrics:
     def on_registry(self, event: RegistryEvent, entry: AgentEntry) -> None:
         if event is RegistryEvent.OFFLINE:
             self.lease_expiries.inc()
+        elif event in (RegistryEvent.DEREGISTERED, RegistryEvent.REMOVED):
+            self.forget(entry)
+        elif event is RegistryEvent.REPLACED:
+            # A registration in place may drop tasks; which ones, the new entry cannot say.
+            declared = self._registry.by_task
+            gone = [
+                labels[0]
+                for labels in self.latency.series
+                if labels[0] != UNKNOWN_TASK and not declared(labels[0])
+            ]
+            self._drop_tasks(gone)
+
+    def _drop_tasks(self, gone: list[str]) -> None:
+        for family in (self.requests, self.latency, self.first_chunk, self.stream_bytes):
+            family.drop("task", gone)
+
+    def forget(self, entry: AgentEntry) -> None:
+        """Drop the series of an agent that left the registry, and of the tasks only it declared:
+        so the series follow the registry, and register/deregister churn leaves none behind."""
+        agent = (entry.id,)
+        gone = [task for task in entry.capabilities if not self._registry.by_task(task)]
+        for family in (self.requests, self.circuit_trips, self.health_failures, self.queue_wait):
+            family.drop("agent", agent)
+        self._drop_tasks(gone)
 
     def on_probe(self, agent_id: str, ok: bool) -> None:
-        if not ok:
+        if not ok and self._registry.get(agent_id) is not None:
             self.health_failures.inc((agent_id,))
 
     def gauge(

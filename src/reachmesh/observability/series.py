@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
+from typing import Any
 
 from prometheus_client import metrics as prom_metrics
 from prometheus_client.core import Metric
@@ -54,6 +55,10 @@ class CounterSeries(Collector):
 
     def get(self, labels: Labels = ()) -> float:
         return self.values.get(labels, 0.0)
+
+    def drop(self, label: str, values: Collection[str]) -> None:
+        """Forget every series whose ``label`` is one of ``values`` (an agent that is gone)."""
+        _drop(self.values, self.created, self.labelnames.index(label), values)
 
     def collect(self) -> Iterator[Metric]:
         family = Metric(self.name, self.doc, "counter")
@@ -103,6 +108,10 @@ class HistogramSeries(Collector):
         row[bisect_left(self.bounds, value)] += 1.0
         row[-1] += value
 
+    def drop(self, label: str, values: Collection[str]) -> None:
+        """Forget every series whose ``label`` is one of ``values`` (a task no agent declares)."""
+        _drop(self.series, self.created, self.labelnames.index(label), values)
+
     def collect(self) -> Iterator[Metric]:
         family = Metric(self.name, self.doc, "histogram")
         name = self.name
@@ -118,6 +127,16 @@ class HistogramSeries(Collector):
             if with_created:
                 family.add_sample(name + "_created", tags, self.created[labels])
         yield family
+
+
+def _drop(
+    series: dict[Labels, Any], created: dict[Labels, float], index: int, values: Collection[str]
+) -> None:
+    if not values:
+        return
+    for labels in [labels for labels in series if labels[index] in values]:
+        del series[labels]
+        created.pop(labels, None)
 
 
 __all__ = ["CounterSeries", "HistogramSeries"]

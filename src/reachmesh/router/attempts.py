@@ -184,7 +184,7 @@ class AttemptRun:
             return CandidateReason.BUDGET_EXHAUSTED
         if self.attempts_left <= 0 or self.budget_spent:
             return CandidateReason.BUDGET_EXHAUSTED
-        if index > 0 and choice.validator is not None and choice.validator.errors(self.request.payload):
+        if index > 0 and choice.validator is not None and not choice.validator.is_valid(self.request.payload):
             return CandidateReason.INVALID_PAYLOAD
         bound_elsewhere = self.bound_agent is not None and choice.entry.id != self.bound_agent
         if bound_elsewhere and not await self._holds(choice):

@@ -49,6 +49,7 @@ from reachmesh.router.streaming import StreamingRun, StreamSink, relay, stream_b
 from reachmesh.router.suggest import Suggester
 from reachmesh.routing.pipeline import Pipeline
 from reachmesh.routing.stats import StatsBook
+from reachmesh.schema import PayloadValidator
 from reachmesh.tracecontext import new_trace_id
 from reachmesh.transport.base import Transport
 from reachmesh.transport.urlguard import UrlGuard
@@ -173,8 +174,9 @@ class Dispatcher:
         """
         started = self.clock.monotonic()
         hint = _safe_trace_id(trace_header) or (parent[0] if parent else None)
+        config = self.config
         try:
-            request, data = _decode(body, self.config.server.max_json_depth)
+            request, data = _decode(body, config.server.max_json_depth, config.limits.max_error_details)
         except RequestError as exc:
             return self.refuse(exc, started=started, trace_id=exc.trace_id or hint, task=exc.task)
         try:
@@ -370,23 +372,8 @@ class Dispatcher:
             exc.suggest(*await self.suggester.nearest(exc.task))
             raise
         first = choices[0]
-        if first.validator is not None:
-            faults = first.validator.errors(request.payload)
-            if faults:
-                # The schema is the declared task's: name that task, and the caller's words only
-                # beside it when the Router found the task from them (by mapping or by meaning).
-                declared = record.matched_task or request.target_task
-                words = (
-                    request.target_task
-                    if len(request.target_task) <= 80
-                    else request.target_task[:77] + "..."
-                )
-                routed = "" if declared == request.target_task else f", routed from {words!r}"
-                raise RequestError(
-                    f"payload does not match the input_schema of task {declared!r}{routed} "
-                    f"({', '.join(f['field'] for f in faults)})",
-                    details=faults,
-                )
+        if first.validator is not None and not first.validator.is_valid(request.payload):
+            raise _schema_mismatch(first.validator, request, record, config.limits.max_error_details)
         record.selected = first.entry.id
         # Four places, as the semantic block and the rejections carry them: a similarity's
         # seventeen digits say nothing more to anyone reading a trace.
@@ -475,7 +462,29 @@ class Dispatcher:
         return answer.encode(record)
 
 
-def _decode(body: bytes, max_depth: int) -> tuple[ReachRequest, dict[str, Any]]:
+def _schema_mismatch(
+    validator: PayloadValidator, request: ReachRequest, record: DecisionRecord, limit: int
+) -> RequestError:
+    """The 400 for a payload its task's ``input_schema`` refuses: at most ``limit`` faults listed."""
+    faults = validator.faults(request.payload, limit)
+    # The schema is the declared task's: name that task, and the caller's words only beside it
+    # when the Router found the task from them (by mapping or by meaning).
+    declared = record.matched_task or request.target_task
+    words = request.target_task if len(request.target_task) <= 80 else request.target_task[:77] + "..."
+    routed = "" if declared == request.target_task else f", routed from {words!r}"
+    fields = ", ".join(f["field"] for f in faults.details)
+    if faults.omitted is None:
+        more = "; the first fault alone: the payload is too large to list them all"
+    else:
+        more = f" and {faults.omitted} more" if faults.omitted else ""
+    return RequestError(
+        f"payload does not match the input_schema of task {declared!r}{routed} ({fields}{more})",
+        details=faults.details,
+        details_omitted=faults.omitted,
+    )
+
+
+def _decode(body: bytes, max_depth: int, max_details: int) -> tuple[ReachRequest, dict[str, Any]]:
     """The request and its decoded body; RequestError (with what is known of it) if it is bad."""
     try:
         data = jsoncodec.loads(body)
@@ -492,11 +501,13 @@ def _decode(body: bytes, max_depth: int) -> tuple[ReachRequest, dict[str, Any]]:
     try:
         return ReachRequest.model_validate(data), data
     except ValidationError as exc:
-        details = error_details(exc)
-        fields = ", ".join(d["field"] for d in details)
+        details = error_details(exc, limit=max_details)
+        omitted = exc.error_count() - len(details)
+        fields = ", ".join(d["field"] for d in details) + (f" and {omitted} more" if omitted else "")
         raise RequestError(
             f"invalid ReachRequest: {fields}",
             details=details,
+            details_omitted=omitted,
             trace_id=_safe_trace_id(data.get("traceId")),
             task=data.get("targetTask"),
         ) from exc

@@ -37,8 +37,18 @@ from reachmesh.server.asgi import (
     read_body,
     send_json,
 )
-from reachmesh.server.auth import ANONYMOUS, Denial, Guard, OpenGuard, TokenGuard, action_for, principal_of
+from reachmesh.server.auth import (
+    ANONYMOUS,
+    Action,
+    Denial,
+    Guard,
+    OpenGuard,
+    TokenGuard,
+    action_for,
+    principal_of,
+)
 from reachmesh.server.components import RouterParts
+from reachmesh.server.origin import BrowserGate
 from reachmesh.server.reload import PolicyFile
 from reachmesh.server.stream import EventSink, serve_stream, wants_stream
 from reachmesh.server.ui import AdminUi
@@ -70,6 +80,7 @@ class RouterApp:
         # An injected guard stays; one built from the policy follows the policy on reload.
         self._own_guard = guard is None
         self.guard: Guard = guard or self._guard_for(self.parts.config)
+        self.browser_gate = BrowserGate()
         self.started = False
         self._drain_started: float | None = None
         self.admin = AdminApi(self.parts, self.policy_file, lambda: self.started)
@@ -86,7 +97,7 @@ class RouterApp:
         kind = scope["type"]
         if kind == "http":
             path = scope["path"]
-            denial = self.guard.check(action_for(scope["method"], path), scope)
+            denial = self.admit(action_for(scope["method"], path), scope)
             if denial is not None:
                 await self._deny(
                     send,
@@ -114,7 +125,7 @@ class RouterApp:
         raw_parent = headers.get(b"traceparent")
         parent = parse_traceparent(raw_parent.decode("latin-1")) if raw_parent else None
         principal = principal_of(scope)
-        caller, peer = principal.key, self._client_key(scope)
+        caller, peer = principal.key, self.client_key(scope)
         shed = parts.shedder.admit(peer)
         if shed is not None:
             status, payload = parts.dispatcher.shed(shed, trace_id=parent[0] if parent else None)
@@ -163,16 +174,6 @@ class RouterApp:
         finally:
             parts.shedder.release(peer)
 
-    def _client_key(self, scope: Scope) -> str:
-        """Who the per-client limits count. Slots are counted per credential when auth is on:
-        one token behind five source addresses took all 1,024 when they were counted per
-        address. With auth off, the address is all there is to tell callers apart."""
-        caller = principal_of(scope).key
-        if self.auth_on and caller != ANONYMOUS.key:
-            return caller
-        client = scope.get("client")
-        return client[0] if client else "-"
-
     async def _stream(
         self,
         send: Send,
@@ -194,6 +195,27 @@ class RouterApp:
             )
 
         await serve_stream(send, receive, run, internal_error)
+
+    def admit(self, action: Action, scope: Scope) -> Denial | None:
+        """The gates before any body is read: a page on another site (:mod:`.origin`), then
+        credentials. Every way in (the Router's paths, the A2A face) passes both."""
+        denial = self.browser_gate.check(scope, self.parts.config.server)
+        if denial is not None:
+            return denial
+        return self.guard.check(action, scope)
+
+    def client_key(self, scope: Scope) -> str:
+        """Whom the load shedder counts a request against (``limits.max_inflight_per_client``).
+
+        Slots are counted per credential when auth is on: one token behind five source addresses
+        took all 1,024 when they were counted per address. With auth off, the address is all
+        there is to tell callers apart. Every way in (``/reach``, the A2A face) counts the same.
+        """
+        caller = principal_of(scope).key
+        if self.auth_on and caller != ANONYMOUS.key:
+            return caller
+        client = scope.get("client")
+        return client[0] if client else "-"
 
     async def _deny(self, send: Send, denial: Denial, *, reach: bool, post_reach: bool = False) -> None:
         """A refusal in the shape of the endpoint: a ReachResponse on /reach, else an error object."""

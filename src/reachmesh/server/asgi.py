@@ -28,14 +28,17 @@ def header_map(scope: Scope) -> dict[bytes, bytes]:
 
 
 def check_json_content_type(headers: dict[bytes, bytes]) -> None:
-    """Refuse a body that declares itself as something other than JSON.
+    """Refuse (415) a body that does not declare itself as JSON, before reading it.
 
-    A missing Content-Type is read as JSON, so a bare ``curl -d`` works; ``curl -d`` without
-    ``-H`` sends form encoding, which is refused with a hint.
+    A missing Content-Type is refused too: a page on another site can send a body without a
+    CORS preflight only untyped, as form data or as text, and with auth off that body would
+    drive the Router. ``curl -d`` without ``-H`` sends form encoding: the refusal says what to add.
     """
     ctype = headers.get(b"content-type")
     if ctype is None:
-        return
+        raise UnsupportedMediaType(
+            "Content-Type: application/json is required (with curl, add -H 'Content-Type: application/json')"
+        )
     media = ctype.split(b";", 1)[0].strip().lower()
     if media == b"application/json" or (media.startswith(b"application/") and media.endswith(b"+json")):
         return

@@ -55,6 +55,9 @@ def uvicorn_config(app: RouterApp, host: str, port: int, **extra: Any) -> uvicor
         "lifespan": "on",
         "access_log": False,
         "log_level": "warning",
+        # uvicorn's own logging set-up would give its loggers handlers of their own, beside the
+        # escaping one the entry point installs; left alone, its lines reach that one too.
+        "log_config": None,
         "http": bounded_protocol(server),
         "server_header": False,
         "timeout_graceful_shutdown": server.drain_timeout_seconds,

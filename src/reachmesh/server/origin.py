@@ -1,0 +1,150 @@
+"""The gate against web pages: what a browser sends for a page on another site is refused.
+
+With auth off (the default) every request is admitted, and a browser will send a request to any
+address a page names: a ``fetch`` with ``mode: "no-cors"`` registered an agent with a Router on
+loopback. Three checks close that, before the guard and before any body is read:
+
+- **Origin**: a browser names the page's origin on every cross-site request and on every
+  ``POST``; a request whose ``Origin`` is not the Router's own (the ``Host`` it was sent to) nor in
+  ``server.allowed_origins`` is refused. Programs (the SDK, curl, the bridges) send no ``Origin``.
+- **Host**: on a connection to a loopback address, the ``Host`` header must be a loopback name
+  (``localhost``, ``*.localhost``, ``127.0.0.0/8``, ``[::1]``) or in ``server.allowed_hosts``. A page
+  whose name was made to resolve to 127.0.0.1 (DNS rebinding) is same-origin to the browser, but
+  sends its own name as the Host.
+- **Content-Type**: JSON endpoints require a JSON media type (:func:`~.asgi.check_json_content_type`);
+  a page can send a body without a preflight only as form data, text or with no type at all.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+
+from reachmesh.config import ServerPolicy
+from reachmesh.protocol import Status
+from reachmesh.server.auth import Denial
+
+_DEFAULT_PORTS = {"http": "80", "https": "443"}
+# How much of a refused header the refusal quotes.
+_QUOTE = 80
+
+
+def host_name(authority: str) -> str:
+    """The host of ``host[:port]`` (brackets kept off an IPv6 literal), lower-cased."""
+    authority = authority.strip().lower()
+    if authority.startswith("["):
+        end = authority.find("]")
+        return authority[1:end] if end > 0 else authority
+    return authority.rsplit(":", 1)[0] if authority.count(":") == 1 else authority
+
+
+def is_loopback_name(name: str) -> bool:
+    """``localhost``, a ``.localhost`` name (browsers resolve those to loopback themselves), or
+    a loopback address."""
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def _loopback_address(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False
+
+
+class BrowserGate:
+    """Refuses a foreign ``Origin``, and a non-loopback ``Host`` on a loopback connection."""
+
+    __slots__ = ("_hosts", "_hosts_policy", "_loopback")
+
+    def __init__(self) -> None:
+        # Local addresses seen, and whether each is loopback: a server listens on a few at most.
+        self._loopback: dict[str, bool] = {}
+        # Host headers seen and whether each passes, for the policy they were judged under: the
+        # check runs on every request, and parsing an address each time cost microseconds.
+        self._hosts: dict[bytes, bool] = {}
+        self._hosts_policy: list[str] | None = None
+
+    def check(self, scope: dict[str, Any], policy: ServerPolicy) -> Denial | None:
+        host = origin = None
+        for name, value in scope["headers"]:
+            if name == b"host":
+                host = value
+            elif name == b"origin":
+                origin = value
+        if host is not None and self._on_loopback(scope) and not self._host_ok(host, policy.allowed_hosts):
+            return _host_denial(host.decode("latin-1"))
+        if origin is not None:
+            return _origin_denial(origin.decode("latin-1"), host, policy.allowed_origins)
+        return None
+
+    def _host_ok(self, host: bytes, allowed: list[str]) -> bool:
+        if allowed is not self._hosts_policy:  # a reload: judge every name again
+            self._hosts, self._hosts_policy = {}, allowed
+        known = self._hosts.get(host)
+        if known is None:
+            if len(self._hosts) >= 256:  # names a client made up: judged, not kept
+                return _host_allowed(host.decode("latin-1"), allowed)
+            known = self._hosts[host] = _host_allowed(host.decode("latin-1"), allowed)
+        return known
+
+    def _on_loopback(self, scope: dict[str, Any]) -> bool:
+        server = scope.get("server")
+        if not server:
+            return False
+        address = str(server[0])
+        known = self._loopback.get(address)
+        if known is None:
+            if len(self._loopback) > 64:
+                self._loopback.clear()
+            known = self._loopback[address] = _loopback_address(address)
+        return known
+
+
+def _host_allowed(host: str, allowed: list[str]) -> bool:
+    name = host_name(host)
+    return is_loopback_name(name) or "*" in allowed or name in allowed
+
+
+def _host_denial(host: str) -> Denial:
+    return Denial(
+        403,
+        Status.FORBIDDEN,
+        f"Host {host[:_QUOTE]!r} is not a name of this Router, which listens on loopback "
+        "(a page on another site may be reaching it through DNS rebinding); "
+        "list the name in server.allowed_hosts to serve it",
+    )
+
+
+def _origin_denial(origin: str, host: bytes | None, allowed: list[str]) -> Denial | None:
+    origin = origin.strip()
+    if "*" in allowed or origin.lower() in allowed or (origin != "null" and _same_origin(origin, host)):
+        return None
+    return Denial(
+        403,
+        Status.FORBIDDEN,
+        f"requests from the page at {origin[:_QUOTE]!r} are refused: only the Router's own origin "
+        "may call it from a browser (list another in server.allowed_origins)",
+    )
+
+
+def _same_origin(origin: str, host: bytes | None) -> bool:
+    """Whether ``origin`` (``scheme://host[:port]``) names the Host the request was sent to."""
+    if host is None:
+        return False
+    scheme, sep, authority = origin.lower().partition("://")
+    if not sep or not authority or "/" in authority:
+        return False
+    sent = host.decode("latin-1").strip().lower()
+    if authority == sent:
+        return True
+    default = _DEFAULT_PORTS.get(scheme)
+    # A browser leaves the scheme's default port out of an Origin; a Host may spell it.
+    return default is not None and sent == f"{authority}:{default}"
+
+
+__all__ = ["BrowserGate", "host_name", "is_loopback_name"]
