@@ -39,7 +39,9 @@ def policy(etcd: Any, **routing: Any) -> Any:
         health={"enabled": False},
         auth={"tokens": tokens()},
         routing={"semantic_tasks": ["*"], **routing},
-        embedding={"backend": "auto", "limit_margin": 0.03},
+        # No few-shot head: the refund capabilities of A and B must tie by similarity, so that a
+        # phrase is refused and a retry can confirm a route (the head would break the tie).
+        embedding={"backend": "auto", "limit_margin": 0.03, "head": False},
     )
 
 
