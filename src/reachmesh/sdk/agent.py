@@ -119,6 +119,18 @@ class ReachContext:
 
     async def call(self, task: str, payload: dict[str, Any] | None = None, **options: Any) -> ReachResponse:
         """Call another agent through the Router, in this request's trace and budget."""
+        headers = self._within(options)
+        return await self.agent.client.call(task, payload, headers=headers, **options)
+
+    def stream(self, task: str, payload: dict[str, Any] | None = None, **options: Any) -> ReachStream:
+        """Call another agent with a streamed answer (``async with ctx.stream(...) as s:``), in
+        this request's trace and budget, as :meth:`call`."""
+        headers = self._within(options)
+        return self.agent.client.stream(task, payload, headers=headers, **options)
+
+    def _within(self, options: dict[str, Any]) -> dict[str, str]:
+        """Fit ``options`` to this request (its remaining budget, trace and conversation) and
+        return the headers of a call made from it."""
         remaining = self.remaining_ms
         if remaining is not None:
             wanted = options.get("timeout_ms")
@@ -126,26 +138,10 @@ class ReachContext:
         options.setdefault("trace_id", self.trace_id)
         options.setdefault("conversation_id", self.conversation_id)
         # Our caller's span is the parent of the calls we make: the Router links the hops into a tree.
-        headers = {
+        return {
             "X-Reach-Trace-Id": self.trace_id,
             "traceparent": make_traceparent(self.trace_id, self.parent_span_id),
         }
-        return await self.agent.client.call(task, payload, headers=headers, **options)
-
-    def stream(self, task: str, payload: dict[str, Any] | None = None, **options: Any) -> ReachStream:
-        """Call another agent with a streamed answer (``async with ctx.stream(...) as s:``), in
-        this request's trace and budget, as :meth:`call`."""
-        remaining = self.remaining_ms
-        if remaining is not None:
-            wanted = options.get("timeout_ms")
-            options["timeout_ms"] = max(1, int(min(remaining, wanted) if wanted else remaining))
-        options.setdefault("trace_id", self.trace_id)
-        options.setdefault("conversation_id", self.conversation_id)
-        headers = {
-            "X-Reach-Trace-Id": self.trace_id,
-            "traceparent": make_traceparent(self.trace_id, self.parent_span_id),
-        }
-        return self.agent.client.stream(task, payload, headers=headers, **options)
 
 
 def _wants_context(handler: Handler) -> bool:
