@@ -7,6 +7,7 @@ and the run fails if any child of the suite is still alive at the end.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -83,6 +84,24 @@ def _reap_processes() -> Iterator[None]:
     the test and its fixtures, even when it failed before reaching its own clean-up."""
     yield
     stop_all()
+
+
+@pytest.fixture(autouse=True)
+def _logging_restored() -> Iterator[None]:
+    """Put the process's logging back as it was: an entry point run in-process (``reach router``
+    under CliRunner) configures the package's logger and the root's on a stream that is closed
+    once the test ends, and the next test's lines would go to it."""
+    from reachmesh.observability import logging as reach_logging
+
+    loggers = [logging.getLogger(), logging.getLogger("reachmesh")]
+    saved = [(lg.level, lg.propagate, list(lg.handlers)) for lg in loggers]
+    module_state = (reach_logging._handler, reach_logging._format)
+    yield
+    for lg, (level, propagate, handlers) in zip(loggers, saved, strict=True):
+        lg.setLevel(level)
+        lg.propagate = propagate
+        lg.handlers[:] = handlers
+    reach_logging._handler, reach_logging._format = module_state
 
 
 def _alive(proc: psutil.Process) -> bool:

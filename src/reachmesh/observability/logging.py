@@ -278,6 +278,10 @@ class TraceLog:
         self._log = logger or logging.getLogger(TRACE_LOGGER)
         self.redact_fields = list(redact_fields)
 
+    def apply(self, redact_fields: Iterable[str]) -> None:
+        """Redact a reloaded list of fields from the next line on."""
+        self.redact_fields = list(redact_fields)
+
     def __call__(self, record: DecisionRecord) -> None:
         if not self._log.isEnabledFor(logging.INFO):
             return

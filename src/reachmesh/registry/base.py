@@ -54,6 +54,10 @@ __all__ = [
 class Registry(abc.ABC):
     """The async contract every registry backend implements, read from its :attr:`snapshot`."""
 
+    # Which backend this is, for people reading the admin page and /admin/ui/state; nothing
+    # routes on it.
+    backend = "memory"
+
     # True while a shared backend installs the entries it reads back from its store at start:
     # their events are news to this Router's state, not registrations happening now.
     replaying = False

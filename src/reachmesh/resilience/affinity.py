@@ -24,6 +24,10 @@ class AffinityTable:
         self._clock = clock
         self._bound: OrderedDict[tuple[str, str], tuple[str, float]] = OrderedDict()
 
+    def apply(self, policy: AffinityPolicy) -> None:
+        """Take a reloaded policy; conversations already bound keep their agent."""
+        self.policy = policy
+
     def get(self, conversation_id: str, caller: str = "-") -> str | None:
         """The agent bound to ``caller``'s conversation, if the binding is still fresh."""
         key = (caller, conversation_id)

@@ -63,6 +63,11 @@ class BreakerBoard:
         # Told when a breaker opens on this Router's own evidence (not on another Router's word).
         self.on_open: list[Callable[[str], None]] = []
 
+    def apply(self, policy: BreakerPolicy, overrides: dict[str, TaskOverride]) -> None:
+        """Take a reloaded policy and per-task overrides; open breakers keep their state."""
+        self.policy = policy
+        self.overrides = overrides
+
     def _key(self, task: str) -> str:
         override = self.overrides.get(task)
         scope = (override.breaker_scope if override else None) or self.policy.scope

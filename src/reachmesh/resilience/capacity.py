@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Iterator
 
 from reachmesh.clock import SYSTEM_CLOCK, Clock
+from reachmesh.config import LimitsPolicy
 
 # Room is judged against this many slots when an agent declares no capacity: share = n / this.
 UNDECLARED_SHARE_BASE = 1024
@@ -41,6 +42,11 @@ class CapacityBoard:
         self.max_queued = max_queued
         self.clock = clock
         self._agents: dict[str, _Slots] = {}
+
+    def apply(self, limits: LimitsPolicy) -> None:
+        """Take a reloaded bound on each agent's queue (limits.max_queued_per_agent); callers
+        already waiting keep their places."""
+        self.max_queued = limits.max_queued_per_agent
 
     def _slots(self, agent_id: str, capacity: int | None) -> _Slots:
         slots = self._agents.get(agent_id)

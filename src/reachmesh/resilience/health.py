@@ -72,6 +72,10 @@ class HealthChecker:
         self._running: dict[str, asyncio.Task[None]] = {}
         registry.subscribe(self._on_registry)
 
+    def apply(self, policy: HealthPolicy) -> None:
+        """Take a reloaded policy; each agent's next probe follows it."""
+        self.policy = policy
+
     @property
     def probes_in_flight(self) -> int:
         return len(self._running)

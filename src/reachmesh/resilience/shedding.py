@@ -72,6 +72,10 @@ class LoadShedder:
         self._by_client: dict[str, int] = {}
         self._monitor = Background("reach-loop-lag")
 
+    def apply(self, policy: LimitsPolicy) -> None:
+        """Take reloaded limits; the requests in flight count against the new ones."""
+        self.policy = policy
+
     def admit(self, client: str = "-") -> str | None:
         """``None`` when admitted (and counted), else the reason to shed.
 

@@ -66,6 +66,7 @@ class AsyncRequests:
         *,
         clock: Clock = SYSTEM_CLOCK,
         sleep: Sleep = asyncio.sleep,
+        journal: DeferredStore | None = None,
     ) -> None:
         self.transport = transport
         self.results = results
@@ -77,8 +78,14 @@ class AsyncRequests:
         # every async slot when only the total was counted.
         self._by_client: dict[str, int] = {}
         self._deliveries: dict[asyncio.Task[bool], tuple[str, str]] = {}
-        # Set by the composition root when etcd is the registry: see the module's docstring.
-        self.journal: DeferredStore | None = None
+        # With etcd as the registry, accepted requests are recorded there: see the module's docstring.
+        self.journal = journal
+
+    def apply(self, policy: AsyncPolicy) -> None:
+        """Take a reloaded policy, and hand it to the journal in etcd if there is one."""
+        self.policy = policy
+        if self.journal is not None:
+            self.journal.apply(policy)
 
     def __len__(self) -> int:
         return len(self._running)

@@ -37,21 +37,19 @@ from reachmesh.exceptions import (
 )
 from reachmesh.protocol import ReachRequest, error_details, is_trace_id
 from reachmesh.record import DecisionRecord, Observer, StreamRecord
-from reachmesh.resilience.breaker import BreakerBoard
 from reachmesh.resilience.retry import RetryBudget
 from reachmesh.resilience.timeouts import Timeout
 from reachmesh.router import answer, durable
 from reachmesh.router.agentsecret import AgentSecrets
 from reachmesh.router.asyncmode import AsyncRequests
 from reachmesh.router.attempts import AttemptRun, Forwarding
-from reachmesh.router.results import Reply, ResultStore
+from reachmesh.router.results import Reply
 from reachmesh.router.streaming import StreamingRun, StreamSink, relay, stream_broken
 from reachmesh.router.suggest import Suggester
 from reachmesh.routing.pipeline import Pipeline
-from reachmesh.routing.stats import StatsBook
 from reachmesh.schema import PayloadValidator
+from reachmesh.semantic.vectors import CapabilityVectors
 from reachmesh.tracecontext import new_trace_id
-from reachmesh.transport.base import Transport
 from reachmesh.transport.urlguard import UrlGuard
 
 log = logging.getLogger("reachmesh.dispatcher")
@@ -94,36 +92,26 @@ class Dispatcher:
     def __init__(
         self,
         pipeline: Pipeline,
-        transport: Transport,
-        config: RouterConfig,
+        forwarding: Forwarding,
         *,
-        stats: StatsBook | None = None,
-        budget: RetryBudget | None = None,
-        results: ResultStore | None = None,
+        async_requests: AsyncRequests,
+        suggester: Suggester,
+        url_guard: UrlGuard,
+        vectors: CapabilityVectors | None = None,
         observers: Iterable[Observer] = (),
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
+        # Every part is handed in, built once by the composition root (server/components.py):
+        # the dispatcher makes no defaults of its own for anyone to overwrite.
         self.pipeline = pipeline
-        self.clock = clock
-        # Where replyTo URLs are checked; the composition root hands in the Router's own guard.
-        self.url_guard = UrlGuard()
+        self.forwarding = forwarding
+        self.async_requests = async_requests
+        self.results = async_requests.results  # the async results this Router holds
+        self.suggester = suggester
+        self.url_guard = url_guard  # where replyTo URLs are checked: the Router's own guard
+        self.vectors = vectors
         self.observers = list(observers)
-        self.forwarding = Forwarding(
-            transport=transport,
-            breakers=pipeline.breakers,
-            affinity=pipeline.affinity,
-            budget=RetryBudget(config.retry_budget, clock=clock) if budget is None else budget,
-            stats=StatsBook() if stats is None else stats,
-            config=config,
-            clock=clock,
-            agent_secrets=AgentSecrets.from_policy(config.outbound),
-            capacity=pipeline.capacity,
-        )
-        pipeline.capacity.max_queued = config.limits.max_queued_per_agent
-        pipeline.capacity.clock = clock
-        self.results = ResultStore(config.async_mode, clock=clock) if results is None else results
-        self.suggester = Suggester(pipeline.registry, pipeline.vectors, clock)
-        self.async_requests = AsyncRequests(transport, self.results, config.async_mode, clock=clock)
+        self.clock = clock
         # Synchronous requests in flight (their tasks), ended by abandon() at the drain deadline.
         self._running: set[asyncio.Task[Any]] = set()
         self._cancelled: set[asyncio.Task[Any]] = set()
@@ -140,12 +128,6 @@ class Dispatcher:
         # started with, and AttemptRun reads its policy (retries, backoff, timeouts) from it.
         secrets = AgentSecrets.from_policy(config.outbound)
         self.forwarding = replace(self.forwarding, config=config, budget=budget, agent_secrets=secrets)
-        self.forwarding.capacity.max_queued = config.limits.max_queued_per_agent
-        self.async_requests.policy = config.async_mode
-
-    @property
-    def breakers(self) -> BreakerBoard:
-        return self.pipeline.breakers
 
     # -- entry points ------------------------------------------------------------------------
 
@@ -405,7 +387,7 @@ class Dispatcher:
 
     async def _ensure_query_vector(self, request: ReachRequest, record: DecisionRecord) -> None:
         """The one place a model may be called: a semantic request whose text is not cached yet."""
-        vectors = self.pipeline.vectors
+        vectors = self.vectors
         if vectors is None or not self.pipeline.wants_semantic(request, record.caller, record.reach_tasks):
             return
         if vectors.cached(request.target_task) is not None:

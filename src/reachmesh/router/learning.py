@@ -73,6 +73,10 @@ class RouteLearner:
         self._background = Background("reach-learning")
         self.learned = 0  # routes learned from callers by this Router
 
+    def apply(self, policy: LearningPolicy) -> None:
+        """Take a reloaded policy; learned routes already held stay."""
+        self.policy = policy
+
     @property
     def pending(self) -> int:
         """Registry writes still under way (what a finished request taught, not yet kept)."""

@@ -29,6 +29,10 @@ class ResultStore:
         self._bytes = 0
         self.evicted = 0
 
+    def apply(self, policy: AsyncPolicy) -> None:
+        """Take a reloaded policy; results already held keep until the new bounds drop them."""
+        self.policy = policy
+
     @property
     def bytes_held(self) -> int:
         """Bytes of finished ReachResponse bodies held now (the ``/metrics`` gauge)."""

@@ -50,6 +50,10 @@ class StatsBook:
         self._clock = clock
         self.tau = tau_seconds
 
+    def apply(self, tau_seconds: float) -> None:
+        """Take a reloaded averaging time constant (routing.merit.ewma_tau_seconds)."""
+        self.tau = tau_seconds
+
     def started(self, agent_id: str) -> None:
         stats = self._agents.get(agent_id)
         if stats is None:

@@ -145,11 +145,13 @@ class CapabilityVectors:
 
     # -- learned phrases as example rows -----------------------------------------------------
 
-    def set_learning(self, enabled: bool) -> None:
-        """Index every learned phrase (on), or drop their rows (off); follows policy reloads."""
-        if enabled == self.learning:
+    def apply(self, policy: EmbeddingPolicy, *, learning: bool) -> None:
+        """Thresholds from a (reloaded) policy, the embedder staying as built; every learned
+        phrase indexed (``learning`` on) or its rows dropped (off)."""
+        self.policy = policy
+        if learning == self.learning:
             return
-        self.learning = enabled
+        self.learning = enabled = learning
         for key, route in list(self.registry.learned().items()):
             self._on_learned(key, route if enabled else None)
 

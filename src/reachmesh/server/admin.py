@@ -11,7 +11,7 @@ import contextlib
 import difflib
 import ipaddress
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -45,7 +45,6 @@ from reachmesh.server.components import RouterParts
 from reachmesh.server.learned import LearnedRoutes
 from reachmesh.server.openapi import openapi_document
 from reachmesh.server.registration import RegistrationThrottle, check_profile_size
-from reachmesh.server.reload import PolicyFile
 from reachmesh.server.responses import JsonResponse, json_error
 from reachmesh.transport.urlguard import Address, literal_address
 
@@ -121,10 +120,9 @@ def _managed(request: Request, data: dict[str, Any]) -> bool:
 class AdminApi:
     """Every endpoint but the ``POST /reach`` hot path."""
 
-    def __init__(self, parts: RouterParts, policy: PolicyFile, started: Callable[[], bool]) -> None:
+    def __init__(self, parts: RouterParts) -> None:
         self.parts = parts
-        self.policy = policy
-        self._started = started
+        self.policy = parts.policy_file
         self._openapi: dict[str, Any] | None = None
         # Registrations between their quota check and their write, per agent token.
         self._reserved: dict[str, list[str]] = {}
@@ -383,7 +381,7 @@ class AdminApi:
 
     async def readyz(self, request: Request) -> Response:
         registry = self.parts.registry
-        reason = registry.ready() or (None if self._started() else "starting")
+        reason = registry.ready() or (None if self.parts.started else "starting")
         if reason is not None:
             return JsonResponse({"status": "not_ready", "reason": reason}, status_code=503)
         degraded = registry.degraded()

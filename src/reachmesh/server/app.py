@@ -13,7 +13,6 @@ import logging
 import os
 import time
 from collections.abc import Awaitable
-from pathlib import Path
 from typing import Any
 
 from reachmesh.clock import SYSTEM_CLOCK, Clock
@@ -37,16 +36,7 @@ from reachmesh.server.asgi import (
     read_body,
     send_json,
 )
-from reachmesh.server.auth import (
-    ANONYMOUS,
-    Action,
-    Denial,
-    Guard,
-    OpenGuard,
-    TokenGuard,
-    action_for,
-    principal_of,
-)
+from reachmesh.server.auth import ANONYMOUS, Action, Denial, Guard, action_for, principal_of
 from reachmesh.server.components import RouterParts
 from reachmesh.server.origin import BrowserGate
 from reachmesh.server.reload import PolicyFile
@@ -72,22 +62,31 @@ class RouterApp:
         config_path: str | os.PathLike[str] | None = None,
     ) -> None:
         self.parts = RouterParts.build(
-            config or RouterConfig(), registry=registry, transport=transport, clock=clock
+            config or RouterConfig(),
+            registry=registry,
+            transport=transport,
+            clock=clock,
+            guard=guard,
+            config_path=config_path,
         )
-        self.policy_file = PolicyFile(
-            Path(config_path) if config_path is not None else None, self.apply, clock=clock
-        )
-        # An injected guard stays; one built from the policy follows the policy on reload.
-        self._own_guard = guard is None
-        self.guard: Guard = guard or self._guard_for(self.parts.config)
         self.browser_gate = BrowserGate()
-        self.started = False
         self._drain_started: float | None = None
-        self.admin = AdminApi(self.parts, self.policy_file, lambda: self.started)
-        self.ui = AdminUi(
-            self.parts, self.policy_file, started=lambda: self.started, auth_on=lambda: self.auth_on
-        )
+        # The two HTTP surfaces beside /reach: they read the parts, and build none of their own.
+        self.admin = AdminApi(self.parts)
+        self.ui = AdminUi(self.parts)
         self._background = Background("reach-router")
+
+    @property
+    def policy_file(self) -> PolicyFile:
+        return self.parts.policy_file
+
+    @property
+    def guard(self) -> Guard:
+        return self.parts.guard
+
+    @property
+    def started(self) -> bool:
+        return self.parts.started
 
     @property
     def config(self) -> RouterConfig:
@@ -233,20 +232,13 @@ class RouterApp:
 
     # -- policy reload -----------------------------------------------------------------------
 
-    @staticmethod
-    def _guard_for(config: RouterConfig) -> Guard:
-        """Tokens from the policy and REACH_*_TOKEN; with none, every request is admitted."""
-        return TokenGuard.from_policy(config.auth, os.environ) or OpenGuard()
-
     @property
     def auth_on(self) -> bool:
-        return not isinstance(self.guard, OpenGuard)
+        return self.parts.auth_on
 
     def apply(self, config: RouterConfig) -> None:
         """Switch every part, and the guard if it came from the policy, to a new policy."""
         self.parts.apply(config)
-        if self._own_guard:
-            self.guard = self._guard_for(config)
 
     def reload(self) -> bool:
         """Re-read the policy file; a bad file is logged and the old policy kept."""
@@ -263,7 +255,6 @@ class RouterApp:
         self._background.every(lambda: 1.0, self.policy_file.check, "policy-watch")
         self.ui.traffic.sample()
         self._background.every(lambda: self.ui.traffic.step_seconds, self.ui.traffic.tick, "traffic")
-        self.started = True
 
     def begin_drain(self, at_monotonic: float) -> None:
         """A shutdown signal arrived at ``at_monotonic``: the drain deadline counts from there.
@@ -292,7 +283,7 @@ class RouterApp:
 
     async def shutdown(self) -> None:
         """Let accepted async requests finish until the drain deadline, then stop everything."""
-        self.started = False
+        self.parts.stopping()
         budget = self.parts.config.server.drain_timeout_seconds
         if self._drain_started is not None:
             budget -= time.monotonic() - self._drain_started

@@ -1,16 +1,22 @@
 """The composition root: every part of a Router, built from one policy, reconfigured together.
 
-:func:`RouterParts.build` is the one place that knows which implementation backs each contract
-(the registry, the transport, the embedder); :meth:`RouterParts.apply` hands a reloaded policy to
-each part that takes one, through that part's own method, so no backend is special-cased here.
+:func:`RouterParts.build` is the one place that builds the parts and knows which implementation
+backs each contract (the registry, the transport, the embedder, the credentials guard): no part
+makes defaults of its own for this module to overwrite, and each is handed the others it uses.
+:meth:`RouterParts.apply` hands a reloaded policy to each part through that part's own
+``apply`` method, so no part's attributes are set from outside and no backend is special-cased.
+The ASGI app (:mod:`.app`) and its two HTTP surfaces (:mod:`.admin`, :mod:`.ui`) only read the
+parts.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from reachmesh.clock import SYSTEM_CLOCK, Clock
@@ -31,15 +37,20 @@ from reachmesh.resilience.retry import RetryBudget
 from reachmesh.resilience.shedding import LoadShedder
 from reachmesh.router import durable
 from reachmesh.router.agentsecret import AgentSecrets
+from reachmesh.router.asyncmode import AsyncRequests
+from reachmesh.router.attempts import Forwarding
 from reachmesh.router.dispatcher import Dispatcher
 from reachmesh.router.durable import Adopter
 from reachmesh.router.learning import RouteLearner
 from reachmesh.router.results import ResultStore
+from reachmesh.router.suggest import Suggester
 from reachmesh.routing.pipeline import Pipeline
 from reachmesh.routing.stats import StatsBook
 from reachmesh.secrets import loggable
 from reachmesh.semantic.embedders.factory import build_embedder
 from reachmesh.semantic.vectors import CapabilityVectors
+from reachmesh.server.auth import Guard, OpenGuard, TokenGuard
+from reachmesh.server.reload import PolicyFile
 from reachmesh.transport.base import Transport
 from reachmesh.transport.http import HttpTransport, head_limits
 from reachmesh.transport.urlguard import UrlGuard
@@ -121,8 +132,16 @@ class RouterParts:
     trace_log: TraceLog
     url_guard: UrlGuard
     learner: RouteLearner
+    capacity: CapacityBoard
+    # Who may do what (docs/security.md): from the policy's tokens unless one was handed in.
+    guard: Guard
     dispatcher: Dispatcher = field(init=False)
     health: HealthChecker = field(init=False)
+    policy_file: PolicyFile = field(init=False)
+    # An injected guard stays; one built from the policy follows the policy on reload.
+    own_guard: bool = field(default=True)
+    # Set once every part has started; /readyz and the admin page read it.
+    started: bool = field(default=False, init=False)
     # Which worker of `reach router --workers N` this is (shown by /healthz); None alone.
     worker: int | None = field(default=None, init=False)
     # With etcd: adopts the async requests of Routers that died (router/durable.py).
@@ -140,30 +159,36 @@ class RouterParts:
         registry: Registry | None = None,
         transport: Transport | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        guard: Guard | None = None,
+        config_path: str | os.PathLike[str] | None = None,
     ) -> RouterParts:
-        """Every part from ``config``; ``registry`` and ``transport`` replace the defaults."""
+        """Every part from ``config``; ``registry``, ``transport`` and ``guard`` replace the
+        defaults. ``config_path`` is the policy file a reload re-reads (None: none)."""
         registry = build_registry(config.registry, clock=clock) if registry is None else registry
         stats = StatsBook(clock=clock, tau_seconds=config.routing.merit.ewma_tau_seconds)
         breakers = BreakerBoard(config.breaker, clock=clock, overrides=config.tasks)
         affinity = AffinityTable(config.affinity, clock=clock)
         shedder = LoadShedder(config.limits)
+        capacity = CapacityBoard(max_queued=config.limits.max_queued_per_agent, clock=clock)
         url_guard = UrlGuard(config.outbound)
         vectors = None
         if config.embedding.backend != "none":
             vectors = CapabilityVectors(build_embedder(config.embedding), registry, config.embedding)
-        # It keeps the per-agent capacity (slots and queues) too; the dispatcher applies its policy.
-        pipeline = _pipeline(config, registry, breakers, affinity, stats, vectors, clock)
+        pipeline = Pipeline(
+            registry,
+            config.routing,
+            breakers=breakers,
+            affinity=affinity,
+            stats=stats,
+            vectors=vectors,
+            capacity=capacity,
+            clock=clock,
+        )
         parts = cls(
             config=config,
             clock=clock,
             registry=registry,
-            transport=transport
-            or HttpTransport(
-                response_limit=config.server.response_limit_bytes,
-                head=head_limits(config.server),
-                guard=url_guard,
-                tls=config.outbound,
-            ),
+            transport=transport or _http_transport(config, url_guard),
             stats=stats,
             breakers=breakers,
             affinity=affinity,
@@ -172,21 +197,25 @@ class RouterParts:
             results=ResultStore(config.async_mode, clock=clock),
             vectors=vectors,
             pipeline=pipeline,
-            traces=TraceStore(
-                config.tracing.store_size,
-                max_bytes=config.tracing.store_max_bytes,
-                max_hop_bytes=config.tracing.max_hop_bytes,
-            ),
-            metrics=_metrics(registry, breakers, stats, shedder, vectors, pipeline.capacity),
+            traces=_trace_store(config),
+            metrics=_metrics(registry, breakers, stats, shedder, vectors, capacity),
             trace_log=TraceLog(redact_fields=config.logging.redact),
             url_guard=url_guard,
             learner=RouteLearner(registry, config.routing.learning, clock=clock),
+            capacity=capacity,
+            guard=guard or _guard_for(config),
+            own_guard=guard is None,
         )
         if vectors is not None:
-            vectors.set_learning(config.routing.learning.enabled)
+            vectors.apply(config.embedding, learning=config.routing.learning.enabled)
         parts._store_gauges()
-        parts._wire()
+        parts._wire(Path(config_path) if config_path is not None else None)
         return parts
+
+    @property
+    def auth_on(self) -> bool:
+        """Whether requests need credentials (tokens configured, or a guard handed in)."""
+        return not isinstance(self.guard, OpenGuard)
 
     def _store_gauges(self) -> None:
         """The bytes each bounded store holds, read at scrape time."""
@@ -215,27 +244,46 @@ class RouterParts:
             counter=True,
         )
 
-    def _wire(self) -> None:
+    def _wire(self, config_path: Path | None) -> None:
+        config, clock = self.config, self.clock
+        self.policy_file = PolicyFile(config_path, self.apply, clock=clock)
+        journal = None
+        if isinstance(self.registry, EtcdRegistry):
+            journal = self._journal(self.registry)
+        async_requests = AsyncRequests(
+            self.transport, self.results, config.async_mode, clock=clock, journal=journal
+        )
+        forwarding = Forwarding(
+            transport=self.transport,
+            breakers=self.breakers,
+            affinity=self.affinity,
+            budget=self.budget,
+            stats=self.stats,
+            config=config,
+            clock=clock,
+            agent_secrets=AgentSecrets.from_policy(config.outbound),
+            capacity=self.capacity,
+        )
         self.dispatcher = Dispatcher(
             self.pipeline,
-            self.transport,
-            self.config,
-            stats=self.stats,
-            budget=self.budget,
-            results=self.results,
+            forwarding,
+            async_requests=async_requests,
+            suggester=Suggester(self.registry, self.vectors, clock),
+            url_guard=self.url_guard,
+            vectors=self.vectors,
             observers=self._observers(),
-            clock=self.clock,
+            clock=clock,
         )
-        self.dispatcher.url_guard = self.url_guard
+        if journal is not None:
+            start = functools.partial(durable.start_adopted, self.dispatcher)
+            self.adopter = Adopter(journal, async_requests, start)
         dispatcher = self.dispatcher
         self.metrics.gauge(
             "reach_streams_in_flight",
             "Streamed answers (Accept: text/event-stream) being relayed now",
             lambda: dispatcher.streams_in_flight,
         )
-        if isinstance(self.registry, EtcdRegistry):
-            self._wire_durable(self.registry)
-        self.health = HealthChecker(self.registry, self.transport, self.config.health, clock=self.clock)
+        self.health = HealthChecker(self.registry, self.transport, config.health, clock=clock)
         self.health.subscribe(self.metrics.on_probe)
         self.registry.subscribe(self._on_registry_event)
         self.registry.subscribe(self.metrics.on_registry)
@@ -244,7 +292,7 @@ class RouterParts:
         self.breakers.on_open.append(lambda agent_id: self.registry.report_failure(agent_id, "circuit_open"))
         self.registry.subscribe_failures(self._on_peer_failure)
 
-    def _wire_durable(self, registry: EtcdRegistry) -> None:
+    def _journal(self, registry: EtcdRegistry) -> DeferredStore:
         """Accepted async requests recorded in etcd, results shared, orphans adopted."""
         journal = DeferredStore(
             registry.client,
@@ -253,9 +301,6 @@ class RouterParts:
             self.config.async_mode,
             clock=self.clock,
         )
-        self.dispatcher.async_requests.journal = journal
-        start = functools.partial(durable.start_adopted, self.dispatcher)
-        self.adopter = Adopter(journal, self.dispatcher.async_requests, start)
         self.metrics.gauge(
             "reach_async_etcd_pending",
             "Accepted async requests waiting in etcd, as of the last look (async_mode.etcd_max_pending)",
@@ -290,6 +335,7 @@ class RouterParts:
             )
         ):
             self.metrics.gauge(name, what, functools.partial(_nth, knowledge.held, i))
+        return journal
 
     def _observers(self) -> list[Observer]:
         # Switched off, the store and metrics still exist (the endpoints answer, empty) but are
@@ -309,29 +355,29 @@ class RouterParts:
     def apply(self, config: RouterConfig) -> None:
         """Switch every part to a new policy. Requests in flight keep the one they started with."""
         AgentSecrets.from_policy(config.outbound)  # an unset secret variable: refused before any change
+        guard = _guard_for(config) if self.own_guard else self.guard
         _warn_restart_only_changes(self.config, config)
         self.config = config
-        self.url_guard.policy = config.outbound
+        self.guard = guard
+        self.url_guard.apply(config.outbound)
         self.budget.apply(config.retry_budget)
         self.dispatcher.apply(config, self.budget)
         self.pipeline.apply(config.routing)
-        self.stats.tau = config.routing.merit.ewma_tau_seconds
-        self.learner.policy = config.routing.learning
+        self.capacity.apply(config.limits)
+        self.stats.apply(config.routing.merit.ewma_tau_seconds)
+        self.learner.apply(config.routing.learning)
         if self.vectors is not None:
-            self.vectors.policy = config.embedding
-            self.vectors.set_learning(config.routing.learning.enabled)
+            self.vectors.apply(config.embedding, learning=config.routing.learning.enabled)
         self.registry.apply(config.registry)
-        self.breakers.policy = config.breaker
+        self.breakers.apply(config.breaker, config.tasks)
         tracing = config.tracing
         self.traces.resize(tracing.store_size, tracing.store_max_bytes, tracing.max_hop_bytes)
-        self.breakers.overrides = config.tasks
-        self.affinity.policy = config.affinity
-        self.shedder.policy = config.limits
-        self.results.policy = config.async_mode
-        if self.dispatcher.async_requests.journal is not None:
-            self.dispatcher.async_requests.journal.policy = config.async_mode
-        self.health.policy = config.health
-        self.trace_log.redact_fields = list(config.logging.redact)
+        self.affinity.apply(config.affinity)
+        self.shedder.apply(config.limits)
+        self.results.apply(config.async_mode)
+        self.dispatcher.async_requests.apply(config.async_mode)
+        self.health.apply(config.health)
+        self.trace_log.apply(config.logging.redact)
         # The package's own loggers only; the process's logging set-up is the entry point's.
         logging.getLogger("reachmesh").setLevel(config.logging.level)
         for name, level in config.logging.levels.items():
@@ -351,6 +397,11 @@ class RouterParts:
             await self.adopter.start()
         if self.vectors is not None:
             await self.vectors.start()
+        self.started = True
+
+    def stopping(self) -> None:
+        """Shutdown began: /readyz says so from now on, while requests drain."""
+        self.started = False
 
     async def close(self) -> None:
         """Stop background work and close connections, the reverse of :meth:`start`."""
@@ -446,24 +497,25 @@ class RouterParts:
         return status
 
 
-def _pipeline(
-    config: RouterConfig,
-    registry: Registry,
-    breakers: BreakerBoard,
-    affinity: AffinityTable,
-    stats: StatsBook,
-    vectors: CapabilityVectors | None,
-    clock: Clock,
-) -> Pipeline:
-    return Pipeline(
-        registry,
-        config.routing,
-        breakers=breakers,
-        affinity=affinity,
-        stats=stats,
-        vectors=vectors,
-        clock=clock,
+def _http_transport(config: RouterConfig, url_guard: UrlGuard) -> HttpTransport:
+    return HttpTransport(
+        response_limit=config.server.response_limit_bytes,
+        head=head_limits(config.server),
+        guard=url_guard,
+        tls=config.outbound,
     )
+
+
+def _trace_store(config: RouterConfig) -> TraceStore:
+    tracing = config.tracing
+    return TraceStore(
+        tracing.store_size, max_bytes=tracing.store_max_bytes, max_hop_bytes=tracing.max_hop_bytes
+    )
+
+
+def _guard_for(config: RouterConfig) -> Guard:
+    """Tokens from the policy and REACH_*_TOKEN; with none, every request is admitted."""
+    return TokenGuard.from_policy(config.auth, os.environ) or OpenGuard()
 
 
 def _nth(read: Callable[[], tuple[int, ...]], i: int) -> int:

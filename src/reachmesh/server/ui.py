@@ -10,7 +10,6 @@ last minutes, retry budget, shedding, degraded mode, the policy in force) in one
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
 from importlib import resources
 from typing import Any
 
@@ -25,12 +24,10 @@ from reachmesh.clock import iso_utc
 from reachmesh.config import RouterConfig
 from reachmesh.observability.traffic import TrafficHistory, totals_by_status
 from reachmesh.protocol import AgentStatusValue, Status
-from reachmesh.registry.etcd import EtcdRegistry
 from reachmesh.secrets import loggable_url
 from reachmesh.server.asgi import Receive, Scope, Send, error_body
 from reachmesh.server.auth import UI_PATH
 from reachmesh.server.components import RouterParts
-from reachmesh.server.reload import PolicyFile
 from reachmesh.version import __version__
 
 SUMMARY_PATH = "/admin/summary"
@@ -85,18 +82,9 @@ def policy_digest(config: RouterConfig) -> str:
 class AdminUi:
     """Serves the page, its two assets and ``/admin/summary``."""
 
-    def __init__(
-        self,
-        parts: RouterParts,
-        policy: PolicyFile,
-        *,
-        started: Callable[[], bool],
-        auth_on: Callable[[], bool],
-    ) -> None:
+    def __init__(self, parts: RouterParts) -> None:
         self.parts = parts
-        self.policy = policy
-        self._started = started
-        self._auth_on = auth_on
+        self.policy = parts.policy_file
         self.started_at = parts.clock.time()
         self.traffic = TrafficHistory(lambda: totals_by_status(parts.metrics.requests.values), parts.clock)
         self._files: dict[str, bytes] = {}
@@ -164,11 +152,11 @@ class AdminUi:
             "now": iso_utc(now),
             "startedAt": iso_utc(self.started_at),
             "worker": parts.worker,
-            "auth": self._auth_on(),
-            "ready": registry.ready() or (None if self._started() else "starting"),
+            "auth": self.parts.auth_on,
+            "ready": registry.ready() or (None if self.parts.started else "starting"),
             "registry": {
                 # What serves, not what the policy asked for ("auto" resolves at start).
-                "backend": "etcd" if isinstance(registry, EtcdRegistry) else "memory",
+                "backend": registry.backend,
                 "degraded": registry.degraded(),
                 "agents": counts,
             },

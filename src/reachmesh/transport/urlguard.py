@@ -53,6 +53,10 @@ class UrlGuard:
     def __init__(self, policy: OutboundPolicy | None = None) -> None:
         self.policy = policy or OutboundPolicy()
 
+    def apply(self, policy: OutboundPolicy) -> None:
+        """Check URLs against a reloaded policy from the next one on."""
+        self.policy = policy
+
     def check_url(self, url: str) -> None:
         """Refuse (OutboundRefused, naming the rule) a URL the Router must not call."""
         if any(not ch.isprintable() or ch.isspace() for ch in url):

@@ -96,6 +96,10 @@ class DeferredStore:
         self.held = 0
         self.held_bytes = 0
 
+    def apply(self, policy: AsyncPolicy) -> None:
+        """Take a reloaded policy for the next records and sweeps."""
+        self.policy = policy
+
     # -- the Router's lease ------------------------------------------------------------------
 
     async def start(self) -> None:

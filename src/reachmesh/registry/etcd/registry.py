@@ -35,6 +35,8 @@ class EtcdRegistry(Registry):
     failure reports) and :class:`Health` (the ping, the degraded state, etcd's refusals).
     """
 
+    backend = "etcd"
+
     def __init__(
         self,
         policy: RegistryPolicy | None = None,
