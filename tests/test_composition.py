@@ -59,7 +59,7 @@ def test_no_part_has_its_attributes_set_from_outside(module: str) -> None:
 
 
 def test_the_dispatcher_does_not_reach_into_the_pipeline() -> None:
-    tree = ast.parse((SRC / "router" / "dispatcher.py").read_text(encoding="utf-8"))
+    tree = ast.parse((SRC / "router/dispatcher.py").read_text(encoding="utf-8"))
     reached = [
         f"line {node.lineno}: {ast.unparse(node)}"
         for node in ast.walk(tree)
@@ -73,7 +73,7 @@ def test_the_dispatcher_does_not_reach_into_the_pipeline() -> None:
 
 def test_the_dispatcher_builds_no_part_of_its_own() -> None:
     """Every part it uses is a parameter: nothing is constructed in its __init__."""
-    tree = ast.parse((SRC / "router" / "dispatcher.py").read_text(encoding="utf-8"))
+    tree = ast.parse((SRC / "router/dispatcher.py").read_text(encoding="utf-8"))
     dispatcher = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Dispatcher")
     init = next(n for n in dispatcher.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
     built = [
@@ -85,7 +85,7 @@ def test_the_dispatcher_builds_no_part_of_its_own() -> None:
 
 
 def test_the_admin_page_labels_the_backend_without_knowing_etcd() -> None:
-    source = (SRC / "server" / "ui.py").read_text(encoding="utf-8")
+    source = (SRC / "server/ui.py").read_text(encoding="utf-8")
     assert "registry.etcd" not in source
 
 
