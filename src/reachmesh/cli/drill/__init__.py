@@ -15,9 +15,6 @@ import typer
 
 from reachmesh.cli.console import app, need_router
 
-# The chunks a drill agent streams per call with ``--stream`` (the callers check all came).
-STREAM_CHUNKS = 5
-
 
 @app.command()
 def drill(

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from reachmesh import AgentError, ReachAgent, ReachContext
-from reachmesh.cli.drill import STREAM_CHUNKS
+from reachmesh.cli.drill.load import STREAM_CHUNKS
 
 agent = ReachAgent()
 TASK = os.environ.get("REACH_DRILL_TASK", "drill_echo")

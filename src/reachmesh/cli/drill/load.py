@@ -26,6 +26,9 @@ from rich.table import Table
 from reachmesh.cli.console import PIPED_WIDTH
 from reachmesh.sse import SseError, SseLimits, SseParser
 
+# The chunks a drill agent streams per call with ``--stream`` (the callers check all came).
+STREAM_CHUNKS = 5
+
 
 @dataclass(slots=True)
 class Sample:

@@ -21,10 +21,9 @@ import aiohttp
 import httpx
 
 from reachmesh.cli.console import err
-from reachmesh.cli.drill import STREAM_CHUNKS
 from reachmesh.cli.drill.burst import run_burst
 from reachmesh.cli.drill.fleet import Fleet, Watcher, auth_headers
-from reachmesh.cli.drill.load import LiveView, Load, Sample, percentile, summary, ttfc
+from reachmesh.cli.drill.load import STREAM_CHUNKS, LiveView, Load, Sample, percentile, summary, ttfc
 from reachmesh.exceptions import ConfigError
 from reachmesh.secrets import loggable
 
