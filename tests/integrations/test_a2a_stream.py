@@ -267,3 +267,31 @@ async def test_an_imported_agent_that_does_not_stream_answers_a_streaming_caller
             got = [chunk async for chunk in stream]
         assert stream.response.ok, stream.response
         assert got == [{"got": {"doc": "x"}}]
+
+
+@pytest.mark.parametrize("binding", ["JSONRPC", "HTTP+JSON"])
+async def test_an_a2a_caller_that_goes_away_closes_the_agents_connection(
+    exporting_router: RouterServer, binding: str
+) -> None:
+    """The a2a-sdk client leaves after the first chunk: the Router closes its connection to the
+    agent within a second (it used to run on until a2a-sdk gave its queue up, about 5 s)."""
+    closed = asyncio.Event()
+
+    async def script(conn: Conn) -> None:
+        await conn.sse_head()
+        await conn.chunk("Hel")
+        await conn.closed_by_router()
+        closed.set()
+
+    agent = await StreamAgent("talker", script).start()
+    await agent.register(exporting_router.url)
+    try:
+        config = ClientConfig(streaming=True, supported_protocol_bindings=[binding])
+        client = await create_client(exporting_router.url, client_config=config)
+        async with client:
+            async for event in client.send_message(talk_message()):
+                if event.HasField("artifact_update"):
+                    break
+        await asyncio.wait_for(closed.wait(), scaled(1))
+    finally:
+        await agent.stop()

@@ -13,9 +13,13 @@ The other way, an A2A agent joining a Router by its card, is
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
 import time
 import uuid
+from collections.abc import Coroutine
+from contextvars import ContextVar
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -87,6 +91,10 @@ _STREAM_METHODS = frozenset({"SendStreamingMessage", "message/stream"})
 # Set by the export on a REST ``message:stream`` call (a caller's own is dropped first): the
 # only sign of a streaming call a2a-sdk passes on to the executor for that binding.
 _STREAM_MARK = b"x-agent-reach-a2a-stream"
+# Set when the caller of the A2A request being served goes away. a2a-sdk runs the executor in a
+# task of its own, created while it serves the request, so that task sees the request's value:
+# a streamed call then stops (closing the agent's connection) instead of running to its end.
+_CALLER_GONE: ContextVar[asyncio.Event | None] = ContextVar("a2a_caller_gone", default=None)
 
 
 # ----------------------------------------------------------------------------------- export
@@ -287,7 +295,9 @@ async def stream_message(
     await queue.enqueue_event(task_proto(working, stamps.next()))
     sink = ArtifactSink(queue, task_id, context_id)
     envelope = orjson.dumps(envelope_for(message, metadata))
-    _, body = await app.parts.dispatcher.handle(envelope, caller=caller, sink=sink)
+    body = await _unless_gone(app.parts.dispatcher.handle(envelope, caller=caller, sink=sink))
+    if body is None:
+        return  # the caller went away: nobody is left to tell, and the agent's call is closed
     reply = jsoncodec.loads(body)
     ended = task_for(reply, message, task_id, context_id)
     if ended.get("artifacts") and (sink.chunks == 0 or reply.get("result") is not None):
@@ -302,6 +312,26 @@ async def stream_message(
     ends = {"handlerAgentId": reply.get("handlerAgentId"), "traceId": reply.get("traceId")}
     final.metadata.update({**ends, "chunks": sink.chunks})
     await queue.enqueue_event(final)
+
+
+async def _unless_gone(dispatch: Coroutine[Any, Any, tuple[int, bytes]]) -> bytes | None:
+    """The body ``dispatch`` answers, or None when the A2A caller went away first (the
+    dispatch is then cancelled, which closes the Router's connection to the agent)."""
+    work = asyncio.ensure_future(dispatch)
+    gone = _CALLER_GONE.get()
+    watch = asyncio.ensure_future(gone.wait()) if gone is not None else None
+    try:
+        await asyncio.wait([t for t in (work, watch) if t is not None], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if watch is not None:
+            watch.cancel()
+        if not work.done():
+            work.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await work
+    if work.cancelled():
+        return None
+    return work.result()[1]
 
 
 def task_proto(task: dict[str, Any], ms: int) -> Task:
@@ -562,7 +592,17 @@ class A2AExport:
         if scope["path"] == JSONRPC_PATH and scope["method"] == "POST":
             await self._jsonrpc(scope, body, headers, receive, send)
         else:
-            await self.a2a(scope, _replay(body, receive), send)
+            await self._sdk(scope, body, receive, send)
+
+    async def _sdk(self, scope: Scope, body: bytes, receive: Receive, send: Send) -> None:
+        """a2a-sdk serves the request, its body replayed; a streamed call stops when its caller
+        goes away (see ``_CALLER_GONE``)."""
+        gone = asyncio.Event()
+        token = _CALLER_GONE.set(gone)
+        try:
+            await self.a2a(scope, _replay(body, receive, gone), send)
+        finally:
+            _CALLER_GONE.reset(token)
 
     async def _jsonrpc(
         self, scope: Scope, body: bytes, headers: dict[bytes, bytes], receive: Receive, send: Send
@@ -582,7 +622,7 @@ class A2AExport:
             return
         request = _fast_send_message(parsed, headers)
         if request is None:
-            await self.a2a(scope, _replay(body, receive), send)
+            await self._sdk(scope, body, receive, send)
             return
         message, metadata = request["params"]["message"], request["params"].get("metadata") or {}
         owner = scope["user"].display_name
@@ -733,10 +773,10 @@ def _fast_send_message(request: Any, headers: dict[bytes, bytes]) -> dict[str, A
     return request
 
 
-def _replay(body: bytes, receive: Receive) -> Receive:
+def _replay(body: bytes, receive: Receive, gone: asyncio.Event | None = None) -> Receive:
     """An ASGI ``receive`` that hands over a body already read, then the connection's own
     ``receive``: a streamed answer (``SendStreamingMessage``) watches it for the caller going
-    away, and must not be told so at once."""
+    away, and must not be told so at once. ``gone`` is set when the caller has gone."""
     sent = False
 
     async def replayed() -> dict[str, Any]:
@@ -744,7 +784,10 @@ def _replay(body: bytes, receive: Receive) -> Receive:
         if not sent:
             sent = True
             return {"type": "http.request", "body": body, "more_body": False}
-        return dict(await receive())
+        message = dict(await receive())
+        if message.get("type") == "http.disconnect" and gone is not None:
+            gone.set()
+        return message
 
     return replayed
 
