@@ -214,6 +214,9 @@ class HttpTransport:
             # One TLS context for every call on the session: agents, probes, holds, replyTo.
             connector = aiohttp.TCPConnector(
                 limit=self._pool_size,
+                # Streams run here: the per-agent cap bounds the idle connections they leave too
+                # (a running stream holds a room of the lean pool besides, see stream()).
+                limit_per_host=self._per_agent,
                 ttl_dns_cache=60,
                 resolver=_GuardedResolver(self._guard),
                 ssl=self._ssl,
