@@ -334,3 +334,29 @@ def test_a_port_taken_before_the_child_binds_it_is_replaced(
             team.cleanup()
         own.stop()
         taken.close()
+
+
+def test_latency_and_crash_hold_their_promises_with_streaming_agents(tmp_path: Path) -> None:
+    """``--stream``: the agents stream, the callers ask for a stream; both drills hold their
+    promises (every successful stream whole and in order too), and the report shows time to
+    first chunk."""
+    report = tmp_path / "report"
+    args = ("drill", "latency", "crash", "--stream", "--duration", "6", "--rate", "20", "--json")
+    done = reach(*args, "--report", str(report))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    answer = json.loads(done.stdout)
+    for scenario in ("latency", "crash"):
+        found = answer["scenarios"][scenario]
+        assert all(p["ok"] for p in found["promises"]), found["promises"]
+        assert "every successful stream whole and in order" in [p["name"] for p in found["promises"]]
+        first = found["figures"]["firstChunk"]
+        assert first["streams"] > 0 and first["p50Ms"] is not None, first
+    steps = answer["scenarios"]["latency"]["figures"]["steps"]
+    assert all("firstChunk" in step for step in steps)
+    assert "firstChunk" in (report / "report.md").read_text()
+
+
+def test_stream_is_refused_for_a_scenario_that_does_not_stream() -> None:
+    done = reach("drill", "storm", "--stream")
+    assert done.returncode != 0
+    assert "--stream applies to latency and crash only" in done.stdout + done.stderr

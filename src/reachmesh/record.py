@@ -48,10 +48,14 @@ class StreamRecord:
     # agent_error, caller_gone; None while it runs.
     ended: str | None = None
     marks_ms: list[float] = field(default_factory=list)  # the first chunks' times, for the waterfall
+    # The last chunk's time, kept past MAX_CHUNK_MARKS: the waterfall shows where a long stream
+    # ended without holding a time per chunk.
+    last_chunk_ms: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "firstChunkMs": self.first_chunk_ms,
+            "lastChunkMs": self.last_chunk_ms,
             "chunks": self.chunks,
             "bytes": self.bytes,
             "ended": self.ended,

@@ -316,3 +316,37 @@ def test_degraded_mode_shows_and_clears(browser: Any) -> None:
         )
     finally:
         mesh.bg.close()
+
+
+def test_the_waterfall_marks_a_streams_chunks(mesh: Mesh, browser: Any) -> None:
+    """A streamed call's hop carries a tick per chunk time the trace kept (the first 200) and
+    one at the last chunk; the hop's details say how many chunks came and when."""
+    from reachmesh.record import MAX_CHUNK_MARKS
+
+    total = MAX_CHUNK_MARKS + 20
+
+    async def talk(payload: dict[str, Any], ctx: Any) -> Any:
+        for n in range(total):
+            yield n
+
+    mesh.start(sdk_agent(mesh.url, "talker-agent", "talk_long", talk))
+    body = {
+        "traceId": "ui-trace-stream",
+        "targetTask": "talk_long",
+        "sourceAgent": "browser-test",
+        "payload": {},
+    }
+    reply = httpx.post(f"{mesh.url}/reach", json=body, headers={"Accept": "text/event-stream"}, timeout=10)
+    assert reply.text.count("event: chunk") == total and "event: done" in reply.text
+    open_page(browser, mesh.url)
+    selector = '#traffic-table tr[data-trace="ui-trace-stream"]'
+    until(browser, shows(selector), 5, "the streamed call in the tail")
+    browser.find_element(By.CSS_SELECTOR, selector).click()
+    marks = "#trace-body svg.waterfall g.chunks"
+    until(browser, shows(marks), 2, "the stream's chunk marks")
+    group = browser.find_element(By.CSS_SELECTOR, marks)
+    assert group.get_attribute("data-chunks") == str(total)
+    assert len(group.find_elements(By.CSS_SELECTOR, "line.chunk")) == MAX_CHUNK_MARKS + 1
+    hop = browser.find_element(By.CSS_SELECTOR, "#trace-body .hop")
+    assert f"{total} chunks" in hop.text and "first chunk" in hop.text and "last chunk" in hop.text
+    assert console_errors(browser) == []

@@ -216,13 +216,11 @@ async def test_task_operations_answer_with_the_specified_errors(http) -> None:
 async def test_undeclared_capabilities_are_refused(http) -> None:
     """§3.3.4: "If AgentCard.capabilities.pushNotifications is false or not present, operations
     related to push notification configuration ... MUST return
-    PushNotificationNotSupportedError" (-32003); "If AgentCard.capabilities.streaming is false
-    ..., attempts to use SendStreamingMessage or SubscribeToTask operations MUST return
-    UnsupportedOperationError" (-32004); likewise Get Extended Agent Card without
-    ``extendedAgentCard``."""
+    PushNotificationNotSupportedError" (-32003); likewise Get Extended Agent Card without
+    ``extendedAgentCard`` (-32004). Streaming is declared, and SendStreamingMessage streams."""
     card = (await http.get("/.well-known/agent-card.json")).json()
     capabilities = card["capabilities"]
-    assert not capabilities.get("pushNotifications") and not capabilities.get("streaming")
+    assert not capabilities.get("pushNotifications") and capabilities.get("streaming") is True
     assert not capabilities.get("extendedAgentCard")
     task = await send_rpc(http)
     config = {"taskId": task["id"], "url": "https://example.invalid/hook"}
@@ -235,7 +233,8 @@ async def test_undeclared_capabilities_are_refused(http) -> None:
         json={"jsonrpc": "2.0", "id": 1, "method": "SendStreamingMessage", "params": {"message": message()}},
         headers=V1,
     )
-    assert '"code":-32004' in resp.text.replace(" ", "")
+    assert resp.headers["content-type"].startswith("text/event-stream")
+    assert "statusUpdate" in resp.text and "-32004" not in resp.text
     extended = await rpc(http, "GetExtendedAgentCard", {})
     assert extended["error"]["code"] == -32004
 

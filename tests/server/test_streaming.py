@@ -510,3 +510,33 @@ async def test_a_compressed_stream_is_refused(router_with, agents) -> None:
         resp = await http.post(f"{router.url}/reach", json=envelope(), headers=STREAM_HEADERS)
     assert resp.status_code == 503
     assert resp.json()["error"]["candidates"][0]["reason"] == "agent_error"
+
+
+async def test_the_trace_keeps_the_first_chunk_times_and_the_last_for_the_waterfall(
+    router_with, agents
+) -> None:
+    """A long stream's trace holds at most MAX_CHUNK_MARKS chunk times (the trace store's memory
+    stays bounded), and the last chunk's time besides, so the waterfall shows where it ended."""
+    from reachmesh.record import MAX_CHUNK_MARKS
+
+    router = await router_with()
+    total = MAX_CHUNK_MARKS + 50
+
+    async def script(conn: Conn) -> None:
+        await conn.sse_head()
+        for n in range(total):
+            await conn.chunk(n)
+        await conn.done()
+
+    await agents("talker", script, router)
+    async with streamed(router, envelope()) as stream:
+        events = [await stream.next(), *await stream.rest()]
+    assert chunks_of(events) == list(range(total))
+    async with httpx.AsyncClient() as http:
+        trace = (await http.get(f"{router.url}/admin/traces/{done_of(events)['traceId']}")).json()
+    (hop,) = trace["hops"]
+    kept = hop["stream"]
+    assert kept["chunks"] == total and len(kept["marksMs"]) == MAX_CHUNK_MARKS
+    assert kept["marksMs"] == sorted(kept["marksMs"])
+    assert kept["firstChunkMs"] == kept["marksMs"][0] <= kept["marksMs"][-1] <= kept["lastChunkMs"]
+    assert kept["lastChunkMs"] <= hop["durationMs"]

@@ -13,9 +13,13 @@ The other way, an A2A agent joining a Router by its card, is
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
 import time
 import uuid
+from collections.abc import Coroutine
+from contextvars import ContextVar
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -56,9 +60,13 @@ try:
         AgentCard,
         AgentInterface,
         AgentSkill,
+        Artifact,
         Role,
         Task,
+        TaskArtifactUpdateEvent,
         TaskState,
+        TaskStatus,
+        TaskStatusUpdateEvent,
     )
     from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH
     from google.protobuf.json_format import MessageToDict, ParseDict
@@ -79,6 +87,14 @@ _STATE_NAMES = frozenset(TaskState.keys())
 _STATE_NUMBERS = frozenset(TaskState.values())
 _ROLE_NAMES = frozenset(Role.keys()) - {"ROLE_UNSPECIFIED"}
 _ROLE_NUMBERS = frozenset(Role.values()) - {Role.ROLE_UNSPECIFIED}
+_STREAM_METHODS = frozenset({"SendStreamingMessage", "message/stream"})
+# Set by the export on a REST ``message:stream`` call (a caller's own is dropped first): the
+# only sign of a streaming call a2a-sdk passes on to the executor for that binding.
+_STREAM_MARK = b"x-agent-reach-a2a-stream"
+# Set when the caller of the A2A request being served goes away. a2a-sdk runs the executor in a
+# task of its own, created while it serves the request, so that task sees the request's value:
+# a streamed call then stops (closing the agent's connection) instead of running to its end.
+_CALLER_GONE: ContextVar[asyncio.Event | None] = ContextVar("a2a_caller_gone", default=None)
 
 
 # ----------------------------------------------------------------------------------- export
@@ -121,7 +137,7 @@ def router_card(app: RouterApp, public_url: str, *, name: str = "Agent-Reach Rou
             AgentInterface(url=base + JSONRPC_PATH, protocol_binding="JSONRPC", protocol_version="1.0"),
             AgentInterface(url=base + REST_PATH, protocol_binding="HTTP+JSON", protocol_version="1.0"),
         ],
-        capabilities=AgentCapabilities(streaming=False, push_notifications=False),
+        capabilities=AgentCapabilities(streaming=True, push_notifications=False),
         default_input_modes=_MODES,
         default_output_modes=_MODES,
         skills=skills,
@@ -233,6 +249,91 @@ async def run_message(
     return task, ms
 
 
+class ArtifactSink:
+    """A streamed answer's chunks as A2A artifact updates, each as it comes: one artifact, its
+    parts appended chunk by chunk (``append`` from the second on). The dispatcher's relay waits
+    on :meth:`chunk`, so a2a-sdk's queue paces the read from the agent."""
+
+    def __init__(self, queue: EventQueue, task_id: str, context_id: str) -> None:
+        self.opened = False
+        self.chunks = 0
+        self._queue = queue
+        self._ids = {"task_id": task_id, "context_id": context_id}
+        self._artifact_id = uuid.uuid4().hex
+
+    async def chunk(self, data: bytes) -> None:
+        self.opened = True
+        artifact: dict[str, Any] = {"artifactId": self._artifact_id, "name": "stream"}
+        artifact["parts"] = result_parts(jsoncodec.loads(data))
+        update = TaskArtifactUpdateEvent(
+            **self._ids, artifact=ParseDict(artifact, Artifact()), append=self.chunks > 0, last_chunk=False
+        )
+        self.chunks += 1
+        await self._queue.enqueue_event(update)
+
+
+async def stream_message(
+    app: RouterApp,
+    message: dict[str, Any],
+    metadata: dict[str, Any],
+    ids: tuple[str, str],
+    queue: EventQueue,
+    stamps: StatusStamps,
+    caller: str = "-",
+) -> None:
+    """One A2A message through the dispatcher as a streamed request (protocol §14): the task
+    (working), an artifact update per chunk as the agent sends it, then the final status.
+
+    A result the agent's ``done`` carried (or a whole answer with no chunk before it) is one
+    more artifact, ``result``, as in a blocking call; a failure is the failed (or rejected)
+    status with the ReachResponse error in its message, as :func:`task_for` builds it.
+    """
+    task_id, context_id = ids
+    message = {**message, "contextId": context_id}
+    working: dict[str, Any] = {"id": task_id, "contextId": context_id, "history": [message]}
+    working["status"] = {"state": "TASK_STATE_WORKING"}
+    await queue.enqueue_event(task_proto(working, stamps.next()))
+    sink = ArtifactSink(queue, task_id, context_id)
+    envelope = orjson.dumps(envelope_for(message, metadata))
+    body = await _unless_gone(app.parts.dispatcher.handle(envelope, caller=caller, sink=sink))
+    if body is None:
+        return  # the caller went away: nobody is left to tell, and the agent's call is closed
+    reply = jsoncodec.loads(body)
+    ended = task_for(reply, message, task_id, context_id)
+    if ended.get("artifacts") and (sink.chunks == 0 or reply.get("result") is not None):
+        update = TaskArtifactUpdateEvent(
+            task_id=task_id, context_id=context_id, artifact=ParseDict(ended["artifacts"][0], Artifact())
+        )
+        update.last_chunk = True
+        await queue.enqueue_event(update)
+    status: TaskStatus = ParseDict(ended["status"], TaskStatus())
+    status.timestamp.FromMilliseconds(stamps.next())
+    final = TaskStatusUpdateEvent(task_id=task_id, context_id=context_id, status=status)
+    ends = {"handlerAgentId": reply.get("handlerAgentId"), "traceId": reply.get("traceId")}
+    final.metadata.update({**ends, "chunks": sink.chunks})
+    await queue.enqueue_event(final)
+
+
+async def _unless_gone(dispatch: Coroutine[Any, Any, tuple[int, bytes]]) -> bytes | None:
+    """The body ``dispatch`` answers, or None when the A2A caller went away first (the
+    dispatch is then cancelled, which closes the Router's connection to the agent)."""
+    work = asyncio.ensure_future(dispatch)
+    gone = _CALLER_GONE.get()
+    watch = asyncio.ensure_future(gone.wait()) if gone is not None else None
+    try:
+        await asyncio.wait([t for t in (work, watch) if t is not None], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if watch is not None:
+            watch.cancel()
+        if not work.done():
+            work.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await work
+    if work.cancelled():
+        return None
+    return work.result()[1]
+
+
 def task_proto(task: dict[str, Any], ms: int) -> Task:
     """``task`` as protobuf, its status time set from ``ms``: ParseDict would read the ISO
     text again, which costs about 0.1 ms, a third of the whole conversion."""
@@ -276,6 +377,17 @@ class ReachExecutor(AgentExecutor):
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         if context.message is None:
             return
+        if _streamed(context):
+            await stream_message(
+                self.app,
+                MessageToDict(context.message),
+                context.metadata,
+                (context.task_id or uuid.uuid4().hex, context.context_id or uuid.uuid4().hex),
+                event_queue,
+                self.stamps,
+                _caller_of(context),
+            )
+            return
         task, ms = await run_message(
             self.app,
             MessageToDict(context.message),
@@ -290,6 +402,16 @@ class ReachExecutor(AgentExecutor):
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         """A Reach request runs to its deadline and cannot be cancelled half-way."""
         raise ConfigError("Agent-Reach requests cannot be cancelled")
+
+
+def _streamed(context: RequestContext) -> bool:
+    """Whether the call is a streaming one (``SendStreamingMessage``, or REST ``message:stream``),
+    as :class:`A2AExport` marked it: a2a-sdk runs both kinds through the same ``execute``."""
+    call = context.call_context
+    if call.state.get("method") in _STREAM_METHODS:
+        return True
+    headers = call.state.get("headers")
+    return isinstance(headers, dict) and headers.get(_STREAM_MARK.decode()) == "1"
 
 
 def _caller_of(context: RequestContext) -> str:
@@ -423,7 +545,7 @@ class A2AExport:
             await send_json(send, denial.http_status, body, list(denial.headers) or None)
             return
         # a2a-sdk scopes its tasks to ``scope["user"]``: the caller's token, as GET /reach/{id} is.
-        scope = {**scope, "user": SimpleUser(principal_of(scope).key), "headers": _versioned(scope)}
+        scope = {**scope, "user": SimpleUser(principal_of(scope).key), "headers": _marked(scope)}
         if scope["method"] not in ("POST", "PUT", "PATCH"):
             refusal = _list_tasks_query_error(scope)
             if refusal is not None:
@@ -468,11 +590,23 @@ class A2AExport:
         except ClientGone:
             return
         if scope["path"] == JSONRPC_PATH and scope["method"] == "POST":
-            await self._jsonrpc(scope, body, headers, send)
+            await self._jsonrpc(scope, body, headers, receive, send)
         else:
-            await self.a2a(scope, _replay(body), send)
+            await self._sdk(scope, body, receive, send)
 
-    async def _jsonrpc(self, scope: Scope, body: bytes, headers: dict[bytes, bytes], send: Send) -> None:
+    async def _sdk(self, scope: Scope, body: bytes, receive: Receive, send: Send) -> None:
+        """a2a-sdk serves the request, its body replayed; a streamed call stops when its caller
+        goes away (see ``_CALLER_GONE``)."""
+        gone = asyncio.Event()
+        token = _CALLER_GONE.set(gone)
+        try:
+            await self.a2a(scope, _replay(body, receive, gone), send)
+        finally:
+            _CALLER_GONE.reset(token)
+
+    async def _jsonrpc(
+        self, scope: Scope, body: bytes, headers: dict[bytes, bytes], receive: Receive, send: Send
+    ) -> None:
         """A blocking A2A 1.0 ``SendMessage`` is answered here, straight from the dispatcher:
         a2a-sdk's request handler (task events, queues, protobuf at every step) costs about
         2 ms per call. Anything else (another method, streaming, push configuration, a task
@@ -488,7 +622,7 @@ class A2AExport:
             return
         request = _fast_send_message(parsed, headers)
         if request is None:
-            await self.a2a(scope, _replay(body), send)
+            await self._sdk(scope, body, receive, send)
             return
         message, metadata = request["params"]["message"], request["params"].get("metadata") or {}
         owner = scope["user"].display_name
@@ -505,6 +639,15 @@ class A2AExport:
         await self.tasks.save(task_proto(task, ms), owner_context(owner))
         answer = orjson.dumps({"jsonrpc": "2.0", "id": request.get("id"), "result": {"task": task}})
         await send_json(send, 200, answer)
+
+
+def _marked(scope: Scope) -> list[tuple[bytes, bytes]]:
+    """The request's headers as a2a-sdk should see them: versioned (:func:`_versioned`), and
+    marked when the call is a REST streaming one (see ``_STREAM_MARK``)."""
+    headers = [(k, v) for k, v in _versioned(scope) if k != _STREAM_MARK]
+    if scope["path"].startswith(REST_PATH) and scope["path"].endswith("/message:stream"):
+        headers.append((_STREAM_MARK, b"1"))
+    return headers
 
 
 def _versioned(scope: Scope) -> list[tuple[bytes, bytes]]:
@@ -630,18 +773,23 @@ def _fast_send_message(request: Any, headers: dict[bytes, bytes]) -> dict[str, A
     return request
 
 
-def _replay(body: bytes) -> Receive:
-    """An ASGI ``receive`` that hands over a body already read, then waits for disconnect."""
+def _replay(body: bytes, receive: Receive, gone: asyncio.Event | None = None) -> Receive:
+    """An ASGI ``receive`` that hands over a body already read, then the connection's own
+    ``receive``: a streamed answer (``SendStreamingMessage``) watches it for the caller going
+    away, and must not be told so at once. ``gone`` is set when the caller has gone."""
     sent = False
 
-    async def receive() -> dict[str, Any]:
+    async def replayed() -> dict[str, Any]:
         nonlocal sent
         if not sent:
             sent = True
             return {"type": "http.request", "body": body, "more_body": False}
-        return {"type": "http.disconnect"}
+        message = dict(await receive())
+        if message.get("type") == "http.disconnect" and gone is not None:
+            gone.set()
+        return message
 
-    return receive
+    return replayed
 
 
 __all__ = [

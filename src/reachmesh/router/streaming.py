@@ -152,6 +152,7 @@ async def _emit(chunk: Chunk, sink: StreamSink, record: DecisionRecord, clock: C
     run_ms = round((clock.monotonic() - record.started) * 1000, 2)
     if stats.first_chunk_ms is None:
         stats.first_chunk_ms = run_ms
+    stats.last_chunk_ms = run_ms
     stats.chunks += 1
     stats.bytes += len(chunk.raw)
     if len(stats.marks_ms) < MAX_CHUNK_MARKS:

@@ -24,6 +24,8 @@ from typing import Any
 
 from reachmesh import jsoncodec
 from reachmesh.exceptions import AgentDeclined, AgentRejected, BadAgentResponse
+from reachmesh.sse import SseEvent
+from reachmesh.transport.pieces import Chunk, Final, Piece
 
 A2A_VERSION = "1.0"
 # The headers of a Router attempt that an A2A agent may also use (tracing, the deadline).
@@ -39,6 +41,8 @@ _JSONRPC_CODES = {
     -32009: "A2A_VERSION_NOT_SUPPORTED",
 }
 _INTERNAL_ERROR = -32603
+# What an agent that does not stream answers SendStreamingMessage with (its card says so).
+UNSUPPORTED = "A2A_UNSUPPORTED_OPERATION"
 # Task states that end an attempt without a result: (error code, may another agent try).
 _UNFINISHED = {
     "TASK_STATE_FAILED": ("A2A_TASK_FAILED", False),
@@ -47,10 +51,13 @@ _UNFINISHED = {
     "TASK_STATE_INPUT_REQUIRED": ("A2A_INPUT_REQUIRED", False),
     "TASK_STATE_AUTH_REQUIRED": ("A2A_AUTH_REQUIRED", False),
 }
+# The states a stream ends in (A2A: terminal, or interrupted waiting for the caller).
+_TERMINAL = frozenset({"TASK_STATE_COMPLETED", *_UNFINISHED})
 
 
-def send_message(body: bytes) -> bytes:
-    """The JSON-RPC ``SendMessage`` request for a ReachRequest body (as the Router forwards it)."""
+def send_message(body: bytes, *, streaming: bool = False) -> bytes:
+    """The JSON-RPC ``SendMessage`` request for a ReachRequest body (as the Router forwards it);
+    ``SendStreamingMessage`` for a caller that asked for a stream."""
     envelope = jsoncodec.loads(body)
     payload = envelope.get("payload")
     payload = payload if isinstance(payload, dict) else {}
@@ -74,7 +81,7 @@ def send_message(body: bytes) -> bytes:
     request = {
         "jsonrpc": "2.0",
         "id": envelope.get("traceId") or message["messageId"],
-        "method": "SendMessage",
+        "method": "SendStreamingMessage" if streaming else "SendMessage",
         # Blocking: the answer is the finished task, within the attempt's own limits.
         "params": {"message": message, "configuration": {"returnImmediately": False}, "metadata": metadata},
     }
@@ -198,3 +205,63 @@ def whole_numbers(value: Any) -> Any:
     if isinstance(value, list):
         return [whole_numbers(v) for v in value]
     return value
+
+
+class StreamReading:
+    """An A2A ``SendStreamingMessage`` answer as the pieces of a Reach stream (protocol §14).
+
+    Each server-sent event's data is one JSON-RPC response whose ``result`` is a StreamResponse:
+    an ``artifactUpdate`` is one chunk (its parts as :func:`chunk_value` makes them); a task or
+    status update in a terminal state ends the stream (``completed`` is the ``done``, the other
+    states the errors :func:`classify` maps them to); a ``message`` is the whole answer. A task
+    still working says nothing to the caller.
+    """
+
+    def __init__(self) -> None:
+        self.chunks = 0
+
+    def piece(self, event: SseEvent) -> Piece | None:
+        try:
+            answer = jsoncodec.loads(event.data.encode())
+        except jsoncodec.JSONDecodeError as exc:
+            raise BadAgentResponse(f"an A2A stream event is not JSON ({exc.msg})") from exc
+        if isinstance(answer, dict) and "error" in answer:
+            raise _rpc_error(answer["error"])
+        result = answer.get("result") if isinstance(answer, dict) else None
+        if not isinstance(result, dict):
+            raise BadAgentResponse("an A2A stream event carries no StreamResponse")
+        update = result.get("artifactUpdate")
+        if isinstance(update, dict):
+            artifact = update.get("artifact")
+            parts = artifact.get("parts") if isinstance(artifact, dict) else None
+            self.chunks += 1
+            return Chunk(jsoncodec.dumps(chunk_value(parts)))
+        if isinstance(result.get("message"), dict):
+            return Final(result_of(result["message"].get("parts")), True)
+        found = result.get("task") or result.get("statusUpdate")
+        if not isinstance(found, dict):
+            return None  # a kind this version does not know: ignored, as SSE ignores unknown events
+        return self._ending(found)
+
+    def _ending(self, task: dict[str, Any]) -> Piece | None:
+        status = task.get("status")
+        state = status.get("state") if isinstance(status, dict) else None
+        if state not in _TERMINAL:
+            return None
+        if state != "TASK_STATE_COMPLETED" or not self.chunks:
+            # The whole task (its artifacts, or its status message) when nothing streamed;
+            # the other terminal states raise the errors a blocking call gets.
+            return Final(_task_result(task), True)
+        return Final(None, False)
+
+
+def chunk_value(parts: Any) -> Any:
+    """One artifact update's parts as a chunk: a lone text part its text, a lone data part its
+    data, more parts as :func:`result_of` joins them."""
+    if isinstance(parts, list) and len(parts) == 1 and isinstance(parts[0], dict):
+        part = parts[0]
+        if "data" in part:
+            return whole_numbers(part["data"])
+        if isinstance(part.get("text"), str):
+            return part["text"]
+    return result_of(parts)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -20,6 +21,7 @@ from aiohttp.resolver import DefaultResolver
 
 from reachmesh.config import OutboundPolicy, ServerPolicy
 from reachmesh.exceptions import (
+    AgentRejected,
     AttemptTimeout,
     BadAgentResponse,
     ConnectFailed,
@@ -49,6 +51,7 @@ from reachmesh.transport.streaming import (
     StreamBounds,
     gather,
     looks_like_events,
+    piece_of,
     read_plain,
 )
 from reachmesh.transport.urlguard import UrlGuard
@@ -211,6 +214,9 @@ class HttpTransport:
             # One TLS context for every call on the session: agents, probes, holds, replyTo.
             connector = aiohttp.TCPConnector(
                 limit=self._pool_size,
+                # Streams run here: the per-agent cap bounds the idle connections they leave too
+                # (a running stream holds a room of the lean pool besides, see stream()).
+                limit_per_host=self._per_agent,
                 ttl_dns_cache=60,
                 resolver=_GuardedResolver(self._guard),
                 ssl=self._ssl,
@@ -266,51 +272,112 @@ class HttpTransport:
     ) -> AgentStream:
         """POST ``body`` asking for an event stream; the answer once its head is in.
 
-        On the aiohttp session, not the lean pool: a stream holds its connection for as long as
-        the agent talks, and is read as the caller takes it, which the pool (built to gather
-        whole answers in its protocol) does not do. The guard, TLS and errors are the same.
+        On the aiohttp session, not the lean pool's connections: a stream holds its connection
+        for as long as the agent talks and is read as the caller takes it, which the pool (built
+        to gather whole answers) does not do. It still takes a room in the pool
+        (:meth:`~.pool.Pool.hold_slot`) for as long as it runs, so streams and plain calls share
+        the connection caps; and its head has the same bounds as a plain answer's. The guard,
+        TLS and errors are the same. An ``a2a`` agent is asked ``SendStreamingMessage``
+        (:class:`.a2a.StreamReading`), or plain ``SendMessage`` when it says it does not stream.
         """
-        if protocol != "http":
-            return PlainStream(await self.send(url, body, headers, limits, protocol))
         refused = self._refused(url)
         if refused is not None:
             raise ConnectFailed(f"the agent's endpoint is refused: {refused}")
-        sent = {**headers, "Accept": EVENT_STREAM, "Accept-Encoding": "identity"}
-        head_s = min(limits.connect_s + limits.read_s, limits.total_s)
+        if protocol == "a2a":
+            reading = a2a.StreamReading()
+            data, sent = a2a.send_message(body, streaming=True), a2a.headers(headers)
+        else:
+            reading, data, sent = None, body, dict(headers)
+        sent.update({"Accept": EVENT_STREAM, "Accept-Encoding": "identity"})
         try:
-            async with asyncio.timeout(head_s):
+            return await self._open_stream(url, data, sent, limits, bounds, reading)
+        except AgentRejected as exc:
+            if reading is None or exc.error.get("code") != a2a.UNSUPPORTED:
+                raise
+        return PlainStream(await self.send(url, body, headers, limits, protocol))
+
+    async def _open_stream(
+        self,
+        url: str,
+        data: bytes,
+        sent: dict[str, str],
+        limits: AttemptLimits,
+        bounds: StreamBounds,
+        reading: a2a.StreamReading | None,
+    ) -> AgentStream:
+        pool = self._pool
+        if pool is None:
+            raise RuntimeError("HttpTransport.open() was not awaited")
+        head_s = min(limits.connect_s + limits.read_s, limits.total_s)
+        loop = asyncio.get_running_loop()
+        due = loop.time() + head_s
+        try:
+            slot = await pool.hold_slot(url, head_s)
+        except (lean.PoolTimeout, lean.BadUrl) as exc:
+            raise _pool_error(exc, limits) from exc
+        opened: AgentStream | None = None
+        try:
+            response = await self._stream_head(url, data, sent, limits, due)
+            try:
+                opened = await self._opened(response, bounds, reading, lambda: pool.free_slot(slot))
+            finally:
+                if opened is None:  # refused, failed or cancelled: the connection goes now
+                    response.close()
+        finally:
+            if opened is None or opened.plain:
+                pool.free_slot(slot)
+        return opened
+
+    async def _stream_head(
+        self, url: str, data: bytes, sent: dict[str, str], limits: AttemptLimits, due: float
+    ) -> aiohttp.ClientResponse:
+        """The answer to a stream request, its head in and within the head bounds."""
+        head = self._head
+        try:
+            async with asyncio.timeout_at(due):
                 response = await self._http.post(
                     url,
-                    data=body,
+                    data=data,
                     headers=sent,
                     timeout=aiohttp.ClientTimeout(total=None, sock_connect=limits.connect_s),
                     allow_redirects=False,
                     auto_decompress=False,
+                    max_line_size=head.max_line,
+                    max_field_size=head.max_line,
+                    max_headers=head.max_headers,
                 )
         except (aiohttp.ClientError, OSError, ValueError, TimeoutError) as exc:
             mapped = stream_failure(exc, limits)
             if mapped is exc:
                 raise
             raise mapped from exc
-        opened: AgentStream | None = None
-        try:
-            opened = await self._opened(response, bounds)
-        finally:
-            if opened is None:  # refused, failed or cancelled: the connection goes now
-                response.close()
-        return opened
+        # aiohttp bounds each line and the count; the head's total is the policy's too.
+        size = sum(len(name) + len(value) + 4 for name, value in response.raw_headers)
+        if size > head.max_bytes:
+            response.close()
+            raise BadAgentResponse(
+                f"answer head refused: its headers are over the {head.max_bytes}-byte limit"
+            )
+        return response
 
-    async def _opened(self, response: aiohttp.ClientResponse, bounds: StreamBounds) -> AgentStream:
+    async def _opened(
+        self,
+        response: aiohttp.ClientResponse,
+        bounds: StreamBounds,
+        reading: a2a.StreamReading | None,
+        on_close: Callable[[], None],
+    ) -> AgentStream:
         """The stream of an answer whose head is in, or its plain answer, or its error."""
         if response.status == 429:
             raise busy(response.headers.get("Retry-After", "").encode("latin-1") or None)
-        if response.status >= 500:
+        if response.status >= 500 and reading is None:
             raise BadAgentResponse(f"agent answered HTTP {response.status}")
         encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
         if encoding not in ("", "identity"):
             raise BadAgentResponse(f"agent answered a {encoding[:32]}-encoded stream, asked for identity")
         if response.status == 200 and response.content_type == EVENT_STREAM:
-            return HttpAgentStream(response, bounds)
+            read = reading.piece if reading is not None else piece_of
+            return HttpAgentStream(response, bounds, read, on_close)
         try:
             async with asyncio.timeout_at(bounds.deadline):
                 raw = await read_plain(response, bounds.plain_limit)
@@ -319,6 +386,8 @@ class HttpTransport:
         except (aiohttp.ClientError, OSError) as exc:
             raise ConnectFailed(f"broken response body: {type(exc).__name__}") from exc
         response.release()
+        if reading is not None:
+            return PlainStream(a2a.classify(response.status, raw))
         return PlainStream(classify_answer(response.status, raw))
 
     async def _post(self, url: str, body: bytes, headers: dict[str, str], limits: AttemptLimits) -> Answer:

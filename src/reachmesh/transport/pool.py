@@ -395,6 +395,43 @@ class Pool:
                 raise StaleConnection(f"a kept-alive connection closed after the request ({exc})") from exc
             raise
 
+    async def hold_slot(self, url: str, total_s: float) -> tuple[str, str, int]:
+        """Take the room of one connection to ``url`` under the caps (``size``, ``per_agent``),
+        waiting in the same line as :meth:`post`, for a connection made elsewhere: a streamed
+        answer's, which holds it for as long as the agent talks. Counted as an open connection
+        to that agent until :meth:`free_slot`; an idle one is closed to make room if need be.
+        Raises :class:`PoolTimeout` when no room came within ``total_s``."""
+        loop = self._loop or asyncio.get_running_loop()
+        self._loop = loop
+        hard = loop.time() + total_s
+        key = self._target(url).key
+        woken = False
+        while True:
+            if woken or not self._waiting.get(key):
+                if self._may_open(key):
+                    self._opening += 1  # the global cap's count, as a connection being made
+                    self._open_to[key] = self._open_to.get(key, 0) + 1
+                    return key
+                idle = self._idle.get(key)
+                if idle:
+                    idle.pop(0)._close()  # this agent's own idle connection gives its room
+                    continue
+                if self._target_room(key) and self._evict_one():
+                    continue
+            await self._wait(key, hard, front=woken)
+            woken = True
+
+    def free_slot(self, key: tuple[str, str, int]) -> None:
+        """Give back a room :meth:`hold_slot` took."""
+        self._opening -= 1
+        left = self._open_to.get(key, 1) - 1
+        if left > 0:
+            self._open_to[key] = left
+        else:
+            self._open_to.pop(key, None)
+        if not self._wake(key):
+            self._wake_any()
+
     def _reuse(self, key: tuple[str, str, int], now: float) -> _Conn | None:
         idle = self._idle.get(key)
         while idle:

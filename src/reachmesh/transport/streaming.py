@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -70,9 +71,19 @@ class HttpAgentStream:
 
     plain = False
 
-    def __init__(self, response: aiohttp.ClientResponse, bounds: StreamBounds) -> None:
+    def __init__(
+        self,
+        response: aiohttp.ClientResponse,
+        bounds: StreamBounds,
+        read: Callable[[SseEvent], Piece | None] = piece_of,
+        on_close: Callable[[], None] | None = None,
+    ) -> None:
+        """``read`` makes an event a piece (:func:`piece_of` for a Reach agent's events);
+        ``on_close`` runs once when the stream closes (the pool slot it held is given back)."""
         self._response = response
         self._bounds = bounds
+        self._read_event = read
+        self._on_close = on_close
         self._parser = SseParser(bounds.sse)
         self._pending: deque[SseEvent] = deque()
         self._finished = False
@@ -93,7 +104,7 @@ class HttpAgentStream:
                     self._pending.extend(self._parser.feed(data))
                 except SseError as exc:
                     raise BadAgentResponse(f"event stream: {exc}") from exc
-            piece = piece_of(self._pending.popleft())
+            piece = self._read_event(self._pending.popleft())
             if piece is not None:
                 if isinstance(piece, Final):
                     self._finished = True
@@ -113,6 +124,9 @@ class HttpAgentStream:
             raise ConnectFailed(f"the event stream broke: {type(exc).__name__}: {exc}") from exc
 
     async def aclose(self) -> None:
+        on_close, self._on_close = self._on_close, None
+        if on_close is not None:
+            on_close()
         if self._finished and self._response.content.at_eof():
             self._response.release()  # read to its end: the connection may carry another call
         else:

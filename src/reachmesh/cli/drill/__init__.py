@@ -55,6 +55,14 @@ def drill(
     json_out: Annotated[
         bool, typer.Option("--json", help="Print the report as JSON (and write report.json).")
     ] = False,
+    stream: Annotated[
+        bool,
+        typer.Option(
+            "--stream",
+            help="latency and crash only: the agents stream their answers and the callers ask for "
+            "a stream; the report adds time to first chunk.",
+        ),
+    ] = False,
 ) -> None:
     """Run resilience drills (latency, crash, storm, breaker, partition, all); exit 1 on a missed promise."""
     if router is None:
@@ -63,4 +71,6 @@ def drill(
     # drill runs: every other command of `reach` starts without it.
     from reachmesh.cli.drill.run import start
 
-    start(scenarios, router, agent_host, agents, duration, rate, concurrency, config, report, json_out)
+    start(
+        scenarios, router, agent_host, agents, duration, rate, concurrency, config, report, json_out, stream
+    )

@@ -13,6 +13,10 @@ reachmesh.cli.drill.agent:agent``), so that ``kill -9`` is real. It serves one t
   breaker drill);
 - ``{"mode": "hang"}`` never answers (the Router's read timeout ends the attempt).
 
+With ``REACH_DRILL_STREAM=1`` (``reach drill --stream``) the capability is an async generator:
+after the same faults, it yields ``STREAM_CHUNKS`` chunks ``{"agent", "seq", "part"}`` (``part``
+counts from 0, so a caller can check they came whole and in order).
+
 It writes the lease it holds to ``REACH_DRILL_LEASE_FILE``, so that a drill can deregister an
 agent it killed instead of leaving its entry behind.
 """
@@ -25,10 +29,12 @@ import os
 import random
 import threading
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 from reachmesh import AgentError, ReachAgent, ReachContext
+from reachmesh.cli.drill.load import STREAM_CHUNKS
 
 agent = ReachAgent()
 TASK = os.environ.get("REACH_DRILL_TASK", "drill_echo")
@@ -46,6 +52,19 @@ def _faults() -> dict[str, Any]:
 
 
 async def _serve(payload: dict[str, Any], ctx: ReachContext) -> dict[str, Any]:
+    await _suffer()
+    return {"agent": agent.id, "seq": payload.get("seq")}
+
+
+async def _serve_stream(payload: dict[str, Any], ctx: ReachContext) -> AsyncIterator[dict[str, Any]]:
+    await _suffer()  # before the first chunk: a fault delays it, so time to first chunk shows it
+    for part in range(STREAM_CHUNKS):
+        yield {"agent": agent.id, "seq": payload.get("seq"), "part": part}
+        await asyncio.sleep(0)  # each chunk its own write, as a model's tokens are
+
+
+async def _suffer() -> None:
+    """The faults the drill set, as the agent's own slowness or failure."""
     faults = _faults()
     mode = faults.get("mode", "ok")
     if faults.get("delay_ms"):
@@ -56,10 +75,9 @@ async def _serve(payload: dict[str, Any], ctx: ReachContext) -> dict[str, Any]:
         raise AgentError(f"{agent.id} fails on purpose", code="DRILL_FAULT", retryable=True)
     if mode == "hang_until" and time.time() < float(faults.get("until", 0)):
         await asyncio.sleep(float(faults.get("hang_ms", 2000)) / 1000)
-    return {"agent": agent.id, "seq": payload.get("seq")}
 
 
-agent.capability(TASK)(_serve)
+agent.capability(TASK)(_serve_stream if os.environ.get("REACH_DRILL_STREAM") == "1" else _serve)
 
 
 def _write_lease_forever(path: Path) -> None:

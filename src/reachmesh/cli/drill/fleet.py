@@ -169,6 +169,8 @@ class Fleet:
     agents: dict[str, DrillAgent] = field(default_factory=dict)
     # Declared by agents started from now on (the burst drill's capacity), if set.
     max_concurrency: int | None = None
+    # Agents started from now on stream their answers (``reach drill --stream``).
+    stream: bool = False
 
     @property
     def prefix(self) -> str:
@@ -204,6 +206,8 @@ class Fleet:
         }
         if self.token:
             env["REACH_TOKEN"] = self.token
+        if self.stream:
+            env["REACH_DRILL_STREAM"] = "1"
         args = ["agent", "--config", str(config), "--app", AGENT_APP, "--log-level", "WARNING"]
         agent.proc = _spawn([*args, "--host", self.host], agent.log, env)
         agent.killed = False

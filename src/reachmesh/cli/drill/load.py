@@ -18,11 +18,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+import orjson
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
 from reachmesh.cli.console import PIPED_WIDTH
+from reachmesh.sse import SseError, SseLimits, SseParser
+
+# The chunks a drill agent streams per call with ``--stream`` (the callers check all came).
+STREAM_CHUNKS = 5
 
 
 @dataclass(slots=True)
@@ -35,6 +40,11 @@ class Sample:
     attempts: list[tuple[str, str]] = field(default_factory=list)  # (agentId, outcome)
     code: str | None = None
     retry_after: str | None = None
+    # A streamed call (``--stream``): ms to its first chunk, chunks, and whether they came whole
+    # and in order (``part`` 0, 1, ... from one agent).
+    ttfc_ms: float | None = None
+    chunks: int = 0
+    in_order: bool = True
 
     @property
     def ok(self) -> bool:
@@ -69,6 +79,12 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 1)
 
 
+def ttfc(samples: list[Sample]) -> dict[str, Any]:
+    """Time to first chunk of the streamed calls that got one: count, p50 and p99 (ms)."""
+    ms = [s.ttfc_ms for s in samples if s.ttfc_ms is not None]
+    return {"streams": len(ms), "p50Ms": _round(percentile(ms, 0.5)), "p99Ms": _round(percentile(ms, 0.99))}
+
+
 class Load:
     """Sends ReachRequests for one task to a Router and keeps every answer."""
 
@@ -82,8 +98,10 @@ class Load:
         budget_ms: int = 10_000,
         read_timeout_ms: int | None = None,
         max_inflight: int = 256,
+        stream: bool = False,
     ) -> None:
         self._session = session
+        self._stream = stream
         self._url = f"{router_url}/reach"
         self._task = task
         self._started = started
@@ -147,16 +165,49 @@ class Load:
             }
             sent = self.now()
             try:
+                if self._stream:
+                    self.samples.append(await self._streamed(body, sent))
+                    return
                 async with self._session.post(self._url, json=body) as resp:
                     answer = await resp.json(content_type=None)
                     retry_after = resp.headers.get("Retry-After")
                     http = resp.status
-            except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
+            except (TimeoutError, aiohttp.ClientError, ValueError, SseError) as exc:
                 self.samples.append(
                     Sample(sent, (self.now() - sent) * 1000, 0, "CLIENT_ERROR", code=type(exc).__name__)
                 )
                 return
             self.samples.append(_sample(sent, (self.now() - sent) * 1000, http, answer, retry_after))
+
+    async def _streamed(self, body: dict[str, Any], sent: float) -> Sample:
+        """One call that asks for a stream: its chunks timed as they come, then its ``done``
+        (or, when it failed before any chunk, the plain ReachResponse)."""
+        headers = {"Accept": "text/event-stream"}
+        async with self._session.post(self._url, json=body, headers=headers) as resp:
+            if resp.content_type != "text/event-stream":
+                answer = await resp.json(content_type=None)
+                ms = (self.now() - sent) * 1000
+                return _sample(sent, ms, resp.status, answer, resp.headers.get("Retry-After"))
+            parser = SseParser(SseLimits(max_line=1 << 20, max_event=1 << 20, max_total=64 << 20))
+            first: float | None = None
+            parts: list[Any] = []
+            while True:
+                data = await resp.content.readany()
+                if not data:
+                    raise ValueError("the stream ended without a done event")
+                for event in parser.feed(data):
+                    if event.event == "chunk":
+                        first = self.now() if first is None else first
+                        chunk = orjson.loads(event.data)
+                        parts.append(chunk.get("part") if isinstance(chunk, dict) else None)
+                    elif event.event == "done":
+                        sample = _sample(
+                            sent, (self.now() - sent) * 1000, resp.status, orjson.loads(event.data), None
+                        )
+                        sample.ttfc_ms = None if first is None else (first - sent) * 1000
+                        sample.chunks = len(parts)
+                        sample.in_order = parts == list(range(len(parts)))
+                        return sample
 
 
 def _sample(sent: float, ms: float, http: int, answer: Any, retry_after: str | None) -> Sample:

@@ -35,6 +35,8 @@ from reachmesh.yamlfile import read_yaml
 ALL = ["latency", "crash", "storm", "breaker", "partition", "burst", "router-crash"]
 # The scenarios that start an etcd of their own (and so cannot run against a given Router).
 OWN_ETCD = ("partition", "router-crash")
+# The scenarios that run with streaming agents and callers (--stream).
+STREAMED = ("latency", "crash")
 
 
 def drill_policy(scenario: str) -> dict[str, Any]:
@@ -135,12 +137,15 @@ def start(
     config: Path | None,
     report: Path | None,
     json_out: bool,
+    stream: bool = False,
 ) -> None:
     """``reach drill`` with its arguments as given on the command line."""
     names = _scenarios(scenarios)
     url = None if router is None else router.rstrip("/")
     _check_flags(names, url, agent_host, concurrency, config)
-    settings = Settings(agents=agents, duration=duration, rate=rate, concurrency=concurrency)
+    if stream and set(names) - set(STREAMED):
+        fail(f"--stream applies to {' and '.join(STREAMED)} only (given: {', '.join(names)})")
+    settings = Settings(agents=agents, duration=duration, rate=rate, concurrency=concurrency, stream=stream)
     _main(names, settings, url, agent_host, config, report, json_out)
 
 
@@ -347,6 +352,7 @@ def _start_etcd(workdir: Path, stack: contextlib.ExitStack) -> Any:
 
 
 def _on(stage: Stage, name: str, started: str) -> Result:
+    stage.fleet.stream = stage.settings.stream
     cleaned = False
     try:
         result = asyncio.run(_interruptible(SCENARIOS[name](stage)))

@@ -23,7 +23,7 @@ import httpx
 from reachmesh.cli.console import err
 from reachmesh.cli.drill.burst import run_burst
 from reachmesh.cli.drill.fleet import Fleet, Watcher, auth_headers
-from reachmesh.cli.drill.load import LiveView, Load, Sample, percentile, summary
+from reachmesh.cli.drill.load import STREAM_CHUNKS, LiveView, Load, Sample, percentile, summary, ttfc
 from reachmesh.exceptions import ConfigError
 from reachmesh.secrets import loggable
 
@@ -37,6 +37,7 @@ class Settings:
     rate: float = 40.0
     concurrency: int | None = None
     quiet: bool = False
+    stream: bool = False  # streaming agents and callers (latency and crash)
 
 
 @dataclass
@@ -135,7 +136,14 @@ async def drive(
         aiohttp.ClientSession(headers=headers, connector=connector) as session,
         httpx.AsyncClient(base_url=stage.router_url, headers=headers, timeout=5) as http,
     ):
-        load = Load(session, stage.router_url, stage.fleet.task, started, read_timeout_ms=read_timeout_ms)
+        load = Load(
+            session,
+            stage.router_url,
+            stage.fleet.task,
+            started,
+            read_timeout_ms=read_timeout_ms,
+            stream=settings.stream,
+        )
         watcher = Watcher(http, stage.fleet.prefix, started)
         view = LiveView(load, scenario, quiet=settings.quiet)
         watcher.start()
@@ -252,6 +260,8 @@ async def latency(stage: Stage) -> Result:
             sum(1 for s in window if s.handler == slow) / max(len(window), 1), 3
         )
         figures["retried"] = sum(1 for s in window if len(s.attempts) > 1)
+        if stage.settings.stream:
+            figures["firstChunk"] = ttfc(window)
         steps.append(figures)
         failed = sum(1 for s in window if not s.ok)
         # >= 99 %, and one failure is allowed in a step too short for 1 % to be one request.
@@ -266,7 +276,19 @@ async def latency(stage: Stage) -> Result:
         "breakerOpenedAtS": _sec(run.watcher.first(slow, "circuit", "open")),
         "dropped": run.load.dropped,
     }
+    if stage.settings.stream:
+        figures["firstChunk"] = ttfc(run.load.samples)
+        promises.append(whole_streams(run.load.samples))
     return Result("latency", figures, promises, run.marks, run.load.samples, breakers=run.breakers)
+
+
+def whole_streams(samples: list[Sample]) -> Promise:
+    """``--stream``: every stream that ended SUCCESS carried all the agent's chunks, in order
+    (none lost, none from a second agent)."""
+    ok = [s for s in samples if s.ok]
+    broken = [s for s in ok if s.chunks != STREAM_CHUNKS or not s.in_order]
+    detail = f"{len(broken)} of {len(ok)} successful streams were not {STREAM_CHUNKS} chunks in order"
+    return Promise("every successful stream whole and in order", bool(ok) and not broken, detail)
 
 
 # -- crash ---------------------------------------------------------------------------------------
@@ -306,6 +328,9 @@ async def crash(stage: Stage) -> Result:
         ),
         "overall": summary(run.load.samples),
     }
+    if stage.settings.stream:
+        figures["firstChunk"] = ttfc(run.load.samples)
+        figures["firstChunkAfterKill"] = ttfc(after)
     promises = [
         Promise(
             "the victim had traffic when it was killed",
@@ -318,6 +343,8 @@ async def crash(stage: Stage) -> Result:
             f"{len(failed)} failed",
         ),
     ]
+    if stage.settings.stream:
+        promises.append(whole_streams(run.load.samples))
     return Result("crash", figures, promises, run.marks, run.load.samples, breakers=run.breakers)
 
 

@@ -426,6 +426,7 @@
         mark.append(atip);
         chart.append(mark);
       }
+      if (hop.stream && hop.stream.chunks) chart.append(streamMarks(hop.stream, x, y + 1, span, barW, rowH));
       const label = svg("text", { x: 4 + depth * 14, y: y + 12 });
       const text = hop.task + " → " + (hop.handlerAgentId || "–");
       const room = 44 - depth * 2; // characters that fit beside the bars at this depth
@@ -438,6 +439,25 @@
     scale.textContent = ms(span) + " ms";
     chart.append(scale);
     return chart;
+  }
+
+  // A streamed answer's chunks on its hop's bar: a tick at each chunk's time the trace kept (the
+  // first ones), and one at the last chunk; the tooltip says how many came, and when.
+  function streamMarks(stream, x, y, span, barW, rowH) {
+    const group = svg("g", { class: "chunks", "data-chunks": String(stream.chunks) });
+    const times = (stream.marksMs || []).slice();
+    if (stream.lastChunkMs != null && times[times.length - 1] !== stream.lastChunkMs) times.push(stream.lastChunkMs);
+    for (const at of times) {
+      const cx = x + (at / span) * barW;
+      group.append(svg("line", { class: "chunk", x1: cx, y1: y, x2: cx, y2: y + rowH - 12 }));
+    }
+    const tip = svg("title");
+    tip.textContent =
+      stream.chunks + " chunks, " + stream.bytes + " bytes: first at +" + ms(stream.firstChunkMs) +
+      " ms, last at +" + ms(stream.lastChunkMs) + " ms" + (stream.ended ? ", ended " + stream.ended : "") +
+      (times.length < stream.chunks ? " (" + times.length + " drawn)" : "");
+    group.append(tip);
+    return group;
   }
 
   function hopDetail(hop, depth) {
@@ -470,6 +490,13 @@
         ["retries", (hop.retries || []).join(", ")],
         ["failovers", (hop.failovers || []).join(", ")],
         ["breakers opened", (hop.circuitTrips || []).join(", ")],
+        ...(hop.stream
+          ? [
+              ["stream", hop.stream.chunks + " chunks, " + hop.stream.bytes + " bytes, ended " + (hop.stream.ended || "–")],
+              ["first chunk", hop.stream.firstChunkMs == null ? "–" : "+" + ms(hop.stream.firstChunkMs) + " ms"],
+              ["last chunk", hop.stream.lastChunkMs == null ? "–" : "+" + ms(hop.stream.lastChunkMs) + " ms"],
+            ]
+          : []),
       ]),
       candidatesTable(decision),
     );

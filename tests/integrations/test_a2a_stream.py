@@ -1,0 +1,297 @@
+"""Streaming through the A2A bridges (protocol §14, docs/protocol.md §17): ``SendStreamingMessage``
+through the export streams the agent's chunks as artifact updates as they come, and a streaming
+A2A agent imported with ``--a2a-import`` streams to a Router caller that asks for an event stream.
+
+Real a2a-sdk client and server on loopback. Timing is proved with events: the agent's last chunk
+waits until the caller holds the first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("a2a")
+
+from a2a.client import ClientConfig, create_client
+from a2a.helpers.proto_helpers import new_data_part, new_text_part
+from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.events import EventQueue
+from a2a.server.request_handlers import DefaultRequestHandlerV2
+from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes
+from a2a.server.tasks import InMemoryTaskStore
+from a2a.types import (
+    AgentCapabilities,
+    AgentCard,
+    AgentInterface,
+    AgentSkill,
+    Artifact,
+    Message,
+    Role,
+    SendMessageRequest,
+    Task,
+    TaskArtifactUpdateEvent,
+    TaskState,
+    TaskStatus,
+    TaskStatusUpdateEvent,
+)
+from google.protobuf.json_format import MessageToDict
+from starlette.applications import Starlette
+
+from reachmesh import ReachClient
+from reachmesh.config import RouterConfig
+from reachmesh.integrations.a2a import A2AExport
+from reachmesh.integrations.a2a_import import import_agent
+from reachmesh.testing import AsgiServer, RouterServer, free_port
+from tests.helpers import scaled
+from tests.streaming_agents import Conn, StreamAgent
+
+pytestmark = pytest.mark.integrations
+
+POLICY = {"health": {"enabled": False}, "embedding": {"backend": "none"}, "limits": {"loop_lag_ms": 10_000}}
+
+
+@pytest.fixture
+async def exporting_router() -> AsyncIterator[RouterServer]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    config = RouterConfig.model_validate(POLICY)
+    async with RouterServer(config, port=port, middleware=lambda app: A2AExport(app, url)) as router:  # type: ignore[arg-type]
+        yield router
+
+
+def talk_message(skill: str = "talk") -> SendMessageRequest:
+    message = Message(message_id=uuid.uuid4().hex, role=Role.ROLE_USER, parts=[new_data_part({"q": 1})])
+    message.metadata.update({"skill": skill})
+    return SendMessageRequest(message=message)
+
+
+@pytest.mark.parametrize("binding", ["JSONRPC", "HTTP+JSON"])
+async def test_send_streaming_message_through_the_export_streams_each_chunk(
+    exporting_router: RouterServer, binding: str
+) -> None:
+    """More than one event; the first chunk's artifact update arrives before the agent sends
+    its last chunk (the agent waits for the caller to hold it)."""
+    caller_has_first = asyncio.Event()
+    finished = asyncio.Event()
+
+    async def script(conn: Conn) -> None:
+        await conn.sse_head()
+        await conn.chunk("Hel")
+        await asyncio.wait_for(caller_has_first.wait(), scaled(10))
+        await conn.chunk("lo")
+        await conn.chunk({"n": 3})
+        finished.set()
+        await conn.done()
+
+    agent = await StreamAgent("talker", script).start()
+    await agent.register(exporting_router.url)
+    try:
+        config = ClientConfig(streaming=True, supported_protocol_bindings=[binding])
+        client = await create_client(exporting_router.url, client_config=config)
+        events: list[Any] = []
+        async with client:
+            async for event in client.send_message(talk_message()):
+                events.append(event)
+                if event.HasField("artifact_update") and not caller_has_first.is_set():
+                    assert not finished.is_set()  # the agent has not sent its last chunk yet
+                    caller_has_first.set()
+        updates = [e.artifact_update for e in events if e.HasField("artifact_update")]
+        assert len(updates) == 3
+        texts = [MessageToDict(u.artifact)["parts"] for u in updates]
+        assert texts == [[{"text": "Hel"}], [{"text": "lo"}], [{"data": {"n": 3.0}}]]
+        assert [u.append for u in updates] == [False, True, True]
+        assert len({u.artifact.artifact_id for u in updates}) == 1
+        last = events[-1]
+        assert last.HasField("status_update")
+        assert last.status_update.status.state == TaskState.TASK_STATE_COMPLETED
+        assert last.status_update.metadata["handlerAgentId"] == "talker"
+    finally:
+        await agent.stop()
+
+
+async def test_a_blocking_send_message_still_gets_one_task(exporting_router: RouterServer) -> None:
+    """The streaming path is only for streaming calls: a blocking call to a streaming agent ends
+    in one completed task whose artifact is the chunks' list (§14 mixed ends)."""
+
+    async def script(conn: Conn) -> None:
+        await conn.sse_head()
+        for word in ("a", "b"):
+            await conn.chunk(word)
+        await conn.done()
+
+    agent = await StreamAgent("talker", script).start()
+    await agent.register(exporting_router.url)
+    try:
+        config = ClientConfig(streaming=False, supported_protocol_bindings=["HTTP+JSON"])
+        client = await create_client(exporting_router.url, client_config=config)
+        async with client:
+            events = [e async for e in client.send_message(talk_message())]
+        (event,) = events
+        assert event.task.status.state == TaskState.TASK_STATE_COMPLETED
+        assert MessageToDict(event.task.artifacts[0])["parts"] == [{"data": ["a", "b"]}]
+    finally:
+        await agent.stop()
+
+
+async def test_a_failure_before_any_chunk_ends_the_stream_failed(exporting_router: RouterServer) -> None:
+    config = ClientConfig(streaming=True, supported_protocol_bindings=["JSONRPC"])
+    client = await create_client(exporting_router.url, client_config=config)
+    async with client:
+        events = [e async for e in client.send_message(talk_message("no_such_task"))]
+    assert not any(e.HasField("artifact_update") for e in events)
+    last = events[-1]
+    assert last.status_update.status.state == TaskState.TASK_STATE_FAILED
+    (detail,) = [
+        MessageToDict(p)["data"] for p in last.status_update.status.message.parts if p.HasField("data")
+    ]
+    assert detail["status"] == "NO_AVAILABLE_HANDLER"
+
+
+# ------------------------------------------------------------------------------- the import
+
+
+class StreamingA2AAgent(AgentExecutor):
+    """A real a2a-sdk agent that answers in artifact updates, its last one held by a test."""
+
+    def __init__(self, release: asyncio.Event) -> None:
+        self.release = release
+        self.finished = asyncio.Event()
+        self.fail = False
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        task_id, context_id = context.task_id or "t", context.context_id or "c"
+        working = TaskStatus(state=TaskState.TASK_STATE_WORKING)
+        await event_queue.enqueue_event(Task(id=task_id, context_id=context_id, status=working))
+        for n, word in enumerate(("Hel", "lo")):
+            if n:
+                await asyncio.wait_for(self.release.wait(), scaled(10))
+            artifact = Artifact(artifact_id="a", parts=[new_text_part(word)])
+            await event_queue.enqueue_event(
+                TaskArtifactUpdateEvent(
+                    task_id=task_id, context_id=context_id, artifact=artifact, append=n > 0
+                )
+            )
+        self.finished.set()
+        if self.fail:
+            note = Message(message_id="m", role=Role.ROLE_AGENT, parts=[new_text_part("out of words")])
+            status = TaskStatus(state=TaskState.TASK_STATE_FAILED, message=note)
+        else:
+            status = TaskStatus(state=TaskState.TASK_STATE_COMPLETED)
+        await event_queue.enqueue_event(
+            TaskStatusUpdateEvent(task_id=task_id, context_id=context_id, status=status)
+        )
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        """Nothing to cancel."""
+
+
+def streaming_card(url: str) -> AgentCard:
+    return AgentCard(
+        name="Talker",
+        description="talks in pieces",
+        version="1.0.0",
+        supported_interfaces=[AgentInterface(url=url, protocol_binding="JSONRPC", protocol_version="1.0")],
+        capabilities=AgentCapabilities(streaming=True),
+        default_input_modes=["application/json"],
+        default_output_modes=["text/plain"],
+        skills=[AgentSkill(id="talk", name="talk", description="talk in pieces", tags=["t"])],
+    )
+
+
+@pytest.fixture
+async def imported_talker() -> AsyncIterator[tuple[RouterServer, StreamingA2AAgent]]:
+    release = asyncio.Event()
+    executor = StreamingA2AAgent(release)
+    port = free_port()
+    card = streaming_card(f"http://127.0.0.1:{port}/")
+    handler = DefaultRequestHandlerV2(
+        agent_executor=executor, task_store=InMemoryTaskStore(), agent_card=card
+    )
+    app = Starlette(routes=[*create_agent_card_routes(card), *create_jsonrpc_routes(handler, "/")])
+    config = RouterConfig.model_validate(POLICY)
+    async with AsgiServer(app, port=port) as a2a_agent, RouterServer(config) as router:
+        await import_agent(a2a_agent.url, router.url)
+        yield router, executor
+
+
+async def test_an_imported_streaming_a2a_agent_streams_to_a_router_caller(imported_talker) -> None:
+    router, executor = imported_talker
+    async with ReachClient(router.url) as client, client.stream("talk", {"q": 1}) as stream:
+        got: list[Any] = []
+        async for chunk in stream:
+            got.append(chunk)
+            if len(got) == 1:
+                assert not executor.finished.is_set()  # the agent holds its last chunk
+                executor.release.set()
+        assert got == ["Hel", "lo"]
+        assert stream.response.ok and stream.response.handler_agent_id == "talker"
+
+
+async def test_an_imported_agent_that_fails_mid_stream_ends_with_its_error(imported_talker) -> None:
+    router, executor = imported_talker
+    executor.fail = True
+    executor.release.set()
+    async with ReachClient(router.url) as client, client.stream("talk", {"q": 1}) as stream:
+        got = [chunk async for chunk in stream]
+    assert got == ["Hel", "lo"]
+    assert stream.response.status == "AGENT_ERROR"
+    assert stream.response.error is not None and stream.response.error.code == "A2A_TASK_FAILED"
+
+
+async def test_a_plain_call_to_an_imported_streaming_agent_still_gets_one_answer(imported_talker) -> None:
+    router, executor = imported_talker
+    executor.release.set()
+    async with ReachClient(router.url) as client:
+        resp = await client.call("talk", {"q": 1})
+    assert resp.ok and resp.result == {"text": "Hel\nlo"}
+
+
+async def test_an_imported_agent_that_does_not_stream_answers_a_streaming_caller_in_one_chunk() -> None:
+    """Its card says streaming false, so it refuses SendStreamingMessage: the Router asks it
+    again with SendMessage, and the caller gets the whole answer as one chunk (§14 mixed ends)."""
+    from tests.integrations.test_a2a import ScriptedA2AAgent, a2a_agent_app
+
+    port = free_port()
+    config = RouterConfig.model_validate(POLICY)
+    async with (
+        AsgiServer(a2a_agent_app(f"http://127.0.0.1:{port}", ScriptedA2AAgent()), port=port) as agent,
+        RouterServer(config) as router,
+    ):
+        await import_agent(agent.url, router.url)
+        async with ReachClient(router.url) as client, client.stream("summarise", {"doc": "x"}) as stream:
+            got = [chunk async for chunk in stream]
+        assert stream.response.ok, stream.response
+        assert got == [{"got": {"doc": "x"}}]
+
+
+@pytest.mark.parametrize("binding", ["JSONRPC", "HTTP+JSON"])
+async def test_an_a2a_caller_that_goes_away_closes_the_agents_connection(
+    exporting_router: RouterServer, binding: str
+) -> None:
+    """The a2a-sdk client leaves after the first chunk: the Router closes its connection to the
+    agent within a second (it used to run on until a2a-sdk gave its queue up, about 5 s)."""
+    closed = asyncio.Event()
+
+    async def script(conn: Conn) -> None:
+        await conn.sse_head()
+        await conn.chunk("Hel")
+        await conn.closed_by_router()
+        closed.set()
+
+    agent = await StreamAgent("talker", script).start()
+    await agent.register(exporting_router.url)
+    try:
+        config = ClientConfig(streaming=True, supported_protocol_bindings=[binding])
+        client = await create_client(exporting_router.url, client_config=config)
+        async with client:
+            async for event in client.send_message(talk_message()):
+                if event.HasField("artifact_update"):
+                    break
+        await asyncio.wait_for(closed.wait(), scaled(1))
+    finally:
+        await agent.stop()
