@@ -44,7 +44,7 @@ from reachmesh.semantic.calibrate import Outcome, Scored, evaluate, propose, sco
 from reachmesh.semantic.embedders.base import calibrated_head_margin, calibrated_thresholds
 from reachmesh.semantic.embedders.local import LocalEmbedder
 from reachmesh.semantic.head import train
-from reachmesh.semantic.index import BACKGROUND, SemanticIndex, capability_texts
+from reachmesh.semantic.index import BACKGROUND, SemanticIndex, capability_texts, language_means, limit_rows
 
 Labelled = list[tuple[str, str | None]]
 
@@ -117,6 +117,19 @@ def figures(outcome: Outcome) -> dict[str, float]:
         "refused": round(100 * (1 - (outcome.in_scope_right + outcome.in_scope_wrong) / outcome.in_scope), 1),
         "out_of_scope_refused": round(100 * outcome.refused / outcome.out_of_scope, 1),
     }
+
+
+def budget_check(valid: list[Scored], test: list[Scored], budgets: list[float]) -> dict[str, Any]:
+    """For each wrong-route budget: the point fitted on the validation phrases (as ``reach
+    calibrate --budget`` fits it) and its figures on the test file."""
+    out: dict[str, Any] = {}
+    for budget in budgets:
+        point = propose(valid, budget)
+        out[f"{budget:.0%}"] = {
+            "validation": figures(point),
+            "test": figures(evaluate(test, point.threshold, point.margin, point.head_margin)),
+        }
+    return out
 
 
 def nearest_example(
@@ -222,6 +235,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 **figures(evaluate(t, point.threshold, point.margin, point.head_margin)),
             },
             "as shipped": figures(evaluate(t, shipped[0], shipped[1], calibrated_head_margin(model) or 0.3)),
+            # Does a fit within a budget keep that budget on phrases it never saw?
+            "budgets": budget_check(v, t, args.budgets),
         }
     matrix = np.concatenate([rows[i] for i in caps])
     nv = nearest_example(matrix, labels, background, valid_q, valid)
@@ -236,34 +251,50 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def decision_latency(capabilities: int = 150, examples: int = 10, queries: int = 3000) -> dict[str, Any]:
-    """The semantic decision's p50/p99 (judge(), the query vector given) with and without the
-    head, at ``capabilities`` x ``examples`` rows: what the head adds to a request."""
+    """The semantic decision's p50/p99 (judge(), the query vector given) by similarity alone,
+    with the head, and with the head and four declared limits per capability checked as the
+    Router's veto checks them, at ``capabilities`` x ``examples`` rows."""
     rng = np.random.default_rng(7)
     dim = 384
     index = SemanticIndex(dim=dim)
     rows: dict[str, np.ndarray] = {}
     centres = rng.normal(size=(capabilities, dim)).astype(np.float32)
     for i in range(capabilities):
-        matrix = centres[i] + rng.normal(size=(examples + 2, dim)).astype(np.float32)
+        matrix = centres[i] + rng.normal(size=(examples + 6, dim)).astype(np.float32)
         matrix /= np.linalg.norm(matrix, axis=1, keepdims=True)
-        rows[f"task{i}"] = matrix
-        index.add(f"agent{i}", f"task{i}", [f"t{i}-{j}" for j in range(examples + 2)], matrix)
+        rows[f"task{i}"] = matrix[: examples + 2]
+        index.add(f"agent{i}", f"task{i}", [f"t{i}-{j}" for j in range(examples + 2)], matrix[: examples + 2])
+        key, texts = limit_rows(f"task{i}", [f"l{i}-{j}" for j in range(4)])
+        index.add(f"agent{i}", key, texts, matrix[examples + 2 :])
+    index.languages = language_means(rng.normal(size=(30, dim)).astype(np.float32) * 0.1)
     head = train(rows, index.generation, budget_s=600)
     assert head is not None
+
+    def veto(task: str, score: float) -> tuple[str, str | None] | None:
+        hits = index.limit_hits(asked_now[0], task)
+        hit = max(hits.values()) if hits else None
+        return ("declared_limit", hit[1]) if hit is not None and hit[0] > 0.33 else None
+
     # Between two capabilities, so the head is consulted on most of them (its worst case).
     first, second = rng.integers(0, capabilities, size=(2, queries))
     asked = centres[first] + centres[second] + rng.normal(size=(queries, dim)).astype(np.float32)
     asked /= np.linalg.norm(asked, axis=1, keepdims=True)
-    rules = {"similarity only": None, "with the head": (head, 0.3)}
+    asked_now = [asked[0]]
+    rules: dict[str, tuple[Any, Any]] = {
+        "similarity only": (None, None),
+        "with the head": ((head, 0.3), None),
+        "with the head and limits": ((head, 0.3), veto),
+    }
     times: dict[str, list[float]] = {name: [] for name in rules}
     consulted = 0
     for query in asked:
-        # Interleaved, so both see the same noise of a shared machine.
-        for name, rule in rules.items():
+        asked_now[0] = query
+        # Interleaved, so all see the same noise of a shared machine.
+        for name, (rule, check) in rules.items():
             started = time.perf_counter()
-            verdict = index.judge(query, 0.0, 0.015, 0.0, None, rule)
+            verdict = index.judge(query, 0.0, 0.015, 0.0, check, rule)
             times[name].append(time.perf_counter() - started)
-            consulted += rule is not None and verdict.head_gap is not None
+            consulted += name == "with the head" and verdict.head_gap is not None
     out: dict[str, Any] = {"rows": len(index), "queries": queries, "head consulted": consulted}
     for name, spent in times.items():
         ms = np.array(spent[200:]) * 1000
@@ -282,6 +313,12 @@ def main() -> None:
     parser.add_argument("--examples", type=int, default=10)
     parser.add_argument("--seed", type=int, default=41)
     parser.add_argument("--budget", type=float, default=0.03, help="wrong-route budget of every fit")
+    parser.add_argument(
+        "--budgets",
+        type=lambda s: [float(x) for x in s.split(",")],
+        default=[0.01, 0.02, 0.03, 0.05],
+        help="budgets whose fit on validation is checked on the test file (comma-separated)",
+    )
     parser.add_argument("--test-limit", type=int, default=0, help="a seeded sample of the test file (0: all)")
     parser.add_argument("--cache", type=Path, default=None, help="an .npz file keeping the vectors")
     parser.add_argument("--latency", action="store_true", help="only the decision's latency, head or not")

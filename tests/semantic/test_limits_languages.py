@@ -150,3 +150,25 @@ def _sync(embedder: Any) -> Any:
         return np.asarray(asyncio.run(embedder.embed(texts, kind)), dtype=np.float32)
 
     return run
+
+
+def test_the_kept_limit_basis_follows_the_limits_and_the_rows() -> None:
+    """The residuals of a task's limits are kept between requests; a limit another agent adds,
+    or one that leaves with its agent, counts from the next request on."""
+    from reachmesh.semantic.index import SemanticIndex, limit_rows
+
+    rng = np.random.default_rng(3)
+    unit = rng.normal(size=(6, 16)).astype(np.float32)
+    unit /= np.linalg.norm(unit, axis=1, keepdims=True)
+    index = SemanticIndex(dim=16)
+    index.add("a", "task", ["t1", "t2"], unit[:2])
+    key, texts = limit_rows("task", ["first"])
+    index.add("a", key, texts, unit[2:3])
+    query = unit[4]
+    assert set(index.limit_hits(query, "task")) == {"a"}
+    key, texts = limit_rows("task", ["the query itself"])
+    index.add("b", key, texts, query[None, :])
+    hits = index.limit_hits(query, "task")
+    assert set(hits) == {"a", "b"} and hits["b"][0] > 0.99
+    index.remove_agent("b")
+    assert set(index.limit_hits(query, "task")) == {"a"}

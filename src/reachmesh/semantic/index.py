@@ -130,15 +130,25 @@ def _centred(vectors: Vector, languages: Vector) -> Vector:
     return out
 
 
-def limit_residuals(query: Vector, limits: Vector, task_rows: Vector, languages: Vector) -> Vector:
-    """The cosine between what is left of ``query`` and of each limit row once their language
-    and the task's own direction (its rows' mean, language removed too) are taken out."""
+def limit_basis(limits: Vector, task_rows: Vector, languages: Vector) -> tuple[Vector, Vector]:
+    """A task's direction (its rows' mean, each row without its language) and what is left of
+    each of its limit rows once their language and that direction are taken out (unit rows)."""
     centre = _centred(task_rows, languages).mean(axis=0)
     centre /= max(float(np.linalg.norm(centre)), 1e-9)
-    both = _centred(np.vstack([query[None, :], limits]), languages)
-    both -= np.outer(both @ centre, centre)
-    both /= np.maximum(np.linalg.norm(both, axis=1, keepdims=True), 1e-9)
-    values: Vector = both[1:] @ both[0]
+    left = _centred(limits, languages)
+    left -= np.outer(left @ centre, centre)
+    left /= np.maximum(np.linalg.norm(left, axis=1, keepdims=True), 1e-9)
+    return centre.astype(np.float32), left.astype(np.float32)
+
+
+def limit_residuals(query: Vector, basis: tuple[Vector, Vector], languages: Vector) -> Vector:
+    """The cosine between what is left of ``query`` (without its language and the task's
+    direction) and each limit row's residual (:func:`limit_basis`)."""
+    centre, left = basis
+    text = _centred(query[None, :], languages)[0]
+    text -= float(text @ centre) * centre
+    text /= max(float(np.linalg.norm(text)), 1e-9)
+    values: Vector = left @ text
     return values
 
 
@@ -189,6 +199,10 @@ class SemanticIndex:
         # language_means() of the background, which declared limits are judged without (None
         # until the background is embedded: limits are then judged on the vectors as they are).
         self.languages: Vector | None = None
+        self._no_languages: Vector = np.zeros((1, dim), dtype=np.float32)
+        # Per task with limits: limit_basis() and the state it was computed on (the languages by
+        # identity: both arrays above live as long as the index, so no id is reused).
+        self._bases: dict[str, tuple[tuple[int, int, int, int], tuple[Vector, Vector]]] = {}
 
     def _allocate(self, capacity: int) -> None:
         self._store: npt.NDArray[np.float16] = np.zeros((capacity, self.dim), dtype=np.float16)
@@ -225,6 +239,7 @@ class SemanticIndex:
             if self._size == 0 and not self._row:
                 self.dim = int(vectors.shape[1])
                 self._allocate(self._store.shape[0])
+                self._no_languages = np.zeros((1, self.dim), dtype=np.float32)
             else:
                 raise ValueError(f"vectors of dimension {vectors.shape[1]} in an index of {self.dim}")
         rows = self._agent_rows.setdefault(agent_id, [])
@@ -342,6 +357,22 @@ class SemanticIndex:
         rated.sort(key=lambda item: -item[1])
         return rated[:k]
 
+    def _limit_basis(self, task: str, order: list[int], languages: Vector) -> tuple[Vector, Vector]:
+        """:func:`limit_basis` of ``task``, kept until its rows, its limits or the languages
+        change: a request pays for one query's residual, not for every row's."""
+        limits = self._limits
+        assert limits is not None
+        key = (self.generation, limits.generation, id(languages), len(order))
+        known = self._bases.get(task)
+        if known is not None and known[0] == key:
+            return known[1]
+        mine = self._store[sorted(self._task_rows[task])].astype(np.float32)
+        basis = limit_basis(limits._store[order].astype(np.float32), mine, languages)
+        if len(self._bases) >= 4096:  # a bound, not an eviction policy: all are rebuilt cheaply
+            self._bases.clear()
+        self._bases[task] = (key, basis)
+        return basis
+
     def limit_hit(
         self, query: Vector, task: str, languages: Vector | None = None
     ) -> tuple[float, str] | None:
@@ -372,10 +403,9 @@ class SemanticIndex:
             return {}
         assert limits is not None
         order = list(rows)
-        mine = self._store[list(own)].astype(np.float32)
         if languages is None:
-            languages = self.languages if self.languages is not None else np.zeros((1, self.dim), np.float32)
-        values = limit_residuals(query, limits._store[order].astype(np.float32), mine, languages)
+            languages = self.languages if self.languages is not None else self._no_languages
+        values = limit_residuals(query, self._limit_basis(task, order, languages), languages)
         hits: dict[str, tuple[float, str]] = {}
         for row, value in zip(order, values, strict=True):
             key = limits._key_of[row]
