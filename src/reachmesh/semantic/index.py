@@ -37,7 +37,7 @@ LEARNED = "\x00learned:"
 
 # A capability's declared limits are rows of a pseudo-task named with this prefix, kept in an index
 # of their own beside the capabilities' (so the scan of every query never reads them): never
-# scored as a task, only compared with the text beside their own capability (SemanticIndex.limit_hits).
+# scored as a task, only matched with a text beside their own capability (SemanticIndex.limit_hits).
 LIMIT = "\x00limit:"
 
 # Rows the int8 scan hands to exact scoring, at least. The int8 error on a cosine is about 0.001
@@ -390,9 +390,10 @@ class SemanticIndex:
 
         The match is a cosine of residuals (:func:`limit_residuals`): the query, the limits and
         the task's rows each lose their language's mean (``languages``, else the index's own),
-        then the direction of the task's mean row. What is left of "I want a refund for my order" beside order
-        tracking is the refund, and it points where the residual of "refunds and returns" does;
-        what is left of "where is my order 1234" points nowhere in particular. Comparing raw
+        then the direction of the task's mean row. What is left of "I want a refund for my
+        order" beside order tracking is the refund, and it points where the residual of
+        "refunds and returns" does; what is left of "where is my order 1234" points nowhere in
+        particular. Comparing raw
         scores instead (limit minus task) let a capability whose examples say "my order" keep
         the refund, and let a Chinese limit take a Chinese question about an English
         capability by language alone (docs/semantic-eval.md, issue 41)."""
