@@ -292,11 +292,12 @@ def calibrate(
     try:
         if budget is None:
             budget = RouterConfig.load(config).embedding.wrong_route_budget
-        embedder, current, progress = _open_embedder(labelled, config)
+        embedder, current, head_margin, progress = _open_embedder(labelled, config)
         if corpus:
             _report_corpus(labelled, embedder, current, progress, limits=limits, learned=learned)
             return
-        result, validation = _fit_phrases(labelled, embedder, current, progress, folds, budget)
+        now = None if current is None else (*current, head_margin)
+        result, validation = _fit_phrases(labelled, embedder, now, progress, folds, budget)
     except (ConfigError, EmbeddingError) as exc:
         _fail(exc.message)
     _print_fit(result, validation, folds, budget, show=show)
@@ -304,18 +305,22 @@ def calibrate(
 
 def _open_embedder(
     labelled: Path, config: Path | None
-) -> tuple[MemoEmbedder, tuple[float, float] | None, _Progress]:
-    """The policy's embedder (memoised, reporting progress) and its operating point today."""
+) -> tuple[MemoEmbedder, tuple[float, float] | None, float, _Progress]:
+    """The policy's embedder (memoised, reporting progress), its operating point today and the
+    few-shot head's margin the Router applies with it."""
     from reachmesh.config import RouterConfig
     from reachmesh.semantic.embedders import build_embedder
+    from reachmesh.semantic.embedders.base import calibrated_head_margin
     from reachmesh.semantic.embedders.memo import MemoEmbedder
 
     policy = RouterConfig.load(config)
     progress = _Progress()
     embedder = MemoEmbedder(build_embedder(policy.embedding), progress)
     current = policy.embedding.operating_point(embedder.model, embedder.thresholds)
+    # The model's own head margin, as the Router takes it (the line "current" is what it does).
+    head_margin = policy.embedding.head_margin_for(embedder.model, calibrated_head_margin(embedder.model))
     err.print(f"embedding {labelled} with {embedder.model} ...", highlight=False)
-    return embedder, current, progress
+    return embedder, current, head_margin, progress
 
 
 def _report_corpus(
@@ -351,7 +356,7 @@ def _report_corpus(
 def _fit_phrases(
     labelled: Path,
     embedder: Embedder,
-    current: tuple[float, float] | None,
+    current: tuple[float, float, float] | None,
     progress: _Progress,
     folds: int,
     budget: float,
