@@ -31,6 +31,7 @@ import asyncio
 import csv
 import json
 import random
+import re
 import sys
 import time
 from pathlib import Path
@@ -250,6 +251,74 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
+async def through_http(args: argparse.Namespace) -> dict[str, Any]:
+    """The same split through a real Router's HTTP surface: one agent per in-scope intent (its
+    name and 10 examples), the operating point given (``--point``, e.g. what ``reach calibrate``
+    proposed on the validation phrases), every test phrase sent as ``targetTask`` once the
+    few-shot head is trained. Counts what the Router answered: the task in ``route``, or a refusal."""
+    import httpx
+
+    from reachmesh.config import RouterConfig
+    from reachmesh.testing import FakeAgent, RouterServer
+
+    caps, _, test = load_split(args.data, args.examples, args.seed)
+    if args.test_limit:
+        test = random.Random(args.seed).sample(test, min(args.test_limit, len(test)))
+    threshold, margin, head_margin = args.point
+    model = LocalEmbedder().model
+    config = RouterConfig.from_mapping(
+        {
+            "health": {"enabled": False},
+            "routing": {"semantic_tasks": ["*"]},
+            "embedding": {
+                "backend": "auto",
+                "calibrations": {
+                    model: {"threshold": threshold, "margin": margin, "head_margin": head_margin}
+                },
+            },
+            "limits": {"loop_lag_ms": 60_000},
+        }
+    )
+    # Task names as the wire allows them ("reverted_card_payment?" loses its "?").
+    named = {re.sub(r"[^\w.:-]", "", i): i for i in caps}
+    agents = [
+        FakeAgent(f"a-{n}", tasks=(task,), examples={task: caps[intent]})
+        for n, (task, intent) in enumerate(named.items())
+    ]
+    counts = {"right": 0, "wrong": 0, "refused": 0, "oos": 0, "oos_refused": 0}
+    async with RouterServer(config) as server, httpx.AsyncClient(base_url=server.url, timeout=120) as http:
+        try:
+            for agent in agents:
+                await agent.start()
+                await agent.register(server.url)
+            vectors = server.app.parts.vectors
+            for _ in range(3000):  # the head trained on every agent's rows, or ten minutes
+                if vectors is not None and vectors.head_state() == "current" and vectors.head is not None:
+                    break
+                await asyncio.sleep(0.2)
+            for text, expect in test:
+                body = (await http.post("/reach", json={"targetTask": text, "payload": {}})).json()
+                task = (body.get("route") or {}).get("task") if body["status"] == "SUCCESS" else None
+                task = named.get(task) if task is not None else None
+                if expect is None:
+                    counts["oos"] += 1
+                    counts["oos_refused"] += task is None
+                else:
+                    counts["right" if task == expect else "refused" if task is None else "wrong"] += 1
+        finally:
+            for agent in agents:
+                await agent.stop()
+    inside = len(test) - counts["oos"]
+    return {
+        "point": args.point,
+        "phrases": len(test),
+        "right": round(100 * counts["right"] / inside, 1),
+        "wrong": round(100 * counts["wrong"] / inside, 1),
+        "refused": round(100 * counts["refused"] / inside, 1),
+        "out_of_scope_refused": round(100 * counts["oos_refused"] / max(counts["oos"], 1), 1),
+    }
+
+
 def decision_latency(capabilities: int = 150, examples: int = 10, queries: int = 3000) -> dict[str, Any]:
     """The semantic decision's p50/p99 (judge(), the query vector given) by similarity alone,
     with the head, and with the head and four declared limits per capability checked as the
@@ -322,8 +391,18 @@ def main() -> None:
     parser.add_argument("--test-limit", type=int, default=0, help="a seeded sample of the test file (0: all)")
     parser.add_argument("--cache", type=Path, default=None, help="an .npz file keeping the vectors")
     parser.add_argument("--latency", action="store_true", help="only the decision's latency, head or not")
+    parser.add_argument(
+        "--http",
+        type=lambda s: tuple(float(x) for x in s.split(",")),
+        dest="point",
+        default=None,
+        help="THRESHOLD,MARGIN,HEAD_MARGIN: send the test file through a real Router at that point",
+    )
     args = parser.parse_args()
-    report = decision_latency() if args.latency else asyncio.run(run(args))
+    if args.latency:
+        report = decision_latency()
+    else:
+        report = asyncio.run(through_http(args) if args.point else run(args))
     print(json.dumps(report, indent=2, ensure_ascii=False))
 
 
