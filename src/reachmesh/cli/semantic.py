@@ -292,12 +292,11 @@ def calibrate(
     try:
         if budget is None:
             budget = RouterConfig.load(config).embedding.wrong_route_budget
-        embedder, current, head_margin, progress = _open_embedder(labelled, config)
+        embedder, current, progress = _open_embedder(labelled, config)
         if corpus:
             _report_corpus(labelled, embedder, current, progress, limits=limits, learned=learned)
             return
-        now = None if current is None else (*current, head_margin)
-        result, validation = _fit_phrases(labelled, embedder, now, progress, folds, budget)
+        result, validation = _fit_phrases(labelled, embedder, current, progress, folds, budget)
     except (ConfigError, EmbeddingError) as exc:
         _fail(exc.message)
     _print_fit(result, validation, folds, budget, show=show)
@@ -305,9 +304,9 @@ def calibrate(
 
 def _open_embedder(
     labelled: Path, config: Path | None
-) -> tuple[MemoEmbedder, tuple[float, float] | None, float, _Progress]:
-    """The policy's embedder (memoised, reporting progress), its operating point today and the
-    few-shot head's margin the Router applies with it."""
+) -> tuple[MemoEmbedder, tuple[float, float, float] | None, _Progress]:
+    """The policy's embedder (memoised, reporting progress) and its operating point today:
+    threshold, margin and the few-shot head's margin the Router applies with them."""
     from reachmesh.config import RouterConfig
     from reachmesh.semantic.embedders import build_embedder
     from reachmesh.semantic.embedders.base import calibrated_head_margin
@@ -316,17 +315,18 @@ def _open_embedder(
     policy = RouterConfig.load(config)
     progress = _Progress()
     embedder = MemoEmbedder(build_embedder(policy.embedding), progress)
-    current = policy.embedding.operating_point(embedder.model, embedder.thresholds)
+    point = policy.embedding.operating_point(embedder.model, embedder.thresholds)
     # The model's own head margin, as the Router takes it (the line "current" is what it does).
     head_margin = policy.embedding.head_margin_for(embedder.model, calibrated_head_margin(embedder.model))
+    current = None if point is None else (point[0], point[1], head_margin)
     err.print(f"embedding {labelled} with {embedder.model} ...", highlight=False)
-    return embedder, current, head_margin, progress
+    return embedder, current, progress
 
 
 def _report_corpus(
     folder: Path,
     embedder: Embedder,
-    current: tuple[float, float] | None,
+    current: tuple[float, float, float] | None,
     progress: _Progress,
     *,
     limits: bool,
@@ -339,7 +339,8 @@ def _report_corpus(
     if limits:
         from reachmesh.semantic.limits_eval import evaluate_limits
 
-        report_limits = asyncio.run(_closing(embedder, evaluate_limits(folder, embedder, current)))
+        point = None if current is None else current[:2]  # limits keep the head out of it
+        report_limits = asyncio.run(_closing(embedder, evaluate_limits(folder, embedder, point)))
         progress.done()
         _print_limits(report_limits)
         return
