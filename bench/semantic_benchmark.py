@@ -269,6 +269,8 @@ async def through_http(args: argparse.Namespace) -> dict[str, Any]:
     config = RouterConfig.from_mapping(
         {
             "health": {"enabled": False},
+            # The agents here renew no lease: it must outlast registering 58 and asking 3,080.
+            "registry": {"lease_ttl_seconds": 7200},
             "routing": {"semantic_tasks": ["*"]},
             "embedding": {
                 "backend": "auto",
@@ -286,6 +288,8 @@ async def through_http(args: argparse.Namespace) -> dict[str, Any]:
         for n, (task, intent) in enumerate(named.items())
     ]
     counts = {"right": 0, "wrong": 0, "refused": 0, "oos": 0, "oos_refused": 0}
+    statuses: dict[str, int] = {}
+    odd: list[Any] = []
     async with RouterServer(config) as server, httpx.AsyncClient(base_url=server.url, timeout=120) as http:
         try:
             for agent in agents:
@@ -298,6 +302,9 @@ async def through_http(args: argparse.Namespace) -> dict[str, Any]:
                 await asyncio.sleep(0.2)
             for text, expect in test:
                 body = (await http.post("/reach", json={"targetTask": text, "payload": {}})).json()
+                statuses[body["status"]] = statuses.get(body["status"], 0) + 1
+                if body["status"] not in ("SUCCESS", "NO_AVAILABLE_HANDLER") and len(odd) < 3:
+                    odd.append(body.get("error"))
                 task = (body.get("route") or {}).get("task") if body["status"] == "SUCCESS" else None
                 task = named.get(task) if task is not None else None
                 if expect is None:
@@ -316,6 +323,8 @@ async def through_http(args: argparse.Namespace) -> dict[str, Any]:
         "wrong": round(100 * counts["wrong"] / inside, 1),
         "refused": round(100 * counts["refused"] / inside, 1),
         "out_of_scope_refused": round(100 * counts["oos_refused"] / max(counts["oos"], 1), 1),
+        "statuses": statuses,
+        "other answers (first 3)": odd,
     }
 
 
