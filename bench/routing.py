@@ -230,10 +230,11 @@ def limit_checks(args: argparse.Namespace, queries: Any, rng: Any) -> dict[str, 
         key, texts = limit_rows(f"task_{i}", [f"not this {i}", f"nor that {i}"])
         index.add(agent, key, texts, vectors[rows + 2 * i : rows + 2 * i + 2])
     q = iter(range(10**9))
+    languages = rng.standard_normal((2, 384)).astype(np.float32) * 0.1
 
     def veto(task: str, score: float) -> tuple[str, str | None] | None:
-        hit = index.limit_hit(query[0], task, 0.05)
-        return ("declared_limit", hit[1]) if hit is not None and hit[0] - score > 0.03 else None
+        hit = index.limit_hit(query[0], task, languages)
+        return ("declared_limit", hit[1]) if hit is not None and hit[0] > 0.33 else None
 
     query = [queries[0]]
 

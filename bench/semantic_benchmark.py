@@ -31,6 +31,7 @@ import asyncio
 import csv
 import json
 import random
+import re
 import sys
 import time
 from pathlib import Path
@@ -44,7 +45,7 @@ from reachmesh.semantic.calibrate import Outcome, Scored, evaluate, propose, sco
 from reachmesh.semantic.embedders.base import calibrated_head_margin, calibrated_thresholds
 from reachmesh.semantic.embedders.local import LocalEmbedder
 from reachmesh.semantic.head import train
-from reachmesh.semantic.index import BACKGROUND, SemanticIndex, capability_texts
+from reachmesh.semantic.index import BACKGROUND, SemanticIndex, capability_texts, language_means, limit_rows
 
 Labelled = list[tuple[str, str | None]]
 
@@ -117,6 +118,19 @@ def figures(outcome: Outcome) -> dict[str, float]:
         "refused": round(100 * (1 - (outcome.in_scope_right + outcome.in_scope_wrong) / outcome.in_scope), 1),
         "out_of_scope_refused": round(100 * outcome.refused / outcome.out_of_scope, 1),
     }
+
+
+def budget_check(valid: list[Scored], test: list[Scored], budgets: list[float]) -> dict[str, Any]:
+    """For each wrong-route budget: the point fitted on the validation phrases (as ``reach
+    calibrate --budget`` fits it) and its figures on the test file."""
+    out: dict[str, Any] = {}
+    for budget in budgets:
+        point = propose(valid, budget)
+        out[f"{budget:.0%}"] = {
+            "validation": figures(point),
+            "test": figures(evaluate(test, point.threshold, point.margin, point.head_margin)),
+        }
+    return out
 
 
 def nearest_example(
@@ -222,6 +236,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 **figures(evaluate(t, point.threshold, point.margin, point.head_margin)),
             },
             "as shipped": figures(evaluate(t, shipped[0], shipped[1], calibrated_head_margin(model) or 0.3)),
+            # Does a fit within a budget keep that budget on phrases it never saw?
+            "budgets": budget_check(v, t, args.budgets),
         }
     matrix = np.concatenate([rows[i] for i in caps])
     nv = nearest_example(matrix, labels, background, valid_q, valid)
@@ -235,35 +251,128 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
+async def through_http(args: argparse.Namespace) -> dict[str, Any]:
+    """The same split through a real Router's HTTP surface: one agent per in-scope intent (its
+    name and 10 examples), the operating point given (``--point``, e.g. what ``reach calibrate``
+    proposed on the validation phrases), every test phrase sent as ``targetTask`` once the
+    few-shot head is trained. Counts what the Router answered: the task in ``route``, or a refusal."""
+    import httpx
+
+    from reachmesh.config import RouterConfig
+    from reachmesh.testing import FakeAgent, RouterServer
+
+    caps, _, test = load_split(args.data, args.examples, args.seed)
+    if args.test_limit:
+        test = random.Random(args.seed).sample(test, min(args.test_limit, len(test)))
+    threshold, margin, head_margin = args.point
+    model = LocalEmbedder().model
+    config = RouterConfig.from_mapping(
+        {
+            "health": {"enabled": False},
+            # The agents here renew no lease: it must outlast registering 58 and asking 3,080.
+            "registry": {"lease_ttl_seconds": 7200},
+            "routing": {"semantic_tasks": ["*"]},
+            "embedding": {
+                "backend": "auto",
+                "calibrations": {
+                    model: {"threshold": threshold, "margin": margin, "head_margin": head_margin}
+                },
+            },
+            "limits": {"loop_lag_ms": 60_000},
+        }
+    )
+    # Task names as the wire allows them ("reverted_card_payment?" loses its "?").
+    named = {re.sub(r"[^\w.:-]", "", i): i for i in caps}
+    agents = [
+        FakeAgent(f"a-{n}", tasks=(task,), examples={task: caps[intent]})
+        for n, (task, intent) in enumerate(named.items())
+    ]
+    counts = {"right": 0, "wrong": 0, "refused": 0, "oos": 0, "oos_refused": 0}
+    statuses: dict[str, int] = {}
+    odd: list[Any] = []
+    async with RouterServer(config) as server, httpx.AsyncClient(base_url=server.url, timeout=120) as http:
+        try:
+            for agent in agents:
+                await agent.start()
+                await agent.register(server.url)
+            vectors = server.app.parts.vectors
+            for _ in range(3000):  # the head trained on every agent's rows, or ten minutes
+                if vectors is not None and vectors.head_state() == "current" and vectors.head is not None:
+                    break
+                await asyncio.sleep(0.2)
+            for text, expect in test:
+                body = (await http.post("/reach", json={"targetTask": text, "payload": {}})).json()
+                statuses[body["status"]] = statuses.get(body["status"], 0) + 1
+                if body["status"] not in ("SUCCESS", "NO_AVAILABLE_HANDLER") and len(odd) < 3:
+                    odd.append(body.get("error"))
+                task = (body.get("route") or {}).get("task") if body["status"] == "SUCCESS" else None
+                task = named.get(task) if task is not None else None
+                if expect is None:
+                    counts["oos"] += 1
+                    counts["oos_refused"] += task is None
+                else:
+                    counts["right" if task == expect else "refused" if task is None else "wrong"] += 1
+        finally:
+            for agent in agents:
+                await agent.stop()
+    inside = len(test) - counts["oos"]
+    return {
+        "point": args.point,
+        "phrases": len(test),
+        "right": round(100 * counts["right"] / inside, 1),
+        "wrong": round(100 * counts["wrong"] / inside, 1),
+        "refused": round(100 * counts["refused"] / inside, 1),
+        "out_of_scope_refused": round(100 * counts["oos_refused"] / max(counts["oos"], 1), 1),
+        "statuses": statuses,
+        "other answers (first 3)": odd,
+    }
+
+
 def decision_latency(capabilities: int = 150, examples: int = 10, queries: int = 3000) -> dict[str, Any]:
-    """The semantic decision's p50/p99 (judge(), the query vector given) with and without the
-    head, at ``capabilities`` x ``examples`` rows: what the head adds to a request."""
+    """The semantic decision's p50/p99 (judge(), the query vector given) by similarity alone,
+    with the head, and with the head and four declared limits per capability checked as the
+    Router's veto checks them, at ``capabilities`` x ``examples`` rows."""
     rng = np.random.default_rng(7)
     dim = 384
     index = SemanticIndex(dim=dim)
     rows: dict[str, np.ndarray] = {}
     centres = rng.normal(size=(capabilities, dim)).astype(np.float32)
     for i in range(capabilities):
-        matrix = centres[i] + rng.normal(size=(examples + 2, dim)).astype(np.float32)
+        matrix = centres[i] + rng.normal(size=(examples + 6, dim)).astype(np.float32)
         matrix /= np.linalg.norm(matrix, axis=1, keepdims=True)
-        rows[f"task{i}"] = matrix
-        index.add(f"agent{i}", f"task{i}", [f"t{i}-{j}" for j in range(examples + 2)], matrix)
+        rows[f"task{i}"] = matrix[: examples + 2]
+        index.add(f"agent{i}", f"task{i}", [f"t{i}-{j}" for j in range(examples + 2)], matrix[: examples + 2])
+        key, texts = limit_rows(f"task{i}", [f"l{i}-{j}" for j in range(4)])
+        index.add(f"agent{i}", key, texts, matrix[examples + 2 :])
+    index.languages = language_means(rng.normal(size=(30, dim)).astype(np.float32) * 0.1)
     head = train(rows, index.generation, budget_s=600)
     assert head is not None
+
+    def veto(task: str, score: float) -> tuple[str, str | None] | None:
+        hits = index.limit_hits(asked_now[0], task)
+        hit = max(hits.values()) if hits else None
+        return ("declared_limit", hit[1]) if hit is not None and hit[0] > 0.33 else None
+
     # Between two capabilities, so the head is consulted on most of them (its worst case).
     first, second = rng.integers(0, capabilities, size=(2, queries))
     asked = centres[first] + centres[second] + rng.normal(size=(queries, dim)).astype(np.float32)
     asked /= np.linalg.norm(asked, axis=1, keepdims=True)
-    rules = {"similarity only": None, "with the head": (head, 0.3)}
+    asked_now = [asked[0]]
+    rules: dict[str, tuple[Any, Any]] = {
+        "similarity only": (None, None),
+        "with the head": ((head, 0.3), None),
+        "with the head and limits": ((head, 0.3), veto),
+    }
     times: dict[str, list[float]] = {name: [] for name in rules}
     consulted = 0
     for query in asked:
-        # Interleaved, so both see the same noise of a shared machine.
-        for name, rule in rules.items():
+        asked_now[0] = query
+        # Interleaved, so all see the same noise of a shared machine.
+        for name, (rule, check) in rules.items():
             started = time.perf_counter()
-            verdict = index.judge(query, 0.0, 0.015, 0.0, None, rule)
+            verdict = index.judge(query, 0.0, 0.015, 0.0, check, rule)
             times[name].append(time.perf_counter() - started)
-            consulted += rule is not None and verdict.head_gap is not None
+            consulted += name == "with the head" and verdict.head_gap is not None
     out: dict[str, Any] = {"rows": len(index), "queries": queries, "head consulted": consulted}
     for name, spent in times.items():
         ms = np.array(spent[200:]) * 1000
@@ -282,11 +391,27 @@ def main() -> None:
     parser.add_argument("--examples", type=int, default=10)
     parser.add_argument("--seed", type=int, default=41)
     parser.add_argument("--budget", type=float, default=0.03, help="wrong-route budget of every fit")
+    parser.add_argument(
+        "--budgets",
+        type=lambda s: [float(x) for x in s.split(",")],
+        default=[0.01, 0.02, 0.03, 0.05],
+        help="budgets whose fit on validation is checked on the test file (comma-separated)",
+    )
     parser.add_argument("--test-limit", type=int, default=0, help="a seeded sample of the test file (0: all)")
     parser.add_argument("--cache", type=Path, default=None, help="an .npz file keeping the vectors")
     parser.add_argument("--latency", action="store_true", help="only the decision's latency, head or not")
+    parser.add_argument(
+        "--http",
+        type=lambda s: tuple(float(x) for x in s.split(",")),
+        dest="point",
+        default=None,
+        help="THRESHOLD,MARGIN,HEAD_MARGIN: send the test file through a real Router at that point",
+    )
     args = parser.parse_args()
-    report = decision_latency() if args.latency else asyncio.run(run(args))
+    if args.latency:
+        report = decision_latency()
+    else:
+        report = asyncio.run(through_http(args) if args.point else run(args))
     print(json.dumps(report, indent=2, ensure_ascii=False))
 
 

@@ -477,7 +477,8 @@ class Calibration(_Section):
 
     threshold: Annotated[float, Field(ge=-1, le=1)]
     margin: Annotated[float, Field(ge=0, le=2)] = 0.0
-    # How much better a text must match a declared limit than its capability to be kept off it.
+    # How well a text must match a declared limit beyond what its capability explains (a cosine
+    # of residuals, SemanticIndex.limit_hits) to be kept off it.
     limit_margin: Annotated[float, Field(ge=-1, le=1)] | None = None
     # How much more probable the few-shot head must find its choice than the runner-up.
     head_margin: Annotated[float, Field(ge=0, le=1)] | None = None
@@ -567,8 +568,8 @@ class EmbeddingPolicy(_Section):
         return HEAD_MARGIN
 
     def limit_margin_for(self, model: str, default: float | None) -> float:
-        """The declared-limit margin for ``model``: set here, else its calibration, else 0 (a
-        limit must match better than the capability itself)."""
+        """The declared-limit margin for ``model``: set here, else its calibration, else 0 (any
+        match beyond what the capability explains)."""
         known = self.calibrations.get(model)
         for value in (self.limit_margin, known.limit_margin if known else None, default):
             if value is not None:

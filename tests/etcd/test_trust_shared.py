@@ -41,7 +41,7 @@ def policy(etcd: Any, **routing: Any) -> Any:
         routing={"semantic_tasks": ["*"], **routing},
         # No few-shot head: the refund capabilities of A and B must tie by similarity, so that a
         # phrase is refused and a retry can confirm a route (the head would break the tie).
-        embedding={"backend": "auto", "limit_margin": 0.03, "head": False},
+        embedding={"backend": "auto", "limit_margin": 0.33, "head": False},
     )
 
 

@@ -51,7 +51,7 @@ def secured(
         "health": {"enabled": False},
         "limits": {"loop_lag_ms": 10_000},
         "auth": {"tokens": tokens(**(caller_a or {}))},
-        "embedding": {"backend": "auto", "limit_margin": 0.03} if semantic else {"backend": "none"},
+        "embedding": {"backend": "auto", "limit_margin": 0.33} if semantic else {"backend": "none"},
     }
     if semantic:
         policy["routing"] = {"semantic_tasks": ["*"]}

@@ -304,16 +304,21 @@ def calibrate(
 
 def _open_embedder(
     labelled: Path, config: Path | None
-) -> tuple[MemoEmbedder, tuple[float, float] | None, _Progress]:
-    """The policy's embedder (memoised, reporting progress) and its operating point today."""
+) -> tuple[MemoEmbedder, tuple[float, float, float] | None, _Progress]:
+    """The policy's embedder (memoised, reporting progress) and its operating point today:
+    threshold, margin and the few-shot head's margin the Router applies with them."""
     from reachmesh.config import RouterConfig
     from reachmesh.semantic.embedders import build_embedder
+    from reachmesh.semantic.embedders.base import calibrated_head_margin
     from reachmesh.semantic.embedders.memo import MemoEmbedder
 
     policy = RouterConfig.load(config)
     progress = _Progress()
     embedder = MemoEmbedder(build_embedder(policy.embedding), progress)
-    current = policy.embedding.operating_point(embedder.model, embedder.thresholds)
+    point = policy.embedding.operating_point(embedder.model, embedder.thresholds)
+    # The model's own head margin, as the Router takes it (the line "current" is what it does).
+    head_margin = policy.embedding.head_margin_for(embedder.model, calibrated_head_margin(embedder.model))
+    current = None if point is None else (point[0], point[1], head_margin)
     err.print(f"embedding {labelled} with {embedder.model} ...", highlight=False)
     return embedder, current, progress
 
@@ -321,7 +326,7 @@ def _open_embedder(
 def _report_corpus(
     folder: Path,
     embedder: Embedder,
-    current: tuple[float, float] | None,
+    current: tuple[float, float, float] | None,
     progress: _Progress,
     *,
     limits: bool,
@@ -334,7 +339,8 @@ def _report_corpus(
     if limits:
         from reachmesh.semantic.limits_eval import evaluate_limits
 
-        report_limits = asyncio.run(_closing(embedder, evaluate_limits(folder, embedder, current)))
+        point = None if current is None else current[:2]  # limits keep the head out of it
+        report_limits = asyncio.run(_closing(embedder, evaluate_limits(folder, embedder, point)))
         progress.done()
         _print_limits(report_limits)
         return
@@ -351,7 +357,7 @@ def _report_corpus(
 def _fit_phrases(
     labelled: Path,
     embedder: Embedder,
-    current: tuple[float, float] | None,
+    current: tuple[float, float, float] | None,
     progress: _Progress,
     folds: int,
     budget: float,

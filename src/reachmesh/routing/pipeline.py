@@ -398,8 +398,9 @@ class Pipeline:
     def _veto(self, text: str, query: Vector, baseline: float, record: DecisionRecord) -> Veto | None:
         """What sets a task aside for this text: a task the caller may not reach by meaning
         (silently), or every live agent of it having declined the text or declaring a limit it
-        matches better than the task itself by the limit margin. An agent alone in that case is
-        kept off (``record.agents_set_aside``) while the others of its task stay."""
+        matches, beyond what the task itself explains, by more than the limit margin. An agent
+        alone in that case is kept off (``record.agents_set_aside``) while the others of its
+        task stay."""
         assert self.vectors is not None
         index = self.vectors.index
         negatives = self.registry.negatives()
@@ -412,7 +413,7 @@ class Pipeline:
         def veto(task: str, score: float) -> tuple[str, str | None] | None:
             if not anywhere and not any(fnmatchcase(task, glob) for glob in reach):
                 return OUT_OF_REACH, None
-            hits = index.limit_hits(query, task, baseline)
+            hits = index.limit_hits(query, task)
             out: dict[str, tuple[str, str | None]] = {}
             live = [e for e in self.registry.by_task(task) if e.routable]
             for entry in live:
@@ -420,7 +421,7 @@ class Pipeline:
                 hit = hits.get(entry.id)
                 if negative is not None and _applies(negative, entry, now):
                     out[entry.id] = (CandidateReason.DECLINED, None)
-                elif hit is not None and hit[0] - score > limit_margin:
+                elif hit is not None and hit[0] > limit_margin:
                     out[entry.id] = (CandidateReason.DECLARED_LIMIT, hit[1])
             if live and len(out) == len(live):
                 limits = [why for why in out.values() if why[0] == CandidateReason.DECLARED_LIMIT]

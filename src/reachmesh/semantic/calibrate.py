@@ -235,7 +235,7 @@ async def calibrate(
     data: Any,
     embedder: Embedder,
     *,
-    current: tuple[float, float] | None = None,
+    current: tuple[float, float] | tuple[float, float, float] | None = None,
     budget: float = 0.03,
 ) -> Calibration:
     """Score every phrase as the Router would, and propose the operating point with the most

@@ -37,7 +37,7 @@ LEARNED = "\x00learned:"
 
 # A capability's declared limits are rows of a pseudo-task named with this prefix, kept in an index
 # of their own beside the capabilities' (so the scan of every query never reads them): never
-# scored as a task, only compared with their own capability's score (SemanticIndex.limit_hit).
+# scored as a task, only matched with a text beside their own capability (SemanticIndex.limit_hits).
 LIMIT = "\x00limit:"
 
 # Rows the int8 scan hands to exact scoring, at least. The int8 error on a cosine is about 0.001
@@ -114,6 +114,44 @@ def limit_rows(task: str, limits: list[str]) -> tuple[str, list[str]]:
     return LIMIT + task, list(limits)
 
 
+def language_means(background: Vector) -> Vector:
+    """The mean vector of each language of :data:`BACKGROUND` (it alternates English and
+    Chinese): what a text shares with every other text of its language, whatever it says."""
+    means: Vector = np.stack([background[0::2].mean(axis=0), background[1::2].mean(axis=0)])
+    return means.astype(np.float32)
+
+
+def _centred(vectors: Vector, languages: Vector) -> Vector:
+    """Unit rows less the mean of the language each is nearest to (a text in a language the
+    background lacks loses the nearest one's: still most of what all texts share)."""
+    nearest = np.argmax(vectors @ languages.T, axis=1)
+    out: Vector = vectors - languages[nearest]
+    out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-9)
+    return out
+
+
+def limit_basis(limits: Vector, task_rows: Vector, languages: Vector) -> tuple[Vector, Vector]:
+    """A task's direction (its rows' mean, each row without its language) and what is left of
+    each of its limit rows once their language and that direction are taken out (unit rows)."""
+    centre = _centred(task_rows, languages).mean(axis=0)
+    centre /= max(float(np.linalg.norm(centre)), 1e-9)
+    left = _centred(limits, languages)
+    left -= np.outer(left @ centre, centre)
+    left /= np.maximum(np.linalg.norm(left, axis=1, keepdims=True), 1e-9)
+    return centre.astype(np.float32), left.astype(np.float32)
+
+
+def limit_residuals(query: Vector, basis: tuple[Vector, Vector], languages: Vector) -> Vector:
+    """The cosine between what is left of ``query`` (without its language and the task's
+    direction) and each limit row's residual (:func:`limit_basis`)."""
+    centre, left = basis
+    text = _centred(query[None, :], languages)[0]
+    text -= float(text @ centre) * centre
+    text /= max(float(np.linalg.norm(text)), 1e-9)
+    values: Vector = left @ text
+    return values
+
+
 # How close to the nearest task (in score) a task must be for the few-shot head to choose it.
 HEAD_REACH = 0.02
 
@@ -158,6 +196,13 @@ class SemanticIndex:
         self._free: list[int] = []
         # Bumped whenever a task's rows change: the few-shot head is retrained when it moves.
         self.generation = 0
+        # language_means() of the background, which declared limits are judged without (None
+        # until the background is embedded: limits are then judged on the vectors as they are).
+        self.languages: Vector | None = None
+        self._no_languages: Vector = np.zeros((1, dim), dtype=np.float32)
+        # Per task with limits: limit_basis() and the state it was computed on (the languages by
+        # identity: both arrays above live as long as the index, so no id is reused).
+        self._bases: dict[str, tuple[tuple[int, int, int, int], tuple[Vector, Vector]]] = {}
 
     def _allocate(self, capacity: int) -> None:
         self._store: npt.NDArray[np.float16] = np.zeros((capacity, self.dim), dtype=np.float16)
@@ -194,6 +239,7 @@ class SemanticIndex:
             if self._size == 0 and not self._row:
                 self.dim = int(vectors.shape[1])
                 self._allocate(self._store.shape[0])
+                self._no_languages = np.zeros((1, self.dim), dtype=np.float32)
             else:
                 raise ValueError(f"vectors of dimension {vectors.shape[1]} in an index of {self.dim}")
         rows = self._agent_rows.setdefault(agent_id, [])
@@ -311,41 +357,65 @@ class SemanticIndex:
         rated.sort(key=lambda item: -item[1])
         return rated[:k]
 
-    def limit_hit(self, query: Vector, task: str, baseline: float = 0.0) -> tuple[float, str] | None:
-        """The best score of ``query`` against ``task``'s declared limits, and that limit; None
-        when the task declares none. A handful of rows: the cost of a limit check."""
+    def _limit_basis(self, task: str, order: list[int], languages: Vector) -> tuple[Vector, Vector]:
+        """:func:`limit_basis` of ``task``, kept until its rows, its limits or the languages
+        change: a request pays for one query's residual, not for every row's."""
         limits = self._limits
-        rows = None if limits is None else limits._task_rows.get(LIMIT + task)
-        if not rows:
-            return None
         assert limits is not None
-        order = list(rows)
-        values = limits._store[order].astype(np.float32) @ query
-        best = int(np.argmax(values))
-        key = limits._key_of[order[best]]
-        assert key is not None
-        return float(values[best]) - baseline, key[1]
+        key = (self.generation, limits.generation, id(languages), len(order))
+        known = self._bases.get(task)
+        if known is not None and known[0] == key:
+            return known[1]
+        mine = self._store[sorted(self._task_rows[task])].astype(np.float32)
+        basis = limit_basis(limits._store[order].astype(np.float32), mine, languages)
+        if len(self._bases) >= 4096:  # a bound, not an eviction policy: all are rebuilt cheaply
+            self._bases.clear()
+        self._bases[task] = (key, basis)
+        return basis
 
-    def limit_hits(self, query: Vector, task: str, baseline: float = 0.0) -> dict[str, tuple[float, str]]:
-        """Each agent declaring limits on ``task``: the best score of ``query`` against its own
-        limits, and that limit. One agent's limits speak for that agent alone."""
+    def limit_hit(
+        self, query: Vector, task: str, languages: Vector | None = None
+    ) -> tuple[float, str] | None:
+        """How well ``query`` matches ``task``'s declared limits beyond what the task itself
+        explains (:meth:`limit_hits`), and the limit; None when the task declares none."""
+        hits = self.limit_hits(query, task, languages)
+        return max(hits.values()) if hits else None
+
+    def limit_hits(
+        self, query: Vector, task: str, languages: Vector | None = None
+    ) -> dict[str, tuple[float, str]]:
+        """Each agent declaring limits on ``task``: how well ``query`` matches its own limits
+        beyond what ``task`` explains, and the limit it matches best. One agent's limits speak
+        for that agent alone.
+
+        The match is a cosine of residuals (:func:`limit_residuals`): the query, the limits and
+        the task's rows each lose their language's mean (``languages``, else the index's own),
+        then the direction of the task's mean row. What is left of "I want a refund for my
+        order" beside order tracking is the refund, and it points where the residual of
+        "refunds and returns" does; what is left of "where is my order 1234" points nowhere in
+        particular. Comparing raw
+        scores instead (limit minus task) let a capability whose examples say "my order" keep
+        the refund, and let a Chinese limit take a Chinese question about an English
+        capability by language alone (docs/semantic-eval.md, issue 41)."""
         limits = self._limits
         rows = None if limits is None else limits._task_rows.get(LIMIT + task)
-        if not rows:
+        own = self._task_rows.get(task)
+        if not rows or not own:
             return {}
         assert limits is not None
         order = list(rows)
-        values = limits._store[order].astype(np.float32) @ query
+        if languages is None:
+            languages = self.languages if self.languages is not None else self._no_languages
+        values = limit_residuals(query, self._limit_basis(task, order, languages), languages)
         hits: dict[str, tuple[float, str]] = {}
         for row, value in zip(order, values, strict=True):
             key = limits._key_of[row]
             if key is None:
                 continue
-            score = float(value) - baseline
             for agent_id in limits._users.get(row, ()):
                 known = hits.get(agent_id)
-                if known is None or score > known[0]:
-                    hits[agent_id] = (score, key[1])
+                if known is None or float(value) > known[0]:
+                    hits[agent_id] = (float(value), key[1])
         return hits
 
     def close_tasks(self, rows: Vector, similarity: float) -> dict[str, tuple[int, float]]:

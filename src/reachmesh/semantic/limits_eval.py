@@ -32,12 +32,13 @@ import yaml
 from reachmesh.exceptions import ConfigError
 from reachmesh.semantic.embedders.base import Embedder, calibrated_thresholds
 from reachmesh.semantic.evaluation import MAX_WRONG, Corpus, load_corpus, profile
-from reachmesh.semantic.index import BACKGROUND, SemanticIndex, capability_texts, limit_rows
+from reachmesh.semantic.index import BACKGROUND, SemanticIndex, capability_texts, language_means, limit_rows
 
 LIMIT_CONDITIONS = ("description", "examples")
 LIMIT_CONDITION_NAMES = {"description": "description + limits", "examples": "+ 3 examples + limits"}
-# The limit margins tried when fitting, low (a limit wins easily) to high (it must win clearly).
-LIMIT_MARGINS = [round(float(x), 4) for x in np.arange(-0.05, 0.2001, 0.0025)]
+# The limit margins tried when fitting (a cosine of residuals, SemanticIndex.limit_hits), low (a
+# limit wins easily) to high (it must match clearly).
+LIMIT_MARGINS = [round(float(x), 4) for x in np.arange(0.0, 0.8001, 0.01)]
 # Declining agents: the most agents a request may try on average, as the issue's goal sets it.
 MAX_TRIED = 1.5
 # How many tasks a route by meaning looks at before the veto (as SemanticIndex.judge does).
@@ -47,11 +48,13 @@ TOP = 6
 @dataclass(slots=True)
 class Ranked:
     """One question: what it should reach, its kind, and the nearest tasks with their scores and
-    how much better their best limit matched (None: the task declares none)."""
+    how well their best limit matched beyond the task (None: the task declares none)."""
 
     expect: str | None
     kind: str
-    top: list[tuple[str, float, float | None]]  # the nearest six, looked at after a veto
+    # The nearest six (looked at after a veto): task, score, and its best limit's match beyond
+    # what the task explains (None: no limits).
+    top: list[tuple[str, float, float | None]]
     first: list[tuple[str, float, float | None]] = field(default_factory=list)  # the nearest three
 
 
@@ -125,6 +128,7 @@ async def rank_questions(
             key, rows = limit_rows(task, limits[task])
             index.add(f"eval:{task}", key, rows, await embedder.embed(rows, "passage"))
     background = await embedder.embed(list(BACKGROUND), "passage")
+    languages = language_means(background)
     queries = await embedder.embed([corpus.questions[i].text for i in indices], "query")
     ranked = []
     for i, query in zip(indices, queries, strict=True):
@@ -133,8 +137,8 @@ async def rank_questions(
         first: list[tuple[str, float, float | None]] = []
         for k, out in ((TOP, top), (3, first)):
             for task, score in index.nearest(query, k, baseline):
-                hit = index.limit_hit(query, task, baseline)
-                out.append((task, score, None if hit is None else hit[0] - score))
+                hit = index.limit_hit(query, task, languages)
+                out.append((task, score, None if hit is None else hit[0]))
         question = corpus.questions[i]
         ranked.append(Ranked(question.expect, question.kind, top, first))
     return ranked

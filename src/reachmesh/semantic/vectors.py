@@ -32,6 +32,7 @@ from reachmesh.semantic.index import (
     SemanticIndex,
     Vector,
     capability_texts,
+    language_means,
     limit_rows,
 )
 from reachmesh.semantic.queue import EmbeddingQueue, Job, VectorState
@@ -97,8 +98,8 @@ class CapabilityVectors:
         return self.policy.operating_point(self.embedder.model, self.embedder.thresholds)
 
     def limit_margin(self) -> float:
-        """How much better a text must match a declared limit than its capability to be kept
-        off it, for the model in use (``reach calibrate --limits`` fits it)."""
+        """How well a text must match a declared limit, beyond what its capability explains, to
+        be kept off it, for the model in use (``reach calibrate --limits`` fits it)."""
         return self.policy.limit_margin_for(self.embedder.model, calibrated_limit_margin(self.embedder.model))
 
     def head_rule(self) -> HeadRule | None:
@@ -347,7 +348,9 @@ class CapabilityVectors:
             self._failed(job.exception())  # type: ignore[arg-type]
 
     async def _embed_background(self) -> None:
-        self.background = await self.embedder.embed(list(BACKGROUND), "passage")
+        background = await self.embedder.embed(list(BACKGROUND), "passage")
+        self.index.languages = language_means(background)
+        self.background = background
 
     async def ensure_background(self) -> None:
         """Embed the background texts once (they calibrate every score)."""

