@@ -147,8 +147,7 @@ class CapabilityVectors:
     # -- learned phrases as example rows -----------------------------------------------------
 
     def apply(self, policy: EmbeddingPolicy, *, learning: bool) -> None:
-        """Thresholds from a (reloaded) policy, the embedder staying as built; every learned
-        phrase indexed (``learning`` on) or its rows dropped (off)."""
+        """A (reloaded) policy's thresholds; learned phrases indexed (``learning``) or dropped."""
         self.policy = policy
         if learning == self.learning:
             return
