@@ -281,38 +281,52 @@ class TraceLog:
     def __call__(self, record: DecisionRecord) -> None:
         if not self._log.isEnabledFor(logging.INFO):
             return
-        lines, fields = self._lines(record)
-        base = {"traceId": record.trace_id, "task": loggable(record.task), "agent": record.selected}
-        self._write(lines, fields, base)
+        self._write(record, self._lines(record))
 
-    def _lines(self, record: DecisionRecord) -> tuple[list[str], list[dict[str, Any]]]:
-        """The request's trace lines, and the structured fields of each for the JSON format."""
+    def _lines(self, record: DecisionRecord) -> list[str]:
+        """The request's trace lines (text); :meth:`_fields` gives each one's structured fields."""
         tid = record.trace_id
-        status = record.status.value if record.status else "-"
         # Caller text: a line separator, NEL or bidi control must not start or fake a line.
         lines = [f"[{tid}] route: {loggable(record.source)} -> {loggable(record.task)}"]
-        fields: list[dict[str, Any]] = [{"event": "route", "source": loggable(record.source)}]
         if record.payload is not None:
             lines.append(
                 f"[{tid}] payload: {orjson.dumps(redact(record.payload, self.redact_fields)).decode()}"
             )
-            fields.append({"event": "payload"})
         if record.candidates:
             shown = record.candidates[:MAX_CANDIDATES_SHOWN]
             more = len(record.candidates) - len(shown)
             lines.append(
                 f"[{tid}] candidate agents: {', '.join(shown)}" + (f" (+{more} more)" if more else "")
             )
-            fields.append({"event": "candidates", "candidates": shown, "candidatesOmitted": more})
         if record.selected is not None:
             if record.score is not None:
                 lines.append(f"[{tid}] select {record.selected} by {record.rule} (score={record.score:.2f})")
             else:
                 lines.append(f"[{tid}] select {record.selected} by {record.rule}")
-            fields.append({"event": "select", "rule": record.rule, "score": record.score})
-        attempts = iter(record.attempts)
         for kind, text in record.events:
             lines.append(f"[{tid}] {kind}: {text}")
+        status = record.status.value if record.status else "-"
+        lines.append(f"[{tid}] done: {status} in {record.duration_ms:.1f}ms")
+        # Every line is checked whole (one C pass when clean): the notes, the payload's keys and
+        # values and the rule names all come from outside, and none may carry a line break or
+        # a terminal escape.
+        return [line if line.isprintable() else loggable(line, 1 << 20) for line in lines]
+
+    @staticmethod
+    def _fields(record: DecisionRecord) -> list[dict[str, Any]]:
+        """The structured fields of each of :meth:`_lines`, in order: only the JSON format and
+        other handlers than the Router's own read them, so the text format never builds them."""
+        fields: list[dict[str, Any]] = [{"event": "route", "source": loggable(record.source)}]
+        if record.payload is not None:
+            fields.append({"event": "payload"})
+        if record.candidates:
+            shown = record.candidates[:MAX_CANDIDATES_SHOWN]
+            more = len(record.candidates) - len(shown)
+            fields.append({"event": "candidates", "candidates": shown, "candidatesOmitted": more})
+        if record.selected is not None:
+            fields.append({"event": "select", "rule": record.rule, "score": record.score})
+        attempts = iter(record.attempts)
+        for kind, _ in record.events:
             attempt = next(attempts, None) if kind == "forward" else None
             if attempt is not None:
                 fields.append(
@@ -325,38 +339,34 @@ class TraceLog:
                 )
             else:
                 fields.append({"event": kind})
-        lines.append(f"[{tid}] done: {status} in {record.duration_ms:.1f}ms")
-        # Every line is checked whole (one C pass when clean): the notes, the payload's keys and
-        # values and the rule names all come from outside, and none may carry a line break or
-        # a terminal escape.
-        lines = [line if line.isprintable() else loggable(line, 1 << 20) for line in lines]
         fields.append(
             {
                 "event": "done",
                 "agent": record.handler,
-                "status": status,
+                "status": record.status.value if record.status else "-",
                 "durationMs": record.duration_ms,
                 "httpStatus": record.http_status,
             }
         )
-        return lines, fields
+        return fields
 
-    def _write(self, lines: list[str], fields: list[dict[str, Any]], base: dict[str, Any]) -> None:
+    def _write(self, record: DecisionRecord, lines: list[str]) -> None:
         log = self._log
         handler = fast_writer(log)
+        if handler is not None and _format != "json":
+            prefix = f"{_fast_stamp(time.time())} INFO "
+            handler.defer(prefix + ("\n" + prefix).join(lines) + "\n")
+            return
+        fields = self._fields(record)
+        base = {"traceId": record.trace_id, "task": loggable(record.task), "agent": record.selected}
         if handler is None:
             log.info("\n".join(lines), extra={"reach_lines": fields, "reach": base})
             return
-        stamp = _fast_stamp(time.time())
-        if _format == "json":
-            head = {"ts": stamp, "level": "INFO", "logger": log.name}
-            text = "\n".join(
-                orjson.dumps({**head, "message": line, **base, **extra}, default=str).decode()
-                for line, extra in zip(lines, fields, strict=True)
-            )
-        else:
-            prefix = f"{stamp} INFO "
-            text = prefix + ("\n" + prefix).join(lines)
+        head = {"ts": _fast_stamp(time.time()), "level": "INFO", "logger": log.name}
+        text = "\n".join(
+            orjson.dumps({**head, "message": line, **base, **extra}, default=str).decode()
+            for line, extra in zip(lines, fields, strict=True)
+        )
         handler.defer(text + "\n")
 
 

@@ -377,13 +377,14 @@ class Pool:
         self._loop = loop
         hard = loop.time() + total_s
         target = self._target(url)
-        head = [target.request_line, self._ua]
-        for name, value in headers.items():
-            if "\r" in value or "\n" in value:
-                raise BadHeader(name)
-            head.append(f"{name}: {value}\r\n".encode())
-        head.append(b"Content-Length: %d\r\n\r\n" % len(body))
-        data = b"".join(head)
+        # The header lines in one join and one encode; each line ends in the one CR LF added
+        # here, so any other line break is counted by two scans in C instead of two per header.
+        lines = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
+        if lines.count("\r") != len(headers) or lines.count("\n") != len(headers):
+            for name, value in headers.items():
+                if "\r" in name or "\n" in name or "\r" in value or "\n" in value:
+                    raise BadHeader(name)
+        data = b"%s%s%sContent-Length: %d\r\n\r\n" % (target.request_line, self._ua, lines.encode(), len(body))
         conn = await self._acquire(target, connect_s, hard)
         reused = conn.idle_since > 0.0
         try:
