@@ -132,7 +132,7 @@ class RouterApp:
         if shed is not None:
             status, payload = parts.dispatcher.shed(shed, trace_id=parent[0] if parent else None)
             retry_after = str(parts.config.limits.retry_after_seconds).encode()
-            await send_json(send, status, payload, [(b"retry-after", retry_after)])
+            await send_json(send, status, payload, [(b"retry-after", retry_after)], scope)
             return
         try:
             try:
@@ -142,7 +142,7 @@ class RouterApp:
                 body = await read_body(receive, headers, server.body_limit_bytes, timeout_s)
             except RequestError as exc:
                 status, payload = parts.dispatcher.refuse(exc, trace_id=parent[0] if parent else None)
-                await send_json(send, status, payload)
+                await send_json(send, status, payload, None, scope)
                 return
             except ClientGone:
                 return
@@ -175,7 +175,7 @@ class RouterApp:
                 if status == 429
                 else None
             )
-            await send_json(send, status, payload, extra)
+            await send_json(send, status, payload, extra, scope)
         finally:
             parts.shedder.release(peer)
 
