@@ -33,7 +33,8 @@ class TraceHandler(logging.StreamHandler[Any]):
     at the end of that turn, instead of one write (and one system call) per request. Nothing is
     held longer than that turn, and nothing is reordered: any other log record, a ``flush()``
     and the interpreter's exit (``logging.shutdown`` flushes every handler) write the pending
-    lines first. A background thread was not used: the Router runs on one core, where handing
+    lines first. (A loop stopped, not closed, with a write due writes it when it runs again, or
+    at the next record, flush or exit, whichever comes first.) A background thread was not used: the Router runs on one core, where handing
     lines to a thread costs a wake-up and a context switch each time, and saves no CPU.
     """
 
@@ -45,6 +46,12 @@ class TraceHandler(logging.StreamHandler[Any]):
 
     def defer(self, text: str) -> None:
         """Write ``text`` (whole lines) at the end of this turn of the running loop, or now."""
+        scheduled = self._scheduled_on
+        if scheduled is not None and not scheduled.is_closed():
+            # A write is already due at the end of this turn: asking for the running loop
+            # again costs a getpid() system call (asyncio checks for a fork) on every request.
+            self._pending.append(text)
+            return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
@@ -305,8 +312,7 @@ class TraceLog:
                 lines.append(f"[{tid}] select {record.selected} by {record.rule}")
         for kind, text in record.events:
             lines.append(f"[{tid}] {kind}: {text}")
-        status = record.status.value if record.status else "-"
-        lines.append(f"[{tid}] done: {status} in {record.duration_ms:.1f}ms")
+        lines.append(f"[{tid}] done: {record.status or '-'} in {record.duration_ms:.1f}ms")
         # Every line is checked whole (one C pass when clean): the notes, the payload's keys and
         # values and the rule names all come from outside, and none may carry a line break or
         # a terminal escape.

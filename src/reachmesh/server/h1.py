@@ -121,6 +121,7 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._head_bytes = 0
         self._head_lines = 0
         self._header_bytes = 0
+        self._line_bytes = -1  # the request line's, once the parser has all of it
         self._reading_head = True
         self._refused = False
         self._head_timer: asyncio.TimerHandle | None = self.loop.call_later(
@@ -147,6 +148,7 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._reading_head = True
         self._head_lines = 0
         self._header_bytes = 0
+        self._line_bytes = -1
         if self._head_timer is None:
             self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_too_slow)
 
@@ -159,7 +161,9 @@ class GuardedHttpTools(HttpToolsProtocol):
             return
         # "Name: value\r\n"; checked per line, so a head that arrived in one read is bounded too.
         self._header_bytes += len(name) + len(value) + 4
-        if self._parsed_head_bytes() > self.max_header_bytes:
+        if self._line_bytes < 0:
+            self._line_bytes = self._request_line_bytes()
+        if self._line_bytes + self._header_bytes > self.max_header_bytes:
             self._refuse_head_size()
             return
         super().on_header(name, value)
@@ -196,8 +200,15 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._head_bytes = 0
 
     def _parsed_head_bytes(self) -> int:
-        """The request line ("METHOD URL HTTP/1.1\r\n") and the header lines parsed so far."""
-        return len(self.parser.get_method()) + 1 + len(self.url) + 11 + self._header_bytes
+        """The request line and the header lines parsed so far."""
+        if self._line_bytes < 0:
+            self._line_bytes = self._request_line_bytes()
+        return self._line_bytes + self._header_bytes
+
+    def _request_line_bytes(self) -> int:
+        """The request line ("METHOD URL HTTP/1.1\r\n"): measured once per request, at its
+        first header (the parser has the whole line by then), not at every header."""
+        return len(self.parser.get_method()) + 1 + len(self.url) + 11
 
     def _refuse_head_size(self) -> None:
         self._refuse(431, f"request headers are over {self.max_header_bytes} bytes")
