@@ -156,6 +156,7 @@ class _Conn(asyncio.Protocol):
         self.reader = AnswerReader(head)
         self.exchanges = 0  # exchanges begun on this connection
         self._waiter: asyncio.Future[Answer] | None = None
+        self._poller: select.poll | None = None  # for alive(), made at its first use
         self._timer: asyncio.TimerHandle | None = None
         self._last_read = 0.0
         self._head_due = 0.0
@@ -295,12 +296,15 @@ class _Conn(asyncio.Protocol):
         """
         if self.closed or self.transport is None or self.transport.is_closing():
             return False
-        sock = self.transport.get_extra_info("socket")
-        if sock is None:
-            return True
+        poller = self._poller
         try:
-            poller = select.poll()
-            poller.register(sock.fileno(), select.POLLIN)
+            if poller is None:
+                sock = self.transport.get_extra_info("socket")
+                if sock is None:
+                    return True
+                # One poll object per connection, registered once: only poll(0) runs per reuse.
+                poller = self._poller = select.poll()
+                poller.register(sock.fileno(), select.POLLIN)
             return not poller.poll(0)
         except (OSError, ValueError):
             return False
