@@ -82,6 +82,11 @@ def test_the_cycle_state_whole_answer_keeps_is_still_uvicorns() -> None:
         assert f"self.{attribute}" in source, f"uvicorn's RequestResponseCycle no longer has {attribute}"
     send = inspect.getsource(RequestResponseCycle.send)
     # The steps whole_answer repeats: the status line, the default headers, completion.
-    for step in ("STATUS_LINE[status_code]", "self.default_headers", "self.on_response()", "self.message_event.set()"):
+    for step in (
+        "STATUS_LINE[status_code]",
+        "self.default_headers",
+        "self.on_response()",
+        "self.message_event.set()",
+    ):
         assert step in send, f"uvicorn's send() no longer does {step}; re-read server/h1.py whole_answer"
     assert httptools_impl.STATUS_LINE[200] == b"HTTP/1.1 200 OK\r\n"

@@ -34,8 +34,9 @@ class TraceHandler(logging.StreamHandler[Any]):
     held longer than that turn, and nothing is reordered: any other log record, a ``flush()``
     and the interpreter's exit (``logging.shutdown`` flushes every handler) write the pending
     lines first. (A loop stopped, not closed, with a write due writes it when it runs again, or
-    at the next record, flush or exit, whichever comes first.) A background thread was not used: the Router runs on one core, where handing
-    lines to a thread costs a wake-up and a context switch each time, and saves no CPU.
+    at the next record, flush or exit, whichever comes first.) A background thread was not
+    used: the Router runs on one core, where handing lines to a thread costs a wake-up and a
+    context switch each time, and saves no CPU.
     """
 
     def __init__(self, stream: Any = None) -> None:

@@ -388,7 +388,12 @@ class Pool:
             for name, value in headers.items():
                 if "\r" in name or "\n" in name or "\r" in value or "\n" in value:
                     raise BadHeader(name)
-        data = b"%s%s%sContent-Length: %d\r\n\r\n" % (target.request_line, self._ua, lines.encode(), len(body))
+        data = b"%s%s%sContent-Length: %d\r\n\r\n" % (
+            target.request_line,
+            self._ua,
+            lines.encode(),
+            len(body),
+        )
         conn = await self._acquire(target, connect_s, hard)
         reused = conn.idle_since > 0.0
         try:
