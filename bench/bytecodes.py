@@ -127,7 +127,9 @@ async def _register(router_url: str, agent_url: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--connections", type=int, default=1)
     parser.add_argument("--top", type=int, default=0, help="also list the N functions that run the most")
