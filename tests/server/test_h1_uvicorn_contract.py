@@ -57,3 +57,36 @@ def test_the_attributes_h1_reads_are_still_set_by_uvicorn() -> None:
         )
     # The one-write path swaps the response cycle's transport.
     assert "self.transport = transport" in inspect.getsource(RequestResponseCycle.__init__)
+
+
+# What whole_answer reads and sets on uvicorn's response cycle, as its own send() does.
+CYCLE_ATTRIBUTES = [
+    "disconnected",
+    "response_started",
+    "access_log",
+    "flow",
+    "waiting_for_100_continue",
+    "default_headers",
+    "keep_alive",
+    "response_complete",
+    "message_event",
+    "on_response",
+]
+
+
+def test_the_cycle_state_whole_answer_keeps_is_still_uvicorns() -> None:
+    from uvicorn.protocols.http import httptools_impl
+
+    source = inspect.getsource(RequestResponseCycle)
+    for attribute in CYCLE_ATTRIBUTES:
+        assert f"self.{attribute}" in source, f"uvicorn's RequestResponseCycle no longer has {attribute}"
+    send = inspect.getsource(RequestResponseCycle.send)
+    # The steps whole_answer repeats: the status line, the default headers, completion.
+    for step in (
+        "STATUS_LINE[status_code]",
+        "self.default_headers",
+        "self.on_response()",
+        "self.message_event.set()",
+    ):
+        assert step in send, f"uvicorn's send() no longer does {step}; re-read server/h1.py whole_answer"
+    assert httptools_impl.STATUS_LINE[200] == b"HTTP/1.1 200 OK\r\n"

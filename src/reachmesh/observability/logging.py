@@ -33,8 +33,10 @@ class TraceHandler(logging.StreamHandler[Any]):
     at the end of that turn, instead of one write (and one system call) per request. Nothing is
     held longer than that turn, and nothing is reordered: any other log record, a ``flush()``
     and the interpreter's exit (``logging.shutdown`` flushes every handler) write the pending
-    lines first. A background thread was not used: the Router runs on one core, where handing
-    lines to a thread costs a wake-up and a context switch each time, and saves no CPU.
+    lines first. (A loop stopped, not closed, with a write due writes it when it runs again, or
+    at the next record, flush or exit, whichever comes first.) A background thread was not
+    used: the Router runs on one core, where handing lines to a thread costs a wake-up and a
+    context switch each time, and saves no CPU.
     """
 
     def __init__(self, stream: Any = None) -> None:
@@ -45,6 +47,12 @@ class TraceHandler(logging.StreamHandler[Any]):
 
     def defer(self, text: str) -> None:
         """Write ``text`` (whole lines) at the end of this turn of the running loop, or now."""
+        scheduled = self._scheduled_on
+        if scheduled is not None and not scheduled.is_closed():
+            # A write is already due at the end of this turn: asking for the running loop
+            # again costs a getpid() system call (asyncio checks for a fork) on every request.
+            self._pending.append(text)
+            return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
@@ -285,38 +293,51 @@ class TraceLog:
     def __call__(self, record: DecisionRecord) -> None:
         if not self._log.isEnabledFor(logging.INFO):
             return
-        lines, fields = self._lines(record)
-        base = {"traceId": record.trace_id, "task": loggable(record.task), "agent": record.selected}
-        self._write(lines, fields, base)
+        self._write(record, self._lines(record))
 
-    def _lines(self, record: DecisionRecord) -> tuple[list[str], list[dict[str, Any]]]:
-        """The request's trace lines, and the structured fields of each for the JSON format."""
+    def _lines(self, record: DecisionRecord) -> list[str]:
+        """The request's trace lines (text); :meth:`_fields` gives each one's structured fields."""
         tid = record.trace_id
-        status = record.status.value if record.status else "-"
         # Caller text: a line separator, NEL or bidi control must not start or fake a line.
         lines = [f"[{tid}] route: {loggable(record.source)} -> {loggable(record.task)}"]
-        fields: list[dict[str, Any]] = [{"event": "route", "source": loggable(record.source)}]
         if record.payload is not None:
             lines.append(
                 f"[{tid}] payload: {orjson.dumps(redact(record.payload, self.redact_fields)).decode()}"
             )
-            fields.append({"event": "payload"})
         if record.candidates:
             shown = record.candidates[:MAX_CANDIDATES_SHOWN]
             more = len(record.candidates) - len(shown)
             lines.append(
                 f"[{tid}] candidate agents: {', '.join(shown)}" + (f" (+{more} more)" if more else "")
             )
-            fields.append({"event": "candidates", "candidates": shown, "candidatesOmitted": more})
         if record.selected is not None:
             if record.score is not None:
                 lines.append(f"[{tid}] select {record.selected} by {record.rule} (score={record.score:.2f})")
             else:
                 lines.append(f"[{tid}] select {record.selected} by {record.rule}")
-            fields.append({"event": "select", "rule": record.rule, "score": record.score})
-        attempts = iter(record.attempts)
         for kind, text in record.events:
             lines.append(f"[{tid}] {kind}: {text}")
+        lines.append(f"[{tid}] done: {record.status or '-'} in {record.duration_ms:.1f}ms")
+        # Every line is checked whole (one C pass when clean): the notes, the payload's keys and
+        # values and the rule names all come from outside, and none may carry a line break or
+        # a terminal escape.
+        return [line if line.isprintable() else loggable(line, 1 << 20) for line in lines]
+
+    @staticmethod
+    def _fields(record: DecisionRecord) -> list[dict[str, Any]]:
+        """The structured fields of each of :meth:`_lines`, in order: only the JSON format and
+        other handlers than the Router's own read them, so the text format never builds them."""
+        fields: list[dict[str, Any]] = [{"event": "route", "source": loggable(record.source)}]
+        if record.payload is not None:
+            fields.append({"event": "payload"})
+        if record.candidates:
+            shown = record.candidates[:MAX_CANDIDATES_SHOWN]
+            more = len(record.candidates) - len(shown)
+            fields.append({"event": "candidates", "candidates": shown, "candidatesOmitted": more})
+        if record.selected is not None:
+            fields.append({"event": "select", "rule": record.rule, "score": record.score})
+        attempts = iter(record.attempts)
+        for kind, _ in record.events:
             attempt = next(attempts, None) if kind == "forward" else None
             if attempt is not None:
                 fields.append(
@@ -329,38 +350,34 @@ class TraceLog:
                 )
             else:
                 fields.append({"event": kind})
-        lines.append(f"[{tid}] done: {status} in {record.duration_ms:.1f}ms")
-        # Every line is checked whole (one C pass when clean): the notes, the payload's keys and
-        # values and the rule names all come from outside, and none may carry a line break or
-        # a terminal escape.
-        lines = [line if line.isprintable() else loggable(line, 1 << 20) for line in lines]
         fields.append(
             {
                 "event": "done",
                 "agent": record.handler,
-                "status": status,
+                "status": record.status.value if record.status else "-",
                 "durationMs": record.duration_ms,
                 "httpStatus": record.http_status,
             }
         )
-        return lines, fields
+        return fields
 
-    def _write(self, lines: list[str], fields: list[dict[str, Any]], base: dict[str, Any]) -> None:
+    def _write(self, record: DecisionRecord, lines: list[str]) -> None:
         log = self._log
         handler = fast_writer(log)
+        if handler is not None and _format != "json":
+            prefix = f"{_fast_stamp(time.time())} INFO "
+            handler.defer(prefix + ("\n" + prefix).join(lines) + "\n")
+            return
+        fields = self._fields(record)
+        base = {"traceId": record.trace_id, "task": loggable(record.task), "agent": record.selected}
         if handler is None:
             log.info("\n".join(lines), extra={"reach_lines": fields, "reach": base})
             return
-        stamp = _fast_stamp(time.time())
-        if _format == "json":
-            head = {"ts": stamp, "level": "INFO", "logger": log.name}
-            text = "\n".join(
-                orjson.dumps({**head, "message": line, **base, **extra}, default=str).decode()
-                for line, extra in zip(lines, fields, strict=True)
-            )
-        else:
-            prefix = f"{stamp} INFO "
-            text = prefix + ("\n" + prefix).join(lines)
+        head = {"ts": _fast_stamp(time.time()), "level": "INFO", "logger": log.name}
+        text = "\n".join(
+            orjson.dumps({**head, "message": line, **base, **extra}, default=str).decode()
+            for line, extra in zip(lines, fields, strict=True)
+        )
         handler.defer(text + "\n")
 
 

@@ -143,7 +143,7 @@ def _freeze(r: DecisionRecord) -> tuple[Any, ...]:
         r.task,
         r.source,
         r.matched_task,
-        r.status.value if r.status else None,
+        r.status,  # a StrEnum, written as its value
         r.http_status,
         r.handler,
         r.duration_ms,

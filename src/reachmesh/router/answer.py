@@ -45,7 +45,7 @@ def encode(record: DecisionRecord) -> Reply:
         {
             "version": PROTOCOL_VERSION,
             "traceId": record.trace_id,
-            "status": status.value,
+            "status": status,  # a StrEnum: orjson writes its value, without the enum's Python getter
             "handlerAgentId": record.handler,
             "durationMs": record.duration_ms,
             "result": record.result,

@@ -116,6 +116,7 @@ class Dispatcher:
         self._running: set[asyncio.Task[Any]] = set()
         self._cancelled: set[asyncio.Task[Any]] = set()
         self._abandoning = False
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop requests last ran on
         self.streams_in_flight = 0  # streamed requests running now (a gauge reads it)
 
     @property
@@ -206,7 +207,7 @@ class Dispatcher:
         Only a set entry per request: an ``asyncio.timeout`` scope around every request cost
         about 20 us of CPU each (measured), for an event that happens once, at shutdown.
         """
-        task = asyncio.current_task()
+        task = self._current_task()
         if self._abandoning or task is None:
             return self._abandoned(record)
         self._running.add(task)
@@ -223,6 +224,19 @@ class Dispatcher:
             return self._abandoned(record)
         finally:
             self._running.discard(task)
+
+    def _current_task(self) -> asyncio.Task[Any] | None:
+        """The running task. ``asyncio.current_task()`` looks the running loop up with a
+        getpid() system call (a check for a fork) on every request; with the loop named it does
+        not. The loop is remembered from the last request: a loop that is not running has no
+        current task, so a stale one (a test's loop, closed) falls back to the full lookup."""
+        loop = self._loop
+        task = asyncio.current_task(loop) if loop is not None else None
+        if task is None:
+            task = asyncio.current_task()
+            if task is not None:
+                self._loop = task.get_loop()
+        return task
 
     def _abandoned(self, record: DecisionRecord) -> Reply:
         log.error("[%s] request abandoned at shutdown: answered TIMEOUT", record.trace_id)

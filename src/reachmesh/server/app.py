@@ -21,7 +21,7 @@ from reachmesh.exceptions import ConfigError, InternalError, RequestError
 from reachmesh.lifecycle import Background
 from reachmesh.registry.base import Registry
 from reachmesh.router import answer
-from reachmesh.router.dispatcher import Grants
+from reachmesh.router.dispatcher import EVERY_TASK, Grants
 from reachmesh.router.results import Reply
 from reachmesh.server.admin import AdminApi
 from reachmesh.server.asgi import (
@@ -36,7 +36,7 @@ from reachmesh.server.asgi import (
     read_body,
     send_json,
 )
-from reachmesh.server.auth import ANONYMOUS, Action, Denial, Guard, action_for, principal_of
+from reachmesh.server.auth import ANONYMOUS, OPEN, Action, Denial, Guard, action_for, principal_of
 from reachmesh.server.components import RouterParts
 from reachmesh.server.origin import BrowserGate
 from reachmesh.server.reload import PolicyFile
@@ -124,12 +124,13 @@ class RouterApp:
         raw_parent = headers.get(b"traceparent")
         parent = parse_traceparent(raw_parent.decode("latin-1")) if raw_parent else None
         principal = principal_of(scope)
-        caller, peer = principal.key, self.client_key(scope)
+        auth_on = self.auth_on
+        caller, peer = principal.key, self._client_key(scope, principal.key, auth_on)
         shed = parts.shedder.admit(peer)
         if shed is not None:
             status, payload = parts.dispatcher.shed(shed, trace_id=parent[0] if parent else None)
             retry_after = str(parts.config.limits.retry_after_seconds).encode()
-            await send_json(send, status, payload, [(b"retry-after", retry_after)])
+            await send_json(send, status, payload, [(b"retry-after", retry_after)], scope)
             return
         try:
             try:
@@ -139,24 +140,27 @@ class RouterApp:
                 body = await read_body(receive, headers, server.body_limit_bytes, timeout_s)
             except RequestError as exc:
                 status, payload = parts.dispatcher.refuse(exc, trace_id=parent[0] if parent else None)
-                await send_json(send, status, payload)
+                await send_json(send, status, payload, None, scope)
                 return
             except ClientGone:
                 return
             # Who is asking, the same for a plain and a streamed answer.
-            who: dict[str, Any] = {
-                "trace_header": trace_hint,
-                "parent": parent,
-                "owner": caller if self.auth_on else None,
-                "caller": caller,
-                "client": peer,
-                "grants": Grants(principal.serves, principal.reach_tasks),
-            }
+            grants = EVERY_TASK if principal is OPEN else Grants(principal.serves, principal.reach_tasks)
+            owner = caller if auth_on else None
             if wants_stream(headers.get(b"accept")):
-                await self._stream(send, receive, body, who)
+                who = {"trace_header": trace_hint, "parent": parent, "owner": owner, "caller": caller}
+                await self._stream(send, receive, body, {**who, "client": peer, "grants": grants})
                 return
             try:
-                status, payload = await parts.dispatcher.handle(body, **who)
+                status, payload = await parts.dispatcher.handle(
+                    body,
+                    trace_header=trace_hint,
+                    parent=parent,
+                    owner=owner,
+                    caller=caller,
+                    client=peer,
+                    grants=grants,
+                )
             except Exception:
                 # A bug, not bad input: still one ReachResponse, counted and traced like any
                 # other, and the traceback stays here.
@@ -167,9 +171,9 @@ class RouterApp:
             extra = (
                 [(b"retry-after", str(parts.config.limits.retry_after_seconds).encode())]
                 if status == 429
-                else []
+                else None
             )
-            await send_json(send, status, payload, extra)
+            await send_json(send, status, payload, extra, scope)
         finally:
             parts.shedder.release(peer)
 
@@ -210,8 +214,11 @@ class RouterApp:
         took all 1,024 when they were counted per address. With auth off, the address is all
         there is to tell callers apart. Every way in (``/reach``, the A2A face) counts the same.
         """
-        caller = principal_of(scope).key
-        if self.auth_on and caller != ANONYMOUS.key:
+        return self._client_key(scope, principal_of(scope).key, self.auth_on)
+
+    @staticmethod
+    def _client_key(scope: Scope, caller: str, auth_on: bool) -> str:
+        if auth_on and caller != ANONYMOUS.key:
             return caller
         client = scope.get("client")
         return client[0] if client else "-"

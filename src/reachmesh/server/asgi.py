@@ -16,6 +16,9 @@ Send = Any
 JSON_HEADERS = [(b"content-type", b"application/json")]
 # Set in a request's scope by the server once the whole body has been read.
 BODY_COMPLETE = "reach.body_complete"
+# Set in a request's scope by the Router's own HTTP/1.1 protocol (server/h1.py): writes a whole
+# response in one go, ``(status, header lines, body) -> bool``; False: send it the ASGI way.
+WHOLE_ANSWER = "reach.whole_answer"
 
 
 class ClientGone(Exception):
@@ -110,10 +113,25 @@ async def _read_body(receive: Receive, limit: int) -> bytes:
             return b"".join(chunks)
 
 
+_JSON_HEAD = b"content-type: application/json\r\ncontent-length: %d\r\n"
+
+
 async def send_json(
-    send: Send, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None
+    send: Send,
+    status: int,
+    body: bytes,
+    extra: list[tuple[bytes, bytes]] | None = None,
+    scope: Scope | None = None,
 ) -> None:
-    """Send a complete JSON response."""
+    """Send a complete JSON response: written whole when the server offers it (``scope``), else
+    as the two ASGI messages."""
+    whole = scope.get(WHOLE_ANSWER) if scope is not None else None
+    if whole is not None:
+        head = _JSON_HEAD % len(body)
+        if extra:
+            head += b"".join([b"%s: %s\r\n" % pair for pair in extra])
+        if whole(status, head, body):
+            return
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if extra:
         headers.extend(extra)

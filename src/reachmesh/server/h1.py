@@ -15,7 +15,9 @@ The body has its own timeout in the app (:func:`reachmesh.server.asgi.read_body`
 keep-alive connections close after uvicorn's ``timeout_keep_alive``.
 
 It also sends each response head and its body in one write (:class:`_OneWrite`): uvicorn writes
-them separately, which would be two system calls per response on the hot path.
+them separately, which would be two system calls per response on the hot path. A ``/reach``
+answer, whole when it is sent, skips uvicorn's two ``send`` messages altogether
+(:func:`whole_answer`, offered to the app in the request's scope).
 
 It relies on uvicorn's private ``HttpToolsProtocol``; pyproject.toml pins uvicorn below its next
 minor release, and tests/server/test_h1_uvicorn_contract.py names each part relied on.
@@ -24,12 +26,13 @@ minor release, and tests/server/test_h1_uvicorn_contract.py names each part reli
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
 from reachmesh.config import ServerPolicy
-from reachmesh.server.asgi import BODY_COMPLETE
+from reachmesh.server.asgi import BODY_COMPLETE, WHOLE_ANSWER
 
 _REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
 
@@ -57,6 +60,10 @@ class _OneWrite:
             self._held = None
             self._transport.write(held + data)
 
+    def write_now(self, data: bytes) -> None:
+        """Write ``data`` at once (nothing may be held: :meth:`flush` first)."""
+        self._transport.write(data)
+
     def flush(self) -> None:
         held = self._held
         if held is not None:
@@ -72,6 +79,36 @@ class _OneWrite:
         return getattr(self._transport, name)
 
 
+def whole_answer(
+    one_write: _OneWrite, cycle: RequestResponseCycle, status: int, head: bytes, body: bytes
+) -> bool:
+    """Write a whole response (``head``: its header lines, each ending in CR LF, without the
+    status line, the server's default headers or the blank line) in one write, as uvicorn's
+    ``http.response.start`` and ``http.response.body`` would, and end the cycle as they would.
+
+    False, with nothing written, when uvicorn's own ``send`` must do it: it would wait for a
+    paused transport, write an access-log line, or refuse a response already started.
+    """
+    if cycle.disconnected:
+        return True  # uvicorn's send drops it too: nobody is left to read it
+    if cycle.response_started or cycle.access_log or cycle.flow.write_paused:
+        return False
+    cycle.response_started = True
+    cycle.waiting_for_100_continue = False
+    default = cycle.default_headers
+    lines = b"".join([b"%s: %s\r\n" % pair for pair in default]) if default else b""
+    close = b"" if cycle.keep_alive else b"connection: close\r\n"
+    # A response still held by the one-write wrapper (a pipelined one) leaves first.
+    one_write.flush()
+    one_write.write_now(b"%s%s%s%s\r\n%s" % (STATUS_LINE[status], lines, head, close, body))
+    cycle.response_complete = True
+    cycle.message_event.set()
+    if not cycle.keep_alive:
+        one_write.close()
+    cycle.on_response()
+    return True
+
+
 class GuardedHttpTools(HttpToolsProtocol):
     """httptools with a bounded request head; the limits are class attributes (:func:`bounded_protocol`)."""
 
@@ -84,6 +121,7 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._head_bytes = 0
         self._head_lines = 0
         self._header_bytes = 0
+        self._line_bytes = -1  # the request line's, once the parser has all of it
         self._reading_head = True
         self._refused = False
         self._head_timer: asyncio.TimerHandle | None = self.loop.call_later(
@@ -110,6 +148,7 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._reading_head = True
         self._head_lines = 0
         self._header_bytes = 0
+        self._line_bytes = -1
         if self._head_timer is None:
             self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_too_slow)
 
@@ -122,7 +161,9 @@ class GuardedHttpTools(HttpToolsProtocol):
             return
         # "Name: value\r\n"; checked per line, so a head that arrived in one read is bounded too.
         self._header_bytes += len(name) + len(value) + 4
-        if self._parsed_head_bytes() > self.max_header_bytes:
+        if self._line_bytes < 0:
+            self._line_bytes = self._request_line_bytes()
+        if self._line_bytes + self._header_bytes > self.max_header_bytes:
             self._refuse_head_size()
             return
         super().on_header(name, value)
@@ -137,8 +178,10 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._head_bytes = 0
         self._disarm()
         super().on_headers_complete()
-        if self.cycle is not None:
-            self.cycle.transport = self._one_write  # type: ignore[assignment]
+        cycle = self.cycle
+        if cycle is not None:
+            cycle.transport = self._one_write  # type: ignore[assignment]
+            self.scope[WHOLE_ANSWER] = partial(whole_answer, self._one_write, cycle)  # type: ignore[literal-required]
 
     def on_body(self, body: bytes) -> None:
         if not self._refused:
@@ -157,8 +200,15 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._head_bytes = 0
 
     def _parsed_head_bytes(self) -> int:
-        """The request line ("METHOD URL HTTP/1.1\r\n") and the header lines parsed so far."""
-        return len(self.parser.get_method()) + 1 + len(self.url) + 11 + self._header_bytes
+        """The request line and the header lines parsed so far."""
+        if self._line_bytes < 0:
+            self._line_bytes = self._request_line_bytes()
+        return self._line_bytes + self._header_bytes
+
+    def _request_line_bytes(self) -> int:
+        """The request line ("METHOD URL HTTP/1.1\r\n"): measured once per request, at its
+        first header (the parser has the whole line by then), not at every header."""
+        return len(self.parser.get_method()) + 1 + len(self.url) + 11
 
     def _refuse_head_size(self) -> None:
         self._refuse(431, f"request headers are over {self.max_header_bytes} bytes")

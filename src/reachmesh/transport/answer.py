@@ -26,6 +26,8 @@ import httptools
 from reachmesh.exceptions import AgentRejected
 from reachmesh.transport.base import too_large
 
+# The answer headers read, by lower-case name.
+_READ = {b"content-length": 0, b"transfer-encoding": 1, b"content-encoding": 2, b"retry-after": 3}
 # The inflated output asked of zlib per step: small enough that a bomb is caught early.
 _INFLATE_STEP = 256 * 1024
 
@@ -196,15 +198,17 @@ class AnswerReader:
                 if self._headers > self._max_headers
                 else f"an answer header line is over {self._max_line} bytes"
             )
-        lower = name.lower()
-        if lower == b"content-length":
+        kind = _READ.get(name.lower())
+        if kind is None:
+            return  # the headers the Router does not read: one lookup each
+        if kind == 0:
             if value.isdigit():
                 self._length = int(value)
-        elif lower == b"transfer-encoding":
+        elif kind == 1:
             self._chunked = b"chunked" in value.lower()
-        elif lower == b"content-encoding":
+        elif kind == 2:
             self._encoding = value.strip().lower()
-        elif lower == b"retry-after":
+        else:
             self.retry_after = value[:64]
 
     def on_headers_complete(self) -> None:

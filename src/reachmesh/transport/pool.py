@@ -156,6 +156,7 @@ class _Conn(asyncio.Protocol):
         self.reader = AnswerReader(head)
         self.exchanges = 0  # exchanges begun on this connection
         self._waiter: asyncio.Future[Answer] | None = None
+        self._poller: select.poll | None = None  # for alive(), made at its first use
         self._timer: asyncio.TimerHandle | None = None
         self._last_read = 0.0
         self._head_due = 0.0
@@ -295,12 +296,15 @@ class _Conn(asyncio.Protocol):
         """
         if self.closed or self.transport is None or self.transport.is_closing():
             return False
-        sock = self.transport.get_extra_info("socket")
-        if sock is None:
-            return True
+        poller = self._poller
         try:
-            poller = select.poll()
-            poller.register(sock.fileno(), select.POLLIN)
+            if poller is None:
+                sock = self.transport.get_extra_info("socket")
+                if sock is None:
+                    return True
+                # One poll object per connection, registered once: only poll(0) runs per reuse.
+                poller = self._poller = select.poll()
+                poller.register(sock.fileno(), select.POLLIN)
             return not poller.poll(0)
         except (OSError, ValueError):
             return False
@@ -377,13 +381,19 @@ class Pool:
         self._loop = loop
         hard = loop.time() + total_s
         target = self._target(url)
-        head = [target.request_line, self._ua]
-        for name, value in headers.items():
-            if "\r" in value or "\n" in value:
-                raise BadHeader(name)
-            head.append(f"{name}: {value}\r\n".encode())
-        head.append(b"Content-Length: %d\r\n\r\n" % len(body))
-        data = b"".join(head)
+        # The header lines in one join and one encode; each line ends in the one CR LF added
+        # here, so any other line break is counted by two scans in C instead of two per header.
+        lines = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
+        if lines.count("\r") != len(headers) or lines.count("\n") != len(headers):
+            for name, value in headers.items():
+                if "\r" in name or "\n" in name or "\r" in value or "\n" in value:
+                    raise BadHeader(name)
+        data = b"%s%s%sContent-Length: %d\r\n\r\n" % (
+            target.request_line,
+            self._ua,
+            lines.encode(),
+            len(body),
+        )
         conn = await self._acquire(target, connect_s, hard)
         reused = conn.idle_since > 0.0
         try:
