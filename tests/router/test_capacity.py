@@ -209,11 +209,11 @@ class _DropsTheSecond:
             await self._read(reader)
         writer.close()
 
-    def profile(self, *, idempotent: bool) -> dict[str, Any]:
+    def profile(self, *, idempotent: bool, weight: float = 1.0) -> dict[str, Any]:
         return {
             "id": "dropper",
             "network": {"endpoint": f"http://127.0.0.1:{self.port}/reach"},
-            "capabilities": [{"task": "echo", "idempotent": idempotent}],
+            "capabilities": [{"task": "echo", "idempotent": idempotent, "routing_weight": weight}],
         }
 
 
@@ -238,6 +238,23 @@ async def test_an_agent_that_closes_a_reused_connection_after_reading_sees_the_r
             assert second["status"] != "SUCCESS"
             assert len(agent.seen) == 2, "the second request was delivered more than once"
             assert [a["outcome"] for a in second["attempts"]] == ["connect_error"]
+
+
+async def test_candidates_left_untried_after_an_unknown_outcome_say_why(cluster) -> None:
+    """The dropper (leading by weight) reads the second call and drops the connection: the
+    Router does not fail over (the capability is not idempotent), and the spare agent is listed
+    with reason not_idempotent, not budget_exhausted (no budget ran out), and is never sent it."""
+    _server, http, make = cluster
+    spare = await make("spare")
+    async with _DropsTheSecond() as agent:
+        registered = await http.post("/agents", json=agent.profile(idempotent=False, weight=100))
+        assert registered.status_code == 201, registered.text
+        assert (await call(http)).json()["handlerAgentId"] == "dropper"
+        second = (await call(http)).json()
+    assert second["status"] == "NO_AVAILABLE_HANDLER", second
+    reasons = {c["agentId"]: c["reason"] for c in second["error"]["candidates"]}
+    assert reasons == {"dropper": "connect_error", "spare": "not_idempotent"}
+    assert spare.received == []
 
 
 async def test_the_router_sends_an_idempotency_key_the_same_on_every_attempt(cluster) -> None:

@@ -115,6 +115,9 @@ class AttemptRun:
             record.affinity if request.preferences.context_bound and request.conversation_id else None
         )
         self.last_failure: tuple[str, str] | None = None  # (agent, reason) of the last failed agent
+        # The agent that may hold the request (sent, outcome unknown) of a capability that is not
+        # idempotent: no other candidate is tried after it, and each says why.
+        self.may_hold: str | None = None
         self.declined_by: str | None = None  # the agent that declined the last attempt, if one did
         self.busy_retry_after_s: int | None = None  # the soonest Retry-After of a busy (429) agent
         self._attempt_ms = 0.0  # the time the attempt under way may take
@@ -180,6 +183,8 @@ class AttemptRun:
         return True
 
     async def _refusal(self, index: int, choice: Choice) -> str | None:
+        if self.may_hold is not None:
+            return CandidateReason.NOT_IDEMPOTENT
         if len(self.record.declines) >= MAX_DECLINES:
             return CandidateReason.BUDGET_EXHAUSTED
         if self.attempts_left <= 0 or self.budget_spent:
@@ -234,7 +239,7 @@ class AttemptRun:
             if _sent_unknown(exc) and not choice.capability.idempotent:
                 # The agent may have read (and run) it: another agent would run it a second time.
                 self.record.note("no failover", f"{choice.entry.id} may have the request ({exc.reason})")
-                self.attempts_left = 0
+                self.may_hold = choice.entry.id
             return None
 
     def _declined(self, choice: Choice, exc: AgentDeclined) -> None:
