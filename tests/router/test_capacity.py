@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -75,10 +76,25 @@ async def test_an_agent_never_has_more_than_its_capacity_in_flight_and_the_rest_
     waited = 0
     for a in answers:
         trace = (await http.get(f"/admin/traces/{a.json()['traceId']}")).json()
-        hops = trace.get("hops", [trace])
-        events = [e for hop in hops for e in hop.get("events", []) if e["kind"] == "slot wait"]
-        waited += bool(events) and events[0]["text"].startswith("small, waited=")
+        (hop,) = trace["hops"]
+        assert hop["poolWaitMs"] == 0
+        if hop["slotWaitMs"] > 0:
+            waited += 1
+            assert "for a slot at a full agent" in _rendered(trace)
+        else:
+            assert "waited in the Router" not in _rendered(trace)
     assert waited == 4
+
+
+def _rendered(trace: dict[str, Any]) -> str:
+    """What ``reach trace`` prints for a trace."""
+    from rich.console import Console
+
+    from reachmesh.cli.timeline import render_trace
+
+    console = Console(width=200, record=True, file=io.StringIO())
+    console.print(render_trace(trace))
+    return console.export_text()
 
 
 @pytest.mark.policy({"limits": {"max_queued_per_agent": 2}})
@@ -128,6 +144,8 @@ async def test_a_wait_for_the_routers_own_pool_is_not_charged_to_the_agent(clust
     await until(lambda: len(slow.received) == 1, "the slow agent holds the pool's one connection")
     waited = (await call(http, timeoutMs=int(scaled(600)))).json()
     assert waited["status"] == "TIMEOUT", waited
+    (hop,) = (await http.get(f"/admin/traces/{waited['traceId']}")).json()["hops"]
+    assert hop["poolWaitMs"] > scaled(600) / 2 and hop["slotWaitMs"] == 0, hop
     assert healthy.received == []
     row = (await http.get("/admin/agents/healthy")).json()
     assert row["circuit"] == "closed"

@@ -63,6 +63,10 @@ class _Hop(NamedTuple):
     rejected_omitted: int = 0
     # A streamed answer's first-chunk time, chunks, bytes, ending and chunk times (protocol §14).
     stream: dict[str, Any] | None = None
+    # Milliseconds the hop waited in the Router: for a slot at a full agent (its max_concurrency),
+    # and for a connection of the Router's own pool. Neither is the agent's time.
+    slot_wait_ms: float = 0.0
+    pool_wait_ms: float = 0.0
 
     @property
     def span_ids(self) -> tuple[str, ...]:
@@ -121,6 +125,8 @@ class _Hop(NamedTuple):
             "circuitTrips": list(self.circuit_trips),
             "errorCode": self.error_code,
             "stream": self.stream,
+            "slotWaitMs": self.slot_wait_ms,
+            "poolWaitMs": self.pool_wait_ms,
         }
 
 
@@ -169,6 +175,8 @@ def _freeze(r: DecisionRecord) -> tuple[Any, ...]:
         max(len(r.candidates) - _SHOWN, 0),
         max(len(r.rejected) - _SHOWN, 0),
         r.stream.to_dict() if r.stream is not None else None,
+        round(r.queue_wait_ms, 2),
+        round(r.pool_wait_ms, 2),
     )
 
 

@@ -52,7 +52,7 @@ from reachmesh.router.agentsecret import AgentSecrets
 from reachmesh.routing.base import Choice
 from reachmesh.routing.stats import StatsBook
 from reachmesh.tracecontext import new_span_id, w3c_trace_id
-from reachmesh.transport.base import AttemptLimits, Transport
+from reachmesh.transport.base import POOL_WAIT_S, AttemptLimits, Transport
 
 # A private generator for backoff jitter: it needs no cryptographic strength and must not
 # share (or disturb) the process-wide `random` state that user code may seed.
@@ -285,12 +285,14 @@ class AttemptRun:
     async def _take_slot(self, choice: Choice) -> float | PoolTimeout:
         """Seconds waited for a slot at the agent, or PoolTimeout when its queue is full."""
         capacity, agent_id = self.parts.capacity, choice.entry.id
-        due = self.parts.clock.monotonic() + (self.deadline.remaining_ms() - MIN_ATTEMPT_MS) / 1000.0
+        began = self.parts.clock.monotonic()
+        due = began + (self.deadline.remaining_ms() - MIN_ATTEMPT_MS) / 1000.0
         try:
             waited = await capacity.take(agent_id, choice.entry.profile.max_concurrency, due)
         except LookupError:
             return PoolTimeout(f"{agent_id} is full and so is its queue")
         except TimeoutError as exc:
+            self.record.queue_wait_ms += (self.parts.clock.monotonic() - began) * 1000
             waited_ms = self.deadline.remaining_ms()
             self.record.note("slot wait", f"{agent_id}, gave up at the deadline ({waited_ms:.0f} ms left)")
             raise DeadlineExceeded(
@@ -325,16 +327,25 @@ class AttemptRun:
         clock = self.parts.clock
         started = clock.monotonic()
         self.parts.stats.started(choice.entry.id)
+        pool_waited = POOL_WAIT_S.get()
         try:
             result = await self._send(choice, body, headers, AttemptLimits(connect_s, read_s, total_s))
         except AttemptError as exc:
+            self._pool_waited(pool_waited)
             self.account(choice, started, span_id, exc)
             return exc
+        self._pool_waited(pool_waited)
         self.account(choice, started, span_id, None)
         self.record.handler = choice.entry.id
         if self.request.conversation_id:
             self.parts.affinity.bind(self.request.conversation_id, choice.entry.id, self.record.caller)
         return Success(result)
+
+    def _pool_waited(self, before_s: float) -> None:
+        """Book the time the attempt just made waited for a connection of the Router's pool."""
+        waited_s = POOL_WAIT_S.get() - before_s
+        if waited_s > 0:
+            self.record.pool_wait_ms += waited_s * 1000
 
     async def _send(self, choice: Choice, body: bytes, headers: dict[str, str], limits: AttemptLimits) -> Any:
         """The transport call of one attempt (a streamed request's run asks for a stream)."""

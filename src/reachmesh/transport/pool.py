@@ -51,6 +51,7 @@ from reachmesh.transport.answer import (
     Disconnected,
     HeadLimits,
 )
+from reachmesh.transport.base import POOL_WAIT_S
 from reachmesh.transport.urlguard import UrlGuard
 
 # An idle pooled connection older than this is closed instead of reused (aiohttp's default
@@ -458,6 +459,7 @@ class Pool:
         else:
             queue.append(room)
         woke = False
+        began = loop.time()
         try:
             async with asyncio.timeout_at(hard):
                 await room
@@ -465,6 +467,7 @@ class Pool:
         except TimeoutError as exc:
             raise PoolTimeout(f"no connection to {key[1]}:{key[2]} came free in time") from exc
         finally:
+            POOL_WAIT_S.set(POOL_WAIT_S.get() + loop.time() - began)
             if not woke:
                 if room.done() and not room.cancelled():
                     # Woken just as it gave up (its timeout, or a cancellation): the wake-up is

@@ -470,6 +470,8 @@
         ["retries", (hop.retries || []).join(", ")],
         ["failovers", (hop.failovers || []).join(", ")],
         ["breakers opened", (hop.circuitTrips || []).join(", ")],
+        ["waited for a slot", hop.slotWaitMs ? ms(hop.slotWaitMs) + " ms" : null],
+        ["waited for a connection", hop.poolWaitMs ? ms(hop.poolWaitMs) + " ms" : null],
       ]),
       candidatesTable(decision),
     );
