@@ -150,6 +150,7 @@ async def burst(url: str, calls: int, budget_ms: int) -> dict[str, Any]:
     statuses: dict[str, int] = {}
     handlers: dict[str, int] = {}
     errors: dict[str, Any] = {}  # one error answer of each status, to say why
+    started = time.time()
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
 
         async def one() -> None:
@@ -176,7 +177,26 @@ async def burst(url: str, calls: int, budget_ms: int) -> dict[str, Any]:
         "errors": errors,
         "p50_s": round(took[len(took) // 2], 2),
         "p99_s": round(took[min(len(took) - 1, int(len(took) * 0.99))], 2),
+        "started": started,
     }
+
+
+def quantiles(values: list[float]) -> dict[str, float]:
+    """p50, p99 and max of ``values``, in seconds, rounded."""
+    ordered = sorted(values)
+    if not ordered:
+        return {}
+    at = lambda q: ordered[min(len(ordered) - 1, int(len(ordered) * q))]  # noqa: E731
+    return {"p50_s": round(at(0.5), 2), "p99_s": round(at(0.99), 2), "max_s": round(ordered[-1], 2)}
+
+
+def arrivals(fleet: Fleet, port: int, found: dict[str, Any]) -> None:
+    """When the burst's requests reached the agent, from the burst's start; then clears them. The
+    rest of a caller's time is the hold and the way back."""
+    started = found.pop("started")
+    seen = fleet.peak(port)["arrivals"]
+    found["agent_arrival"] = quantiles([t - started for t in seen])
+    http("POST", f"http://127.0.0.1:{port}/peak/reset")
 
 
 def through_router(fleet: Fleet, calls: int, budget_ms: int) -> dict[str, Any]:
@@ -189,6 +209,29 @@ def through_router(fleet: Fleet, calls: int, budget_ms: int) -> dict[str, Any]:
     found["router_rss_peak_mib"] = round(rss.peak / 2**20, 1)
     found["kib_per_call_in_flight"] = round((rss.peak - rss.before) / 1024 / calls, 1)
     return found
+
+
+def router_side(fleet: Fleet, started: float, sample: int = 200) -> dict[str, Any]:
+    """Where a sample of the burst's calls spent their time in the Router, from its traces: when
+    each reached the Router (from the burst's start), how long it waited for a slot or a pooled
+    connection, and its attempt's duration (the hold and the connect included)."""
+    from datetime import datetime
+
+    listed = http("GET", f"{fleet.url}/admin/traces?limit=1000", timeout_s=10)[1] or []
+    reached, pool_wait, attempt = [], [], []
+    for row in listed[:: max(1, len(listed) // sample)]:
+        trace = http("GET", f"{fleet.url}/admin/traces/{row['traceId']}", timeout_s=10)[1] or {}
+        hop = trace.get("hops", [{}])[0]
+        at = datetime.fromisoformat(str(hop.get("startedAt", "")).replace("Z", "+00:00")).timestamp()
+        reached.append(at - started)
+        pool_wait.append(float(hop.get("poolWaitMs", 0.0)) / 1000)
+        attempt.append(sum(float(a.get("durationMs", 0.0)) for a in hop.get("attempts", [])) / 1000)
+    return {
+        "sampled": len(reached),
+        "reached_router": quantiles(reached),
+        "pool_wait": quantiles(pool_wait),
+        "attempts": quantiles(attempt),
+    }
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -207,8 +250,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             }
             if scenario == "one":
                 direct = fleet.agent("slow-0")
+                port = fleet.agents[0][2]
                 out["direct"] = asyncio.run(burst(direct, calls, budget_ms))
+                arrivals(fleet, port, out["direct"])
                 out["router"] = through_router(fleet, calls, budget_ms)
+                out["router"]["inside"] = router_side(fleet, out["router"]["started"])
+                arrivals(fleet, port, out["router"])
+                out["p99_router_minus_direct_s"] = round(out["router"]["p99_s"] - out["direct"]["p99_s"], 2)
             elif scenario == "many":
                 for i in range(args.agents):
                     fleet.agent(f"slow-{i}")
@@ -223,6 +271,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 out["router"] = through_router(fleet, calls, budget_ms)
                 out["big_share"] = out["router"]["handlers"].get("big", 0) / calls
             out["router_cpu_s"] = round(fleet.router.cpu_seconds(), 1)
+            for found in (out.get("direct"), out["router"]):
+                if found is not None:
+                    found.pop("started", None)
             return out
         finally:
             fleet.stop()

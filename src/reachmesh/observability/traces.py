@@ -24,6 +24,7 @@ import orjson
 
 from reachmesh.clock import iso_utc
 from reachmesh.exceptions import MAX_CANDIDATES_SHOWN
+from reachmesh.jsoncodec import fitted
 from reachmesh.record import DecisionRecord
 
 
@@ -220,7 +221,7 @@ def _slim(frozen: tuple[Any, ...], size: int, limit: int) -> bytes:
         (str(a)[:_SLIM_CHARS], str(r)[:64], sc, None if m is None else str(m)[:_SLIM_CHARS])
         for a, r, sc, m in fields[names.index("rejected")][:3]
     )
-    return orjson.dumps(tuple(fields), default=str, option=orjson.OPT_SERIALIZE_NUMPY)
+    return fitted(orjson.dumps(tuple(fields), default=str, option=orjson.OPT_SERIALIZE_NUMPY))
 
 
 class TraceStore:
@@ -277,7 +278,8 @@ class TraceStore:
         index = self._by_trace
         # Anything orjson cannot write (never expected) is kept as its text rather than losing the hop.
         frozen = _freeze(record)
-        hop = orjson.dumps(frozen, default=str, option=orjson.OPT_SERIALIZE_NUMPY)
+        # Fitted: orjson's own buffer is at least 4 KiB, and the store counts (and keeps) bytes.
+        hop = fitted(orjson.dumps(frozen, default=str, option=orjson.OPT_SERIALIZE_NUMPY))
         if len(hop) > self.max_hop_bytes:
             hop = _slim(frozen, len(hop), self.max_hop_bytes)
             self.slimmed += 1

@@ -145,6 +145,24 @@ class _Target:
 class _Conn(asyncio.Protocol):
     """One keep-alive connection: the socket side of the exchanges an :class:`AnswerReader` reads."""
 
+    # One per call in flight in a burst: slots, not an instance dict, keep it small.
+    __slots__ = (
+        "_hard",
+        "_head_due",
+        "_last_read",
+        "_loop",
+        "_pool",
+        "_read_s",
+        "_timer",
+        "_waiter",
+        "closed",
+        "exchanges",
+        "idle_since",
+        "key",
+        "reader",
+        "transport",
+    )
+
     def __init__(
         self, pool: Pool, key: tuple[str, str, int], loop: asyncio.AbstractEventLoop, head: HeadLimits
     ) -> None:
@@ -378,13 +396,8 @@ class Pool:
         self._loop = loop
         hard = loop.time() + total_s
         target = self._target(url)
-        head = [target.request_line, self._ua]
-        for name, value in headers.items():
-            if "\r" in value or "\n" in value:
-                raise BadHeader(name)
-            head.append(f"{name}: {value}\r\n".encode())
-        head.append(b"Content-Length: %d\r\n\r\n" % len(body))
-        data = b"".join(head)
+        # Built in a function of its own: its pieces are gone before the (maybe long) wait.
+        data = self._request_head(target, headers, len(body))
         conn = await self._acquire(target, connect_s, hard)
         reused = conn.idle_since > 0.0
         try:
@@ -395,6 +408,16 @@ class Pool:
                 # it), so it is never silently sent again; the caller knows if it may be.
                 raise StaleConnection(f"a kept-alive connection closed after the request ({exc})") from exc
             raise
+
+    def _request_head(self, target: _Target, headers: dict[str, str], length: int) -> bytes:
+        """The request's head, whole; BadHeader for a value with a line break in it."""
+        head = [target.request_line, self._ua]
+        for name, value in headers.items():
+            if "\r" in value or "\n" in value:
+                raise BadHeader(name)
+            head.append(f"{name}: {value}\r\n".encode())
+        head.append(b"Content-Length: %d\r\n\r\n" % length)
+        return b"".join(head)
 
     def _reuse(self, key: tuple[str, str, int], now: float) -> _Conn | None:
         idle = self._idle.get(key)
