@@ -72,6 +72,16 @@ class _OneWrite:
         return getattr(self._transport, name)
 
 
+class _LeanEvent(asyncio.Event):
+    """An ``asyncio.Event`` whose waiters are a list. uvicorn makes two per connection (its
+    write flow control's, and each request's body signal), each with a deque of 624 bytes,
+    though one task at most ever waits on either: a burst holds one connection per call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._waiters = []  # type: ignore[assignment]
+
+
 class GuardedHttpTools(HttpToolsProtocol):
     """httptools with a bounded request head; the limits are class attributes (:func:`bounded_protocol`)."""
 
@@ -102,6 +112,10 @@ class GuardedHttpTools(HttpToolsProtocol):
             self.header_timeout_s, self._head_too_slow
         )
         self._one_write = _OneWrite(transport, self.loop)
+        writable = _LeanEvent()
+        if self.flow._is_writable_event.is_set():
+            writable.set()
+        self.flow._is_writable_event = writable
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -151,6 +165,8 @@ class GuardedHttpTools(HttpToolsProtocol):
         super().on_headers_complete()
         if self.cycle is not None:
             self.cycle.transport = self._one_write  # type: ignore[assignment]
+            if not self.cycle.message_event.is_set():  # nothing can have set it yet; never lose a set
+                self.cycle.message_event = _LeanEvent()
 
     def on_body(self, body: bytes) -> None:
         if not self._refused:
