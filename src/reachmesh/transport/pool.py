@@ -66,6 +66,12 @@ STAGGER_S = 0.25
 # this long: its accept queue is full (it is busy, not broken), so requests wait for the
 # connections it has (about the kernel's first SYN retransmit, 1 s).
 HOLD_OFF_S = 1.0
+# A connect to an agent that serves connections of ours may take this long rather than the
+# connect timeout: it is busy, not broken, and its accept queue is full only until it catches
+# up. Linux sends a dropped SYN again after 1 s and again 2 s later; a connect timeout of 1 s
+# cut each such connect just before its second SYN, and the hold-off after it stalled every
+# request to the agent for a second (a 2,000-call burst reached its agent over 8 s, not 1.5).
+BUSY_CONNECT_S = 3.5
 # Below this size the request body is copied behind its head and written in one call.
 _JOIN_LIMIT = 64 * 1024
 
@@ -507,16 +513,20 @@ class Pool:
         loop = self._loop
         assert loop is not None
         key = target.key
-        connect_due = loop.time() + connect_s
+        busy = key in self._open_to
+        connect_due = loop.time() + (max(connect_s, BUSY_CONNECT_S) if busy else connect_s)
         self._opening += 1
         self._connecting[key] = self._connecting.get(key, 0) + 1
         try:
             async with asyncio.timeout_at(min(connect_due, hard)):
                 return await self._open(target)
         except TimeoutError as exc:
-            if connect_due >= hard:
-                raise  # the attempt's ceiling came first, not the connect timeout
-            raise ConnectTimeout from exc
+            if connect_due < hard:
+                raise ConnectTimeout from exc
+            if busy:
+                # Nothing was sent, and the agent serves connections of ours: the wait is the pool's.
+                raise PoolTimeout(f"no connection to {key[1]}:{key[2]} was made in time (it is busy)") from exc
+            raise  # the attempt's ceiling came first, not the connect timeout
         finally:
             self._opening -= 1
             left = self._connecting[key] - 1
