@@ -17,15 +17,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import multiprocessing
+import resource
 import sys
 import tempfile
 import threading
 import time
+import urllib.parse
+import urllib.request
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import aiohttp
+import httptools
+import uvloop
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -36,6 +43,7 @@ HERE = Path(__file__).resolve().parent
 
 
 CONNECTING = {"per_agent": 32}  # --connecting sets outbound.max_connecting_per_agent
+CALLERS = {"procs": 1}  # --caller-procs: processes the callers are split over
 
 
 def policy(calls: int, hold_s: float) -> dict[str, Any]:
@@ -137,38 +145,101 @@ class RssPeak:
         self._thread.join(2)
 
 
+class _Call(asyncio.Protocol):
+    """One call on a connection of its own: the request written at once, the answer parsed whole.
+
+    Lean on purpose: with aiohttp's client, four caller processes took 20 s to get a 10,000-call
+    burst to the Router (the Router itself used 5.5 s of CPU in all), and so measured themselves
+    more than the Router."""
+
+    def __init__(self, request: bytes, done: asyncio.Future[tuple[int, bytes]]) -> None:
+        self.request = request
+        self.done = done
+        self.parser = httptools.HttpResponseParser(self)
+        self.body: list[bytes] = []
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.transport.write(self.request)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._end(exc)
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        if not self.done.done():
+            self.done.set_result((self.parser.get_status_code(), b"".join(self.body)))
+        self._end(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._end(exc or ConnectionError("closed before the whole answer"))
+
+    def _end(self, exc: Exception | None) -> None:
+        if exc is not None and not self.done.done():
+            self.done.set_exception(exc)
+        if self.transport is not None:
+            self.transport.close()
+
+
 async def burst(url: str, calls: int, budget_ms: int) -> dict[str, Any]:
-    """``calls`` POSTs at once; answered count, statuses, handlers, p50/p99 in seconds."""
-    body = {
-        "targetTask": "slow",
-        "payload": {},
-        "preferences": {"timeoutMs": budget_ms, "readTimeoutMs": budget_ms},
-    }
-    timeout = aiohttp.ClientTimeout(total=budget_ms / 1000 + 30)
-    connector = aiohttp.TCPConnector(limit=0)
+    """``calls`` POSTs at once, each on its own connection; statuses, handlers, each call's time."""
+    parsed = urllib.parse.urlsplit(url)
+    host, port = parsed.hostname or "127.0.0.1", parsed.port or 80
+    preferences = {"timeoutMs": budget_ms, "readTimeoutMs": budget_ms}
+    body = json.dumps({"targetTask": "slow", "payload": {}, "preferences": preferences}).encode()
+    request = (
+        f"POST {parsed.path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    loop = asyncio.get_running_loop()
     took: list[float] = []
     statuses: dict[str, int] = {}
     handlers: dict[str, int] = {}
     errors: dict[str, Any] = {}  # one error answer of each status, to say why
+
+    async def one() -> None:
+        sent = time.monotonic()
+        done: asyncio.Future[tuple[int, bytes]] = loop.create_future()
+        try:
+            async with asyncio.timeout(budget_ms / 1000 + 30):
+                await loop.create_connection(lambda: _Call(request, done), host, port)
+                _, raw = await done
+            answer = json.loads(raw)
+            status = str(answer.get("status"))
+            handler = str(answer.get("handlerAgentId") or "direct")
+            if status != "SUCCESS" and "error" in answer:
+                errors.setdefault(status, answer["error"])
+        except (OSError, TimeoutError, ValueError, httptools.HttpParserError) as exc:
+            status, handler = f"client:{type(exc).__name__}", "-"
+            errors.setdefault(status, str(exc)[:200])
+        took.append(time.monotonic() - sent)
+        statuses[status] = statuses.get(status, 0) + 1
+        handlers[handler] = handlers.get(handler, 0) + 1
+
     started = time.time()
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+    await asyncio.gather(*(one() for _ in range(calls)))
+    return {"statuses": statuses, "handlers": handlers, "errors": errors, "took": took, "started": started}
 
-        async def one() -> None:
-            sent = time.monotonic()
-            try:
-                async with session.post(url, json=body) as resp:
-                    answer = await resp.json(content_type=None)
-                status = str(answer.get("status"))
-                handler = str(answer.get("handlerAgentId") or "direct")
-                if status != "SUCCESS" and "error" in answer:
-                    errors.setdefault(status, answer["error"])
-            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-                status, handler = f"client:{type(exc).__name__}", "-"
-            took.append(time.monotonic() - sent)
-            statuses[status] = statuses.get(status, 0) + 1
-            handlers[handler] = handlers.get(handler, 0) + 1
 
-        await asyncio.gather(*(one() for _ in range(calls)))
+def summed(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The bursts of several caller processes as one: counts added, p50/p99 over every call."""
+    statuses: dict[str, int] = {}
+    handlers: dict[str, int] = {}
+    errors: dict[str, Any] = {}
+    took: list[float] = []
+    for part in parts:
+        for key, value in part["statuses"].items():
+            statuses[key] = statuses.get(key, 0) + value
+        for key, value in part["handlers"].items():
+            handlers[key] = handlers.get(key, 0) + value
+        errors.update(part["errors"])
+        took.extend(part["took"])
     took.sort()
     return {
         "answered": statuses.get("SUCCESS", 0),
@@ -177,8 +248,38 @@ async def burst(url: str, calls: int, budget_ms: int) -> dict[str, Any]:
         "errors": errors,
         "p50_s": round(took[len(took) // 2], 2),
         "p99_s": round(took[min(len(took) - 1, int(len(took) * 0.99))], 2),
-        "started": started,
+        "started": min(part["started"] for part in parts),
     }
+
+
+def _burst_part(url: str, calls: int, budget_ms: int) -> dict[str, Any]:
+    raise_nofile()
+    return uvloop.run(burst(url, calls, budget_ms))
+
+
+def send_burst(url: str, calls: int, budget_ms: int) -> dict[str, Any]:
+    """``calls`` at once from ``CALLERS["procs"]`` processes (one process: this one)."""
+    procs = max(1, CALLERS["procs"])
+    if procs == 1:
+        return summed([uvloop.run(burst(url, calls, budget_ms))])
+    shares = [calls // procs + (1 if i < calls % procs else 0) for i in range(procs)]
+    with ProcessPoolExecutor(procs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        parts = list(pool.map(_burst_part, [url] * procs, shares, [budget_ms] * procs))
+    return summed(parts)
+
+
+def raise_nofile() -> None:
+    """Room for a burst's descriptors in this process and the processes it starts (they inherit
+    it): the Router holds two per call in flight. As root, up to the kernel's ``nr_open``."""
+    want = 1 << 16
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft >= want:
+        return
+    with contextlib.suppress(ValueError, OSError):
+        ceiling = int(Path("/proc/sys/fs/nr_open").read_text())
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, ceiling), max(hard, min(want, ceiling))))
+        return
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, hard), hard))
 
 
 def quantiles(values: list[float]) -> dict[str, float]:
@@ -202,7 +303,7 @@ def arrivals(fleet: Fleet, port: int, found: dict[str, Any]) -> None:
 def through_router(fleet: Fleet, calls: int, budget_ms: int) -> dict[str, Any]:
     rss = RssPeak(fleet.router)
     try:
-        found = asyncio.run(burst(f"{fleet.url}/reach", calls, budget_ms))
+        found = send_burst(f"{fleet.url}/reach", calls, budget_ms)
     finally:
         rss.stop()
     found["router_rss_before_mib"] = round(rss.before / 2**20, 1)
@@ -234,6 +335,20 @@ def router_side(fleet: Fleet, started: float, sample: int = 200) -> dict[str, An
     }
 
 
+def failed_attempt(fleet: Fleet) -> dict[str, Any]:
+    """The first stored hop with a failed attempt (its events say why), or {}."""
+    for status in ("NO_AVAILABLE_HANDLER", "SUCCESS", "TIMEOUT"):
+        listed = http("GET", f"{fleet.url}/admin/traces?limit=1000&status={status}", timeout_s=10)[1] or []
+        for row in listed:
+            if row.get("attempts", 0) == 0:
+                continue
+            trace = http("GET", f"{fleet.url}/admin/traces/{row['traceId']}", timeout_s=10)[1] or {}
+            hop = trace["hops"][0]
+            if any(a.get("outcome") != "SUCCESS" for a in hop.get("attempts", [])):
+                return dict(hop)
+    return {}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     scenario = args.scenario
     calls, hold = {"cap": (200, 0.5), "share": (100, 2.0)}.get(scenario, (args.calls, args.hold))
@@ -251,7 +366,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if scenario == "one":
                 direct = fleet.agent("slow-0")
                 port = fleet.agents[0][2]
-                out["direct"] = asyncio.run(burst(direct, calls, budget_ms))
+                out["direct"] = send_burst(direct, calls, budget_ms)
                 arrivals(fleet, port, out["direct"])
                 out["router"] = through_router(fleet, calls, budget_ms)
                 out["router"]["inside"] = router_side(fleet, out["router"]["started"])
@@ -261,6 +376,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for i in range(args.agents):
                     fleet.agent(f"slow-{i}")
                 out["router"] = through_router(fleet, calls, budget_ms)
+                out["router"]["inside"] = router_side(fleet, out["router"]["started"])
             elif scenario == "cap":
                 fleet.agent("capped", capacity=20)
                 out["router"] = through_router(fleet, calls, budget_ms)
@@ -271,6 +387,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 out["router"] = through_router(fleet, calls, budget_ms)
                 out["big_share"] = out["router"]["handlers"].get("big", 0) / calls
             out["router_cpu_s"] = round(fleet.router.cpu_seconds(), 1)
+            if out["router"]["answered"] < calls:  # say why: the Router's log, its attempts' outcomes
+                print(fleet.router.log_path.read_text(errors="replace")[-4000:], file=sys.stderr)
+                with urllib.request.urlopen(f"{fleet.url}/metrics", timeout=10) as resp:
+                    lines = resp.read().decode().splitlines()
+                print("\n".join(x for x in lines if x.startswith("reach_upstream_attempts")), file=sys.stderr)
+                print(json.dumps(failed_attempt(fleet))[:3000], file=sys.stderr)
             for found in (out.get("direct"), out["router"]):
                 if found is not None:
                     found.pop("started", None)
@@ -286,8 +408,11 @@ def main() -> None:
     parser.add_argument("--hold", type=float, default=8.0)
     parser.add_argument("--agents", type=int, default=10)
     parser.add_argument("--connecting", type=int, default=32, help="outbound.max_connecting_per_agent")
+    parser.add_argument("--caller-procs", type=int, default=1, help="processes the callers are split over")
     args = parser.parse_args()
     CONNECTING["per_agent"] = args.connecting
+    CALLERS["procs"] = args.caller_procs
+    raise_nofile()
     print(json.dumps(run(args)), flush=True)
 
 

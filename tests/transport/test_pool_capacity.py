@@ -7,10 +7,12 @@ import asyncio
 import contextlib
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import uvloop
 
 from reachmesh.config import OutboundPolicy
 from reachmesh.exceptions import PoolTimeout
@@ -166,3 +168,34 @@ async def test_a_connect_to_a_busy_agent_outlasts_the_connect_timeout() -> None:
         gate.set()
         await transport.close()
         listener.close()
+
+
+def test_a_connect_cut_by_the_routers_own_stalled_loop_is_tried_again() -> None:
+    """uvloop (the Router's loop) runs due timers before it polls for I/O. A loop stalled past a
+    connect timeout (a 10,000-call burst arriving) cut connects the kernel had made, and each
+    agent was charged connect errors until its breaker opened. A timeout noticed that late now
+    means the Router was busy: it connects again, and the request is answered."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(ANSWER)
+            await writer.drain()
+            await reader.read()
+        writer.close()
+
+    async def main() -> Any:
+        listener = await asyncio.start_server(answer, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}/reach"
+        transport = HttpTransport(tls=OutboundPolicy())
+        await transport.open()
+        try:
+            # Runs once the connect is under way: the loop does nothing else meanwhile.
+            asyncio.get_running_loop().call_soon(time.sleep, scaled(0.5))
+            limits = AttemptLimits(scaled(0.2), scaled(10.0), scaled(20.0))
+            return await transport.send(url, b"{}", {}, limits)
+        finally:
+            await transport.close()
+            listener.close()
+
+    assert uvloop.run(main()) == {"ok": True}

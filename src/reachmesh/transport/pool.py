@@ -72,12 +72,20 @@ HOLD_OFF_S = 1.0
 # cut each such connect just before its second SYN, and the hold-off after it stalled every
 # request to the agent for a second (a 2,000-call burst reached its agent over 8 s, not 1.5).
 BUSY_CONNECT_S = 3.5
+# A connect timeout the event loop got to this much later than it was due says the loop itself
+# was stalled (a healthy one is a millisecond late at most): the connect is tried again.
+LATE_S = 0.05
 # Below this size the request body is copied behind its head and written in one call.
 _JOIN_LIMIT = 64 * 1024
 
 
 class ConnectTimeout(Exception):
-    """No connection (or no TLS handshake) within the connect timeout."""
+    """No connection (or no TLS handshake) within the connect timeout; ``late_s``: how long after
+    the timeout the Router's event loop got to it."""
+
+    def __init__(self, late_s: float = 0.0) -> None:
+        super().__init__(f"no connection within the connect timeout (noticed {late_s * 1000:.0f} ms late)")
+        self.late_s = late_s
 
 
 class PoolTimeout(Exception):
@@ -448,22 +456,32 @@ class Pool:
                 if self._may_open(key):
                     try:
                         return await self._connect(target, connect_s, hard)
-                    except ConnectTimeout:
-                        if not self._open_to.get(key):
-                            raise
-                        # It serves connections of ours, yet took no new one in time: busy, not
-                        # broken. Wait for one of its connections instead of failing.
-                        if key not in self._hold_off:
-                            self._hold_off[key] = loop.time() + HOLD_OFF_S
-                            # Its connections may stay busy for long: the end of the hold-off
-                            # must wake the waiters by itself.
-                            loop.call_later(HOLD_OFF_S, self._wake_many, key)
+                    except ConnectTimeout as exc:
+                        self._timed_out(key, exc)
                         woken = False
                         continue
                 if self._target_room(key) and self._evict_one():
                     continue  # the pool was full of idle connections elsewhere: one made room
             await self._wait(key, hard, front=woken)
             woken = True
+
+    def _timed_out(self, key: tuple[str, str, int], exc: ConnectTimeout) -> None:
+        """After a connect timed out: raise it, or return to try again or wait for a connection."""
+        if exc.late_s >= LATE_S:
+            # The loop noticed the timeout late: it was busy (a burst arriving), and polls for
+            # I/O only after running due timers, so a connect the kernel had made may have been
+            # cut unseen. That is the Router's own lag, not the agent's: connect again.
+            return
+        if not self._open_to.get(key):
+            raise exc
+        # It serves connections of ours, yet took no new one in time: busy, not broken. Wait for
+        # one of its connections instead of failing.
+        if key not in self._hold_off:
+            assert self._loop is not None
+            self._hold_off[key] = self._loop.time() + HOLD_OFF_S
+            # Its connections may stay busy for long: the end of the hold-off must wake the
+            # waiters by itself.
+            self._loop.call_later(HOLD_OFF_S, self._wake_many, key)
 
     def _target_room(self, key: tuple[str, str, int]) -> bool:
         opened = self._open_to.get(key, 0) + self._connecting.get(key, 0)
@@ -522,10 +540,10 @@ class Pool:
                 return await self._open(target)
         except TimeoutError as exc:
             if connect_due < hard:
-                raise ConnectTimeout from exc
+                raise ConnectTimeout(loop.time() - connect_due) from exc
             if busy:
                 # Nothing was sent, and the agent serves connections of ours: the wait is the pool's.
-                raise PoolTimeout(f"no connection to {key[1]}:{key[2]} was made in time (it is busy)") from exc
+                raise PoolTimeout(f"no connection to {key[1]}:{key[2]} was made in time (busy)") from exc
             raise  # the attempt's ceiling came first, not the connect timeout
         finally:
             self._opening -= 1
