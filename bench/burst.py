@@ -43,7 +43,10 @@ HERE = Path(__file__).resolve().parent
 
 
 CONNECTING = {"per_agent": 32}  # --connecting sets outbound.max_connecting_per_agent
-CALLERS = {"procs": 1}  # --caller-procs: processes the callers are split over
+# --caller-procs: processes the callers are split over; --caller-connecting: connects in
+# progress at once in each
+CALLERS = {"procs": 1, "connecting": 10_000}
+AGENT = {"backlog": 128}  # --agent-backlog: the slow agents' listen backlog (aiohttp's default)
 
 
 def policy(calls: int, hold_s: float) -> dict[str, Any]:
@@ -98,7 +101,8 @@ class Fleet:
 
     def agent(self, agent_id: str, capacity: int | None = None) -> str:
         port = free_port()
-        argv = [sys.executable, str(HERE / "slow_agent.py"), str(port), str(self.hold_s)]
+        backlog = str(AGENT["backlog"])
+        argv = [sys.executable, str(HERE / "slow_agent.py"), str(port), str(self.hold_s), backlog]
         server = Server(agent_id, argv, self.tmp / f"{agent_id}.log")
         server.start()
         base = f"http://127.0.0.1:{port}"
@@ -161,7 +165,7 @@ class _Call(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        self.transport.write(self.request)
+        transport.write(self.request)  # type: ignore[attr-defined]
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -187,7 +191,7 @@ class _Call(asyncio.Protocol):
             self.transport.close()
 
 
-async def burst(url: str, calls: int, budget_ms: int) -> dict[str, Any]:
+async def burst(url: str, calls: int, budget_ms: int, connecting: int) -> dict[str, Any]:
     """``calls`` POSTs at once, each on its own connection; statuses, handlers, each call's time."""
     parsed = urllib.parse.urlsplit(url)
     host, port = parsed.hostname or "127.0.0.1", parsed.port or 80
@@ -203,12 +207,19 @@ async def burst(url: str, calls: int, budget_ms: int) -> dict[str, Any]:
     handlers: dict[str, int] = {}
     errors: dict[str, Any] = {}  # one error answer of each status, to say why
 
+    # Connects in progress at once, per caller process, as a client's connection pool would
+    # open them: 10,000 SYNs within a millisecond overflowed the Router's listen queue (Linux
+    # then answers with SYN cookies, and some failed: reset connections). Every call is still
+    # in flight at once; only the opening of their connections is paced.
+    opening = asyncio.Semaphore(connecting)
+
     async def one() -> None:
         sent = time.monotonic()
         done: asyncio.Future[tuple[int, bytes]] = loop.create_future()
         try:
             async with asyncio.timeout(budget_ms / 1000 + 30):
-                await loop.create_connection(lambda: _Call(request, done), host, port)
+                async with opening:
+                    await loop.create_connection(lambda: _Call(request, done), host, port)
                 _, raw = await done
             answer = json.loads(raw)
             status = str(answer.get("status"))
@@ -252,19 +263,21 @@ def summed(parts: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _burst_part(url: str, calls: int, budget_ms: int) -> dict[str, Any]:
+def _burst_part(url: str, calls: int, budget_ms: int, connecting: int) -> dict[str, Any]:
     raise_nofile()
-    return uvloop.run(burst(url, calls, budget_ms))
+    return uvloop.run(burst(url, calls, budget_ms, connecting))
 
 
 def send_burst(url: str, calls: int, budget_ms: int) -> dict[str, Any]:
     """``calls`` at once from ``CALLERS["procs"]`` processes (one process: this one)."""
     procs = max(1, CALLERS["procs"])
     if procs == 1:
-        return summed([uvloop.run(burst(url, calls, budget_ms))])
+        return summed([uvloop.run(burst(url, calls, budget_ms, CALLERS["connecting"]))])
     shares = [calls // procs + (1 if i < calls % procs else 0) for i in range(procs)]
     with ProcessPoolExecutor(procs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        parts = list(pool.map(_burst_part, [url] * procs, shares, [budget_ms] * procs))
+        parts = list(
+            pool.map(_burst_part, [url] * procs, shares, [budget_ms] * procs, [CALLERS["connecting"]] * procs)
+        )
     return summed(parts)
 
 
@@ -362,6 +375,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "calls": calls,
                 "hold_s": hold,
                 "max_connecting_per_agent": CONNECTING["per_agent"],
+                "agent_backlog": AGENT["backlog"],
+                "caller_procs": CALLERS["procs"],
+                "caller_connecting": CALLERS["connecting"],
             }
             if scenario == "one":
                 direct = fleet.agent("slow-0")
@@ -409,7 +425,13 @@ def main() -> None:
     parser.add_argument("--agents", type=int, default=10)
     parser.add_argument("--connecting", type=int, default=32, help="outbound.max_connecting_per_agent")
     parser.add_argument("--caller-procs", type=int, default=1, help="processes the callers are split over")
+    parser.add_argument("--agent-backlog", type=int, default=128, help="the agents' listen backlog")
+    parser.add_argument(
+        "--caller-connecting", type=int, default=10_000, help="connects in progress at once, per caller"
+    )
     args = parser.parse_args()
+    CALLERS["connecting"] = args.caller_connecting
+    AGENT["backlog"] = args.agent_backlog
     CONNECTING["per_agent"] = args.connecting
     CALLERS["procs"] = args.caller_procs
     raise_nofile()

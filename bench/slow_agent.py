@@ -1,6 +1,8 @@
 """The burst benchmark's agent: answers every POST after HOLD seconds, and counts its peak.
 
-    python bench/slow_agent.py PORT HOLD_S
+    python bench/slow_agent.py PORT HOLD_S [BACKLOG]
+
+BACKLOG is its listen backlog: aiohttp's default, 128, unless given.
 
 aiohttp, as in the issue's report. ``GET /peak`` answers the most requests it held at once, how
 many it received in all, and ``arrivals``: when each request arrived (epoch seconds, the first
@@ -21,6 +23,7 @@ BODY = b'{"status":"SUCCESS","result":{"ok":true}}'
 
 def main() -> None:
     port, hold = int(sys.argv[1]), float(sys.argv[2])
+    backlog = int(sys.argv[3]) if len(sys.argv) > 3 else 128
     state = {"now": 0, "peak": 0, "received": 0}
     arrivals: list[float] = []
 
@@ -53,7 +56,7 @@ def main() -> None:
     app.router.add_get("/peak", peak)
     app.router.add_post("/peak/reset", reset)
     app.router.add_get("/healthz", healthz)
-    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
+    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None, backlog=backlog)
 
 
 if __name__ == "__main__":
