@@ -273,6 +273,10 @@ async def test_candidates_left_untried_after_an_unknown_outcome_say_why(cluster)
     reasons = {c["agentId"]: c["reason"] for c in second["error"]["candidates"]}
     assert reasons == {"dropper": "connect_error", "spare": "not_idempotent"}
     assert spare.received == []
+    # The trace says what failed, not only its reason.
+    (hop,) = (await http.get(f"/admin/traces/{second['traceId']}")).json()["hops"]
+    forwards = [e["text"] for e in hop["events"] if e["kind"] == "forward"]
+    assert len(forwards) == 1 and "outcome=connect_error (ServerDisconnected: " in forwards[0], forwards
 
 
 async def test_the_router_sends_an_idempotency_key_the_same_on_every_attempt(cluster) -> None:

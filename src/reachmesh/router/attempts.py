@@ -390,7 +390,8 @@ class AttemptRun:
         self.parts.stats.finished(agent_id, ok=verdict, latency_ms=took)
         offset = round((started - record.started) * 1000, 2)
         record.attempts.append(AttemptRecord(agent_id, outcome, took, span_id, offset, choice.score))
-        detail = "" if exc is None else f", outcome={exc.reason}"
+        # A failure says what failed (an errno, a status), so the trace alone can explain it.
+        detail = "" if exc is None else f", outcome={exc.reason} ({exc.message[:160]})"
         record.note("forward", f"{agent_id}, duration={took:.0f}ms{detail}")
         if isinstance(exc, PoolTimeout):
             return  # the agent was never reached: a half-open probe must not close on it
