@@ -3,11 +3,16 @@ burst's, the Router's memory per call in flight, capacity kept, and load-aware s
 
     .venv/bin/python bench/burst.py one   [--calls 2000] [--hold 8]
     .venv/bin/python bench/burst.py many  [--calls 10000] [--hold 30] [--agents 10]
+        [--caller-procs 4] [--caller-connecting 256] [--routers 2]
     .venv/bin/python bench/burst.py cap   # max_concurrency 20, 200 calls held 0.5 s
     .venv/bin/python bench/burst.py share # capacities 10 and 100, a 100-call burst
 
 Agents (bench/slow_agent.py, aiohttp) and the Router (``reach router``) run in processes of
-their own; the callers are this process. ``one`` sends the burst straight to the agent first,
+their own; the callers are this process, or ``--caller-procs`` processes. A Router holds two
+file descriptors per call in flight, and where ``RLIMIT_NOFILE``'s hard limit cannot be raised
+(20,000 here, without CAP_SYS_RESOURCE) one Router holds at most about 9,990 calls:
+``--routers 2`` runs two, every agent registered with each and the caller processes spread over
+them, and sums their memory. ``one`` sends the burst straight to the agent first,
 then through the Router, in the same run. Memory: the Router's RSS just before the burst, and
 its peak while the burst is in flight (sampled every 100 ms), over the calls in flight. Each run
 is bounded by the hold time plus a minute. Prints one JSON line per run.
@@ -73,31 +78,26 @@ def policy(calls: int, hold_s: float) -> dict[str, Any]:
 
 
 class Fleet:
-    """A Router and slow agents, each its own process."""
+    """Routers (one unless ``--routers``) and slow agents, each its own process."""
 
-    def __init__(self, tmp: Path, calls: int, hold_s: float) -> None:
+    def __init__(self, tmp: Path, calls: int, hold_s: float, routers: int = 1) -> None:
         self.tmp = tmp
         self.hold_s = hold_s
-        self.port = free_port()
         config = tmp / "router.yaml"
         config.write_text(yaml.safe_dump(policy(calls, hold_s)))
-        argv = [
-            sys.executable,
-            "-m",
-            "reachmesh",
-            "router",
-            "--port",
-            str(self.port),
-            "--config",
-            str(config),
-        ]
-        self.router = Server("router", argv, tmp / "router.log")
+        self.routers: list[tuple[Server, str]] = []
+        for index in range(routers):
+            port = free_port()
+            argv = [sys.executable, "-m", "reachmesh", "router", "--port", str(port), "--config", str(config)]
+            name = "router" if index == 0 else f"router-{index}"
+            self.routers.append((Server(name, argv, tmp / f"{name}.log"), f"http://127.0.0.1:{port}"))
+        self.router, self.url = self.routers[0]
         self.agents: list[tuple[str, Server, int]] = []
-        self.url = f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        self.router.start()
-        self.router.wait_ready(lambda: http("GET", f"{self.url}/readyz")[0] == 200, 60)
+        for router, url in self.routers:
+            router.start()
+            router.wait_ready(lambda url=url: http("GET", f"{url}/readyz")[0] == 200, 60)  # type: ignore[misc]
 
     def agent(self, agent_id: str, capacity: int | None = None) -> str:
         port = free_port()
@@ -114,9 +114,10 @@ class Fleet:
         }
         if capacity is not None:
             profile["max_concurrency"] = capacity
-        status, answer = http("POST", f"{self.url}/agents", profile)
-        if status not in (200, 201):
-            raise RuntimeError(f"registration of {agent_id}: {status} {answer}")
+        for _, url in self.routers:
+            status, answer = http("POST", f"{url}/agents", profile)
+            if status not in (200, 201):
+                raise RuntimeError(f"registration of {agent_id}: {status} {answer}")
         self.agents.append((agent_id, server, port))
         return f"{base}/reach"
 
@@ -126,23 +127,27 @@ class Fleet:
     def stop(self) -> None:
         for _, server, _ in self.agents:
             server.stop()
-        self.router.stop()
+        for router, _ in self.routers:
+            router.stop()
 
 
 class RssPeak:
-    """The Router's RSS, sampled every 100 ms on a thread until stopped."""
+    """The Routers' RSS (summed), sampled every 100 ms on a thread until stopped."""
 
-    def __init__(self, server: Server) -> None:
-        self.server = server
-        self.before = server.rss_bytes()
+    def __init__(self, servers: list[Server]) -> None:
+        self.servers = servers
+        self.before = self._rss()
         self.peak = self.before
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
+    def _rss(self) -> int:
+        return sum(server.rss_bytes() for server in self.servers)
+
     def _run(self) -> None:
         while not self._stop.wait(0.1):
-            self.peak = max(self.peak, self.server.rss_bytes())
+            self.peak = max(self.peak, self._rss())
 
     def stop(self) -> None:
         self._stop.set()
@@ -268,22 +273,24 @@ def _burst_part(url: str, calls: int, budget_ms: int, connecting: int) -> dict[s
     return uvloop.run(burst(url, calls, budget_ms, connecting))
 
 
-def send_burst(url: str, calls: int, budget_ms: int) -> dict[str, Any]:
-    """``calls`` at once from ``CALLERS["procs"]`` processes (one process: this one)."""
+def send_burst(urls: list[str], calls: int, budget_ms: int) -> dict[str, Any]:
+    """``calls`` at once from ``CALLERS["procs"]`` processes (one process: this one), the
+    processes spread over ``urls`` in turn."""
     procs = max(1, CALLERS["procs"])
     if procs == 1:
-        return summed([uvloop.run(burst(url, calls, budget_ms, CALLERS["connecting"]))])
+        return summed([uvloop.run(burst(urls[0], calls, budget_ms, CALLERS["connecting"]))])
     shares = [calls // procs + (1 if i < calls % procs else 0) for i in range(procs)]
+    targets = [urls[i % len(urls)] for i in range(procs)]
     with ProcessPoolExecutor(procs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        parts = list(
-            pool.map(_burst_part, [url] * procs, shares, [budget_ms] * procs, [CALLERS["connecting"]] * procs)
-        )
+        connecting = [CALLERS["connecting"]] * procs
+        parts = list(pool.map(_burst_part, targets, shares, [budget_ms] * procs, connecting))
     return summed(parts)
 
 
 def raise_nofile() -> None:
     """Room for a burst's descriptors in this process and the processes it starts (they inherit
-    it): the Router holds two per call in flight. As root, up to the kernel's ``nr_open``."""
+    it): the Router holds two per call in flight. Up to the kernel's ``nr_open`` where the hard
+    limit may be raised (CAP_SYS_RESOURCE), else up to the hard limit."""
     want = 1 << 16
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft >= want:
@@ -314,9 +321,9 @@ def arrivals(fleet: Fleet, port: int, found: dict[str, Any]) -> None:
 
 
 def through_router(fleet: Fleet, calls: int, budget_ms: int) -> dict[str, Any]:
-    rss = RssPeak(fleet.router)
+    rss = RssPeak([router for router, _ in fleet.routers])
     try:
-        found = send_burst(f"{fleet.url}/reach", calls, budget_ms)
+        found = send_burst([f"{url}/reach" for _, url in fleet.routers], calls, budget_ms)
     finally:
         rss.stop()
     found["router_rss_before_mib"] = round(rss.before / 2**20, 1)
@@ -367,7 +374,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     calls, hold = {"cap": (200, 0.5), "share": (100, 2.0)}.get(scenario, (args.calls, args.hold))
     budget_ms = int((hold + 60) * 1000)
     with tempfile.TemporaryDirectory() as name:
-        fleet = Fleet(Path(name), calls, hold)
+        fleet = Fleet(Path(name), calls, hold, args.routers)
         try:
             fleet.start()
             out: dict[str, Any] = {
@@ -376,13 +383,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "hold_s": hold,
                 "max_connecting_per_agent": CONNECTING["per_agent"],
                 "agent_backlog": AGENT["backlog"],
+                "routers": args.routers,
                 "caller_procs": CALLERS["procs"],
                 "caller_connecting": CALLERS["connecting"],
             }
             if scenario == "one":
                 direct = fleet.agent("slow-0")
                 port = fleet.agents[0][2]
-                out["direct"] = send_burst(direct, calls, budget_ms)
+                out["direct"] = send_burst([direct], calls, budget_ms)
                 arrivals(fleet, port, out["direct"])
                 out["router"] = through_router(fleet, calls, budget_ms)
                 out["router"]["inside"] = router_side(fleet, out["router"]["started"])
@@ -402,7 +410,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 fleet.agent("big", capacity=100)
                 out["router"] = through_router(fleet, calls, budget_ms)
                 out["big_share"] = out["router"]["handlers"].get("big", 0) / calls
-            out["router_cpu_s"] = round(fleet.router.cpu_seconds(), 1)
+            out["router_cpu_s"] = round(sum(router.cpu_seconds() for router, _ in fleet.routers), 1)
             if out["router"]["answered"] < calls:  # say why: the Router's log, its attempts' outcomes
                 print(fleet.router.log_path.read_text(errors="replace")[-4000:], file=sys.stderr)
                 with urllib.request.urlopen(f"{fleet.url}/metrics", timeout=10) as resp:
@@ -426,6 +434,9 @@ def main() -> None:
     parser.add_argument("--connecting", type=int, default=32, help="outbound.max_connecting_per_agent")
     parser.add_argument("--caller-procs", type=int, default=1, help="processes the callers are split over")
     parser.add_argument("--agent-backlog", type=int, default=128, help="the agents' listen backlog")
+    parser.add_argument(
+        "--routers", type=int, default=1, help="Router processes, every agent registered with each (fds)"
+    )
     parser.add_argument(
         "--caller-connecting", type=int, default=10_000, help="connects in progress at once, per caller"
     )
