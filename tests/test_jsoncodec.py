@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+import tracemalloc
 
 import pytest
 
@@ -128,3 +129,19 @@ def test_a_big_deep_document_with_a_long_integer_is_refused_not_read_slowly() ->
     for _ in range(299):
         value = value[0]
     assert value[-1] == 12345678901234567890
+
+
+def test_dumps_gives_bytes_in_memory_of_their_own_size() -> None:
+    """The Router keeps an attempt's body for the whole attempt: orjson's result sat in a 4 KiB
+    buffer (64 KiB for a 5 KB string), most of the Router's memory per call in flight."""
+    values = [{"targetTask": "echo", "payload": {"n": i}} for i in range(200)] + [{"text": "x" * 5000}]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        kept = [jsoncodec.dumps(value) for value in values]
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    text = sum(len(blob) for blob in kept)
+    # Each bytes object has a 33-byte header, and the list its slots.
+    assert held < text + 64 * len(kept) + 4096, (held, text)

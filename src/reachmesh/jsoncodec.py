@@ -251,10 +251,22 @@ def _scalar_value(kind: str, token: bytes, match: re.Match[bytes], blob: bytes) 
     raise _error("unexpected token", blob, match.start(kind))
 
 
+def fitted(blob: bytes) -> bytes:
+    """``blob`` in memory of its own size.
+
+    orjson returns its text in the buffer it wrote it into, never shrunk: at least 4 KiB for
+    ``{}``, and 64 KiB for a 5 KB string (measured, orjson 3.13). Bytes the Router keeps (an
+    attempt's body for the whole attempt, a trace hop for minutes) were most of its memory per
+    call in flight; one copy of the text is far cheaper than that.
+    """
+    return memoryview(blob).tobytes()
+
+
 def dumps(value: Any) -> bytes:
-    """Compact UTF-8 JSON of ``value``; integers of any size are written exactly."""
+    """Compact UTF-8 JSON of ``value``, in memory of its own size (:func:`fitted`); integers of
+    any size are written exactly."""
     try:
-        return orjson.dumps(value)
+        return fitted(orjson.dumps(value))
     except TypeError:
         if depth(value, _C_PARSER_DEPTH) > _C_PARSER_DEPTH:
             return _dumps_slow(value)

@@ -170,6 +170,9 @@ class CandidateReason(StrEnum):
     DECLARED_LIMIT = "declared_limit"  # semantic_route: the text matches a declared limit
     BUSY = "busy"  # the agent answered 429 (too many requests); the request failed over
     AT_CAPACITY = "at_capacity"  # the agent is full (max_concurrency) and its queue too
+    # Not tried: an earlier agent may have the request (sent, outcome unknown) and the capability
+    # is not idempotent, so no other agent is sent it.
+    NOT_IDEMPOTENT = "not_idempotent"
 
 
 class Strategy(StrEnum):

@@ -122,6 +122,7 @@ class DecisionRecord:
     handler: str | None = None
     duration_ms: float = 0.0
     queue_wait_ms: float = 0.0  # time spent waiting for a slot at a full agent (capacity)
+    pool_wait_ms: float = 0.0  # time spent waiting for a connection of the Router's own pool
     stream: StreamRecord | None = None  # set when the caller asked for a stream
 
     def note(self, kind: str, text: str) -> None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import signal
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -350,3 +352,43 @@ def test_the_waterfall_marks_a_streams_chunks(mesh: Mesh, browser: Any) -> None:
     hop = browser.find_element(By.CSS_SELECTOR, "#trace-body .hop")
     assert f"{total} chunks" in hop.text and "first chunk" in hop.text and "last chunk" in hop.text
     assert console_errors(browser) == []
+
+
+def test_a_hop_that_waited_for_a_slot_shows_the_wait(mesh: Mesh, browser: Any) -> None:
+    """An agent that takes one call at a time: the second call waits in the Router for the slot,
+    and its trace view says how long ("waited for a slot"); the first's says nothing of it."""
+
+    async def new_event() -> asyncio.Event:
+        return asyncio.Event()
+
+    hold: asyncio.Event = mesh.bg.run(new_event())
+    agent = FakeAgent("one-slot", tasks=("slow_quote",), max_concurrency=1, hold=hold)
+    mesh.bg.run(agent.start())
+    mesh.bg.on_close(agent.stop)
+    mesh.bg.run(agent.register(mesh.url, vectors=False))
+    capacity = mesh.router.app.parts.dispatcher.forwarding.capacity
+    with ThreadPoolExecutor(2) as calls:
+        first = calls.submit(mesh.reach, "slow_quote", "ui-slot-first")
+        poll(lambda: len(agent.received) == 1, "the first call at the agent")
+        second = calls.submit(mesh.reach, "slow_quote", "ui-slot-second")
+        poll(lambda: capacity.queued("one-slot") == 1, "the second call waiting for the slot")
+        mesh.bg.loop.call_soon_threadsafe(hold.set)
+        assert first.result()["status"] == "SUCCESS"
+        assert second.result()["status"] == "SUCCESS"
+    open_page(browser, mesh.url)
+    for trace_id, waited in (("ui-slot-second", True), ("ui-slot-first", False)):
+        selector = f'#traffic-table tr[data-trace="{trace_id}"]'
+        until(browser, shows(selector), 5, f"the row of {trace_id}")
+        browser.find_element(By.CSS_SELECTOR, selector).click()
+        hop = f'#trace-body[data-trace="{trace_id}"] .hop'
+        until(browser, shows(hop), 2, f"the trace {trace_id}")
+        assert ("waited for a slot" in browser.find_element(By.CSS_SELECTOR, hop).text) is waited
+    assert console_errors(browser) == []
+
+
+def poll(check: Callable[[], bool], what: str, seconds: float = 10) -> None:
+    """Poll ``check`` until it holds, or fail saying what did not happen in time."""
+    deadline = time.monotonic() + seconds * TIME_SCALE
+    while not check():
+        assert time.monotonic() < deadline, f"{what}: not within {seconds * TIME_SCALE:.0f} s"
+        time.sleep(0.02)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tracemalloc
 from decimal import Decimal
 
 import numpy as np
@@ -64,3 +65,21 @@ def test_a_value_json_cannot_hold_does_not_lose_the_hop() -> None:
     hop = store.hops("t1")[0]
     assert hop["decision"]["rejected"] == [{"agentId": "a2", "reason": "low_score", "score": "0.25"}]
     assert hop["decision"]["score"] == 0.5
+
+
+def test_the_store_holds_its_hops_in_memory_of_their_own_size() -> None:
+    """A hop is a few hundred bytes of JSON, and the store counts (and bounds) those bytes; it
+    held each in orjson's 4 KiB buffer, so 10,000 hops took 40 MiB where it counted 5."""
+    store = TraceStore(size=500)
+    records = [_record(f"t{i}", float(i)) for i in range(500)]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for record in records:
+            store(record)
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert store.bytes_held < 500 * 1024
+    # Room for the index (a deque slot and a dict entry per hop) and each bytes object's header.
+    assert held < 2 * store.bytes_held, (held, store.bytes_held)

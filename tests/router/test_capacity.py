@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -75,10 +76,25 @@ async def test_an_agent_never_has_more_than_its_capacity_in_flight_and_the_rest_
     waited = 0
     for a in answers:
         trace = (await http.get(f"/admin/traces/{a.json()['traceId']}")).json()
-        hops = trace.get("hops", [trace])
-        events = [e for hop in hops for e in hop.get("events", []) if e["kind"] == "slot wait"]
-        waited += bool(events) and events[0]["text"].startswith("small, waited=")
+        (hop,) = trace["hops"]
+        assert hop["poolWaitMs"] == 0
+        if hop["slotWaitMs"] > 0:
+            waited += 1
+            assert "for a slot at a full agent" in _rendered(trace)
+        else:
+            assert "waited in the Router" not in _rendered(trace)
     assert waited == 4
+
+
+def _rendered(trace: dict[str, Any]) -> str:
+    """What ``reach trace`` prints for a trace."""
+    from rich.console import Console
+
+    from reachmesh.cli.timeline import render_trace
+
+    console = Console(width=200, record=True, file=io.StringIO())
+    console.print(render_trace(trace))
+    return console.export_text()
 
 
 @pytest.mark.policy({"limits": {"max_queued_per_agent": 2}})
@@ -128,6 +144,8 @@ async def test_a_wait_for_the_routers_own_pool_is_not_charged_to_the_agent(clust
     await until(lambda: len(slow.received) == 1, "the slow agent holds the pool's one connection")
     waited = (await call(http, timeoutMs=int(scaled(600)))).json()
     assert waited["status"] == "TIMEOUT", waited
+    (hop,) = (await http.get(f"/admin/traces/{waited['traceId']}")).json()["hops"]
+    assert hop["poolWaitMs"] > scaled(600) / 2 and hop["slotWaitMs"] == 0, hop
     assert healthy.received == []
     row = (await http.get("/admin/agents/healthy")).json()
     assert row["circuit"] == "closed"
@@ -209,11 +227,11 @@ class _DropsTheSecond:
             await self._read(reader)
         writer.close()
 
-    def profile(self, *, idempotent: bool) -> dict[str, Any]:
+    def profile(self, *, idempotent: bool, weight: float = 1.0) -> dict[str, Any]:
         return {
             "id": "dropper",
             "network": {"endpoint": f"http://127.0.0.1:{self.port}/reach"},
-            "capabilities": [{"task": "echo", "idempotent": idempotent}],
+            "capabilities": [{"task": "echo", "idempotent": idempotent, "routing_weight": weight}],
         }
 
 
@@ -238,6 +256,27 @@ async def test_an_agent_that_closes_a_reused_connection_after_reading_sees_the_r
             assert second["status"] != "SUCCESS"
             assert len(agent.seen) == 2, "the second request was delivered more than once"
             assert [a["outcome"] for a in second["attempts"]] == ["connect_error"]
+
+
+async def test_candidates_left_untried_after_an_unknown_outcome_say_why(cluster) -> None:
+    """The dropper (leading by weight) reads the second call and drops the connection: the
+    Router does not fail over (the capability is not idempotent), and the spare agent is listed
+    with reason not_idempotent, not budget_exhausted (no budget ran out), and is never sent it."""
+    _server, http, make = cluster
+    spare = await make("spare")
+    async with _DropsTheSecond() as agent:
+        registered = await http.post("/agents", json=agent.profile(idempotent=False, weight=100))
+        assert registered.status_code == 201, registered.text
+        assert (await call(http)).json()["handlerAgentId"] == "dropper"
+        second = (await call(http)).json()
+    assert second["status"] == "NO_AVAILABLE_HANDLER", second
+    reasons = {c["agentId"]: c["reason"] for c in second["error"]["candidates"]}
+    assert reasons == {"dropper": "connect_error", "spare": "not_idempotent"}
+    assert spare.received == []
+    # The trace says what failed, not only its reason.
+    (hop,) = (await http.get(f"/admin/traces/{second['traceId']}")).json()["hops"]
+    forwards = [e["text"] for e in hop["events"] if e["kind"] == "forward"]
+    assert len(forwards) == 1 and "outcome=connect_error (ServerDisconnected: " in forwards[0], forwards
 
 
 async def test_the_router_sends_an_idempotency_key_the_same_on_every_attempt(cluster) -> None:

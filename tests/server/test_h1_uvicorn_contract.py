@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 from importlib.metadata import version
 
+from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from reachmesh.server.h1 import GuardedHttpTools
@@ -57,6 +58,9 @@ def test_the_attributes_h1_reads_are_still_set_by_uvicorn() -> None:
         )
     # The one-write path swaps the response cycle's transport.
     assert "self.transport = transport" in inspect.getsource(RequestResponseCycle.__init__)
+    # The lean events replace these two asyncio.Events, and keep to Event's interface.
+    assert "self.message_event = message_event" in inspect.getsource(RequestResponseCycle.__init__)
+    assert "self._is_writable_event = asyncio.Event()" in inspect.getsource(FlowControl.__init__)
 
 
 # What whole_answer reads and sets on uvicorn's response cycle, as its own send() does.

@@ -7,9 +7,12 @@ import asyncio
 import contextlib
 import socket
 import threading
+import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+import uvloop
 
 from reachmesh.config import OutboundPolicy
 from reachmesh.exceptions import PoolTimeout
@@ -113,3 +116,86 @@ async def test_a_wait_for_a_connection_past_the_ceiling_is_the_pools_own_error(a
         assert agent.accepted == 1 and agent.requests == 1
     finally:
         await transport.close()
+
+
+async def test_a_connect_to_a_busy_agent_outlasts_the_connect_timeout() -> None:
+    """The agent serves a connection of ours (held), and a new connection to it takes longer
+    than the connect timeout, as one whose SYN a full accept queue dropped does (the kernel
+    sends it again after 1 s). The connect is not cut at the connect timeout: the agent is busy,
+    not broken, and the request is answered on the new connection. It was cut, and each new
+    connect after a second's hold-off was cut again, until the request ended PoolTimeout."""
+    gate = asyncio.Event()
+    served: list[int] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        number = len(served)
+        served.append(number)
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+            await reader.readuntil(b"\r\n\r\n")
+            if number == 0:
+                await gate.wait()
+            writer.write(ANSWER)
+            await writer.drain()
+            await reader.read()
+        writer.close()
+
+    listener = await asyncio.start_server(handle, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}/reach"
+    transport = HttpTransport(tls=OutboundPolicy())
+    await transport.open()
+    pool = transport._pool
+    assert pool is not None
+    real_dial = pool._dial
+    delay_s = scaled(0.5)
+
+    async def slow_dial(target: Any, address: str) -> Any:
+        if served:  # every connection after the first: the time a dropped SYN takes
+            await asyncio.sleep(delay_s)
+        return await real_dial(target, address)
+
+    pool._dial = slow_dial  # type: ignore[method-assign]
+    try:
+        first = asyncio.ensure_future(
+            transport.send(url, b"{}", {}, AttemptLimits(scaled(0.2), scaled(30.0), scaled(30.0)))
+        )
+        await until(lambda: len(served) == 1, "the first request at the agent")
+        second = await transport.send(url, b"{}", {}, AttemptLimits(scaled(0.2), scaled(30.0), scaled(3.0)))
+        assert second == {"ok": True}
+        assert len(served) == 2
+        gate.set()
+        assert await first == {"ok": True}
+    finally:
+        gate.set()
+        await transport.close()
+        listener.close()
+
+
+def test_a_connect_cut_by_the_routers_own_stalled_loop_is_tried_again() -> None:
+    """uvloop (the Router's loop) runs due timers before it polls for I/O. A loop stalled past a
+    connect timeout (a 10,000-call burst arriving) cut connects the kernel had made, and each
+    agent was charged connect errors until its breaker opened. A timeout noticed that late now
+    means the Router was busy: it connects again, and the request is answered."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(ANSWER)
+            await writer.drain()
+            await reader.read()
+        writer.close()
+
+    async def main() -> Any:
+        listener = await asyncio.start_server(answer, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}/reach"
+        transport = HttpTransport(tls=OutboundPolicy())
+        await transport.open()
+        try:
+            # Runs once the connect is under way: the loop does nothing else meanwhile.
+            asyncio.get_running_loop().call_soon(time.sleep, scaled(0.5))
+            limits = AttemptLimits(scaled(0.2), scaled(10.0), scaled(20.0))
+            return await transport.send(url, b"{}", {}, limits)
+        finally:
+            await transport.close()
+            listener.close()
+
+    assert uvloop.run(main()) == {"ok": True}

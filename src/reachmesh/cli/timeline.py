@@ -35,11 +35,19 @@ def _hop_label(hop: dict[str, Any]) -> str:
     )
 
 
-def _add_hop(
-    parent: Tree, hop: dict[str, Any], hops: list[dict[str, Any]], children: dict[int, list[int]]
-) -> None:
-    branch = parent.add(_hop_label(hop))
-    decision = hop.get("decision") or {}
+def _waited(hop: dict[str, Any]) -> str:
+    """The hop's time in the Router's queues ("" when it waited for nothing): never the agent's."""
+    parts = []
+    for key, what in (("slotWaitMs", "a slot at a full agent"), ("poolWaitMs", "a pooled connection")):
+        value = hop.get(key)
+        if isinstance(value, (int, float)) and value > 0:
+            parts.append(f"{value:.1f}ms for {what}")
+    return "waited in the Router: " + ", ".join(parts) if parts else ""
+
+
+def _add_decision(branch: Tree, hop: dict[str, Any]) -> dict[str, Any]:
+    """The hop's choice and its waits in the Router, under its line; its decision."""
+    decision: dict[str, Any] = hop.get("decision") or {}
     if decision.get("candidates"):
         branch.add(Text(f"candidates: {', '.join(decision['candidates'])}"))
     if decision.get("selected"):
@@ -48,6 +56,17 @@ def _add_hop(
         branch.add(Text(f"select {decision['selected']} by {decision.get('rule')}{extra}"))
     if decision.get("affinity"):
         branch.add(Text(f"conversation bound to {decision['affinity']}"))
+    waited = _waited(hop)
+    if waited:
+        branch.add(Text(waited, style="yellow"))
+    return decision
+
+
+def _add_hop(
+    parent: Tree, hop: dict[str, Any], hops: list[dict[str, Any]], children: dict[int, list[int]]
+) -> None:
+    branch = parent.add(_hop_label(hop))
+    decision = _add_decision(branch, hop)
     spawned: dict[str, list[int]] = {}
     for child in children.get(hop["hop"], []):
         spawned.setdefault(hops[child].get("parentSpanId") or "", []).append(child)

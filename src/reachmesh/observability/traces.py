@@ -24,6 +24,7 @@ import orjson
 
 from reachmesh.clock import iso_utc
 from reachmesh.exceptions import MAX_CANDIDATES_SHOWN
+from reachmesh.jsoncodec import fitted
 from reachmesh.record import DecisionRecord
 
 
@@ -63,6 +64,10 @@ class _Hop(NamedTuple):
     rejected_omitted: int = 0
     # A streamed answer's first-chunk time, chunks, bytes, ending and chunk times (protocol §14).
     stream: dict[str, Any] | None = None
+    # Milliseconds the hop waited in the Router: for a slot at a full agent (its max_concurrency),
+    # and for a connection of the Router's own pool. Neither is the agent's time.
+    slot_wait_ms: float = 0.0
+    pool_wait_ms: float = 0.0
 
     @property
     def span_ids(self) -> tuple[str, ...]:
@@ -121,6 +126,8 @@ class _Hop(NamedTuple):
             "circuitTrips": list(self.circuit_trips),
             "errorCode": self.error_code,
             "stream": self.stream,
+            "slotWaitMs": self.slot_wait_ms,
+            "poolWaitMs": self.pool_wait_ms,
         }
 
 
@@ -169,6 +176,8 @@ def _freeze(r: DecisionRecord) -> tuple[Any, ...]:
         max(len(r.candidates) - _SHOWN, 0),
         max(len(r.rejected) - _SHOWN, 0),
         r.stream.to_dict() if r.stream is not None else None,
+        round(r.queue_wait_ms, 2),
+        round(r.pool_wait_ms, 2),
     )
 
 
@@ -212,7 +221,7 @@ def _slim(frozen: tuple[Any, ...], size: int, limit: int) -> bytes:
         (str(a)[:_SLIM_CHARS], str(r)[:64], sc, None if m is None else str(m)[:_SLIM_CHARS])
         for a, r, sc, m in fields[names.index("rejected")][:3]
     )
-    return orjson.dumps(tuple(fields), default=str, option=orjson.OPT_SERIALIZE_NUMPY)
+    return fitted(orjson.dumps(tuple(fields), default=str, option=orjson.OPT_SERIALIZE_NUMPY))
 
 
 class TraceStore:
@@ -269,7 +278,8 @@ class TraceStore:
         index = self._by_trace
         # Anything orjson cannot write (never expected) is kept as its text rather than losing the hop.
         frozen = _freeze(record)
-        hop = orjson.dumps(frozen, default=str, option=orjson.OPT_SERIALIZE_NUMPY)
+        # Fitted: orjson's own buffer is at least 4 KiB, and the store counts (and keeps) bytes.
+        hop = fitted(orjson.dumps(frozen, default=str, option=orjson.OPT_SERIALIZE_NUMPY))
         if len(hop) > self.max_hop_bytes:
             hop = _slim(frozen, len(hop), self.max_hop_bytes)
             self.slimmed += 1

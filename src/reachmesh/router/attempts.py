@@ -52,7 +52,7 @@ from reachmesh.router.agentsecret import AgentSecrets
 from reachmesh.routing.base import Choice
 from reachmesh.routing.stats import StatsBook
 from reachmesh.tracecontext import new_span_id, w3c_trace_id
-from reachmesh.transport.base import AttemptLimits, Transport
+from reachmesh.transport.base import POOL_WAIT_S, AttemptLimits, Transport
 
 # A private generator for backoff jitter: it needs no cryptographic strength and must not
 # share (or disturb) the process-wide `random` state that user code may seed.
@@ -115,6 +115,9 @@ class AttemptRun:
             record.affinity if request.preferences.context_bound and request.conversation_id else None
         )
         self.last_failure: tuple[str, str] | None = None  # (agent, reason) of the last failed agent
+        # The agent that may hold the request (sent, outcome unknown) of a capability that is not
+        # idempotent: no other candidate is tried after it, and each says why.
+        self.may_hold: str | None = None
         self.declined_by: str | None = None  # the agent that declined the last attempt, if one did
         self.busy_retry_after_s: int | None = None  # the soonest Retry-After of a busy (429) agent
         self._attempt_ms = 0.0  # the time the attempt under way may take
@@ -180,6 +183,8 @@ class AttemptRun:
         return True
 
     async def _refusal(self, index: int, choice: Choice) -> str | None:
+        if self.may_hold is not None:
+            return CandidateReason.NOT_IDEMPOTENT
         if len(self.record.declines) >= MAX_DECLINES:
             return CandidateReason.BUDGET_EXHAUSTED
         if self.attempts_left <= 0 or self.budget_spent:
@@ -234,7 +239,7 @@ class AttemptRun:
             if _sent_unknown(exc) and not choice.capability.idempotent:
                 # The agent may have read (and run) it: another agent would run it a second time.
                 self.record.note("no failover", f"{choice.entry.id} may have the request ({exc.reason})")
-                self.attempts_left = 0
+                self.may_hold = choice.entry.id
             return None
 
     def _declined(self, choice: Choice, exc: AgentDeclined) -> None:
@@ -280,12 +285,14 @@ class AttemptRun:
     async def _take_slot(self, choice: Choice) -> float | PoolTimeout:
         """Seconds waited for a slot at the agent, or PoolTimeout when its queue is full."""
         capacity, agent_id = self.parts.capacity, choice.entry.id
-        due = self.parts.clock.monotonic() + (self.deadline.remaining_ms() - MIN_ATTEMPT_MS) / 1000.0
+        began = self.parts.clock.monotonic()
+        due = began + (self.deadline.remaining_ms() - MIN_ATTEMPT_MS) / 1000.0
         try:
             waited = await capacity.take(agent_id, choice.entry.profile.max_concurrency, due)
         except LookupError:
             return PoolTimeout(f"{agent_id} is full and so is its queue")
         except TimeoutError as exc:
+            self.record.queue_wait_ms += (self.parts.clock.monotonic() - began) * 1000
             waited_ms = self.deadline.remaining_ms()
             self.record.note("slot wait", f"{agent_id}, gave up at the deadline ({waited_ms:.0f} ms left)")
             raise DeadlineExceeded(
@@ -320,16 +327,25 @@ class AttemptRun:
         clock = self.parts.clock
         started = clock.monotonic()
         self.parts.stats.started(choice.entry.id)
+        pool_waited = POOL_WAIT_S.get()
         try:
             result = await self._send(choice, body, headers, AttemptLimits(connect_s, read_s, total_s))
         except AttemptError as exc:
+            self._pool_waited(pool_waited)
             self.account(choice, started, span_id, exc)
             return exc
+        self._pool_waited(pool_waited)
         self.account(choice, started, span_id, None)
         self.record.handler = choice.entry.id
         if self.request.conversation_id:
             self.parts.affinity.bind(self.request.conversation_id, choice.entry.id, self.record.caller)
         return Success(result)
+
+    def _pool_waited(self, before_s: float) -> None:
+        """Book the time the attempt just made waited for a connection of the Router's pool."""
+        waited_s = POOL_WAIT_S.get() - before_s
+        if waited_s > 0:
+            self.record.pool_wait_ms += waited_s * 1000
 
     async def _send(self, choice: Choice, body: bytes, headers: dict[str, str], limits: AttemptLimits) -> Any:
         """The transport call of one attempt (a streamed request's run asks for a stream)."""
@@ -374,7 +390,8 @@ class AttemptRun:
         self.parts.stats.finished(agent_id, ok=verdict, latency_ms=took)
         offset = round((started - record.started) * 1000, 2)
         record.attempts.append(AttemptRecord(agent_id, outcome, took, span_id, offset, choice.score))
-        detail = "" if exc is None else f", outcome={exc.reason}"
+        # A failure says what failed (an errno, a status), so the trace alone can explain it.
+        detail = "" if exc is None else f", outcome={exc.reason} ({exc.message[:160]})"
         record.note("forward", f"{agent_id}, duration={took:.0f}ms{detail}")
         if isinstance(exc, PoolTimeout):
             return  # the agent was never reached: a half-open probe must not close on it

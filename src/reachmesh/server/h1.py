@@ -109,12 +109,34 @@ def whole_answer(
     return True
 
 
+class _LeanEvent(asyncio.Event):
+    """An ``asyncio.Event`` whose waiters are a list. uvicorn makes two per connection (its
+    write flow control's, and each request's body signal), each with a deque of 624 bytes,
+    though one task at most ever waits on either: a burst holds one connection per call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._waiters = []  # type: ignore[assignment]
+
+
 class GuardedHttpTools(HttpToolsProtocol):
     """httptools with a bounded request head; the limits are class attributes (:func:`bounded_protocol`)."""
 
     max_header_bytes = 64 * 1024
     max_headers = 100
     header_timeout_s = 10.0
+
+    # Slots: uvicorn's protocol keeps its own state in an instance dict, which these seven more
+    # would grow to a larger table, 1.6 KB per connection (a burst holds one per call in flight).
+    __slots__ = (
+        "_head_bytes",
+        "_head_lines",
+        "_head_timer",
+        "_header_bytes",
+        "_one_write",
+        "_reading_head",
+        "_refused",
+    )
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -128,6 +150,10 @@ class GuardedHttpTools(HttpToolsProtocol):
             self.header_timeout_s, self._head_too_slow
         )
         self._one_write = _OneWrite(transport, self.loop)
+        writable = _LeanEvent()
+        if self.flow._is_writable_event.is_set():
+            writable.set()
+        self.flow._is_writable_event = writable
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -181,6 +207,8 @@ class GuardedHttpTools(HttpToolsProtocol):
         cycle = self.cycle
         if cycle is not None:
             cycle.transport = self._one_write  # type: ignore[assignment]
+            if not cycle.message_event.is_set():  # nothing can have set it yet; never lose a set
+                cycle.message_event = _LeanEvent()
             self.scope[WHOLE_ANSWER] = partial(whole_answer, self._one_write, cycle)  # type: ignore[literal-required]
 
     def on_body(self, body: bytes) -> None:

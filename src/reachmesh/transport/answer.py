@@ -66,6 +66,33 @@ class Answer(NamedTuple):
 class AnswerReader:
     """The answers read from one connection, one exchange at a time (``start`` each)."""
 
+    # One per pooled connection, and a burst holds one connection per call in flight.
+    __slots__ = (
+        "_chunked",
+        "_chunks",
+        "_decoder",
+        "_encoding",
+        "_head_bytes",
+        "_headers",
+        "_inflated",
+        "_length",
+        "_line",
+        "_max_bytes",
+        "_max_headers",
+        "_max_line",
+        "_parser",
+        "_wire",
+        "complete",
+        "got_bytes",
+        "head_done",
+        "keep_alive",
+        "limit",
+        "retry_after",
+        "started",
+        "status",
+        "trailing",
+    )
+
     def __init__(self, head: HeadLimits) -> None:
         # Plain ints, not the tuple's fields: on_header reads them for every header line.
         self._max_bytes, self._max_headers, self._max_line = head

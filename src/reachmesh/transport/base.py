@@ -12,6 +12,7 @@ import email.utils
 import math
 import re
 import time
+from contextvars import ContextVar
 from typing import Any, NamedTuple, Protocol
 
 from reachmesh import jsoncodec
@@ -26,6 +27,11 @@ MAX_RETRY_AFTER_S = 300
 # answer is gone, so only a short identifier is taken as one: an 8 MB code once cost 10 MiB of
 # Router memory per call. Anything else becomes AGENT_ERROR; the caller still gets the rest.
 _ERROR_CODE = re.compile(r"[A-Za-z][A-Za-z0-9_.:-]{0,63}")
+# Seconds the running task has spent waiting for a connection of the Router's own pool, in all:
+# the pool adds to it while a request waits, and the attempt loop reads it before and after a
+# send, so the trace shows the wait. A ContextVar, not a return value: the wait is a fact of the
+# calling task, and every transport (and every fake of one) keeps the ``send`` it has.
+POOL_WAIT_S: ContextVar[float] = ContextVar("reach_pool_wait_s", default=0.0)
 # An agent's error ``message`` reaches the caller, the trace and the log: a paragraph, not a body.
 MAX_ERROR_MESSAGE_CHARS = 4096
 

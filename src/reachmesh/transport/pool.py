@@ -51,6 +51,7 @@ from reachmesh.transport.answer import (
     Disconnected,
     HeadLimits,
 )
+from reachmesh.transport.base import POOL_WAIT_S
 from reachmesh.transport.urlguard import UrlGuard
 
 # An idle pooled connection older than this is closed instead of reused (aiohttp's default
@@ -65,12 +66,26 @@ STAGGER_S = 0.25
 # this long: its accept queue is full (it is busy, not broken), so requests wait for the
 # connections it has (about the kernel's first SYN retransmit, 1 s).
 HOLD_OFF_S = 1.0
+# A connect to an agent that serves connections of ours may take this long rather than the
+# connect timeout: it is busy, not broken, and its accept queue is full only until it catches
+# up. Linux sends a dropped SYN again after 1 s and again 2 s later; a connect timeout of 1 s
+# cut each such connect just before its second SYN, and the hold-off after it stalled every
+# request to the agent for a second (a 2,000-call burst reached its agent over 8 s, not 1.5).
+BUSY_CONNECT_S = 3.5
+# A connect timeout the event loop got to this much later than it was due says the loop itself
+# was stalled (a healthy one is a millisecond late at most): the connect is tried again.
+LATE_S = 0.05
 # Below this size the request body is copied behind its head and written in one call.
 _JOIN_LIMIT = 64 * 1024
 
 
 class ConnectTimeout(Exception):
-    """No connection (or no TLS handshake) within the connect timeout."""
+    """No connection (or no TLS handshake) within the connect timeout; ``late_s``: how long after
+    the timeout the Router's event loop got to it."""
+
+    def __init__(self, late_s: float = 0.0) -> None:
+        super().__init__(f"no connection within the connect timeout (noticed {late_s * 1000:.0f} ms late)")
+        self.late_s = late_s
 
 
 class PoolTimeout(Exception):
@@ -143,6 +158,25 @@ class _Target:
 
 class _Conn(asyncio.Protocol):
     """One keep-alive connection: the socket side of the exchanges an :class:`AnswerReader` reads."""
+
+    # One per call in flight in a burst: slots, not an instance dict, keep it small.
+    __slots__ = (
+        "_hard",
+        "_head_due",
+        "_last_read",
+        "_loop",
+        "_poller",
+        "_pool",
+        "_read_s",
+        "_timer",
+        "_waiter",
+        "closed",
+        "exchanges",
+        "idle_since",
+        "key",
+        "reader",
+        "transport",
+    )
 
     def __init__(
         self, pool: Pool, key: tuple[str, str, int], loop: asyncio.AbstractEventLoop, head: HeadLimits
@@ -381,19 +415,8 @@ class Pool:
         self._loop = loop
         hard = loop.time() + total_s
         target = self._target(url)
-        # The header lines in one join and one encode; each line ends in the one CR LF added
-        # here, so any other line break is counted by two scans in C instead of two per header.
-        lines = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
-        if lines.count("\r") != len(headers) or lines.count("\n") != len(headers):
-            for name, value in headers.items():
-                if "\r" in name or "\n" in name or "\r" in value or "\n" in value:
-                    raise BadHeader(name)
-        data = b"%s%s%sContent-Length: %d\r\n\r\n" % (
-            target.request_line,
-            self._ua,
-            lines.encode(),
-            len(body),
-        )
+        # Built in a function of its own: its pieces are gone before the (maybe long) wait.
+        data = self._request_head(target, headers, len(body))
         conn = await self._acquire(target, connect_s, hard)
         reused = conn.idle_since > 0.0
         try:
@@ -442,6 +465,17 @@ class Pool:
         if not self._wake(key):
             self._wake_any()
 
+    def _request_head(self, target: _Target, headers: dict[str, str], length: int) -> bytes:
+        """The request's head, whole; BadHeader for a name or value with a line break in it."""
+        # The header lines in one join and one encode; each line ends in the one CR LF added
+        # here, so any other line break is counted by two scans in C instead of two per header.
+        lines = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
+        if lines.count("\r") != len(headers) or lines.count("\n") != len(headers):
+            for name, value in headers.items():
+                if "\r" in name or "\n" in name or "\r" in value or "\n" in value:
+                    raise BadHeader(name)
+        return b"%s%s%sContent-Length: %d\r\n\r\n" % (target.request_line, self._ua, lines.encode(), length)
+
     def _reuse(self, key: tuple[str, str, int], now: float) -> _Conn | None:
         idle = self._idle.get(key)
         while idle:
@@ -465,22 +499,32 @@ class Pool:
                 if self._may_open(key):
                     try:
                         return await self._connect(target, connect_s, hard)
-                    except ConnectTimeout:
-                        if not self._open_to.get(key):
-                            raise
-                        # It serves connections of ours, yet took no new one in time: busy, not
-                        # broken. Wait for one of its connections instead of failing.
-                        if key not in self._hold_off:
-                            self._hold_off[key] = loop.time() + HOLD_OFF_S
-                            # Its connections may stay busy for long: the end of the hold-off
-                            # must wake the waiters by itself.
-                            loop.call_later(HOLD_OFF_S, self._wake_many, key)
+                    except ConnectTimeout as exc:
+                        self._timed_out(key, exc)
                         woken = False
                         continue
                 if self._target_room(key) and self._evict_one():
                     continue  # the pool was full of idle connections elsewhere: one made room
             await self._wait(key, hard, front=woken)
             woken = True
+
+    def _timed_out(self, key: tuple[str, str, int], exc: ConnectTimeout) -> None:
+        """After a connect timed out: raise it, or return to try again or wait for a connection."""
+        if exc.late_s >= LATE_S:
+            # The loop noticed the timeout late: it was busy (a burst arriving), and polls for
+            # I/O only after running due timers, so a connect the kernel had made may have been
+            # cut unseen. That is the Router's own lag, not the agent's: connect again.
+            return
+        if not self._open_to.get(key):
+            raise exc
+        # It serves connections of ours, yet took no new one in time: busy, not broken. Wait for
+        # one of its connections instead of failing.
+        if key not in self._hold_off:
+            assert self._loop is not None
+            self._hold_off[key] = self._loop.time() + HOLD_OFF_S
+            # Its connections may stay busy for long: the end of the hold-off must wake the
+            # waiters by itself.
+            self._loop.call_later(HOLD_OFF_S, self._wake_many, key)
 
     def _target_room(self, key: tuple[str, str, int]) -> bool:
         opened = self._open_to.get(key, 0) + self._connecting.get(key, 0)
@@ -505,6 +549,7 @@ class Pool:
         else:
             queue.append(room)
         woke = False
+        began = loop.time()
         try:
             async with asyncio.timeout_at(hard):
                 await room
@@ -512,6 +557,7 @@ class Pool:
         except TimeoutError as exc:
             raise PoolTimeout(f"no connection to {key[1]}:{key[2]} came free in time") from exc
         finally:
+            POOL_WAIT_S.set(POOL_WAIT_S.get() + loop.time() - began)
             if not woke:
                 if room.done() and not room.cancelled():
                     # Woken just as it gave up (its timeout, or a cancellation): the wake-up is
@@ -528,16 +574,20 @@ class Pool:
         loop = self._loop
         assert loop is not None
         key = target.key
-        connect_due = loop.time() + connect_s
+        busy = key in self._open_to
+        connect_due = loop.time() + (max(connect_s, BUSY_CONNECT_S) if busy else connect_s)
         self._opening += 1
         self._connecting[key] = self._connecting.get(key, 0) + 1
         try:
             async with asyncio.timeout_at(min(connect_due, hard)):
                 return await self._open(target)
         except TimeoutError as exc:
-            if connect_due >= hard:
-                raise  # the attempt's ceiling came first, not the connect timeout
-            raise ConnectTimeout from exc
+            if connect_due < hard:
+                raise ConnectTimeout(loop.time() - connect_due) from exc
+            if busy:
+                # Nothing was sent, and the agent serves connections of ours: the wait is the pool's.
+                raise PoolTimeout(f"no connection to {key[1]}:{key[2]} was made in time (busy)") from exc
+            raise  # the attempt's ceiling came first, not the connect timeout
         finally:
             self._opening -= 1
             left = self._connecting[key] - 1

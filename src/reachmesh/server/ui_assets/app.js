@@ -497,6 +497,8 @@
               ["last chunk", hop.stream.lastChunkMs == null ? "–" : "+" + ms(hop.stream.lastChunkMs) + " ms"],
             ]
           : []),
+        ["waited for a slot", hop.slotWaitMs ? ms(hop.slotWaitMs) + " ms" : null],
+        ["waited for a connection", hop.poolWaitMs ? ms(hop.poolWaitMs) + " ms" : null],
       ]),
       candidatesTable(decision),
     );
