@@ -76,7 +76,21 @@ def wait_for(check: Any, what: str, timeout: float = 30) -> Any:
 @pytest.mark.parametrize("scenario", sorted(FIGURES))
 def test_each_scenario_runs_to_its_report_and_its_promises_hold(scenario: str, tmp_path: Path) -> None:
     report = tmp_path / "report"
-    done = reach("drill", scenario, "--duration", "8", "--rate", "20", "--json", "--report", str(report))
+    # The storm's /healthz promise is a timing one: on a machine shared with the rest of the suite
+    # (and CPU hogs), it gets the suite's time scale like every other deadline here.
+    done = reach(
+        "drill",
+        scenario,
+        "--duration",
+        "8",
+        "--rate",
+        "20",
+        "--json",
+        "--report",
+        str(report),
+        "--healthz-p99-ms",
+        str(100 * SCALE),
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     answer = json.loads(done.stdout)
     assert answer == json.loads((report / "report.json").read_text())

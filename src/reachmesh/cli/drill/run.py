@@ -138,6 +138,7 @@ def start(
     report: Path | None,
     json_out: bool,
     stream: bool = False,
+    healthz_p99_ms: float = 100.0,
 ) -> None:
     """``reach drill`` with its arguments as given on the command line."""
     names = _scenarios(scenarios)
@@ -145,7 +146,14 @@ def start(
     _check_flags(names, url, agent_host, concurrency, config)
     if stream and set(names) - set(STREAMED):
         fail(f"--stream applies to {' and '.join(STREAMED)} only (given: {', '.join(names)})")
-    settings = Settings(agents=agents, duration=duration, rate=rate, concurrency=concurrency, stream=stream)
+    settings = Settings(
+        agents=agents,
+        duration=duration,
+        rate=rate,
+        concurrency=concurrency,
+        stream=stream,
+        healthz_p99_ms=healthz_p99_ms,
+    )
     _main(names, settings, url, agent_host, config, report, json_out)
 
 
