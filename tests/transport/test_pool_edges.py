@@ -308,3 +308,13 @@ async def test_a_tls_error_on_a_reused_connection_is_no_handshake_failure(pki) -
             assert agent.connections == 2
         finally:
             await transport.close()
+
+
+def test_an_idle_connection_is_dropped_before_common_agent_servers_close_it() -> None:
+    """uvicorn (and Node) close an idle keep-alive connection after 5 s: a request written at
+    that moment is lost with its outcome unknown, so the pool stops reusing one sooner."""
+    import uvicorn
+
+    from reachmesh.transport.pool import IDLE_S
+
+    assert IDLE_S < uvicorn.Config(app=None).timeout_keep_alive

@@ -54,9 +54,12 @@ from reachmesh.transport.answer import (
 from reachmesh.transport.base import POOL_WAIT_S
 from reachmesh.transport.urlguard import UrlGuard
 
-# An idle pooled connection older than this is closed instead of reused (aiohttp's default
-# keep-alive timeout); agents usually close theirs sooner, which the pool notices at once.
-IDLE_S = 15.0
+# An idle pooled connection older than this is closed instead of reused. It is under the 5 s
+# that uvicorn and Node keep an idle connection by default: an agent that closes its end just as
+# the Router writes a request on it leaves the request's outcome unknown, and a non-idempotent
+# one is then never sent again (the caller gets NO_AVAILABLE_HANDLER). A closed connection seen
+# before the write is only a reconnect; the race is at the agent's own timeout.
+IDLE_S = 4.0
 # Resolved names are kept this long (aiohttp's ttl_dns_cache of the session it replaces).
 DNS_TTL_S = 60.0
 # When a name has several addresses, each one's head start over the next (RFC 8305's
