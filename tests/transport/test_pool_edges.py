@@ -317,4 +317,4 @@ def test_an_idle_connection_is_dropped_before_common_agent_servers_close_it() ->
 
     from reachmesh.transport.pool import IDLE_S
 
-    assert uvicorn.Config(app=None).timeout_keep_alive > IDLE_S
+    assert uvicorn.Config(app="reachmesh.server:create_app").timeout_keep_alive > IDLE_S
