@@ -22,7 +22,7 @@ PARTS = (
     ("trace lines", ("observability/logging.py",)),
     ("metrics", ("observability/metrics.py", "prometheus_client/")),
     ("trace store", ("observability/traces.py",)),
-    ("envelope decode", ("_decode (reachmesh/router/dispatcher.py",)),
+    ("envelope decode", ("_decode (reachmesh/dispatch/dispatcher.py",)),
     ("uvicorn: writing the response", ("RequestResponseCycle.send",)),
     ("uvicorn: reading requests", ("GuardedHttpTools", "HttpToolsProtocol")),
 )

@@ -27,7 +27,7 @@ async def measure(requests: int, rounds: int) -> dict[str, float]:
     import httpx
 
     from reachmesh.config import RouterConfig
-    from reachmesh.record import DecisionRecord, Observer
+    from reachmesh.decision import DecisionRecord, Observer
     from reachmesh.testing import FakeAgent, RouterServer
 
     config = RouterConfig.model_validate({"embedding": {"backend": "none"}, "health": {"enabled": False}})

@@ -29,8 +29,8 @@ import numpy as np
 
 from reachmesh.clock import ManualClock
 from reachmesh.config import RegistryPolicy, RoutingPolicy
+from reachmesh.decision import DecisionRecord
 from reachmesh.protocol import AgentProfile, ReachRequest
-from reachmesh.record import DecisionRecord
 from reachmesh.registry.memory import MemoryRegistry
 from reachmesh.resilience.affinity import AffinityTable
 from reachmesh.resilience.breaker import BreakerBoard

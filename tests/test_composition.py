@@ -19,7 +19,7 @@ from reachmesh.transport.fake import FakeTransport
 SRC = Path(__file__).resolve().parents[1] / "src" / "reachmesh"
 
 # The composition root, the app and the dispatcher: where parts used to be reached into.
-WIRING = ["server/components.py", "server/app.py", "router/dispatcher.py"]
+WIRING = ["server/components.py", "server/app.py", "dispatch/dispatcher.py"]
 
 # Data, not parts: the decision record is written by the stages and read by the observers.
 RECORDS = {"record"}
@@ -59,7 +59,7 @@ def test_no_part_has_its_attributes_set_from_outside(module: str) -> None:
 
 
 def test_the_dispatcher_does_not_reach_into_the_pipeline() -> None:
-    tree = ast.parse((SRC / "router/dispatcher.py").read_text(encoding="utf-8"))
+    tree = ast.parse((SRC / "dispatch/dispatcher.py").read_text(encoding="utf-8"))
     reached = [
         f"line {node.lineno}: {ast.unparse(node)}"
         for node in ast.walk(tree)
@@ -73,7 +73,7 @@ def test_the_dispatcher_does_not_reach_into_the_pipeline() -> None:
 
 def test_the_dispatcher_builds_no_part_of_its_own() -> None:
     """Every part it uses is a parameter: nothing is constructed in its __init__."""
-    tree = ast.parse((SRC / "router/dispatcher.py").read_text(encoding="utf-8"))
+    tree = ast.parse((SRC / "dispatch/dispatcher.py").read_text(encoding="utf-8"))
     dispatcher = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Dispatcher")
     init = next(n for n in dispatcher.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
     built = [

@@ -17,7 +17,7 @@ import pytest
 import typer
 import yaml
 
-from reachmesh.cli.apps import load_app
+from reachmesh.cli.agentapp import load_app
 from reachmesh.cli.main import app
 from reachmesh.config import RouterConfig
 from reachmesh.sdk.agent import callback_trap

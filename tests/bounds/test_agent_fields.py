@@ -8,8 +8,8 @@ import orjson
 import pytest
 
 from reachmesh.config import RouterConfig
+from reachmesh.decision import DecisionRecord
 from reachmesh.observability.traces import TraceStore
-from reachmesh.record import DecisionRecord
 from reachmesh.testing import FakeAgent, RouterServer
 from reachmesh.transport.base import MAX_ERROR_MESSAGE_CHARS, normalise_error
 

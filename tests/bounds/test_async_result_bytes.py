@@ -16,7 +16,7 @@ import pytest
 
 from reachmesh.clock import ManualClock
 from reachmesh.config import AsyncPolicy, RouterConfig
-from reachmesh.router.results import ResultStore
+from reachmesh.dispatch.results import ResultStore
 from reachmesh.testing import FakeAgent, RouterServer
 from tests.helpers import scaled
 

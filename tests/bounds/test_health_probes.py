@@ -8,7 +8,7 @@ import time
 import httpx
 
 from reachmesh.config import RouterConfig
-from reachmesh.resilience.health import HealthChecker
+from reachmesh.resilience.probes import HealthChecker
 from reachmesh.testing import FakeAgent, RouterServer
 from tests.helpers import scaled
 

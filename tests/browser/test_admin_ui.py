@@ -323,7 +323,7 @@ def test_degraded_mode_shows_and_clears(browser: Any) -> None:
 def test_the_waterfall_marks_a_streams_chunks(mesh: Mesh, browser: Any) -> None:
     """A streamed call's hop carries a tick per chunk time the trace kept (the first 200) and
     one at the last chunk; the hop's details say how many chunks came and when."""
-    from reachmesh.record import MAX_CHUNK_MARKS
+    from reachmesh.decision import MAX_CHUNK_MARKS
 
     total = MAX_CHUNK_MARKS + 20
 

@@ -14,8 +14,8 @@ from reachmesh.cli.etcd import EtcdCluster
 from reachmesh.clock import ManualClock
 from reachmesh.config import RegistryPolicy
 from reachmesh.protocol import AgentProfile, AgentStatusValue
-from reachmesh.registry.etcd.records import GONE
 from reachmesh.registry.etcd.registry import EtcdRegistry
+from reachmesh.registry.etcd.stored import GONE
 from reachmesh.registry.etcdclient import KeyValue
 from tests.helpers import scaled, until
 

@@ -17,8 +17,8 @@ import pytest
 pytest.importorskip("a2a")
 
 from reachmesh.config import RouterConfig
+from reachmesh.decision import DecisionRecord
 from reachmesh.integrations.a2a import A2AExport
-from reachmesh.record import DecisionRecord
 from reachmesh.testing import FakeAgent, RouterServer, free_port
 from tests.observability.test_log_forging import ESC, FORGED, assert_clean, flush_log, root_log_buffer
 

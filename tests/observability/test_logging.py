@@ -9,9 +9,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from reachmesh.decision import AttemptRecord, DecisionRecord
 from reachmesh.observability import logging as reach_logging
 from reachmesh.protocol import Status
-from reachmesh.record import AttemptRecord, DecisionRecord
 
 
 def record() -> DecisionRecord:

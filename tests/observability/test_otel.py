@@ -10,9 +10,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from reachmesh.decision import AttemptRecord, DecisionRecord
 from reachmesh.observability.otel import OtelExporter
 from reachmesh.protocol import Status
-from reachmesh.record import AttemptRecord, DecisionRecord
 from reachmesh.tracecontext import w3c_trace_id
 
 

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from reachmesh.config import RouterConfig
-from reachmesh.secrets import fingerprint, loggable, loggable_url
+from reachmesh.redaction import fingerprint, loggable, loggable_url
 from reachmesh.testing import FakeAgent, RouterServer
 
 MARKER = "tok-3b1f9c2e-secret-marker"

@@ -7,9 +7,9 @@ from decimal import Decimal
 
 import numpy as np
 
+from reachmesh.decision import AttemptRecord, DecisionRecord
 from reachmesh.observability.traces import TraceStore
 from reachmesh.protocol import Status
-from reachmesh.record import AttemptRecord, DecisionRecord
 
 
 def _record(trace_id: str, started: float, *, parent: str | None = None, span: str = "") -> DecisionRecord:

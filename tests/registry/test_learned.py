@@ -6,11 +6,11 @@ import asyncio
 
 from reachmesh.clock import ManualClock
 from reachmesh.config import LearningPolicy
+from reachmesh.decision import DecisionRecord
+from reachmesh.dispatch.learning import RouteLearner
 from reachmesh.protocol import Status
-from reachmesh.record import DecisionRecord
 from reachmesh.registry.base import LearnedRoute, normalize_phrase
 from reachmesh.registry.memory import MemoryRegistry
-from reachmesh.router.learning import RouteLearner
 
 
 def test_phrases_are_matched_normalized() -> None:

@@ -8,7 +8,7 @@ from reachmesh.clock import ManualClock
 from reachmesh.config import HealthPolicy, RouterConfig
 from reachmesh.protocol import AgentProfile
 from reachmesh.registry import MemoryRegistry
-from reachmesh.resilience.health import HealthChecker, health_url
+from reachmesh.resilience.probes import HealthChecker, health_url
 from reachmesh.testing import FakeAgent, RouterServer
 from reachmesh.transport.http import HttpTransport
 from tests.helpers import until

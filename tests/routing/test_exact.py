@@ -8,9 +8,9 @@ import pytest
 
 from reachmesh.clock import ManualClock
 from reachmesh.config import RegistryPolicy
+from reachmesh.decision import DecisionRecord
 from reachmesh.exceptions import NoAvailableHandler
 from reachmesh.protocol import AgentProfile, AgentStatusValue, ReachRequest
-from reachmesh.record import DecisionRecord
 from reachmesh.registry import MemoryRegistry
 from reachmesh.routing import Pipeline
 from reachmesh.routing.exact import SmoothWeighted

@@ -7,8 +7,8 @@ from collections import Counter
 
 from reachmesh.clock import ManualClock
 from reachmesh.config import RegistryPolicy, RoutingPolicy
+from reachmesh.decision import DecisionRecord
 from reachmesh.protocol import AgentProfile, ReachRequest
-from reachmesh.record import DecisionRecord
 from reachmesh.registry import MemoryRegistry
 from reachmesh.resilience.capacity import CapacityBoard
 from reachmesh.routing import Pipeline

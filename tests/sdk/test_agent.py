@@ -16,9 +16,9 @@ from reachmesh import AgentConfig, AgentError, ReachAgent, ReachClient, ReachCon
 from reachmesh.clock import ManualClock
 from reachmesh.config import RouterConfig
 from reachmesh.exceptions import ConfigError, RouterUnavailable
+from reachmesh.redaction import fingerprint
 from reachmesh.registry.base import AgentEntry
 from reachmesh.sdk.lease import LeaseKeeper
-from reachmesh.secrets import fingerprint
 from reachmesh.testing import RouterServer, free_port
 from tests.helpers import scaled, until
 

@@ -7,8 +7,8 @@ import pytest
 
 from reachmesh import AgentConfig, ReachAgent
 from reachmesh.config import RouterConfig
+from reachmesh.dispatch.agentsecret import AgentSecrets
 from reachmesh.exceptions import ConfigError
-from reachmesh.router.agentsecret import AgentSecrets
 from reachmesh.testing import RouterServer, free_port
 
 SECRET = "agent-shared-secret-0123456789"

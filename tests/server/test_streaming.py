@@ -517,7 +517,7 @@ async def test_the_trace_keeps_the_first_chunk_times_and_the_last_for_the_waterf
 ) -> None:
     """A long stream's trace holds at most MAX_CHUNK_MARKS chunk times (the trace store's memory
     stays bounded), and the last chunk's time besides, so the waterfall shows where it ended."""
-    from reachmesh.record import MAX_CHUNK_MARKS
+    from reachmesh.decision import MAX_CHUNK_MARKS
 
     router = await router_with()
     total = MAX_CHUNK_MARKS + 50

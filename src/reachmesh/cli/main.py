@@ -250,7 +250,7 @@ def agent(
     ] = None,
 ) -> None:
     """Run an agent: register, serve its capabilities, deregister on SIGTERM."""
-    from reachmesh.cli.apps import load_app
+    from reachmesh.cli.agentapp import load_app
     from reachmesh.observability.logging import configure
     from reachmesh.sdk.config import AgentConfig, find_config
 
@@ -449,8 +449,8 @@ def call(
     With auth on, REACH_TOKEN must hold a caller token (or an admin token).
     """
     from reachmesh.cli.timeline import declines
+    from reachmesh.redaction import loggable
     from reachmesh.sdk.client import SyncReachClient
-    from reachmesh.secrets import loggable
 
     try:
         body = json.loads(payload)

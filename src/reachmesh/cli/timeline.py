@@ -10,7 +10,7 @@ from rich.text import Text
 from rich.tree import Tree
 
 from reachmesh.protocol import Candidate, CandidateReason
-from reachmesh.secrets import loggable
+from reachmesh.redaction import loggable
 
 _STYLE = {"SUCCESS": "green", "TIMEOUT": "yellow", "ACCEPTED": "cyan"}
 

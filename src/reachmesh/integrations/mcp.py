@@ -31,10 +31,10 @@ import orjson
 from reachmesh.exceptions import ConfigError, RouterUnavailable
 from reachmesh.integrations import described, missing_extra, tool_name
 from reachmesh.protocol import ReachResponse
+from reachmesh.redaction import loggable
 from reachmesh.sdk import ReachClient
 from reachmesh.sdk.auth import auth_headers
 from reachmesh.sdk.routers import RouterList, request_any
-from reachmesh.secrets import loggable
 from reachmesh.version import __version__
 
 try:

@@ -18,9 +18,9 @@ from typing import Any, Literal
 
 import orjson
 
+from reachmesh.decision import DecisionRecord
 from reachmesh.exceptions import MAX_CANDIDATES_SHOWN
-from reachmesh.record import DecisionRecord
-from reachmesh.secrets import loggable
+from reachmesh.redaction import loggable
 
 TRACE_LOGGER = "reachmesh.trace"
 REDACTED = "***"

@@ -18,9 +18,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from reachmesh.decision import DecisionRecord
 from reachmesh.observability.series import CounterSeries, HistogramSeries
 from reachmesh.protocol import AgentStatusValue
-from reachmesh.record import DecisionRecord
 from reachmesh.registry.base import AgentEntry, Registry, RegistryEvent
 
 UNKNOWN_TASK = "_unknown"

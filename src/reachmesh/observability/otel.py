@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from reachmesh.decision import DecisionRecord
 from reachmesh.exceptions import MAX_CANDIDATES_SHOWN, ConfigError
-from reachmesh.record import DecisionRecord
 from reachmesh.tracecontext import otel_remote_parent
 
 try:  # pragma: no cover - exercised when the extra is installed

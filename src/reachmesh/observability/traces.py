@@ -23,9 +23,9 @@ from typing import Any, NamedTuple
 import orjson
 
 from reachmesh.clock import iso_utc
+from reachmesh.decision import DecisionRecord
 from reachmesh.exceptions import MAX_CANDIDATES_SHOWN
 from reachmesh.jsoncodec import fitted
-from reachmesh.record import DecisionRecord
 
 
 class _Hop(NamedTuple):

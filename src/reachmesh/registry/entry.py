@@ -16,8 +16,8 @@ from enum import StrEnum
 from reachmesh.clock import iso_utc
 from reachmesh.exceptions import LeaseMismatch
 from reachmesh.protocol import AgentProfile, AgentStatusValue, Capability
+from reachmesh.redaction import fingerprint
 from reachmesh.schema import PayloadValidator
-from reachmesh.secrets import fingerprint
 
 
 class RegistryEvent(StrEnum):

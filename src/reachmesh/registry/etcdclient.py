@@ -31,7 +31,7 @@ import aiohttp
 import orjson
 
 from reachmesh.exceptions import RegistryUnavailable
-from reachmesh.secrets import loggable
+from reachmesh.redaction import loggable
 
 # gRPC codes an etcd member answers while it cannot serve now but another one (or the same one a
 # moment later) may: unavailable (no leader, leader changed), deadline exceeded, aborted.

@@ -15,6 +15,7 @@ from typing import TypeVar
 
 from reachmesh.exceptions import AgentIdConflict, RegistryFull
 from reachmesh.protocol import AgentProfile, AgentStatusValue
+from reachmesh.redaction import loggable
 from reachmesh.registry.entry import (
     AgentEntry,
     Claim,
@@ -27,7 +28,6 @@ from reachmesh.registry.entry import (
     holds_lease,
     same_registrant,
 )
-from reachmesh.secrets import loggable
 
 _K = TypeVar("_K", str, tuple[str, str, str])
 

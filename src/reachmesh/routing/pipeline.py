@@ -34,9 +34,10 @@ from fnmatch import fnmatchcase
 
 from reachmesh.clock import SYSTEM_CLOCK, Clock
 from reachmesh.config import RoutingPolicy
+from reachmesh.decision import DecisionRecord
 from reachmesh.exceptions import NoAvailableHandler, SemanticUnavailable, UnknownTask
 from reachmesh.protocol import AgentStatusValue, CandidateReason, ReachRequest, Strategy
-from reachmesh.record import DecisionRecord
+from reachmesh.redaction import loggable
 from reachmesh.registry.base import AgentEntry, LearnedRoute, Registry, learned_key, normalize_phrase
 from reachmesh.resilience.affinity import AffinityTable
 from reachmesh.resilience.breaker import BreakerBoard
@@ -46,7 +47,6 @@ from reachmesh.routing.exact import ExactMatch
 from reachmesh.routing.load import load_aware
 from reachmesh.routing.stats import StatsBook
 from reachmesh.routing.weighted import Merit, WeightedRoundRobin
-from reachmesh.secrets import loggable
 from reachmesh.semantic.index import Vector, Verdict, Veto
 from reachmesh.semantic.vectors import CapabilityVectors
 

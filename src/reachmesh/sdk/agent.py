@@ -44,7 +44,7 @@ from reachmesh.protocol import MAX_CONCURRENCY, UNKNOWN_TASK, ReachResponse
 from reachmesh.sdk.capacity import Gate
 from reachmesh.sdk.client import ReachClient
 from reachmesh.sdk.config import AgentConfig, find_config
-from reachmesh.sdk.health import HealthServer
+from reachmesh.sdk.healthport import HealthServer
 from reachmesh.sdk.lease import LeaseKeeper
 from reachmesh.sdk.routers import split_router_urls
 from reachmesh.sdk.streaming import ReachStream, gather_values, send_stream, wants_stream

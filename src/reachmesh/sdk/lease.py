@@ -39,10 +39,10 @@ import httpx
 
 from reachmesh.clock import SYSTEM_CLOCK, Clock
 from reachmesh.exceptions import ConfigError
+from reachmesh.redaction import fingerprint, loggable
 from reachmesh.sdk.auth import auth_headers
 from reachmesh.sdk.routers import RouterList
 from reachmesh.sdk.tls import router_verify
-from reachmesh.secrets import fingerprint, loggable
 
 log = logging.getLogger("reachmesh.sdk")
 

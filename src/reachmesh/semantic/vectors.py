@@ -20,6 +20,7 @@ from reachmesh.config import EmbeddingPolicy
 from reachmesh.exceptions import EmbeddingError, EmbeddingUnavailable
 from reachmesh.lifecycle import Background
 from reachmesh.registry.base import AgentEntry, LearnedRoute, Registry, RegistryEvent
+from reachmesh.semantic.blocks import decode_block, encode_block
 from reachmesh.semantic.duplicates import NearDuplicate, near_duplicate
 from reachmesh.semantic.embedders.base import Embedder, calibrated_head_margin, calibrated_limit_margin
 from reachmesh.semantic.head import Head, train
@@ -36,7 +37,6 @@ from reachmesh.semantic.index import (
     limit_rows,
 )
 from reachmesh.semantic.queue import EmbeddingQueue, Job, VectorState
-from reachmesh.semantic.shared import decode_block, encode_block
 
 log = logging.getLogger("reachmesh.semantic")
 

@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from reachmesh.dispatch import encoder
 from reachmesh.exceptions import (
     Forbidden,
     InvalidProfile,
@@ -37,7 +38,6 @@ from reachmesh.observability.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from reachmesh.protocol import AgentProfile, AgentStatusValue, Status, error_details
 from reachmesh.registry.etcd.deferred import DeferredStore
 from reachmesh.registry.etcdclient import EtcdRejected
-from reachmesh.router import answer
 from reachmesh.server.asgi import Receive, Scope, Send, check_json_content_type, read_body
 from reachmesh.server.auth import Principal, principal_of
 from reachmesh.server.catalog import catalog
@@ -414,7 +414,7 @@ class AdminApi:
         if reply is not None:
             return JsonResponse(reply[1], status_code=reply[0])
         if results.is_pending(trace_id):
-            status, body = answer.standalone(self.parts.clock, trace_id)
+            status, body = encoder.standalone(self.parts.clock, trace_id)
             return JsonResponse(body, status_code=status)
         journal = self.parts.dispatcher.async_requests.journal
         if journal is not None:
@@ -444,7 +444,7 @@ class AdminApi:
                 )
             return JsonResponse(stored.body, status_code=stored.status)
         if job is not None:
-            status, body = answer.standalone(self.parts.clock, trace_id)
+            status, body = encoder.standalone(self.parts.clock, trace_id)
             return JsonResponse(body, status_code=status)
         return json_error(404, "NOT_FOUND", unknown)
 

@@ -17,12 +17,12 @@ from typing import Any
 
 from reachmesh.clock import SYSTEM_CLOCK, Clock
 from reachmesh.config import RouterConfig
+from reachmesh.dispatch import encoder
+from reachmesh.dispatch.dispatcher import EVERY_TASK, Grants
+from reachmesh.dispatch.results import Reply
 from reachmesh.exceptions import ConfigError, InternalError, RequestError
 from reachmesh.lifecycle import Background
 from reachmesh.registry.base import Registry
-from reachmesh.router import answer
-from reachmesh.router.dispatcher import EVERY_TASK, Grants
-from reachmesh.router.results import Reply
 from reachmesh.server.admin import AdminApi
 from reachmesh.server.asgi import (
     ClientGone,
@@ -229,7 +229,7 @@ class RouterApp:
             # A refused call is a request too: the same finish path counts and traces it.
             _, body = self.parts.dispatcher.refuse(denial.error())
         elif reach:
-            _, body = answer.standalone(self.parts.clock, None, error=denial.error())
+            _, body = encoder.standalone(self.parts.clock, None, error=denial.error())
         else:
             body = error_body(denial.status.value, denial.message)
         extra = list(denial.headers)

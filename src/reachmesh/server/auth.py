@@ -29,7 +29,7 @@ from typing import Any, Protocol
 from reachmesh.config import AuthPolicy, TokenSpec
 from reachmesh.exceptions import AccessDenied
 from reachmesh.protocol import Status
-from reachmesh.secrets import fingerprint
+from reachmesh.redaction import fingerprint
 
 # The admin page itself holds no data (its calls for data carry the admin token), so it and its
 # two files load without one: a person must see the page to be able to type the token into it.

@@ -21,10 +21,20 @@ from typing import Any
 
 from reachmesh.clock import SYSTEM_CLOCK, Clock
 from reachmesh.config import RouterConfig
+from reachmesh.decision import Observer
+from reachmesh.dispatch import durable
+from reachmesh.dispatch.agentsecret import AgentSecrets
+from reachmesh.dispatch.asyncmode import AsyncRequests
+from reachmesh.dispatch.attempts import Forwarding
+from reachmesh.dispatch.dispatcher import Dispatcher
+from reachmesh.dispatch.durable import Adopter
+from reachmesh.dispatch.learning import RouteLearner
+from reachmesh.dispatch.results import ResultStore
+from reachmesh.dispatch.suggest import Suggester
 from reachmesh.observability.logging import TraceLog
 from reachmesh.observability.metrics import LiveReadings, RouterMetrics
 from reachmesh.observability.traces import TraceStore
-from reachmesh.record import Observer
+from reachmesh.redaction import loggable
 from reachmesh.registry.base import AgentEntry, Registry, RegistryEvent
 from reachmesh.registry.etcd import EtcdRegistry
 from reachmesh.registry.etcd.deferred import DeferredStore
@@ -32,21 +42,11 @@ from reachmesh.registry.factory import build_registry
 from reachmesh.resilience.affinity import AffinityTable
 from reachmesh.resilience.breaker import BreakerBoard, BreakerState
 from reachmesh.resilience.capacity import CapacityBoard
-from reachmesh.resilience.health import HealthChecker
+from reachmesh.resilience.probes import HealthChecker
 from reachmesh.resilience.retry import RetryBudget
 from reachmesh.resilience.shedding import LoadShedder
-from reachmesh.router import durable
-from reachmesh.router.agentsecret import AgentSecrets
-from reachmesh.router.asyncmode import AsyncRequests
-from reachmesh.router.attempts import Forwarding
-from reachmesh.router.dispatcher import Dispatcher
-from reachmesh.router.durable import Adopter
-from reachmesh.router.learning import RouteLearner
-from reachmesh.router.results import ResultStore
-from reachmesh.router.suggest import Suggester
 from reachmesh.routing.pipeline import Pipeline
 from reachmesh.routing.stats import StatsBook
-from reachmesh.secrets import loggable
 from reachmesh.semantic.embedders.factory import build_embedder
 from reachmesh.semantic.vectors import CapabilityVectors
 from reachmesh.server.auth import Guard, OpenGuard, TokenGuard
@@ -144,7 +144,7 @@ class RouterParts:
     started: bool = field(default=False, init=False)
     # Which worker of `reach router --workers N` this is (shown by /healthz); None alone.
     worker: int | None = field(default=None, init=False)
-    # With etcd: adopts the async requests of Routers that died (router/durable.py).
+    # With etcd: adopts the async requests of Routers that died (dispatch/durable.py).
     adopter: Adopter | None = field(default=None, init=False)
     # Each agent's lease as last seen: a new lease for a known id is a new instance (a restart
     # that took its id over, or a return after going offline), whose breaker and statistics

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 
-from reachmesh.router.results import Reply
+from reachmesh.dispatch.results import Reply
 from reachmesh.server.asgi import Receive, Send, send_json
 from reachmesh.sse import encode_event
 

@@ -24,7 +24,7 @@ from reachmesh.clock import iso_utc
 from reachmesh.config import RouterConfig
 from reachmesh.observability.traffic import TrafficHistory, totals_by_status
 from reachmesh.protocol import AgentStatusValue, Status
-from reachmesh.secrets import loggable_url
+from reachmesh.redaction import loggable_url
 from reachmesh.server.asgi import Receive, Scope, Send, error_body
 from reachmesh.server.auth import UI_PATH
 from reachmesh.server.components import RouterParts

@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 import httpx
 
-from reachmesh.cli.drill.fleet import Fleet, Watcher, auth_headers
+from reachmesh.cli.drill.fleet import Fleet, ViewPoller, auth_headers
 from reachmesh.cli.drill.load import Load, Sample, summary
 
 BURST_HOLD_MS = 1000
@@ -54,7 +54,7 @@ async def run_burst(
             read_timeout_ms=BURST_BUDGET_MS,
             max_inflight=calls,
         )
-        watcher = Watcher(http, fleet.prefix, started)
+        watcher = ViewPoller(http, fleet.prefix, started)
         watcher.start()
         try:
             await load.burst(calls)

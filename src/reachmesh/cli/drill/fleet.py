@@ -28,7 +28,7 @@ import yaml
 from reachmesh.cli.workers import die_with_parent
 from reachmesh.exceptions import ConfigError
 from reachmesh.ports import free_port
-from reachmesh.secrets import loggable
+from reachmesh.redaction import loggable
 
 AGENT_APP = "reachmesh.cli.drill.agent:agent"
 # What the drill takes from a Router's agent listing: its own agents are a few dozen at most.
@@ -326,7 +326,7 @@ class Change:
     value: str
 
 
-class Watcher:
+class ViewPoller:
     """Polls the Router's view of the drill's agents and its readiness, and notes each change."""
 
     def __init__(self, http: httpx.AsyncClient, prefix: str, started: float, interval: float = 0.1) -> None:

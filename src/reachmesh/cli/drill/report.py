@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from reachmesh.cli.drill.load import Sample, percentile
 from reachmesh.cli.drill.scenarios import Result
-from reachmesh.secrets import loggable
+from reachmesh.redaction import loggable
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

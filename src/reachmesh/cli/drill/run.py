@@ -29,7 +29,7 @@ from reachmesh.cli.drill.scenarios import SCENARIOS, Result, Settings, Stage
 from reachmesh.config import RouterConfig
 from reachmesh.exceptions import ConfigError
 from reachmesh.ports import is_loopback
-from reachmesh.secrets import loggable
+from reachmesh.redaction import loggable
 from reachmesh.yamlfile import read_yaml
 
 ALL = ["latency", "crash", "storm", "breaker", "partition", "burst", "router-crash"]

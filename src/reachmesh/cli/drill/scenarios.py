@@ -22,10 +22,10 @@ import httpx
 
 from reachmesh.cli.console import err
 from reachmesh.cli.drill.burst import run_burst
-from reachmesh.cli.drill.fleet import Fleet, Watcher, auth_headers
+from reachmesh.cli.drill.fleet import Fleet, ViewPoller, auth_headers
 from reachmesh.cli.drill.load import STREAM_CHUNKS, LiveView, Load, Sample, percentile, summary, ttfc
 from reachmesh.exceptions import ConfigError
-from reachmesh.secrets import loggable
+from reachmesh.redaction import loggable
 
 Action = Callable[[], Any]
 
@@ -107,7 +107,7 @@ class Stage:
 @dataclass
 class Run:
     load: Load
-    watcher: Watcher
+    watcher: ViewPoller
     marks: list[tuple[float, str]]
     healthz_ms: list[float]
     inflight_peak: int
@@ -145,7 +145,7 @@ async def drive(
             read_timeout_ms=read_timeout_ms,
             stream=settings.stream,
         )
-        watcher = Watcher(http, stage.fleet.prefix, started)
+        watcher = ViewPoller(http, stage.fleet.prefix, started)
         view = LiveView(load, scenario, quiet=settings.quiet)
         watcher.start()
         view.start()

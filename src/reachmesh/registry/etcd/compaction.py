@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 
 from reachmesh.exceptions import RegistryUnavailable
-from reachmesh.registry.etcd.health import Health
-from reachmesh.registry.etcd.shared import Shared
+from reachmesh.registry.etcd.availability import Health
+from reachmesh.registry.etcd.context import Shared
 from reachmesh.registry.etcdclient import EtcdRejected
 
 log = logging.getLogger("reachmesh.registry")

@@ -12,9 +12,9 @@ import orjson
 
 from reachmesh.exceptions import RegistryUnavailable
 from reachmesh.registry.entry import AgentEntry, LearnedRoute, learned_key, normalize_phrase
-from reachmesh.registry.etcd.health import Health
-from reachmesh.registry.etcd.records import decode, read_route, route_value
-from reachmesh.registry.etcd.shared import Shared
+from reachmesh.registry.etcd.availability import Health
+from reachmesh.registry.etcd.context import Shared
+from reachmesh.registry.etcd.stored import decode, read_route, route_value
 from reachmesh.registry.etcdclient import EtcdRejected, KeyValue
 
 log = logging.getLogger("reachmesh.registry")

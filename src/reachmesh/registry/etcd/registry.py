@@ -14,11 +14,11 @@ from reachmesh.lifecycle import Background
 from reachmesh.protocol import AgentProfile, AgentStatusValue
 from reachmesh.registry.base import Registry
 from reachmesh.registry.entry import AgentEntry, LearnedRoute
+from reachmesh.registry.etcd.availability import Health
 from reachmesh.registry.etcd.compaction import Compactor
-from reachmesh.registry.etcd.health import Health
+from reachmesh.registry.etcd.context import Shared
 from reachmesh.registry.etcd.keys import Keys, router_name
 from reachmesh.registry.etcd.knowledge import SharedKnowledge
-from reachmesh.registry.etcd.shared import Shared
 from reachmesh.registry.etcd.watch import Watcher
 from reachmesh.registry.etcd.writes import Writer
 from reachmesh.registry.etcdclient import EtcdClient, EtcdRejected

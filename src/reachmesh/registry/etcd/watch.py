@@ -12,10 +12,10 @@ import logging
 from reachmesh.exceptions import RegistryUnavailable
 from reachmesh.protocol import AgentStatusValue
 from reachmesh.registry.entry import RegistryEvent
-from reachmesh.registry.etcd.health import Health
+from reachmesh.registry.etcd.availability import Health
+from reachmesh.registry.etcd.context import Shared
 from reachmesh.registry.etcd.knowledge import SharedKnowledge
-from reachmesh.registry.etcd.records import GONE, decode, read_entry
-from reachmesh.registry.etcd.shared import Shared
+from reachmesh.registry.etcd.stored import GONE, decode, read_entry
 from reachmesh.registry.etcdclient import Compacted, EtcdRejected, Event, KeyValue
 
 log = logging.getLogger("reachmesh.registry")

@@ -19,10 +19,10 @@ from reachmesh.exceptions import (
 )
 from reachmesh.protocol import AgentProfile, AgentStatusValue
 from reachmesh.registry.entry import AgentEntry, Claim, RegistryEvent, holds_lease, require_lease
-from reachmesh.registry.etcd.health import Health
+from reachmesh.registry.etcd.availability import Health
+from reachmesh.registry.etcd.context import Shared
 from reachmesh.registry.etcd.keys import new_secret_lease
-from reachmesh.registry.etcd.records import GONE, draft, live_record, read_entry, same_record
-from reachmesh.registry.etcd.shared import Shared
+from reachmesh.registry.etcd.stored import GONE, draft, live_record, read_entry, same_record
 from reachmesh.registry.etcdclient import (
     EtcdRejected,
     KeyValue,

@@ -24,7 +24,7 @@ import numpy as np
 import orjson
 
 from reachmesh.exceptions import EmbeddingError, EmbeddingUnavailable
-from reachmesh.secrets import loggable_url
+from reachmesh.redaction import loggable_url
 from reachmesh.semantic.embedders.base import Kind, Vectors, calibrated_thresholds, normalise
 
 DEFAULT_API_KEY_ENV = "REACH_EMBEDDING_API_KEY"

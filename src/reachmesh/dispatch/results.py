@@ -13,7 +13,7 @@ from collections import OrderedDict
 from reachmesh.clock import SYSTEM_CLOCK, Clock
 from reachmesh.config import AsyncPolicy
 
-# (HTTP status, ReachResponse body), as reachmesh.router.answer encodes it.
+# (HTTP status, ReachResponse body), as reachmesh.dispatch.encoder encodes it.
 Reply = tuple[int, bytes]
 
 

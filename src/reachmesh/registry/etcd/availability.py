@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 from reachmesh.exceptions import RegistryUnavailable
 from reachmesh.ports import is_loopback
-from reachmesh.registry.etcd.shared import Shared
+from reachmesh.registry.etcd.context import Shared
 from reachmesh.registry.etcdclient import NOSPACE_MESSAGE, EtcdRejected, compare_never, put_op
 
 # What /readyz says while etcd's quota is full, and what the operator does about it.

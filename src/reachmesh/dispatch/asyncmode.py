@@ -1,6 +1,6 @@
 """``mode: async``: accept at once, run the request in the background, keep and deliver its answer.
 
-The answer is kept in the :class:`~reachmesh.router.results.ResultStore` for
+The answer is kept in the :class:`~reachmesh.dispatch.results.ResultStore` for
 ``GET /reach/{traceId}`` and, when the caller gave a ``replyTo``, POSTed there through the
 transport, retried with exponential backoff and jitter for ``reply_window_seconds``.
 
@@ -30,12 +30,12 @@ from dataclasses import dataclass
 
 from reachmesh.clock import SYSTEM_CLOCK, Clock
 from reachmesh.config import AsyncPolicy
+from reachmesh.dispatch import encoder
+from reachmesh.dispatch.results import Reply, ResultStore
 from reachmesh.exceptions import DeadlineExceeded, DeliveryFailed, RegistryUnavailable
+from reachmesh.redaction import loggable_url
 from reachmesh.registry.etcd.deferred import DeferredStore
 from reachmesh.registry.etcdclient import EtcdRejected
-from reachmesh.router import answer
-from reachmesh.router.results import Reply, ResultStore
-from reachmesh.secrets import loggable_url
 from reachmesh.transport.base import Transport
 
 log = logging.getLogger("reachmesh.async")
@@ -266,7 +266,7 @@ class AsyncRequests:
     async def _abandon(self, accepted: _Accepted) -> None:
         log.error("[%s] async request abandoned at shutdown: answered TIMEOUT", accepted.trace_id)
         error = DeadlineExceeded("the Router shut down before this async request finished")
-        reply = answer.standalone(self._clock, accepted.trace_id, error=error)
+        reply = encoder.standalone(self._clock, accepted.trace_id, error=error)
         self.results.finish(accepted.trace_id, reply)
         if accepted.reply_to:
             try:

@@ -10,8 +10,8 @@ import pytest
 
 from reachmesh import AgentConfig, Decline, ReachAgent
 from reachmesh.config import RouterConfig
+from reachmesh.decision import DECLINE_MESSAGE_CHARS
 from reachmesh.protocol import ReachResponse
-from reachmesh.record import DECLINE_MESSAGE_CHARS
 from reachmesh.testing import FakeAgent, RouterServer, free_port
 
 

@@ -22,6 +22,14 @@ from pydantic import ValidationError
 from reachmesh import jsoncodec
 from reachmesh.clock import SYSTEM_CLOCK, Clock
 from reachmesh.config import RouterConfig
+from reachmesh.decision import DecisionRecord, Observer, StreamRecord
+from reachmesh.dispatch import durable, encoder
+from reachmesh.dispatch.agentsecret import AgentSecrets
+from reachmesh.dispatch.asyncmode import AsyncRequests
+from reachmesh.dispatch.attempts import AttemptRun, Forwarding
+from reachmesh.dispatch.results import Reply
+from reachmesh.dispatch.streaming import StreamingRun, StreamSink, relay, stream_broken
+from reachmesh.dispatch.suggest import Suggester
 from reachmesh.exceptions import (
     ContextUnavailable,
     DeadlineExceeded,
@@ -36,16 +44,8 @@ from reachmesh.exceptions import (
     UnknownTask,
 )
 from reachmesh.protocol import ReachRequest, error_details, is_trace_id
-from reachmesh.record import DecisionRecord, Observer, StreamRecord
 from reachmesh.resilience.retry import RetryBudget
 from reachmesh.resilience.timeouts import Timeout
-from reachmesh.router import answer, durable
-from reachmesh.router.agentsecret import AgentSecrets
-from reachmesh.router.asyncmode import AsyncRequests
-from reachmesh.router.attempts import AttemptRun, Forwarding
-from reachmesh.router.results import Reply
-from reachmesh.router.streaming import StreamingRun, StreamSink, relay, stream_broken
-from reachmesh.router.suggest import Suggester
 from reachmesh.routing.pipeline import Pipeline
 from reachmesh.schema import PayloadValidator
 from reachmesh.semantic.vectors import CapabilityVectors
@@ -262,7 +262,7 @@ class Dispatcher:
     ) -> Reply:
         """Answer a request refused before routing: INVALID_REQUEST (or 413/415), OVERLOADED."""
         label = task if isinstance(task, str) and _printable(task) else "-"
-        record = answer.bare_record(self.clock, trace_id, label, started)
+        record = encoder.bare_record(self.clock, trace_id, label, started)
         return self._finish(record, error=error)
 
     def shed(self, reason: str, *, trace_id: str | None = None) -> Reply:
@@ -316,7 +316,7 @@ class Dispatcher:
             return self.refuse(unrecorded, trace_id=record.trace_id, task=request.target_task)
         run = durable.runner(self, request, data, record)
         self.async_requests.start(record.trace_id, run, request.preferences.reply_to, owner, client)
-        return answer.standalone(self.clock, record.trace_id)
+        return encoder.standalone(self.clock, record.trace_id)
 
     async def drain(self, timeout_s: float) -> None:
         """Let accepted async requests finish within ``timeout_s``; abandon the rest, loudly."""
@@ -449,13 +449,13 @@ class Dispatcher:
                 if isinstance(error, kind):
                     record.note(event, error.reason if isinstance(error, Overloaded) else error.message)
                     break
-        answer.conclude(record, self.clock, result=result, error=error)
+        encoder.conclude(record, self.clock, result=result, error=error)
         for observer in self.observers:
             try:
                 observer(record)
             except Exception:  # an observer's bug must never cost the caller the answer
                 log.exception("observer %r failed", observer)
-        return answer.encode(record)
+        return encoder.encode(record)
 
 
 def _schema_mismatch(

@@ -9,8 +9,8 @@ import orjson
 import pytest
 
 from reachmesh.config import AsyncPolicy
-from reachmesh.router.asyncmode import AsyncRequests
-from reachmesh.router.results import ResultStore
+from reachmesh.dispatch.asyncmode import AsyncRequests
+from reachmesh.dispatch.results import ResultStore
 from reachmesh.testing import FakeTransport, ManualClock
 from tests.helpers import until
 

@@ -20,6 +20,8 @@ from typing import Any, NamedTuple, Protocol
 from reachmesh import jsoncodec
 from reachmesh.clock import Clock
 from reachmesh.config import StreamingPolicy
+from reachmesh.decision import MAX_CHUNK_MARKS, DecisionRecord, StreamRecord
+from reachmesh.dispatch.attempts import AttemptRun
 from reachmesh.exceptions import (
     AgentRejected,
     AttemptError,
@@ -27,9 +29,7 @@ from reachmesh.exceptions import (
     DeadlineExceeded,
     ReachError,
 )
-from reachmesh.record import MAX_CHUNK_MARKS, DecisionRecord, StreamRecord
 from reachmesh.resilience.breaker import BreakerState
-from reachmesh.router.attempts import AttemptRun
 from reachmesh.routing.base import Choice
 from reachmesh.sse import SseLimits
 from reachmesh.transport.base import AttemptLimits

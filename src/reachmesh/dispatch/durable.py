@@ -20,6 +20,9 @@ from pydantic import ValidationError
 from reachmesh import jsoncodec
 from reachmesh.clock import Clock
 from reachmesh.config import AsyncPolicy, RouterConfig
+from reachmesh.decision import DecisionRecord
+from reachmesh.dispatch.asyncmode import AsyncRequests, Run
+from reachmesh.dispatch.results import Reply
 from reachmesh.exceptions import (
     InternalError,
     Overloaded,
@@ -30,11 +33,8 @@ from reachmesh.exceptions import (
     TraceIdInUse,
 )
 from reachmesh.protocol import ReachRequest
-from reachmesh.record import DecisionRecord
 from reachmesh.registry.etcd.deferred import DeferredStore, Job
 from reachmesh.registry.etcdclient import EtcdRejected
-from reachmesh.router.asyncmode import AsyncRequests, Run
-from reachmesh.router.results import Reply
 from reachmesh.tracecontext import new_trace_id
 
 log = logging.getLogger("reachmesh.async")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reachmesh.protocol import Status
-from reachmesh.secrets import loggable
+from reachmesh.redaction import loggable
 
 # An agent's reason for declining, as listed among the candidates: enough for a sentence.
 DECLINE_MESSAGE_CHARS = 256

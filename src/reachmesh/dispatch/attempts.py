@@ -26,6 +26,9 @@ from urllib.parse import quote
 from reachmesh import jsoncodec
 from reachmesh.clock import Clock
 from reachmesh.config import RouterConfig
+from reachmesh.decision import AttemptRecord, DecisionRecord
+from reachmesh.dispatch.agentsecret import HEADER as AGENT_SECRET_HEADER
+from reachmesh.dispatch.agentsecret import AgentSecrets
 from reachmesh.exceptions import (
     AgentBusy,
     AgentDeclined,
@@ -41,14 +44,11 @@ from reachmesh.exceptions import (
     PoolTimeout,
 )
 from reachmesh.protocol import UNKNOWN_TASK, CandidateReason, ReachRequest
-from reachmesh.record import AttemptRecord, DecisionRecord
 from reachmesh.resilience.affinity import AffinityTable
 from reachmesh.resilience.breaker import BreakerBoard, BreakerState, Permit
 from reachmesh.resilience.capacity import CapacityBoard
 from reachmesh.resilience.retry import RetryBudget
 from reachmesh.resilience.timeouts import Deadline, Timeout
-from reachmesh.router.agentsecret import HEADER as AGENT_SECRET_HEADER
-from reachmesh.router.agentsecret import AgentSecrets
 from reachmesh.routing.base import Choice
 from reachmesh.routing.stats import StatsBook
 from reachmesh.tracecontext import new_span_id, w3c_trace_id

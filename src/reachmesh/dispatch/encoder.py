@@ -12,10 +12,10 @@ from typing import Any
 
 from reachmesh import jsoncodec
 from reachmesh.clock import Clock
+from reachmesh.decision import DecisionRecord
+from reachmesh.dispatch.results import Reply
 from reachmesh.exceptions import ReachError
 from reachmesh.protocol import HTTP_STATUS, PROTOCOL_VERSION, Status
-from reachmesh.record import DecisionRecord
-from reachmesh.router.results import Reply
 from reachmesh.tracecontext import new_trace_id
 
 

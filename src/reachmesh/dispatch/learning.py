@@ -30,7 +30,7 @@ the registry; the task is set aside only while every live agent of it has declin
 that narrowed its own candidates (``filterAgentIds``, ``targetAgent``) teaches nothing: it chose
 who would answer, so its decline says nothing of the others.
 
-This is an :class:`~reachmesh.record.Observer`: it reads finished decision records and never
+This is an :class:`~reachmesh.decision.Observer`: it reads finished decision records and never
 sits on the request path; the registry write runs in the background.
 """
 
@@ -42,12 +42,12 @@ from fnmatch import fnmatchcase
 
 from reachmesh.clock import SYSTEM_CLOCK, Clock
 from reachmesh.config import LearningPolicy
+from reachmesh.decision import DecisionRecord
 from reachmesh.exceptions import RegistryError
 from reachmesh.lifecycle import Background
 from reachmesh.protocol import Status
-from reachmesh.record import DecisionRecord
+from reachmesh.redaction import loggable
 from reachmesh.registry.base import LearnedRoute, Registry
-from reachmesh.secrets import loggable
 
 log = logging.getLogger("reachmesh.learning")
 
