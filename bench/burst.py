@@ -52,6 +52,10 @@ CONNECTING = {"per_agent": 32}  # --connecting sets outbound.max_connecting_per_
 # progress at once in each
 CALLERS = {"procs": 1, "connecting": 10_000}
 AGENT = {"backlog": 128}  # --agent-backlog: the slow agents' listen backlog (aiohttp's default)
+# --per-agent-connections: outbound.max_connections_per_agent (default: above the burst). Below
+# it, one Router holds more calls than its file descriptors allow two each for: the calls past
+# the cap wait in the Router for a connection (a whole hold) instead of failing at EMFILE.
+PER_AGENT: dict[str, int | None] = {"connections": None}
 
 
 def policy(calls: int, hold_s: float) -> dict[str, Any]:
@@ -71,7 +75,7 @@ def policy(calls: int, hold_s: float) -> dict[str, Any]:
         "timeouts": {"read_ms": wait_ms, "overall_ms": wait_ms},
         "outbound": {
             "max_connections": calls + 100,
-            "max_connections_per_agent": calls + 100,
+            "max_connections_per_agent": PER_AGENT["connections"] or calls + 100,
             "max_connecting_per_agent": CONNECTING["per_agent"],
         },
     }
@@ -435,6 +439,9 @@ def main() -> None:
     parser.add_argument("--caller-procs", type=int, default=1, help="processes the callers are split over")
     parser.add_argument("--agent-backlog", type=int, default=128, help="the agents' listen backlog")
     parser.add_argument(
+        "--per-agent-connections", type=int, default=None, help="outbound.max_connections_per_agent"
+    )
+    parser.add_argument(
         "--routers", type=int, default=1, help="Router processes, every agent registered with each (fds)"
     )
     parser.add_argument(
@@ -443,6 +450,7 @@ def main() -> None:
     args = parser.parse_args()
     CALLERS["connecting"] = args.caller_connecting
     AGENT["backlog"] = args.agent_backlog
+    PER_AGENT["connections"] = args.per_agent_connections
     CONNECTING["per_agent"] = args.connecting
     CALLERS["procs"] = args.caller_procs
     raise_nofile()
