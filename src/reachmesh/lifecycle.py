@@ -8,11 +8,28 @@ and stopping one is two lines, and none is left running after ``close()``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 log = logging.getLogger("reachmesh.lifecycle")
+
+
+async def unless_first(work: asyncio.Future[Any], stop: asyncio.Future[Any] | None) -> None:
+    """Wait until ``work`` is done or ``stop`` (a caller going away) is, whichever comes first;
+    then cancel ``stop``, and ``work`` too if it is not done, and wait for it to end. The caller
+    reads ``work.cancelled()`` or ``work.result()`` after."""
+    try:
+        await asyncio.wait([f for f in (work, stop) if f is not None], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if stop is not None:
+            stop.cancel()
+        if not work.done():
+            # Cancelling the work (a request) closes what it holds, the agent's connection too.
+            work.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await work
 
 
 class Background:

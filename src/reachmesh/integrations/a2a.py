@@ -14,7 +14,6 @@ The other way, an A2A agent joining a Router by its card, is
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import time
 import uuid
@@ -30,6 +29,7 @@ from reachmesh.clock import Clock
 from reachmesh.exceptions import ConfigError, RequestError
 from reachmesh.integrations import described, missing_extra
 from reachmesh.integrations.a2a_import import fetch_card, import_agent, profile_from_card
+from reachmesh.lifecycle import unless_first
 from reachmesh.server.app import RouterApp
 from reachmesh.server.asgi import (
     ClientGone,
@@ -319,16 +319,7 @@ async def _unless_gone(dispatch: Coroutine[Any, Any, tuple[int, bytes]]) -> byte
     dispatch is then cancelled, which closes the Router's connection to the agent)."""
     work = asyncio.ensure_future(dispatch)
     gone = _CALLER_GONE.get()
-    watch = asyncio.ensure_future(gone.wait()) if gone is not None else None
-    try:
-        await asyncio.wait([t for t in (work, watch) if t is not None], return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        if watch is not None:
-            watch.cancel()
-        if not work.done():
-            work.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await work
+    await unless_first(work, asyncio.ensure_future(gone.wait()) if gone is not None else None)
     if work.cancelled():
         return None
     return work.result()[1]

@@ -10,10 +10,10 @@ closes the connection to the agent at once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 
 from reachmesh.dispatch.results import Reply
+from reachmesh.lifecycle import unless_first
 from reachmesh.server.asgi import Receive, Send, send_json
 from reachmesh.sse import encode_event
 
@@ -75,17 +75,8 @@ async def serve_stream(
     """
     sink = EventSink(send)
     work = asyncio.ensure_future(run(sink))
-    watch = asyncio.ensure_future(_caller_gone(receive))
-    try:
-        await asyncio.wait((work, watch), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watch.cancel()
-        if not work.done():
-            # The caller went away (or this task was cancelled): stop the request, which closes
-            # the agent's connection; nobody is left to answer.
-            work.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await work
+    # The caller going away (or this task cancelled) stops the request: nobody is left to answer.
+    await unless_first(work, asyncio.ensure_future(_caller_gone(receive)))
     if work.cancelled():
         return
     try:
