@@ -10,7 +10,9 @@ a query, here, in the background.
 These embeddings are work no caller waits for: they go through a queue of their own (the same
 fair, batched :class:`EmbeddingQueue` as registrations), after the agent is already routable,
 and on the embedder's background lane when it has one (the bundled model's passage lane), so a
-caller's question never queues behind them. The head is retrained once every task it covers
+caller's question never queues behind them. On that lane they take turns with registrations'
+passage rows, a batch each: a burst of registrations becomes routable at most about twice as
+slowly, while a lane of their own would cost another copy of the model's weights. The head is retrained once every task it covers
 has all its query rows (:func:`reachmesh.semantic.head.query_rows`); until then the previous
 head routes.
 """
@@ -40,6 +42,7 @@ class HeadRows:
         is_current: Callable[[AgentEntry], bool],
         on_change: Callable[[], None],
         on_failure: Callable[[EmbeddingError], None],
+        on_success: Callable[[], None] = lambda: None,
     ) -> None:
         self.embedder = embedder
         self.index = index
@@ -48,7 +51,8 @@ class HeadRows:
         self._rows_of = rows_of  # an entry's (task, text) capability rows, limits excluded
         self._is_current = is_current
         self._on_change = on_change
-        self._on_failure = on_failure
+        self._on_failure = on_failure  # the embedder failed (it is reported down) ...
+        self._on_success = on_success  # ... and answered again
         self._failed: dict[str, AgentEntry] = {}
 
     @property
@@ -64,8 +68,10 @@ class HeadRows:
         background = getattr(self.embedder, "embed_in_background", None)
         if background is not None:
             vectors: Vector = await background(texts, "query")
-            return vectors
-        return await self.embedder.embed(texts, "query")
+        else:
+            vectors = await self.embedder.embed(texts, "query")
+        self._on_success()
+        return vectors
 
     def schedule(self, entry: AgentEntry) -> None:
         """Embed as queries the rows of ``entry`` that have a passage row and no query row yet;

@@ -101,6 +101,7 @@ class CapabilityVectors:
             lambda e: self.registry.get(e.id) is e,
             self._head_wake.set,
             self._failed,
+            self._recovered,
         )
 
     def thresholds(self) -> tuple[float, float] | None:
