@@ -1,21 +1,32 @@
-"""Routing by meaning on a public intent benchmark the project did not write (Banking77).
+"""Routing by meaning on public intent benchmarks the project did not write (Banking77, CLINC150).
 
-Banking77 (PolyAI-LDN/task-specific-datasets, ``banking_data/``, CC BY 4.0) is not in this
-repository: fetch it and pass its folder (the one holding ``train.csv`` and ``test.csv``)::
+Neither is in this repository: fetch one and pass its folder or file.
+
+- Banking77 (PolyAI-LDN/task-specific-datasets, ``banking_data/``, CC BY 4.0): the folder
+  holding ``train.csv`` and ``test.csv``; 10 examples and 20 validation phrases per intent from
+  the training file, every figure on the test file::
 
     git clone --depth 1 https://github.com/PolyAI-LDN/task-specific-datasets
     python bench/semantic_benchmark.py task-specific-datasets/banking_data
 
-The split (seeded, so every run is the same): a quarter of the 77 intents are held out entirely
-as out-of-scope; each in-scope intent becomes a capability with its name and 10 examples from
-the training file; validation phrases (20 per intent, from the training file, the held-out
-intents' too) are the only labelled data any system may fit on; every figure is on the test
-file. Side by side, with one embedder (the bundled model):
+- CLINC150 (clinc/oos-eval, ``data/data_full.json``, CC BY 3.0): 10 examples per intent from its
+  ``train`` split, its ``val`` split to fit on, every figure on its ``test`` split, and its own
+  out-of-scope test set (``oos_test``) scored beside, never fitted on::
 
-- the Router by similarity alone (today's scoring), its threshold and margin proposed by
-  ``reach calibrate``'s fit on the validation phrases within the wrong-route budget;
-- the Router with the few-shot head, fitted the same way;
-- both at the operating point they ship with (no fitting at all);
+    git clone --depth 1 https://github.com/clinc/oos-eval
+    python bench/semantic_benchmark.py oos-eval/data/data_full.json
+
+The split (seeded, so every run is the same): a quarter of the intents are held out entirely as
+out-of-scope; each in-scope intent becomes a capability with its name and 10 examples;
+validation phrases (the held-out intents' too) are the only labelled data any system may fit
+on. Side by side, with one embedder (the bundled model):
+
+- the Router by similarity alone, its threshold and margin proposed by ``reach calibrate``'s fit
+  on the validation phrases within the wrong-route budget;
+- the Router with the few-shot head trained on the capability texts embedded as queries (as
+  shipped), and on them embedded as passages (as first built), fitted the same way, and fitted
+  for the most right routes that refuse ``--refused-floor`` of the out-of-scope phrases;
+- each at the operating point it ships with (no fitting at all);
 - a nearest-example baseline, its threshold fitted the same way;
 - aurelio's semantic-router (``IndexedRouter``), run when importable (install it in the
   benchmark's own environment: ``pip install semantic-router``; never a project dependency):

@@ -12,9 +12,10 @@ fair, batched :class:`EmbeddingQueue` as registrations), after the agent is alre
 and on the embedder's background lane when it has one (the bundled model's passage lane), so a
 caller's question never queues behind them. On that lane they take turns with registrations'
 passage rows, a batch each: a burst of registrations becomes routable at most about twice as
-slowly, while a lane of their own would cost another copy of the model's weights. The head is retrained once every task it covers
-has all its query rows (:func:`reachmesh.semantic.head.query_rows`); until then the previous
-head routes.
+slowly, while a lane of their own would cost another copy of the model's weights.
+
+The head is retrained once every task it covers has all its query rows
+(:func:`reachmesh.semantic.head.query_rows`); until then the previous head routes.
 """
 
 from __future__ import annotations
