@@ -1,21 +1,32 @@
-"""Routing by meaning on a public intent benchmark the project did not write (Banking77).
+"""Routing by meaning on public intent benchmarks the project did not write (Banking77, CLINC150).
 
-Banking77 (PolyAI-LDN/task-specific-datasets, ``banking_data/``, CC BY 4.0) is not in this
-repository: fetch it and pass its folder (the one holding ``train.csv`` and ``test.csv``)::
+Neither is in this repository: fetch one and pass its folder or file.
+
+- Banking77 (PolyAI-LDN/task-specific-datasets, ``banking_data/``, CC BY 4.0): the folder
+  holding ``train.csv`` and ``test.csv``; 10 examples and 20 validation phrases per intent from
+  the training file, every figure on the test file::
 
     git clone --depth 1 https://github.com/PolyAI-LDN/task-specific-datasets
     python bench/semantic_benchmark.py task-specific-datasets/banking_data
 
-The split (seeded, so every run is the same): a quarter of the 77 intents are held out entirely
-as out-of-scope; each in-scope intent becomes a capability with its name and 10 examples from
-the training file; validation phrases (20 per intent, from the training file, the held-out
-intents' too) are the only labelled data any system may fit on; every figure is on the test
-file. Side by side, with one embedder (the bundled model):
+- CLINC150 (clinc/oos-eval, ``data/data_full.json``, CC BY 3.0): 10 examples per intent from its
+  ``train`` split, its ``val`` split to fit on, every figure on its ``test`` split, and its own
+  out-of-scope test set (``oos_test``) scored beside, never fitted on::
 
-- the Router by similarity alone (today's scoring), its threshold and margin proposed by
-  ``reach calibrate``'s fit on the validation phrases within the wrong-route budget;
-- the Router with the few-shot head, fitted the same way;
-- both at the operating point they ship with (no fitting at all);
+    git clone --depth 1 https://github.com/clinc/oos-eval
+    python bench/semantic_benchmark.py oos-eval/data/data_full.json
+
+The split (seeded, so every run is the same): a quarter of the intents are held out entirely as
+out-of-scope; each in-scope intent becomes a capability with its name and 10 examples;
+validation phrases (the held-out intents' too) are the only labelled data any system may fit
+on. Side by side, with one embedder (the bundled model):
+
+- the Router by similarity alone, its threshold and margin proposed by ``reach calibrate``'s fit
+  on the validation phrases within the wrong-route budget;
+- the Router with the few-shot head trained on the capability texts embedded as queries (as
+  shipped), and on them embedded as passages (as first built), fitted the same way, and fitted
+  for the most right routes that refuse ``--refused-floor`` of the out-of-scope phrases;
+- each at the operating point it ships with (no fitting at all);
 - a nearest-example baseline, its threshold fitted the same way;
 - aurelio's semantic-router (``IndexedRouter``), run when importable (install it in the
   benchmark's own environment: ``pip install semantic-router``; never a project dependency):
@@ -34,6 +45,7 @@ import random
 import re
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +53,15 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
-from reachmesh.semantic.calibrate import Outcome, Scored, evaluate, propose, score_index
+from reachmesh.semantic.calibrate import (
+    HEAD_MARGINS,
+    MARGINS,
+    Outcome,
+    Scored,
+    evaluate,
+    propose,
+    score_index,
+)
 from reachmesh.semantic.embedders.base import calibrated_head_margin, calibrated_thresholds
 from reachmesh.semantic.embedders.local import LocalEmbedder
 from reachmesh.semantic.head import train
@@ -50,8 +70,27 @@ from reachmesh.semantic.index import BACKGROUND, SemanticIndex, capability_texts
 Labelled = list[tuple[str, str | None]]
 
 
-def load_split(folder: Path, examples: int, seed: int) -> tuple[dict[str, list[str]], Labelled, Labelled]:
-    """Capabilities (intent -> examples), validation and test phrases (None: out of scope)."""
+@dataclass(slots=True)
+class Split:
+    """One benchmark's split: capabilities (intent -> examples), validation and test phrases
+    (None: a held-out intent's), and the dataset's own out-of-scope test requests (if any)."""
+
+    name: str
+    caps: dict[str, list[str]]
+    valid: Labelled
+    test: Labelled
+    extra_oos: list[str]
+
+
+def _held_out(intents: list[str], rng: random.Random) -> set[str]:
+    shuffled = intents[:]
+    rng.shuffle(shuffled)
+    return set(shuffled[: len(intents) // 4])
+
+
+def load_banking(folder: Path, examples: int, seed: int) -> Split:
+    """Banking77: 10 examples and 20 validation phrases per intent from ``train.csv``, every
+    figure on ``test.csv``."""
 
     def rows(name: str) -> list[tuple[str, str]]:
         with (folder / name).open(newline="", encoding="utf-8") as handle:
@@ -60,9 +99,7 @@ def load_split(folder: Path, examples: int, seed: int) -> tuple[dict[str, list[s
     train_rows, test_rows = rows("train.csv"), rows("test.csv")
     intents = sorted({intent for _, intent in train_rows})
     rng = random.Random(seed)
-    shuffled = intents[:]
-    rng.shuffle(shuffled)
-    out_of_scope = set(shuffled[: len(intents) // 4])
+    out_of_scope = _held_out(intents, rng)
     by_intent: dict[str, list[str]] = {}
     for text, intent in train_rows:
         by_intent.setdefault(intent, []).append(text)
@@ -72,7 +109,36 @@ def load_split(folder: Path, examples: int, seed: int) -> tuple[dict[str, list[s
     valid: Labelled = [(t, i) for i in caps for t in by_intent[i][examples : examples + 20]]
     valid += [(t, None) for i in sorted(out_of_scope) for t in by_intent[i][:20]]
     test: Labelled = [(t, None if i in out_of_scope else i) for t, i in test_rows]
-    return caps, valid, test
+    return Split("banking77", caps, valid, test, [])
+
+
+def load_clinc(path: Path, examples: int, seed: int) -> Split:
+    """CLINC150 (``data_full.json``): 10 examples per intent from its ``train`` split, its ``val``
+    split (20 per intent, the held-out intents' too) to fit on, every figure on its ``test``
+    split; its own out-of-scope test set (``oos_test``, 1,000 requests no intent covers) is
+    scored beside, never fitted on."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    intents = sorted({intent for _, intent in data["train"]})
+    rng = random.Random(seed)
+    out_of_scope = _held_out(intents, rng)
+    by_intent: dict[str, list[str]] = {}
+    for text, intent in data["train"]:
+        by_intent.setdefault(intent, []).append(text)
+    for texts in by_intent.values():
+        rng.shuffle(texts)
+    caps = {i: by_intent[i][:examples] for i in intents if i not in out_of_scope}
+    valid: Labelled = [(t, None if i in out_of_scope else i) for t, i in data["val"]]
+    test: Labelled = [(t, None if i in out_of_scope else i) for t, i in data["test"]]
+    return Split("clinc150", caps, valid, test, [t for t, _ in data["oos_test"]])
+
+
+def load_split(path: Path, examples: int, seed: int) -> Split:
+    """Banking77's folder (``train.csv``, ``test.csv``) or CLINC150's ``data_full.json`` (or the
+    folder holding it, or the repository's checkout holding ``data/data_full.json``)."""
+    for candidate in (path, path / "data_full.json", path / "data" / "data_full.json"):
+        if candidate.is_file() and candidate.suffix == ".json":
+            return load_clinc(candidate, examples, seed)
+    return load_banking(path, examples, seed)
 
 
 class Vectors:
@@ -106,6 +172,8 @@ class Vectors:
         arrays: dict[str, Any] = {}
         for kind in ("query", "passage"):
             keys = [t for k, t in self.known if k == kind]
+            if not keys:
+                continue
             arrays[f"{kind}_texts"] = np.array(keys)
             arrays[f"{kind}_vectors"] = np.stack([self.known[(kind, t)] for t in keys])
         np.savez(self.cache, **arrays)
@@ -133,6 +201,33 @@ def budget_check(valid: list[Scored], test: list[Scored], budgets: list[float]) 
     return out
 
 
+def propose_floor(phrases: list[Scored], budget: float, floor: float) -> Outcome | None:
+    """The issue's goal as the objective: the most right routes among the points that send at
+    most ``budget`` of the in-scope phrases to a wrong task *and* refuse at least ``floor`` of
+    the out-of-scope ones (``propose`` counts right routes and refusals alike). None when no
+    point refuses that much."""
+    score = np.array([p.score for p in phrases])
+    by_head = np.array([p.head_gap is not None for p in phrases])
+    gap = np.array([p.gap for p in phrases])
+    head_gap = np.array([p.head_gap if p.head_gap is not None else 0.0 for p in phrases])
+    inside = np.array([p.expect is not None for p in phrases])
+    right_task = np.array([p.best is not None and p.best == p.expect for p in phrases])
+    thresholds = np.unique(np.floor(score * 10_000) / 10_000)
+    best: tuple[int, float, float, float] | None = None
+    for head_margin in HEAD_MARGINS if by_head.any() else [0.0]:
+        for margin in MARGINS:
+            clear = np.where(by_head, head_gap >= head_margin, gap >= margin)
+            routed = (score[None, :] >= thresholds[:, None]) & clear[None, :]
+            right = (routed & inside & right_task).sum(axis=1)
+            wrong = (routed & inside & ~right_task).sum(axis=1)
+            refused = (~routed & ~inside).sum(axis=1)
+            ok = (wrong <= budget * inside.sum()) & (refused >= floor * (~inside).sum())
+            for i in np.flatnonzero(ok):
+                if best is None or right[i] > best[0]:
+                    best = (int(right[i]), float(thresholds[i]), margin, head_margin)
+    return None if best is None else evaluate(phrases, round(best[1], 4), best[2], best[3])
+
+
 def nearest_example(
     matrix: np.ndarray, labels: list[str], background: np.ndarray, queries: np.ndarray, truth: Labelled
 ) -> list[Scored]:
@@ -145,9 +240,7 @@ def nearest_example(
     return out
 
 
-def semantic_router_figures(
-    caps: dict[str, list[str]], vectors: Vectors, valid: Labelled, test: Labelled, budget: float
-) -> dict[str, Any] | None:
+def semantic_router_figures(split: Split, vectors: Vectors, budget: float) -> dict[str, Any] | None:
     """aurelio's semantic-router on the same vectors: after its own fit(), and at the budget."""
     try:
         from semantic_router import Route
@@ -156,6 +249,8 @@ def semantic_router_figures(
     except ImportError:
         return None
     known = vectors.known
+    caps, valid, test = split.caps, split.valid, split.test
+    extra: Labelled = [(x, None) for x in split.extra_oos]
 
     class Lookup(DenseEncoder):  # type: ignore[misc]
         mode: str = "passage"
@@ -184,71 +279,148 @@ def semantic_router_figures(
         return [Scored("", expect, top, conf, None) for top, conf, expect in rows]
 
     valid_scored, test_scored = as_scored(picks(valid)), as_scored(picks(test))
+    extra_scored = as_scored(picks(extra)) if extra else []
     bar = router.confidence_threshold
     own = evaluate(test_scored, bar if bar is not None else -1.0, 0.0)
     fitted = propose(valid_scored, budget, margins=[0.0], head_margins=[0.0])
     return {
-        "after its own fit()": figures(own),
-        f"threshold fitted for <= {budget:.0%} wrong": figures(evaluate(test_scored, fitted.threshold, 0.0)),
+        "after its own fit()": with_extra(test_scored, extra_scored, own),
+        f"threshold fitted for <= {budget:.0%} wrong": with_extra(test_scored, extra_scored, fitted),
     }
+
+
+# The head margin the passage-row head shipped with before the head trained on query rows.
+PASSAGE_HEAD_MARGIN = 0.9
+
+
+@dataclass(slots=True)
+class Scoring:
+    """What the systems share: the split, the index, the vectors and the queries."""
+
+    split: Split
+    index: SemanticIndex
+    background: np.ndarray
+    valid_q: np.ndarray
+    test_q: np.ndarray
+    extra_q: np.ndarray
+    rows: dict[str, np.ndarray]  # capability texts embedded as passages
+    query_rows: dict[str, np.ndarray]  # the same texts embedded as queries (the head's)
+
+
+def with_extra(test: list[Scored], extra: list[Scored], point: Outcome) -> dict[str, float]:
+    """The test file's figures at ``point``, and the dataset's own out-of-scope set's refusals."""
+    out = figures(evaluate(test, point.threshold, point.margin, point.head_margin))
+    if extra:
+        held = evaluate(extra, point.threshold, point.margin, point.head_margin)
+        out["dataset_oos_refused"] = round(100 * held.refused / held.out_of_scope, 1)
+    return out
+
+
+def router_system(
+    data: Scoring, rule: Any, shipped_head_margin: float, args: argparse.Namespace
+) -> dict[str, Any]:
+    split = data.split
+    v = score_index(data.index, data.background, split.valid, data.valid_q, rule)
+    t = score_index(data.index, data.background, split.test, data.test_q, rule)
+    e = score_index(data.index, data.background, [(x, None) for x in split.extra_oos], data.extra_q, rule)
+    point = propose(v, args.budget)
+    threshold, margin = calibrated_thresholds(LocalEmbedder.model) or (0.0, 0.0)
+    shipped = evaluate(t, threshold, margin, shipped_head_margin)
+    floor = propose_floor(v, args.budget, args.refused_floor)
+    return {
+        "fitted on validation": {
+            "point": [point.threshold, point.margin, point.head_margin],
+            **with_extra(t, e, point),
+        },
+        f"fitted on validation, >= {args.refused_floor:.0%} of out-of-scope refused": "no such point"
+        if floor is None
+        else {
+            "point": [floor.threshold, floor.margin, floor.head_margin],
+            "validation": figures(floor),
+            **with_extra(t, e, floor),
+        },
+        "as shipped": {"point": [threshold, margin, shipped_head_margin], **with_extra(t, e, shipped)},
+        "top1": round(100 * float(np.mean([x.best == x.expect for x in t if x.expect is not None])), 1),
+        # Does a fit within a budget keep that budget on phrases it never saw?
+        "budgets": budget_check(v, t, args.budgets),
+    }
+
+
+async def prepare(args: argparse.Namespace, vectors: Vectors) -> Scoring:
+    split = load_split(args.data, args.examples, args.seed)
+    if args.test_limit:
+        split.test = random.Random(args.seed).sample(split.test, min(args.test_limit, len(split.test)))
+    index = SemanticIndex(dim=384)
+    rows: dict[str, np.ndarray] = {}
+    query_rows: dict[str, np.ndarray] = {}
+    for intent, examples in split.caps.items():
+        texts = capability_texts(intent, "", examples)
+        rows[intent] = await vectors.get(texts, "passage")
+        query_rows[intent] = await vectors.get(texts, "query")
+        index.add(f"bench:{intent}", intent, texts, rows[intent])
+    background = await vectors.get(list(BACKGROUND), "passage")
+    valid_q = await vectors.get([t for t, _ in split.valid], "query")
+    test_q = await vectors.get([t for t, _ in split.test], "query")
+    extra_q = await vectors.get(split.extra_oos, "query") if split.extra_oos else np.zeros((0, 384))
+    return Scoring(split, index, background, valid_q, test_q, extra_q, rows, query_rows)
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    caps, valid, test = load_split(args.data, args.examples, args.seed)
-    if args.test_limit:
-        test = random.Random(args.seed).sample(test, min(args.test_limit, len(test)))
     vectors = Vectors(args.cache)
-    index = SemanticIndex(dim=384)
-    rows: dict[str, np.ndarray] = {}
-    labels: list[str] = []
-    for intent, examples in caps.items():
-        texts = capability_texts(intent, "", examples)
-        matrix = await vectors.get(texts, "passage")
-        index.add(f"bench:{intent}", intent, texts, matrix)
-        rows[intent] = matrix
-        labels += [intent] * len(texts)
-    background = await vectors.get(list(BACKGROUND), "passage")
-    valid_q = await vectors.get([t for t, _ in valid], "query")
-    test_q = await vectors.get([t for t, _ in test], "query")
+    data = await prepare(args, vectors)
+    split = data.split
     started = time.perf_counter()
-    head = train(rows, index.generation, budget_s=600)
-    train_s = time.perf_counter() - started
-    model = vectors.embedder.model
-    shipped = calibrated_thresholds(model) or (0.0, 0.0)
+    head = train(data.rows, data.index.generation, budget_s=600)
+    passage_s = time.perf_counter() - started
+    started = time.perf_counter()
+    query_head = train(data.query_rows, data.index.generation, budget_s=600)
+    query_s = time.perf_counter() - started
     report: dict[str, Any] = {
-        "split": {"capabilities": len(caps), "validation": len(valid), "test": len(test), "seed": args.seed},
+        "dataset": split.name,
+        "split": {
+            "capabilities": len(split.caps),
+            "validation": len(split.valid),
+            "test": len(split.test),
+            "dataset_oos_test": len(split.extra_oos),
+            "seed": args.seed,
+        },
         "head": {
-            "classes": len(head.tasks) if head else 0,
-            "steps": head.steps if head else 0,
-            "train_s": round(train_s, 2),
+            "classes": len(query_head.tasks) if query_head else 0,
+            "steps": query_head.steps if query_head else 0,
+            "train_s (passage rows, query rows)": [round(passage_s, 2), round(query_s, 2)],
         },
         "budget": args.budget,
     }
-    systems: dict[str, Any] = {}
-    for name, use_head in (("router, similarity only", False), ("router with the few-shot head", True)):
-        rule = (head, 0.0) if use_head and head is not None else None
-        v = score_index(index, background, valid, valid_q, rule)
-        t = score_index(index, background, test, test_q, rule)
-        point = propose(v, args.budget)
-        systems[name] = {
-            "fitted on validation": {
-                "point": [point.threshold, point.margin, point.head_margin],
-                **figures(evaluate(t, point.threshold, point.margin, point.head_margin)),
-            },
-            "as shipped": figures(evaluate(t, shipped[0], shipped[1], calibrated_head_margin(model) or 0.3)),
-            # Does a fit within a budget keep that budget on phrases it never saw?
-            "budgets": budget_check(v, t, args.budgets),
-        }
-    matrix = np.concatenate([rows[i] for i in caps])
-    nv = nearest_example(matrix, labels, background, valid_q, valid)
-    nt = nearest_example(matrix, labels, background, test_q, test)
-    point = propose(nv, args.budget, margins=[0.0], head_margins=[0.0])
-    systems["nearest example"] = {"fitted on validation": figures(evaluate(nt, point.threshold, 0.0))}
+    model = vectors.embedder.model
+    systems: dict[str, Any] = {
+        "router, similarity only": router_system(data, None, 0.0, args),
+        "router, head on passage rows (before)": router_system(
+            data, None if head is None else (head, 0.0), PASSAGE_HEAD_MARGIN, args
+        ),
+        "router, head on query rows (shipped)": router_system(
+            data,
+            None if query_head is None else (query_head, 0.0),
+            calibrated_head_margin(model) or 0.3,
+            args,
+        ),
+    }
+    systems["nearest example"] = nearest_system(data)
     # semantic-router runs its own event loop: on a thread of its own, not inside this one.
-    peer = await asyncio.to_thread(semantic_router_figures, caps, vectors, valid, test, args.budget)
+    peer = await asyncio.to_thread(semantic_router_figures, split, vectors, args.budget)
     systems["semantic-router"] = peer if peer is not None else "not installed in this environment"
     report["systems"] = systems
     return report
+
+
+def nearest_system(data: Scoring) -> dict[str, Any]:
+    split = data.split
+    matrix = np.concatenate([data.rows[i] for i in split.caps])
+    labels = [i for i in split.caps for _ in range(len(data.rows[i]))]
+    nv = nearest_example(matrix, labels, data.background, data.valid_q, split.valid)
+    nt = nearest_example(matrix, labels, data.background, data.test_q, split.test)
+    ne = nearest_example(matrix, labels, data.background, data.extra_q, [(x, None) for x in split.extra_oos])
+    point = propose(nv, 0.03, margins=[0.0], head_margins=[0.0])
+    return {"fitted on validation": with_extra(nt, ne, point)}
 
 
 async def through_http(args: argparse.Namespace) -> dict[str, Any]:
@@ -261,7 +433,8 @@ async def through_http(args: argparse.Namespace) -> dict[str, Any]:
     from reachmesh.config import RouterConfig
     from reachmesh.testing import FakeAgent, RouterServer
 
-    caps, _, test = load_split(args.data, args.examples, args.seed)
+    split = load_split(args.data, args.examples, args.seed)
+    caps, test = split.caps, split.test
     if args.test_limit:
         test = random.Random(args.seed).sample(test, min(args.test_limit, len(test)))
     threshold, margin, head_margin = args.point
@@ -387,7 +560,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("data", type=Path, help="the banking_data folder (train.csv, test.csv)")
+    parser.add_argument(
+        "data",
+        type=Path,
+        help="Banking77's banking_data folder (train.csv, test.csv) or CLINC150's data_full.json",
+    )
     parser.add_argument("--examples", type=int, default=10)
     parser.add_argument("--seed", type=int, default=41)
     parser.add_argument("--budget", type=float, default=0.03, help="wrong-route budget of every fit")
@@ -396,6 +573,12 @@ def main() -> None:
         type=lambda s: [float(x) for x in s.split(",")],
         default=[0.01, 0.02, 0.03, 0.05],
         help="budgets whose fit on validation is checked on the test file (comma-separated)",
+    )
+    parser.add_argument(
+        "--refused-floor",
+        type=float,
+        default=0.9,
+        help="also fit for the most right routes refusing at least this share of out-of-scope phrases",
     )
     parser.add_argument("--test-limit", type=int, default=0, help="a seeded sample of the test file (0: all)")
     parser.add_argument("--cache", type=Path, default=None, help="an .npz file keeping the vectors")

@@ -80,9 +80,9 @@ async def route(http: httpx.AsyncClient, text: str, **extra: object) -> dict:
 
 
 async def test_reference_scenario(semantic_router, caplog: pytest.LogCaptureFixture) -> None:
-    """An English price question reaches the price agent and history the trend agent; a Chinese
-    price question too close to the trend task and a flight question are refused, naming the best
-    candidates with their scores."""
+    """An English price question reaches the price agent and history the trend agent, and so does
+    a Chinese price question similarity alone finds too close to the trend task; a flight
+    question is refused, naming the best candidates with their scores."""
     server, http = semantic_router
     caplog.set_level(logging.INFO, logger="reachmesh.trace")
     body = await route(http, "how much does a mango cost now", traceId="sem-en")
@@ -94,13 +94,11 @@ async def test_reference_scenario(semantic_router, caplog: pytest.LogCaptureFixt
     assert price_agent_seen["requestedTask"] == "how much does a mango cost now"
     history = await route(http, "这个商品过去半年的价格走势怎么样")
     assert history["handlerAgentId"] == "trend-agent"
-    # The bundled model rates this one within the calibrated margin of the trend task, and the
-    # few-shot head is not sure enough either: refusing beats guessing, and the refusal says
-    # which tasks were close.
+    # The bundled model's similarity rates this one within the calibrated margin of the trend
+    # task; the few-shot head, trained on the examples embedded as queries, tells them apart.
     close = await route(http, "当前芒果多少钱")
-    assert close["status"] == "NO_AVAILABLE_HANDLER"
-    assert {c["reason"] for c in close["error"]["candidates"]} == {"ambiguous"}
-    assert {c["task"] for c in close["error"]["candidates"]} >= {"query_product_price", "analyze_price_trend"}
+    assert close["status"] == "SUCCESS", close
+    assert close["route"]["task"] == "query_product_price"
     refused = await route(http, "book a flight to Paris")
     assert refused["status"] == "NO_AVAILABLE_HANDLER"
     assert refused["attempts"] == []
@@ -110,10 +108,10 @@ async def test_reference_scenario(semantic_router, caplog: pytest.LogCaptureFixt
     lines = [line for line in log_lines(caplog) if line.startswith("[sem-")]
     assert any("select price-agent by semantic_route (score=" in line for line in lines)
     metrics = (await http.get("/metrics")).text
-    assert "reach_semantic_refusals_total 2.0" in metrics
-    assert 'reach_route_match_score_count{strategy="semantic_route"} 2.0' in metrics
-    # Both routes by meaning scored under 0.3, in buckets fine enough to tell them apart there.
-    assert 'reach_route_match_score_bucket{le="0.3",strategy="semantic_route"} 2.0' in metrics
+    assert "reach_semantic_refusals_total 1.0" in metrics
+    assert 'reach_route_match_score_count{strategy="semantic_route"} 3.0' in metrics
+    # All three routes by meaning scored under 0.3, in buckets fine enough to tell them apart there.
+    assert 'reach_route_match_score_bucket{le="0.3",strategy="semantic_route"} 3.0' in metrics
     assert 'reach_route_match_score_bucket{le="0.025",strategy="semantic_route"} 0.0' in metrics
 
 

@@ -11,8 +11,11 @@ import httpx
 import numpy as np
 
 from reachmesh.config import RouterConfig
+from reachmesh.semantic.embedders.base import Kind
+from reachmesh.semantic.embedders.local import LocalEmbedder
 from reachmesh.semantic.head import Head, train
-from reachmesh.semantic.index import SemanticIndex
+from reachmesh.semantic.index import SemanticIndex, capability_texts
+from reachmesh.semantic.queue import VectorState
 from reachmesh.testing import FakeAgent, RouterServer
 from tests.helpers import price_agent, scaled
 
@@ -117,3 +120,86 @@ def test_the_head_chooses_among_the_nearest_tasks_only() -> None:
     query = (centres["a"] / np.linalg.norm(centres["a"])).astype(np.float32)
     verdict = index.judge(query, threshold=-1.0, margin=0.0, head=(head, 0.0))
     assert verdict.task == "a"
+
+
+class HeldBackground:
+    """The bundled embedder, with its background work (the head's query rows) held until the
+    test lets it go; a caller's queries and registrations' passages pass at once."""
+
+    def __init__(self, inner: LocalEmbedder) -> None:
+        self.inner = inner
+        self.model = inner.model
+        self.dim = inner.dim
+        self.thresholds = inner.thresholds
+        self.started = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def embed(self, texts: list[str], kind: Kind) -> np.ndarray:
+        return await self.inner.embed(texts, kind)
+
+    async def embed_in_background(self, texts: list[str], kind: Kind) -> np.ndarray:
+        self.started.set()
+        await self.release.wait()
+        return await self.inner.embed_in_background(texts, kind)
+
+    async def close(self) -> None:
+        pass
+
+
+class RecordingTrainer:
+    def __init__(self) -> None:
+        self.rows: list[Mapping[str, np.ndarray]] = []
+
+    def __call__(self, rows: Mapping[str, np.ndarray], generation: int, budget_s: float) -> Head | None:
+        self.rows.append(rows)
+        return train(rows, generation, budget_s=budget_s)
+
+
+async def test_the_head_trains_on_the_texts_embedded_as_queries_after_the_agent_is_routable() -> None:
+    """A newcomer is routable by meaning as soon as its passage rows are in; its texts are then
+    embedded a second time, as queries, in the background; the head (the previous one until
+    then) is retrained on those query rows, never on the passage rows."""
+    config = RouterConfig.from_mapping(
+        {
+            "health": {"enabled": False},
+            "routing": {"semantic_tasks": ["*"]},
+            "embedding": {"backend": "auto"},
+            "limits": {"loop_lag_ms": 10_000},
+        }
+    )
+    async with RouterServer(config) as server, httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+        agents = [price_agent(), TREND, REFUND]
+        for agent in agents[:2]:
+            await agent.start()
+            await agent.register(server.url)
+        vectors = server.app.parts.vectors
+        assert vectors is not None and vectors.head_state() == "current"
+        before = vectors.head
+        local = LocalEmbedder()
+        held = HeldBackground(local)
+        vectors.head_rows.embedder = held
+        recorder = RecordingTrainer()
+        vectors.trainer = recorder
+        await REFUND.start()
+        await REFUND.register(server.url, vectors=False)
+        await until(lambda: vectors.state(REFUND.agent_id) == VectorState.READY, "the passage rows")
+        await asyncio.wait_for(held.started.wait(), scaled(30))
+        answer = (await http.post("/reach", json={"targetTask": "I want my money back for this"})).json()
+        assert answer["status"] == "SUCCESS" and answer["route"]["task"] == "refund_order", answer
+        assert vectors.head_state() == "training" and vectors.head is before and not recorder.rows
+        held.release.set()
+        await until(lambda: vectors.head_state() == "current", "the retrain on query rows")
+        assert vectors.head is not None and vectors.head.covers("refund_order")
+        texts = capability_texts(
+            "refund_order", REFUND.descriptions["refund_order"], REFUND.examples["refund_order"]
+        )
+        trained = recorder.rows[-1]["refund_order"]
+        asked = local.embed_sync(texts, "query")
+        assert trained.shape == asked.shape
+        # Each row trained on is one of the query vectors (float16 in the index), and not the
+        # passage vectors the similarity scores against.
+        assert np.allclose((trained @ asked.T).max(axis=1), 1.0, atol=2e-3)
+        passages = local.embed_sync(texts, "passage")
+        assert not np.allclose((trained @ passages.T).max(axis=1), 1.0, atol=2e-3)
+        for agent in agents:
+            await agent.stop()

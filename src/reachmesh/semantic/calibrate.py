@@ -18,7 +18,7 @@ import numpy as np
 from reachmesh.config import HEAD_MARGIN
 from reachmesh.exceptions import ConfigError
 from reachmesh.semantic.embedders.base import Embedder
-from reachmesh.semantic.head import train
+from reachmesh.semantic.head import query_rows, train
 from reachmesh.semantic.index import BACKGROUND, LEARNED, HeadRule, SemanticIndex, Vector, capability_texts
 
 MARGINS = [round(float(x), 4) for x in np.arange(0.0, 0.0501, 0.0025)]
@@ -215,18 +215,26 @@ async def score_phrases(
     ``head``: with the few-shot head trained on them, as the Router routes by default.
     """
     index = SemanticIndex(dim=embedder.dim or 384)
+    # The same texts embedded as queries: what the head trains on (semantic/headrows.py).
+    asked = SemanticIndex(dim=embedder.dim or 384)
     for cap in caps:
         texts = capability_texts(
             cap["task"], str(cap.get("description") or ""), list(cap.get("examples") or [])
         )
         index.add(f"calibration:{cap['task']}", cap["task"], texts, await embedder.embed(texts, "passage"))
+        if head:
+            asked.add(f"calibration:{cap['task']}", cap["task"], texts, await embedder.embed(texts, "query"))
     if learned:
-        rows = await embedder.embed([text for text, _ in learned], "passage")
+        texts = [text for text, _ in learned]
+        rows = await embedder.embed(texts, "passage")
+        again = await embedder.embed(texts, "query") if head else rows
         for i, ((text, task), row) in enumerate(zip(learned, rows, strict=True)):
             index.add(f"{LEARNED}{i}", task, [text], row[None, :])
+            asked.add(f"{LEARNED}{i}", task, [text], again[i][None, :])
     background = await embedder.embed(list(BACKGROUND), "passage")
     queries = await embedder.embed([p["text"] for p in phrases], "query")
-    model = train(index.task_matrices(), index.generation, budget_s=HEAD_BUDGET_S) if head else None
+    rows_q = query_rows(index.task_matrices(), asked.task_matrices()) if head else None
+    model = train(rows_q, index.generation, budget_s=HEAD_BUDGET_S) if rows_q is not None else None
     labelled = [(str(p["text"]), p.get("expect")) for p in phrases]
     return score_index(index, background, labelled, queries, None if model is None else (model, 0.0))
 

@@ -23,7 +23,8 @@ from reachmesh.registry.base import AgentEntry, LearnedRoute, Registry, Registry
 from reachmesh.semantic.blocks import decode_block, encode_block
 from reachmesh.semantic.duplicates import NearDuplicate, near_duplicate
 from reachmesh.semantic.embedders.base import Embedder, calibrated_head_margin, calibrated_limit_margin
-from reachmesh.semantic.head import Head, train
+from reachmesh.semantic.head import Head, query_rows, train
+from reachmesh.semantic.headrows import HeadRows
 from reachmesh.semantic.index import (
     BACKGROUND,
     LEARNED,
@@ -91,7 +92,17 @@ class CapabilityVectors:
         self.trainer: Callable[[Mapping[str, Vector], int, float], Head | None] = _train
         self.retrains = 0
         self._head_wake = asyncio.Event()
-        self._head_seen = 0  # the empty index needs no head
+        self._head_seen = (0, 0)  # the empty index needs no head
+        # The capability texts embedded as queries too, after their passage rows: the head's.
+        self.head_rows = HeadRows(
+            embedder,
+            self.index,
+            lambda entry: [row for row in entry_rows(entry) if not row[0].startswith(LIMIT)],
+            lambda e: self.registry.get(e.id) is e,
+            self._head_wake.set,
+            self._failed,
+            self._recovered,
+        )
 
     def thresholds(self) -> tuple[float, float] | None:
         """``(threshold, margin)`` for the model in use, or None when it has none (not calibrated)."""
@@ -110,11 +121,19 @@ class CapabilityVectors:
         return self.head, self.policy.head_margin_for(model, calibrated_head_margin(model))
 
     def head_state(self) -> str:
-        """``current`` when the few-shot head was trained on the index as it is now, ``training``
-        while a retrain is due or under way (routes use the previous head), ``off``."""
-        if not self.policy.head:
-            return "off"
-        return "current" if self._head_seen == self.index.generation else "training"
+        """``current`` when the few-shot head was trained on the index (and its query rows) as
+        they are now, ``training`` while a retrain is due or under way (routes use the previous
+        head), ``off``."""
+        return (
+            "off"
+            if not self.policy.head
+            else "current"
+            if self._head_seen == self._rows_generation()
+            else "training"
+        )
+
+    def _rows_generation(self) -> tuple[int, int]:
+        return self.index.generation, self.head_rows.generation
 
     def _on_registry(self, event: RegistryEvent, entry: AgentEntry) -> None:
         if event in (RegistryEvent.DEREGISTERED, RegistryEvent.REMOVED, RegistryEvent.REPLACED):
@@ -122,6 +141,7 @@ class CapabilityVectors:
             self._pending.pop(entry.id, None)
             self._ready.discard(entry.id)
             self.queue.drop(entry.id)
+            self.head_rows.forget(entry.id)
             self.duplicates.pop(entry.id, None)
             self._head_wake.set()
 
@@ -132,24 +152,29 @@ class CapabilityVectors:
         while True:
             await self._head_wake.wait()
             self._head_wake.clear()
-            generation = self.index.generation
+            generation = self._rows_generation()
             if generation == self._head_seen or not self.policy.head:
                 continue
-            rows = self.index.task_matrices()
+            rows = query_rows(self.index.task_matrices(), self.head_rows.task_matrices())
+            if rows is None:
+                continue  # query rows on the way: their arrival wakes this loop again
             budget_s = self.policy.head_budget_ms / 1000
-            head = await asyncio.to_thread(self.trainer, rows, generation, budget_s)
+            head = await asyncio.to_thread(self.trainer, rows, generation[0], budget_s)
             self._head_seen = generation
             self.head = head
             self.retrains += 1
-            if self.index.generation != generation:
+            if self._rows_generation() != generation:
                 self._head_wake.set()  # rows changed during training: once more
 
     # -- learned phrases as example rows -----------------------------------------------------
 
     def apply(self, policy: EmbeddingPolicy, *, learning: bool) -> None:
         """A (reloaded) policy's thresholds; learned phrases indexed (``learning``) or dropped."""
+        head_on = policy.head and not self.policy.head
         self.policy = policy
-        if learning == self.learning:
+        if head_on:  # the head's query rows were not embedded while it was off
+            self.head_rows.schedule_all(self.registry.get(a) for a in list(self._ready))
+        if learning == self.learning and not (head_on and learning):
             return
         self.learning = enabled = learning
         for key, route in list(self.registry.learned().items()):
@@ -161,6 +186,7 @@ class CapabilityVectors:
 
     def _on_learned(self, key: str, route: LearnedRoute | None) -> None:
         self.index.remove_agent(LEARNED + key)
+        self.head_rows.forget(LEARNED + key)
         self._head_wake.set()
         self._learned_todo.pop(key, None)
         # Only a route that serves every caller (an operator's) becomes an example of its task: a
@@ -176,16 +202,20 @@ class CapabilityVectors:
             self._learned_wake.clear()
             while self._learned_todo:
                 batch = list(self._learned_todo.items())[:16]
+                phrases = [phrase for _, (_, phrase) in batch]
                 try:
-                    vectors = await self.embedder.embed([phrase for _, (_, phrase) in batch], "passage")
+                    vectors = await self.embedder.embed(phrases, "passage")
+                    asked = await self.head_rows.embed(phrases) if self.policy.head else None
                 except EmbeddingError as exc:
                     self._failed(exc)
                     break  # the retry tick wakes this loop again
                 self._recovered()
-                for (key, wanted), vector in zip(batch, vectors, strict=True):
+                for i, ((key, wanted), vector) in enumerate(zip(batch, vectors, strict=True)):
                     if self._learned_todo.get(key) == wanted:  # not replaced or forgotten meanwhile
                         del self._learned_todo[key]
                         self.index.add(LEARNED + key, wanted[0], [wanted[1]], vector[None, :])
+                        if asked is not None:
+                            self.head_rows.add(LEARNED + key, wanted[0], [wanted[1]], asked[i][None, :])
                 self._head_wake.set()
 
     def state(self, agent_id: str) -> VectorState | None:
@@ -283,36 +313,18 @@ class CapabilityVectors:
             known = [t for t in texts if t not in todo]
             if known:
                 groups.append((task, known, self._rows_for(task, known)))
-        refused = self._check_duplicates(entry, groups)
+        self.duplicates.pop(entry.id, None)
+        found = check_duplicates(self.policy, self.index, entry, groups, self._holder_of)
+        if found:
+            self.duplicates[entry.id] = found
+        refused = {d.task for d in found if d.refused}
         for task, texts, rows in groups:
             if task.removeprefix(LIMIT) not in refused:
                 self.index.add(entry.id, task, texts, rows)
         self._ready.add(entry.id)
         self._head_wake.set()
-
-    def _check_duplicates(self, entry: AgentEntry, groups: list[tuple[str, list[str], Vector]]) -> set[str]:
-        """Flag each capability of ``entry`` that nearly repeats another token's; the tasks the
-        policy refuses by meaning for it."""
-        import numpy as np
-
-        mode = self.policy.duplicates
-        self.duplicates.pop(entry.id, None)
-        if mode == "off" or entry.holder is None:
-            return set()
-        found: list[NearDuplicate] = []
-        for task in {t for t, _, _ in groups if not t.startswith(LIMIT)}:
-            rows = np.concatenate([r for t, _, r in groups if t == task])
-            hit = near_duplicate(
-                self.index, task, rows, entry.holder, self._holder_of, self.policy.duplicate_similarity
-            )
-            if hit is not None:
-                found.append(NearDuplicate(task, hit[0], hit[1], hit[2], refused=mode == "refuse"))
-        if found:
-            self.duplicates[entry.id] = found
-            log.warning(
-                "[semantic] %s: %s", entry.id, ", ".join(f"{d.task} nearly repeats {d.of}" for d in found)
-            )
-        return {d.task for d in found if d.refused}
+        if self.policy.head:
+            self.head_rows.schedule(entry)
 
     def _holder_of(self, agent_id: str) -> str | None:
         entry = self.registry.get(agent_id)
@@ -408,6 +420,7 @@ class CapabilityVectors:
             self._background.spawn(self.queue.run(self._job_done, self._job_failed), "queue")
             self._background.spawn(self._learn_loop(), "learned")
             self._background.spawn(self._head_loop(), "head")
+            self._background.spawn(self.head_rows.run(), "head-rows")
 
     async def _warm_up(self) -> None:
         # Load the model and embed the background texts before the first semantic request needs them.
@@ -417,26 +430,7 @@ class CapabilityVectors:
         except EmbeddingError as exc:
             self._failed(exc)
             return
-        self.describe()
-
-    def describe(self) -> None:
-        """One line on what routes by meaning: the model and its operating point, or why not."""
-        point = self.thresholds()
-        if point is None:
-            log.warning(
-                "semantic routing: embedder %s has no calibration, so routes by meaning are refused "
-                "until `reach calibrate` has measured it and its calibration is in the policy "
-                "(embedding.calibrations holds %s)",
-                self.embedder.model,
-                sorted(self.policy.calibrations) or "none",
-            )
-        else:
-            log.info(
-                "semantic routing: embedder %s, threshold %.4f, margin %.4f",
-                self.embedder.model,
-                point[0],
-                point[1],
-            )
+        describe(self.embedder.model, self.thresholds(), sorted(self.policy.calibrations))
 
     async def close(self) -> None:
         if self._background_job is not None and not self._background_job.done():
@@ -451,11 +445,53 @@ class CapabilityVectors:
             self._background_embedding()
         if self._learned_todo:
             self._learned_wake.set()
+        self.head_rows.retry()
         for agent_id, entry in list(self._pending.items()):
             del self._pending[agent_id]
             if self.registry.get(agent_id) is entry:
                 log.debug("retrying the capability vectors of %s", agent_id)
                 self.schedule(entry)
+
+
+def describe(model: str, point: tuple[float, float] | None, calibrated: list[str]) -> None:
+    """One line on what routes by meaning: the model and its operating point, or why not."""
+    if point is None:
+        log.warning(
+            "semantic routing: embedder %s has no calibration, so routes by meaning are refused "
+            "until `reach calibrate` has measured it and its calibration is in the policy "
+            "(embedding.calibrations holds %s)",
+            model,
+            calibrated or "none",
+        )
+    else:
+        log.info("semantic routing: embedder %s, threshold %.4f, margin %.4f", model, point[0], point[1])
+
+
+def check_duplicates(
+    policy: EmbeddingPolicy,
+    index: SemanticIndex,
+    entry: AgentEntry,
+    groups: list[tuple[str, list[str], Vector]],
+    holder_of: Callable[[str], str | None],
+) -> list[NearDuplicate]:
+    """Each capability of ``entry`` that nearly repeats another token's (logged); those with
+    ``refused`` set are the ones the policy refuses by meaning for it."""
+    import numpy as np
+
+    mode = policy.duplicates
+    if mode == "off" or entry.holder is None:
+        return []
+    found: list[NearDuplicate] = []
+    for task in {t for t, _, _ in groups if not t.startswith(LIMIT)}:
+        rows = np.concatenate([r for t, _, r in groups if t == task])
+        hit = near_duplicate(index, task, rows, entry.holder, holder_of, policy.duplicate_similarity)
+        if hit is not None:
+            found.append(NearDuplicate(task, hit[0], hit[1], hit[2], refused=mode == "refuse"))
+    if found:
+        log.warning(
+            "[semantic] %s: %s", entry.id, ", ".join(f"{d.task} nearly repeats {d.of}" for d in found)
+        )
+    return found
 
 
 def _train(rows: Mapping[str, Vector], generation: int, budget_s: float) -> Head | None:

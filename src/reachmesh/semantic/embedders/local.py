@@ -39,22 +39,24 @@ class _Lane:
         self.name = name
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"reach-embed-{name}")
         self.model: Any = None
-        self._cache: OrderedDict[str, Vectors] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, str], Vectors] = OrderedDict()
         self._lock = threading.Lock()  # calibrate and tools call embed_sync from their own thread
 
-    def embed(self, texts: list[str]) -> Vectors:
-        """Unit vectors of ``texts``; only those not seen lately reach the model, in one call."""
+    def embed(self, texts: list[str], kind: Kind | None = None) -> Vectors:
+        """Unit vectors of ``texts`` as ``kind`` (the lane's own by default); only those not
+        seen lately reach the model, in one call."""
+        kind = kind or ("query" if self.name == "query" else "passage")
         with self._lock:
-            missing = list(dict.fromkeys(t for t in texts if t not in self._cache))
+            missing = list(dict.fromkeys(t for t in texts if (kind, t) not in self._cache))
             if missing:
                 model = self.load()
-                raw = model.query(missing) if self.name == "query" else model.passage(missing)
+                raw = model.query(missing) if kind == "query" else model.passage(missing)
                 for text, row in zip(missing, normalise(raw), strict=True):
-                    self._cache[text] = row
+                    self._cache[(kind, text)] = row
             rows = []
             for text in texts:
-                self._cache.move_to_end(text)
-                rows.append(self._cache[text])
+                self._cache.move_to_end((kind, text))
+                rows.append(self._cache[(kind, text)])
             while len(self._cache) > self.CACHE_SIZE:
                 self._cache.popitem(last=False)
         return np.stack(rows) if rows else np.zeros((0, 384), dtype=np.float32)
@@ -99,6 +101,13 @@ class LocalEmbedder:
     async def embed(self, texts: list[str], kind: Kind) -> Vectors:
         lane = _LANES[kind].pool
         return await asyncio.get_running_loop().run_in_executor(lane, self.embed_sync, texts, kind)
+
+    async def embed_in_background(self, texts: list[str], kind: Kind) -> Vectors:
+        """``texts`` as ``kind`` on the passage lane: work no caller waits for (the few-shot
+        head's rows, examples embedded as queries) must not queue before a caller's question on
+        the query lane."""
+        lane = _LANES["passage"]
+        return await asyncio.get_running_loop().run_in_executor(lane.pool, lane.embed, texts, kind)
 
     async def close(self) -> None:
         return None  # the shared model and thread outlive any one Router
