@@ -150,8 +150,11 @@ def main() -> int:
         started.append(agent)
         config = workdir / "router.yaml"
         # No lag shedding and room for one client's 500 streams; a connect timeout that a
-        # loaded machine's 500 simultaneous connects stay within.
+        # loaded machine's 500 simultaneous connects stay within. No embedding model: the
+        # calls name their task exactly, and a Router embedding the new agent's profile in a
+        # thread beside the measured calls (the first second or so) measured the model.
         config.write_text(
+            "embedding:\n  backend: none\n"
             "streaming:\n  max_bytes: 1099511627776\n"
             "limits:\n  loop_lag_shedding: false\n  max_inflight_per_client: 1024\n"
             "timeouts:\n  connect_ms: 5000\n"
