@@ -198,6 +198,9 @@ class LeanAgentStream(asyncio.Protocol):
         project's errors (the head's bounds, a cut, the timeout)."""
         transport = self._transport
         transport.set_protocol(self)
+        if transport.is_closing():  # closed by the agent since the pool handed it over
+            self._lost = True
+            raise ConnectFailed("ServerDisconnected: the kept-alive connection closed before the request")
         transport.write(request + body if len(body) < 65536 else request)
         if len(body) >= 65536:
             transport.write(body)
