@@ -10,12 +10,12 @@ bytes arrive, so an agent can never make the Router hold more than one event's w
 - the whole stream at most ``max_total`` bytes.
 
 A broken bound, a stream that ends inside an event, or (for :class:`SseParser`) an event whose
-type or data is not UTF-8 raise :class:`SseError`; what that means for the request (a failover, or a stream ended with an error)
-is for the caller of the parser to say. Lines end with CRLF, LF or CR, as the SSE format allows;
-a CR at the end of one read waits for the next to see whether an LF follows. Comments (``:``),
-``id`` and ``retry`` are read and dropped: the Router has no use for them. The format itself
-(field names, one optional space after the colon, data lines joined with LF) is the WHATWG
-HTML standard's.
+type or data is not UTF-8 raise :class:`SseError`; what that means for the request (a failover,
+or a stream ended with an error) is for the caller of the parser to say. Lines end with CRLF,
+LF or CR, as the SSE format allows; a CR at the end of one read waits for the next to see
+whether an LF follows. Comments (``:``), ``id`` and ``retry`` are read and dropped: the Router
+has no use for them. The format itself (field names, one optional space after the colon, data
+lines joined with LF) is the WHATWG HTML standard's.
 """
 
 from __future__ import annotations
