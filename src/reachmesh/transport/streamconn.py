@@ -198,6 +198,7 @@ class LeanAgentStream(asyncio.Protocol):
         project's errors (the head's bounds, a cut, the timeout)."""
         transport = self._transport
         transport.set_protocol(self)
+        self._conn.exchanges += 1  # a TLS error on its next exchange is a broken connection, not a handshake
         if transport.is_closing():  # closed by the agent since the pool handed it over
             self._lost = True
             raise ConnectFailed("ServerDisconnected: the kept-alive connection closed before the request")
