@@ -104,12 +104,18 @@ async def measure(
         for name, url in (("direct", direct), ("router", routed)):
             for _ in range(20):  # warm the connections and the code paths
                 await one_stream(http_, url, envelope(1, 16))
+            cpu = sum(router.cpu_times()[:2])
             ttfc = [(await one_stream(http_, url, envelope(1, 16)))[0] * 1000 for _ in range(args.calls)]
+            if name == "router":
+                # The Router's CPU per streamed call: what the hop costs, however loaded the machine.
+                used = sum(router.cpu_times()[:2]) - cpu
+                out["router_cpu_us_per_stream"] = round(used / args.calls * 1e6)
             out[f"ttfc_{name}_p50_ms"] = round(statistics.median(ttfc), 3)
             out[f"ttfc_{name}_p90_ms"] = round(pct(ttfc, 0.9), 3)
         # The control: the same call through the Router without streaming (the agent's one
         # chunk gathered into a plain answer), so the machine's own noise is visible beside it.
         plain = []
+        cpu = sum(router.cpu_times()[:2])
         for _ in range(args.calls):
             started = time.perf_counter()
             async with http_.post(
@@ -118,6 +124,7 @@ async def measure(
                 await resp.read()
             plain.append((time.perf_counter() - started) * 1000)
         out["plain_router_p50_ms"] = round(statistics.median(plain), 3)
+        out["router_cpu_us_per_plain_call"] = round((sum(router.cpu_times()[:2]) - cpu) / args.calls * 1e6)
         started = time.perf_counter()
         results = await asyncio.gather(
             *(one_stream(http_, routed, envelope(100, 32)) for _ in range(args.concurrent))
