@@ -8,7 +8,7 @@ and the caller (aiohttp) in this one:
    through the Router without streaming (the whole answer), as a control for the machine;
 2. ``--concurrent`` streams of 100 chunks each at once: all complete, each in order;
 3. one stream of ``--mib`` MiB (64 KiB chunks) direct and through the Router: the time of each,
-   and the Router's RSS sampled during it (its rise over the start).
+   the Router's RSS sampled during it (its rise over the start) and its CPU time.
 
     .venv/bin/python bench/streaming.py [--calls 300] [--concurrent 500] [--mib 100]
 """
@@ -72,6 +72,7 @@ async def big_stream(
     """(seconds, bytes, peak RSS rise of the Router in bytes) for one large stream."""
     base = router.memory_info().rss if router else 0
     peak = base
+    cpu = sum(router.cpu_times()[:2]) if router else 0.0
     started = time.perf_counter()
     total = 0
     async with http_.post(url, data=body, headers=HEADERS) as resp:
@@ -79,7 +80,15 @@ async def big_stream(
             total += len(data)
             if router is not None:
                 peak = max(peak, router.memory_info().rss)
-    return time.perf_counter() - started, total, peak - base
+    seconds = time.perf_counter() - started
+    if router is not None:
+        BIG_CPU.append(sum(router.cpu_times()[:2]) - cpu)
+    return seconds, total, peak - base
+
+
+# The Router's CPU seconds (user and system) during the big stream: what the hop costs, apart
+# from how the machine's scheduler shares its cores between three processes.
+BIG_CPU: list[float] = []
 
 
 def pct(values: list[float], q: float) -> float:
@@ -95,12 +104,18 @@ async def measure(
         for name, url in (("direct", direct), ("router", routed)):
             for _ in range(20):  # warm the connections and the code paths
                 await one_stream(http_, url, envelope(1, 16))
+            cpu = sum(router.cpu_times()[:2])
             ttfc = [(await one_stream(http_, url, envelope(1, 16)))[0] * 1000 for _ in range(args.calls)]
+            if name == "router":
+                # The Router's CPU per streamed call: what the hop costs, however loaded the machine.
+                used = sum(router.cpu_times()[:2]) - cpu
+                out["router_cpu_us_per_stream"] = round(used / args.calls * 1e6)
             out[f"ttfc_{name}_p50_ms"] = round(statistics.median(ttfc), 3)
             out[f"ttfc_{name}_p90_ms"] = round(pct(ttfc, 0.9), 3)
         # The control: the same call through the Router without streaming (the agent's one
         # chunk gathered into a plain answer), so the machine's own noise is visible beside it.
         plain = []
+        cpu = sum(router.cpu_times()[:2])
         for _ in range(args.calls):
             started = time.perf_counter()
             async with http_.post(
@@ -109,6 +124,7 @@ async def measure(
                 await resp.read()
             plain.append((time.perf_counter() - started) * 1000)
         out["plain_router_p50_ms"] = round(statistics.median(plain), 3)
+        out["router_cpu_us_per_plain_call"] = round((sum(router.cpu_times()[:2]) - cpu) / args.calls * 1e6)
         started = time.perf_counter()
         results = await asyncio.gather(
             *(one_stream(http_, routed, envelope(100, 32)) for _ in range(args.concurrent))
@@ -124,6 +140,7 @@ async def measure(
             out[f"big_{name}_mib"] = round(total / (1 << 20), 1)
             if proc is not None:
                 out["big_router_rss_rise_mib"] = round(rise / (1 << 20), 1)
+                out["big_router_cpu_seconds"] = round(BIG_CPU[-1], 2)
         out["big_ratio"] = round(out["big_router_seconds"] / out["big_direct_seconds"], 2)
     out["ttfc_added_p50_ms"] = round(out["ttfc_router_p50_ms"] - out["ttfc_direct_p50_ms"], 3)
     return out
@@ -150,8 +167,11 @@ def main() -> int:
         started.append(agent)
         config = workdir / "router.yaml"
         # No lag shedding and room for one client's 500 streams; a connect timeout that a
-        # loaded machine's 500 simultaneous connects stay within.
+        # loaded machine's 500 simultaneous connects stay within. No embedding model: the
+        # calls name their task exactly, and a Router embedding the new agent's profile in a
+        # thread beside the measured calls (the first second or so) measured the model.
         config.write_text(
+            "embedding:\n  backend: none\n"
             "streaming:\n  max_bytes: 1099511627776\n"
             "limits:\n  loop_lag_shedding: false\n  max_inflight_per_client: 1024\n"
             "timeouts:\n  connect_ms: 5000\n"

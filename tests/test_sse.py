@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from reachmesh.sse import SseError, SseEvent, SseLimits, SseParser, encode_event
+from reachmesh.sse import RawEvent, RawSseParser, SseError, SseEvent, SseLimits, SseParser, encode_event
 
 STREAM = (
     b'event: chunk\ndata: "a"\n\nevent: chunk\ndata: {"b": 2}\n\nevent: done\ndata: {"status":"SUCCESS"}\n\n'
@@ -129,3 +129,38 @@ def test_random_garbage_never_raises_anything_but_sse_error() -> None:
             parser.eof()
         except SseError:
             pass
+
+
+RAW_EXPECTED = [RawEvent(e.event.encode(), e.data.encode()) for e in EXPECTED]
+
+
+@pytest.mark.parametrize("ending", [b"\r\n", b"\r", b"\n"])
+def test_the_raw_parser_reads_the_same_events_as_sent(ending: bytes) -> None:
+    """The relay's parser: the same events, their type and data the agent's bytes."""
+    data = (b"\xef\xbb\xbf: hello\nid: 7\n" + STREAM).replace(b"\n", ending)
+    rng = random.Random(14)
+    for sizes in ([len(data)], [1] * len(data), *([rng.randint(0, 9) for _ in range(40)] for _ in range(50))):
+        parser = RawSseParser()
+        out: list[RawEvent] = []
+        at = 0
+        for size in sizes:
+            out.extend(parser.feed(data[at : at + size]))
+            at += size
+        out.extend(parser.feed(data[at:]))
+        parser.eof()
+        assert out == RAW_EXPECTED
+
+
+def test_the_raw_parser_leaves_the_data_undecoded_within_its_bounds() -> None:
+    """Bytes that are not UTF-8 pass (the relay's JSON check refuses them); the bounds hold."""
+    assert RawSseParser().feed(b"data: \xff\xfe\ndata: 1\n\n") == [RawEvent(b"message", b"\xff\xfe\n1")]
+    parser = RawSseParser(SseLimits(max_line=64, max_event=20, max_total=1 << 20))
+    with pytest.raises(SseError, match="line is over 64"):
+        parser.feed(b"data: " + b"x" * 70)
+    parser = RawSseParser(SseLimits(max_line=64, max_event=20, max_total=1 << 20))
+    with pytest.raises(SseError, match="event is over 20"):
+        parser.feed(b"data: 0123456789\ndata: 0123456789\n")
+    parser = RawSseParser(SseLimits(max_line=64, max_event=64, max_total=30))
+    parser.feed(b"event: chunk\ndata: 1\n\n")
+    with pytest.raises(SseError, match="over its 30-byte limit"):
+        parser.feed(b"event: chunk\ndata: 1\n\n")

@@ -1,20 +1,21 @@
 """Reading a server-sent event stream from bytes: no sockets, no clock, every bound testable alone.
 
-:class:`SseParser` is fed the body of a ``text/event-stream`` answer as it arrives and hands back
-the whole events found so far. It enforces every bound on what a streaming agent sends, as the
+:class:`RawSseParser` is fed the body of a ``text/event-stream`` answer as it arrives and hands
+back the whole events found so far, their data as sent; :class:`SseParser` is the same reader
+with each event decoded. It enforces every bound on what a streaming agent sends, as the
 bytes arrive, so an agent can never make the Router hold more than one event's worth of text:
 
 - one line (a field, or a line still without its end) at most ``max_line`` bytes;
 - one event (its data lines together) at most ``max_event`` bytes;
 - the whole stream at most ``max_total`` bytes.
 
-A broken bound, bytes that are not UTF-8, or a stream that ends inside an event raise
-:class:`SseError`; what that means for the request (a failover, or a stream ended with an error)
-is for the caller of the parser to say. Lines end with CRLF, LF or CR, as the SSE format allows;
-a CR at the end of one read waits for the next to see whether an LF follows. Comments (``:``),
-``id`` and ``retry`` are read and dropped: the Router has no use for them. The format itself
-(field names, one optional space after the colon, data lines joined with LF) is the WHATWG
-HTML standard's.
+A broken bound, a stream that ends inside an event, or (for :class:`SseParser`) an event whose
+type or data is not UTF-8 raise :class:`SseError`; what that means for the request (a failover,
+or a stream ended with an error) is for the caller of the parser to say. Lines end with CRLF,
+LF or CR, as the SSE format allows; a CR at the end of one read waits for the next to see
+whether an LF follows. Comments (``:``), ``id`` and ``retry`` are read and dropped: the Router
+has no use for them. The format itself (field names, one optional space after the colon, data
+lines joined with LF) is the WHATWG HTML standard's.
 """
 
 from __future__ import annotations
@@ -44,21 +45,36 @@ class SseEvent(NamedTuple):
     data: str
 
 
-class SseParser:
-    """The events of one stream, fed its bytes in reads of any size."""
+class RawEvent(NamedTuple):
+    """One whole event as sent: its type (``b"message"`` when it named none) and its data lines
+    joined with LF, not decoded."""
+
+    event: bytes
+    data: bytes
+
+
+_BOM = b"\xef\xbb\xbf"
+
+
+class RawSseParser:
+    """The events of one stream, fed its bytes in reads of any size, not decoded: the Router's
+    relay reads events by the megabyte and passes each chunk's data on as the agent wrote it
+    (its JSON check is a UTF-8 check too). A field is sliced out of the read its line ended in,
+    once; a field nobody reads (a comment, ``id``, ``retry``) is skipped unread: only the bounds
+    see it."""
 
     def __init__(self, limits: SseLimits = DEFAULT_LIMITS) -> None:
         self._max_line, self._max_event, self._max_total = limits
-        self.total = 0  # bytes fed so far
-        self._partial = bytearray()  # the line still open at the end of the last read
-        self._cr = False  # the last read ended with a CR: an LF at the start of the next is its pair
-        self._first = True  # a BOM is allowed before the first line only
-        self._event = ""
-        self._data: list[str] = []
+        self.total = 0
+        self._partial = bytearray()
+        self._cr = False
+        self._first = True
+        self._event = b""
+        self._data: list[bytes] = []
         self._data_bytes = 0
-        self._open = False  # a field of an event not dispatched yet has been read
+        self._open = False
 
-    def feed(self, data: bytes) -> list[SseEvent]:
+    def feed(self, data: bytes) -> list[RawEvent]:
         """The events completed by ``data``; raises SseError at the first broken bound."""
         self.total += len(data)
         if self.total > self._max_total:
@@ -68,28 +84,23 @@ class SseParser:
         if self._cr and data[:1] == b"\n":
             data = data[1:]
         self._cr = False
-        events: list[SseEvent] = []
-        start = 0
-        while start < len(data):
+        events: list[RawEvent] = []
+        start, size = 0, len(data)
+        while start < size:
             cut = _line_end(data, start)
             if cut < 0:
                 self._hold(data[start:])
                 break
-            line = data[start:cut]
             if self._partial:
-                line = bytes(self._partial) + line
+                line = bytes(self._partial) + data[start:cut]
                 self._partial.clear()
+                event = self._line(line, 0, len(line))
+            else:
+                event = self._line(data, start, cut)
             start = self._after_line_end(data, cut)
-            event = self._line(line)
             if event is not None:
                 events.append(event)
         return events
-
-    def _hold(self, tail: bytes) -> None:
-        """Keep the line still open at the end of a read, within the line bound."""
-        self._partial += tail
-        if len(self._partial) > self._max_line:
-            raise SseError(f"an event stream line is over {self._max_line} bytes")
 
     def _after_line_end(self, data: bytes, cut: int) -> int:
         """Where the next line starts: a CR's LF belongs to it, even when it comes in the next read."""
@@ -100,46 +111,76 @@ class SseParser:
                 return cut + 2
         return cut + 1
 
+    def _hold(self, tail: bytes) -> None:
+        """Keep the line still open at the end of a read, within the line bound."""
+        self._partial += tail
+        if len(self._partial) > self._max_line:
+            raise SseError(f"an event stream line is over {self._max_line} bytes")
+
     def eof(self) -> None:
         """The stream ended; raises SseError if it ended inside an event or a line."""
         if self._partial or self._open:
             raise SseError("the event stream ended inside an event")
 
-    def _line(self, raw: bytes) -> SseEvent | None:
-        if len(raw) > self._max_line:
+    def _line(self, buf: bytes, start: int, end: int) -> RawEvent | None:
+        """The line ``buf[start:end]`` (without its end), read in place."""
+        if end - start > self._max_line:
             raise SseError(f"an event stream line is over {self._max_line} bytes")
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise SseError(f"the event stream is not UTF-8 ({exc.reason})") from exc
         if self._first:
             self._first = False
-            line = line.removeprefix("\ufeff")
-        if not line:
+            if buf.startswith(_BOM, start, end):
+                start += 3
+        if start == end:
             return self._dispatch()
-        if line[0] == ":":
-            return None  # a comment: agents send them to keep a quiet stream alive
-        name, colon, value = line.partition(":")
-        if colon and value[:1] == " ":
-            value = value[1:]
-        if name == "data":
-            self._data_bytes += len(raw) - len(name) + 1  # the value and the LF that joins it
+        if buf[start] == 58:  # ":", a comment
+            return None
+        colon = buf.find(b":", start, end)
+        name_end = end if colon < 0 else colon
+        value = name_end + 1 if colon >= 0 else end
+        if value < end and buf[value] == 32:
+            value += 1
+        name_size = name_end - start
+        if name_size == 4 and buf.startswith(b"data", start):
+            self._data_bytes += end - name_end + 1  # as SseParser counts it
             if self._data_bytes > self._max_event:
                 raise SseError(f"an event is over {self._max_event} bytes")
-            self._data.append(value)
+            self._data.append(buf[value:end])
             self._open = True
-        elif name == "event":
-            self._event = value
+        elif name_size == 5 and buf.startswith(b"event", start):
+            self._event = buf[value:end]
             self._open = True
-        # id, retry and unknown fields are ignored, as the format says
         return None
 
-    def _dispatch(self) -> SseEvent | None:
-        data, event = self._data, self._event or "message"
-        self._data, self._event, self._data_bytes, self._open = [], "", 0, False
+    def _dispatch(self) -> RawEvent | None:
+        data, event = self._data, self._event or b"message"
+        self._data, self._event, self._data_bytes, self._open = [], b"", 0, False
         if not data:
-            return None  # an event without data is not dispatched
-        return SseEvent(event, "\n".join(data))
+            return None
+        return RawEvent(event, data[0] if len(data) == 1 else b"\n".join(data))
+
+
+class SseParser:
+    """The events of one stream, fed its bytes in reads of any size, decoded: a
+    :class:`RawSseParser` whose events' type and data must be UTF-8."""
+
+    def __init__(self, limits: SseLimits = DEFAULT_LIMITS) -> None:
+        self._raw = RawSseParser(limits)
+
+    @property
+    def total(self) -> int:
+        """Bytes fed so far."""
+        return self._raw.total
+
+    def feed(self, data: bytes) -> list[SseEvent]:
+        """The events completed by ``data``; raises SseError at the first broken bound."""
+        try:
+            return [SseEvent(event.decode(), body.decode()) for event, body in self._raw.feed(data)]
+        except UnicodeDecodeError as exc:
+            raise SseError(f"the event stream is not UTF-8 ({exc.reason})") from exc
+
+    def eof(self) -> None:
+        """The stream ended; raises SseError if it ended inside an event or a line."""
+        self._raw.eof()
 
 
 def _line_end(data: bytes, start: int) -> int:
@@ -154,4 +195,13 @@ def encode_event(event: str, data: bytes) -> bytes:
     return b"event: " + event.encode() + b"\ndata: " + data + b"\n\n"
 
 
-__all__ = ["DEFAULT_LIMITS", "SseError", "SseEvent", "SseLimits", "SseParser", "encode_event"]
+__all__ = [
+    "DEFAULT_LIMITS",
+    "RawEvent",
+    "RawSseParser",
+    "SseError",
+    "SseEvent",
+    "SseLimits",
+    "SseParser",
+    "encode_event",
+]

@@ -17,10 +17,12 @@ import orjson
 import pytest
 
 from reachmesh.config import RouterConfig
+from reachmesh.ports import free_port
 from reachmesh.resilience.breaker import BreakerState
 from reachmesh.sse import SseEvent, SseParser
 from reachmesh.testing import FakeAgent, RouterServer
 from tests.helpers import scaled, until
+from tests.server.test_response_writes import Answers
 from tests.streaming_agents import Conn, StreamAgent
 
 STREAM_HEADERS = {"Accept": "text/event-stream"}
@@ -540,3 +542,125 @@ async def test_the_trace_keeps_the_first_chunk_times_and_the_last_for_the_waterf
     assert kept["marksMs"] == sorted(kept["marksMs"])
     assert kept["firstChunkMs"] == kept["marksMs"][0] <= kept["marksMs"][-1] <= kept["lastChunkMs"]
     assert kept["lastChunkMs"] <= hop["durationMs"]
+
+
+CHUNKED_SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+DONE_EVENT = b'event: done\ndata: {"status":"SUCCESS"}\n\n'
+
+
+class KeepAliveAgent:
+    """A raw agent that keeps its connections alive: a streamed answer (chunked events) to a
+    request that asks for one, a plain JSON answer to any other; it counts connections and
+    keeps each request's head."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.connections = 0
+        self.heads: list[bytes] = []
+        self._server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> KeepAliveAgent:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                await reader.readexactly(length)
+                self.heads.append(head)
+                if b"accept: text/event-stream" not in head.lower():
+                    body = orjson.dumps({"status": "SUCCESS", "result": "plain"})
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+                    continue
+                writer.write(CHUNKED_SSE_HEAD)
+                for event in (b'event: chunk\ndata: "one"\n\n', DONE_EVENT):
+                    writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+                writer.write(b"0\r\n\r\n")
+                await writer.drain()
+        writer.close()
+
+
+async def test_a_streams_connection_to_the_agent_serves_the_next_call(router_with) -> None:
+    """A stream runs on the pool's own connections: read to its end, its connection carries the
+    next call, plain or streamed (streams ran on a second client, with connections of its own);
+    the agent is asked for the stream with one Accept header."""
+    router = await router_with()
+    async with KeepAliveAgent() as agent, httpx.AsyncClient(timeout=scaled(10)) as http:
+        profile = {
+            "id": "keeper",
+            "network": {"endpoint": f"http://127.0.0.1:{agent.port}/reach"},
+            "capabilities": [{"task": "talk"}],
+        }
+        assert (await http.post(f"{router.url}/agents", json=profile)).status_code == 201
+        async with streamed(router, envelope()) as stream:
+            assert chunks_of(await stream.rest()) == ["one"]
+        plain = (await http.post(f"{router.url}/reach", json=envelope())).json()
+        assert plain["status"] == "SUCCESS" and plain["result"] == "plain"
+        async with streamed(router, envelope()) as stream:
+            assert chunks_of(await stream.rest()) == ["one"]
+    assert len(agent.heads) == 3
+    assert agent.connections == 1
+    accepts = [line for line in agent.heads[0].lower().split(b"\r\n") if line.startswith(b"accept:")]
+    assert accepts == [b"accept: text/event-stream"]
+
+
+async def test_a_streamed_answer_ends_its_response_and_the_callers_connection_goes_on(
+    router_with, agents
+) -> None:
+    """The relay writes the caller's response itself (not through ASGI send): it still ends the
+    response so that the caller's next call on the same connection is served, and closes the
+    connection after a stream when the caller asked for that."""
+    router = await router_with()
+
+    async def script(conn: Conn) -> None:
+        if conn.header("Accept") != "text/event-stream":
+            await conn.json({"status": "SUCCESS", "result": "plain"})
+            return
+        await conn.sse_head()
+        await conn.chunk("a")
+        await conn.chunk("b")
+        await conn.done()
+
+    await agents("talker", script, router)
+    port = int(router.url.rsplit(":", 1)[1])
+    body = orjson.dumps(envelope())
+
+    def call(extra: bytes) -> bytes:
+        return (
+            b"POST /reach HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n%s"
+            b"Content-Length: %d\r\n\r\n%s" % (extra, len(body), body)
+        )
+
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    answers = Answers()
+    try:
+        for extra, count in ((b"Accept: text/event-stream\r\n", 1), (b"", 2)):
+            writer.write(call(extra))
+            async with asyncio.timeout(scaled(10)):
+                while len(answers.done) < count:
+                    data = await reader.read(65536)
+                    assert data, "the Router closed the connection"
+                    answers.parser.feed_data(data)
+        writer.write(call(b"Accept: text/event-stream\r\nConnection: close\r\n"))
+        async with asyncio.timeout(scaled(10)):
+            while data := await reader.read(65536):
+                answers.parser.feed_data(data)
+    finally:
+        writer.close()
+    (s1, h1, b1), (s2, _, b2), (s3, h3, b3) = answers.done
+    assert s1 == s2 == s3 == 200
+    events = SseParser().feed(b1)
+    assert [e.event for e in events] == ["chunk", "chunk", "done"]
+    assert chunks_of(events) == ["a", "b"]
+    assert (b"content-type", b"text/event-stream; charset=utf-8") in h1
+    assert orjson.loads(b2)["result"] == "plain"
+    assert (b"connection", b"close") in h3 and [e.event for e in SseParser().feed(b3)][-1] == "done"

@@ -344,3 +344,39 @@ def test_an_agents_tls_settings_are_checked(
     }
     with pytest.raises(ConfigError, match=message):
         AgentConfig.from_mapping(data, env={})
+
+
+async def test_a_streamed_answer_over_https_both_ways(pki: Pki, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stream runs its own protocol on a pooled connection: over TLS too, chunk by chunk, and
+    the connection serves the next call once the stream is read to its end."""
+    monkeypatch.setenv("REACH_CA_FILE", pki.ca_file)
+    async with https_router(pki) as router:
+        config = AgentConfig.from_mapping(
+            {
+                "agent": {
+                    "id": "sdk-streamer",
+                    "network": {"endpoint": f"https://127.0.0.1:{free_port()}/reach"},
+                    "capabilities": [{"task": "talk"}],
+                },
+                "router": {"url": router.url},
+                "server": {"tls_cert_file": pki.cert_file, "tls_key_file": pki.key_file},
+            },
+            env={},
+        )
+        agent = ReachAgent(config)
+
+        @agent.capability("talk")
+        async def talk(payload: dict[str, Any]) -> Any:
+            for n in range(int(payload["n"])):
+                yield {"n": n, "text": "x" * 70_000}
+
+        await agent.start()
+        try:
+            async with ReachClient(router.url) as client:
+                for _ in range(2):
+                    async with client.stream("talk", {"n": 5}) as stream:
+                        chunks = [chunk async for chunk in stream]
+                    assert [c["n"] for c in chunks] == list(range(5))
+                    assert stream.response.status == "SUCCESS"
+        finally:
+            await agent.stop()

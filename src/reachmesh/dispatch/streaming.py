@@ -43,8 +43,9 @@ class StreamSink(Protocol):
 
     opened: bool  # a chunk (and so the stream's head) has been sent
 
-    async def chunk(self, data: bytes) -> None:
-        """Send one chunk (one line of JSON); returns once the caller's side took it."""
+    async def send_chunks(self, data: list[bytes]) -> None:
+        """Send chunks (each one line of JSON) in order; returns once the caller's side took
+        them (at once, unless the caller is behind)."""
         ...
 
 
@@ -102,12 +103,21 @@ async def relay(
         if stream.plain:
             assert isinstance(piece, Final)
             # A plain answer to a streaming caller: its result as the one chunk (§14 mixed ends).
-            await _emit(Chunk(jsoncodec.dumps(piece.result)), sink, record, clock)
+            await _emit([jsoncodec.dumps(piece.result)], sink, record, clock)
             stats.ended = "plain"
             return None, None
         while isinstance(piece, Chunk):
-            await _emit(piece, sink, record, clock)
-            piece = await stream.next()
+            # The chunks already read (while the last write waited for a caller that is behind)
+            # go out with this one, in one write.
+            batch = [piece.raw]
+            after: Piece | None = None
+            for more in stream.ready():
+                if isinstance(more, Chunk):
+                    batch.append(more.raw)
+                else:
+                    after = more
+            await _emit(batch, sink, record, clock)
+            piece = after if after is not None else await stream.next()
         stats.ended = "done"
         return (piece.result if piece.has_result else None), None
     except AttemptError as exc:
@@ -145,15 +155,17 @@ def _ending(exc: AttemptError, agent_id: str, run: AttemptRun) -> ReachError:
     return stream_broken(f"agent {agent_id}'s stream broke: {exc.message}")
 
 
-async def _emit(chunk: Chunk, sink: StreamSink, record: DecisionRecord, clock: Clock) -> None:
-    await sink.chunk(chunk.raw)
+async def _emit(chunks: list[bytes], sink: StreamSink, record: DecisionRecord, clock: Clock) -> None:
+    await sink.send_chunks(chunks)
     stats = record.stream
     assert stats is not None
     run_ms = round((clock.monotonic() - record.started) * 1000, 2)
     if stats.first_chunk_ms is None:
         stats.first_chunk_ms = run_ms
     stats.last_chunk_ms = run_ms
-    stats.chunks += 1
-    stats.bytes += len(chunk.raw)
-    if len(stats.marks_ms) < MAX_CHUNK_MARKS:
-        stats.marks_ms.append(run_ms)
+    stats.chunks += len(chunks)
+    stats.bytes += sum(map(len, chunks))
+    # One mark per chunk, as the waterfall draws them; chunks sent in one write share its time.
+    room = MAX_CHUNK_MARKS - len(stats.marks_ms)
+    if room > 0:
+        stats.marks_ms.extend([run_ms] * min(room, len(chunks)))

@@ -252,7 +252,7 @@ async def run_message(
 class ArtifactSink:
     """A streamed answer's chunks as A2A artifact updates, each as it comes: one artifact, its
     parts appended chunk by chunk (``append`` from the second on). The dispatcher's relay waits
-    on :meth:`chunk`, so a2a-sdk's queue paces the read from the agent."""
+    on :meth:`send_chunks`, so a2a-sdk's queue paces the read from the agent."""
 
     def __init__(self, queue: EventQueue, task_id: str, context_id: str) -> None:
         self.opened = False
@@ -270,6 +270,11 @@ class ArtifactSink:
         )
         self.chunks += 1
         await self._queue.enqueue_event(update)
+
+    async def send_chunks(self, data: list[bytes]) -> None:
+        # One artifact update per chunk, even for chunks the relay read together.
+        for value in data:
+            await self.chunk(value)
 
 
 async def stream_message(

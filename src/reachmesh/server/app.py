@@ -149,7 +149,7 @@ class RouterApp:
             owner = caller if auth_on else None
             if wants_stream(headers.get(b"accept")):
                 who = {"trace_header": trace_hint, "parent": parent, "owner": owner, "caller": caller}
-                await self._stream(send, receive, body, {**who, "client": peer, "grants": grants})
+                await self._stream(send, receive, body, {**who, "client": peer, "grants": grants}, scope)
                 return
             try:
                 status, payload = await parts.dispatcher.handle(
@@ -183,6 +183,7 @@ class RouterApp:
         receive: Receive,
         body: bytes,
         who: dict[str, Any],
+        scope: Scope,
     ) -> None:
         """A caller that asked for ``text/event-stream`` (protocol §14)."""
         dispatcher = self.parts.dispatcher
@@ -197,7 +198,7 @@ class RouterApp:
                 InternalError(), trace_id=who["trace_header"] or (parent[0] if parent else None)
             )
 
-        await serve_stream(send, receive, run, internal_error)
+        await serve_stream(send, receive, run, internal_error, scope)
 
     def admit(self, action: Action, scope: Scope) -> Denial | None:
         """The gates before any body is read: a page on another site (:mod:`.origin`), then

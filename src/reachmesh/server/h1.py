@@ -109,6 +109,75 @@ def whole_answer(
     return True
 
 
+class RawStream:
+    """A streamed (chunked) response written straight to the connection, for the SSE relay.
+
+    Through uvicorn's ``send``, each body is joined with its chunk framing and then, by the
+    one-write wrapper, with the next one: two copies of every chunk and a loop callback per
+    write. Here each write is one ``writelines`` of the pieces given (no copy in Python), the
+    head goes out with the first write, and a write waits, as ``send`` does, while the caller's
+    side is backed up. The cycle is started and ended as uvicorn's ``send`` would.
+    """
+
+    __slots__ = ("_cycle", "_head", "_one_write")
+
+    def __init__(self, one_write: _OneWrite, cycle: RequestResponseCycle) -> None:
+        self._one_write = one_write
+        self._cycle = cycle
+        self._head = b""
+
+    def start(self, status: int, head: bytes) -> bool:
+        """Begin the response (``head``: its header lines, each ending in CR LF); False, with
+        nothing done, when uvicorn's own ``send`` must do it (see :func:`whole_answer`)."""
+        cycle = self._cycle
+        if cycle.response_started or cycle.access_log or cycle.disconnected:
+            return False
+        cycle.response_started = True
+        cycle.waiting_for_100_continue = False
+        cycle.chunked_encoding = True
+        default = cycle.default_headers
+        lines = b"".join([b"%s: %s\r\n" % pair for pair in default]) if default else b""
+        close = b"" if cycle.keep_alive else b"connection: close\r\n"
+        self._head = b"%s%s%stransfer-encoding: chunked\r\n%s\r\n" % (STATUS_LINE[status], lines, head, close)
+        return True
+
+    async def write(self, pieces: list[bytes]) -> None:
+        """Write one chunk of the body made of ``pieces``; waits while the caller is behind."""
+        cycle = self._cycle
+        if cycle.disconnected:
+            return  # as uvicorn's send: nobody is left to read it
+        size = sum(map(len, pieces))
+        self._send([self._head, b"%x\r\n" % size, *pieces, b"\r\n"])
+        if cycle.flow.write_paused and not cycle.disconnected:
+            await cycle.flow.drain()
+
+    def end(self, pieces: list[bytes]) -> None:
+        """Write the last chunk of the body made of ``pieces``, and end the response."""
+        cycle = self._cycle
+        if cycle.disconnected or cycle.response_complete:
+            return
+        size = sum(map(len, pieces))
+        self._send([self._head, b"%x\r\n" % size, *pieces, b"\r\n0\r\n\r\n"])
+        cycle.response_complete = True
+        cycle.message_event.set()
+        if not cycle.keep_alive:
+            self._one_write.close()
+        cycle.on_response()
+
+    def _send(self, pieces: list[bytes]) -> None:
+        self._head = b""
+        self._one_write.flush()  # anything held leaves first
+        self._one_write.writelines(pieces)
+
+
+def raw_stream(scope: Any) -> RawStream | None:
+    """The :class:`RawStream` of a request this protocol serves, None for any other server."""
+    whole = scope.get(WHOLE_ANSWER)
+    if isinstance(whole, partial) and whole.func is whole_answer:
+        return RawStream(*whole.args)
+    return None
+
+
 class _LeanEvent(asyncio.Event):
     """An ``asyncio.Event`` whose waiters are a list. uvicorn makes two per connection (its
     write flow control's, and each request's body signal), each with a deque of 624 bytes,

@@ -1,7 +1,7 @@
 """The caller's side of a streamed answer (protocol §14): an event stream over raw ASGI.
 
 :class:`EventSink` opens the ``text/event-stream`` response at the first chunk and writes each
-chunk as one ``chunk`` event; ``send`` waits while the caller's connection is backed up, which is
+chunk as one ``chunk`` event; a write waits while the caller's connection is backed up, which is
 what slows the Router's read from the agent. :func:`serve_stream` runs the request beside a
 watch on the caller's connection: when the caller goes away, the request is cancelled, which
 closes the connection to the agent at once.
@@ -14,7 +14,8 @@ from collections.abc import Awaitable, Callable
 
 from reachmesh.dispatch.results import Reply
 from reachmesh.lifecycle import unless_first
-from reachmesh.server.asgi import Receive, Send, send_json
+from reachmesh.server.asgi import Receive, Scope, Send, send_json
+from reachmesh.server.h1 import RawStream, raw_stream
 from reachmesh.sse import encode_event
 
 EVENT_STREAM = b"text/event-stream"
@@ -31,26 +32,46 @@ def wants_stream(accept: bytes | None) -> bool:
     return accept is not None and EVENT_STREAM in accept.lower()
 
 
-class EventSink:
-    """Chunks and the final ReachResponse as server-sent events on one ASGI response."""
+_RAW_HEAD = b"".join([b"%s: %s\r\n" % pair for pair in _HEAD])
+_CHUNK = b"event: chunk\ndata: "
+_DONE = b"event: done\ndata: "
+_END = b"\n\n"
 
-    def __init__(self, send: Send) -> None:
+
+class EventSink:
+    """Chunks and the final ReachResponse as server-sent events on one response: written
+    straight to the connection when the Router's own protocol serves it (:class:`.h1.RawStream`,
+    every chunk read so far in one write), else through ASGI ``send``."""
+
+    def __init__(self, send: Send, raw: RawStream | None = None) -> None:
         self._send = send
+        self._raw = raw
         self.opened = False
 
     async def _open(self) -> None:
         self.opened = True
+        if self._raw is not None and self._raw.start(200, _RAW_HEAD):
+            return
+        self._raw = None
         await self._send({"type": "http.response.start", "status": 200, "headers": _HEAD})
 
-    async def chunk(self, data: bytes) -> None:
+    async def send_chunks(self, data: list[bytes]) -> None:
         if not self.opened:
             await self._open()
-        event = encode_event("chunk", data)
-        await self._send({"type": "http.response.body", "body": event, "more_body": True})
+        pieces: list[bytes] = []
+        for value in data:
+            pieces += (_CHUNK, value, _END)
+        if self._raw is not None:
+            await self._raw.write(pieces)
+            return
+        await self._send({"type": "http.response.body", "body": b"".join(pieces), "more_body": True})
 
     async def done(self, body: bytes) -> None:
         if not self.opened:
             await self._open()
+        if self._raw is not None:
+            self._raw.end([_DONE, body, _END])
+            return
         event = encode_event("done", body)
         await self._send({"type": "http.response.body", "body": event, "more_body": False})
 
@@ -64,7 +85,11 @@ async def _caller_gone(receive: Receive) -> None:
 
 
 async def serve_stream(
-    send: Send, receive: Receive, run: Callable[[EventSink], Awaitable[Reply]], on_error: Callable[[], Reply]
+    send: Send,
+    receive: Receive,
+    run: Callable[[EventSink], Awaitable[Reply]],
+    on_error: Callable[[], Reply],
+    scope: Scope | None = None,
 ) -> None:
     """Serve one streamed request: ``run`` relays its chunks to the sink and returns its ending.
 
@@ -73,7 +98,7 @@ async def serve_stream(
     status, exactly as for a caller that asked for no stream. ``on_error`` is the answer for a
     bug in ``run`` (an internal error, still one ReachResponse).
     """
-    sink = EventSink(send)
+    sink = EventSink(send, raw_stream(scope) if scope is not None else None)
     work = asyncio.ensure_future(run(sink))
     # The caller going away (or this task cancelled) stops the request: nobody is left to answer.
     await unless_first(work, asyncio.ensure_future(_caller_gone(receive)))

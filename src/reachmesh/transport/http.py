@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
-from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -43,16 +42,16 @@ from reachmesh.transport.answer import (
     HeadTooLarge,
 )
 from reachmesh.transport.base import DEFAULT_RESPONSE_LIMIT, AttemptLimits, busy, classify_answer
+from reachmesh.transport.streamconn import LeanAgentStream
 from reachmesh.transport.streaming import (
     EVENT_STREAM,
     AgentStream,
-    HttpAgentStream,
     PlainStream,
     StreamBounds,
+    a2a_piece,
     gather,
     looks_like_events,
-    piece_of,
-    read_plain,
+    raw_piece,
 )
 from reachmesh.transport.urlguard import UrlGuard
 from reachmesh.version import __version__
@@ -135,25 +134,25 @@ def unsendable(exc: lean.BadHeader) -> ReachError:
     return InternalError(f"{exc}; the request was not sent")
 
 
+_POOL_ERRORS = (lean.PoolTimeout, lean.ConnectTimeout, lean.BadUrl, lean.BadHeader)
+
+
 def stream_failure(exc: Exception, limits: AttemptLimits) -> Exception:
     """The project's error for a failure to open an event stream (up to its head); ``exc``
     itself when it is none of the failures a connection can have."""
-    mapped: Exception = exc
-    if isinstance(exc, aiohttp.ServerTimeoutError | aiohttp.ConnectionTimeoutError):
-        mapped = ConnectFailed(f"connect timeout after {limits.connect_s * 1000:.0f} ms")
-    elif isinstance(exc, TimeoutError):
+    if isinstance(exc, lean.PoolTimeout | lean.ConnectTimeout | lean.BadUrl):
+        return _pool_error(exc, limits)
+    if isinstance(exc, lean.BadHeader):
+        return unsendable(exc)
+    if isinstance(exc, ssl.SSLError):
+        # Before the generic branches: a certificate error is an OSError and a ValueError too.
+        return ConnectFailed(tls_failure(exc))
+    if isinstance(exc, TimeoutError):
         waited = min(limits.connect_s + limits.read_s, limits.total_s) * 1000
-        mapped = AttemptTimeout(f"no answer head within {waited:.0f} ms")
-    elif isinstance(exc, aiohttp.ClientSSLError | ssl.SSLError):
-        mapped = ConnectFailed(tls_failure(exc))
-    elif isinstance(exc, aiohttp.ClientConnectorError):
-        refused = isinstance(exc.os_error, ConnectionRefusedError)
-        mapped = ConnectFailed(f"{type(exc).__name__}: {exc}", refused=refused)
-    elif isinstance(exc, aiohttp.ClientResponseError):
-        mapped = BadAgentResponse(f"answer head refused: {exc.message}")
-    elif isinstance(exc, aiohttp.ClientError | OSError | ValueError):
-        mapped = ConnectFailed(f"{type(exc).__name__}: {exc}")
-    return mapped
+        return AttemptTimeout(f"no answer head within {waited:.0f} ms")
+    if isinstance(exc, OSError):
+        return ConnectFailed(f"{type(exc).__name__}: {exc}", refused=isinstance(exc, ConnectionRefusedError))
+    return exc
 
 
 class _GuardedResolver(AbstractResolver):
@@ -214,8 +213,7 @@ class HttpTransport:
             # One TLS context for every call on the session: agents, probes, holds, replyTo.
             connector = aiohttp.TCPConnector(
                 limit=self._pool_size,
-                # Streams run here: the per-agent cap bounds the idle connections they leave too
-                # (a running stream holds a room of the lean pool besides, see stream()).
+                # The probes, holds checks and deliveries: the per-agent cap bounds them too.
                 limit_per_host=self._per_agent,
                 ttl_dns_cache=60,
                 resolver=_GuardedResolver(self._guard),
@@ -272,13 +270,11 @@ class HttpTransport:
     ) -> AgentStream:
         """POST ``body`` asking for an event stream; the answer once its head is in.
 
-        On the aiohttp session, not the lean pool's connections: a stream holds its connection
-        for as long as the agent talks and is read as the caller takes it, which the pool (built
-        to gather whole answers) does not do. It still takes a room in the pool
-        (:meth:`~.pool.Pool.hold_slot`) for as long as it runs, so streams and plain calls share
-        the connection caps; and its head has the same bounds as a plain answer's. The guard,
-        TLS and errors are the same. An ``a2a`` agent is asked ``SendStreamingMessage``
-        (:class:`.a2a.StreamReading`), or plain ``SendMessage`` when it says it does not stream.
+        On a connection of the lean pool, like a plain call (the same caps and line, guard,
+        TLS and head bounds), which the stream holds for as long as the agent talks and reads
+        as the caller takes it (:mod:`.streamconn`). An ``a2a`` agent is asked
+        ``SendStreamingMessage`` (:class:`.a2a.StreamReading`), or plain ``SendMessage`` when it
+        says it does not stream.
         """
         refused = self._refused(url)
         if refused is not None:
@@ -308,87 +304,45 @@ class HttpTransport:
         pool = self._pool
         if pool is None:
             raise RuntimeError("HttpTransport.open() was not awaited")
+        # The pool's wait, the connect and the answer's head, all within the head's bound.
         head_s = min(limits.connect_s + limits.read_s, limits.total_s)
-        loop = asyncio.get_running_loop()
-        due = loop.time() + head_s
+        due = asyncio.get_running_loop().time() + head_s
         try:
-            slot = await pool.hold_slot(url, head_s)
-        except (lean.PoolTimeout, lean.BadUrl) as exc:
-            raise _pool_error(exc, limits) from exc
+            conn, request = await pool.lease(url, sent, len(data), limits.connect_s, head_s)
+        except (OSError, TimeoutError, *_POOL_ERRORS) as exc:
+            raise stream_failure(exc, limits) from exc
+        read = raw_piece if reading is None else a2a_piece(reading)
+        stream = LeanAgentStream(pool, conn, bounds, read, self._head)
         opened: AgentStream | None = None
         try:
-            response = await self._stream_head(url, data, sent, limits, due)
             try:
-                opened = await self._opened(response, bounds, reading, lambda: pool.free_slot(slot))
-            finally:
-                if opened is None:  # refused, failed or cancelled: the connection goes now
-                    response.close()
+                await stream.open(request, data, due)
+            except TimeoutError as exc:
+                raise stream_failure(exc, limits) from exc
+            opened = await self._opened(stream, reading)
         finally:
-            if opened is None or opened.plain:
-                pool.free_slot(slot)
+            if opened is not stream:  # refused, failed, cancelled or read whole: its connection goes
+                await stream.aclose()
         return opened
 
-    async def _stream_head(
-        self, url: str, data: bytes, sent: dict[str, str], limits: AttemptLimits, due: float
-    ) -> aiohttp.ClientResponse:
-        """The answer to a stream request, its head in and within the head bounds."""
-        head = self._head
-        try:
-            async with asyncio.timeout_at(due):
-                response = await self._http.post(
-                    url,
-                    data=data,
-                    headers=sent,
-                    timeout=aiohttp.ClientTimeout(total=None, sock_connect=limits.connect_s),
-                    allow_redirects=False,
-                    auto_decompress=False,
-                    max_line_size=head.max_line,
-                    max_field_size=head.max_line,
-                    max_headers=head.max_headers,
-                )
-        except (aiohttp.ClientError, OSError, ValueError, TimeoutError) as exc:
-            mapped = stream_failure(exc, limits)
-            if mapped is exc:
-                raise
-            raise mapped from exc
-        # aiohttp bounds each line and the count; the head's total is the policy's too.
-        size = sum(len(name) + len(value) + 4 for name, value in response.raw_headers)
-        if size > head.max_bytes:
-            response.close()
-            raise BadAgentResponse(
-                f"answer head refused: its headers are over the {head.max_bytes}-byte limit"
-            )
-        return response
-
-    async def _opened(
-        self,
-        response: aiohttp.ClientResponse,
-        bounds: StreamBounds,
-        reading: a2a.StreamReading | None,
-        on_close: Callable[[], None],
-    ) -> AgentStream:
+    async def _opened(self, stream: LeanAgentStream, reading: a2a.StreamReading | None) -> AgentStream:
         """The stream of an answer whose head is in, or its plain answer, or its error."""
-        if response.status == 429:
-            raise busy(response.headers.get("Retry-After", "").encode("latin-1") or None)
-        if response.status >= 500 and reading is None:
-            raise BadAgentResponse(f"agent answered HTTP {response.status}")
-        encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
-        if encoding not in ("", "identity"):
-            raise BadAgentResponse(f"agent answered a {encoding[:32]}-encoded stream, asked for identity")
-        if response.status == 200 and response.content_type == EVENT_STREAM:
-            read = reading.piece if reading is not None else piece_of
-            return HttpAgentStream(response, bounds, read, on_close)
-        try:
-            async with asyncio.timeout_at(bounds.deadline):
-                raw = await read_plain(response, bounds.plain_limit)
-        except TimeoutError as exc:
-            raise AttemptTimeout("the agent's answer did not arrive within the deadline") from exc
-        except (aiohttp.ClientError, OSError) as exc:
-            raise ConnectFailed(f"broken response body: {type(exc).__name__}") from exc
-        response.release()
+        reader = stream.reader
+        status = reader.status
+        if status == 429:
+            raise busy(reader.retry_after)
+        if status >= 500 and reading is None:
+            raise BadAgentResponse(f"agent answered HTTP {status}")
+        encoding = reader.encoding or b"identity"
+        if encoding not in (b"", b"identity"):
+            named = encoding[:32].decode("latin-1")
+            raise BadAgentResponse(f"agent answered a {named}-encoded stream, asked for identity")
+        if reader.events:
+            return stream
+        raw = await stream.whole()
         if reading is not None:
-            return PlainStream(a2a.classify(response.status, raw))
-        return PlainStream(classify_answer(response.status, raw))
+            return PlainStream(a2a.classify(status, raw))
+        return PlainStream(classify_answer(status, raw))
 
     async def _post(self, url: str, body: bytes, headers: dict[str, str], limits: AttemptLimits) -> Answer:
         """POST ``body`` to ``url``: the whole answer, its errors mapped to the project's own.

@@ -49,6 +49,12 @@ class AgentStream(Protocol):
         """The next piece; raises an AttemptError when the stream fails."""
         ...
 
+    def ready(self) -> list[Piece]:
+        """The pieces already read, up to and with the final one, without waiting (the relay
+        sends them to a caller that is behind in one write); an error found on the way is
+        raised by the next :meth:`next`, after them."""
+        ...
+
     async def aclose(self) -> None:
         """Close the connection to the agent (at once: an unread stream is not drained)."""
         ...
@@ -64,6 +70,9 @@ class PlainStream:
 
     async def next(self) -> Piece:
         return Final(self._result, True)
+
+    def ready(self) -> list[Piece]:
+        return []
 
     async def aclose(self) -> None:
         return None

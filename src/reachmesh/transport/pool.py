@@ -382,6 +382,7 @@ class Pool:
         self._guard = guard
         self._ssl = tls
         self._ua = f"User-Agent: {user_agent}\r\nAccept: */*\r\n".encode()
+        self._user_agent = user_agent.encode()
         self._idle: dict[tuple[str, str, int], list[_Conn]] = {}
         self._all: set[_Conn] = set()
         self._opening = 0
@@ -431,42 +432,27 @@ class Pool:
                 raise StaleConnection(f"a kept-alive connection closed after the request ({exc})") from exc
             raise
 
-    async def hold_slot(self, url: str, total_s: float) -> tuple[str, str, int]:
-        """Take the room of one connection to ``url`` under the caps (``size``, ``per_agent``),
-        waiting in the same line as :meth:`post`, for a connection made elsewhere: a streamed
-        answer's, which holds it for as long as the agent talks. Counted as an open connection
-        to that agent until :meth:`free_slot`; an idle one is closed to make room if need be.
-        Raises :class:`PoolTimeout` when no room came within ``total_s``."""
+    async def lease(
+        self, url: str, headers: dict[str, str], length: int, connect_s: float, total_s: float
+    ) -> tuple[_Conn, bytes]:
+        """A connection to ``url`` for a streamed answer (:mod:`.streamconn`), taken under the
+        same caps and in the same line as :meth:`post`, and the request's head for it (with no
+        Accept of its own: ``headers`` names it). The stream runs its own protocol on the
+        connection's transport; it gives the connection back with :meth:`release` once its
+        answer was read whole and may be followed by another, and closes it otherwise."""
         loop = self._loop or asyncio.get_running_loop()
         self._loop = loop
-        hard = loop.time() + total_s
-        key = self._target(url).key
-        woken = False
-        while True:
-            if woken or not self._waiting.get(key):
-                if self._may_open(key):
-                    self._opening += 1  # the global cap's count, as a connection being made
-                    self._open_to[key] = self._open_to.get(key, 0) + 1
-                    return key
-                idle = self._idle.get(key)
-                if idle:
-                    idle.pop(0)._close()  # this agent's own idle connection gives its room
-                    continue
-                if self._target_room(key) and self._evict_one():
-                    continue
-            await self._wait(key, hard, front=woken)
-            woken = True
-
-    def free_slot(self, key: tuple[str, str, int]) -> None:
-        """Give back a room :meth:`hold_slot` took."""
-        self._opening -= 1
-        left = self._open_to.get(key, 1) - 1
-        if left > 0:
-            self._open_to[key] = left
-        else:
-            self._open_to.pop(key, None)
-        if not self._wake(key):
-            self._wake_any()
+        target = self._target(url)
+        lines = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
+        if lines.count("\r") != len(headers) or lines.count("\n") != len(headers):
+            raise BadHeader(next(n for n, v in headers.items() if "\r" in n + v or "\n" in n + v))
+        head = b"%sUser-Agent: %s\r\n%sContent-Length: %d\r\n\r\n" % (
+            target.request_line,
+            self._user_agent,
+            lines.encode(),
+            length,
+        )
+        return await self._acquire(target, connect_s, loop.time() + total_s), head
 
     def _request_head(self, target: _Target, headers: dict[str, str], length: int) -> bytes:
         """The request's head, whole; BadHeader for a name or value with a line break in it."""

@@ -1,0 +1,313 @@
+"""A streamed answer (protocol §14) read on one of the lean pool's connections.
+
+The stream takes a pooled connection (:meth:`.pool.Pool.lease`: the same caps, the same line,
+the URL guard and TLS of a plain call) and runs its own protocol on the connection's transport
+for as long as the agent talks. The answer's head is read by the pool's
+:class:`~.answer.AnswerReader` (its bounds, interim answers and errors); the body's bytes are
+kept as they arrive and fed to the event-stream parser only when the relay asks for the next
+piece, so a slow caller slows the read: past ``HIGH_WATER`` bytes not asked for yet, reading
+from the agent pauses (its writes then stop in its own socket). A stream holds at most that,
+one read and one open line (the parser's bound).
+
+Each wait for bytes is bounded by the idle time between reads and by the deadline. A stream
+read to its end on a connection the agent keeps alive goes back to the pool; any other is
+closed at once: a stream nobody wants is never drained.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+
+from reachmesh.exceptions import AgentRejected, AttemptError, AttemptTimeout, BadAgentResponse, ConnectFailed
+from reachmesh.sse import RawEvent, RawSseParser, SseError
+from reachmesh.transport import pool as lean
+from reachmesh.transport.answer import AnswerReader, BrokenBody, Disconnected, HeadLimits, HeadTooLarge
+from reachmesh.transport.pieces import Final, Piece, StreamBounds
+
+# Body bytes read from the agent and not yet asked for, past which reading pauses. A few of an
+# agent's writes: enough to keep the relay busy while the next read is under way, little per
+# stream beside 500 others.
+HIGH_WATER = 256 * 1024
+# An event stream's body is bounded by its parser (the stream's total), not by the plain limit.
+_UNBOUNDED = 1 << 62
+EVENT_STREAM = b"text/event-stream"
+
+
+class _StreamReader(AnswerReader):
+    """The pool's answer reader, which also keeps the answer's Content-Type and hands its body
+    over as it arrives (:meth:`take`) instead of gathering it."""
+
+    __slots__ = ("content_type", "events")
+
+    def __init__(self, head: HeadLimits, plain_limit: int) -> None:
+        super().__init__(head)
+        self.content_type = b""
+        self.events = False  # a 200 text/event-stream answer
+        self.start(plain_limit)
+
+    @property
+    def encoding(self) -> bytes | None:
+        return self._encoding
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        super().on_header(name, value)
+        if name.lower() == b"content-type":
+            self.content_type = value
+
+    def on_headers_complete(self) -> None:
+        status = self._parser.get_status_code()
+        if status >= 200:
+            kind = self.content_type.partition(b";")[0].strip().lower()
+            self.events = status == 200 and kind == EVENT_STREAM
+            if self.events:
+                self.limit = _UNBOUNDED
+        else:
+            self.content_type = b""  # an interim answer's
+        super().on_headers_complete()
+
+    def take(self) -> list[bytes]:
+        """The body's bytes read since the last take."""
+        chunks = self._chunks
+        if chunks:
+            self._chunks = []
+        return chunks
+
+
+def head_error(exc: BaseException) -> BaseException:
+    """The project's error for a failure up to the answer's head (nothing relayed yet)."""
+    if isinstance(exc, HeadTooLarge):
+        return BadAgentResponse(f"answer head refused: {exc}")
+    if isinstance(exc, BrokenBody):
+        return BadAgentResponse(f"broken response body: {exc}")
+    if isinstance(exc, Disconnected | OSError):
+        # The stream's request is sent once per attempt: a cut before any answer is a
+        # connection failure the attempt loop may retry on the same agent.
+        return ConnectFailed(f"ServerDisconnected: {exc}")
+    return exc
+
+
+def body_error(exc: BaseException) -> BaseException:
+    """The project's error for a failure of the stream's body."""
+    if isinstance(exc, AgentRejected):
+        return exc
+    return ConnectFailed(f"the event stream broke: {type(exc).__name__}: {exc}")
+
+
+class LeanAgentStream(asyncio.Protocol):
+    """One agent's streamed answer on a pooled connection: the protocol of its transport while
+    the stream runs, and the :class:`~.pieces.AgentStream` the relay reads."""
+
+    plain = False
+
+    def __init__(
+        self,
+        pool: lean.Pool,
+        conn: lean._Conn,
+        bounds: StreamBounds,
+        read: Callable[[RawEvent], Piece | None],
+        head: HeadLimits,
+    ) -> None:
+        self._pool = pool
+        self._conn = conn
+        transport = conn.transport
+        assert transport is not None
+        self._transport = transport
+        self._bounds = bounds
+        self._read_event = read
+        self._loop = asyncio.get_running_loop()
+        self.reader = _StreamReader(head, bounds.plain_limit)
+        self._parser = RawSseParser(bounds.sse)
+        self._body: list[bytes] = []  # read, not yet fed to the parser
+        self._buffered = 0
+        self._paused = False
+        self._pending: deque[RawEvent] = deque()
+        self._complete = False  # the body ended as HTTP says it ends
+        self._error: BaseException | None = None  # the connection's failure, raised in turn
+        self._later: AttemptError | None = None  # an error found by ready(), for next()
+        self._waiter: asyncio.Future[None] | None = None
+        self._finished = False  # the done event was handed out
+        self._lost = False
+        self._released = False
+
+    # -- asyncio.Protocol ---------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self._complete = self.reader.feed(data)
+        except (BrokenBody, AgentRejected) as exc:
+            self._fail(exc)
+            return
+        body = self.reader.take()
+        if body:
+            self._body += body
+            self._buffered += sum(map(len, body))
+            if self._buffered > HIGH_WATER and not self._paused:
+                self._paused = True
+                self._transport.pause_reading()
+        self._wake()
+
+    def eof_received(self) -> bool | None:
+        self._ended(None)
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._ended(exc)
+        self._lost = True
+        self._conn.connection_lost(exc)  # the pool forgets the connection: its room is free
+
+    def _ended(self, exc: Exception | None) -> None:
+        if not self._complete and self._error is None:
+            try:
+                self._complete = self.reader.eof(clean=exc is None)
+            except (Disconnected, BrokenBody) as cut:
+                self._fail(cut if exc is None else type(cut)(f"{cut} ({exc})"))
+                return
+            except AgentRejected as cut:
+                self._fail(cut)
+                return
+            self._body += self.reader.take()
+        self._wake()
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._error is None:
+            self._error = exc
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _wait(self, due: float) -> None:
+        """Until something happens on the connection, or ``due``."""
+        waiter: asyncio.Future[None] = self._loop.create_future()
+        self._waiter = waiter
+        timer = self._loop.call_at(due, self._wake)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+
+    # -- the exchange ---------------------------------------------------------------------------
+
+    async def open(self, request: bytes, body: bytes, due: float) -> None:
+        """Write the request and wait for the answer's head until ``due``; raises the
+        project's errors (the head's bounds, a cut, the timeout)."""
+        transport = self._transport
+        transport.set_protocol(self)
+        self._conn.exchanges += 1  # a TLS error on its next exchange is a broken connection, not a handshake
+        if transport.is_closing():  # closed by the agent since the pool handed it over
+            self._lost = True
+            raise ConnectFailed("ServerDisconnected: the kept-alive connection closed before the request")
+        transport.write(request + body if len(body) < 65536 else request)
+        if len(body) >= 65536:
+            transport.write(body)
+        reader = self.reader
+        while not reader.head_done:
+            if self._error is not None:
+                raise head_error(self._error) from self._error
+            if self._lost:
+                raise ConnectFailed("ServerDisconnected: the connection closed before the answer's head")
+            if self._loop.time() >= due:
+                raise TimeoutError
+            await self._wait(due)
+
+    async def whole(self) -> bytes:
+        """The rest of a plain (not event-stream) answer, within its limit and the deadline."""
+        while not self._complete:
+            if self._error is not None:
+                raise body_error(self._error) from self._error
+            if self._loop.time() >= self._bounds.deadline:
+                raise AttemptTimeout("the agent's answer did not arrive within the deadline")
+            await self._wait(self._bounds.deadline)
+        body, self._body = self._body, []
+        return body[0] if len(body) == 1 else b"".join(body)
+
+    async def next(self) -> Piece:
+        if self._later is not None:
+            later, self._later = self._later, None
+            raise later
+        if self._finished:
+            raise BadAgentResponse("the stream was read past its done event")
+        while True:
+            while not self._pending:
+                await self._more()
+            piece = self._piece(self._pending.popleft())
+            if piece is not None:
+                return piece
+
+    def ready(self) -> list[Piece]:
+        """The pieces already read, up to and with the done event, without waiting; an error
+        found on the way is raised by the next :meth:`next`, after these."""
+        pieces: list[Piece] = []
+        try:
+            while self._later is None and not self._finished and (self._pending or self._parse()):
+                while self._pending and not self._finished:
+                    piece = self._piece(self._pending.popleft())
+                    if piece is not None:
+                        pieces.append(piece)
+        except AttemptError as exc:
+            self._later = exc
+        return pieces
+
+    def _piece(self, event: RawEvent) -> Piece | None:
+        piece = self._read_event(event)
+        if isinstance(piece, Final):
+            self._finished = True
+        return piece
+
+    async def _more(self) -> None:
+        """Feed the parser what was read; else raise the stream's end or failure, or wait."""
+        if self._parse():
+            return
+        if self._error is not None:
+            raise body_error(self._error) from self._error
+        if self._complete or self._lost:
+            try:
+                self._parser.eof()
+            except SseError as exc:
+                raise BadAgentResponse(f"event stream: {exc}") from exc
+            raise BadAgentResponse("the agent ended its event stream without a done event")
+        bounds = self._bounds
+        due = min(self._loop.time() + bounds.idle_s, bounds.deadline)
+        await self._wait(due)
+        if not self._body and self._error is None and not self._complete and self._loop.time() >= due:
+            waited = "the deadline" if due >= bounds.deadline else f"{bounds.idle_s * 1000:.0f} ms"
+            raise AttemptTimeout(f"no event from the agent within {waited}")
+
+    def _parse(self) -> bool:
+        """Feed the parser the bytes read so far; False when there were none."""
+        body = self._body
+        if not body:
+            return False
+        self._body = []
+        self._buffered = 0
+        if self._paused and not self._lost:
+            self._paused = False
+            self._transport.resume_reading()
+        parser, pending = self._parser, self._pending
+        try:
+            for part in body:
+                pending.extend(parser.feed(part))
+        except SseError as exc:
+            raise BadAgentResponse(f"event stream: {exc}") from exc
+        return True
+
+    async def aclose(self) -> None:
+        """Give the connection back when the answer was read to its end and the agent keeps it
+        alive; close it at once otherwise."""
+        if self._released:
+            return
+        self._released = True
+        conn = self._conn
+        whole = self._complete and self.reader.reusable and not self._lost and self._error is None
+        if whole and not self._body and (self._finished or not self.reader.events):
+            if self._paused:
+                self._transport.resume_reading()
+            self._transport.set_protocol(conn)
+            self._pool.release(conn)
+        else:
+            conn.abort("the Router closed the stream")

@@ -1,0 +1,51 @@
+"""The check of a chunk event's data (protocol §14: one JSON value), bytes in and bytes out.
+
+A large chunk is read by a quicker reader than a small one; both must accept and refuse the
+same texts, and a valid chunk goes on as the agent wrote it (on one line).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from reachmesh.exceptions import BadAgentResponse
+from reachmesh.transport.streaming import checked_raw
+
+TEXT = b"x" * 5000  # past the size from which the quicker reader is used
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'"' + TEXT + b'"',
+        b'{"n": 1, "text": "' + TEXT + b'", "more": [true, null, -1.5e3]}',
+        b'["' + TEXT + b'", 123456789012345678901234567890]',  # past 64 bits: valid JSON
+        b"[" + b"1," * 3000 + b"1]",  # more values than the quick look goes over
+        b'"short"',
+    ],
+)
+def test_valid_chunks_go_on_as_written(raw: bytes) -> None:
+    assert checked_raw(raw) == raw
+
+
+def test_a_chunk_over_several_lines_goes_on_as_one() -> None:
+    assert checked_raw(b'{"a":\n"' + TEXT + b'"}') == b'{"a": "' + TEXT + b'"}'
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'"' + TEXT,  # cut off
+        b'"' + TEXT + b'\t"',  # a raw control character in a string
+        b'"' + TEXT + b'\xff"',  # not UTF-8
+        b'"' + TEXT + b'" trailing',
+        b'["' + TEXT + b'", NaN]',
+        b'["' + TEXT + b'", 1e999]',  # a number past a double's range, within the quick look
+        b"[" + b"1," * 3000 + b"1e999]",  # and past it
+        b'"' + TEXT + b'\\ud800"',  # a lone surrogate
+        b"",
+    ],
+)
+def test_invalid_chunks_are_refused(raw: bytes) -> None:
+    with pytest.raises(BadAgentResponse, match="not JSON"):
+        checked_raw(raw)
