@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import httpx
+from aiohttp import web
 
 from reachmesh.config import LimitsPolicy, RouterConfig
 from reachmesh.resilience.shedding import LoadShedder
@@ -145,27 +146,26 @@ async def test_a_light_load_on_a_saturated_host_is_served_and_a_storm_is_shed() 
     assert any(r.status_code == 200 for r in storm)
 
 
-def blocking_answers(block_s: float) -> Any:
-    """Middleware: the Router spends ``block_s`` of CPU on each answer it sends (its own work)."""
+class LoopBlockingAgent(FakeAgent):
+    """A FakeAgent that shares the Router's event loop (both run on one BackgroundLoop) and blocks
+    it for ``block_s`` on every call: work on the Router's loop between admitting a request and
+    answering it, which the Router cannot skip however it writes its answers (an earlier version
+    slowed ASGI ``send``, which the Router's whole-answer write never calls)."""
 
-    def wrap(app: Any) -> Any:
-        async def serve(scope: Scope, receive: Receive, send: Send) -> None:
-            async def slow_send(message: Any) -> None:
-                if message["type"] == "http.response.start" and scope.get("path") == "/reach":
-                    time.sleep(block_s)  # noqa: ASYNC251 - the point: this blocks the event loop
-                await send(message)
+    block_s: float = 0.1
 
-            await app(scope, receive, slow_send)
-
-        return serve
-
-    return wrap
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        time.sleep(self.block_s)  # noqa: ASYNC251 - the point: this blocks the shared event loop
+        return await super()._handle(request)
 
 
 async def test_a_real_storm_that_lags_the_loop_is_shed_and_healthz_answers() -> None:
-    """Measured lag, not an injected one: each answer costs the Router's loop 20 ms of CPU; 80
-    concurrent callers (on their own loop, as remote callers are) lag it past the limit while it
-    holds 20+ requests in flight, and the excess is shed while /healthz still answers."""
+    """Measured lag, not an injected one: each call costs the Router's loop 100 ms; 40 concurrent
+    callers (on their own loop, as remote callers are) lag it past the limit while it holds 20+
+    requests in flight, and the excess is shed while /healthz still answers.
+
+    A call is that slow so that the callers outpace the loop on a loaded machine too (at 20 ms,
+    callers starved of CPU kept too few calls in flight and the lag came and went)."""
     config = RouterConfig.model_validate(
         {
             "embedding": {"backend": "none"},
@@ -180,10 +180,10 @@ async def test_a_real_storm_that_lags_the_loop_is_shed_and_healthz_answers() -> 
         }
     )
     with BackgroundLoop() as bg:
-        server = RouterServer(config, middleware=blocking_answers(0.02))
+        server = RouterServer(config)
         bg.run(server.__aenter__())
         bg.on_close(lambda: server.__aexit__(None, None, None))
-        agent = FakeAgent("a")
+        agent = LoopBlockingAgent("a")
         bg.run(agent.start())
         bg.on_close(agent.stop)
         bg.run(agent.register(server.url))
@@ -201,7 +201,7 @@ async def test_a_real_storm_that_lags_the_loop_is_shed_and_healthz_answers() -> 
                     if resp.status_code == 429:
                         shed.append(resp)
 
-            callers = [asyncio.create_task(caller()) for _ in range(80)]
+            callers = [asyncio.create_task(caller()) for _ in range(40)]
             try:
                 await until(lambda: shed, "a 429 from the storm", within=30)
                 health = await http.get("/healthz")
