@@ -11,7 +11,6 @@ from aiohttp import web
 
 from reachmesh.config import LimitsPolicy, RouterConfig
 from reachmesh.resilience.shedding import LoadShedder
-from reachmesh.server.asgi import Receive, Scope, Send
 from reachmesh.testing import BackgroundLoop, FakeAgent, RouterServer
 from tests.helpers import cpu_hogs, hogs_running, scaled, until
 
