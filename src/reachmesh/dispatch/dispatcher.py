@@ -212,7 +212,14 @@ class Dispatcher:
             return self._abandoned(record)
         self._running.add(task)
         try:
-            return await self.dispatch(request, data, record, sink)
+            if sink is not None:
+                return await self.dispatch(request, data, record, sink)
+            # dispatch() written out for a plain answer: one coroutine fewer on every call.
+            try:
+                result = await self._route_and_forward(request, data, record, None)
+            except ReachError as exc:
+                return self._finish(record, error=exc)
+            return self._finish(record, result=result)
         except asyncio.CancelledError:
             # Only the cancellation abandon() sent is answered; any other goes on.
             if task not in self._cancelled:
@@ -361,7 +368,8 @@ class Dispatcher:
         parts = self.forwarding
         config = parts.config
         parts.budget.on_request()
-        await self._ensure_query_vector(request, record)
+        if self.vectors is not None:  # without a model there is nothing to wait for
+            await self._ensure_query_vector(request, record)
         try:
             choices = self.pipeline.decide(request, record)
         except UnknownTask as exc:

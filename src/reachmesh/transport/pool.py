@@ -420,7 +420,9 @@ class Pool:
         target = self._target(url)
         # Built in a function of its own: its pieces are gone before the (maybe long) wait.
         data = self._request_head(target, headers, len(body))
-        conn = await self._acquire(target, connect_s, hard)
+        # An idle connection (nobody waiting first) without _acquire's coroutine: keep-alive's case.
+        conn = None if self._waiting.get(target.key) else self._reuse(target.key, loop.time())
+        conn = await self._acquire(target, connect_s, hard) if conn is None else conn
         reused = conn.idle_since > 0.0
         try:
             return await conn.exchange(data, body, self._limit, read_s, hard)
