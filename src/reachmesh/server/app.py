@@ -25,12 +25,14 @@ from reachmesh.lifecycle import Background
 from reachmesh.registry.base import Registry
 from reachmesh.server.admin import AdminApi
 from reachmesh.server.asgi import (
+    Answer,
     ClientGone,
     Receive,
     Scope,
     Send,
     body_timeout,
     check_json_content_type,
+    check_whole_body,
     error_body,
     header_map,
     read_body,
@@ -117,8 +119,31 @@ class RouterApp:
     # -- the hot path ------------------------------------------------------------------------
 
     async def _reach(self, scope: Scope, receive: Receive, send: Send) -> None:
+        answer = await self._serve_reach(scope, header_map(scope), None, receive, send)
+        if answer is not None:
+            await send_json(send, *answer, scope)
+
+    def takes_whole(self, headers: dict[bytes, bytes]) -> bool:
+        """Whether :meth:`serve_whole` may answer this POST /reach (not a stream)."""
+        return not wants_stream(headers.get(b"accept"))
+
+    async def serve_whole(self, scope: Scope, headers: dict[bytes, bytes], body: bytes) -> Answer:
+        """POST /reach whose whole body the server already holds: what ``__call__`` and
+        :meth:`_reach` do, without ASGI's ``receive`` and ``send`` (the server's lane for it,
+        :mod:`.h1`, writes the answer). (status, body, extra headers)."""
+        denial = self.admit(Action.REACH, scope)
+        if denial is not None:
+            return self._denied(denial, reach=True, post_reach=True)
+        answer = await self._serve_reach(scope, headers, body, None, None)
+        assert answer is not None  # no stream, and no body to wait for
+        return answer
+
+    async def _serve_reach(
+        self, scope: Scope, headers: dict[bytes, bytes], body: bytes | None, receive: Receive, send: Send
+    ) -> Answer | None:
+        """The answer to POST /reach; None when there is none to send (a stream already sent,
+        a client gone). ``body`` None: read it with ``receive``."""
         parts = self.parts
-        headers = header_map(scope)
         trace_header = headers.get(b"x-reach-trace-id")
         trace_hint = trace_header.decode("latin-1") if trace_header else None
         raw_parent = headers.get(b"traceparent")
@@ -129,28 +154,28 @@ class RouterApp:
         shed = parts.shedder.admit(peer)
         if shed is not None:
             status, payload = parts.dispatcher.shed(shed, trace_id=parent[0] if parent else None)
-            retry_after = str(parts.config.limits.retry_after_seconds).encode()
-            await send_json(send, status, payload, [(b"retry-after", retry_after)], scope)
-            return
+            return status, payload, [(b"retry-after", str(parts.config.limits.retry_after_seconds).encode())]
         try:
             try:
                 check_json_content_type(headers)
                 server = parts.config.server
-                timeout_s = body_timeout(scope, server.body_timeout_seconds)
-                body = await read_body(receive, headers, server.body_limit_bytes, timeout_s)
+                if body is None:
+                    timeout_s = body_timeout(scope, server.body_timeout_seconds)
+                    body = await read_body(receive, headers, server.body_limit_bytes, timeout_s)
+                else:
+                    check_whole_body(headers, body, server.body_limit_bytes)
             except RequestError as exc:
                 status, payload = parts.dispatcher.refuse(exc, trace_id=parent[0] if parent else None)
-                await send_json(send, status, payload, None, scope)
-                return
+                return status, payload, None
             except ClientGone:
-                return
+                return None
             # Who is asking, the same for a plain and a streamed answer.
             grants = EVERY_TASK if principal is OPEN else Grants(principal.serves, principal.reach_tasks)
             owner = caller if auth_on else None
-            if wants_stream(headers.get(b"accept")):
+            if send is not None and wants_stream(headers.get(b"accept")):
                 who = {"trace_header": trace_hint, "parent": parent, "owner": owner, "caller": caller}
                 await self._stream(send, receive, body, {**who, "client": peer, "grants": grants})
-                return
+                return None
             try:
                 status, payload = await parts.dispatcher.handle(
                     body,
@@ -168,12 +193,8 @@ class RouterApp:
                 trace_id = trace_hint or (parent[0] if parent else None)
                 status, payload = parts.dispatcher.refuse(InternalError(), trace_id=trace_id)
             # 429 from routing: every candidate full, and its queue too (PROTOCOL §15).
-            extra = (
-                [(b"retry-after", str(parts.config.limits.retry_after_seconds).encode())]
-                if status == 429
-                else None
-            )
-            await send_json(send, status, payload, extra, scope)
+            retry_after = str(parts.config.limits.retry_after_seconds).encode()
+            return status, payload, [(b"retry-after", retry_after)] if status == 429 else None
         finally:
             parts.shedder.release(peer)
 
@@ -224,6 +245,10 @@ class RouterApp:
         return client[0] if client else "-"
 
     async def _deny(self, send: Send, denial: Denial, *, reach: bool, post_reach: bool = False) -> None:
+        status, body, extra = self._denied(denial, reach=reach, post_reach=post_reach)
+        await send_json(send, status, body, extra)
+
+    def _denied(self, denial: Denial, *, reach: bool, post_reach: bool) -> Answer:
         """A refusal in the shape of the endpoint: a ReachResponse on /reach, else an error object."""
         if post_reach:
             # A refused call is a request too: the same finish path counts and traces it.
@@ -235,7 +260,7 @@ class RouterApp:
         extra = list(denial.headers)
         if denial.retry_after_s:
             extra.append((b"retry-after", str(denial.retry_after_s).encode()))
-        await send_json(send, denial.http_status, body, extra or None)
+        return denial.http_status, body, extra or None
 
     # -- policy reload -----------------------------------------------------------------------
 
