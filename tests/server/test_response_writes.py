@@ -191,7 +191,7 @@ async def test_a_bug_behind_the_lane_answers_500_and_closes_as_uvicorn_does() ->
     """An exception out of the app's lane entry: the caller gets uvicorn's own 500 and the
     connection closes, never a hang or half an answer."""
 
-    async def broken(*args: object) -> tuple[int, bytes, None]:
+    async def broken(*args: object) -> tuple[tuple[int, bytes, None], None]:
         raise RuntimeError("a bug")
 
     async with RouterServer(RouterConfig()) as router:

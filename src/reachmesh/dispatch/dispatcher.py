@@ -143,6 +143,7 @@ class Dispatcher:
         client: str | None = None,
         sink: StreamSink | None = None,
         grants: Grants = EVERY_TASK,
+        hold: list[DecisionRecord] | None = None,
     ) -> Reply:
         """Decode ``body`` as a ReachRequest and serve it; never raises for bad input.
 
@@ -154,6 +155,8 @@ class Dispatcher:
         :class:`Grants`).
         With a ``sink`` the caller asked for a stream (§14): chunks go to it as they come, and
         the Reply returned is the ending (the body of the ``done`` event once ``sink.opened``).
+        With a ``hold`` list, a routed request's record is put there instead of being observed:
+        the caller writes the answer first, then passes each record to :meth:`observe`.
         """
         started = self.clock.monotonic()
         hint = _safe_trace_id(trace_header) or (parent[0] if parent else None)
@@ -191,7 +194,7 @@ class Dispatcher:
             record.stream = StreamRecord()
         if request.preferences.mode == "async":
             return await self._accept(request, data, record, owner, client or caller)
-        return await self._dispatch_until_abandoned(request, data, record, sink)
+        return await self._dispatch_until_abandoned(request, data, record, sink, hold)
 
     async def _dispatch_until_abandoned(
         self,
@@ -199,6 +202,7 @@ class Dispatcher:
         data: dict[str, Any],
         record: DecisionRecord,
         sink: StreamSink | None = None,
+        hold: list[DecisionRecord] | None = None,
     ) -> Reply:
         """:meth:`dispatch`, unless the Router is shutting down and the drain deadline comes
         first: then the request ends TIMEOUT through the same finish path (counted, traced, and
@@ -218,8 +222,8 @@ class Dispatcher:
             try:
                 result = await self._route_and_forward(request, data, record, None)
             except ReachError as exc:
-                return self._finish(record, error=exc)
-            return self._finish(record, result=result)
+                return self._finish(record, error=exc, hold=hold)
+            return self._finish(record, result=result, hold=hold)
         except asyncio.CancelledError:
             # Only the cancellation abandon() sent is answered; any other goes on.
             if task not in self._cancelled:
@@ -450,7 +454,12 @@ class Dispatcher:
     # -- the one way out ---------------------------------------------------------------------
 
     def _finish(
-        self, record: DecisionRecord, *, result: Any = None, error: ReachError | None = None
+        self,
+        record: DecisionRecord,
+        *,
+        result: Any = None,
+        error: ReachError | None = None,
+        hold: list[DecisionRecord] | None = None,
     ) -> Reply:
         if error is not None:
             for kind, event in _ENDINGS:
@@ -458,12 +467,19 @@ class Dispatcher:
                     record.note(event, error.reason if isinstance(error, Overloaded) else error.message)
                     break
         encoder.conclude(record, self.clock, result=result, error=error)
+        if hold is None:
+            self.observe(record)
+        else:
+            hold.append(record)  # observed once the answer is written (handle's ``hold``)
+        return encoder.encode(record)
+
+    def observe(self, record: DecisionRecord) -> None:
+        """Hand a concluded record to every observer (the trace log, metrics, the store...)."""
         for observer in self.observers:
             try:
                 observer(record)
             except Exception:  # an observer's bug must never cost the caller the answer
                 log.exception("observer %r failed", observer)
-        return encoder.encode(record)
 
 
 def _schema_mismatch(

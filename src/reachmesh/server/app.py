@@ -13,10 +13,12 @@ import logging
 import os
 import time
 from collections.abc import Awaitable
+from functools import partial
 from typing import Any
 
 from reachmesh.clock import SYSTEM_CLOCK, Clock
 from reachmesh.config import RouterConfig
+from reachmesh.decision import DecisionRecord
 from reachmesh.dispatch import encoder
 from reachmesh.dispatch.dispatcher import EVERY_TASK, Grants
 from reachmesh.dispatch.results import Reply
@@ -127,19 +129,30 @@ class RouterApp:
         """Whether :meth:`serve_whole` may answer this POST /reach (not a stream)."""
         return not wants_stream(headers.get(b"accept"))
 
-    async def serve_whole(self, scope: Scope, headers: dict[bytes, bytes], body: bytes) -> Answer:
+    async def serve_whole(self, scope: Scope, headers: dict[bytes, bytes], body: bytes) -> LaneAnswer:
         """POST /reach whose whole body the server already holds: what ``__call__`` and
         :meth:`_reach` do, without ASGI's ``receive`` and ``send`` (the server's lane for it,
-        :mod:`.h1`, writes the answer). (status, body, extra headers)."""
+        :mod:`.h1`, writes the answer). (status, body, extra headers), and what to call once
+        the answer is written: the request's observers (trace line, metrics, store), so that
+        their work is not in the caller's wait."""
         denial = self.admit(Action.REACH, scope)
         if denial is not None:
-            return self._denied(denial, reach=True, post_reach=True)
-        answer = await self._serve_reach(scope, headers, body, None, None)
+            return self._denied(denial, reach=True, post_reach=True), None
+        held: list[DecisionRecord] = []
+        answer = await self._serve_reach(scope, headers, body, None, None, held)
         assert answer is not None  # no stream, and no body to wait for
-        return answer
+        if not held:
+            return answer, None
+        return answer, partial(self.parts.dispatcher.observe, held[0])
 
     async def _serve_reach(
-        self, scope: Scope, headers: dict[bytes, bytes], body: bytes | None, receive: Receive, send: Send
+        self,
+        scope: Scope,
+        headers: dict[bytes, bytes],
+        body: bytes | None,
+        receive: Receive,
+        send: Send,
+        hold: list[DecisionRecord] | None = None,
     ) -> Answer | None:
         """The answer to POST /reach; None when there is none to send (a stream already sent,
         a client gone). ``body`` None: read it with ``receive``."""
@@ -185,6 +198,7 @@ class RouterApp:
                     caller=caller,
                     client=peer,
                     grants=grants,
+                    hold=hold,
                 )
             except Exception:
                 # A bug, not bad input: still one ReachResponse, counted and traced like any

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -15,6 +16,8 @@ Send = Any
 
 # A whole JSON answer: (status, body, extra headers or None).
 Answer = tuple[int, bytes, list[tuple[bytes, bytes]] | None]
+# The lane's (server/h1.py): the answer, and what to call once it is written (or None).
+LaneAnswer = tuple[Answer, Callable[[], None] | None]
 
 JSON_HEADERS = [(b"content-type", b"application/json")]
 # Set in a request's scope by the server once the whole body has been read.

@@ -36,7 +36,7 @@ from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
 from reachmesh.config import ServerPolicy
-from reachmesh.server.asgi import BODY_COMPLETE, WHOLE_ANSWER, Answer, Scope, json_head
+from reachmesh.server.asgi import BODY_COMPLETE, WHOLE_ANSWER, LaneAnswer, Scope, json_head
 
 log = logging.getLogger("uvicorn.error")
 
@@ -154,22 +154,28 @@ _ERROR_500 = b"content-type: text/plain; charset=utf-8\r\ncontent-length: 21\r\n
 
 
 async def _serve_lane(
-    serve: Callable[[Scope, dict[bytes, bytes], bytes], Awaitable[Answer]],
+    serve: Callable[[Scope, dict[bytes, bytes], bytes], Awaitable[LaneAnswer]],
     one_write: _OneWrite,
     cycle: _LaneCycle,
     request: tuple[Scope, dict[bytes, bytes], bytes],
 ) -> None:
     """Answer one lane request: the app's answer in one write, after a paused transport
-    drains; a bug in the app answers 500 and closes, as uvicorn does."""
+    drains, then what the app does after it; a bug in the app answers 500 and closes, as
+    uvicorn does."""
+    after = None
     try:
-        status, body, extra = await serve(*request)
+        (status, body, extra), after = await serve(*request)
         head = json_head(body, extra)
     except Exception:
         log.exception("Exception in ASGI application")
         cycle.keep_alive = False
         status, head, body = 500, _ERROR_500, b"Internal Server Error"
-    while not whole_answer(one_write, cycle, status, head, body):  # type: ignore[arg-type]
-        await cycle.flow.drain()
+    try:
+        while not whole_answer(one_write, cycle, status, head, body):  # type: ignore[arg-type]
+            await cycle.flow.drain()
+    finally:
+        if after is not None:
+            after()
 
 
 class _LeanEvent(asyncio.Event):
