@@ -132,7 +132,7 @@ class Dispatcher:
 
     # -- entry points ------------------------------------------------------------------------
 
-    async def handle(
+    async def handle(  # noqa: PLR0913 - who asks, one keyword each, and where the record goes
         self,
         body: bytes,
         *,

@@ -29,6 +29,7 @@ from reachmesh.server.admin import AdminApi
 from reachmesh.server.asgi import (
     Answer,
     ClientGone,
+    LaneAnswer,
     Receive,
     Scope,
     Send,
