@@ -195,7 +195,7 @@ async def test_a_bug_behind_the_lane_answers_500_and_closes_as_uvicorn_does() ->
         raise RuntimeError("a bug")
 
     async with RouterServer(RouterConfig()) as router:
-        router.app.serve_whole = broken  # type: ignore[method-assign]
+        router.app.serve_whole = broken  # type: ignore[method-assign, assignment]
         answers, closed = await exchange(router.port, post_reach(), 1, close_wait_s=4)
     status, headers, body = answers.done[0]
     assert status == 500
