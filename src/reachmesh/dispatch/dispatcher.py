@@ -146,18 +146,15 @@ class Dispatcher:
         hold: list[DecisionRecord] | None = None,
     ) -> Reply:
         """Decode ``body`` as a ReachRequest and serve it; never raises for bad input.
-
         ``parent`` is the (trace id, span id) of the caller's W3C ``traceparent``, if any;
         ``owner`` is who may fetch an async result later (None: anyone, when auth is off);
         ``caller`` is the principal's key, for the decision record; ``client`` is who the
         per-client limits count (the caller's key, or its address with auth off; default
-        ``caller``); ``grants``, what the caller's token may do beyond calling (see
-        :class:`Grants`).
+        ``caller``); ``grants``, what the caller's token may do beyond calling (:class:`Grants`).
         With a ``sink`` the caller asked for a stream (§14): chunks go to it as they come, and
         the Reply returned is the ending (the body of the ``done`` event once ``sink.opened``).
-        With a ``hold`` list, a routed request's record is put there instead of being observed:
-        the caller writes the answer first, then passes each record to :meth:`observe`.
-        """
+        With a ``hold`` list, a routed request's record goes there, not to the observers: the
+        caller writes the answer first, then hands it to :meth:`observe`."""
         started = self.clock.monotonic()
         hint = _safe_trace_id(trace_header) or (parent[0] if parent else None)
         config = self.config

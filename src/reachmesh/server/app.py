@@ -171,13 +171,7 @@ class RouterApp:
             return status, payload, [(b"retry-after", str(parts.config.limits.retry_after_seconds).encode())]
         try:
             try:
-                check_json_content_type(headers)
-                server = parts.config.server
-                if body is None:
-                    timeout_s = body_timeout(scope, server.body_timeout_seconds)
-                    body = await read_body(receive, headers, server.body_limit_bytes, timeout_s)
-                else:
-                    check_whole_body(headers, body, server.body_limit_bytes)
+                body = await self._body(scope, headers, body, receive)
             except RequestError as exc:
                 status, payload = parts.dispatcher.refuse(exc, trace_id=parent[0] if parent else None)
                 return status, payload, None
@@ -212,6 +206,18 @@ class RouterApp:
             return status, payload, [(b"retry-after", retry_after)] if status == 429 else None
         finally:
             parts.shedder.release(peer)
+
+    async def _body(
+        self, scope: Scope, headers: dict[bytes, bytes], body: bytes | None, receive: Receive
+    ) -> bytes:
+        """The request's body, checked (415, 413, 408): read with ``receive`` when ``body`` is None."""
+        check_json_content_type(headers)
+        server = self.parts.config.server
+        if body is None:
+            timeout_s = body_timeout(scope, server.body_timeout_seconds)
+            return await read_body(receive, headers, server.body_limit_bytes, timeout_s)
+        check_whole_body(headers, body, server.body_limit_bytes)
+        return body
 
     async def _stream(
         self,
