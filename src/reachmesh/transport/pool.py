@@ -85,6 +85,7 @@ _JOIN_LIMIT = 64 * 1024
 # One header line, formatted in C (``map`` over the names and values): no Python frame per header.
 _HEADER_LINE = "{}: {}\r\n".format
 
+
 class ConnectTimeout(Exception):
     """No connection (or no TLS handshake) within the connect timeout; ``late_s``: how long after
     the timeout the Router's event loop got to it."""
