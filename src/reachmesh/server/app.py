@@ -110,7 +110,11 @@ class RouterApp:
                     post_reach=path == "/reach" and scope["method"] == "POST",
                 )
             elif path == "/reach" and scope["method"] == "POST":
-                await self._reach(scope, receive, send)
+                # Served here, not in a coroutine of its own: a call waiting for its body holds
+                # each frame on the way (a burst holds one call per connection).
+                answer = await self._serve_reach(scope, header_map(scope), None, receive, send)
+                if answer is not None:
+                    await send_json(send, *answer, scope)
             elif AdminUi.serves(path):
                 await self.ui(scope, receive, send)
             else:
@@ -120,11 +124,6 @@ class RouterApp:
         # websockets are not part of the protocol: returning without accepting closes them.
 
     # -- the hot path ------------------------------------------------------------------------
-
-    async def _reach(self, scope: Scope, receive: Receive, send: Send) -> None:
-        answer = await self._serve_reach(scope, header_map(scope), None, receive, send)
-        if answer is not None:
-            await send_json(send, *answer, scope)
 
     def takes_whole(self, headers: dict[bytes, bytes]) -> bool:
         """Whether :meth:`serve_whole` may answer this POST /reach (not a stream)."""
@@ -155,13 +154,9 @@ class RouterApp:
         send: Send,
         hold: list[DecisionRecord] | None = None,
     ) -> Answer | None:
-        """The answer to POST /reach; None when there is none to send (a stream already sent,
-        a client gone). ``body`` None: read it with ``receive``."""
+        """POST /reach's answer (``body`` None: read with ``receive``); None: a stream, or no caller."""
         parts = self.parts
-        trace_header = headers.get(b"x-reach-trace-id")
-        trace_hint = trace_header.decode("latin-1") if trace_header else None
-        raw_parent = headers.get(b"traceparent")
-        parent = parse_traceparent(raw_parent.decode("latin-1")) if raw_parent else None
+        trace_hint, parent = _trace_of(headers)
         principal = principal_of(scope)
         auth_on = self.auth_on
         caller, peer = principal.key, self._client_key(scope, principal.key, auth_on)
@@ -171,13 +166,18 @@ class RouterApp:
             return status, payload, [(b"retry-after", str(parts.config.limits.retry_after_seconds).encode())]
         try:
             try:
-                body = await self._body(scope, headers, body, receive)
+                check_json_content_type(headers)
+                server = parts.config.server
+                if body is None:  # read here, not in a coroutine of its own (see __call__)
+                    timeout_s = body_timeout(scope, server.body_timeout_seconds)
+                    body = await read_body(receive, headers, server.body_limit_bytes, timeout_s)
+                else:
+                    check_whole_body(headers, body, server.body_limit_bytes)
             except RequestError as exc:
                 status, payload = parts.dispatcher.refuse(exc, trace_id=parent[0] if parent else None)
                 return status, payload, None
             except ClientGone:
                 return None
-            # Who is asking, the same for a plain and a streamed answer.
             grants = EVERY_TASK if principal is OPEN else Grants(principal.serves, principal.reach_tasks)
             owner = caller if auth_on else None
             if send is not None and wants_stream(headers.get(b"accept")):
@@ -196,8 +196,7 @@ class RouterApp:
                     hold=hold,
                 )
             except Exception:
-                # A bug, not bad input: still one ReachResponse, counted and traced like any
-                # other, and the traceback stays here.
+                # A bug, not bad input: still one ReachResponse, counted and traced; traceback here.
                 log.exception("internal error while serving /reach")
                 trace_id = trace_hint or (parent[0] if parent else None)
                 status, payload = parts.dispatcher.refuse(InternalError(), trace_id=trace_id)
@@ -206,18 +205,6 @@ class RouterApp:
             return status, payload, [(b"retry-after", retry_after)] if status == 429 else None
         finally:
             parts.shedder.release(peer)
-
-    async def _body(
-        self, scope: Scope, headers: dict[bytes, bytes], body: bytes | None, receive: Receive
-    ) -> bytes:
-        """The request's body, checked (415, 413, 408): read with ``receive`` when ``body`` is None."""
-        check_json_content_type(headers)
-        server = self.parts.config.server
-        if body is None:
-            timeout_s = body_timeout(scope, server.body_timeout_seconds)
-            return await read_body(receive, headers, server.body_limit_bytes, timeout_s)
-        check_whole_body(headers, body, server.body_limit_bytes)
-        return body
 
     async def _stream(
         self,
@@ -366,6 +353,17 @@ class RouterApp:
                 await self.shutdown()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+
+def _trace_of(headers: dict[bytes, bytes]) -> tuple[str | None, tuple[str, str] | None]:
+    """The caller's X-Reach-Trace-Id (unchecked: the dispatcher checks it) and its W3C
+    traceparent's (trace id, span id), if any."""
+    trace_header = headers.get(b"x-reach-trace-id")
+    raw_parent = headers.get(b"traceparent")
+    return (
+        trace_header.decode("latin-1") if trace_header else None,
+        parse_traceparent(raw_parent.decode("latin-1")) if raw_parent else None,
+    )
 
 
 def create_app(config: RouterConfig | None = None, **kwargs: Any) -> RouterApp:

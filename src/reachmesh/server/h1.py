@@ -203,11 +203,10 @@ class GuardedHttpTools(HttpToolsProtocol):
         "_head_timer",
         "_header_bytes",
         "_lane",
+        "_lane_app",
         "_one_write",
         "_reading_head",
         "_refused",
-        "_serve_whole",
-        "_takes_whole",
         "_trusted",
     )
 
@@ -329,19 +328,19 @@ class GuardedHttpTools(HttpToolsProtocol):
     # behind one in flight, a proxy's forwarded headers) takes uvicorn's way, unchanged.
 
     def _find_lane(self) -> None:
-        """The app's lane, if it has one, behind uvicorn's proxy-headers middleware or not."""
+        """The app with a lane, if it has one, behind uvicorn's proxy-headers middleware or not
+        (a reference, not its bound methods: a connection waiting for its body stays small)."""
         app = self.app
         self._trusted = None
         if isinstance(app, ProxyHeadersMiddleware):
             self._trusted = app.trusted_hosts
             app = app.app
-        self._serve_whole = getattr(app, "serve_whole", None)
-        self._takes_whole = getattr(app, "takes_whole", None)
+        self._lane_app = app if hasattr(app, "serve_whole") else None
 
     def _lane_headers(self) -> dict[bytes, bytes] | None:
         """The request's headers when it may take the lane, else None."""
         if (
-            self._serve_whole is None
+            self._lane_app is None
             or self.url != b"/reach"
             or self.root_path
             or self.expect_100_continue
@@ -354,7 +353,7 @@ class GuardedHttpTools(HttpToolsProtocol):
         ):
             return None
         headers = dict(self.headers)
-        if not self._takes_whole(headers):  # type: ignore[misc]
+        if not self._lane_app.takes_whole(headers):
             return None
         client = self.client
         if (
@@ -379,7 +378,8 @@ class GuardedHttpTools(HttpToolsProtocol):
         scope[BODY_COMPLETE] = True  # type: ignore[literal-required]
         cycle = _LaneCycle(self, self.parser.should_keep_alive())
         self.cycle = cycle  # type: ignore[assignment]
-        run = _serve_lane(self._serve_whole, self._one_write, cycle, (scope, headers, body))  # type: ignore[arg-type]
+        serve = self._lane_app.serve_whole  # type: ignore[union-attr]
+        run = _serve_lane(serve, self._one_write, cycle, (scope, headers, body))  # type: ignore[arg-type]
         if self.config.reset_contextvars:
             task = self.loop.create_task(run, context=contextvars.Context())
         else:
