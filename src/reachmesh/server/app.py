@@ -1,7 +1,9 @@
 """The Router application: one ASGI callable, a lean hot path and the admin surface.
 
 ``POST /reach`` runs on every call, so it is served straight from raw ASGI: one header pass, one
-body read, the dispatcher, one send. Everything else (registry, admin, health, metrics, traces,
+body read, the dispatcher, one send; and, when its body came with its head, without ASGI at all:
+the Router's HTTP/1.1 protocol (:mod:`.h1`) hands it to :meth:`RouterApp.serve_whole` and writes
+the answer, then the request's observers run. Everything else (registry, admin, health, metrics, traces,
 OpenAPI) is :class:`~reachmesh.server.admin.AdminApi`, where convenience costs nothing that
 matters. Both pass the same :mod:`guard` first, and ``/reach`` passes the load shedder.
 """

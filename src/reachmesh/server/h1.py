@@ -19,6 +19,10 @@ them separately, which would be two system calls per response on the hot path. A
 answer, whole when it is sent, skips uvicorn's two ``send`` messages altogether
 (:func:`whole_answer`, offered to the app in the request's scope).
 
+A ``POST /reach`` whose whole body arrives with its head takes a lane past uvicorn's cycle
+altogether: the app's ``serve_whole`` gets the scope, headers and body, and :func:`_serve_lane`
+writes the answer (see "the lane" below for what takes it and what does not).
+
 It relies on uvicorn's private ``HttpToolsProtocol``; pyproject.toml pins uvicorn below its next
 minor release, and tests/server/test_h1_uvicorn_contract.py names each part relied on.
 """
