@@ -133,7 +133,7 @@ class RouterApp:
 
     async def serve_whole(self, scope: Scope, headers: dict[bytes, bytes], body: bytes) -> LaneAnswer:
         """POST /reach whose whole body the server already holds: what ``__call__`` and
-        :meth:`_reach` do, without ASGI's ``receive`` and ``send`` (the server's lane for it,
+        :meth:`_serve_reach` do, without ASGI's ``receive`` and ``send`` (the server's lane for it,
         :mod:`.h1`, writes the answer). (status, body, extra headers), and what to call once
         the answer is written: the request's observers (trace line, metrics, store), so that
         their work is not in the caller's wait."""
