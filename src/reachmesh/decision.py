@@ -63,9 +63,14 @@ class StreamRecord:
         }
 
 
-@dataclass(slots=True)
+@dataclass(init=False)
 class DecisionRecord:
-    """Everything decided about one request, in order."""
+    """Everything decided about one request, in order.
+
+    Built on every call, so its ``__init__`` is written by hand: it sets the fields a request
+    starts with and a new list or dict for each that grows, and leaves every other field to its
+    default on the class (about fifty fields set one by one were the costliest constructor on
+    the hot path). Without slots for the same reason: a slot has no class default."""
 
     trace_id: str
     task: str
@@ -125,6 +130,53 @@ class DecisionRecord:
     pool_wait_ms: float = 0.0  # time spent waiting for a connection of the Router's own pool
     stream: StreamRecord | None = None  # set when the caller asked for a stream
 
+    def __init__(  # noqa: PLR0913 - the fields a request starts with, one keyword each
+        self,
+        trace_id: str,
+        task: str,
+        source: str,
+        started: float,
+        *,
+        conversation_id: str | None = None,
+        caller: str = "-",
+        caller_serves: tuple[str, ...] = (),
+        reach_tasks: tuple[str, ...] = ("*",),
+        started_wall: float = 0.0,
+        parent_span_id: str | None = None,
+        mode: str = "sync",
+        **others: Any,
+    ) -> None:
+        self.trace_id = trace_id
+        self.task = task
+        self.source = source
+        self.started = started
+        self.conversation_id = conversation_id
+        self.caller = caller
+        self.caller_serves = caller_serves
+        self.reach_tasks = reach_tasks
+        self.started_wall = started_wall
+        self.parent_span_id = parent_span_id
+        self.mode = mode
+        self.candidates: list[str] = []
+        self.rejected: list[dict[str, Any]] = []
+        self.attempts: list[AttemptRecord] = []
+        self.events: list[tuple[str, str]] = []
+        self.retries: list[str] = []
+        self.failovers: list[str] = []
+        self.circuit_trips: list[str] = []
+        self.explain: list[dict[str, Any]] = []
+        self.agents_set_aside: dict[str, dict[str, tuple[str, str | None]]] = {}
+        self.declines: list[tuple[str, str]] = []
+        if others:
+            self._set(others)
+
+    def _set(self, others: dict[str, Any]) -> None:
+        """The other fields given at construction, by name, as the generated ``__init__`` took them."""
+        for name, value in others.items():
+            if name not in _FIELDS:
+                raise TypeError(f"DecisionRecord has no field {name!r}")
+            setattr(self, name, value)
+
     def note(self, kind: str, text: str) -> None:
         """Add an ordered event line, e.g. ``note("retry", "price-agent, attempt=2")``.
 
@@ -158,3 +210,6 @@ class DecisionRecord:
 
 
 Observer = Callable[[DecisionRecord], None]
+
+
+_FIELDS = frozenset(DecisionRecord.__dataclass_fields__)

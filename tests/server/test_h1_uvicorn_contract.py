@@ -9,6 +9,7 @@ test_response_writes.
 from __future__ import annotations
 
 import inspect
+import re
 from importlib.metadata import version
 
 from uvicorn.protocols.http.flow_control import FlowControl
@@ -94,3 +95,42 @@ def test_the_cycle_state_whole_answer_keeps_is_still_uvicorns() -> None:
     ):
         assert step in send, f"uvicorn's send() no longer does {step}; re-read server/h1.py whole_answer"
     assert httptools_impl.STATUS_LINE[200] == b"HTTP/1.1 200 OK\r\n"
+
+
+# What the lane (a POST /reach served without uvicorn's cycle) reads of uvicorn's protocol.
+LANE_ATTRIBUTES = [
+    "app",
+    "root_path",
+    "expect_100_continue",
+    "access_log",
+    "limit_concurrency",
+    "headers",
+    "client",
+    "server_state",
+    "flow",
+    "tasks",
+    "config",
+]
+
+
+def test_what_the_lane_relies_on_is_still_uvicorns() -> None:
+    from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
+
+    source = inspect.getsource(HttpToolsProtocol)
+    for attribute in LANE_ATTRIBUTES:
+        assert f"self.{attribute} = " in source or f"self.{attribute}: " in source, (
+            f"uvicorn's HttpToolsProtocol no longer sets self.{attribute}; h1.py's lane reads it"
+        )
+    # The lane writes uvicorn's own on_header out: lower-case names, the 100-continue flag.
+    on_header = inspect.getsource(HttpToolsProtocol.on_header)
+    for step in ("name.lower()", 'b"100-continue"', "self.headers.append((name, value))"):
+        assert step in on_header, f"uvicorn's on_header no longer does {step}; re-read h1.py on_header"
+    # It leaves a proxied request to the middleware, which reads these two headers only.
+    middleware = inspect.getsource(ProxyHeadersMiddleware)
+    assert "self.trusted_hosts = " in middleware and "self.app = app" in middleware
+    assert set(re.findall(rb'b"(x-forwarded-[a-z]+)"', middleware.encode())) == {
+        b"x-forwarded-for",
+        b"x-forwarded-proto",
+    }
+    # Tasks are made with a fresh context when asked, as _start_asgi_task does.
+    assert "self.config.reset_contextvars" in inspect.getsource(HttpToolsProtocol._start_asgi_task)

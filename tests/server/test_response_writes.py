@@ -130,3 +130,75 @@ async def test_a_refusal_on_reach_is_one_whole_answer_with_its_extra_headers() -
     assert (b"retry-after", b"3") in headers
     assert orjson.loads(body)["status"] == "OVERLOADED"
     assert not closed
+
+
+# -- the lane: a POST /reach whose body came with its head (server/h1.py) -----------------------
+
+
+async def test_a_call_whose_body_comes_after_its_head_is_answered_the_asgi_way() -> None:
+    """The head and the first bytes of the body in one write, the rest in a later one: the lane
+    leaves the request to uvicorn's cycle, which reads the rest and answers it whole."""
+    async with RouterServer(RouterConfig()) as router:
+        agent = await FakeAgent("a").start()
+        try:
+            await agent.register(router.url, vectors=False)
+            call = post_reach()
+            reader, writer = await asyncio.open_connection("127.0.0.1", router.port)
+            answers = Answers()
+            try:
+                writer.write(call[:-10])
+                await writer.drain()
+                await asyncio.sleep(0.05)  # a separate read, most likely; either way one answer
+                writer.write(call[-10:])
+                while not answers.done:
+                    chunk = await asyncio.wait_for(reader.read(65536), 10)
+                    assert chunk
+                    answers.parser.feed_data(chunk)
+            finally:
+                writer.close()
+        finally:
+            await agent.stop()
+    status, headers, body = answers.done[0]
+    assert status == 200
+    assert [name for name, _ in headers] == [b"date", b"content-type", b"content-length"]
+    assert orjson.loads(body)["status"] == "SUCCESS"
+
+
+async def test_a_trusted_proxys_forwarded_client_is_still_the_client_the_limits_count() -> None:
+    """uvicorn's proxy-headers middleware names the client behind a trusted proxy (loopback by
+    default): the lane never skips it. One call in flight per client: a second call forwarded
+    for another client is served, one for the same client is refused."""
+    limits = {"max_inflight_per_client": 1, "retry_after_seconds": 3}
+    async with RouterServer(RouterConfig.model_validate({"limits": limits})) as router:
+        agent = await FakeAgent("a").start()
+        agent.delay_s = 2.0  # the first call stays in flight past the two others
+        try:
+            await agent.register(router.url, vectors=False)
+            first = asyncio.ensure_future(
+                exchange(router.port, post_reach(b"X-Forwarded-For: 10.0.0.1\r\n"), 1, close_wait_s=0)
+            )
+            await until(lambda: agent.received, "the first call to reach the agent")
+            same, _ = await exchange(router.port, post_reach(b"X-Forwarded-For: 10.0.0.1\r\n"), 1, 0)
+            other, _ = await exchange(router.port, post_reach(b"X-Forwarded-For: 10.0.0.2\r\n"), 1, 0)
+            await first
+        finally:
+            await agent.stop()
+    assert same.done[0][0] == 429
+    assert other.done[0][0] == 200
+
+
+async def test_a_bug_behind_the_lane_answers_500_and_closes_as_uvicorn_does() -> None:
+    """An exception out of the app's lane entry: the caller gets uvicorn's own 500 and the
+    connection closes, never a hang or half an answer."""
+
+    async def broken(*args: object) -> tuple[tuple[int, bytes, None], None]:
+        raise RuntimeError("a bug")
+
+    async with RouterServer(RouterConfig()) as router:
+        router.app.serve_whole = broken  # type: ignore[method-assign, assignment]
+        answers, closed = await exchange(router.port, post_reach(), 1, close_wait_s=4)
+    status, headers, body = answers.done[0]
+    assert status == 500
+    assert body == b"Internal Server Error"
+    assert (b"connection", b"close") in headers
+    assert closed

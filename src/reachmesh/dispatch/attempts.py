@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import random
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 from urllib.parse import quote
@@ -64,6 +65,9 @@ MIN_ATTEMPT_MS = 2.0
 
 # Declines one request may collect before it ends NO_AVAILABLE_HANDLER: each is a whole hop.
 MAX_DECLINES = 8
+
+# AttemptRun._refusal's answer when only the candidate can say: whether it holds a conversation.
+_ASK_AGENT = "ask the agent"
 
 
 @dataclass(slots=True)
@@ -138,7 +142,10 @@ class AttemptRun:
         for index, choice in enumerate(choices):
             if choice.on_decline and self.declined_by is None:
                 continue  # a runner-up task by meaning is an answer to "not mine" only
-            if not await self.admit(index, choice):
+            allowed = self.admit(index, choice)
+            if allowed is None:  # only a conversation bound elsewhere asks the agent first
+                allowed = await self._admit_bound(index, choice)
+            if not allowed:
                 continue
             success = await self.try_agent(choice)
             if success is not None:
@@ -147,10 +154,24 @@ class AttemptRun:
 
     # -- admission ---------------------------------------------------------------------------
 
-    async def admit(self, index: int, choice: Choice) -> bool:
-        """Whether ``choice`` may be tried; a refusal is written to the record with its reason."""
+    def admit(self, index: int, choice: Choice) -> bool | None:
+        """Whether ``choice`` may be tried; a refusal is written to the record with its reason.
+
+        None when only the agent can tell (a conversation bound to another agent):
+        :meth:`_admit_bound` asks it. A plain method, not a coroutine: every attempt passes
+        here, and almost none has to wait for anything."""
+        reason = self._refusal(index, choice)
+        if reason is _ASK_AGENT:
+            return None
+        return self._admit(choice, reason)
+
+    async def _admit_bound(self, index: int, choice: Choice) -> bool:
+        """:meth:`admit` for a candidate that must confirm it holds the bound conversation."""
+        holds = await self._holds(choice)
+        return self._admit(choice, None if holds else CandidateReason.NO_CONTEXT)
+
+    def _admit(self, choice: Choice, reason: str | None) -> bool:
         record, agent_id = self.record, choice.entry.id
-        reason = await self._refusal(index, choice)
         if reason is not None:
             record.reject(agent_id, reason, choice.score, self.task)
             return False
@@ -182,7 +203,7 @@ class AttemptRun:
             record.note("failover", f"{failed} -> {agent_id} ({why})")
         return True
 
-    async def _refusal(self, index: int, choice: Choice) -> str | None:
+    def _refusal(self, index: int, choice: Choice) -> str | None:
         if self.may_hold is not None:
             return CandidateReason.NOT_IDEMPOTENT
         if len(self.record.declines) >= MAX_DECLINES:
@@ -191,9 +212,8 @@ class AttemptRun:
             return CandidateReason.BUDGET_EXHAUSTED
         if index > 0 and choice.validator is not None and not choice.validator.is_valid(self.request.payload):
             return CandidateReason.INVALID_PAYLOAD
-        bound_elsewhere = self.bound_agent is not None and choice.entry.id != self.bound_agent
-        if bound_elsewhere and not await self._holds(choice):
-            return CandidateReason.NO_CONTEXT
+        if self.bound_agent is not None and choice.entry.id != self.bound_agent:
+            return _ASK_AGENT
         return None
 
     async def _holds(self, choice: Choice) -> bool:
@@ -274,9 +294,11 @@ class AttemptRun:
         """
         self._check_deadline()
         agent_id = choice.entry.id
-        waited = await self._take_slot(choice)
-        if isinstance(waited, PoolTimeout):
-            return waited
+        # A free slot is taken without a coroutine of its own: the common case, every attempt.
+        if not self.parts.capacity.take_now(agent_id, choice.entry.profile.max_concurrency):
+            waited = await self._take_slot(choice)
+            if isinstance(waited, PoolTimeout):
+                return waited
         try:
             return await self._forward(choice, body)
         finally:
@@ -347,10 +369,13 @@ class AttemptRun:
         if waited_s > 0:
             self.record.pool_wait_ms += waited_s * 1000
 
-    async def _send(self, choice: Choice, body: bytes, headers: dict[str, str], limits: AttemptLimits) -> Any:
-        """The transport call of one attempt (a streamed request's run asks for a stream)."""
+    def _send(
+        self, choice: Choice, body: bytes, headers: dict[str, str], limits: AttemptLimits
+    ) -> Awaitable[Any]:
+        """The transport call of one attempt (a streamed request's run asks for a stream): the
+        transport's own coroutine, not one more around it."""
         entry = choice.entry
-        return await self.parts.transport.send(entry.endpoint, body, headers, limits, entry.protocol)
+        return self.parts.transport.send(entry.endpoint, body, headers, limits, entry.protocol)
 
     def _may_retry_same(self, exc: AttemptError, same_agent_left: int, choice: Choice) -> bool:
         """A network error may be retried on the same agent, within the cap and the budget; one

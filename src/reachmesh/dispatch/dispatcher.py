@@ -132,7 +132,7 @@ class Dispatcher:
 
     # -- entry points ------------------------------------------------------------------------
 
-    async def handle(
+    async def handle(  # noqa: PLR0913 - who asks, one keyword each, and where the record goes
         self,
         body: bytes,
         *,
@@ -143,18 +143,18 @@ class Dispatcher:
         client: str | None = None,
         sink: StreamSink | None = None,
         grants: Grants = EVERY_TASK,
+        hold: list[DecisionRecord] | None = None,
     ) -> Reply:
         """Decode ``body`` as a ReachRequest and serve it; never raises for bad input.
-
         ``parent`` is the (trace id, span id) of the caller's W3C ``traceparent``, if any;
         ``owner`` is who may fetch an async result later (None: anyone, when auth is off);
         ``caller`` is the principal's key, for the decision record; ``client`` is who the
         per-client limits count (the caller's key, or its address with auth off; default
-        ``caller``); ``grants``, what the caller's token may do beyond calling (see
-        :class:`Grants`).
+        ``caller``); ``grants``, what the caller's token may do beyond calling (:class:`Grants`).
         With a ``sink`` the caller asked for a stream (§14): chunks go to it as they come, and
         the Reply returned is the ending (the body of the ``done`` event once ``sink.opened``).
-        """
+        With a ``hold`` list, a routed request's record goes there, not to the observers: the
+        caller writes the answer first, then hands it to :meth:`observe`."""
         started = self.clock.monotonic()
         hint = _safe_trace_id(trace_header) or (parent[0] if parent else None)
         config = self.config
@@ -191,7 +191,7 @@ class Dispatcher:
             record.stream = StreamRecord()
         if request.preferences.mode == "async":
             return await self._accept(request, data, record, owner, client or caller)
-        return await self._dispatch_until_abandoned(request, data, record, sink)
+        return await self._dispatch_until_abandoned(request, data, record, sink, hold)
 
     async def _dispatch_until_abandoned(
         self,
@@ -199,6 +199,7 @@ class Dispatcher:
         data: dict[str, Any],
         record: DecisionRecord,
         sink: StreamSink | None = None,
+        hold: list[DecisionRecord] | None = None,
     ) -> Reply:
         """:meth:`dispatch`, unless the Router is shutting down and the drain deadline comes
         first: then the request ends TIMEOUT through the same finish path (counted, traced, and
@@ -212,7 +213,14 @@ class Dispatcher:
             return self._abandoned(record)
         self._running.add(task)
         try:
-            return await self.dispatch(request, data, record, sink)
+            if sink is not None:
+                return await self.dispatch(request, data, record, sink)
+            # dispatch() written out for a plain answer: one coroutine fewer on every call.
+            try:
+                result = await self._route_and_forward(request, data, record, None)
+            except ReachError as exc:
+                return self._finish(record, error=exc, hold=hold)
+            return self._finish(record, result=result, hold=hold)
         except asyncio.CancelledError:
             # Only the cancellation abandon() sent is answered; any other goes on.
             if task not in self._cancelled:
@@ -361,7 +369,8 @@ class Dispatcher:
         parts = self.forwarding
         config = parts.config
         parts.budget.on_request()
-        await self._ensure_query_vector(request, record)
+        if self.vectors is not None:  # without a model there is nothing to wait for
+            await self._ensure_query_vector(request, record)
         try:
             choices = self.pipeline.decide(request, record)
         except UnknownTask as exc:
@@ -442,7 +451,12 @@ class Dispatcher:
     # -- the one way out ---------------------------------------------------------------------
 
     def _finish(
-        self, record: DecisionRecord, *, result: Any = None, error: ReachError | None = None
+        self,
+        record: DecisionRecord,
+        *,
+        result: Any = None,
+        error: ReachError | None = None,
+        hold: list[DecisionRecord] | None = None,
     ) -> Reply:
         if error is not None:
             for kind, event in _ENDINGS:
@@ -450,12 +464,19 @@ class Dispatcher:
                     record.note(event, error.reason if isinstance(error, Overloaded) else error.message)
                     break
         encoder.conclude(record, self.clock, result=result, error=error)
+        if hold is None:
+            self.observe(record)
+        else:
+            hold.append(record)  # observed once the answer is written (handle's ``hold``)
+        return encoder.encode(record)
+
+    def observe(self, record: DecisionRecord) -> None:
+        """Hand a concluded record to every observer (the trace log, metrics, the store...)."""
         for observer in self.observers:
             try:
                 observer(record)
             except Exception:  # an observer's bug must never cost the caller the answer
                 log.exception("observer %r failed", observer)
-        return encoder.encode(record)
 
 
 def _schema_mismatch(

@@ -318,9 +318,11 @@ class TraceLog:
         for kind, text in record.events:
             lines.append(f"[{tid}] {kind}: {text}")
         lines.append(f"[{tid}] done: {record.status or '-'} in {record.duration_ms:.1f}ms")
-        # Every line is checked whole (one C pass when clean): the notes, the payload's keys and
-        # values and the rule names all come from outside, and none may carry a line break or
-        # a terminal escape.
+        # Every line is checked whole (one C pass over all of them when clean): the notes, the
+        # payload's keys and values and the rule names all come from outside, and none may
+        # carry a line break or a terminal escape.
+        if "".join(lines).isprintable():
+            return lines
         return [line if line.isprintable() else loggable(line, 1 << 20) for line in lines]
 
     @staticmethod

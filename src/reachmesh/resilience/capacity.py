@@ -86,6 +86,18 @@ class CapacityBoard:
 
     # -- taking and giving -------------------------------------------------------------------
 
+    def take_now(self, agent_id: str, capacity: int | None) -> bool:
+        """Take a slot at ``agent_id`` if one is free and nobody waits for it; else False, and
+        :meth:`take` waits in line. Every attempt passes here first: no coroutine for it."""
+        slots = self._agents.get(agent_id)
+        if slots is None:
+            slots = self._agents[agent_id] = _Slots()
+        slots.capacity = capacity  # a re-registration may change it
+        if capacity is None or (slots.inflight < capacity and not slots.queued):
+            slots.inflight += 1
+            return True
+        return False
+
     async def take(self, agent_id: str, capacity: int | None, due: float) -> float:
         """Take a slot at ``agent_id``, waiting (FIFO) until the monotonic ``due`` at most.
 

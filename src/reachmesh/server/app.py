@@ -1,7 +1,9 @@
 """The Router application: one ASGI callable, a lean hot path and the admin surface.
 
 ``POST /reach`` runs on every call, so it is served straight from raw ASGI: one header pass, one
-body read, the dispatcher, one send. Everything else (registry, admin, health, metrics, traces,
+body read, the dispatcher, one send; and, when its body came with its head, without ASGI at all:
+the Router's HTTP/1.1 protocol (:mod:`.h1`) hands it to :meth:`RouterApp.serve_whole` and writes
+the answer, then the request's observers run. Everything else (registry, admin, health, metrics, traces,
 OpenAPI) is :class:`~reachmesh.server.admin.AdminApi`, where convenience costs nothing that
 matters. Both pass the same :mod:`guard` first, and ``/reach`` passes the load shedder.
 """
@@ -13,10 +15,12 @@ import logging
 import os
 import time
 from collections.abc import Awaitable
+from functools import partial
 from typing import Any
 
 from reachmesh.clock import SYSTEM_CLOCK, Clock
 from reachmesh.config import RouterConfig
+from reachmesh.decision import DecisionRecord
 from reachmesh.dispatch import encoder
 from reachmesh.dispatch.dispatcher import EVERY_TASK, Grants
 from reachmesh.dispatch.results import Reply
@@ -25,12 +29,15 @@ from reachmesh.lifecycle import Background
 from reachmesh.registry.base import Registry
 from reachmesh.server.admin import AdminApi
 from reachmesh.server.asgi import (
+    Answer,
     ClientGone,
+    LaneAnswer,
     Receive,
     Scope,
     Send,
     body_timeout,
     check_json_content_type,
+    check_whole_body,
     error_body,
     header_map,
     read_body,
@@ -105,7 +112,11 @@ class RouterApp:
                     post_reach=path == "/reach" and scope["method"] == "POST",
                 )
             elif path == "/reach" and scope["method"] == "POST":
-                await self._reach(scope, receive, send)
+                # Served here, not in a coroutine of its own: a call waiting for its body holds
+                # each frame on the way (a burst holds one call per connection).
+                answer = await self._serve_reach(scope, header_map(scope), None, receive, send)
+                if answer is not None:
+                    await send_json(send, *answer, scope)
             elif AdminUi.serves(path):
                 await self.ui(scope, receive, send)
             else:
@@ -116,41 +127,65 @@ class RouterApp:
 
     # -- the hot path ------------------------------------------------------------------------
 
-    async def _reach(self, scope: Scope, receive: Receive, send: Send) -> None:
+    def takes_whole(self, headers: dict[bytes, bytes]) -> bool:
+        """Whether :meth:`serve_whole` may answer this POST /reach (not a stream)."""
+        return not wants_stream(headers.get(b"accept"))
+
+    async def serve_whole(self, scope: Scope, headers: dict[bytes, bytes], body: bytes) -> LaneAnswer:
+        """POST /reach whose whole body the server already holds: what ``__call__`` and
+        :meth:`_serve_reach` do, without ASGI's ``receive`` and ``send`` (the server's lane for it,
+        :mod:`.h1`, writes the answer). (status, body, extra headers), and what to call once
+        the answer is written: the request's observers (trace line, metrics, store), so that
+        their work is not in the caller's wait."""
+        denial = self.admit(Action.REACH, scope)
+        if denial is not None:
+            return self._denied(denial, reach=True, post_reach=True), None
+        held: list[DecisionRecord] = []
+        answer = await self._serve_reach(scope, headers, body, None, None, held)
+        assert answer is not None  # no stream, and no body to wait for
+        if not held:
+            return answer, None
+        return answer, partial(self.parts.dispatcher.observe, held[0])
+
+    async def _serve_reach(
+        self,
+        scope: Scope,
+        headers: dict[bytes, bytes],
+        body: bytes | None,
+        receive: Receive,
+        send: Send,
+        hold: list[DecisionRecord] | None = None,
+    ) -> Answer | None:
+        """POST /reach's answer (``body`` None: read with ``receive``); None: a stream, or no caller."""
         parts = self.parts
-        headers = header_map(scope)
-        trace_header = headers.get(b"x-reach-trace-id")
-        trace_hint = trace_header.decode("latin-1") if trace_header else None
-        raw_parent = headers.get(b"traceparent")
-        parent = parse_traceparent(raw_parent.decode("latin-1")) if raw_parent else None
+        trace_hint, parent = _trace_of(headers)
         principal = principal_of(scope)
         auth_on = self.auth_on
         caller, peer = principal.key, self._client_key(scope, principal.key, auth_on)
         shed = parts.shedder.admit(peer)
         if shed is not None:
             status, payload = parts.dispatcher.shed(shed, trace_id=parent[0] if parent else None)
-            retry_after = str(parts.config.limits.retry_after_seconds).encode()
-            await send_json(send, status, payload, [(b"retry-after", retry_after)], scope)
-            return
+            return status, payload, [(b"retry-after", str(parts.config.limits.retry_after_seconds).encode())]
         try:
             try:
                 check_json_content_type(headers)
                 server = parts.config.server
-                timeout_s = body_timeout(scope, server.body_timeout_seconds)
-                body = await read_body(receive, headers, server.body_limit_bytes, timeout_s)
+                if body is None:  # read here, not in a coroutine of its own (see __call__)
+                    timeout_s = body_timeout(scope, server.body_timeout_seconds)
+                    body = await read_body(receive, headers, server.body_limit_bytes, timeout_s)
+                else:
+                    check_whole_body(headers, body, server.body_limit_bytes)
             except RequestError as exc:
                 status, payload = parts.dispatcher.refuse(exc, trace_id=parent[0] if parent else None)
-                await send_json(send, status, payload, None, scope)
-                return
+                return status, payload, None
             except ClientGone:
-                return
-            # Who is asking, the same for a plain and a streamed answer.
+                return None
             grants = EVERY_TASK if principal is OPEN else Grants(principal.serves, principal.reach_tasks)
             owner = caller if auth_on else None
-            if wants_stream(headers.get(b"accept")):
+            if send is not None and wants_stream(headers.get(b"accept")):
                 who = {"trace_header": trace_hint, "parent": parent, "owner": owner, "caller": caller}
                 await self._stream(send, receive, body, {**who, "client": peer, "grants": grants}, scope)
-                return
+                return None
             try:
                 status, payload = await parts.dispatcher.handle(
                     body,
@@ -160,20 +195,16 @@ class RouterApp:
                     caller=caller,
                     client=peer,
                     grants=grants,
+                    hold=hold,
                 )
             except Exception:
-                # A bug, not bad input: still one ReachResponse, counted and traced like any
-                # other, and the traceback stays here.
+                # A bug, not bad input: still one ReachResponse, counted and traced; traceback here.
                 log.exception("internal error while serving /reach")
                 trace_id = trace_hint or (parent[0] if parent else None)
                 status, payload = parts.dispatcher.refuse(InternalError(), trace_id=trace_id)
             # 429 from routing: every candidate full, and its queue too (PROTOCOL §15).
-            extra = (
-                [(b"retry-after", str(parts.config.limits.retry_after_seconds).encode())]
-                if status == 429
-                else None
-            )
-            await send_json(send, status, payload, extra, scope)
+            retry_after = str(parts.config.limits.retry_after_seconds).encode()
+            return status, payload, [(b"retry-after", retry_after)] if status == 429 else None
         finally:
             parts.shedder.release(peer)
 
@@ -225,6 +256,10 @@ class RouterApp:
         return client[0] if client else "-"
 
     async def _deny(self, send: Send, denial: Denial, *, reach: bool, post_reach: bool = False) -> None:
+        status, body, extra = self._denied(denial, reach=reach, post_reach=post_reach)
+        await send_json(send, status, body, extra)
+
+    def _denied(self, denial: Denial, *, reach: bool, post_reach: bool) -> Answer:
         """A refusal in the shape of the endpoint: a ReachResponse on /reach, else an error object."""
         if post_reach:
             # A refused call is a request too: the same finish path counts and traces it.
@@ -236,7 +271,7 @@ class RouterApp:
         extra = list(denial.headers)
         if denial.retry_after_s:
             extra.append((b"retry-after", str(denial.retry_after_s).encode()))
-        await send_json(send, denial.http_status, body, extra or None)
+        return denial.http_status, body, extra or None
 
     # -- policy reload -----------------------------------------------------------------------
 
@@ -321,6 +356,17 @@ class RouterApp:
                 await self.shutdown()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+
+def _trace_of(headers: dict[bytes, bytes]) -> tuple[str | None, tuple[str, str] | None]:
+    """The caller's X-Reach-Trace-Id (unchecked: the dispatcher checks it) and its W3C
+    traceparent's (trace id, span id), if any."""
+    trace_header = headers.get(b"x-reach-trace-id")
+    raw_parent = headers.get(b"traceparent")
+    return (
+        trace_header.decode("latin-1") if trace_header else None,
+        parse_traceparent(raw_parent.decode("latin-1")) if raw_parent else None,
+    )
 
 
 def create_app(config: RouterConfig | None = None, **kwargs: Any) -> RouterApp:

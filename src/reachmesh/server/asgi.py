@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -12,6 +13,11 @@ from reachmesh.exceptions import BodyTimeout, PayloadTooLarge, RequestError, Uns
 Scope = dict[str, Any]
 Receive = Any
 Send = Any
+
+# A whole JSON answer: (status, body, extra headers or None).
+Answer = tuple[int, bytes, list[tuple[bytes, bytes]] | None]
+# The lane's (server/h1.py): the answer, and what to call once it is written (or None).
+LaneAnswer = tuple[Answer, Callable[[], None] | None]
 
 JSON_HEADERS = [(b"content-type", b"application/json")]
 # Set in a request's scope by the server once the whole body has been read.
@@ -61,6 +67,14 @@ def _check_declared_size(headers: dict[bytes, bytes], limit: int) -> None:
     size = int(declared)
     if size > limit:
         raise PayloadTooLarge(f"body of {size} bytes is over the {limit}-byte limit")
+
+
+def check_whole_body(headers: dict[bytes, bytes], body: bytes, limit: int) -> None:
+    """:func:`read_body`'s checks for a body the server has already read whole: the same
+    refusals (413) for the same bodies."""
+    _check_declared_size(headers, limit)
+    if len(body) > limit:
+        raise PayloadTooLarge(f"body is over the {limit}-byte limit")
 
 
 async def read_body(
@@ -116,6 +130,15 @@ async def _read_body(receive: Receive, limit: int) -> bytes:
 _JSON_HEAD = b"content-type: application/json\r\ncontent-length: %d\r\n"
 
 
+def json_head(body: bytes, extra: list[tuple[bytes, bytes]] | None) -> bytes:
+    """The header lines of a JSON answer of ``body``, each ending in CR LF, in the order and
+    case the ASGI way writes them."""
+    head = _JSON_HEAD % len(body)
+    if extra:
+        head += b"".join([b"%s: %s\r\n" % pair for pair in extra])
+    return head
+
+
 async def send_json(
     send: Send,
     status: int,
@@ -126,12 +149,8 @@ async def send_json(
     """Send a complete JSON response: written whole when the server offers it (``scope``), else
     as the two ASGI messages."""
     whole = scope.get(WHOLE_ANSWER) if scope is not None else None
-    if whole is not None:
-        head = _JSON_HEAD % len(body)
-        if extra:
-            head += b"".join([b"%s: %s\r\n" % pair for pair in extra])
-        if whole(status, head, body):
-            return
+    if whole is not None and whole(status, json_head(body, extra), body):
+        return
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if extra:
         headers.extend(extra)

@@ -19,6 +19,10 @@ them separately, which would be two system calls per response on the hot path. A
 answer, whole when it is sent, skips uvicorn's two ``send`` messages altogether
 (:func:`whole_answer`, offered to the app in the request's scope).
 
+A ``POST /reach`` whose whole body arrives with its head takes a lane past uvicorn's cycle
+altogether: the app's ``serve_whole`` gets the scope, headers and body, and :func:`_serve_lane`
+writes the answer (see "the lane" below for what takes it and what does not).
+
 It relies on uvicorn's private ``HttpToolsProtocol``; pyproject.toml pins uvicorn below its next
 minor release, and tests/server/test_h1_uvicorn_contract.py names each part relied on.
 """
@@ -26,13 +30,19 @@ minor release, and tests/server/test_h1_uvicorn_contract.py names each part reli
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import logging
+from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
 from reachmesh.config import ServerPolicy
-from reachmesh.server.asgi import BODY_COMPLETE, WHOLE_ANSWER
+from reachmesh.server.asgi import BODY_COMPLETE, WHOLE_ANSWER, LaneAnswer, Scope, json_head
+
+log = logging.getLogger("uvicorn.error")
 
 _REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
 
@@ -178,6 +188,69 @@ def raw_stream(scope: Any) -> RawStream | None:
     return None
 
 
+class _NoWaiter:
+    """The body signal of a lane cycle: nobody waits for a body the lane already holds."""
+
+    __slots__ = ()
+
+    def set(self) -> None:
+        pass
+
+    def is_set(self) -> bool:
+        return True
+
+
+_NO_WAITER = _NoWaiter()
+
+
+class _LaneCycle:
+    """The request/response cycle of a POST /reach served by the lane (:class:`GuardedHttpTools`):
+    the parts of uvicorn's cycle that its protocol and :func:`whole_answer` read and write,
+    without the ASGI ``receive`` and ``send`` it never uses. Constant parts are the class's."""
+
+    access_log = False
+    disconnected = False
+    message_event = _NO_WAITER
+    response_complete = False
+    response_started = False
+    waiting_for_100_continue = False
+
+    def __init__(self, protocol: HttpToolsProtocol, keep_alive: bool) -> None:
+        self.default_headers = protocol.server_state.default_headers
+        self.flow = protocol.flow
+        self.keep_alive = keep_alive
+        self.on_response = protocol.on_response_complete
+
+
+# "Internal Server Error", as uvicorn answers an application that raised.
+_ERROR_500 = b"content-type: text/plain; charset=utf-8\r\ncontent-length: 21\r\n"
+
+
+async def _serve_lane(
+    serve: Callable[[Scope, dict[bytes, bytes], bytes], Awaitable[LaneAnswer]],
+    one_write: _OneWrite,
+    cycle: _LaneCycle,
+    request: tuple[Scope, dict[bytes, bytes], bytes],
+) -> None:
+    """Answer one lane request: the app's answer in one write, after a paused transport
+    drains, then what the app does after it; a bug in the app answers 500 and closes, as
+    uvicorn does."""
+    after = None
+    try:
+        (status, body, extra), after = await serve(*request)
+        head = json_head(body, extra)
+    except Exception:
+        log.exception("Exception in ASGI application")
+        cycle.keep_alive = False
+        status, head, body = 500, _ERROR_500, b"Internal Server Error"
+    try:
+        while not whole_answer(one_write, cycle, status, head, body):  # type: ignore[arg-type]
+            await cycle.flow.drain()
+    finally:
+        if after is not None:
+            after()
+
+
 class _LeanEvent(asyncio.Event):
     """An ``asyncio.Event`` whose waiters are a list. uvicorn makes two per connection (its
     write flow control's, and each request's body signal), each with a deque of 624 bytes,
@@ -202,9 +275,12 @@ class GuardedHttpTools(HttpToolsProtocol):
         "_head_lines",
         "_head_timer",
         "_header_bytes",
+        "_lane",
+        "_lane_app",
         "_one_write",
         "_reading_head",
         "_refused",
+        "_trusted",
     )
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -219,6 +295,8 @@ class GuardedHttpTools(HttpToolsProtocol):
             self.header_timeout_s, self._head_too_slow
         )
         self._one_write = _OneWrite(transport, self.loop)
+        self._lane: tuple[dict[bytes, bytes], list[bytes]] | None = None
+        self._find_lane()
         writable = _LeanEvent()
         if self.flow._is_writable_event.is_set():
             writable.set()
@@ -234,12 +312,15 @@ class GuardedHttpTools(HttpToolsProtocol):
         if self._reading_head:
             self._head_bytes += len(data)
         super().data_received(data)
+        if self._lane is not None:
+            self._leave_lane()  # the body is still coming: uvicorn's cycle reads the rest
         # Still in the head after taking every byte so far: all of them were head bytes.
         if self._reading_head and not self._refused and self._head_bytes > self.max_header_bytes:
             self._refuse_head_size()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._lane = None
         self._reading_head = True
         self._head_lines = 0
         self._header_bytes = 0
@@ -250,18 +331,22 @@ class GuardedHttpTools(HttpToolsProtocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         if self._refused:
             return
-        self._head_lines += 1
-        if self._head_lines > self.max_headers:
+        lines = self._head_lines = self._head_lines + 1
+        if lines > self.max_headers:
             self._refuse(431, f"more than {self.max_headers} request headers")
             return
         # "Name: value\r\n"; checked per line, so a head that arrived in one read is bounded too.
-        self._header_bytes += len(name) + len(value) + 4
+        size = self._header_bytes = self._header_bytes + len(name) + len(value) + 4
         if self._line_bytes < 0:
             self._line_bytes = self._request_line_bytes()
-        if self._line_bytes + self._header_bytes > self.max_header_bytes:
+        if self._line_bytes + size > self.max_header_bytes:
             self._refuse_head_size()
             return
-        super().on_header(name, value)
+        # uvicorn's own on_header, written out: it runs for every header of every request.
+        name = name.lower()
+        if name == b"expect" and value.lower() == b"100-continue":
+            self.expect_100_continue = True
+        self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         if self._refused:
@@ -272,6 +357,14 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._reading_head = False
         self._head_bytes = 0
         self._disarm()
+        headers = self._lane_headers()
+        if headers is not None:
+            self._lane = (headers, [])  # served once the whole body is here (or left)
+            return
+        self._asgi_head()
+
+    def _asgi_head(self) -> None:
+        """uvicorn's cycle for the request, with the one-write transport and the whole answer."""
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None:
@@ -281,11 +374,15 @@ class GuardedHttpTools(HttpToolsProtocol):
             self.scope[WHOLE_ANSWER] = partial(whole_answer, self._one_write, cycle)  # type: ignore[literal-required]
 
     def on_body(self, body: bytes) -> None:
-        if not self._refused:
+        if self._lane is not None:
+            self._lane[1].append(body)
+        elif not self._refused:
             super().on_body(body)
 
     def on_message_complete(self) -> None:
-        if not self._refused:
+        if self._lane is not None:
+            self._serve_lane()
+        elif not self._refused:
             # The app need not arm a body timer for a body that is already here.
             self.scope[BODY_COMPLETE] = True  # type: ignore[literal-required]
             super().on_message_complete()
@@ -295,6 +392,84 @@ class GuardedHttpTools(HttpToolsProtocol):
         # The next head starts counting at its first byte (on_message_begin); until then the
         # client may still be sending the rest of a body the app already refused.
         self._head_bytes = 0
+
+    # -- the lane: a POST /reach whose whole body arrives with its head -----------------------
+    #
+    # Most calls arrive in one read. Such a call is handed to the app's ``serve_whole`` with its
+    # body, and its answer written whole: no ASGI cycle, ``receive``, ``send``, middleware or
+    # dispatch on the path. Anything else (a stream, a body still coming, a pipelined request
+    # behind one in flight, a proxy's forwarded headers) takes uvicorn's way, unchanged.
+
+    def _find_lane(self) -> None:
+        """The app with a lane, if it has one, behind uvicorn's proxy-headers middleware or not
+        (a reference, not its bound methods: a connection waiting for its body stays small)."""
+        app = self.app
+        self._trusted = None
+        if isinstance(app, ProxyHeadersMiddleware):
+            self._trusted = app.trusted_hosts
+            app = app.app
+        self._lane_app = app if hasattr(app, "serve_whole") else None
+
+    def _lane_headers(self) -> dict[bytes, bytes] | None:
+        """The request's headers when it may take the lane, else None."""
+        if (
+            self._lane_app is None
+            or self.url != b"/reach"
+            or self.root_path
+            or self.expect_100_continue
+            or self.access_log
+            or self.limit_concurrency is not None
+            or (self.cycle is not None and not self.cycle.response_complete)
+            or self.parser.get_method() != b"POST"
+            or self.parser.get_http_version() != "1.1"
+            or self.parser.should_upgrade()
+        ):
+            return None
+        headers = dict(self.headers)
+        if not self._lane_app.takes_whole(headers):
+            return None
+        client = self.client
+        if (
+            self._trusted is not None
+            and client is not None
+            and client[0] in self._trusted
+            and (b"x-forwarded-for" in headers or b"x-forwarded-proto" in headers)
+        ):
+            return None  # the middleware would change the request's client: let it
+        return headers
+
+    def _serve_lane(self) -> None:
+        assert self._lane is not None
+        headers, chunks = self._lane
+        self._lane = None
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        scope = self.scope
+        scope["method"] = "POST"
+        scope["path"] = "/reach"
+        scope["raw_path"] = b"/reach"
+        scope["query_string"] = b""
+        scope[BODY_COMPLETE] = True  # type: ignore[literal-required]
+        cycle = _LaneCycle(self, self.parser.should_keep_alive())
+        self.cycle = cycle  # type: ignore[assignment]
+        serve = self._lane_app.serve_whole  # type: ignore[union-attr]
+        run = _serve_lane(serve, self._one_write, cycle, (scope, headers, body))  # type: ignore[arg-type]
+        if self.config.reset_contextvars:
+            task = self.loop.create_task(run, context=contextvars.Context())
+        else:
+            task = self.loop.create_task(run)
+        task.add_done_callback(self.tasks.discard)
+        self.tasks.add(task)
+
+    def _leave_lane(self) -> None:
+        """A lane request whose body did not come whole with its head: uvicorn's way after all."""
+        assert self._lane is not None
+        chunks = self._lane[1]
+        self._lane = None
+        if self._refused or self.transport.is_closing():
+            return  # refused, or a parse error answered 400
+        self._asgi_head()
+        for chunk in chunks:
+            super().on_body(chunk)
 
     def _parsed_head_bytes(self) -> int:
         """The request line and the header lines parsed so far."""

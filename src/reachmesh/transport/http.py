@@ -252,7 +252,14 @@ class HttpTransport:
             if answer.status == 429:
                 raise busy(answer.retry_after)
             return a2a.classify(answer.status, answer.body)
-        answer = await self._post(url, body, headers, limits)
+        pool = self._pool
+        if pool is None:
+            raise RuntimeError("HttpTransport.open() was not awaited")
+        # The pool's coroutine awaited here, not through _post: one coroutine fewer per attempt.
+        try:
+            answer = await pool.post(url, body, headers, limits.connect_s, limits.read_s, limits.total_s)
+        except _POST_ERRORS as exc:
+            raise _post_error(exc, limits) from exc
         if looks_like_events(answer.status, answer.body):
             # An agent that streams to a caller that asked for no stream: its chunks as a list,
             # within the answer limit the pool already kept to (protocol §14, mixed ends).
@@ -356,27 +363,8 @@ class HttpTransport:
             raise RuntimeError("HttpTransport.open() was not awaited")
         try:
             return await pool.post(url, body, headers, limits.connect_s, limits.read_s, limits.total_s)
-        except (lean.PoolTimeout, lean.ConnectTimeout, lean.BadUrl) as exc:
-            raise _pool_error(exc, limits) from exc
-        except ssl.SSLError as exc:
-            # Before the generic branches: a certificate error is an OSError and a ValueError too.
-            raise ConnectFailed(tls_failure(exc)) from exc
-        except TimeoutError as exc:
-            raise AttemptTimeout(timeout_said(exc, limits)) from exc
-        except HeadTooLarge as exc:
-            raise BadAgentResponse(f"answer head refused: {exc}") from exc
-        except BrokenBody as exc:
-            raise BadAgentResponse(f"broken response body: {exc}") from exc
-        except Disconnected as exc:
-            # After the request was written: the agent may have read it (see StaleConnection).
-            raise ConnectFailed(f"ServerDisconnected: {exc}", sent=True) from exc
-        except lean.BadHeader as exc:
-            raise unsendable(exc) from exc
-        except OSError as exc:
-            # Refused, reset, unreachable, a name that does not resolve (or only to refused
-            # addresses): all network errors.
-            refused = isinstance(exc, ConnectionRefusedError)
-            raise ConnectFailed(f"{type(exc).__name__}: {exc}", refused=refused) from exc
+        except _POST_ERRORS as exc:
+            raise _post_error(exc, limits) from exc
 
     def _refused(self, url: str) -> str | None:
         """Why the guard refuses ``url`` now (a literal address, a name, the allow-list), or None.
@@ -434,3 +422,42 @@ class HttpTransport:
                     raise DeliveryFailed(f"HTTP {resp.status}")
         except _QUIET as exc:
             raise DeliveryFailed(type(exc).__name__) from exc
+
+
+# What the pool raises that an attempt maps to the project's own errors (:func:`_post_error`).
+_POST_ERRORS = (
+    lean.PoolTimeout,
+    lean.ConnectTimeout,
+    lean.BadUrl,
+    ssl.SSLError,
+    TimeoutError,
+    HeadTooLarge,
+    BrokenBody,
+    Disconnected,
+    lean.BadHeader,
+    OSError,
+)
+
+
+def _post_error(exc: Exception, limits: AttemptLimits) -> Exception:  # noqa: PLR0911 - one per kind
+    """The project's error for what the pool raised, tested in this order: a certificate error
+    is an OSError and a ValueError too, and a timeout an OSError."""
+    if isinstance(exc, lean.PoolTimeout | lean.ConnectTimeout | lean.BadUrl):
+        return _pool_error(exc, limits)
+    if isinstance(exc, ssl.SSLError):
+        return ConnectFailed(tls_failure(exc))
+    if isinstance(exc, TimeoutError):
+        return AttemptTimeout(timeout_said(exc, limits))
+    if isinstance(exc, HeadTooLarge):
+        return BadAgentResponse(f"answer head refused: {exc}")
+    if isinstance(exc, BrokenBody):
+        return BadAgentResponse(f"broken response body: {exc}")
+    if isinstance(exc, Disconnected):
+        # After the request was written: the agent may have read it (see StaleConnection).
+        return ConnectFailed(f"ServerDisconnected: {exc}", sent=True)
+    if isinstance(exc, lean.BadHeader):
+        return unsendable(exc)
+    # Refused, reset, unreachable, a name that does not resolve (or only to refused addresses):
+    # all network errors.
+    refused = isinstance(exc, ConnectionRefusedError)
+    return ConnectFailed(f"{type(exc).__name__}: {exc}", refused=refused)

@@ -82,6 +82,10 @@ LATE_S = 0.05
 _JOIN_LIMIT = 64 * 1024
 
 
+# One header line, formatted in C (``map`` over the names and values): no Python frame per header.
+_HEADER_LINE = "{}: {}\r\n".format
+
+
 class ConnectTimeout(Exception):
     """No connection (or no TLS handshake) within the connect timeout; ``late_s``: how long after
     the timeout the Router's event loop got to it."""
@@ -421,7 +425,9 @@ class Pool:
         target = self._target(url)
         # Built in a function of its own: its pieces are gone before the (maybe long) wait.
         data = self._request_head(target, headers, len(body))
-        conn = await self._acquire(target, connect_s, hard)
+        # An idle connection (nobody waiting first) without _acquire's coroutine: keep-alive's case.
+        conn = None if self._waiting.get(target.key) else self._reuse(target.key, loop.time())
+        conn = await self._acquire(target, connect_s, hard) if conn is None else conn
         reused = conn.idle_since > 0.0
         try:
             return await conn.exchange(data, body, self._limit, read_s, hard)
@@ -458,7 +464,7 @@ class Pool:
         """The request's head, whole; BadHeader for a name or value with a line break in it."""
         # The header lines in one join and one encode; each line ends in the one CR LF added
         # here, so any other line break is counted by two scans in C instead of two per header.
-        lines = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
+        lines = "".join(map(_HEADER_LINE, headers.keys(), headers.values()))
         if lines.count("\r") != len(headers) or lines.count("\n") != len(headers):
             for name, value in headers.items():
                 if "\r" in name or "\n" in name or "\r" in value or "\n" in value:
