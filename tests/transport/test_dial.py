@@ -211,7 +211,7 @@ async def test_a_connect_slot_is_free_once_the_agent_has_the_connection(monkeypa
     monkeypatch.setattr(loop, "create_connection", held)
     transport = HttpTransport(tls=OutboundPolicy(max_connecting_per_agent=1))
     await transport.open()
-    limits = AttemptLimits(scaled(60.0), scaled(60.0), scaled(60.0))  # past the poll's deadline
+    limits = AttemptLimits(scaled(10.0), scaled(10.0), scaled(20.0))
     calls = [asyncio.ensure_future(transport.send(url, b"{}", {}, limits)) for _ in range(2)]
     try:
         await until(lambda: accept_queue(listener) == 2, "both connections in the agent's accept queue")
