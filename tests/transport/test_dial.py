@@ -11,7 +11,6 @@ import socket
 import struct
 import threading
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
@@ -182,43 +181,3 @@ def test_the_resend_interval_is_a_few_times_the_quickest_connect_within_bounds()
     assert RESEND_FLOOR_S <= 0.2 <= RESEND_CEILING_S
     times.learn("lan", 0.300, now=WINDOW_S + 1.0)  # the window passed: the route got slower
     assert times.resend_after("lan") is None
-
-
-def accept_queue(listener: socket.socket) -> int:
-    """Connections the kernel completed on ``listener`` and nobody accepted yet."""
-    info = listener.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
-    return int(struct.unpack_from("I", info, 24)[0])
-
-
-async def test_a_connect_slot_is_free_once_the_agent_has_the_connection(monkeypatch) -> None:
-    """With one connect at a time per agent, the second connect begins as soon as the first is in
-    the agent's accept queue, not once the Router has set its transport up: on a loop busy with
-    a burst that came a turn later, and a burst's connects went at 32 (the cap) a turn. The
-    first connection's set-up is held here; before the change, its connect slot was held too and
-    the second connection never reached the agent."""
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(16)
-    url = f"http://127.0.0.1:{listener.getsockname()[1]}/reach"
-    loop = asyncio.get_running_loop()
-    set_up = asyncio.Event()
-    real = loop.create_connection
-
-    async def held(*args: Any, **kwargs: Any) -> Any:
-        await set_up.wait()
-        return await real(*args, **kwargs)
-
-    monkeypatch.setattr(loop, "create_connection", held)
-    transport = HttpTransport(tls=OutboundPolicy(max_connecting_per_agent=1))
-    await transport.open()
-    limits = AttemptLimits(scaled(10.0), scaled(10.0), scaled(20.0))
-    calls = [asyncio.ensure_future(transport.send(url, b"{}", {}, limits)) for _ in range(2)]
-    try:
-        await until(lambda: accept_queue(listener) == 2, "both connections in the agent's accept queue")
-    finally:
-        set_up.set()
-        for call in calls:
-            call.cancel()
-        await asyncio.gather(*calls, return_exceptions=True)
-        await transport.close()
-        listener.close()

@@ -80,14 +80,6 @@ LATE_S = 0.05
 _JOIN_LIMIT = 64 * 1024
 
 
-def _less(counts: dict[tuple[str, str, int], int], key: tuple[str, str, int]) -> None:
-    left = counts.get(key, 1) - 1
-    if left > 0:
-        counts[key] = left
-    else:
-        counts.pop(key, None)
-
-
 class ConnectTimeout(Exception):
     """No connection (or no TLS handshake) within the connect timeout; ``late_s``: how long after
     the timeout the Router's event loop got to it."""
@@ -572,19 +564,9 @@ class Pool:
         connect_due = loop.time() + (max(connect_s, BUSY_CONNECT_S) if busy else connect_s)
         self._opening += 1
         self._connecting[key] = self._connecting.get(key, 0) + 1
-        sock: socket.socket | None = None
-        conn: _Conn | None = None
         try:
             async with asyncio.timeout_at(min(connect_due, hard)):
-                sock = await self._open(target)
-                # The agent's accept queue holds it now: the connect slot is free at once, not
-                # once the transport is set up on a later turn of the loop (a busy one made that
-                # 32 connects a turn: a burst's calls waited seconds for connect slots).
-                _less(self._connecting, key)
-                self._open_to[key] = self._open_to.get(key, 0) + 1
-                self._wake(key)
-                conn = await self._wrap(target, sock)
-                return conn
+                return await self._open(target)
         except TimeoutError as exc:
             if connect_due < hard:
                 raise ConnectTimeout(loop.time() - connect_due) from exc
@@ -594,36 +576,31 @@ class Pool:
             raise  # the attempt's ceiling came first, not the connect timeout
         finally:
             self._opening -= 1
-            if sock is None:
-                _less(self._connecting, key)
-            elif conn is None:
-                _less(self._open_to, key)  # no transport came of the socket (TLS failed, say)
+            left = self._connecting[key] - 1
+            if left:
+                self._connecting[key] = left
+            else:
+                del self._connecting[key]
             self._wake(key)  # a connect slot is free (and a failed one frees a connection's)
 
-    async def _open(self, target: _Target) -> socket.socket:
-        """A socket connected to ``target`` (happy eyeballs over its addresses)."""
+    async def _open(self, target: _Target) -> _Conn:
         addresses = await self._resolve(target.host, target.port)
         if len(addresses) == 1:
             return await self._dial(target, addresses[0])
         dial_one = lambda address: self._dial(target, address)  # noqa: E731
         assert self._loop is not None
-        return await dial.race(self._loop, interleave(addresses), dial_one, socket.socket.close)
+        return await dial.race(self._loop, interleave(addresses), dial_one, _Conn._close)
 
-    async def _dial(self, target: _Target, address: str) -> socket.socket:
+    async def _dial(self, target: _Target, address: str) -> _Conn:
         loop = self._loop
         assert loop is not None
         while True:  # a connect unanswered for long is begun again (a dropped SYN: see .dial)
             began = loop.time()
             sock = await dial.connect(loop, address, target.port, self._times.resend_after(target.key))
             if sock is not None:
-                self._times.learn(target.key, loop.time() - began, loop.time())
-                return sock
+                break
             self.resends += 1
-
-    async def _wrap(self, target: _Target, sock: socket.socket) -> _Conn:
-        """The pool's connection on a connected socket (the TLS handshake done, if any)."""
-        loop = self._loop
-        assert loop is not None
+        self._times.learn(target.key, loop.time() - began, loop.time())
         transport, conn = await loop.create_connection(  # it owns sock from here, failed or not
             lambda: _Conn(self, target.key, loop, self._head),
             sock=sock,
@@ -633,6 +610,7 @@ class Pool:
         # uvloop may call connection_made after create_connection returns: take it from here.
         conn.transport = transport
         self._all.add(conn)
+        self._open_to[target.key] = self._open_to.get(target.key, 0) + 1
         return conn
 
     async def _resolve(self, host: str, port: int) -> list[str]:
