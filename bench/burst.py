@@ -3,7 +3,7 @@ burst's, the Router's memory per call in flight, capacity kept, and load-aware s
 
     .venv/bin/python bench/burst.py one   [--calls 2000] [--hold 8]
     .venv/bin/python bench/burst.py many  [--calls 10000] [--hold 30] [--agents 10]
-        [--caller-procs 4] [--caller-connecting 256] [--routers 2]
+        [--caller-procs 4] [--caller-connecting 256] [--routers 2] [--router-backlog 4096]
     .venv/bin/python bench/burst.py cap   # max_concurrency 20, 200 calls held 0.5 s
     .venv/bin/python bench/burst.py share # capacities 10 and 100, a 100-call burst
 
@@ -52,6 +52,7 @@ CONNECTING = {"per_agent": 32}  # --connecting sets outbound.max_connecting_per_
 # progress at once in each
 CALLERS = {"procs": 1, "connecting": 10_000}
 AGENT = {"backlog": 128}  # --agent-backlog: the slow agents' listen backlog (aiohttp's default)
+ROUTER = {"backlog": 2048}  # --router-backlog: server.listen_backlog (capped by net.core.somaxconn)
 # --per-agent-connections: outbound.max_connections_per_agent (default: above the burst). Below
 # it, one Router holds more calls than its file descriptors allow two each for: the calls past
 # the cap wait in the Router for a connection (a whole hold) instead of failing at EMFILE.
@@ -61,7 +62,10 @@ PER_AGENT: dict[str, int | None] = {"connections": None}
 def policy(calls: int, hold_s: float) -> dict[str, Any]:
     """Limits that admit the whole burst: the queueing under test is the per-agent one."""
     wait_ms = int((hold_s + 60) * 1000)
+    # Only when set: a Router from before the key (--compare runs of older code) refuses it.
+    server = {"server": {"listen_backlog": ROUTER["backlog"]}} if ROUTER["backlog"] != 2048 else {}
     return {
+        **server,
         "embedding": {"backend": "none"},
         "health": {"enabled": False},
         "logging": {"level": "WARNING"},
@@ -387,6 +391,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "hold_s": hold,
                 "max_connecting_per_agent": CONNECTING["per_agent"],
                 "agent_backlog": AGENT["backlog"],
+                "router_backlog": ROUTER["backlog"],
                 "routers": args.routers,
                 "caller_procs": CALLERS["procs"],
                 "caller_connecting": CALLERS["connecting"],
@@ -438,6 +443,7 @@ def main() -> None:
     parser.add_argument("--connecting", type=int, default=32, help="outbound.max_connecting_per_agent")
     parser.add_argument("--caller-procs", type=int, default=1, help="processes the callers are split over")
     parser.add_argument("--agent-backlog", type=int, default=128, help="the agents' listen backlog")
+    parser.add_argument("--router-backlog", type=int, default=2048, help="server.listen_backlog")
     parser.add_argument(
         "--per-agent-connections", type=int, default=None, help="outbound.max_connections_per_agent"
     )
@@ -450,6 +456,7 @@ def main() -> None:
     args = parser.parse_args()
     CALLERS["connecting"] = args.caller_connecting
     AGENT["backlog"] = args.agent_backlog
+    ROUTER["backlog"] = args.router_backlog
     PER_AGENT["connections"] = args.per_agent_connections
     CONNECTING["per_agent"] = args.connecting
     CALLERS["procs"] = args.caller_procs

@@ -38,6 +38,10 @@ class ServerPolicy(_Section):
     body_timeout_seconds: Positive = 10
     # On SIGTERM: how long requests in flight (async ones included) get to finish.
     drain_timeout_seconds: Positive = 10
+    # Connections the kernel completes for the Router before it accepts them (listen(2)'s
+    # backlog, capped by net.core.somaxconn). Past it a SYN is dropped and sent again only after
+    # 1 s, or, with SYN cookies on, a burst's connects can end reset.
+    listen_backlog: Annotated[int, Field(ge=1, le=65535)] = 2048
     # Deepest nesting of a JSON body (the envelope counts as one level); deeper is a 400.
     max_json_depth: Annotated[int, Field(ge=4, le=200)] = 64
     # The largest agent answer the Router reads; a bigger one is AGENT_ERROR RESPONSE_TOO_LARGE.

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import socket
+import struct
+from typing import Any
 
 import pytest
 
@@ -10,6 +12,7 @@ from reachmesh.config import RouterConfig
 from reachmesh.exceptions import ConfigError
 from reachmesh.server.app import RouterApp
 from reachmesh.server.serve import serve
+from reachmesh.testing import RouterServer
 
 
 def test_a_taken_port_fails_before_the_router_starts_anything(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -29,3 +32,21 @@ def test_a_taken_port_fails_before_the_router_starts_anything(monkeypatch: pytes
         with pytest.raises(ConfigError, match=f"cannot bind 127.0.0.1:{port}: address already in use"):
             serve(app, "127.0.0.1", port)
     assert started == []
+
+
+def listen_backlog(sock: socket.socket) -> int:
+    """A listening socket's backlog as the kernel keeps it (``tcpi_sacked`` of a listener)."""
+    info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+    return int(struct.unpack_from("I", info, 28)[0])
+
+
+@pytest.mark.parametrize("backlog", [None, 64])
+async def test_the_routers_listen_backlog_is_the_policys(backlog: int | None) -> None:
+    """``server.listen_backlog`` is the backlog the Router listens with (2,048 unless set): a
+    burst of 10,000 connects overflowed uvicorn's fixed 2,048, and no policy key could raise it."""
+    policy: dict[str, Any] = {"embedding": {"backend": "none"}}
+    if backlog is not None:
+        policy["server"] = {"listen_backlog": backlog}
+    async with RouterServer(RouterConfig.model_validate(policy)) as server:
+        (listening,) = [sock for each in server._server.servers for sock in each.sockets]
+        assert listen_backlog(listening) == (backlog or 2048)

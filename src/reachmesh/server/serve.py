@@ -61,6 +61,7 @@ def uvicorn_config(app: RouterApp, host: str, port: int, **extra: Any) -> uvicor
         "http": bounded_protocol(server),
         "server_header": False,
         "timeout_graceful_shutdown": server.drain_timeout_seconds,
+        "backlog": server.listen_backlog,
         **tls_settings(server),
         **extra,
     }

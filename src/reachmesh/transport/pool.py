@@ -34,7 +34,6 @@ import asyncio
 import collections
 import contextlib
 import ipaddress
-import itertools
 import select
 import socket
 import ssl
@@ -43,6 +42,7 @@ from typing import cast
 import yarl
 
 from reachmesh.exceptions import AgentRejected, OutboundRefused
+from reachmesh.transport import dial
 from reachmesh.transport.answer import (
     DEFAULT_HEAD,
     Answer,
@@ -52,6 +52,7 @@ from reachmesh.transport.answer import (
     HeadLimits,
 )
 from reachmesh.transport.base import POOL_WAIT_S
+from reachmesh.transport.dial import interleave
 from reachmesh.transport.urlguard import UrlGuard
 
 # An idle pooled connection older than this is closed instead of reused. It is under the 5 s
@@ -62,9 +63,6 @@ from reachmesh.transport.urlguard import UrlGuard
 IDLE_S = 4.0
 # Resolved names are kept this long (aiohttp's ttl_dns_cache of the session it replaces).
 DNS_TTL_S = 60.0
-# When a name has several addresses, each one's head start over the next (RFC 8305's
-# "Connection Attempt Delay").
-STAGGER_S = 0.25
 # After a connect timed out to an agent that holds connections of ours, no new connect to it for
 # this long: its accept queue is full (it is busy, not broken), so requests wait for the
 # connections it has (about the kernel's first SYN retransmit, 1 s).
@@ -119,23 +117,6 @@ class BadHeader(ValueError):
 class ReadTimeout(TimeoutError):
     """The read timeout fired (the head not within it of the request, or a gap between two
     reads of the body): a plain ``TimeoutError`` is the attempt's ceiling."""
-
-
-def interleave(addresses: list[str]) -> list[str]:
-    """The addresses alternating between IPv6 and IPv4, the resolver's first choice first."""
-    six = [a for a in addresses if ":" in a]
-    four = [a for a in addresses if ":" not in a]
-    first, second = (six, four) if ":" in addresses[0] else (four, six)
-    out: list[str] = []
-    for pair in itertools.zip_longest(first, second):
-        out.extend(a for a in pair if a is not None)
-    return out
-
-
-def _drop_loser(task: asyncio.Task[_Conn]) -> None:
-    # A connection that won too late (or beside the winner) is closed, never leaked from the pool.
-    if not task.cancelled() and task.exception() is None:
-        task.result()._close()
 
 
 class _Target:
@@ -397,6 +378,8 @@ class Pool:
         self._waiting: dict[tuple[str, str, int], collections.deque[asyncio.Future[None]]] = {}
         self._targets: dict[str, _Target] = {}
         self._names: dict[tuple[str, int], tuple[float, list[str]]] = {}
+        self._times = dial.ConnectTimes()
+        self.resends = 0  # connects begun again after no answer (dropped SYNs)
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def _target(self, url: str) -> _Target:
@@ -596,15 +579,23 @@ class Pool:
         addresses = await self._resolve(target.host, target.port)
         if len(addresses) == 1:
             return await self._dial(target, addresses[0])
-        return await self._race(target, interleave(addresses))
+        dial_one = lambda address: self._dial(target, address)  # noqa: E731
+        assert self._loop is not None
+        return await dial.race(self._loop, interleave(addresses), dial_one, _Conn._close)
 
     async def _dial(self, target: _Target, address: str) -> _Conn:
         loop = self._loop
         assert loop is not None
-        transport, conn = await loop.create_connection(
+        while True:  # a connect unanswered for long is begun again (a dropped SYN: see .dial)
+            began = loop.time()
+            sock = await dial.connect(loop, address, target.port, self._times.resend_after(target.key))
+            if sock is not None:
+                break
+            self.resends += 1
+        self._times.learn(target.key, loop.time() - began, loop.time())
+        transport, conn = await loop.create_connection(  # it owns sock from here, failed or not
             lambda: _Conn(self, target.key, loop, self._head),
-            address,
-            target.port,
+            sock=sock,
             ssl=self._ssl if target.tls else None,
             server_hostname=target.server_hostname,
         )
@@ -613,34 +604,6 @@ class Pool:
         self._all.add(conn)
         self._open_to[target.key] = self._open_to.get(target.key, 0) + 1
         return conn
-
-    async def _race(self, target: _Target, addresses: list[str]) -> _Conn:
-        """Happy eyeballs: each address gets a head start of STAGGER_S over the next (less if it
-        fails sooner), the first connection made wins and the others are dropped, so a
-        black-holed address costs STAGGER_S, not the whole connect timeout."""
-        loop = self._loop
-        assert loop is not None
-        waiting = list(addresses)
-        racing: set[asyncio.Task[_Conn]] = set()
-        last: BaseException | None = None
-        try:
-            while waiting or racing:
-                if waiting:
-                    racing.add(loop.create_task(self._dial(target, waiting.pop(0))))
-                done, racing = await asyncio.wait(
-                    racing, timeout=STAGGER_S if waiting else None, return_when=asyncio.FIRST_COMPLETED
-                )
-                for task in done:
-                    last = task.exception()
-                    if last is None or not isinstance(last, OSError) or isinstance(last, ssl.SSLError):
-                        racing |= done - {task}  # any other winner of this round is dropped
-                        return task.result()  # the winner, or the error that ends the race
-        finally:
-            for task in racing:
-                task.cancel()
-                task.add_done_callback(_drop_loser)
-        assert last is not None
-        raise last
 
     async def _resolve(self, host: str, port: int) -> list[str]:
         """The addresses to try for ``host``, every one passed by the URL guard.
@@ -744,6 +707,7 @@ class Pool:
         self._open_to.clear()
         self._hold_off.clear()
         self._names.clear()
+        self._times.forget()
         for queue in self._waiting.values():
             for room in queue:
                 if not room.done():
@@ -751,4 +715,13 @@ class Pool:
         self._waiting.clear()
 
 
-__all__ = ["BadHeader", "BadUrl", "ConnectTimeout", "Pool", "PoolTimeout", "ReadTimeout", "StaleConnection"]
+__all__ = [
+    "BadHeader",
+    "BadUrl",
+    "ConnectTimeout",
+    "Pool",
+    "PoolTimeout",
+    "ReadTimeout",
+    "StaleConnection",
+    "interleave",
+]
