@@ -103,20 +103,33 @@ def whole_answer(
         return True  # uvicorn's send drops it too: nobody is left to read it
     if cycle.response_started or cycle.access_log or cycle.flow.write_paused:
         return False
+    block = _start_response(cycle, status, head)
+    # A response still held by the one-write wrapper (a pipelined one) leaves first.
+    one_write.flush()
+    one_write.write_now(b"%s%s" % (block, body))
+    _end_response(one_write, cycle)
+    return True
+
+
+def _start_response(cycle: RequestResponseCycle, status: int, head: bytes) -> bytes:
+    """Mark ``cycle``'s response started, as uvicorn's ``send`` would, and return its head block:
+    the status line, the server's default headers, ``head``, ``connection: close`` when the
+    connection ends with it, and the blank line."""
     cycle.response_started = True
     cycle.waiting_for_100_continue = False
     default = cycle.default_headers
     lines = b"".join([b"%s: %s\r\n" % pair for pair in default]) if default else b""
     close = b"" if cycle.keep_alive else b"connection: close\r\n"
-    # A response still held by the one-write wrapper (a pipelined one) leaves first.
-    one_write.flush()
-    one_write.write_now(b"%s%s%s%s\r\n%s" % (STATUS_LINE[status], lines, head, close, body))
+    return b"%s%s%s%s\r\n" % (STATUS_LINE[status], lines, head, close)
+
+
+def _end_response(one_write: _OneWrite, cycle: RequestResponseCycle) -> None:
+    """End ``cycle``'s response once its last bytes are written, as uvicorn's ``send`` would."""
     cycle.response_complete = True
     cycle.message_event.set()
     if not cycle.keep_alive:
         one_write.close()
     cycle.on_response()
-    return True
 
 
 class RawStream:
@@ -142,13 +155,8 @@ class RawStream:
         cycle = self._cycle
         if cycle.response_started or cycle.access_log or cycle.disconnected:
             return False
-        cycle.response_started = True
-        cycle.waiting_for_100_continue = False
         cycle.chunked_encoding = True
-        default = cycle.default_headers
-        lines = b"".join([b"%s: %s\r\n" % pair for pair in default]) if default else b""
-        close = b"" if cycle.keep_alive else b"connection: close\r\n"
-        self._head = b"%s%s%stransfer-encoding: chunked\r\n%s\r\n" % (STATUS_LINE[status], lines, head, close)
+        self._head = _start_response(cycle, status, head + b"transfer-encoding: chunked\r\n")
         return True
 
     async def write(self, pieces: list[bytes]) -> None:
@@ -168,11 +176,7 @@ class RawStream:
             return
         size = sum(map(len, pieces))
         self._send([self._head, b"%x\r\n" % size, *pieces, b"\r\n0\r\n\r\n"])
-        cycle.response_complete = True
-        cycle.message_event.set()
-        if not cycle.keep_alive:
-            self._one_write.close()
-        cycle.on_response()
+        _end_response(self._one_write, cycle)
 
     def _send(self, pieces: list[bytes]) -> None:
         self._head = b""
