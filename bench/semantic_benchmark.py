@@ -57,6 +57,7 @@ from reachmesh.semantic.calibrate import (
     HEAD_MARGINS,
     MARGINS,
     Outcome,
+    PhraseColumns,
     Scored,
     evaluate,
     propose,
@@ -206,25 +207,15 @@ def propose_floor(phrases: list[Scored], budget: float, floor: float) -> Outcome
     most ``budget`` of the in-scope phrases to a wrong task *and* refuse at least ``floor`` of
     the out-of-scope ones (``propose`` counts right routes and refusals alike). None when no
     point refuses that much."""
-    score = np.array([p.score for p in phrases])
-    by_head = np.array([p.head_gap is not None for p in phrases])
-    gap = np.array([p.gap for p in phrases])
-    head_gap = np.array([p.head_gap if p.head_gap is not None else 0.0 for p in phrases])
-    inside = np.array([p.expect is not None for p in phrases])
-    right_task = np.array([p.best is not None and p.best == p.expect for p in phrases])
-    thresholds = np.unique(np.floor(score * 10_000) / 10_000)
+    columns = PhraseColumns.of(phrases)
+    thresholds = np.unique(np.floor(columns.score * 10_000) / 10_000)
+    in_scope, out_of_scope = int(columns.inside.sum()), int((~columns.inside).sum())
     best: tuple[int, float, float, float] | None = None
-    for head_margin in HEAD_MARGINS if by_head.any() else [0.0]:
-        for margin in MARGINS:
-            clear = np.where(by_head, head_gap >= head_margin, gap >= margin)
-            routed = (score[None, :] >= thresholds[:, None]) & clear[None, :]
-            right = (routed & inside & right_task).sum(axis=1)
-            wrong = (routed & inside & ~right_task).sum(axis=1)
-            refused = (~routed & ~inside).sum(axis=1)
-            ok = (wrong <= budget * inside.sum()) & (refused >= floor * (~inside).sum())
-            for i in np.flatnonzero(ok):
-                if best is None or right[i] > best[0]:
-                    best = (int(right[i]), float(thresholds[i]), margin, head_margin)
+    for margin, head_margin, right, wrong, refused in columns.sweep(thresholds, MARGINS, HEAD_MARGINS):
+        ok = (wrong <= budget * in_scope) & (refused >= floor * out_of_scope)
+        for i in np.flatnonzero(ok):
+            if best is None or right[i] > best[0]:
+                best = (int(right[i]), float(thresholds[i]), margin, head_margin)
     return None if best is None else evaluate(phrases, round(best[1], 4), best[2], best[3])
 
 

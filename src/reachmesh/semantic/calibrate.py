@@ -9,7 +9,7 @@ possible; the threshold sits in the middle of the gap it was found in, not on it
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,6 +119,45 @@ def evaluate(
     return Outcome(threshold, margin, in_scope, right, wrong, out, refused, head_margin)
 
 
+@dataclass(frozen=True)
+class PhraseColumns:
+    """Scored phrases as columns, to judge every operating point at once."""
+
+    score: np.ndarray
+    by_head: np.ndarray  # the head decided (its gap counts), else the similarity margin
+    gap: np.ndarray
+    head_gap: np.ndarray
+    inside: np.ndarray  # an in-scope phrase
+    right_task: np.ndarray  # its best task is the expected one
+
+    @classmethod
+    def of(cls, phrases: list[Scored]) -> PhraseColumns:
+        return cls(
+            score=np.array([p.score for p in phrases]),
+            by_head=np.array([p.head_gap is not None for p in phrases]),
+            gap=np.array([p.gap for p in phrases]),
+            head_gap=np.array([p.head_gap if p.head_gap is not None else 0.0 for p in phrases]),
+            inside=np.array([p.expect is not None for p in phrases]),
+            right_task=np.array([p.best is not None and p.best == p.expect for p in phrases]),
+        )
+
+    def sweep(
+        self, thresholds: np.ndarray, margins: Sequence[float], head_margins: Sequence[float]
+    ) -> Iterator[tuple[float, float, np.ndarray, np.ndarray, np.ndarray]]:
+        """For each margin and head margin that can matter: the in-scope phrases routed right,
+        routed wrong, and the out-of-scope ones refused, at every threshold (one count each)."""
+        by_head, inside, right_task = self.by_head, self.inside, self.right_task
+        for head_margin in head_margins if by_head.any() else [HEAD_MARGIN]:
+            for margin in margins if (~by_head).any() else [0.0]:
+                clear = np.where(by_head, self.head_gap >= head_margin, self.gap >= margin)
+                # Every threshold at once: rows are thresholds, columns phrases.
+                routed = (self.score[None, :] >= thresholds[:, None]) & clear[None, :]
+                right = (routed & inside & right_task).sum(axis=1)
+                wrong = (routed & inside & ~right_task).sum(axis=1)
+                refused = (~routed & ~inside).sum(axis=1)
+                yield margin, head_margin, right, wrong, refused
+
+
 def propose(
     phrases: list[Scored],
     max_wrong: float = 0.0,
@@ -129,30 +168,18 @@ def propose(
     """The threshold, margin and head margin with the most right routes plus refusals, among
     those sending at most ``max_wrong`` of the in-scope phrases to a wrong task (the error
     budget; 0: none)."""
-    score = np.array([p.score for p in phrases])
-    by_head = np.array([p.head_gap is not None for p in phrases])
-    gap = np.array([p.gap for p in phrases])
-    head_gap = np.array([p.head_gap if p.head_gap is not None else 0.0 for p in phrases])
-    inside = np.array([p.expect is not None for p in phrases])
-    right_task = np.array([p.best is not None and p.best == p.expect for p in phrases])
+    columns = PhraseColumns.of(phrases)
     # Candidates on the 4-decimal grid the proposal is printed in, just below and above each
     # score: the point proposed is judged exactly as it will be applied.
-    grid = np.floor(score * 10_000) / 10_000
+    grid = np.floor(columns.score * 10_000) / 10_000
     thresholds = np.unique(np.concatenate([grid, grid + 0.0001, [grid.max() + 0.001]]))
-    allowed = max_wrong * int(inside.sum())
+    allowed = max_wrong * int(columns.inside.sum())
     best: tuple[tuple[float, float, float], float, float, float] | None = None
-    for head_margin in head_margins if by_head.any() else [HEAD_MARGIN]:
-        for margin in margins if (~by_head).any() else [0.0]:
-            clear = np.where(by_head, head_gap >= head_margin, gap >= margin)
-            # Every threshold at once: rows are thresholds, columns phrases.
-            routed = (score[None, :] >= thresholds[:, None]) & clear[None, :]
-            right = (routed & inside & right_task).sum(axis=1)
-            wrong = (routed & inside & ~right_task).sum(axis=1)
-            refused = (~routed & ~inside).sum(axis=1)
-            for i in np.flatnonzero(wrong <= allowed):
-                key = (float(right[i] + refused[i]), -margin, -head_margin)
-                if best is None or key > best[0]:
-                    best = (key, float(thresholds[i]), margin, head_margin)
+    for margin, head_margin, right, wrong, refused in columns.sweep(thresholds, margins, head_margins):
+        for i in np.flatnonzero(wrong <= allowed):
+            key = (float(right[i] + refused[i]), -margin, -head_margin)
+            if best is None or key > best[0]:
+                best = (key, float(thresholds[i]), margin, head_margin)
     assert best is not None  # the highest threshold refuses everything: always admissible
     return evaluate(phrases, round(best[1], 4), best[2], best[3])
 
