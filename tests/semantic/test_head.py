@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
 
 import httpx
 import numpy as np
@@ -16,6 +17,7 @@ from reachmesh.semantic.embedders.local import LocalEmbedder
 from reachmesh.semantic.head import Head, train
 from reachmesh.semantic.index import SemanticIndex, capability_texts
 from reachmesh.semantic.queue import VectorState
+from reachmesh.semantic.vectors import CapabilityVectors
 from reachmesh.testing import FakeAgent, RouterServer
 from tests.helpers import price_agent, scaled
 
@@ -53,9 +55,12 @@ async def until(condition: Callable[[], bool], what: str) -> None:
         await asyncio.sleep(0.01)
 
 
-async def test_the_head_retrains_on_registration_and_deregistration_without_blocking() -> None:
-    """While a retrain is held, requests by meaning are answered on the previous head; released,
-    the new head covers the newcomer, and after its deregistration no longer does."""
+@asynccontextmanager
+async def a_router_with_a_head() -> AsyncIterator[
+    tuple[RouterServer, httpx.AsyncClient, CapabilityVectors, Head]
+]:
+    """A Router routing by meaning with the price and trend agents registered and its head
+    trained on them; REFUND is left for the test to register (and is stopped with the rest)."""
     config = RouterConfig.from_mapping(
         {
             "health": {"enabled": False},
@@ -64,16 +69,26 @@ async def test_the_head_retrains_on_registration_and_deregistration_without_bloc
             "limits": {"loop_lag_ms": 10_000},
         }
     )
+    agents = [price_agent(), TREND, REFUND]
     async with RouterServer(config) as server, httpx.AsyncClient(base_url=server.url, timeout=30) as http:
-        agents = [price_agent(), TREND, REFUND]
-        for agent in agents[:2]:
-            await agent.start()
-            await agent.register(server.url)
-        vectors = server.app.parts.vectors
-        assert vectors is not None and vectors.head_state() == "current"
-        before = vectors.head
-        assert before is not None and set(before.tasks) == {"query_product_price", "analyze_price_trend"}
+        try:
+            for agent in agents[:2]:
+                await agent.start()
+                await agent.register(server.url)
+            vectors = server.app.parts.vectors
+            assert vectors is not None and vectors.head_state() == "current"
+            before = vectors.head
+            assert before is not None and set(before.tasks) == {"query_product_price", "analyze_price_trend"}
+            yield server, http, vectors, before
+        finally:
+            for agent in agents:
+                await agent.stop()
 
+
+async def test_the_head_retrains_on_registration_and_deregistration_without_blocking() -> None:
+    """While a retrain is held, requests by meaning are answered on the previous head; released,
+    the new head covers the newcomer, and after its deregistration no longer does."""
+    async with a_router_with_a_head() as (server, http, vectors, before):
         held = HeldTrainer()
         vectors.trainer = held
         await REFUND.start()
@@ -98,8 +113,6 @@ async def test_the_head_retrains_on_registration_and_deregistration_without_bloc
         held.release.set()
         await until(lambda: vectors.head_state() == "current", "the retrain after deregistration")
         assert vectors.head is not None and not vectors.head.covers("refund_order")
-        for agent in agents:
-            await agent.stop()
 
 
 def test_the_head_chooses_among_the_nearest_tasks_only() -> None:
@@ -159,22 +172,7 @@ async def test_the_head_trains_on_the_texts_embedded_as_queries_after_the_agent_
     """A newcomer is routable by meaning as soon as its passage rows are in; its texts are then
     embedded a second time, as queries, in the background; the head (the previous one until
     then) is retrained on those query rows, never on the passage rows."""
-    config = RouterConfig.from_mapping(
-        {
-            "health": {"enabled": False},
-            "routing": {"semantic_tasks": ["*"]},
-            "embedding": {"backend": "auto"},
-            "limits": {"loop_lag_ms": 10_000},
-        }
-    )
-    async with RouterServer(config) as server, httpx.AsyncClient(base_url=server.url, timeout=30) as http:
-        agents = [price_agent(), TREND, REFUND]
-        for agent in agents[:2]:
-            await agent.start()
-            await agent.register(server.url)
-        vectors = server.app.parts.vectors
-        assert vectors is not None and vectors.head_state() == "current"
-        before = vectors.head
+    async with a_router_with_a_head() as (server, http, vectors, before):
         local = LocalEmbedder()
         held = HeldBackground(local)
         vectors.head_rows.embedder = held
@@ -201,5 +199,3 @@ async def test_the_head_trains_on_the_texts_embedded_as_queries_after_the_agent_
         assert np.allclose((trained @ asked.T).max(axis=1), 1.0, atol=2e-3)
         passages = local.embed_sync(texts, "passage")
         assert not np.allclose((trained @ passages.T).max(axis=1), 1.0, atol=2e-3)
-        for agent in agents:
-            await agent.stop()
