@@ -138,21 +138,13 @@ _POOL_ERRORS = (lean.PoolTimeout, lean.ConnectTimeout, lean.BadUrl, lean.BadHead
 
 
 def stream_failure(exc: Exception, limits: AttemptLimits) -> Exception:
-    """The project's error for a failure to open an event stream (up to its head); ``exc``
-    itself when it is none of the failures a connection can have."""
-    if isinstance(exc, lean.PoolTimeout | lean.ConnectTimeout | lean.BadUrl):
-        return _pool_error(exc, limits)
-    if isinstance(exc, lean.BadHeader):
-        return unsendable(exc)
-    if isinstance(exc, ssl.SSLError):
-        # Before the generic branches: a certificate error is an OSError and a ValueError too.
-        return ConnectFailed(tls_failure(exc))
+    """The project's error for a failure to open an event stream (up to its head): as a plain
+    call's (:func:`_post_error`), but a timeout is the head's bound, the pool's wait, the
+    connect and the head together."""
     if isinstance(exc, TimeoutError):
         waited = min(limits.connect_s + limits.read_s, limits.total_s) * 1000
         return AttemptTimeout(f"no answer head within {waited:.0f} ms")
-    if isinstance(exc, OSError):
-        return ConnectFailed(f"{type(exc).__name__}: {exc}", refused=isinstance(exc, ConnectionRefusedError))
-    return exc
+    return _post_error(exc, limits)
 
 
 class _GuardedResolver(AbstractResolver):
