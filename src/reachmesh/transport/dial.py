@@ -18,14 +18,6 @@ The socket is opened here rather than by ``loop.create_connection``, so that whe
 due the kernel can be asked whether the connect has in fact completed: an event loop runs its
 due timers before it polls for I/O, and a busy one would otherwise close connections the kernel
 had made (a wasted accept at the agent, and a new SYN at a full queue).
-
-A plain request may also be written on the socket as soon as it is connected
-(:func:`send_ahead`), and the connect counted as done once the agent's kernel has acknowledged
-it (:func:`delivered`, from ``TCP_INFO``): then the agent's kernel holds the connection and the
-request, whatever the Router's loop does next. Setting up the transport takes the loop a turn or
-two more, and a Router reading a burst takes long turns (the tasks of a thousand new calls run
-in one): connects that waited for those turns went out 32 a turn, behind the whole burst's
-intake, while the agent sat idle.
 """
 
 from __future__ import annotations
@@ -37,7 +29,6 @@ import os
 import select
 import socket
 import ssl
-import struct
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -58,14 +49,6 @@ WINDOW_S = 30.0
 STAGGER_S = 0.25
 # Targets remembered; past it the table starts again (endpoints come from the registry).
 _MAX_TARGETS = 4096
-# How often a request sent ahead is checked for the agent's kernel's acknowledgement. On loopback
-# it is there when the write returns; further away it takes a round trip.
-ACK_POLL_S = 0.005
-# Linux's ``struct tcp_info``: eight one-byte fields, then u32 rto, ato, snd_mss, rcv_mss and
-# unacked (segments sent and not yet acknowledged). None elsewhere: nothing is sent ahead there.
-_TCP_INFO: int | None = getattr(socket, "TCP_INFO", None)
-_UNACKED = struct.Struct("=I")
-_UNACKED_AT = 24
 
 
 class ConnectTimes:
@@ -159,46 +142,6 @@ async def _answered(
     return sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
 
 
-def unacked(sock: socket.socket) -> int | None:
-    """Segments sent on ``sock`` that the peer's kernel has not acknowledged yet; None where the
-    kernel does not say (no ``TCP_INFO``)."""
-    if _TCP_INFO is None:
-        return None
-    try:
-        info = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, _UNACKED_AT + _UNACKED.size)
-    except OSError:
-        return None
-    if len(info) < _UNACKED_AT + _UNACKED.size:
-        return None
-    return int(_UNACKED.unpack_from(info, _UNACKED_AT)[0])
-
-
-def send_ahead(sock: socket.socket, data: bytes) -> int:
-    """Write as much of ``data`` as the connected ``sock`` takes at once: the bytes written (0
-    where the kernel cannot say whether they arrived: nothing is then sent ahead). An
-    ``OSError`` means nothing was written."""
-    if _TCP_INFO is None:
-        return 0
-    try:
-        return sock.send(data)
-    except BlockingIOError:
-        return 0
-
-
-async def delivered(loop: asyncio.AbstractEventLoop, sock: socket.socket, due: float) -> bool:
-    """Whether the peer's kernel acknowledged all that was written on ``sock`` by ``due``.
-
-    Only pacing: an agent whose accept queue was full when the handshake ended has no connection
-    yet, drops what was written, and takes it only when the client's kernel resends it. The
-    connect slot stays taken until then, so such connections cannot pile up; past ``due`` the
-    request is left to the kernel's resends and the read timeout."""
-    while unacked(sock):
-        if loop.time() >= due:
-            return False
-        await asyncio.sleep(ACK_POLL_S)
-    return True
-
-
 def interleave(addresses: list[str]) -> list[str]:
     """The addresses alternating between IPv6 and IPv4, the resolver's first choice first."""
     six = [a for a in addresses if ":" in a]
@@ -248,14 +191,4 @@ async def race(
     raise last
 
 
-__all__ = [
-    "ACK_POLL_S",
-    "STAGGER_S",
-    "ConnectTimes",
-    "connect",
-    "delivered",
-    "interleave",
-    "race",
-    "send_ahead",
-    "unacked",
-]
+__all__ = ["STAGGER_S", "ConnectTimes", "connect", "interleave", "race"]

@@ -158,9 +158,7 @@ class _Conn(asyncio.Protocol):
         "_read_s",
         "_timer",
         "_waiter",
-        "ahead",
         "closed",
-        "early",
         "exchanges",
         "idle_since",
         "key",
@@ -169,12 +167,7 @@ class _Conn(asyncio.Protocol):
     )
 
     def __init__(
-        self,
-        pool: Pool,
-        key: tuple[str, str, int],
-        loop: asyncio.AbstractEventLoop,
-        head: HeadLimits,
-        ahead: int = 0,
+        self, pool: Pool, key: tuple[str, str, int], loop: asyncio.AbstractEventLoop, head: HeadLimits
     ) -> None:
         self._pool = pool
         self.key = key
@@ -184,10 +177,6 @@ class _Conn(asyncio.Protocol):
         self.idle_since = 0.0
         self.reader = AnswerReader(head)
         self.exchanges = 0  # exchanges begun on this connection
-        # Bytes of the first request written before the connection had a transport (.dial's
-        # send_ahead), and an answer's first bytes read before its exchange began.
-        self.ahead = ahead
-        self.early: bytes | None = None
         self._waiter: asyncio.Future[Answer] | None = None
         self._poller: select.poll | None = None  # for alive(), made at its first use
         self._timer: asyncio.TimerHandle | None = None
@@ -204,12 +193,6 @@ class _Conn(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self._waiter is None:
-            if self.ahead and self.early is None and self.transport is not None:
-                # The answer to a request sent ahead, before its exchange began (a turn later):
-                # kept, and no more read until then.
-                self.early = data
-                self.transport.pause_reading()
-                return
             # Bytes while idle: the agent broke the protocol; the connection cannot be reused.
             self._close()
             return
@@ -269,9 +252,7 @@ class _Conn(asyncio.Protocol):
         self._hard = hard
         transport = self.transport
         assert transport is not None
-        if self.ahead:
-            self._write_rest(transport, data, body)
-        elif body:
+        if body:
             transport.write(data + body if len(body) < _JOIN_LIMIT else data)
             if len(body) >= _JOIN_LIMIT:
                 transport.write(body)
@@ -282,11 +263,6 @@ class _Conn(asyncio.Protocol):
         # hold the attempt open by re-arming the read timeout with each byte.
         self._head_due = min(now + read_s, hard)
         self._timer = loop.call_at(self._head_due, self._on_timer)
-        early = self.early
-        if early is not None:
-            self.early = None
-            transport.resume_reading()
-            self.data_received(early)
         try:
             return await waiter
         finally:
@@ -294,15 +270,6 @@ class _Conn(asyncio.Protocol):
                 # Cancelled mid-exchange: the answer may still come, so the connection is done.
                 self._reset()
                 self._close()
-
-    def _write_rest(self, transport: asyncio.Transport, data: bytes, body: bytes) -> None:
-        """What a request sent ahead did not fit in the socket at once; Disconnected when the
-        connection ended before its exchange began (the agent may have read the request)."""
-        ahead, self.ahead = self.ahead, 0
-        if self.closed or transport.is_closing():
-            raise Disconnected("the connection closed before the answer to a request sent on it")
-        if ahead < len(data) + len(body):
-            transport.write((data + body)[ahead:])
 
     def _on_timer(self) -> None:
         # One timer per exchange: re-armed lazily from the last read rather than reset on each.
@@ -377,68 +344,6 @@ class _Conn(asyncio.Protocol):
                 self.transport.close()
 
 
-class _Names:
-    """Resolved names, kept DNS_TTL_S, and the URL guard's word on every address."""
-
-    __slots__ = ("_cache", "_guard")
-
-    def __init__(self, guard: UrlGuard) -> None:
-        self._guard = guard
-        self._cache: dict[tuple[str, int], tuple[float, list[str]]] = {}
-
-    async def resolve(self, loop: asyncio.AbstractEventLoop, host: str, port: int) -> list[str]:
-        """The addresses to try for ``host``, every one passed by the URL guard.
-
-        Literal addresses and names are checked here too, not only at registration: with a
-        shared registry, a profile can reach a Router's snapshot without passing its API.
-        """
-        bare = host[1:-1] if host.startswith("[") else host
-        try:
-            literal = ipaddress.ip_address(bare.split("%", 1)[0])
-        except ValueError:
-            try:
-                self._guard.check_name(host)
-            except OutboundRefused as exc:
-                raise OSError(f"{host}: {exc.message}") from exc
-        else:
-            refusal = self._guard.refusal(literal)
-            if refusal is not None:
-                raise OSError(f"{host} {refusal}")
-            return [bare]
-        now = loop.time()
-        cached = self._cache.get((host, port))
-        if cached is not None and cached[0] > now:
-            found = cached[1]
-        else:
-            infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_ADDRCONFIG)
-            found = list(dict.fromkeys(str(info[4][0]) for info in infos))
-            if len(self._cache) >= 4096:
-                self._cache.clear()
-            self._cache[(host, port)] = (now + DNS_TTL_S, found)
-        return self._guard.allowed(host, found, str)
-
-    def clear(self) -> None:
-        self._cache.clear()
-
-
-async def _send_ahead(
-    loop: asyncio.AbstractEventLoop, sock: socket.socket, ahead: tuple[bytes, bytes], due: float
-) -> int:
-    """Write the request on the connected ``sock``, and wait (until ``due`` at most) for the
-    agent's kernel to acknowledge it: the bytes written (0: none, the exchange writes it).
-    ``sock`` is closed when this fails."""
-    done = False
-    try:
-        sent = dial.send_ahead(sock, ahead[0] + ahead[1])
-        if sent:
-            await dial.delivered(loop, sock, due)
-        done = True
-        return sent
-    finally:
-        if not done:
-            sock.close()
-
-
 class Pool:
     """Keep-alive connections per (scheme, host, port), at most ``size`` open in all."""
 
@@ -459,6 +364,7 @@ class Pool:
         self._connecting_cap = connecting_per_agent
         self._limit = response_limit
         self._head = head
+        self._guard = guard
         self._ssl = tls
         self._ua = f"User-Agent: {user_agent}\r\nAccept: */*\r\n".encode()
         self._user_agent = user_agent.encode()
@@ -471,7 +377,7 @@ class Pool:
         # Callers waiting for a connection to each target, first come first served.
         self._waiting: dict[tuple[str, str, int], collections.deque[asyncio.Future[None]]] = {}
         self._targets: dict[str, _Target] = {}
-        self._names = _Names(guard)
+        self._names: dict[tuple[str, int], tuple[float, list[str]]] = {}
         self._times = dial.ConnectTimes()
         self.resends = 0  # connects begun again after no answer (dropped SYNs)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -504,9 +410,7 @@ class Pool:
         data = self._request_head(target, headers, len(body))
         # An idle connection (nobody waiting first) without _acquire's coroutine: keep-alive's case.
         conn = None if self._waiting.get(target.key) else self._reuse(target.key, loop.time())
-        if conn is None:
-            ahead = (data, body) if len(body) < _JOIN_LIMIT else None
-            conn = await self._acquire(target, connect_s, hard, ahead)
+        conn = await self._acquire(target, connect_s, hard) if conn is None else conn
         reused = conn.idle_since > 0.0
         try:
             return await conn.exchange(data, body, self._limit, read_s, hard)
@@ -559,11 +463,8 @@ class Pool:
             conn._close()
         return None
 
-    async def _acquire(
-        self, target: _Target, connect_s: float, hard: float, ahead: tuple[bytes, bytes] | None = None
-    ) -> _Conn:
-        """An idle connection to ``target``, or a new one once the caps allow; FIFO waits. A new
-        plain one carries ``ahead`` (the request's head and body) already: its ``ahead``."""
+    async def _acquire(self, target: _Target, connect_s: float, hard: float) -> _Conn:
+        """An idle connection to ``target``, or a new one once the caps allow; FIFO waits."""
         loop = self._loop
         assert loop is not None
         key = target.key
@@ -575,7 +476,7 @@ class Pool:
                     return conn
                 if self._may_open(key):
                     try:
-                        return await self._connect(target, connect_s, hard, ahead)
+                        return await self._connect(target, connect_s, hard)
                     except ConnectTimeout as exc:
                         self._timed_out(key, exc)
                         woken = False
@@ -647,12 +548,7 @@ class Pool:
             if not queue and self._waiting.get(key) is queue:
                 del self._waiting[key]
 
-    async def _connect(
-        self, target: _Target, connect_s: float, hard: float, ahead: tuple[bytes, bytes] | None = None
-    ) -> _Conn:
-        """A new connection to ``target``, within the connect timeout and a connect slot. With
-        ``ahead`` on a plain connection, the request is written as soon as the socket connects
-        and the slot is free once the agent's kernel has it: the transport is set up after."""
+    async def _connect(self, target: _Target, connect_s: float, hard: float) -> _Conn:
         loop = self._loop
         assert loop is not None
         key = target.key
@@ -660,51 +556,34 @@ class Pool:
         connect_due = loop.time() + (max(connect_s, BUSY_CONNECT_S) if busy else connect_s)
         self._opening += 1
         self._connecting[key] = self._connecting.get(key, 0) + 1
-        slot = True
         try:
-            try:
-                async with asyncio.timeout_at(min(connect_due, hard)):
-                    sock = await self._open(target)
-                    if ahead is None or target.tls:
-                        return await self._attach(target, sock, 0)
-            except TimeoutError as exc:
-                if connect_due < hard:
-                    raise ConnectTimeout(loop.time() - connect_due) from exc
-                if busy:
-                    # Nothing was sent, and the agent serves connections of ours: the wait is the pool's.
-                    raise PoolTimeout(f"no connection to {key[1]}:{key[2]} was made in time (busy)") from exc
-                raise  # the attempt's ceiling came first, not the connect timeout
-            # Past the connect timeout's scope: once anything is sent, no error may say "not sent".
-            sent = await _send_ahead(loop, sock, ahead, min(connect_due, hard))
-            slot = False
-            self._slot_free(key, counted=True)
-            return await self._attach(target, sock, sent, counted=True)
+            async with asyncio.timeout_at(min(connect_due, hard)):
+                return await self._open(target)
+        except TimeoutError as exc:
+            if connect_due < hard:
+                raise ConnectTimeout(loop.time() - connect_due) from exc
+            if busy:
+                # Nothing was sent, and the agent serves connections of ours: the wait is the pool's.
+                raise PoolTimeout(f"no connection to {key[1]}:{key[2]} was made in time (busy)") from exc
+            raise  # the attempt's ceiling came first, not the connect timeout
         finally:
             self._opening -= 1
-            if slot:
-                self._slot_free(key, counted=False)
+            left = self._connecting[key] - 1
+            if left:
+                self._connecting[key] = left
+            else:
+                del self._connecting[key]
+            self._wake(key)  # a connect slot is free (and a failed one frees a connection's)
 
-    def _slot_free(self, key: tuple[str, str, int], *, counted: bool) -> None:
-        """A connect slot is free (and a failed connect's connection slot); ``counted``: the
-        connection is made, and counted among the target's open ones from now on."""
-        left = self._connecting[key] - 1
-        if left:
-            self._connecting[key] = left
-        else:
-            del self._connecting[key]
-        if counted:
-            self._open_to[key] = self._open_to.get(key, 0) + 1
-        self._wake(key)
-
-    async def _open(self, target: _Target) -> socket.socket:
+    async def _open(self, target: _Target) -> _Conn:
         addresses = await self._resolve(target.host, target.port)
         if len(addresses) == 1:
             return await self._dial(target, addresses[0])
         dial_one = lambda address: self._dial(target, address)  # noqa: E731
         assert self._loop is not None
-        return await dial.race(self._loop, interleave(addresses), dial_one, socket.socket.close)
+        return await dial.race(self._loop, interleave(addresses), dial_one, _Conn._close)
 
-    async def _dial(self, target: _Target, address: str) -> socket.socket:
+    async def _dial(self, target: _Target, address: str) -> _Conn:
         loop = self._loop
         assert loop is not None
         while True:  # a connect unanswered for long is begun again (a dropped SYN: see .dial)
@@ -714,43 +593,50 @@ class Pool:
                 break
             self.resends += 1
         self._times.learn(target.key, loop.time() - began, loop.time())
-        return sock
-
-    async def _attach(
-        self, target: _Target, sock: socket.socket, sent: int, *, counted: bool = False
-    ) -> _Conn:
-        """The pooled connection on the connected ``sock`` (TLS begins here); ``sent``: bytes of
-        its first request already written. ``counted``: the target's count has it already."""
-        loop = self._loop
-        assert loop is not None
-        made = False
-        try:
-            transport, conn = await loop.create_connection(  # it owns sock from here, failed or not
-                lambda: _Conn(self, target.key, loop, self._head, sent),
-                sock=sock,
-                ssl=self._ssl if target.tls else None,
-                server_hostname=target.server_hostname,
-            )
-            made = True
-        except OSError as exc:
-            if sent:
-                raise Disconnected(f"the connection failed after the request was sent ({exc})") from exc
-            raise
-        finally:
-            if not made:
-                sock.close()
-                if counted:
-                    self._uncount(target.key)
+        transport, conn = await loop.create_connection(  # it owns sock from here, failed or not
+            lambda: _Conn(self, target.key, loop, self._head),
+            sock=sock,
+            ssl=self._ssl if target.tls else None,
+            server_hostname=target.server_hostname,
+        )
         # uvloop may call connection_made after create_connection returns: take it from here.
         conn.transport = transport
         self._all.add(conn)
-        if not counted:
-            self._open_to[target.key] = self._open_to.get(target.key, 0) + 1
+        self._open_to[target.key] = self._open_to.get(target.key, 0) + 1
         return conn
 
     async def _resolve(self, host: str, port: int) -> list[str]:
-        assert self._loop is not None
-        return await self._names.resolve(self._loop, host, port)
+        """The addresses to try for ``host``, every one passed by the URL guard.
+
+        Literal addresses and names are checked here too, not only at registration: with a
+        shared registry, a profile can reach a Router's snapshot without passing its API.
+        """
+        bare = host[1:-1] if host.startswith("[") else host
+        try:
+            literal = ipaddress.ip_address(bare.split("%", 1)[0])
+        except ValueError:
+            try:
+                self._guard.check_name(host)
+            except OutboundRefused as exc:
+                raise OSError(f"{host}: {exc.message}") from exc
+        else:
+            refusal = self._guard.refusal(literal)
+            if refusal is not None:
+                raise OSError(f"{host} {refusal}")
+            return [bare]
+        loop = self._loop
+        assert loop is not None
+        now = loop.time()
+        cached = self._names.get((host, port))
+        if cached is not None and cached[0] > now:
+            found = cached[1]
+        else:
+            infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_ADDRCONFIG)
+            found = list(dict.fromkeys(str(info[4][0]) for info in infos))
+            if len(self._names) >= 4096:
+                self._names.clear()
+            self._names[(host, port)] = (now + DNS_TTL_S, found)
+        return self._guard.allowed(host, found, str)
 
     def release(self, conn: _Conn) -> None:
         """Put a connection whose answer was read whole back in the pool."""
@@ -758,15 +644,6 @@ class Pool:
         self._idle.setdefault(conn.key, []).append(conn)
         if not self._wake(conn.key) and len(self._all) + self._opening >= self._size:
             self._wake_any()  # the pool is full: a waiter elsewhere may close this idle one
-
-    def _uncount(self, key: tuple[str, str, int]) -> None:
-        """A connection counted as made (:meth:`_slot_free`) whose transport was never set up."""
-        left = self._open_to.get(key, 1) - 1
-        if left > 0:
-            self._open_to[key] = left
-        else:
-            self._open_to.pop(key, None)
-        self._wake(key)
 
     def forget(self, conn: _Conn) -> None:
         """A connection closed: it is no longer pooled, and its slot is free."""
