@@ -6,6 +6,7 @@ burst's, the Router's memory per call in flight, capacity kept, and load-aware s
         [--caller-procs 4] [--caller-connecting 256] [--routers 2] [--router-backlog 4096]
     .venv/bin/python bench/burst.py cap   # max_concurrency 20, 200 calls held 0.5 s
     .venv/bin/python bench/burst.py share # capacities 10 and 100, a 100-call burst
+    .venv/bin/python bench/burst.py one --hogs 2  # "busy": two CPU hogs beside the run
 
 Agents (bench/slow_agent.py, aiohttp) and the Router (``reach router``) run in processes of
 their own; the callers are this process, or ``--caller-procs`` processes. A Router holds two
@@ -25,7 +26,9 @@ import asyncio
 import contextlib
 import json
 import multiprocessing
+import os
 import resource
+import subprocess
 import sys
 import tempfile
 import threading
@@ -377,7 +380,29 @@ def failed_attempt(fleet: Fleet) -> dict[str, Any]:
     return {}
 
 
+@contextlib.contextmanager
+def hogs(count: int) -> Any:
+    """``count`` processes that spin on a core each for the whole run: the project's "busy
+    machine" (two on a 2-core machine). Stopped when the run ends, however it ends."""
+    spinning = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for proc in spinning:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    load_before = os.getloadavg()[0]  # the machine's own load, before the hogs
+    with hogs(args.hogs):
+        out = _run(args)
+        out["hogs"] = args.hogs
+        out["load_before_after"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+        return out
+
+
+def _run(args: argparse.Namespace) -> dict[str, Any]:
     scenario = args.scenario
     calls, hold = {"cap": (200, 0.5), "share": (100, 2.0)}.get(scenario, (args.calls, args.hold))
     budget_ms = int((hold + 60) * 1000)
@@ -453,6 +478,7 @@ def main() -> None:
     parser.add_argument(
         "--caller-connecting", type=int, default=10_000, help="connects in progress at once, per caller"
     )
+    parser.add_argument("--hogs", type=int, default=0, help="CPU hogs beside the run (busy machine: 2)")
     args = parser.parse_args()
     CALLERS["connecting"] = args.caller_connecting
     AGENT["backlog"] = args.agent_backlog
