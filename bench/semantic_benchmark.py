@@ -26,6 +26,8 @@ on. Side by side, with one embedder (the bundled model):
 - the Router with the few-shot head trained on the capability texts embedded as queries (as
   shipped), and on them embedded as passages (as first built), fitted the same way, and fitted
   for the most right routes that refuse ``--refused-floor`` of the out-of-scope phrases;
+- the head on query rows with its confidence (``embedding.head_confidence``) fitted beside the
+  rest, and without it (as before);
 - each at the operating point it ships with (no fitting at all);
 - a nearest-example baseline, its threshold fitted the same way;
 - aurelio's semantic-router (``IndexedRouter``), run when importable (install it in the
@@ -420,7 +422,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "router, head on query rows, no head confidence (before)": router_system(
             data, query_rule, (QUERY_HEAD_MARGIN, 0.0), args, [0.0]
         ),
-        "router, head on query rows and head confidence (shipped)": router_system(
+        "router, head on query rows and head confidence (now: fitted with it; none shipped)": router_system(
             data, query_rule, (head_margin, confidence), args
         ),
     }
