@@ -26,6 +26,8 @@ on. Side by side, with one embedder (the bundled model):
 - the Router with the few-shot head trained on the capability texts embedded as queries (as
   shipped), and on them embedded as passages (as first built), fitted the same way, and fitted
   for the most right routes that refuse ``--refused-floor`` of the out-of-scope phrases;
+- the head on query rows with its confidence (``embedding.head_confidence``) fitted beside the
+  rest, and without it (as before);
 - each at the operating point it ships with (no fitting at all);
 - a nearest-example baseline, its threshold fitted the same way;
 - aurelio's semantic-router (``IndexedRouter``), run when importable (install it in the
@@ -53,7 +55,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
+from reachmesh.config import HEAD_CONFIDENCE, HEAD_MARGIN
 from reachmesh.semantic.calibrate import (
+    HEAD_CONFIDENCES,
     HEAD_MARGINS,
     MARGINS,
     Outcome,
@@ -63,7 +67,11 @@ from reachmesh.semantic.calibrate import (
     propose,
     score_index,
 )
-from reachmesh.semantic.embedders.base import calibrated_head_margin, calibrated_thresholds
+from reachmesh.semantic.embedders.base import (
+    calibrated_head_confidence,
+    calibrated_head_margin,
+    calibrated_thresholds,
+)
 from reachmesh.semantic.embedders.local import LocalEmbedder
 from reachmesh.semantic.head import train
 from reachmesh.semantic.index import BACKGROUND, SemanticIndex, capability_texts, language_means, limit_rows
@@ -189,34 +197,44 @@ def figures(outcome: Outcome) -> dict[str, float]:
     }
 
 
-def budget_check(valid: list[Scored], test: list[Scored], budgets: list[float]) -> dict[str, Any]:
+def point_of(outcome: Outcome) -> tuple[float, float, float, float]:
+    """The operating point an outcome was judged at."""
+    return outcome.threshold, outcome.margin, outcome.head_margin, outcome.head_confidence
+
+
+def budget_check(
+    valid: list[Scored], test: list[Scored], budgets: list[float], confidences: list[float]
+) -> dict[str, Any]:
     """For each wrong-route budget: the point fitted on the validation phrases (as ``reach
     calibrate --budget`` fits it) and its figures on the test file."""
     out: dict[str, Any] = {}
     for budget in budgets:
-        point = propose(valid, budget)
+        point = propose(valid, budget, head_confidences=confidences)
         out[f"{budget:.0%}"] = {
             "validation": figures(point),
-            "test": figures(evaluate(test, point.threshold, point.margin, point.head_margin)),
+            "test": figures(evaluate(test, *point_of(point))),
         }
     return out
 
 
-def propose_floor(phrases: list[Scored], budget: float, floor: float) -> Outcome | None:
+def propose_floor(
+    phrases: list[Scored], budget: float, floor: float, confidences: list[float] = HEAD_CONFIDENCES
+) -> Outcome | None:
     """The issue's goal as the objective: the most right routes among the points that send at
     most ``budget`` of the in-scope phrases to a wrong task *and* refuse at least ``floor`` of
     the out-of-scope ones (``propose`` counts right routes and refusals alike). None when no
     point refuses that much."""
     columns = PhraseColumns.of(phrases)
-    thresholds = np.unique(np.floor(columns.score * 10_000) / 10_000)
+    thresholds = np.unique(np.floor(columns.score[np.isfinite(columns.score)] * 10_000) / 10_000)
     in_scope, out_of_scope = int(columns.inside.sum()), int((~columns.inside).sum())
-    best: tuple[int, float, float, float] | None = None
-    for margin, head_margin, right, wrong, refused in columns.sweep(thresholds, MARGINS, HEAD_MARGINS):
-        ok = (wrong <= budget * in_scope) & (refused >= floor * out_of_scope)
-        for i in np.flatnonzero(ok):
-            if best is None or right[i] > best[0]:
-                best = (int(right[i]), float(thresholds[i]), margin, head_margin)
-    return None if best is None else evaluate(phrases, round(best[1], 4), best[2], best[3])
+    best: tuple[int, float, float, float, float] | None = None
+    sweep = columns.sweep(thresholds, MARGINS, HEAD_MARGINS, confidences)
+    for margin, head_margin, confidence, right, wrong, refused in sweep:
+        value = np.where((wrong <= budget * in_scope) & (refused >= floor * out_of_scope), right, -1)
+        i = int(np.argmax(value))
+        if value[i] >= 0 and (best is None or value[i] > best[0]):
+            best = (int(value[i]), float(thresholds[i]), margin, head_margin, confidence)
+    return None if best is None else evaluate(phrases, round(best[1], 4), *best[2:])
 
 
 def nearest_example(
@@ -282,6 +300,8 @@ def semantic_router_figures(split: Split, vectors: Vectors, budget: float) -> di
 
 # The head margin the passage-row head shipped with before the head trained on query rows.
 PASSAGE_HEAD_MARGIN = 0.9
+# The head margin the query-row head shipped with before the head's confidence (none asked).
+QUERY_HEAD_MARGIN = 0.85
 
 
 @dataclass(slots=True)
@@ -300,40 +320,48 @@ class Scoring:
 
 def with_extra(test: list[Scored], extra: list[Scored], point: Outcome) -> dict[str, float]:
     """The test file's figures at ``point``, and the dataset's own out-of-scope set's refusals."""
-    out = figures(evaluate(test, point.threshold, point.margin, point.head_margin))
+    out = figures(evaluate(test, *point_of(point)))
     if extra:
-        held = evaluate(extra, point.threshold, point.margin, point.head_margin)
+        held = evaluate(extra, *point_of(point))
         out["dataset_oos_refused"] = round(100 * held.refused / held.out_of_scope, 1)
     return out
 
 
 def router_system(
-    data: Scoring, rule: Any, shipped_head_margin: float, args: argparse.Namespace
+    data: Scoring,
+    rule: Any,
+    shipped: tuple[float, float],
+    args: argparse.Namespace,
+    confidences: list[float] = HEAD_CONFIDENCES,
 ) -> dict[str, Any]:
+    """The Router's figures with the head ``rule`` (or similarity alone): fitted on the
+    validation phrases (head confidences among ``confidences``; [0.0]: none, as before the head
+    confidence), and at the ``shipped`` head margin and confidence."""
     split = data.split
     v = score_index(data.index, data.background, split.valid, data.valid_q, rule)
     t = score_index(data.index, data.background, split.test, data.test_q, rule)
     e = score_index(data.index, data.background, [(x, None) for x in split.extra_oos], data.extra_q, rule)
-    point = propose(v, args.budget)
+    point = propose(v, args.budget, head_confidences=confidences)
     threshold, margin = calibrated_thresholds(LocalEmbedder.model) or (0.0, 0.0)
-    shipped = evaluate(t, threshold, margin, shipped_head_margin)
-    floor = propose_floor(v, args.budget, args.refused_floor)
+    as_shipped = evaluate(t, threshold, margin, *shipped)
+    floor = propose_floor(v, args.budget, args.refused_floor, confidences)
     return {
         "fitted on validation": {
-            "point": [point.threshold, point.margin, point.head_margin],
+            "point": list(point_of(point)),
+            "validation": figures(point),
             **with_extra(t, e, point),
         },
         f"fitted on validation, >= {args.refused_floor:.0%} of out-of-scope refused": "no such point"
         if floor is None
         else {
-            "point": [floor.threshold, floor.margin, floor.head_margin],
+            "point": list(point_of(floor)),
             "validation": figures(floor),
             **with_extra(t, e, floor),
         },
-        "as shipped": {"point": [threshold, margin, shipped_head_margin], **with_extra(t, e, shipped)},
+        "as shipped": {"point": [threshold, margin, *shipped], **with_extra(t, e, as_shipped)},
         "top1": round(100 * float(np.mean([x.best == x.expect for x in t if x.expect is not None])), 1),
         # Does a fit within a budget keep that budget on phrases it never saw?
-        "budgets": budget_check(v, t, args.budgets),
+        "budgets": budget_check(v, t, args.budgets, confidences),
     }
 
 
@@ -383,16 +411,19 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "budget": args.budget,
     }
     model = vectors.embedder.model
+    head_margin = calibrated_head_margin(model) or HEAD_MARGIN
+    confidence = calibrated_head_confidence(model) or HEAD_CONFIDENCE
+    query_rule = None if query_head is None else (query_head, 0.0, 0.0)
     systems: dict[str, Any] = {
-        "router, similarity only": router_system(data, None, 0.0, args),
+        "router, similarity only": router_system(data, None, (0.0, 0.0), args),
         "router, head on passage rows (before)": router_system(
-            data, None if head is None else (head, 0.0), PASSAGE_HEAD_MARGIN, args
+            data, None if head is None else (head, 0.0, 0.0), (PASSAGE_HEAD_MARGIN, 0.0), args, [0.0]
         ),
-        "router, head on query rows (shipped)": router_system(
-            data,
-            None if query_head is None else (query_head, 0.0),
-            calibrated_head_margin(model) or 0.3,
-            args,
+        "router, head on query rows, no head confidence (before)": router_system(
+            data, query_rule, (QUERY_HEAD_MARGIN, 0.0), args, [0.0]
+        ),
+        "router, head on query rows and head confidence (now: fitted with it; none shipped)": router_system(
+            data, query_rule, (head_margin, confidence), args
         ),
     }
     systems["nearest example"] = nearest_system(data)
@@ -428,7 +459,7 @@ async def through_http(args: argparse.Namespace) -> dict[str, Any]:
     caps, test = split.caps, split.test
     if args.test_limit:
         test = random.Random(args.seed).sample(test, min(args.test_limit, len(test)))
-    threshold, margin, head_margin = args.point
+    threshold, margin, head_margin, confidence = (*args.point, 0.0)[:4]
     model = LocalEmbedder().model
     config = RouterConfig.from_mapping(
         {
@@ -439,7 +470,12 @@ async def through_http(args: argparse.Namespace) -> dict[str, Any]:
             "embedding": {
                 "backend": "auto",
                 "calibrations": {
-                    model: {"threshold": threshold, "margin": margin, "head_margin": head_margin}
+                    model: {
+                        "threshold": threshold,
+                        "margin": margin,
+                        "head_margin": head_margin,
+                        "head_confidence": confidence,
+                    }
                 },
             },
             "limits": {"loop_lag_ms": 60_000},
@@ -524,8 +560,9 @@ def decision_latency(capabilities: int = 150, examples: int = 10, queries: int =
     asked_now = [asked[0]]
     rules: dict[str, tuple[Any, Any]] = {
         "similarity only": (None, None),
-        "with the head": ((head, 0.3), None),
-        "with the head and limits": ((head, 0.3), veto),
+        "with the head": ((head, 0.3, 0.0), None),
+        "with the head and its confidence": ((head, 0.3, 0.5), None),
+        "with the head, its confidence and limits": ((head, 0.3, 0.5), veto),
     }
     times: dict[str, list[float]] = {name: [] for name in rules}
     consulted = 0
@@ -579,7 +616,8 @@ def main() -> None:
         type=lambda s: tuple(float(x) for x in s.split(",")),
         dest="point",
         default=None,
-        help="THRESHOLD,MARGIN,HEAD_MARGIN: send the test file through a real Router at that point",
+        help="THRESHOLD,MARGIN,HEAD_MARGIN[,HEAD_CONFIDENCE]: send the test file through a real Router "
+        "at that point",
     )
     args = parser.parse_args()
     if args.latency:

@@ -474,6 +474,9 @@ class RoutingPolicy(_Section):
 
 # The few-shot head's margin for a model nobody calibrated it for.
 HEAD_MARGIN = 0.3
+# The few-shot head's confidence for a model nobody calibrated it for: none asked (a head's
+# probabilities mean different things for different models; `reach calibrate` fits one).
+HEAD_CONFIDENCE = 0.0
 
 
 class Calibration(_Section):
@@ -486,6 +489,8 @@ class Calibration(_Section):
     limit_margin: Annotated[float, Field(ge=-1, le=1)] | None = None
     # How much more probable the few-shot head must find its choice than the runner-up.
     head_margin: Annotated[float, Field(ge=0, le=1)] | None = None
+    # The least probability the head must give the task chosen, wherever it covers that task.
+    head_confidence: Annotated[float, Field(ge=0, le=1)] | None = None
 
 
 class EmbeddingPolicy(_Section):
@@ -534,6 +539,10 @@ class EmbeddingPolicy(_Section):
     head: bool = True
     # The head's margin: null takes the model's calibration, else HEAD_MARGIN.
     head_margin: Annotated[float, Field(ge=0, le=1)] | None = None
+    # The head's confidence (the least probability, over all its classes, it must give a task
+    # chosen by the head or by similarity): null takes the model's calibration, else
+    # HEAD_CONFIDENCE. It refuses requests near the capabilities that none of them serves.
+    head_confidence: Annotated[float, Field(ge=0, le=1)] | None = None
     # The most time one retrain of the head may take (a worker thread; requests keep the
     # previous head meanwhile). Past it, the weights reached so far are used.
     head_budget_ms: Annotated[int, Field(ge=10, le=600_000)] = 10_000
@@ -570,6 +579,15 @@ class EmbeddingPolicy(_Section):
             if value is not None:
                 return float(value)
         return HEAD_MARGIN
+
+    def head_confidence_for(self, model: str, default: float | None) -> float:
+        """The few-shot head's confidence for ``model``: set here, else its calibration, else
+        ``default`` (the model's built-in one), else HEAD_CONFIDENCE."""
+        known = self.calibrations.get(model)
+        for value in (self.head_confidence, known.head_confidence if known else None, default):
+            if value is not None:
+                return float(value)
+        return HEAD_CONFIDENCE
 
     def limit_margin_for(self, model: str, default: float | None) -> float:
         """The declared-limit margin for ``model``: set here, else its calibration, else 0 (any

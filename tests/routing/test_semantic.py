@@ -11,7 +11,11 @@ import pytest
 
 from reachmesh.config import RouterConfig
 from reachmesh.semantic.calibrate import calibrate, evaluate
-from reachmesh.semantic.embedders.base import calibrated_head_margin, calibrated_thresholds
+from reachmesh.semantic.embedders.base import (
+    calibrated_head_confidence,
+    calibrated_head_margin,
+    calibrated_thresholds,
+)
 from reachmesh.semantic.embedders.local import MODEL_NAME, LocalEmbedder
 from reachmesh.semantic.evaluation import cross_validate
 from reachmesh.testing import FakeAgent, RouterServer, wait_vectors
@@ -160,8 +164,9 @@ async def test_labelled_set_cross_validates_without_wrong_routes() -> None:
     thresholds = LocalEmbedder().thresholds
     assert thresholds is not None
     head_margin = calibrated_head_margin(MODEL_NAME)
+    confidence = calibrated_head_confidence(MODEL_NAME)
     assert head_margin is not None
-    assert evaluate(result.phrases, *thresholds, head_margin).in_scope_wrong == 0
+    assert evaluate(result.phrases, *thresholds, head_margin, confidence or 0.0).in_scope_wrong == 0
 
 
 async def test_sdk_agent_handles_a_semantic_route() -> None:

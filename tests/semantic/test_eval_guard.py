@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from reachmesh.semantic.embedders.base import calibrated_head_margin
+from reachmesh.semantic.embedders.base import calibrated_head_confidence, calibrated_head_margin
 from reachmesh.semantic.embedders.local import LocalEmbedder
 from reachmesh.semantic.evaluation import evaluate_corpus
 
@@ -36,7 +36,10 @@ async def test_held_out_figures_hold() -> None:
     embedder = LocalEmbedder()
     assert embedder.thresholds is not None
     head_margin = calibrated_head_margin(embedder.model)
-    report = await evaluate_corpus(CORPUS, embedder, fixed=embedder.thresholds, head_margin=head_margin)
+    confidence = calibrated_head_confidence(embedder.model)
+    report = await evaluate_corpus(
+        CORPUS, embedder, fixed=embedder.thresholds, head_margin=head_margin, head_confidence=confidence
+    )
     for result in report.results:
         right, wrong, refused = REACHED[result.condition]
         got = result.overall

@@ -131,7 +131,7 @@ def test_the_head_chooses_among_the_nearest_tasks_only() -> None:
     head = train(rows, index.generation)
     assert head is not None and head.steps > 0
     query = (centres["a"] / np.linalg.norm(centres["a"])).astype(np.float32)
-    verdict = index.judge(query, threshold=-1.0, margin=0.0, head=(head, 0.0))
+    verdict = index.judge(query, threshold=-1.0, margin=0.0, head=(head, 0.0, 0.0))
     assert verdict.task == "a"
 
 

@@ -97,7 +97,8 @@ def _print_distributions(distributions: dict[str, list[float]]) -> None:
 
 def _print_outcome(label: str, o: Any) -> None:
     out.print(
-        f"{label}: threshold {o.threshold:.4f}, margin {o.margin:.4f}, head margin {o.head_margin:.2f} "
+        f"{label}: threshold {o.threshold:.4f}, margin {o.margin:.4f}, head margin {o.head_margin:.2f}, "
+        f"head confidence {o.head_confidence:.2f} "
         f"-> in-scope right "
         f"{o.in_scope_right}/{o.in_scope} ({o.accuracy * 100:.1f}%), wrong {o.in_scope_wrong}; "
         f"out-of-scope refused {o.refused}/{o.out_of_scope} ({o.refusal_rate * 100:.1f}%)",
@@ -175,11 +176,14 @@ def _print_limits(report: Any) -> None:
     )
 
 
-def _print_calibration(model: str, threshold: float, margin: float, head_margin: float) -> None:
+def _print_calibration(
+    model: str, threshold: float, margin: float, head_margin: float, confidence: float
+) -> None:
     """The policy lines that apply an operating point to this model only."""
     out.print(
         f"embedding:\n  calibrations:\n    {orjson.dumps(model).decode()}: "
-        f"{{threshold: {threshold:.4f}, margin: {margin:.4f}, head_margin: {head_margin:.2f}}}",
+        f"{{threshold: {threshold:.4f}, margin: {margin:.4f}, head_margin: {head_margin:.2f}, "
+        f"head_confidence: {confidence:.2f}}}",
         highlight=False,
         markup=False,
         soft_wrap=True,
@@ -207,7 +211,12 @@ async def _corpus_reports(
             return report, None
         point = (report.threshold, report.margin)
         return report, await evaluate_corpus(
-            folder, embedder, fixed=point, learn=True, head_margin=report.head_margin
+            folder,
+            embedder,
+            fixed=point,
+            learn=True,
+            head_margin=report.head_margin,
+            head_confidence=report.head_confidence,
         )
 
     return await _closing(embedder, both())
@@ -304,12 +313,12 @@ def calibrate(
 
 def _open_embedder(
     labelled: Path, config: Path | None
-) -> tuple[MemoEmbedder, tuple[float, float, float] | None, _Progress]:
+) -> tuple[MemoEmbedder, tuple[float, float, float, float] | None, _Progress]:
     """The policy's embedder (memoised, reporting progress) and its operating point today:
     threshold, margin and the few-shot head's margin the Router applies with them."""
     from reachmesh.config import RouterConfig
     from reachmesh.semantic.embedders import build_embedder
-    from reachmesh.semantic.embedders.base import calibrated_head_margin
+    from reachmesh.semantic.embedders.base import calibrated_head_confidence, calibrated_head_margin
     from reachmesh.semantic.embedders.memo import MemoEmbedder
 
     policy = RouterConfig.load(config)
@@ -318,7 +327,10 @@ def _open_embedder(
     point = policy.embedding.operating_point(embedder.model, embedder.thresholds)
     # The model's own head margin, as the Router takes it (the line "current" is what it does).
     head_margin = policy.embedding.head_margin_for(embedder.model, calibrated_head_margin(embedder.model))
-    current = None if point is None else (point[0], point[1], head_margin)
+    confidence = policy.embedding.head_confidence_for(
+        embedder.model, calibrated_head_confidence(embedder.model)
+    )
+    current = None if point is None else (point[0], point[1], head_margin, confidence)
     err.print(f"embedding {labelled} with {embedder.model} ...", highlight=False)
     return embedder, current, progress
 
@@ -326,7 +338,7 @@ def _open_embedder(
 def _report_corpus(
     folder: Path,
     embedder: Embedder,
-    current: tuple[float, float, float] | None,
+    current: tuple[float, float, float, float] | None,
     progress: _Progress,
     *,
     limits: bool,
@@ -348,7 +360,9 @@ def _report_corpus(
     progress.done()
     _print_corpus(report)
     _print_outcome("fitted on the calibration half", report.calibration)
-    _print_calibration(report.model, report.threshold, report.margin, report.head_margin)
+    _print_calibration(
+        report.model, report.threshold, report.margin, report.head_margin, report.head_confidence
+    )
     if after is not None:
         _print_corpus(after)
         out.print("after learning the calibration half's refused and wrong questions", highlight=False)
@@ -357,7 +371,7 @@ def _report_corpus(
 def _fit_phrases(
     labelled: Path,
     embedder: Embedder,
-    current: tuple[float, float, float] | None,
+    current: tuple[float, float, float, float] | None,
     progress: _Progress,
     folds: int,
     budget: float,
@@ -413,6 +427,7 @@ def _print_fit(
         "fitted to these phrases; the k-fold line is the honest one):",
         highlight=False,
     )
+    proposed = result.proposed
     _print_calibration(
-        result.model, result.proposed.threshold, result.proposed.margin, result.proposed.head_margin
+        result.model, proposed.threshold, proposed.margin, proposed.head_margin, proposed.head_confidence
     )

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from reachmesh.config import HEAD_MARGIN
+from reachmesh.config import HEAD_CONFIDENCE, HEAD_MARGIN
 from reachmesh.exceptions import ConfigError
 from reachmesh.semantic.embedders.base import Embedder
 from reachmesh.semantic.head import query_rows, train
@@ -24,6 +24,8 @@ from reachmesh.semantic.index import BACKGROUND, LEARNED, HeadRule, SemanticInde
 MARGINS = [round(float(x), 4) for x in np.arange(0.0, 0.0501, 0.0025)]
 # Differences of probabilities the few-shot head's choice may be asked to clear.
 HEAD_MARGINS = [round(float(x), 2) for x in np.arange(0.0, 0.951, 0.05)]
+# Probabilities the head may be asked to give the task chosen.
+HEAD_CONFIDENCES = [round(float(x), 2) for x in np.arange(0.0, 0.951, 0.05)]
 # A calibration waits for its head to be trained, but not for ever.
 HEAD_BUDGET_S = 60.0
 
@@ -40,6 +42,9 @@ class Scored:
     # When the few-shot head chose ``best``: its probability minus the runner-up's (the head
     # margin applies, not the similarity margin).
     head_gap: float | None = None
+    # When the head covers ``best``: its probability for it, over all its classes (the head
+    # confidence applies).
+    head_p: float | None = None
 
     @property
     def gap(self) -> float:
@@ -58,6 +63,7 @@ class Outcome:
     out_of_scope: int
     refused: int
     head_margin: float = HEAD_MARGIN
+    head_confidence: float = HEAD_CONFIDENCE
 
     @property
     def accuracy(self) -> float:
@@ -101,13 +107,23 @@ def load_labelled(data: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]
     return caps, phrases
 
 
+def routes(p: Scored, threshold: float, margin: float, head_margin: float, head_confidence: float) -> bool:
+    """Whether the Router would route ``p`` at this operating point (to ``p.best``)."""
+    clear = p.gap >= margin if p.head_gap is None else p.head_gap >= head_margin
+    sure = p.head_p is None or p.head_p >= head_confidence
+    return p.best is not None and p.score >= threshold and clear and sure
+
+
 def evaluate(
-    phrases: list[Scored], threshold: float, margin: float, head_margin: float = HEAD_MARGIN
+    phrases: list[Scored],
+    threshold: float,
+    margin: float,
+    head_margin: float = HEAD_MARGIN,
+    head_confidence: float = HEAD_CONFIDENCE,
 ) -> Outcome:
     right = wrong = refused = in_scope = out = 0
     for p in phrases:
-        clear = p.gap >= margin if p.head_gap is None else p.head_gap >= head_margin
-        routed = p.best is not None and p.score >= threshold and clear
+        routed = routes(p, threshold, margin, head_margin, head_confidence)
         if p.expect is None:
             out += 1
             refused += not routed
@@ -116,7 +132,18 @@ def evaluate(
             right += routed and p.best == p.expect
             wrong += routed and p.best != p.expect
     right, wrong, refused = int(right), int(wrong), int(refused)
-    return Outcome(threshold, margin, in_scope, right, wrong, out, refused, head_margin)
+    return Outcome(threshold, margin, in_scope, right, wrong, out, refused, head_margin, head_confidence)
+
+
+# One point of a sweep: margin, head margin, head confidence, and at every threshold the
+# in-scope phrases routed right, routed wrong, and the out-of-scope ones refused.
+SweepPoint = tuple[float, float, float, np.ndarray, np.ndarray, np.ndarray]
+
+
+def _at_least(scores: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
+    """How many of ``scores`` are at or above each threshold."""
+    ordered = np.sort(scores)
+    return len(ordered) - np.searchsorted(ordered, thresholds, side="left")
 
 
 @dataclass(frozen=True)
@@ -127,35 +154,57 @@ class PhraseColumns:
     by_head: np.ndarray  # the head decided (its gap counts), else the similarity margin
     gap: np.ndarray
     head_gap: np.ndarray
+    head_p: np.ndarray  # the head's probability for the task chosen; NaN where it covers none
     inside: np.ndarray  # an in-scope phrase
     right_task: np.ndarray  # its best task is the expected one
 
     @classmethod
     def of(cls, phrases: list[Scored]) -> PhraseColumns:
         return cls(
-            score=np.array([p.score for p in phrases]),
-            by_head=np.array([p.head_gap is not None for p in phrases]),
+            score=np.array([p.score if p.best is not None else -np.inf for p in phrases]),
+            by_head=np.array([p.head_gap is not None for p in phrases], dtype=bool),
             gap=np.array([p.gap for p in phrases]),
             head_gap=np.array([p.head_gap if p.head_gap is not None else 0.0 for p in phrases]),
-            inside=np.array([p.expect is not None for p in phrases]),
-            right_task=np.array([p.best is not None and p.best == p.expect for p in phrases]),
+            head_p=np.array([p.head_p if p.head_p is not None else np.nan for p in phrases]),
+            inside=np.array([p.expect is not None for p in phrases], dtype=bool),
+            right_task=np.array([p.best is not None and p.best == p.expect for p in phrases], dtype=bool),
         )
 
+    def _counts(self, kept: np.ndarray, thresholds: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Among the phrases ``kept`` (by the margins and the confidence), at every threshold:
+        in-scope ones routed right, routed wrong, and out-of-scope ones routed."""
+        inside, right_task, score = self.inside, self.right_task, self.score
+        right = _at_least(score[kept & inside & right_task], thresholds)
+        wrong = _at_least(score[kept & inside & ~right_task], thresholds)
+        routed_out = _at_least(score[kept & ~inside], thresholds)
+        return right, wrong, routed_out
+
     def sweep(
-        self, thresholds: np.ndarray, margins: Sequence[float], head_margins: Sequence[float]
-    ) -> Iterator[tuple[float, float, np.ndarray, np.ndarray, np.ndarray]]:
-        """For each margin and head margin that can matter: the in-scope phrases routed right,
-        routed wrong, and the out-of-scope ones refused, at every threshold (one count each)."""
-        by_head, inside, right_task = self.by_head, self.inside, self.right_task
-        for head_margin in head_margins if by_head.any() else [HEAD_MARGIN]:
-            for margin in margins if (~by_head).any() else [0.0]:
-                clear = np.where(by_head, self.head_gap >= head_margin, self.gap >= margin)
-                # Every threshold at once: rows are thresholds, columns phrases.
-                routed = (self.score[None, :] >= thresholds[:, None]) & clear[None, :]
-                right = (routed & inside & right_task).sum(axis=1)
-                wrong = (routed & inside & ~right_task).sum(axis=1)
-                refused = (~routed & ~inside).sum(axis=1)
-                yield margin, head_margin, right, wrong, refused
+        self,
+        thresholds: np.ndarray,
+        margins: Sequence[float],
+        head_margins: Sequence[float],
+        head_confidences: Sequence[float] = (HEAD_CONFIDENCE,),
+    ) -> Iterator[SweepPoint]:
+        """Every margin, head margin and head confidence that can matter, with the counts at
+        every threshold. The similarity margin judges the phrases the head did not decide, the
+        head margin those it did: their counts add up, so each group is counted once per
+        confidence and the pairs are sums."""
+        by_head, covered = self.by_head, ~np.isnan(self.head_p)
+        out_of_scope = int((~self.inside).sum())
+        for confidence in head_confidences if covered.any() else [HEAD_CONFIDENCE]:
+            sure = ~covered | (np.nan_to_num(self.head_p, nan=1.0) >= confidence)
+            plain = [
+                (m, self._counts(~by_head & sure & (self.gap >= m), thresholds))
+                for m in (margins if (~by_head).any() else [0.0])
+            ]
+            headed = [
+                (h, self._counts(by_head & sure & (self.head_gap >= h), thresholds))
+                for h in (head_margins if by_head.any() else [HEAD_MARGIN])
+            ]
+            for margin, (r1, w1, o1) in plain:
+                for head_margin, (r2, w2, o2) in headed:
+                    yield margin, head_margin, confidence, r1 + r2, w1 + w2, out_of_scope - o1 - o2
 
 
 def propose(
@@ -164,39 +213,47 @@ def propose(
     *,
     margins: Sequence[float] = MARGINS,
     head_margins: Sequence[float] = HEAD_MARGINS,
+    head_confidences: Sequence[float] = HEAD_CONFIDENCES,
 ) -> Outcome:
-    """The threshold, margin and head margin with the most right routes plus refusals, among
-    those sending at most ``max_wrong`` of the in-scope phrases to a wrong task (the error
-    budget; 0: none)."""
+    """The threshold, margin, head margin and head confidence with the most right routes plus
+    refusals, among those sending at most ``max_wrong`` of the in-scope phrases to a wrong task
+    (the error budget; 0: none)."""
     columns = PhraseColumns.of(phrases)
     # Candidates on the 4-decimal grid the proposal is printed in, just below and above each
     # score: the point proposed is judged exactly as it will be applied.
-    grid = np.floor(columns.score * 10_000) / 10_000
+    scores = columns.score[np.isfinite(columns.score)]
+    grid = np.floor(scores * 10_000) / 10_000 if len(scores) else np.zeros(1)
     thresholds = np.unique(np.concatenate([grid, grid + 0.0001, [grid.max() + 0.001]]))
     allowed = max_wrong * int(columns.inside.sum())
-    best: tuple[tuple[float, float, float], float, float, float] | None = None
-    for margin, head_margin, right, wrong, refused in columns.sweep(thresholds, margins, head_margins):
-        for i in np.flatnonzero(wrong <= allowed):
-            key = (float(right[i] + refused[i]), -margin, -head_margin)
-            if best is None or key > best[0]:
-                best = (key, float(thresholds[i]), margin, head_margin)
+    best: tuple[tuple[float, ...], float, float, float, float] | None = None
+    sweep = columns.sweep(thresholds, margins, head_margins, head_confidences)
+    for margin, head_margin, confidence, right, wrong, refused in sweep:
+        value = np.where(wrong <= allowed, right + refused, -1)
+        i = int(np.argmax(value))  # the lowest threshold among the best: fewest refusals
+        if value[i] < 0:
+            continue
+        key = (float(value[i]), -margin, -head_margin, -confidence)
+        if best is None or key > best[0]:
+            best = (key, float(thresholds[i]), margin, head_margin, confidence)
     assert best is not None  # the highest threshold refuses everything: always admissible
-    return evaluate(phrases, round(best[1], 4), best[2], best[3])
+    return evaluate(phrases, round(best[1], 4), best[2], best[3], best[4])
 
 
 def fit_head_margin(phrases: list[Scored], threshold: float, margin: float, max_wrong: float) -> Outcome:
-    """The head margin with the most right routes plus refusals within ``max_wrong``, the
-    threshold and margin kept as they are (so capabilities the head does not cover, those with a
-    description only, are routed exactly as before)."""
+    """The head margin and head confidence with the most right routes plus refusals within
+    ``max_wrong``, the threshold and margin kept as they are (so capabilities the head does not
+    cover, those with a description only, are routed exactly as before)."""
     inside = sum(1 for p in phrases if p.expect is not None)
     best: Outcome | None = None
-    for head_margin in reversed(HEAD_MARGINS):  # ties go to the larger margin: fewer guesses
-        outcome = evaluate(phrases, threshold, margin, head_margin)
-        if outcome.in_scope_wrong > max_wrong * inside:
-            continue
-        if best is None or outcome.in_scope_right + outcome.refused > best.in_scope_right + best.refused:
-            best = outcome
-    return best if best is not None else evaluate(phrases, threshold, margin, 1.0)
+    # Ties go to the larger margin and confidence: fewer guesses.
+    for head_margin in reversed(HEAD_MARGINS):
+        for confidence in reversed(HEAD_CONFIDENCES):
+            outcome = evaluate(phrases, threshold, margin, head_margin, confidence)
+            if outcome.in_scope_wrong > max_wrong * inside:
+                continue
+            if best is None or outcome.in_scope_right + outcome.refused > best.in_scope_right + best.refused:
+                best = outcome
+    return best if best is not None else evaluate(phrases, threshold, margin, 1.0, 1.0)
 
 
 def score_index(
@@ -209,7 +266,7 @@ def score_index(
     """Score (text, expected task) phrases against ``index`` as the Router decides a request:
     the few-shot head ordering the nearest tasks where it covers them (its margin left for
     :func:`propose`), else similarity alone."""
-    rule = None if head is None else (head[0], 0.0)
+    rule = None if head is None else (head[0], 0.0, 0.0)
     scored = []
     for (text, expect), query in zip(phrases, queries, strict=True):
         verdict = index.judge(query, -10.0, 0.0, float((background @ query).mean()), None, rule)
@@ -222,6 +279,7 @@ def score_index(
                 best[0][1] if best else 0.0,
                 best[1][1] if len(best) > 1 else None,
                 verdict.head_gap,
+                verdict.head_p,
             )
         )
     return scored
@@ -263,14 +321,14 @@ async def score_phrases(
     rows_q = query_rows(index.task_matrices(), asked.task_matrices()) if head else None
     model = train(rows_q, index.generation, budget_s=HEAD_BUDGET_S) if rows_q is not None else None
     labelled = [(str(p["text"]), p.get("expect")) for p in phrases]
-    return score_index(index, background, labelled, queries, None if model is None else (model, 0.0))
+    return score_index(index, background, labelled, queries, None if model is None else (model, 0.0, 0.0))
 
 
 async def calibrate(
     data: Any,
     embedder: Embedder,
     *,
-    current: tuple[float, float] | tuple[float, float, float] | None = None,
+    current: tuple[float, ...] | None = None,
     budget: float = 0.03,
 ) -> Calibration:
     """Score every phrase as the Router would, and propose the operating point with the most

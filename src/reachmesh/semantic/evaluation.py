@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from reachmesh.config import HEAD_MARGIN
+from reachmesh.config import HEAD_CONFIDENCE, HEAD_MARGIN
 from reachmesh.exceptions import ConfigError
 from reachmesh.semantic.calibrate import (
     Outcome,
@@ -34,6 +34,7 @@ from reachmesh.semantic.calibrate import (
     fit_head_margin,
     load_labelled,
     propose,
+    routes,
     score_phrases,
 )
 from reachmesh.semantic.embedders.base import Embedder
@@ -126,6 +127,7 @@ class CorpusReport:
     calibration: Outcome  # the fitted point on the calibration half (not a reported figure)
     results: list[ConditionResult]
     head_margin: float = HEAD_MARGIN
+    head_confidence: float = HEAD_CONFIDENCE
 
 
 def load_corpus(folder: Path) -> Corpus:
@@ -194,23 +196,50 @@ async def score_questions(
 
 
 def confirmations(
-    scored: list[Scored], threshold: float, margin: float, head_margin: float = HEAD_MARGIN
+    scored: list[Scored],
+    threshold: float,
+    margin: float,
+    head_margin: float = HEAD_MARGIN,
+    head_confidence: float = HEAD_CONFIDENCE,
 ) -> list[tuple[str, str]]:
     """The routes a Router with learning on would have been taught by these questions: each
     in-scope one it refused or sent to a wrong task, confirmed for its right task (by the caller's
     explicit retry after a refusal, or by an operator after a wrong route)."""
     taught = []
     for p in scored:
-        clear = p.gap >= margin if p.head_gap is None else p.head_gap >= head_margin
-        routed = p.best is not None and p.score >= threshold and clear
+        routed = routes(p, threshold, margin, head_margin, head_confidence)
         if p.expect is not None and not (routed and p.best == p.expect):
             taught.append((p.text, p.expect))
     return taught
 
 
-def tally(scored: list[Scored], threshold: float, margin: float, head_margin: float = HEAD_MARGIN) -> Figures:
-    o = evaluate(scored, threshold, margin, head_margin)
+def tally(
+    scored: list[Scored],
+    threshold: float,
+    margin: float,
+    head_margin: float = HEAD_MARGIN,
+    head_confidence: float = HEAD_CONFIDENCE,
+) -> Figures:
+    o = evaluate(scored, threshold, margin, head_margin, head_confidence)
     return Figures(o.in_scope_right, o.in_scope_wrong, o.in_scope, o.refused, o.out_of_scope)
+
+
+def held_out_result(
+    corpus: Corpus, condition: str, scored: list[Scored], point: tuple[float, float, float, float]
+) -> ConditionResult:
+    """The held-out half's ``scored`` questions at ``point``, overall and per language direction."""
+    result = ConditionResult(condition, Figures())
+    for i, phrase in zip(corpus.heldout, scored, strict=True):
+        question = corpus.questions[i]
+        one = tally([phrase], *point)
+        result.overall.add(one)
+        way = direction(question, corpus)
+        ways = [way] if way else [d for d in DIRECTIONS if d.startswith(question.lang)]
+        # An out-of-scope question has no target language: it counts under both directions
+        # that start from its own language.
+        for w in ways:
+            result.directions.setdefault(w, Figures()).add(one)
+    return result
 
 
 async def evaluate_corpus(
@@ -222,6 +251,7 @@ async def evaluate_corpus(
     head: bool = True,
     budget: float = MAX_WRONG,
     head_margin: float | None = None,
+    head_confidence: float | None = None,
 ) -> CorpusReport:
     """Fit the operating point on the calibration half (all three conditions together, as one
     Router meets all kinds of profiles), then report the held-out half with it.
@@ -233,7 +263,8 @@ async def evaluate_corpus(
     is then scored at the same operating point. That is what learning buys on unseen phrases.
     ``head``: with the few-shot head (as the Router routes by default); ``budget``: the share of
     in-scope calibration questions the fit may send to a wrong task; ``head_margin``: the head's
-    margin to report at (with ``fixed``), else fitted.
+    margin to report at (with ``fixed``), else fitted with its confidence; ``head_confidence``:
+    the head's confidence to report at (with ``head_margin``).
     """
     corpus = load_corpus(folder)
     calibration: list[Scored] = []
@@ -250,25 +281,22 @@ async def evaluate_corpus(
     fitted = propose(plain, budget)
     threshold, margin = fixed if fixed is not None else (fitted.threshold, fitted.margin)
     if head_margin is None:
-        head_margin = fit_head_margin(calibration, threshold, margin, budget).head_margin
+        head_fit = fit_head_margin(calibration, threshold, margin, budget)
+        head_margin, head_confidence = head_fit.head_margin, head_fit.head_confidence
+    confidence = HEAD_CONFIDENCE if head_confidence is None else head_confidence
     results = []
     for condition in CONDITIONS:
-        taught = confirmations(by_condition[condition], threshold, margin, head_margin) if learn else None
+        taught = (
+            confirmations(by_condition[condition], threshold, margin, head_margin, confidence)
+            if learn
+            else None
+        )
         scored = await score_questions(corpus, condition, corpus.heldout, embedder, taught, head=head)
-        result = ConditionResult(condition, Figures())
-        for i, phrase in zip(corpus.heldout, scored, strict=True):
-            question = corpus.questions[i]
-            one = tally([phrase], threshold, margin, head_margin)
-            result.overall.add(one)
-            way = direction(question, corpus)
-            ways = [way] if way else [d for d in DIRECTIONS if d.startswith(question.lang)]
-            # An out-of-scope question has no target language: it counts under both directions
-            # that start from its own language.
-            for w in ways:
-                result.directions.setdefault(w, Figures()).add(one)
-        results.append(result)
-    fit = evaluate(calibration, threshold, margin, head_margin)
-    return CorpusReport(embedder.model, threshold, margin, fit, results, head_margin)
+        results.append(
+            held_out_result(corpus, condition, scored, (threshold, margin, head_margin, confidence))
+        )
+    fit = evaluate(calibration, threshold, margin, head_margin, confidence)
+    return CorpusReport(embedder.model, threshold, margin, fit, results, head_margin, confidence)
 
 
 @dataclass(slots=True)
@@ -277,7 +305,8 @@ class CrossValidation:
 
     folds: int
     held_out: Figures
-    points: list[tuple[float, float, float]]  # the (threshold, margin, head margin) fitted per fold
+    # The (threshold, margin, head margin, head confidence) fitted per fold.
+    points: list[tuple[float, float, float, float]]
 
 
 def cross_validate(
@@ -295,8 +324,9 @@ def cross_validate(
         train = [p for i, p in enumerate(phrases) if fold_of[i] != k]
         test = [p for i, p in enumerate(phrases) if fold_of[i] == k]
         point = propose(train, max_wrong)
-        points.append((point.threshold, point.margin, point.head_margin))
-        total.add(tally(test, point.threshold, point.margin, point.head_margin))
+        fitted = (point.threshold, point.margin, point.head_margin, point.head_confidence)
+        points.append(fitted)
+        total.add(tally(test, *fitted))
     return CrossValidation(folds, total, points)
 
 

@@ -21,7 +21,7 @@ capabilities with a description only are judged by similarity alone, as before.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -63,6 +63,13 @@ class Head:
         odds = np.exp(logits)
         out: Vector = (odds / odds.sum()).astype(np.float32)
         return out
+
+    def probability(self, query: Vector, task: str, aside: Collection[str] = ()) -> float:
+        """The probability of ``task`` (one of :attr:`tasks`) over all the head's classes but
+        those ``aside`` (tasks a caller's request may not go to: their share is not a doubt)."""
+        probs = self.probabilities(query)
+        total = 1.0 - sum(float(probs[self.tasks.index(t)]) for t in aside if t in self.tasks)
+        return float(probs[self.tasks.index(task)]) / max(total, 1e-9)
 
     def pick(self, query: Vector, allowed: Callable[[str], bool]) -> tuple[str, float, float] | None:
         """The most probable allowed task, its probability and the runner-up's (among the

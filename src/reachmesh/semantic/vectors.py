@@ -22,7 +22,12 @@ from reachmesh.lifecycle import Background
 from reachmesh.registry.base import AgentEntry, LearnedRoute, Registry, RegistryEvent
 from reachmesh.semantic.blocks import decode_block, encode_block
 from reachmesh.semantic.duplicates import NearDuplicate, near_duplicate
-from reachmesh.semantic.embedders.base import Embedder, calibrated_head_margin, calibrated_limit_margin
+from reachmesh.semantic.embedders.base import (
+    Embedder,
+    calibrated_head_confidence,
+    calibrated_head_margin,
+    calibrated_limit_margin,
+)
 from reachmesh.semantic.head import Head, query_rows, train
 from reachmesh.semantic.headrows import HeadRows
 from reachmesh.semantic.index import (
@@ -114,11 +119,16 @@ class CapabilityVectors:
         return self.policy.limit_margin_for(self.embedder.model, calibrated_limit_margin(self.embedder.model))
 
     def head_rule(self) -> HeadRule | None:
-        """The trained head and its margin, when the policy uses one and one is trained."""
+        """The trained head, its margin and its confidence, when the policy uses one and one is
+        trained."""
         if not self.policy.head or self.head is None:
             return None
         model = self.embedder.model
-        return self.head, self.policy.head_margin_for(model, calibrated_head_margin(model))
+        return (
+            self.head,
+            self.policy.head_margin_for(model, calibrated_head_margin(model)),
+            self.policy.head_confidence_for(model, calibrated_head_confidence(model)),
+        )
 
     def head_state(self) -> str:
         """``current`` when the few-shot head was trained on the index (and its query rows) as

@@ -32,9 +32,24 @@ HEAD_MARGINS: dict[str, float] = {
 }
 
 
+# The head's confidence (the least probability, over all its classes, it must give the task
+# chosen): none by default, for any model. Fitted on the own corpus's calibration half with the
+# head margin (0.70 and 0.50) it took more right routes on Banking77 and CLINC150, but a head
+# over two or three capabilities can disagree with similarity on a plain in-scope request (a
+# refund request with card data, 86% "price" between a price and a refund capability), and a
+# default must not refuse those: `reach calibrate` proposes one from the operator's own phrases
+# (docs/semantic-eval.md, issue 41).
+HEAD_CONFIDENCES: dict[str, float] = {}
+
+
 def calibrated_head_margin(model: str) -> float | None:
     """The fitted few-shot head margin of ``model``, if one was fitted."""
     return HEAD_MARGINS.get(model)
+
+
+def calibrated_head_confidence(model: str) -> float | None:
+    """The fitted few-shot head confidence of ``model``, if one was fitted."""
+    return HEAD_CONFIDENCES.get(model)
 
 
 def calibrated_limit_margin(model: str) -> float | None:
