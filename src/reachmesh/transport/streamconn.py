@@ -9,6 +9,10 @@ piece, so a slow caller slows the read: past ``HIGH_WATER`` bytes not asked for 
 from the agent pauses (its writes then stop in its own socket). A stream holds at most that,
 one read and one open line (the parser's bound).
 
+The loop reads the stream into one buffer shared by every stream of the pool
+(:func:`read_buffer`) and each read is parsed before the next can start, its body's bytes
+copied out once by the HTTP parser: the loop's own reads would copy every byte one more time.
+
 Each wait for bytes is bounded by the idle time between reads and by the deadline. A stream
 read to its end on a connection the agent keeps alive goes back to the pool; any other is
 closed at once: a stream nobody wants is never drained.
@@ -33,6 +37,18 @@ HIGH_WATER = 256 * 1024
 # An event stream's body is bounded by its parser (the stream's total), not by the plain limit.
 _UNBOUNDED = 1 << 62
 EVENT_STREAM = b"text/event-stream"
+# The most bytes one read takes from the agent's socket.
+READ_BUFFER = 1024 * 1024
+
+
+def read_buffer(pool: lean.Pool) -> memoryview:
+    """The buffer the pool's streams read into. One read is parsed (and what is kept, copied
+    out) before the loop starts the next, and a pool serves one loop (one thread), so its
+    streams can share it: 500 streams hold one buffer, not 500."""
+    buffer = pool.read_buffer
+    if buffer is None:
+        buffer = pool.read_buffer = memoryview(bytearray(READ_BUFFER))
+    return buffer
 
 
 class _StreamReader(AnswerReader):
@@ -67,6 +83,15 @@ class _StreamReader(AnswerReader):
             self.content_type = b""  # an interim answer's
         super().on_headers_complete()
 
+    def feed_body(self, data: memoryview) -> bool:
+        """:meth:`feed` for bytes read after the final head, as a view of the read buffer (the
+        HTTP parser copies the body out of it); True once the answer is whole."""
+        if self.complete:
+            self.trailing = True
+            return True
+        self._parse(data)
+        return self.complete
+
     def take(self) -> list[bytes]:
         """The body's bytes read since the last take."""
         chunks = self._chunks
@@ -95,9 +120,9 @@ def body_error(exc: BaseException) -> BaseException:
     return ConnectFailed(f"the event stream broke: {type(exc).__name__}: {exc}")
 
 
-class LeanAgentStream(asyncio.Protocol):
-    """One agent's streamed answer on a pooled connection: the protocol of its transport while
-    the stream runs, and the :class:`~.pieces.AgentStream` the relay reads."""
+class LeanAgentStream(asyncio.BufferedProtocol):
+    """One agent's streamed answer on a pooled connection: the (buffered) protocol of its
+    transport while the stream runs, and the :class:`~.pieces.AgentStream` the relay reads."""
 
     plain = False
 
@@ -117,6 +142,7 @@ class LeanAgentStream(asyncio.Protocol):
         self._bounds = bounds
         self._read_event = read
         self._loop = asyncio.get_running_loop()
+        self._buffer = read_buffer(pool)
         self.reader = _StreamReader(head, bounds.plain_limit)
         self._parser = RawSseParser(bounds.sse)
         self._body: list[bytes] = []  # read, not yet fed to the parser
@@ -131,7 +157,23 @@ class LeanAgentStream(asyncio.Protocol):
         self._lost = False
         self._released = False
 
-    # -- asyncio.Protocol ---------------------------------------------------------------------
+    # -- asyncio.BufferedProtocol -------------------------------------------------------------
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        read = self._buffer[:nbytes]
+        if not self.reader.head_done:
+            self.data_received(bytes(read))  # the head's bounds read its lines from bytes
+            return
+        # The HTTP parser copies the body's bytes out of the shared buffer; nothing keeps a view.
+        try:
+            self._complete = self.reader.feed_body(read)
+        except (BrokenBody, AgentRejected) as exc:
+            self._fail(exc)
+            return
+        self._keep()
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -139,6 +181,10 @@ class LeanAgentStream(asyncio.Protocol):
         except (BrokenBody, AgentRejected) as exc:
             self._fail(exc)
             return
+        self._keep()
+
+    def _keep(self) -> None:
+        """Keep the body's bytes just read for the relay; pause reading past HIGH_WATER."""
         body = self.reader.take()
         if body:
             self._body += body
