@@ -171,16 +171,14 @@ class LeanAgentStream(asyncio.BufferedProtocol):
         try:
             self._complete = self.reader.feed_body(read)
         except (BrokenBody, AgentRejected) as exc:
-            self._fail(exc)
-            return
+            self._fail(exc)  # after the events read before the fault in this read, kept below
         self._keep()
 
     def data_received(self, data: bytes) -> None:
         try:
             self._complete = self.reader.feed(data)
         except (BrokenBody, AgentRejected) as exc:
-            self._fail(exc)
-            return
+            self._fail(exc)  # after the events read before the fault in this read, kept below
         self._keep()
 
     def _keep(self) -> None:
