@@ -164,3 +164,121 @@ def test_the_raw_parser_leaves_the_data_undecoded_within_its_bounds() -> None:
     parser.feed(b"event: chunk\ndata: 1\n\n")
     with pytest.raises(SseError, match="over its 30-byte limit"):
         parser.feed(b"event: chunk\ndata: 1\n\n")
+
+
+def _line_by_line(pieces: list[bytes], limits: SseLimits) -> list[RawEvent] | str:
+    """The events (or the SseError) of ``pieces`` fed one byte at a time: the line-by-line
+    reader, which the whole-event reading must agree with."""
+    parser = RawSseParser(limits)
+    out: list[RawEvent] = []
+    try:
+        for piece in pieces:
+            for at in range(len(piece)):
+                out += parser.feed(piece[at : at + 1])
+    except SseError as exc:
+        return str(exc)
+    return out
+
+
+def _as_written(pieces: list[bytes], limits: SseLimits) -> list[RawEvent] | str:
+    parser = RawSseParser(limits)
+    out: list[RawEvent] = []
+    try:
+        for piece in pieces:
+            out += parser.feed(piece)
+    except SseError as exc:
+        return str(exc)
+    return out
+
+
+# Streams as agents write them, one write (one read here) per piece; the first piece of a
+# stream never takes the whole-event reading (a byte-order mark may open it), so each starts
+# with a comment.
+OPEN = b": hi\n\n"
+WHOLE_EVENT_CASES = [
+    [OPEN, b'event: chunk\ndata: "a"\n\n'],
+    [
+        OPEN,
+        b'event: chunk\ndata: [1,"' + b"x" * 5000 + b'"]\n\n',
+        b'event: done\ndata: {"status":"SUCCESS"}\n\n',
+    ],
+    [OPEN, b"event: \ndata: 1\n\n"],  # an empty type is "message"
+    [OPEN, b"event: a:b\ndata: 1\n\n"],  # a colon in the type
+    [OPEN, b"event: chunk\ndata: \n\n"],  # empty data is an event
+    [OPEN, b"event: chunk\ndata:\n\n"],  # no space after the colon
+    [OPEN, b"event:chunk\ndata: 1\n\n"],
+    [OPEN, b"event: chunk\ndata: 1\ndata: 2\n\n"],  # two data lines
+    [OPEN, b"event: chunk\ndata: 1\r\n\n"],  # a CR ends a line anywhere
+    [OPEN, b"event: chunk\rdata: 1\n\n"],
+    [OPEN, b"event: chunk\ndata: 1\r\r"],
+    [OPEN, b"event: chunk\ndata: 1\n\nevent: chunk\ndata: 2\n\n"],  # two events in one read
+    [OPEN, b"event: chunk\ndata: 1\n\n\n"],
+    [OPEN, b"event: chunk\nid: 7\ndata: 1\n\n"],
+    [OPEN, b"event: chunk\n: note\ndata: 1\n\n"],
+    [OPEN, b"event: chunk\ndata: 1\n"],  # no blank line yet: the next read ends it
+    [OPEN, b"event: chunk\ndata: 1\n", b"\n"],
+    [OPEN, b"event: chunk\n", b"data: 1\n\n", b'event: chunk\ndata: "\xff\xfe\x00"\n\n'],
+    [OPEN, b"event: chunk\ndata: 1\n\n", b"event: chunk\ndata: 1\n\n"[:-1], b"\n"],
+    [OPEN, b"data: 1\n\n", b"event: chunk\ndata: x\n\n"],
+    [OPEN, b"event: chunk\ndata: 1\n\r", b"\nevent: chunk\ndata: 2\n\n"],  # CR LF across reads
+    [OPEN + b"event: chunk\ndata: 1\r", b"\nevent: chunk\ndata: 2\n\n"],
+    [b"\xef\xbb\xbfevent: chunk\ndata: 1\n\n", b"event: chunk\ndata: 2\n\n"],
+    [OPEN, b"event: chunk\ndata: 1\n\n", b"\xef\xbb\xbfevent: chunk\ndata: 2\n\n"],  # a BOM later is text
+    [OPEN, b"event: chunk\n\n\n"],
+    [OPEN, b"event: " + b"n" * 50 + b"\ndata: 1\n\n"],  # the type line over the bound
+    [OPEN, b"event: chunk\ndata: " + b"7" * 58 + b"\n\n"],  # the data line at the bound
+    [OPEN, b"event: chunk\ndata: " + b"7" * 59 + b"\n\n"],  # one past the line bound
+    [OPEN, b"event: chunk\ndata: " + b"7" * 45 + b"\n\n"],  # the event at its bound
+    [OPEN, b"event: chunk\ndata: " + b"7" * 46 + b"\n\n"],  # one past the event bound
+]
+
+
+@pytest.mark.parametrize("pieces", WHOLE_EVENT_CASES)
+def test_whole_event_reads_give_what_the_line_reader_gives(pieces: list[bytes]) -> None:
+    small = SseLimits(max_line=64, max_event=48, max_total=1 << 20)
+    for limits in (DEFAULT, small):
+        assert _as_written(pieces, limits) == _line_by_line(pieces, limits)
+
+
+DEFAULT = SseLimits()
+
+
+def test_whole_event_bounds_are_the_line_readers() -> None:
+    small = SseLimits(max_line=64, max_event=48, max_total=1 << 20)
+    assert _as_written([OPEN, b"event: chunk\ndata: " + b"7" * 59 + b"\n\n"], small) == (
+        "an event stream line is over 64 bytes"
+    )
+    assert (
+        _as_written([OPEN, b"event: chunk\ndata: " + b"7" * 46 + b"\n\n"], small)
+        == "an event is over 48 bytes"
+    )
+    assert _as_written([OPEN, b"event: chunk\ndata: 1\n\n"], SseLimits(max_total=20)) == (
+        "the event stream is over its 20-byte limit"
+    )
+
+
+def test_whole_event_reads_of_random_streams_agree_with_the_line_reader() -> None:
+    rng = random.Random(35)
+    atoms = [
+        b"event: chunk\n",
+        b"event: \n",
+        b"data: ",
+        b"data:",
+        b"1",
+        b'"x"',
+        b"\n",
+        b"\r",
+        b"\n\n",
+        b": c\n",
+        b"\xff",
+        b"id: 1\n",
+    ]
+    small = SseLimits(max_line=40, max_event=30, max_total=4000)
+    for _ in range(3000):
+        pieces = [OPEN] + [
+            b"".join(rng.choice(atoms) for _ in range(rng.randint(1, 8))) for _ in range(rng.randint(1, 6))
+        ]
+        if rng.random() < 0.5:  # most agents write whole events
+            pieces.append(b"event: chunk\ndata: " + b"z" * rng.randint(0, 40) + b"\n\n")
+        for limits in (DEFAULT, small):
+            assert _as_written(pieces, limits) == _line_by_line(pieces, limits), pieces

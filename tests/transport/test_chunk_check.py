@@ -22,6 +22,7 @@ TEXT = b"x" * 5000  # past the size from which the quicker reader is used
         b'["' + TEXT + b'", 123456789012345678901234567890]',  # past 64 bits: valid JSON
         b"[" + b"1," * 3000 + b"1]",  # more values than the quick look goes over
         b'"short"',
+        b"[" * 600 + b'"' + TEXT + b'"' + b"]" * 600,  # nested, within every reader's depth
     ],
 )
 def test_valid_chunks_go_on_as_written(raw: bytes) -> None:
@@ -44,6 +45,9 @@ def test_a_chunk_over_several_lines_goes_on_as_one() -> None:
         b"[" + b"1," * 3000 + b"1e999]",  # and past it
         b'"' + TEXT + b'\\ud800"',  # a lone surrogate
         b"",
+        b"[" * 100_000 + b"]" * 100_000,  # nested past every reader's depth: refused, no RecursionError
+        b'{"a":' * 100_000 + b'"' + TEXT + b'"' + b"}" * 100_000,
+        b"[" * 100_000,
     ],
 )
 def test_invalid_chunks_are_refused(raw: bytes) -> None:

@@ -192,7 +192,7 @@ class AnswerReader:
         self.started = False
         return Answer(self.status, body, self.retry_after)
 
-    def _parse(self, data: bytes) -> None:
+    def _parse(self, data: bytes | memoryview) -> None:
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:

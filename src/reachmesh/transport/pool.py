@@ -381,6 +381,9 @@ class Pool:
         self._times = dial.ConnectTimes()
         self.resends = 0  # connects begun again after no answer (dropped SYNs)
         self._loop: asyncio.AbstractEventLoop | None = None
+        # The buffer the loop reads a stream's bytes into (see streamconn.read_buffer): one per
+        # pool, as a pool serves one loop, whose reads never overlap.
+        self.read_buffer: memoryview | None = None
 
     def _target(self, url: str) -> _Target:
         target = self._targets.get(url)

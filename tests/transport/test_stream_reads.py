@@ -1,0 +1,72 @@
+"""How much a stream reads at once (transport/streamconn.py): its reads share one buffer, and a
+read never takes more than keeps the stream within READ_BUFFER bytes held, whatever its caller's
+pace. Bytes in through the buffered-protocol calls the loop makes, no socket."""
+
+from __future__ import annotations
+
+from reachmesh.sse import SseLimits
+from reachmesh.transport.answer import DEFAULT_HEAD
+from reachmesh.transport.pieces import StreamBounds
+from reachmesh.transport.streamconn import HIGH_WATER, READ_BUFFER, LeanAgentStream
+from reachmesh.transport.streaming import raw_piece
+
+HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: 100000000\r\n\r\n"
+
+
+class _Transport:
+    def __init__(self) -> None:
+        self.paused = False
+
+    def pause_reading(self) -> None:
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        self.paused = False
+
+
+class _Conn:
+    def __init__(self) -> None:
+        self.transport = _Transport()
+
+
+class _Pool:
+    read_buffer = None
+
+
+def _stream(pool: _Pool) -> tuple[LeanAgentStream, _Transport]:
+    bounds = StreamBounds(idle_s=5.0, deadline=1e12, sse=SseLimits(), plain_limit=1 << 20)
+    conn = _Conn()
+    return LeanAgentStream(pool, conn, bounds, raw_piece, DEFAULT_HEAD), conn.transport  # type: ignore[arg-type]
+
+
+def _read(stream: LeanAgentStream, data: bytes) -> None:
+    """What the loop does for one read: ask for the buffer, fill it, say how much."""
+    buffer = stream.get_buffer(-1)
+    assert len(data) <= len(buffer)
+    buffer[: len(data)] = data
+    stream.buffer_updated(len(data))
+
+
+async def test_a_slow_callers_stream_holds_at_most_the_read_buffer() -> None:
+    stream, transport = _stream(_Pool())
+    _read(stream, HEAD)
+    event = b'event: chunk\ndata: "' + b"x" * 1000 + b'"\n\n'
+    held = 0
+    while not transport.paused:  # nobody asks for the events: the caller is slow
+        room = len(stream.get_buffer(-1))
+        assert held + room <= READ_BUFFER
+        data = (event * (room // len(event) + 1))[:room]
+        _read(stream, data)
+        held += len(data)
+    assert HIGH_WATER < held <= READ_BUFFER == 512 * 1024  # the bound in docs/limits.md
+    # The stream's events are read in order once the caller asks, and reading goes on.
+    pieces = stream.ready()
+    assert len(pieces) == held // len(event)
+    assert not transport.paused
+
+
+async def test_the_pools_streams_share_one_buffer() -> None:
+    pool = _Pool()
+    (first, _), (second, _) = _stream(pool), _stream(pool)
+    assert first.get_buffer(-1).obj is second.get_buffer(-1).obj
+    assert len(first.get_buffer(-1)) == READ_BUFFER
