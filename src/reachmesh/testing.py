@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import ssl
 import threading
 from collections.abc import Awaitable, Callable
@@ -179,6 +180,7 @@ class FakeAgent:
     # Serve HTTPS with this context (its certificate must cover 127.0.0.1); None serves HTTP.
     ssl_context: ssl.SSLContext | None = None
     _runner: web.AppRunner | None = None
+    _started: bool = False
 
     @property
     def endpoint(self) -> str:
@@ -222,7 +224,22 @@ class FakeAgent:
         # A test agent stops at once: handlers still sleeping (a "stuck" agent) are cut off.
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
         await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port, ssl_context=self.ssl_context).start()
+        first_start = not self._started
+        for attempt in range(3):
+            try:
+                await web.TCPSite(self._runner, "127.0.0.1", self.port, ssl_context=self.ssl_context).start()
+                break
+            except OSError as exc:
+                # The port was chosen free when the agent was made, and a Router or another
+                # test's server may have bound it since (a slow fixture in between). Before a
+                # first start nothing has been told the port, so another free one is as good;
+                # a restart keeps its port, as a real agent coming back would.
+                if exc.errno != errno.EADDRINUSE or not first_start or attempt == 2:
+                    await self._runner.cleanup()
+                    self._runner = None
+                    raise
+                self.port = free_port()
+        self._started = True
         return self
 
     async def stop(self) -> None:
