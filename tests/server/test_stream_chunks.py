@@ -65,13 +65,19 @@ async def test_every_way_of_cutting_chunks_and_events_gives_the_same_chunks(rout
     assert chunks_of(events) == ["one", 2, [3], {"four": 4}, "5" * 100_000, "six", 7]
 
 
-async def test_a_value_that_is_not_json_in_a_whole_event_still_breaks_the_stream(router_with, agents) -> None:
+async def broken_after_first(router_with, agents, then: bytes, *, close: bool = False) -> str:
+    """Stream a chunk "first", then the agent sends ``then`` (and closes its end when ``close``,
+    else waits for the Router to close it): the caller gets "first", then STREAM_BROKEN, whose
+    message is returned."""
     router = await router_with()
 
     async def script(conn: Conn) -> None:
         await conn.write(CHUNKED_SSE_HEAD + framed(event(b'"first"')))
-        await conn.write(framed(event(b'"' + b"x" * 5000 + b'" trailing garbage')))
-        await conn.closed_by_router()
+        await conn.write(then)
+        if close:
+            conn.writer.close()
+        else:
+            await conn.closed_by_router()
 
     await agents("talker", script, router)
     async with streamed(router, envelope()) as stream:
@@ -79,37 +85,18 @@ async def test_a_value_that_is_not_json_in_a_whole_event_still_breaks_the_stream
     done = done_of(events)
     assert chunks_of(events) == ["first"]
     assert done["error"]["code"] == "STREAM_BROKEN"
-    assert "not JSON" in done["error"]["message"]
+    return str(done["error"]["message"])
+
+
+async def test_a_value_that_is_not_json_in_a_whole_event_still_breaks_the_stream(router_with, agents) -> None:
+    garbage = framed(event(b'"' + b"x" * 5000 + b'" trailing garbage'))
+    assert "not JSON" in await broken_after_first(router_with, agents, garbage)
 
 
 async def test_broken_chunk_framing_after_the_first_chunk_breaks_the_stream(router_with, agents) -> None:
-    router = await router_with()
-
-    async def script(conn: Conn) -> None:
-        await conn.write(CHUNKED_SSE_HEAD + framed(event(b'"first"')))
-        await conn.write(b"zz\r\n" + event(b'"second"') + b"\r\n")  # not a size
-        await conn.closed_by_router()
-
-    await agents("talker", script, router)
-    async with streamed(router, envelope()) as stream:
-        events = await stream.rest()
-    done = done_of(events)
-    assert chunks_of(events) == ["first"]
-    assert done["error"]["code"] == "STREAM_BROKEN"
-    assert "chunk size" in done["error"]["message"]
+    not_a_size = b"zz\r\n" + event(b'"second"') + b"\r\n"
+    assert "chunk size" in await broken_after_first(router_with, agents, not_a_size)
 
 
 async def test_a_stream_cut_inside_a_chunk_breaks_the_stream(router_with, agents) -> None:
-    router = await router_with()
-
-    async def script(conn: Conn) -> None:
-        await conn.write(CHUNKED_SSE_HEAD + framed(event(b'"first"')))
-        await conn.write(framed(event(b'"second"'))[:-9])
-        conn.writer.close()
-
-    await agents("talker", script, router)
-    async with streamed(router, envelope()) as stream:
-        events = await stream.rest()
-    done = done_of(events)
-    assert chunks_of(events) == ["first"]
-    assert done["error"]["code"] == "STREAM_BROKEN"
+    await broken_after_first(router_with, agents, framed(event(b'"second"'))[:-9], close=True)
