@@ -131,7 +131,7 @@ def test_random_garbage_never_raises_anything_but_sse_error() -> None:
             pass
 
 
-RAW_EXPECTED = [RawEvent(e.event.encode(), e.data.encode()) for e in EXPECTED]
+RAW_EXPECTED = [RawEvent(e.event.encode(), e.data.encode(), e.data.count("\n") + 1) for e in EXPECTED]
 
 
 @pytest.mark.parametrize("ending", [b"\r\n", b"\r", b"\n"])
@@ -153,7 +153,7 @@ def test_the_raw_parser_reads_the_same_events_as_sent(ending: bytes) -> None:
 
 def test_the_raw_parser_leaves_the_data_undecoded_within_its_bounds() -> None:
     """Bytes that are not UTF-8 pass (the relay's JSON check refuses them); the bounds hold."""
-    assert RawSseParser().feed(b"data: \xff\xfe\ndata: 1\n\n") == [RawEvent(b"message", b"\xff\xfe\n1")]
+    assert RawSseParser().feed(b"data: \xff\xfe\ndata: 1\n\n") == [RawEvent(b"message", b"\xff\xfe\n1", 2)]
     parser = RawSseParser(SseLimits(max_line=64, max_event=20, max_total=1 << 20))
     with pytest.raises(SseError, match="line is over 64"):
         parser.feed(b"data: " + b"x" * 70)
