@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import pytest
 
@@ -302,7 +303,7 @@ def test_socket_reads_of_agent_written_streams_agree_with_the_line_reader() -> N
     hands them over): the reads between events take the whole-event reading, the rest the line
     reader, and together they give what the line reader alone gives, bounds included."""
     rng = random.Random(46)
-    shapes = [
+    shapes: list[Callable[[], bytes]] = [
         lambda: b"event: chunk\ndata: [%d]\n\n" % rng.randint(0, 10 ** rng.randint(0, 12)),
         lambda: b"event: chunk\ndata: " + b"z" * rng.randint(0, 60) + b"\n\n",
         lambda: b'event: done\ndata: {"status":"SUCCESS"}\n\n',
