@@ -15,9 +15,17 @@ and the caller (aiohttp) in this one:
    where one scheduler hiccup moves a single run's ratio by half. ``big_*`` are the first pair
    (the single-shot figure of earlier runs, which watched the RSS in the Router's read only);
    ``big_median_*`` the medians over every pair, the ratio being the median of the pairs'
-   ratios. The RSS rise is the most of two more streams through the Router, watched.
+   ratios. The RSS rise is the most of two more streams through the Router, watched. Beside
+   each time, the CPU seconds of the three processes (the Router's split into user and
+   kernel time): on 2 cores the Router's CPU per MiB decides the ratio, and the agent's and the
+   caller's in the direct read say what is left for it.
+
+``--compare-src`` starts a second Router from another tree's ``src/`` (``git archive main src |
+tar -x -C /tmp/oldsrc``), registered with the same agent and measured in the same rounds
+(``old_*``; its large streams interleaved with the others, direct, Router, old Router).
 
     .venv/bin/python bench/streaming.py [--calls 300] [--concurrent 500] [--mib 100] [--repeat 7]
+        [--compare-src /tmp/oldsrc/src]
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 import psutil
@@ -73,16 +81,50 @@ async def one_stream(http_: aiohttp.ClientSession, url: str, body: bytes) -> tup
     return first, order, total
 
 
+class Cpu(NamedTuple):
+    """CPU seconds over one large stream: the Router's (its user and kernel time apart, to the
+    kernel's 10 ms tick), the agent's, the caller's (this process)."""
+
+    router: float
+    router_user: float
+    router_sys: float
+    agent: float
+    caller: float
+
+
+class Procs(NamedTuple):
+    router: psutil.Process
+    agent: psutil.Process
+
+
+def run_seconds(process: psutil.Process) -> float:
+    """The CPU seconds a process's threads have run, to the nanosecond (the scheduler's own
+    count, where psutil's user and system times move by 10 ms ticks: a third of the figure)."""
+    try:
+        tasks = Path(f"/proc/{process.pid}/task")
+        return sum(int((task / "schedstat").read_text().split()[0]) for task in tasks.iterdir()) / 1e9
+    except (OSError, ValueError):
+        return float(sum(process.cpu_times()[:2]))
+
+
+def _cpu_now(procs: Procs) -> Cpu:
+    router = procs.router.cpu_times()
+    return Cpu(
+        run_seconds(procs.router), router.user, router.system, run_seconds(procs.agent), time.process_time()
+    )
+
+
 async def big_stream(
-    http_: aiohttp.ClientSession, url: str, body: bytes, router: psutil.Process, watch: bool
-) -> tuple[float, int, int, float]:
-    """(seconds, bytes, peak RSS rise of the Router in bytes, the Router's CPU seconds) for one
-    large stream. ``watch`` samples the Router's RSS after every MiB read: that costs the reader
-    10-35 ms per 100 MiB (measured), so the timed reads, direct and through the Router alike,
-    do not watch, and the RSS is taken in reads of their own."""
+    http_: aiohttp.ClientSession, url: str, body: bytes, procs: Procs, watch: bool
+) -> tuple[float, int, int, Cpu]:
+    """(seconds, bytes, peak RSS rise of the Router in bytes, the CPU seconds of each process)
+    for one large stream. ``watch`` samples the Router's RSS after every MiB read: that costs
+    the reader 10-35 ms per 100 MiB (measured), so the timed reads, direct and through the
+    Router alike, do not watch, and the RSS is taken in reads of their own."""
+    router = procs.router
     base = router.memory_info().rss
     peak = base
-    cpu = sum(router.cpu_times()[:2])
+    before = _cpu_now(procs)
     started = time.perf_counter()
     total = 0
     async with http_.post(url, data=body, headers=HEADERS) as resp:
@@ -91,9 +133,10 @@ async def big_stream(
             if watch:
                 peak = max(peak, router.memory_info().rss)
     seconds = time.perf_counter() - started
-    # The Router's CPU seconds (user and system): what the hop costs, apart from how the
+    # CPU seconds (user and system) of each process: what the hop costs, apart from how the
     # machine's scheduler shares its cores between three processes.
-    cpu = sum(router.cpu_times()[:2]) - cpu
+    after = _cpu_now(procs)
+    cpu = Cpu(*(round(a - b, 4) for a, b in zip(after, before, strict=True)))
     return seconds, total, max(peak, router.memory_info().rss) - base, cpu
 
 
@@ -101,27 +144,41 @@ def pct(values: list[float], q: float) -> float:
     return sorted(values)[min(len(values) - 1, int(q * len(values)))]
 
 
-async def measure(
-    args: argparse.Namespace, direct: str, routed: str, router: psutil.Process
+async def stream_latency(
+    args: argparse.Namespace, http_: aiohttp.ClientSession, targets: dict[str, str], procs: dict[str, Procs]
 ) -> dict[str, Any]:
+    """Time to first chunk, direct and through each Router; each Router's CPU per call."""
     out: dict[str, Any] = {}
+    for name, url in targets.items():
+        for _ in range(20):  # warm the connections and the code paths
+            await one_stream(http_, url, envelope(1, 16))
+        router = procs[name].router if name in procs else None
+        cpu = run_seconds(router) if router is not None else 0.0
+        ttfc = [(await one_stream(http_, url, envelope(1, 16)))[0] * 1000 for _ in range(args.calls)]
+        if router is not None:
+            # The Router's CPU per streamed call: what the hop costs, however loaded the machine.
+            used = run_seconds(router) - cpu
+            out[f"{name}_cpu_us_per_stream"] = round(used / args.calls * 1e6)
+        out[f"ttfc_{name}_p50_ms"] = round(statistics.median(ttfc), 3)
+        out[f"ttfc_{name}_p90_ms"] = round(pct(ttfc, 0.9), 3)
+    for name in procs:
+        out[f"ttfc_{name}_added_p50_ms"] = round(out[f"ttfc_{name}_p50_ms"] - out["ttfc_direct_p50_ms"], 3)
+    return out
+
+
+async def measure(
+    args: argparse.Namespace, targets: dict[str, str], procs: dict[str, Procs]
+) -> dict[str, Any]:
+    """``targets``: direct, router and (with --compare-src) old, each a /reach URL."""
+    out: dict[str, Any] = {}
+    routed, router = targets["router"], procs["router"].router
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as http_:
-        for name, url in (("direct", direct), ("router", routed)):
-            for _ in range(20):  # warm the connections and the code paths
-                await one_stream(http_, url, envelope(1, 16))
-            cpu = sum(router.cpu_times()[:2])
-            ttfc = [(await one_stream(http_, url, envelope(1, 16)))[0] * 1000 for _ in range(args.calls)]
-            if name == "router":
-                # The Router's CPU per streamed call: what the hop costs, however loaded the machine.
-                used = sum(router.cpu_times()[:2]) - cpu
-                out["router_cpu_us_per_stream"] = round(used / args.calls * 1e6)
-            out[f"ttfc_{name}_p50_ms"] = round(statistics.median(ttfc), 3)
-            out[f"ttfc_{name}_p90_ms"] = round(pct(ttfc, 0.9), 3)
+        out.update(await stream_latency(args, http_, targets, procs))
         # The control: the same call through the Router without streaming (the agent's one
         # chunk gathered into a plain answer), so the machine's own noise is visible beside it.
         plain = []
-        cpu = sum(router.cpu_times()[:2])
+        cpu = run_seconds(router)
         for _ in range(args.calls):
             started = time.perf_counter()
             async with http_.post(
@@ -130,7 +187,7 @@ async def measure(
                 await resp.read()
             plain.append((time.perf_counter() - started) * 1000)
         out["plain_router_p50_ms"] = round(statistics.median(plain), 3)
-        out["router_cpu_us_per_plain_call"] = round((sum(router.cpu_times()[:2]) - cpu) / args.calls * 1e6)
+        out["router_cpu_us_per_plain_call"] = round((run_seconds(router) - cpu) / args.calls * 1e6)
         started = time.perf_counter()
         results = await asyncio.gather(
             *(one_stream(http_, routed, envelope(100, 32)) for _ in range(args.concurrent))
@@ -138,42 +195,92 @@ async def measure(
         out["concurrent_streams"] = args.concurrent
         out["concurrent_seconds"] = round(time.perf_counter() - started, 2)
         out["concurrent_all_whole_and_in_order"] = all(order == list(range(100)) for _, order, _ in results)
-        out.update(await big_streams(args, http_, direct, routed, router))
-    out["ttfc_added_p50_ms"] = round(out["ttfc_router_p50_ms"] - out["ttfc_direct_p50_ms"], 3)
+        out.update(await big_streams(args, http_, targets, procs))
     return out
 
 
 async def big_streams(
-    args: argparse.Namespace, http_: aiohttp.ClientSession, direct: str, routed: str, router: psutil.Process
+    args: argparse.Namespace, http_: aiohttp.ClientSession, targets: dict[str, str], procs: dict[str, Procs]
 ) -> dict[str, Any]:
-    """The large stream, direct then through the Router, ``--repeat`` times."""
+    """The large stream, direct then through each Router, ``--repeat`` times."""
     chunk = 64 * 1024
     body = envelope(args.mib * 1024 * 1024 // chunk, chunk)
-    runs: dict[str, list[tuple[float, int, int, float]]] = {"direct": [], "router": []}
+    runs: dict[str, list[tuple[float, int, int, Cpu]]] = {name: [] for name in targets}
     for _ in range(args.repeat):
-        for name, url in (("direct", direct), ("router", routed)):
-            runs[name].append(await big_stream(http_, url, body, router, watch=False))
-    # The Router's RSS, sampled after every MiB of streams of their own (not timed).
-    watched = [await big_stream(http_, routed, body, router, watch=True) for _ in range(2)]
+        for name, url in targets.items():
+            runs[name].append(
+                await big_stream(http_, url, body, procs.get(name, procs["router"]), watch=False)
+            )
     out: dict[str, Any] = {}
     for name, found in runs.items():
-        seconds, total, _, _ = found[0]
-        out[f"big_{name}_seconds"] = round(seconds, 3)
-        out[f"big_{name}_mib"] = round(total / (1 << 20), 1)
         if any(size < args.mib << 20 for _, size, _, _ in found):
             raise RuntimeError(f"a {name} stream came back short: {[size for _, size, _, _ in found]}")
-    router_runs = runs["router"]
-    out["big_router_rss_rise_mib"] = round(max(w[2] for w in watched) / (1 << 20), 1)
-    out["big_router_cpu_seconds"] = round(router_runs[0][3], 3)
-    out["big_ratio"] = round(router_runs[0][0] / runs["direct"][0][0], 2)
-    ratios = [r[0] / d[0] for d, r in zip(runs["direct"], router_runs, strict=True)]
+    seconds, total, _, _ = runs["direct"][0]
+    out["big_direct_seconds"] = round(seconds, 3)
+    out["big_direct_mib"] = round(total / (1 << 20), 1)
     out["big_repeat"] = args.repeat
-    out["big_median_direct_seconds"] = round(statistics.median(d[0] for d in runs["direct"]), 3)
-    out["big_median_router_seconds"] = round(statistics.median(r[0] for r in router_runs), 3)
-    out["big_median_ratio"] = round(statistics.median(ratios), 2)
-    out["big_ratios"] = [round(ratio, 2) for ratio in ratios]
-    out["big_median_router_cpu_seconds"] = round(statistics.median(r[3] for r in router_runs), 3)
+    direct = runs["direct"]
+    out["big_median_direct_seconds"] = round(statistics.median(d[0] for d in direct), 3)
+    out["big_median_direct_agent_cpu_seconds"] = round(statistics.median(d[3].agent for d in direct), 3)
+    out["big_median_direct_caller_cpu_seconds"] = round(statistics.median(d[3].caller for d in direct), 3)
+    for name in procs:
+        routed = runs[name]
+        # The Router's RSS, sampled after every MiB of streams of their own (not timed).
+        watched = [await big_stream(http_, targets[name], body, procs[name], watch=True) for _ in range(2)]
+        out[f"big_{name}_seconds"] = round(routed[0][0], 3)
+        out[f"big_{name}_rss_rise_mib"] = round(max(w[2] for w in watched) / (1 << 20), 1)
+        out[f"big_{name}_ratio"] = round(routed[0][0] / direct[0][0], 2)
+        ratios = [r[0] / d[0] for d, r in zip(direct, routed, strict=True)]
+        out[f"big_median_{name}_seconds"] = round(statistics.median(r[0] for r in routed), 3)
+        out[f"big_median_{name}_ratio"] = round(statistics.median(ratios), 2)
+        out[f"big_{name}_ratios"] = [round(ratio, 2) for ratio in ratios]
+        for part, label in CPU_LABELS:
+            value = statistics.median(getattr(r[3], part) for r in routed)
+            out[f"big_median_{name}_{label}_seconds"] = round(value, 3)
     return out
+
+
+# Each process's CPU in the Router's large streams, as named in the figures.
+CPU_LABELS = (
+    ("router", "cpu"),
+    ("router_user", "cpu_user"),
+    ("router_sys", "cpu_sys"),
+    ("agent", "agent_cpu"),
+    ("caller", "caller_cpu"),
+)
+
+ROUTER_CONFIG = (
+    # No lag shedding and room for one client's 500 streams; a connect timeout that a loaded
+    # machine's 500 simultaneous connects stay within. No embedding model: the calls name their
+    # task exactly, and a Router embedding the new agent's profile in a thread beside the
+    # measured calls (the first second or so) measured the model.
+    "embedding:\n  backend: none\n"
+    "streaming:\n  max_bytes: 1099511627776\n"
+    "limits:\n  loop_lag_shedding: false\n  max_inflight_per_client: 1024\n"
+    "timeouts:\n  connect_ms: 5000\n"
+)
+
+
+def start_router(name: str, workdir: Path, agent_url: str, src: str | None) -> tuple[Server, str]:
+    """A Router (from ``src`` when given) with the streaming agent registered; its base URL."""
+    port = free_port()
+    config = workdir / "router.yaml"
+    config.write_text(ROUTER_CONFIG)
+    argv = [sys.executable, "-m", "reachmesh", "router", "--port", str(port), "--config", str(config)]
+    env = {"PYTHONPATH": src} if src else None
+    router = Server(name, [*argv, "--log-level", "WARNING"], workdir / f"{name}.log", env=env)
+    router.start()
+    base = f"http://127.0.0.1:{port}"
+    try:
+        router.wait_ready(lambda: http("GET", f"{base}/healthz")[0] == 200)
+        profile = {"id": "streamer", "network": {"endpoint": agent_url}, "capabilities": [{"task": "talk"}]}
+        status, answer = http("POST", f"{base}/agents", profile)
+        if status != 201:
+            raise RuntimeError(f"registration with {name} failed: {status} {answer}")
+    except BaseException:
+        router.stop()
+        raise
+    return router, base
 
 
 def main() -> int:
@@ -184,11 +291,14 @@ def main() -> int:
     parser.add_argument("--concurrent", type=int, default=500)
     parser.add_argument("--mib", type=int, default=100)
     parser.add_argument("--repeat", type=int, default=7, help="pairs of large streams (direct, Router)")
+    parser.add_argument(
+        "--compare-src", help="a src/ folder of another version: its Router is measured too, as old"
+    )
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="reach-stream-bench-"))
     started: list[Server] = []
     try:
-        agent_port, router_port = free_port(), free_port()
+        agent_port = free_port()
         agent = Server(
             "agent",
             [sys.executable, str(BENCH_DIR / "stream_agent.py"), str(agent_port)],
@@ -196,46 +306,19 @@ def main() -> int:
         )
         agent.start()
         started.append(agent)
-        config = workdir / "router.yaml"
-        # No lag shedding and room for one client's 500 streams; a connect timeout that a
-        # loaded machine's 500 simultaneous connects stay within. No embedding model: the
-        # calls name their task exactly, and a Router embedding the new agent's profile in a
-        # thread beside the measured calls (the first second or so) measured the model.
-        config.write_text(
-            "embedding:\n  backend: none\n"
-            "streaming:\n  max_bytes: 1099511627776\n"
-            "limits:\n  loop_lag_shedding: false\n  max_inflight_per_client: 1024\n"
-            "timeouts:\n  connect_ms: 5000\n"
-        )
-        argv = [
-            sys.executable,
-            "-m",
-            "reachmesh",
-            "router",
-            "--port",
-            str(router_port),
-            "--config",
-            str(config),
-            "--log-level",
-            "WARNING",
-        ]
-        router = Server("router", argv, workdir / "router.log")
-        router.start()
-        started.append(router)
-        base = f"http://127.0.0.1:{router_port}"
         agent.wait_ready(lambda: http("GET", f"http://127.0.0.1:{agent_port}/healthz")[0] == 200)
-        router.wait_ready(lambda: http("GET", f"{base}/healthz")[0] == 200)
-        profile = {
-            "id": "streamer",
-            "network": {"endpoint": f"http://127.0.0.1:{agent_port}/reach"},
-            "capabilities": [{"task": "talk"}],
-        }
-        status, answer = http("POST", f"{base}/agents", profile)
-        if status != 201:
-            raise RuntimeError(f"registration failed: {status} {answer}")
-        results = asyncio.run(
-            measure(args, f"http://127.0.0.1:{agent_port}/reach", f"{base}/reach", psutil.Process(router.pid))
-        )
+        agent_url = f"http://127.0.0.1:{agent_port}/reach"
+        targets = {"direct": agent_url}
+        procs: dict[str, Procs] = {}
+        for name, src in (("router", None), ("old", args.compare_src)):
+            if name == "old" and not src:
+                continue
+            (workdir / name).mkdir()
+            router, base = start_router(name, workdir / name, agent_url, src)
+            started.append(router)
+            targets[name] = f"{base}/reach"
+            procs[name] = Procs(psutil.Process(router.pid), psutil.Process(agent.pid))
+        results = asyncio.run(measure(args, targets, procs))
         print(json.dumps(results, indent=2))
     finally:
         for server in reversed(started):

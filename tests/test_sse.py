@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import pytest
 
@@ -131,7 +132,7 @@ def test_random_garbage_never_raises_anything_but_sse_error() -> None:
             pass
 
 
-RAW_EXPECTED = [RawEvent(e.event.encode(), e.data.encode()) for e in EXPECTED]
+RAW_EXPECTED = [RawEvent(e.event.encode(), e.data.encode(), e.data.count("\n") + 1) for e in EXPECTED]
 
 
 @pytest.mark.parametrize("ending", [b"\r\n", b"\r", b"\n"])
@@ -153,7 +154,7 @@ def test_the_raw_parser_reads_the_same_events_as_sent(ending: bytes) -> None:
 
 def test_the_raw_parser_leaves_the_data_undecoded_within_its_bounds() -> None:
     """Bytes that are not UTF-8 pass (the relay's JSON check refuses them); the bounds hold."""
-    assert RawSseParser().feed(b"data: \xff\xfe\ndata: 1\n\n") == [RawEvent(b"message", b"\xff\xfe\n1")]
+    assert RawSseParser().feed(b"data: \xff\xfe\ndata: 1\n\n") == [RawEvent(b"message", b"\xff\xfe\n1", 2)]
     parser = RawSseParser(SseLimits(max_line=64, max_event=20, max_total=1 << 20))
     with pytest.raises(SseError, match="line is over 64"):
         parser.feed(b"data: " + b"x" * 70)
@@ -230,6 +231,19 @@ WHOLE_EVENT_CASES = [
     [OPEN, b"event: chunk\ndata: " + b"7" * 59 + b"\n\n"],  # one past the line bound
     [OPEN, b"event: chunk\ndata: " + b"7" * 45 + b"\n\n"],  # the event at its bound
     [OPEN, b"event: chunk\ndata: " + b"7" * 46 + b"\n\n"],  # one past the event bound
+    # Several events in one read (an agent that writes a batch, or a read that caught up):
+    [OPEN, b"event: chunk\ndata: 1\n\nevent: chunk\ndata: 2\n\nevent: done\ndata: 3\n\n"],
+    [OPEN + b"event: chunk\ndata: 1\n\n"],  # after a comment in the same read
+    [OPEN, b"event: chunk\ndata: 1\n\nid: 1\n: c\nevent: chunk\ndata: 2\n\n"],
+    [OPEN, b"event: chunk\ndata: 1\n\n\nevent: chunk\ndata: 2\n\n"],  # a blank line between
+    [OPEN, b"event: chunk\ndata: 1\n\nevent: chunk\ndata: 2\r\n\nevent: chunk\ndata: 3\n\n"],
+    [OPEN, b"event: chunk\ndata: 1\n\nevent: chunk\ndata: 2\ndata: 3\n\nevent: chunk\ndata: 4\n\n"],
+    [OPEN, b"event: chunk\ndata: 1\n\nevent: chunk\ndata: " + b"7" * 59 + b"\n\n"],  # a bound, second
+    [OPEN, b"event: chunk\ndata: 1\n\nevent: chunk\ndata: " + b"7" * 46 + b"\n\n"],
+    [OPEN, b"event: chunk\ndata: 1\n\nevent: chu", b"nk\ndata: 2\n\nevent: chunk\ndata: 3\n\n"],
+    [OPEN, b"event: chunk\ndata: 12", b"34\n\nevent: chunk\ndata: 5\n\n"],  # a line across reads
+    [OPEN, b"event: chunk\ndata: 1\n\nevent: chunk\ndata: 2\n", b"\nevent: chunk\ndata: 3\n\n"],
+    [OPEN, b"event: ch", b"unk\ndata: 1", b"2\n", b"\n"],
 ]
 
 
@@ -282,3 +296,39 @@ def test_whole_event_reads_of_random_streams_agree_with_the_line_reader() -> Non
             pieces.append(b"event: chunk\ndata: " + b"z" * rng.randint(0, 40) + b"\n\n")
         for limits in (DEFAULT, small):
             assert _as_written(pieces, limits) == _line_by_line(pieces, limits), pieces
+
+
+def test_socket_reads_of_agent_written_streams_agree_with_the_line_reader() -> None:
+    """Events as agents write them, several per write, read in pieces cut anywhere (as a socket
+    hands them over): the reads between events take the whole-event reading, the rest the line
+    reader, and together they give what the line reader alone gives, bounds included."""
+    rng = random.Random(46)
+    shapes: list[Callable[[], bytes]] = [
+        lambda: b"event: chunk\ndata: [%d]\n\n" % rng.randint(0, 10 ** rng.randint(0, 12)),
+        lambda: b"event: chunk\ndata: " + b"z" * rng.randint(0, 60) + b"\n\n",
+        lambda: b'event: done\ndata: {"status":"SUCCESS"}\n\n',
+        lambda: b"event: chunk\r\ndata: 1\r\n\r\n",
+        lambda: b"data: 1\ndata: 2\n\n",
+        lambda: b": keep-alive\n\n",
+        lambda: b"event: chunk\ndata: 1\n\n\n",
+    ]
+    small = SseLimits(max_line=48, max_event=40, max_total=1 << 20)
+    for _ in range(1500):
+        stream = OPEN + b"".join(rng.choice(shapes)() for _ in range(rng.randint(1, 12)))
+        cuts = sorted(rng.sample(range(1, len(stream)), min(rng.randint(0, 6), len(stream) - 1)))
+        pieces = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
+        for limits in (DEFAULT, small):
+            assert _as_written(pieces, limits) == _line_by_line(pieces, limits), pieces
+
+
+def test_a_line_held_across_reads_is_given_as_bytes() -> None:
+    """A data line cut by a read is joined in place; the event's data is bytes all the same."""
+    parser = RawSseParser()
+    assert parser.feed(OPEN + b"event: chunk\ndata: [1,") == []
+    (event,) = parser.feed(b'"two"]\n\n')
+    assert event == RawEvent(b"chunk", b'[1,"two"]')
+    assert type(event.data) is bytes and type(event.event) is bytes
+    assert parser.feed(b"event: ch") == []
+    (event,) = parser.feed(b"unk\ndata: 3\n\n")
+    assert event == RawEvent(b"chunk", b"3")
+    assert type(event.data) is bytes and type(event.event) is bytes

@@ -47,10 +47,12 @@ class SseEvent(NamedTuple):
 
 class RawEvent(NamedTuple):
     """One whole event as sent: its type (``b"message"`` when it named none) and its data lines
-    joined with LF, not decoded."""
+    joined with LF, not decoded; ``lines`` says how many (a data of one line has no LF, which
+    spares the relay a look for one in every chunk)."""
 
     event: bytes
     data: bytes
+    lines: int = 1
 
 
 _BOM = b"\xef\xbb\xbf"
@@ -79,26 +81,30 @@ class RawSseParser:
         self.total += len(data)
         if self.total > self._max_total:
             raise SseError(f"the event stream is over its {self._max_total}-byte limit")
-        if not data:
-            return []
-        if self._cr and data[:1] == b"\n":
-            data = data[1:]
-        self._cr = False
-        if not (self._partial or self._open or self._first):
-            whole = self._whole_event(data)
-            if whole is not None:
-                return [whole]
-        events: list[RawEvent] = []
         start, size = 0, len(data)
+        if self._cr and size:
+            self._cr = False
+            if data[0] == 10:
+                start = 1  # the LF of a CR LF split between two reads
+        events: list[RawEvent] = []
         while start < size:
+            if not (self._partial or self._open or self._first):
+                # Between events: an event in the form agents write is read whole.
+                whole = self._whole_event(data, start)
+                if whole is not None:
+                    events.append(whole[0])
+                    start = whole[1]
+                    continue
             cut = _line_end(data, start)
             if cut < 0:
-                self._hold(data[start:])
+                self._hold(data[start:] if start else data)
                 break
-            if self._partial:
-                line = bytes(self._partial) + data[start:cut]
-                self._partial.clear()
-                event = self._line(line, 0, len(line))
+            partial = self._partial
+            if partial:
+                # The line's end is appended to its start in place: one copy of each part.
+                partial += memoryview(data)[start:cut]
+                event = self._line(partial, 0, len(partial))
+                partial.clear()
             else:
                 event = self._line(data, start, cut)
             start = self._after_line_end(data, cut)
@@ -106,26 +112,28 @@ class RawSseParser:
                 events.append(event)
         return events
 
-    def _whole_event(self, data: bytes) -> RawEvent | None:
-        """The one event ``data`` holds when it is exactly ``event: NAME``, ``data: VALUE`` and
-        a blank line, each ended by LF (how streaming agents write, one event per write): read
+    def _whole_event(self, data: bytes, start: int) -> tuple[RawEvent, int] | None:
+        """The event at ``start`` and where the next begins, when it is exactly ``event: NAME``,
+        ``data: VALUE`` and a blank line, each ended by LF (how streaming agents write): read
         with a few scans instead of line by line, the same event and the same bounds as
-        :meth:`_line` would give. None, with nothing read, for any other shape."""
-        size = len(data)
-        if size < 16 or not data.startswith(b"event: ") or data[-2:] != b"\n\n":
+        :meth:`_line` would give. None, with nothing read, for any other shape, and for an
+        event not whole in ``data`` (the line reader takes it from there)."""
+        if not data.startswith(b"event: ", start):
             return None
-        name_end = data.find(b"\n", 7)
-        value_end = size - 2
+        name_end = data.find(b"\n", start + 7)
         if name_end < 0 or not data.startswith(b"data: ", name_end + 1):
             return None
-        start = name_end + 7
-        if start > value_end or data.find(b"\n", start) != value_end or data.find(b"\r") >= 0:
+        value = name_end + 7
+        value_end = data.find(b"\n", value)
+        if value_end < 0 or not data.startswith(b"\n", value_end + 1):
             return None
-        if name_end > self._max_line or value_end - name_end - 1 > self._max_line:
+        if data.find(b"\r", start, value_end) >= 0:
+            return None
+        if name_end - start > self._max_line or value_end - name_end - 1 > self._max_line:
             raise SseError(f"an event stream line is over {self._max_line} bytes")
-        if value_end - start + 3 > self._max_event:  # the data line's count in _line
+        if value_end - value + 3 > self._max_event:  # the data line's count in _line
             raise SseError(f"an event is over {self._max_event} bytes")
-        return RawEvent(data[7:name_end] or b"message", data[start:value_end])
+        return RawEvent(data[start + 7 : name_end] or b"message", data[value:value_end]), value_end + 2
 
     def _after_line_end(self, data: bytes, cut: int) -> int:
         """Where the next line starts: a CR's LF belongs to it, even when it comes in the next read."""
@@ -147,8 +155,9 @@ class RawSseParser:
         if self._partial or self._open:
             raise SseError("the event stream ended inside an event")
 
-    def _line(self, buf: bytes, start: int, end: int) -> RawEvent | None:
-        """The line ``buf[start:end]`` (without its end), read in place."""
+    def _line(self, buf: bytes | bytearray, start: int, end: int) -> RawEvent | None:
+        """The line ``buf[start:end]`` (without its end), read in place (``buf`` a bytearray for
+        a line held across reads)."""
         if end - start > self._max_line:
             raise SseError(f"an event stream line is over {self._max_line} bytes")
         if self._first:
@@ -169,10 +178,10 @@ class RawSseParser:
             self._data_bytes += end - name_end + 1  # as SseParser counts it
             if self._data_bytes > self._max_event:
                 raise SseError(f"an event is over {self._max_event} bytes")
-            self._data.append(buf[value:end])
+            self._data.append(_field(buf, value, end))
             self._open = True
         elif name_size == 5 and buf.startswith(b"event", start):
-            self._event = buf[value:end]
+            self._event = _field(buf, value, end)
             self._open = True
         return None
 
@@ -181,7 +190,9 @@ class RawSseParser:
         self._data, self._event, self._data_bytes, self._open = [], b"", 0, False
         if not data:
             return None
-        return RawEvent(event, data[0] if len(data) == 1 else b"\n".join(data))
+        if len(data) == 1:
+            return RawEvent(event, data[0])
+        return RawEvent(event, b"\n".join(data), len(data))
 
 
 class SseParser:
@@ -199,7 +210,7 @@ class SseParser:
     def feed(self, data: bytes) -> list[SseEvent]:
         """The events completed by ``data``; raises SseError at the first broken bound."""
         try:
-            return [SseEvent(event.decode(), body.decode()) for event, body in self._raw.feed(data)]
+            return [SseEvent(event.decode(), body.decode()) for event, body, _ in self._raw.feed(data)]
         except UnicodeDecodeError as exc:
             raise SseError(f"the event stream is not UTF-8 ({exc.reason})") from exc
 
@@ -208,7 +219,15 @@ class SseParser:
         self._raw.eof()
 
 
-def _line_end(data: bytes, start: int) -> int:
+def _field(buf: bytes | bytearray, start: int, end: int) -> bytes:
+    """``buf[start:end]`` as bytes, copied once."""
+    if isinstance(buf, bytes):
+        return buf[start:end]
+    with memoryview(buf) as view:
+        return bytes(view[start:end])
+
+
+def _line_end(data: bytes | bytearray, start: int) -> int:
     """The index of the first CR or LF at or after ``start``, or -1."""
     lf = data.find(b"\n", start)
     cr = data.find(b"\r", start, lf if lf >= 0 else len(data))

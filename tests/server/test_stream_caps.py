@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
+from reachmesh.testing import FakeAgent
 from tests.helpers import scaled, until
 from tests.server.test_streaming import (
     STREAM_HEADERS,
@@ -130,3 +131,22 @@ async def test_a_third_stream_waits_for_a_room_then_runs(router_with, agents) ->
     results = await asyncio.gather(*streams)
     assert [chunks_of(events) for events in results] == [["x"]] * 3
     assert seen == 3 and most <= 2
+
+
+@pytest.mark.parametrize("size", [300 * 1024, 900 * 1024])
+async def test_a_large_plain_answer_to_a_stream_request_is_read_whole(router_with, size: int) -> None:
+    """A plain JSON answer past the stream's read bounds (256 KiB unread pauses a stream's reads,
+    512 KiB is the most it holds), within the answer limit, is read to its end: a stream pauses
+    for a caller that is behind, never for its own plain answer (which stalled until the
+    deadline)."""
+    router = await router_with()
+    text = "y" * size
+    agent = await FakeAgent("plain", tasks=("talk",), result={"text": text}).start()
+    try:
+        await agent.register(router.url, vectors=False)
+        async with streamed(router, envelope(timeoutMs=int(scaled(5) * 1000))) as stream:
+            events = await stream.rest()
+    finally:
+        await agent.stop()
+    assert chunks_of(events) == [{"text": text}]
+    assert done_of(events)["status"] == "SUCCESS"

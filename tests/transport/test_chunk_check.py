@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from reachmesh.exceptions import BadAgentResponse
-from reachmesh.transport.streaming import checked_raw
+from reachmesh.sse import RawSseParser
+from reachmesh.transport.streaming import Chunk, checked_raw, raw_piece
 
 TEXT = b"x" * 5000  # past the size from which the quicker reader is used
 
@@ -31,6 +32,20 @@ def test_valid_chunks_go_on_as_written(raw: bytes) -> None:
 
 def test_a_chunk_over_several_lines_goes_on_as_one() -> None:
     assert checked_raw(b'{"a":\n"' + TEXT + b'"}') == b'{"a": "' + TEXT + b'"}'
+
+
+@pytest.mark.parametrize("size", [10, len(TEXT)])
+def test_the_relay_reads_a_chunks_lines_as_the_parser_counts_them(size: int) -> None:
+    """The parser says how many data lines an event had: one line goes on as it is (no look
+    for a break), several are joined with spaces, whichever reader checks them."""
+    text = b"y" * size
+    stream = (
+        b': hi\n\nevent: chunk\ndata: [1,\ndata: "' + text + b'"]\n\nevent: chunk\ndata: "' + text + b'"\n\n'
+    )
+    several, one = RawSseParser().feed(stream)
+    assert (several.lines, one.lines) == (2, 1)
+    assert raw_piece(several) == Chunk(b'[1, "' + text + b'"]')
+    assert raw_piece(one) == Chunk(b'"' + text + b'"')
 
 
 @pytest.mark.parametrize(

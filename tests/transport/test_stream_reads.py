@@ -4,9 +4,12 @@ pace. Bytes in through the buffered-protocol calls the loop makes, no socket."""
 
 from __future__ import annotations
 
+import asyncio
+
 from reachmesh.sse import SseLimits
 from reachmesh.transport.answer import DEFAULT_HEAD
-from reachmesh.transport.pieces import StreamBounds
+from reachmesh.transport.pieces import Chunk, StreamBounds
+from reachmesh.transport.streamconn import _MIN_READ as MIN_READ
 from reachmesh.transport.streamconn import HIGH_WATER, READ_BUFFER, LeanAgentStream
 from reachmesh.transport.streaming import raw_piece
 
@@ -70,3 +73,53 @@ async def test_the_pools_streams_share_one_buffer() -> None:
     (first, _), (second, _) = _stream(pool), _stream(pool)
     assert first.get_buffer(-1).obj is second.get_buffer(-1).obj
     assert len(first.get_buffer(-1)) == READ_BUFFER
+
+
+def _events(size: int) -> bytes:
+    event = b'event: chunk\ndata: "' + b"x" * 1000 + b'"\n\n'
+    return (event * (size // len(event) + 1))[:size]
+
+
+async def test_reading_goes_on_past_high_water_while_the_relay_waits_for_the_bytes() -> None:
+    """A relay waiting for the next event takes what a read brings in this turn of the loop:
+    reading is not paused for it (two epoll changes per read, for nothing), and the stream
+    still never holds more than READ_BUFFER, pausing when the next read would be too small."""
+    stream, transport = _stream(_Pool())
+    _read(stream, HEAD)
+    waiting = asyncio.ensure_future(stream.next())
+    for _ in range(10):
+        if stream._waiter is not None:
+            break
+        await asyncio.sleep(0)  # one turn: the relay reaches its wait
+    assert stream._waiter is not None
+    held = 0
+    sizes = iter([HIGH_WATER + 1000, 100_000])  # reads of what the agent had sent, then whole
+    while not transport.paused:  # the loop's reads in one turn, before the relay runs
+        room = len(stream.get_buffer(-1))
+        size = min(next(sizes, room), room)
+        assert held + room <= READ_BUFFER
+        _read(stream, _events(size))
+        held += size
+        if held <= READ_BUFFER - MIN_READ:
+            assert not transport.paused
+    assert HIGH_WATER + 100_000 < READ_BUFFER - MIN_READ < held <= READ_BUFFER
+    assert isinstance(await waiting, Chunk)  # the relay takes them, and reading resumes
+    assert stream.ready() and not transport.paused
+
+
+async def test_a_plain_answer_is_read_whole_past_the_streams_bounds() -> None:
+    """A plain answer (not an event stream) is bounded by the answer limit, not by the stream's
+    read bounds: reading never pauses for it (nothing would resume it: it stalled to the
+    deadline)."""
+    stream, transport = _stream(_Pool())
+    body = b'"' + b"y" * (900 * 1024) + b'"'
+    _read(
+        stream, b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+    )
+    at = 0
+    while at < len(body):
+        room = len(stream.get_buffer(-1))
+        _read(stream, body[at : at + room])
+        at += room
+        assert not transport.paused
+    assert await asyncio.wait_for(stream.whole(), 5) == body

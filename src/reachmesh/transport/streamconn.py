@@ -5,10 +5,10 @@ the URL guard and TLS of a plain call) and runs its own protocol on the connecti
 for as long as the agent talks. The answer's head is read by the pool's
 :class:`~.answer.AnswerReader` (its bounds, interim answers and errors); the body's bytes are
 kept as they arrive and fed to the event-stream parser only when the relay asks for the next
-piece, so a slow caller slows the read: past ``HIGH_WATER`` bytes not asked for yet, reading
-from the agent pauses (its writes then stop in its own socket), and a read takes no more than
-keeps the stream within ``READ_BUFFER`` (512 KiB) bytes: a stream holds at most that and one
-open line (the parser's bound).
+piece, so a slow caller slows the read: past ``HIGH_WATER`` bytes not asked for yet while the
+relay is busy writing, reading from the agent pauses (its writes then stop in its own socket),
+and a read takes no more than keeps the stream within ``READ_BUFFER`` (512 KiB) bytes: a stream
+holds at most that and one open line (the parser's bound).
 
 The loop reads the stream into one buffer shared by every stream of the pool
 (:func:`read_buffer`) and each read is parsed before the next can start, its body's bytes
@@ -31,7 +31,8 @@ from reachmesh.transport import pool as lean
 from reachmesh.transport.answer import AnswerReader, BrokenBody, Disconnected, HeadLimits, HeadTooLarge
 from reachmesh.transport.pieces import Final, Piece, StreamBounds
 
-# Body bytes read from the agent and not yet asked for, past which reading pauses. A few of an
+# Body bytes read from the agent and not yet asked for, past which reading pauses while the relay
+# is busy writing (see LeanAgentStream._keep). A few of an
 # agent's writes: enough to keep the relay busy while the next read is under way, little per
 # stream beside 500 others.
 HIGH_WATER = 256 * 1024
@@ -188,12 +189,22 @@ class LeanAgentStream(asyncio.BufferedProtocol):
         self._keep()
 
     def _keep(self) -> None:
-        """Keep the body's bytes just read for the relay; pause reading past HIGH_WATER."""
+        """Keep the body's bytes just read for the relay; pause reading when it is behind."""
         body = self.reader.take()
         if body:
             self._body += body
-            self._buffered += sum(map(len, body))
-            if self._buffered > HIGH_WATER and not self._paused:
+            buffered = self._buffered = self._buffered + sum(map(len, body))
+            # Reading pauses past HIGH_WATER while the relay is busy elsewhere (a caller that is
+            # behind): a relay waiting for these bytes takes them in this turn of the loop, and
+            # pausing for it (two epoll changes per read) would cost without holding anything
+            # back, unless the next read would be too small to be worth it. A plain answer is
+            # read whole within its own limit: nothing would resume a pause for it.
+            if (
+                buffered > HIGH_WATER
+                and not self._paused
+                and self.reader.events
+                and (self._waiter is None or buffered > READ_BUFFER - _MIN_READ)
+            ):
                 self._paused = True
                 self._transport.pause_reading()
         self._wake()
