@@ -509,7 +509,8 @@ class ReachAgent:
             self._handled.labels(task, "declined").inc()
             return _answer_declined(declined)
         return await self.gate.serve(
-            repeat_key(request.headers.get("Idempotency-Key"), raw), lambda: self._handle(request, bound, payload, ctx)
+            repeat_key(request.headers.get("Idempotency-Key"), raw),
+            lambda: self._handle(request, bound, payload, ctx),
         )
 
     async def _handle(
