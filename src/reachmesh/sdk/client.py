@@ -108,6 +108,15 @@ def _wait_s(timeout_ms: int | None) -> float:
     return DEFAULT_WAIT_S if timeout_ms is None else timeout_ms / 1000 + SLACK_S
 
 
+def _connection_cap(max_connections: int | None) -> int | None:
+    """A client's cap on its connections to the Router: None (none), or an integer >= 1."""
+    if max_connections is None:
+        return None
+    if isinstance(max_connections, bool) or not isinstance(max_connections, int) or max_connections < 1:
+        raise ValueError(f"max_connections must be an integer >= 1 or None, not {max_connections!r}")
+    return max_connections
+
+
 def parse_response(status: int, raw: bytes) -> ReachResponse:
     """The ReachResponse in a Router answer; RouterUnavailable when it holds none."""
     try:
@@ -117,11 +126,25 @@ def parse_response(status: int, raw: bytes) -> ReachResponse:
 
 
 class ReachClient:
-    """Async client: ``await client.call("query_product_price", {...}, timeout_ms=4000)``."""
+    """Async client: ``await client.call("query_product_price", {...}, timeout_ms=4000)``.
 
-    def __init__(self, router_url: str | None = None, *, source_agent: str | None = None) -> None:
+    ``max_connections`` caps its connections to the Router; by default there is no cap here: a
+    fan-out of a thousand calls goes out at once and the Router bounds what one client has in
+    flight (``limits.max_inflight_per_client``, 429 past it). A cap in the client (aiohttp's 100)
+    held the rest in this process, where their wait counted against their deadline and ended as
+    ``RouterUnavailable`` for a Router that was fine.
+    """
+
+    def __init__(
+        self,
+        router_url: str | None = None,
+        *,
+        source_agent: str | None = None,
+        max_connections: int | None = None,
+    ) -> None:
         self.routers = RouterList(router_url_from_env(router_url))
         self.source_agent = source_agent
+        self._max_connections = _connection_cap(max_connections)
         # Read now, so a bad REACH_CA_FILE fails here and not at the first call.
         self._verify = router_verify()
         self._session: aiohttp.ClientSession | None = None
@@ -146,7 +169,7 @@ class ReachClient:
         # Created lazily so that it belongs to the loop that first uses it.
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(ssl=self._verify),
+                connector=aiohttp.TCPConnector(ssl=self._verify, limit=self._max_connections or 0),
                 cookie_jar=aiohttp.DummyCookieJar(),
                 headers=auth_headers(),
             )
@@ -210,12 +233,20 @@ class ReachClient:
 
 
 class SyncReachClient:
-    """Blocking client with the same API as :class:`ReachClient`."""
+    """Blocking client with the same API as :class:`ReachClient` (``max_connections`` too: calls
+    from many threads at once are not held back by a cap of the client's own by default)."""
 
-    def __init__(self, router_url: str | None = None, *, source_agent: str | None = None) -> None:
+    def __init__(
+        self,
+        router_url: str | None = None,
+        *,
+        source_agent: str | None = None,
+        max_connections: int | None = None,
+    ) -> None:
         self.routers = RouterList(router_url_from_env(router_url))
         self.source_agent = source_agent
-        self._http = httpx.Client(headers=auth_headers(), verify=router_verify())
+        limits = httpx.Limits(max_connections=_connection_cap(max_connections), max_keepalive_connections=20)
+        self._http = httpx.Client(headers=auth_headers(), verify=router_verify(), limits=limits)
 
     @property
     def router_url(self) -> str:
