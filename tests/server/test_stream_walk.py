@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from reachmesh.config import RouterConfig
+from reachmesh.resilience.breaker import BreakerState
 from reachmesh.server.stream import wants_stream
 from reachmesh.testing import FakeAgent, RouterServer
 from tests.helpers import scaled, until
@@ -112,6 +113,9 @@ async def test_a_plain_answer_over_512_kib_to_a_streamed_call_is_its_one_chunk(r
     try:
         await agent.register(router.url)
         async with streamed(router, envelope(timeoutMs=int(scaled(2_000)))) as stream:
+            if not stream.response.headers["content-type"].startswith("text/event-stream"):
+                answer = (await stream.response.aread())[:300]
+                pytest.fail(f"no stream but HTTP {stream.response.status_code}: {answer!r}")
             events = await stream.rest()
         assert done_of(events)["status"] == "SUCCESS"
         assert chunks_of(events) == [result]
@@ -127,3 +131,31 @@ def test_an_accept_that_refuses_event_streams_is_not_a_stream() -> None:
     assert wants_stream(b"application/json, text/event-stream;q=0.5")
     assert not wants_stream(b"text/event-stream;q=0")
     assert not wants_stream(b"text/event-stream; q=0.0, application/json")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="dispatch/streaming.py books the attempt a success at its first chunk and the break a "
+    "failure after it: each success resets the consecutive count, so the breaker never opens",
+)
+async def test_an_agent_that_breaks_every_stream_opens_its_breaker() -> None:
+    """An agent that sends one chunk and then resets, every time: with a breaker threshold of 3,
+    the fourth streamed call finds its circuit open. With threshold 1 (the existing test) the one
+    failure opens it, which hid this; by hand, 8 such streams left it closed at success rate 1.0."""
+    policy = {"health": {"enabled": False}, "breaker": {"failure_threshold": 3}}
+
+    async def breaks(conn: Conn) -> None:
+        await conn.sse_head()
+        await conn.chunk("half")
+        conn.reset()
+
+    async with RouterServer(RouterConfig.model_validate(policy)) as router:
+        agent = await StreamAgent("breaker", breaks).start()
+        try:
+            await agent.register(router.url)
+            for _ in range(3):
+                async with streamed(router, envelope()) as stream:
+                    assert done_of(await stream.rest())["error"]["code"] == "STREAM_BROKEN"
+            assert router.app.parts.breakers.state("breaker") is BreakerState.OPEN
+        finally:
+            await agent.stop()
