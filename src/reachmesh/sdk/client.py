@@ -12,7 +12,9 @@ that reached a Router is never sent again: it may have reached an agent.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
@@ -200,10 +202,7 @@ class ReachClient:
         ``async for chunk in s``, then ``s.response``. Same options as :meth:`call`."""
         body, sent, wait_s = prepare(task, payload, headers, self.source_agent, options)
         sent["Accept"] = EVENT_STREAM
-        # The deadline bounds the whole call; the Router's idle bound covers a quiet agent.
-        timeout = aiohttp.ClientTimeout(total=wait_s)
-        url = f"{self.router_url}/reach"
-        return ReachStream(lambda: self._http().post(url, data=body, headers=sent, timeout=timeout))
+        return ReachStream(lambda: _FirstRouter(self, body, sent, wait_s))
 
     async def _post(
         self, path: str, body: bytes, headers: dict[str, str], wait_s: float
@@ -302,10 +301,70 @@ class SyncReachClient:
         then ``s.response``. Same options as :meth:`call`."""
         body, sent, wait_s = prepare(task, payload, headers, self.source_agent, options)
         sent["Accept"] = EVENT_STREAM
-        url = f"{self.router_url}/reach"
-        return SyncReachStream(
-            lambda: self._http.stream("POST", url, content=body, headers=sent, timeout=wait_s)
+        return SyncReachStream(lambda: self._open_stream(body, sent, wait_s))
+
+    @contextlib.contextmanager
+    def _open_stream(self, body: bytes, headers: dict[str, str], wait_s: float) -> Iterator[httpx.Response]:
+        """A streamed call's answer from the first Router of the list that takes the connection,
+        as :meth:`call` sends it (a stream that reached a Router is never sent again)."""
+        several = len(self.routers) > 1
+        timeout = httpx.Timeout(wait_s, connect=min(CONNECT_S, wait_s)) if several else httpx.Timeout(wait_s)
+        urls = self.routers.order()
+        for url in urls:
+            opening = self._http.stream(
+                "POST", f"{url}/reach", content=body, headers=headers, timeout=timeout
+            )
+            try:
+                resp = opening.__enter__()
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                self.routers.failed(url)
+                if url is urls[-1]:
+                    raise RouterUnavailable(_unreachable(self.routers, url, exc)) from exc
+                continue
+            self.routers.answered(url)
+            try:
+                yield resp
+            finally:
+                opening.__exit__(None, None, None)
+            return
+        raise AssertionError("a Router list is never empty")
+
+
+class _FirstRouter:
+    """A streamed call's answer from the first Router of the client's list that takes the
+    connection, as :meth:`ReachClient.call` sends it; :class:`.streaming.ReachStream` enters it
+    and closes the answer itself."""
+
+    def __init__(self, client: ReachClient, body: bytes, headers: dict[str, str], wait_s: float) -> None:
+        self._client = client
+        self._body = body
+        self._headers = headers
+        self._wait_s = wait_s
+
+    async def __aenter__(self) -> aiohttp.ClientResponse:
+        client, routers = self._client, self._client.routers
+        # The deadline bounds the whole call; the Router's idle bound covers a quiet agent.
+        several = len(routers) > 1
+        timeout = aiohttp.ClientTimeout(
+            total=self._wait_s, sock_connect=min(CONNECT_S, self._wait_s) if several else None
         )
+        urls = routers.order()
+        for url in urls:
+            try:
+                resp = await client._http().post(
+                    f"{url}/reach", data=self._body, headers=self._headers, timeout=timeout
+                )
+            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+                routers.failed(url)
+                if url is urls[-1]:
+                    raise RouterUnavailable(_unreachable(routers, url, exc)) from exc
+                continue
+            routers.answered(url)
+            return resp
+        raise AssertionError("a Router list is never empty")
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
 
 
 def _unreachable(routers: RouterList, url: str, exc: Exception) -> str:
