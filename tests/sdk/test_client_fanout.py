@@ -39,5 +39,5 @@ async def test_a_fan_out_past_a_hundred_calls_reaches_the_router_at_once(router:
 async def test_a_client_may_still_cap_its_connections(router: RouterServer) -> None:
     """max_connections caps the client's connections to the Router, for a caller that wants to."""
     async with ReachClient(router.url, max_connections=3) as client:
-        assert client._http().connector is not None
-        assert client._http().connector.limit == 3
+        connector = client._http().connector
+        assert connector is not None and connector.limit == 3

@@ -275,6 +275,12 @@ class ReachAgent:
         def bind(handler: Handler) -> Handler:
             if task in self._handlers:
                 raise ConfigError(f"capability {task!r} already has a handler")
+            if inspect.isgeneratorfunction(handler):
+                # Run as a plain handler it returned a generator, answered "not JSON-serialisable".
+                raise ConfigError(
+                    f"the handler for {task!r} is a plain generator (def with yield): write it "
+                    "'async def' to stream (each yield is a chunk), or return the whole result"
+                )
             is_async = inspect.iscoroutinefunction(handler)
             self._handlers[task] = (handler, is_async, _wants_context(handler))
             if accepts is not None:
