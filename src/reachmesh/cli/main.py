@@ -469,8 +469,6 @@ def call(
 
     With auth on, REACH_TOKEN must hold a caller token (or an admin token).
     """
-    from reachmesh.cli.timeline import declines
-    from reachmesh.redaction import loggable
     from reachmesh.sdk.client import SyncReachClient
 
     try:
@@ -496,6 +494,15 @@ def call(
             )
     except (RouterUnavailable, ConfigError) as exc:
         _fail(exc.message, code=1)
+    _print_response(response)
+    raise typer.Exit(0 if response.ok else 1)
+
+
+def _print_response(response: ReachResponse) -> None:
+    """The ReachResponse on stdout (alone: `| jq` works); the lines a person reads on stderr."""
+    from reachmesh.cli.timeline import declines
+    from reachmesh.redaction import loggable
+
     out.print_json(response.model_dump_json(by_alias=True, exclude_none=False))
     if response.route is not None:
         # Which task ran, on its own line: a caller who named one task must see it when the
@@ -511,7 +518,6 @@ def call(
         # The one line a person reads first: what went wrong, and any "did you mean".
         line = f"{response.status}: {response.error.message}{declines(response.error.candidates)}"
         err.print(loggable(line, 4096), markup=False, highlight=False, soft_wrap=True)
-    raise typer.Exit(0 if response.ok else 1)
 
 
 @app.command()

@@ -161,6 +161,16 @@ def repeat_key(key: str | None, body: bytes) -> str | None:
     return digest.hexdigest()
 
 
+def _refuse_plain_generator(task: str, handler: Handler) -> None:
+    """A ``def`` with ``yield``, run as a plain handler, returned a generator, answered "not
+    JSON-serialisable" on every call: refused when it is bound instead."""
+    if inspect.isgeneratorfunction(handler):
+        raise ConfigError(
+            f"the handler for {task!r} is a plain generator (def with yield): write it "
+            "'async def' to stream (each yield is a chunk), or return the whole result"
+        )
+
+
 def _wants_context(handler: Handler) -> bool:
     try:
         params = inspect.signature(handler).parameters.values()
@@ -275,12 +285,7 @@ class ReachAgent:
         def bind(handler: Handler) -> Handler:
             if task in self._handlers:
                 raise ConfigError(f"capability {task!r} already has a handler")
-            if inspect.isgeneratorfunction(handler):
-                # Run as a plain handler it returned a generator, answered "not JSON-serialisable".
-                raise ConfigError(
-                    f"the handler for {task!r} is a plain generator (def with yield): write it "
-                    "'async def' to stream (each yield is a chunk), or return the whole result"
-                )
+            _refuse_plain_generator(task, handler)
             is_async = inspect.iscoroutinefunction(handler)
             self._handlers[task] = (handler, is_async, _wants_context(handler))
             if accepts is not None:
