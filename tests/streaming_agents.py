@@ -104,12 +104,14 @@ class StreamAgent:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
         return self
 
-    async def register(self, router_url: str) -> None:
+    async def register(self, router_url: str, **extra: Any) -> None:
+        """Register with the Router; ``extra`` are more top-level profile keys (max_concurrency)."""
         profile = {
             "id": self.agent_id,
             "network": {"endpoint": self.endpoint},
             "capabilities": [{"task": self.task}],
             "health_check": {"interval_seconds": 300, "timeout_ms": 5000},
+            **extra,
         }
         async with httpx.AsyncClient() as http:
             resp = await http.post(f"{router_url}/agents", json=profile)

@@ -234,3 +234,18 @@ def test_calibrate_bad_file(tmp_path: Path) -> None:
     result = runner.invoke(app, ["calibrate", str(bad)])
     assert result.exit_code == 2
     assert "phrases must be a non-empty list" in result.output
+
+
+def test_call_stream_prints_each_chunk_then_the_response(router_url: str) -> None:
+    """`reach call TASK --stream` asks for a streamed answer: each chunk's value is one JSON line
+    on stdout as it arrives, then the ReachResponse (a plain agent's answer is its one chunk)."""
+    result = runner.invoke(
+        app, ["call", "query_promotion", "--stream", "--router", router_url, "--trace-id", "cli-stream"]
+    )
+    assert result.exit_code == 0, result.output
+    first, _, rest = result.stdout.partition("\n")
+    chunk = json.loads(first)
+    body = json.loads(rest)
+    assert body["status"] == "SUCCESS" and body["traceId"] == "cli-stream"
+    assert chunk is not None and body["result"] is None  # the answer came as the chunk
+    assert "route: query_promotion (by exact)" in result.stderr

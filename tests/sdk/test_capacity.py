@@ -111,3 +111,37 @@ async def test_a_repeated_idempotency_key_is_answered_from_the_cache(router: Rou
     finally:
         release.set()
         await agent.stop()
+
+
+async def test_a_key_repeated_with_another_request_runs_that_request(router: RouterServer) -> None:
+    """A repeat is the same request sent again, not any request that carries the key: an async
+    request's key is derived from its trace id alone, and a caller chooses trace ids, so a second
+    request reusing one (through a second Router, or once the first result was dropped) came with
+    the first one's key and was answered the first one's result. The same key with another body
+    runs the handler for that body; with the same body it is still answered from the cache."""
+    agent = ReachAgent(config(router.url))
+    runs: list[str] = []
+
+    @agent.capability("work")
+    async def work(payload: dict) -> dict:
+        runs.append(payload["fruit"])
+        return {"story": payload["fruit"]}
+
+    await agent.start()
+    try:
+        url = agent.config.profile.network.endpoint
+        headers = {"Idempotency-Key": "trace-fixed.0123456789abcdef"}
+
+        def request(fruit: str) -> dict[str, object]:
+            return {"traceId": "trace-fixed", "targetTask": "work", "payload": {"fruit": fruit}}
+
+        async with httpx.AsyncClient(timeout=scaled(10)) as http:
+            apples = (await http.post(url, json=request("apples"), headers=headers)).json()
+            bananas = (await http.post(url, json=request("bananas"), headers=headers)).json()
+            again = (await http.post(url, json=request("apples"), headers=headers)).json()
+        assert apples["result"] == {"story": "apples"}
+        assert bananas["result"] == {"story": "bananas"}
+        assert again["result"] == {"story": "apples"}
+        assert runs == ["apples", "bananas"]
+    finally:
+        await agent.stop()

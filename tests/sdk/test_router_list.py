@@ -16,7 +16,7 @@ from reachmesh.sdk.client import ReachClient, SyncReachClient, router_url_from_e
 from reachmesh.sdk.config import AgentConfig
 from reachmesh.sdk.lease import LeaseKeeper
 from reachmesh.sdk.routers import SKIP_CAP_S, RouterList, split_router_urls
-from reachmesh.testing import free_port
+from reachmesh.testing import RouterServer, free_port
 
 A, B, C = "http://10.0.0.1:7200", "http://10.0.0.2:7200", "https://r3.example:7443"
 
@@ -193,3 +193,29 @@ def test_a_read_through_a_list_goes_to_the_router_that_takes_the_connection() ->
     with httpx.Client(transport=httpx.MockTransport(router)) as http:
         used, resp = request_any_sync(http, routers, "GET", "/admin/agents")
     assert (used, resp.status_code, routers.current) == (B, 200, B)
+
+
+async def test_a_stream_that_never_reached_a_router_goes_to_the_next(router: RouterServer) -> None:
+    """client.stream() follows the list as call() does (this page's promise for every caller):
+    the first Router refuses the connection, the second streams. It went to the first Router
+    only and raised RouterUnavailable, async and sync alike."""
+    import asyncio
+
+    from reachmesh.testing import FakeAgent
+
+    agent = await FakeAgent("streams-too", result={"ok": 1}).start()
+    try:
+        await agent.register(router.url, vectors=False)
+        urls = f"http://127.0.0.1:{free_port()},{router.url}"
+        async with ReachClient(urls) as client, client.stream("echo", {}, timeout_ms=10_000) as story:
+            chunks = [chunk async for chunk in story]
+        assert story.response.status == "SUCCESS" and chunks == [{"ok": 1}]
+
+        def sync_stream() -> tuple[str, list[object]]:
+            with SyncReachClient(urls) as client, client.stream("echo", {}, timeout_ms=10_000) as story:
+                chunks = list(story)
+            return story.response.status, chunks
+
+        assert await asyncio.to_thread(sync_stream) == ("SUCCESS", [{"ok": 1}])
+    finally:
+        await agent.stop()

@@ -11,7 +11,10 @@ import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
+
 from reachmesh import AgentError, ReachAgent, ReachClient, ReachContext, SyncReachClient
+from reachmesh.exceptions import ConfigError
 from reachmesh.sdk.agent import Decline
 from reachmesh.testing import RouterServer
 from tests.helpers import scaled, until
@@ -194,3 +197,14 @@ async def test_sync_client_streams(router: RouterServer) -> None:
         assert threading.current_thread() is threading.main_thread()
     finally:
         await agent.stop()
+
+
+def test_a_plain_generator_handler_is_refused_when_bound() -> None:
+    """`def` with `yield` (not `async def`): refused at the decorator, saying how to stream. It was
+    bound, and every call then failed 'the handler's result is not JSON-serialisable'."""
+    agent = ReachAgent(agent_config("http://127.0.0.1:9", tasks=("count",)))
+    with pytest.raises(ConfigError, match="async def"):
+
+        @agent.capability("count")
+        def count(payload: dict) -> Any:
+            yield 1

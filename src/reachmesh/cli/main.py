@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     import ssl
 
     from reachmesh.config import RouterConfig
+    from reachmesh.protocol import ReachResponse
+    from reachmesh.sdk.client import SyncReachClient
     from reachmesh.server import RouterApp
 
 __all__ = ["app", "main"]
@@ -430,6 +432,17 @@ def _agents_table(rows: list[dict[str, Any]], url: str, wide: bool) -> Table:
     return table
 
 
+def _streamed(
+    client: SyncReachClient, task: str, body: dict[str, Any], options: dict[str, Any]
+) -> ReachResponse:
+    """A streamed call: each chunk's value on stdout as one JSON line, as it arrives."""
+    with client.stream(task, body, **options) as story:
+        for chunk in story:
+            sys.stdout.write(json.dumps(chunk, ensure_ascii=False) + "\n")
+            sys.stdout.flush()
+    return story.response  # its end without a done event raised RouterUnavailable above
+
+
 @app.command()
 def call(
     task: Annotated[str, typer.Argument(help="targetTask")],
@@ -442,14 +455,20 @@ def call(
     ] = None,
     conversation: Annotated[str | None, typer.Option(help="conversationId")] = None,
     trace_id: Annotated[str | None, typer.Option(help="traceId")] = None,
+    stream: Annotated[
+        bool,
+        typer.Option(
+            "--stream",
+            help="Ask for a streamed answer: print each chunk as one JSON line as it arrives, "
+            "then the ReachResponse.",
+        ),
+    ] = False,
     router_url: RouterOpt = None,
 ) -> None:
     """Send one ReachRequest and print the ReachResponse (exit 0 on SUCCESS, 1 otherwise).
 
     With auth on, REACH_TOKEN must hold a caller token (or an admin token).
     """
-    from reachmesh.cli.timeline import declines
-    from reachmesh.redaction import loggable
     from reachmesh.sdk.client import SyncReachClient
 
     try:
@@ -460,20 +479,30 @@ def call(
         _fail("--payload must be a JSON object")
     filters = [a.strip() for a in only.split(",") if a.strip()] if only else None
     _router_verify()  # a bad REACH_CA_FILE is one line, before the client is made
+    options: dict[str, Any] = {
+        "target_agent": agent_id,
+        "timeout_ms": timeout_ms,
+        "filter_agent_ids": filters,
+        "strategy": strategy,
+        "conversation_id": conversation,
+        "trace_id": trace_id,
+    }
     try:
         with SyncReachClient(router_url, source_agent="reach-cli") as client:
-            response = client.call(
-                task,
-                body,
-                target_agent=agent_id,
-                timeout_ms=timeout_ms,
-                filter_agent_ids=filters,
-                strategy=strategy,
-                conversation_id=conversation,
-                trace_id=trace_id,
+            response = (
+                _streamed(client, task, body, options) if stream else client.call(task, body, **options)
             )
     except (RouterUnavailable, ConfigError) as exc:
         _fail(exc.message, code=1)
+    _print_response(response)
+    raise typer.Exit(0 if response.ok else 1)
+
+
+def _print_response(response: ReachResponse) -> None:
+    """The ReachResponse on stdout (alone: `| jq` works); the lines a person reads on stderr."""
+    from reachmesh.cli.timeline import declines
+    from reachmesh.redaction import loggable
+
     out.print_json(response.model_dump_json(by_alias=True, exclude_none=False))
     if response.route is not None:
         # Which task ran, on its own line: a caller who named one task must see it when the
@@ -489,7 +518,6 @@ def call(
         # The one line a person reads first: what went wrong, and any "did you mean".
         line = f"{response.status}: {response.error.message}{declines(response.error.candidates)}"
         err.print(loggable(line, 4096), markup=False, highlight=False, soft_wrap=True)
-    raise typer.Exit(0 if response.ok else 1)
 
 
 @app.command()

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import hashlib
 import hmac
 import inspect
 import logging
@@ -41,7 +42,7 @@ from reachmesh.deadline import Deadline
 from reachmesh.exceptions import ConfigError, ReachError
 from reachmesh.protocol import AGENT_SECRET_HEADER as SECRET_HEADER
 from reachmesh.protocol import MAX_CONCURRENCY, UNKNOWN_TASK, ReachResponse
-from reachmesh.sdk.capacity import Gate
+from reachmesh.sdk.capacity import MAX_KEY_CHARS, Gate
 from reachmesh.sdk.client import ReachClient
 from reachmesh.sdk.config import AgentConfig, find_config
 from reachmesh.sdk.healthport import HealthServer
@@ -142,6 +143,32 @@ class ReachContext:
             "X-Reach-Trace-Id": self.trace_id,
             "traceparent": make_traceparent(self.trace_id, self.parent_span_id),
         }
+
+
+def repeat_key(key: str | None, body: bytes) -> str | None:
+    """The key a repeat is known by: the Router's ``Idempotency-Key`` and the request's body.
+
+    A repeat is the same request sent again, not any request that carries the key: the key of an
+    async request is derived from its trace id alone, and callers choose trace ids, so another
+    caller's request (through a second Router, or once the first result was dropped) could carry
+    it and be answered with the first one's result. A key over MAX_KEY_CHARS is not remembered.
+    """
+    if not key or len(key) > MAX_KEY_CHARS:
+        return None
+    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass"))
+    digest.update(b"\0")
+    digest.update(body)
+    return digest.hexdigest()
+
+
+def _refuse_plain_generator(task: str, handler: Handler) -> None:
+    """A ``def`` with ``yield``, run as a plain handler, returned a generator, answered "not
+    JSON-serialisable" on every call: refused when it is bound instead."""
+    if inspect.isgeneratorfunction(handler):
+        raise ConfigError(
+            f"the handler for {task!r} is a plain generator (def with yield): write it "
+            "'async def' to stream (each yield is a chunk), or return the whole result"
+        )
 
 
 def _wants_context(handler: Handler) -> bool:
@@ -258,6 +285,7 @@ class ReachAgent:
         def bind(handler: Handler) -> Handler:
             if task in self._handlers:
                 raise ConfigError(f"capability {task!r} already has a handler")
+            _refuse_plain_generator(task, handler)
             is_async = inspect.iscoroutinefunction(handler)
             self._handlers[task] = (handler, is_async, _wants_context(handler))
             if accepts is not None:
@@ -460,8 +488,9 @@ class ReachAgent:
         refused = self._caller_refused(request)
         if refused is not None:
             return refused
+        raw = await request.read()
         try:
-            data = jsoncodec.loads(await request.read())
+            data = jsoncodec.loads(raw)
         except jsoncodec.JSONDecodeError:
             return _answer_error("INVALID_REQUEST", "body is not JSON", retryable=False, status=400)
         if not isinstance(data, dict) or not isinstance(data.get("targetTask"), str):
@@ -491,7 +520,8 @@ class ReachAgent:
             self._handled.labels(task, "declined").inc()
             return _answer_declined(declined)
         return await self.gate.serve(
-            request.headers.get("Idempotency-Key"), lambda: self._handle(request, bound, payload, ctx)
+            repeat_key(request.headers.get("Idempotency-Key"), raw),
+            lambda: self._handle(request, bound, payload, ctx),
         )
 
     async def _handle(

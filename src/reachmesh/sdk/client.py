@@ -12,7 +12,9 @@ that reached a Router is never sent again: it may have reached an agent.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
@@ -108,6 +110,15 @@ def _wait_s(timeout_ms: int | None) -> float:
     return DEFAULT_WAIT_S if timeout_ms is None else timeout_ms / 1000 + SLACK_S
 
 
+def _connection_cap(max_connections: int | None) -> int | None:
+    """A client's cap on its connections to the Router: None (none), or an integer >= 1."""
+    if max_connections is None:
+        return None
+    if isinstance(max_connections, bool) or not isinstance(max_connections, int) or max_connections < 1:
+        raise ValueError(f"max_connections must be an integer >= 1 or None, not {max_connections!r}")
+    return max_connections
+
+
 def parse_response(status: int, raw: bytes) -> ReachResponse:
     """The ReachResponse in a Router answer; RouterUnavailable when it holds none."""
     try:
@@ -117,11 +128,25 @@ def parse_response(status: int, raw: bytes) -> ReachResponse:
 
 
 class ReachClient:
-    """Async client: ``await client.call("query_product_price", {...}, timeout_ms=4000)``."""
+    """Async client: ``await client.call("query_product_price", {...}, timeout_ms=4000)``.
 
-    def __init__(self, router_url: str | None = None, *, source_agent: str | None = None) -> None:
+    ``max_connections`` caps its connections to the Router; by default there is no cap here: a
+    fan-out of a thousand calls goes out at once and the Router bounds what one client has in
+    flight (``limits.max_inflight_per_client``, 429 past it). A cap in the client (aiohttp's 100)
+    held the rest in this process, where their wait counted against their deadline and ended as
+    ``RouterUnavailable`` for a Router that was fine.
+    """
+
+    def __init__(
+        self,
+        router_url: str | None = None,
+        *,
+        source_agent: str | None = None,
+        max_connections: int | None = None,
+    ) -> None:
         self.routers = RouterList(router_url_from_env(router_url))
         self.source_agent = source_agent
+        self._max_connections = _connection_cap(max_connections)
         # Read now, so a bad REACH_CA_FILE fails here and not at the first call.
         self._verify = router_verify()
         self._session: aiohttp.ClientSession | None = None
@@ -146,7 +171,7 @@ class ReachClient:
         # Created lazily so that it belongs to the loop that first uses it.
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(ssl=self._verify),
+                connector=aiohttp.TCPConnector(ssl=self._verify, limit=self._max_connections or 0),
                 cookie_jar=aiohttp.DummyCookieJar(),
                 headers=auth_headers(),
             )
@@ -177,10 +202,7 @@ class ReachClient:
         ``async for chunk in s``, then ``s.response``. Same options as :meth:`call`."""
         body, sent, wait_s = prepare(task, payload, headers, self.source_agent, options)
         sent["Accept"] = EVENT_STREAM
-        # The deadline bounds the whole call; the Router's idle bound covers a quiet agent.
-        timeout = aiohttp.ClientTimeout(total=wait_s)
-        url = f"{self.router_url}/reach"
-        return ReachStream(lambda: self._http().post(url, data=body, headers=sent, timeout=timeout))
+        return ReachStream(lambda: _FirstRouter(self, body, sent, wait_s))
 
     async def _post(
         self, path: str, body: bytes, headers: dict[str, str], wait_s: float
@@ -210,12 +232,20 @@ class ReachClient:
 
 
 class SyncReachClient:
-    """Blocking client with the same API as :class:`ReachClient`."""
+    """Blocking client with the same API as :class:`ReachClient` (``max_connections`` too: calls
+    from many threads at once are not held back by a cap of the client's own by default)."""
 
-    def __init__(self, router_url: str | None = None, *, source_agent: str | None = None) -> None:
+    def __init__(
+        self,
+        router_url: str | None = None,
+        *,
+        source_agent: str | None = None,
+        max_connections: int | None = None,
+    ) -> None:
         self.routers = RouterList(router_url_from_env(router_url))
         self.source_agent = source_agent
-        self._http = httpx.Client(headers=auth_headers(), verify=router_verify())
+        limits = httpx.Limits(max_connections=_connection_cap(max_connections), max_keepalive_connections=20)
+        self._http = httpx.Client(headers=auth_headers(), verify=router_verify(), limits=limits)
 
     @property
     def router_url(self) -> str:
@@ -271,10 +301,70 @@ class SyncReachClient:
         then ``s.response``. Same options as :meth:`call`."""
         body, sent, wait_s = prepare(task, payload, headers, self.source_agent, options)
         sent["Accept"] = EVENT_STREAM
-        url = f"{self.router_url}/reach"
-        return SyncReachStream(
-            lambda: self._http.stream("POST", url, content=body, headers=sent, timeout=wait_s)
+        return SyncReachStream(lambda: self._open_stream(body, sent, wait_s))
+
+    @contextlib.contextmanager
+    def _open_stream(self, body: bytes, headers: dict[str, str], wait_s: float) -> Iterator[httpx.Response]:
+        """A streamed call's answer from the first Router of the list that takes the connection,
+        as :meth:`call` sends it (a stream that reached a Router is never sent again)."""
+        several = len(self.routers) > 1
+        timeout = httpx.Timeout(wait_s, connect=min(CONNECT_S, wait_s)) if several else httpx.Timeout(wait_s)
+        urls = self.routers.order()
+        for url in urls:
+            opening = self._http.stream(
+                "POST", f"{url}/reach", content=body, headers=headers, timeout=timeout
+            )
+            try:
+                resp = opening.__enter__()
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                self.routers.failed(url)
+                if url is urls[-1]:
+                    raise RouterUnavailable(_unreachable(self.routers, url, exc)) from exc
+                continue
+            self.routers.answered(url)
+            try:
+                yield resp
+            finally:
+                opening.__exit__(None, None, None)
+            return
+        raise AssertionError("a Router list is never empty")
+
+
+class _FirstRouter:
+    """A streamed call's answer from the first Router of the client's list that takes the
+    connection, as :meth:`ReachClient.call` sends it; :class:`.streaming.ReachStream` enters it
+    and closes the answer itself."""
+
+    def __init__(self, client: ReachClient, body: bytes, headers: dict[str, str], wait_s: float) -> None:
+        self._client = client
+        self._body = body
+        self._headers = headers
+        self._wait_s = wait_s
+
+    async def __aenter__(self) -> aiohttp.ClientResponse:
+        client, routers = self._client, self._client.routers
+        # The deadline bounds the whole call; the Router's idle bound covers a quiet agent.
+        several = len(routers) > 1
+        timeout = aiohttp.ClientTimeout(
+            total=self._wait_s, sock_connect=min(CONNECT_S, self._wait_s) if several else None
         )
+        urls = routers.order()
+        for url in urls:
+            try:
+                resp = await client._http().post(
+                    f"{url}/reach", data=self._body, headers=self._headers, timeout=timeout
+                )
+            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+                routers.failed(url)
+                if url is urls[-1]:
+                    raise RouterUnavailable(_unreachable(routers, url, exc)) from exc
+                continue
+            routers.answered(url)
+            return resp
+        raise AssertionError("a Router list is never empty")
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
 
 
 def _unreachable(routers: RouterList, url: str, exc: Exception) -> str:

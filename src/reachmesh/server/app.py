@@ -229,7 +229,8 @@ class RouterApp:
                 InternalError(), trace_id=who["trace_header"] or (parent[0] if parent else None)
             )
 
-        await serve_stream(send, receive, run, internal_error, scope)
+        retry_after = str(self.parts.config.limits.retry_after_seconds).encode()
+        await serve_stream(_with_retry_after(send, retry_after), receive, run, internal_error, scope)
 
     def admit(self, action: Action, scope: Scope) -> Denial | None:
         """The gates before any body is read: a page on another site (:mod:`.origin`), then
@@ -378,3 +379,17 @@ def create_app(config: RouterConfig | None = None, **kwargs: Any) -> RouterApp:
 
 
 __all__ = ["ConfigError", "RouterApp", "create_app"]
+
+
+def _with_retry_after(send: Send, retry_after: bytes) -> Send:
+    """``send``, adding ``Retry-After`` to a 429 answer head: a streamed call refused before any
+    chunk (every candidate full, and its queue too) is answered the plain 429 a plain call gets,
+    and that one carries the header (PROTOCOL §15)."""
+
+    async def sending(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start" and message.get("status") == 429:
+            headers = [*message.get("headers", ()), (b"retry-after", retry_after)]
+            message = {**message, "headers": headers}
+        await send(message)
+
+    return sending
