@@ -234,6 +234,38 @@ def _line_end(data: bytes | bytearray, start: int) -> int:
     return cr if cr >= 0 else lf
 
 
+def accepts_event_stream(accept: bytes | str | None) -> bool:
+    """Whether an ``Accept`` header asks for an event stream: it names ``text/event-stream`` with
+    a weight above 0. A caller that writes ``text/event-stream;q=0`` refuses one (RFC 9110
+    §12.4.2); a wildcard alone asks for the plain answer, as it always has. A weight that is not
+    a number is read as 1: the caller named the type, and that is what it meant."""
+    if accept is None:
+        return False
+    lowered = (accept.encode("latin-1", "replace") if isinstance(accept, str) else accept).lower()
+    if _EVENT_STREAM not in lowered:
+        return False
+    for item in lowered.split(b","):
+        media, _, params = item.partition(b";")
+        if media.strip() == _EVENT_STREAM and _weight(params) > 0:
+            return True
+    return False
+
+
+_EVENT_STREAM = b"text/event-stream"
+
+
+def _weight(params: bytes) -> float:
+    for param in params.split(b";"):
+        name, _, value = param.partition(b"=")
+        if name.strip() == b"q":
+            try:
+                weight = float(value.strip())
+            except ValueError:
+                return 1.0
+            return weight if weight == weight else 1.0  # NaN is not a weight
+    return 1.0
+
+
 def encode_event(event: str, data: bytes) -> bytes:
     """One event on the wire; ``data`` is one line (JSON from the Router's encoder is)."""
     return b"event: " + event.encode() + b"\ndata: " + data + b"\n\n"
@@ -247,5 +279,6 @@ __all__ = [
     "SseEvent",
     "SseLimits",
     "SseParser",
+    "accepts_event_stream",
     "encode_event",
 ]

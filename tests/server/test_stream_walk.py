@@ -95,16 +95,11 @@ async def test_a_stream_holds_its_agents_slot_until_it_ends(router: RouterServer
         await agent.stop()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="transport/streamconn.py pauses reading past HIGH_WATER (256 KiB) and whole() never "
-    "resumes it: a plain answer over one read (512 KiB) to a streamed call waits for the deadline",
-)
 async def test_a_plain_answer_over_512_kib_to_a_streamed_call_is_its_one_chunk(router: RouterServer) -> None:
-    """An agent answers a streamed call with plain JSON of 2 MB (within the 8 MiB answer limit,
+    """An agent answers a streamed call with plain JSON of 900 kB (within the 8 MiB answer limit,
     over one 512 KiB read): the caller gets its result as one chunk, then done, before its
     deadline (it got 504 TIMEOUT at the deadline, the agent charged a timeout)."""
-    result = "p" * 2_000_000
+    result = "p" * 900_000  # past one 512 KiB read, within the test reader's 1 MiB line
 
     async def script(conn: Conn) -> None:
         await conn.json({"status": "SUCCESS", "result": result})
@@ -123,14 +118,25 @@ async def test_a_plain_answer_over_512_kib_to_a_streamed_call_is_its_one_chunk(r
         await agent.stop()
 
 
-@pytest.mark.xfail(
-    strict=True, reason="server/stream.py wants_stream is a substring test: it ignores q=0 (RFC 9110 §12.4.2)"
-)
 def test_an_accept_that_refuses_event_streams_is_not_a_stream() -> None:
     assert wants_stream(b"text/event-stream")
     assert wants_stream(b"application/json, text/event-stream;q=0.5")
     assert not wants_stream(b"text/event-stream;q=0")
     assert not wants_stream(b"text/event-stream; q=0.0, application/json")
+    assert wants_stream(b"Text/Event-Stream; Q=0.2")
+    assert wants_stream(b"text/event-stream;q=junk")
+    assert not wants_stream(b"*/*")
+    assert not wants_stream(None)
+
+
+def test_the_sdk_reads_accept_as_the_router_does() -> None:
+    """An agent asked with q=0 answers plain JSON; asked with a weight, it streams."""
+    from aiohttp.test_utils import make_mocked_request
+
+    from reachmesh.sdk.streaming import wants_stream as agent_wants
+
+    assert not agent_wants(make_mocked_request("POST", "/reach", headers={"Accept": "text/event-stream;q=0"}))
+    assert agent_wants(make_mocked_request("POST", "/reach", headers={"Accept": "text/event-stream;q=0.9"}))
 
 
 @pytest.mark.xfail(

@@ -27,7 +27,7 @@ from reachmesh import jsoncodec
 from reachmesh.deadline import Deadline
 from reachmesh.exceptions import RouterUnavailable
 from reachmesh.protocol import ReachResponse
-from reachmesh.sse import SseError, SseEvent, SseLimits, SseParser, encode_event
+from reachmesh.sse import SseError, SseEvent, SseLimits, SseParser, accepts_event_stream, encode_event
 
 log = logging.getLogger("reachmesh.sdk")
 
@@ -40,7 +40,7 @@ CALLER_LIMITS = SseLimits(max_line=64 * 1024 * 1024, max_event=64 * 1024 * 1024,
 
 
 def wants_stream(request: web.Request) -> bool:
-    return EVENT_STREAM in request.headers.get("Accept", "").lower()
+    return accepts_event_stream(request.headers.get("Accept"))
 
 
 ErrorAnswer = Callable[[BaseException], dict[str, Any] | None]

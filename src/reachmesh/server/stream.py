@@ -16,9 +16,8 @@ from reachmesh.dispatch.results import Reply
 from reachmesh.lifecycle import unless_first
 from reachmesh.server.asgi import Receive, Scope, Send, send_json
 from reachmesh.server.h1 import RawStream, raw_stream
-from reachmesh.sse import encode_event
+from reachmesh.sse import accepts_event_stream, encode_event
 
-EVENT_STREAM = b"text/event-stream"
 _HEAD = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-cache"),
@@ -28,8 +27,8 @@ _HEAD = [
 
 
 def wants_stream(accept: bytes | None) -> bool:
-    """Whether the caller's Accept asks for an event stream."""
-    return accept is not None and EVENT_STREAM in accept.lower()
+    """Whether the caller's Accept asks for an event stream (and not with a weight of 0)."""
+    return accepts_event_stream(accept)
 
 
 _RAW_HEAD = b"".join([b"%s: %s\r\n" % pair for pair in _HEAD])
