@@ -337,3 +337,69 @@ async def test_a_burst_goes_mostly_to_the_agent_with_room(cluster) -> None:
         assert agent.hold is not None
         agent.hold.set()
     assert [a.json()["status"] for a in await asyncio.gather(*burst)] == ["SUCCESS"] * 100
+
+
+async def _waited(since: float, seconds: float) -> None:
+    """Until ``seconds`` have passed since the loop time ``since`` (a caller's time in a queue)."""
+    loop = asyncio.get_running_loop()
+    await until(lambda: loop.time() - since >= seconds, f"{seconds} s waited", within=seconds * 4)
+
+
+async def test_a_waiter_whose_slot_came_too_late_to_answer_is_not_charged(cluster) -> None:
+    """Capacity 1: a call waits for the slot until less than its read timeout is left, then the
+    agent (busy, not broken) does not answer in what is left. The caller ends TIMEOUT within its
+    deadline; the breaker (threshold 1) stays closed and the success rate untouched: the time the
+    agent lacked was the Router's queue. (It was charged: a burst's tail opened the breaker.)"""
+    server, http, make = cluster
+    first_hold = asyncio.Event()
+    agent = await make("one", max_concurrency=1, hold=first_hold)
+    first = asyncio.ensure_future(
+        call(http, timeoutMs=int(scaled(20_000)), readTimeoutMs=int(scaled(20_000)))
+    )
+    await until(lambda: len(agent.received) == 1, "the first call at the agent")
+    late = asyncio.ensure_future(
+        call(http, timeoutMs=int(scaled(3000)), readTimeoutMs=int(scaled(2000)))
+    )
+    capacity = server.app.parts.dispatcher.forwarding.capacity
+    await until(lambda: capacity.queued("one") == 1, "the second call waiting for the slot")
+    await _waited(asyncio.get_running_loop().time(), scaled(1.2))
+    agent.hold = asyncio.Event()  # the second call is held at the agent past its deadline
+    first_hold.set()
+    assert (await first).json()["status"] == "SUCCESS"
+    answer = (await late).json()
+    assert answer["status"] == "TIMEOUT", answer
+    if len(agent.received) == 2:  # it reached the agent (a stalled machine may time it out queued)
+        trace = (await http.get(f"/admin/traces/{answer['traceId']}")).json()
+        (hop,) = trace["hops"]
+        assert hop["slotWaitMs"] >= scaled(1200) * 0.9, hop
+    row = (await http.get("/admin/agents/one")).json()
+    assert row["circuit"] == "closed", row
+    assert row["stats"]["successRate"] == 1.0
+    agent.hold.set()
+
+
+@pytest.mark.policy({"outbound": {"max_connections": 1}})
+async def test_a_call_whose_pool_wait_left_the_agent_too_little_time_is_not_charged(cluster) -> None:
+    """The pool's one connection is held by a slow agent; a call to a healthy agent waits for it
+    until less than the read timeout is left of its attempt, then that agent does not answer in
+    what is left. Its breaker (threshold 1) stays closed: the wait was the Router's pool."""
+    _server, http, make = cluster
+    slow = await make("slow", tasks=("slow",), hold=asyncio.Event())
+    healthy = await make("healthy", hold=asyncio.Event())
+    held = asyncio.ensure_future(
+        call(http, "slow", timeoutMs=int(scaled(20_000)), readTimeoutMs=int(scaled(20_000)))
+    )
+    await until(lambda: len(slow.received) == 1, "the slow agent holds the pool's one connection")
+    began = asyncio.get_running_loop().time()
+    late = asyncio.ensure_future(call(http, timeoutMs=int(scaled(3000)), readTimeoutMs=int(scaled(2000))))
+    await _waited(began, scaled(1.2))
+    assert slow.hold is not None
+    slow.hold.set()
+    assert (await held).json()["status"] == "SUCCESS"
+    answer = (await late).json()
+    assert answer["status"] != "SUCCESS", answer
+    row = (await http.get("/admin/agents/healthy")).json()
+    assert row["circuit"] == "closed", (row, answer)
+    assert row["stats"]["successRate"] == 1.0
+    assert healthy.hold is not None
+    healthy.hold.set()
