@@ -357,9 +357,7 @@ async def test_a_waiter_whose_slot_came_too_late_to_answer_is_not_charged(cluste
         call(http, timeoutMs=int(scaled(20_000)), readTimeoutMs=int(scaled(20_000)))
     )
     await until(lambda: len(agent.received) == 1, "the first call at the agent")
-    late = asyncio.ensure_future(
-        call(http, timeoutMs=int(scaled(3000)), readTimeoutMs=int(scaled(2000)))
-    )
+    late = asyncio.ensure_future(call(http, timeoutMs=int(scaled(3000)), readTimeoutMs=int(scaled(2000))))
     capacity = server.app.parts.dispatcher.forwarding.capacity
     await until(lambda: capacity.queued("one") == 1, "the second call waiting for the slot")
     await _waited(asyncio.get_running_loop().time(), scaled(1.2))
