@@ -111,3 +111,30 @@ async def test_a_repeated_idempotency_key_is_answered_from_the_cache(router: Rou
     finally:
         release.set()
         await agent.stop()
+
+
+async def test_a_known_key_with_another_request_runs_that_request(router: RouterServer) -> None:
+    """A key is a repeat only with the same task and payload. An async request's key follows
+    from its trace id, which a caller may reuse (or another may know): a second request under a
+    key the agent saw got the first one's answer, never running (and read another's result)."""
+    agent = ReachAgent(config(router.url))
+
+    @agent.capability("work")
+    async def work(payload: dict) -> dict:
+        return {"asked": payload.get("q")}
+
+    await agent.start()
+    try:
+        url = agent.config.profile.network.endpoint
+        headers = {"Idempotency-Key": "trace-7.0123456789abcdef"}
+        async with httpx.AsyncClient(timeout=scaled(10)) as http:
+
+            async def ask(q: str) -> object:
+                body = {**envelope("trace-7"), "payload": {"q": q}}
+                return (await http.post(url, json=body, headers=headers)).json()["result"]
+
+            assert await ask("mine") == {"asked": "mine"}
+            assert await ask("theirs") == {"asked": "theirs"}
+            assert await ask("mine") == {"asked": "mine"}  # the first is still a repeat
+    finally:
+        await agent.stop()

@@ -41,7 +41,7 @@ from reachmesh.deadline import Deadline
 from reachmesh.exceptions import ConfigError, ReachError
 from reachmesh.protocol import AGENT_SECRET_HEADER as SECRET_HEADER
 from reachmesh.protocol import MAX_CONCURRENCY, UNKNOWN_TASK, ReachResponse
-from reachmesh.sdk.capacity import Gate
+from reachmesh.sdk.capacity import Gate, fingerprint
 from reachmesh.sdk.client import ReachClient
 from reachmesh.sdk.config import AgentConfig, find_config
 from reachmesh.sdk.healthport import HealthServer
@@ -490,8 +490,11 @@ class ReachAgent:
             log.info("[%s] decline: %s (%s)", trace_id, task, declined)
             self._handled.labels(task, "declined").inc()
             return _answer_declined(declined)
+        key = request.headers.get("Idempotency-Key")
         return await self.gate.serve(
-            request.headers.get("Idempotency-Key"), lambda: self._handle(request, bound, payload, ctx)
+            key,
+            lambda: self._handle(request, bound, payload, ctx),
+            fingerprint(task, raw_payload) if key else b"",
         )
 
     async def _handle(
