@@ -138,3 +138,11 @@ async def test_a_known_key_with_another_request_runs_that_request(router: Router
             assert await ask("mine") == {"asked": "mine"}  # the first is still a repeat
     finally:
         await agent.stop()
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 2.5, "3", 10**9])
+def test_a_max_concurrency_that_is_not_a_count_is_refused(bad: object) -> None:
+    """True (an int to Python) and 2.5 were taken: the gate let 3 run for 2.5, and the profile
+    told the Router true; "3" raised a TypeError from a comparison instead of a clear error."""
+    with pytest.raises(ValueError, match="max_concurrency must be an integer"):
+        ReachAgent(config("http://127.0.0.1:9"), max_concurrency=bad)  # type: ignore[arg-type]

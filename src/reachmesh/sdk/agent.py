@@ -175,8 +175,11 @@ class ReachAgent:
         and renews through whichever answers."""
         self._shared_secret = shared_secret
         self._router_urls = None if router_url is None else _router_list(router_url)
-        if max_concurrency is not None and not 1 <= max_concurrency <= MAX_CONCURRENCY:
-            raise ValueError(f"max_concurrency must be between 1 and {MAX_CONCURRENCY}")
+        if max_concurrency is not None and (
+            # A bool is an int to Python, and 2.5 compares fine: neither is a count of requests.
+            type(max_concurrency) is not int or not 1 <= max_concurrency <= MAX_CONCURRENCY
+        ):
+            raise ValueError(f"max_concurrency must be an integer between 1 and {MAX_CONCURRENCY}")
         self._max_concurrency = max_concurrency
         self._gate: Gate | None = None
         self._config: AgentConfig | None = None
