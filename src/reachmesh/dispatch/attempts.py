@@ -125,9 +125,7 @@ class AttemptRun:
         self.declined_by: str | None = None  # the agent that declined the last attempt, if one did
         self.busy_retry_after_s: int | None = None  # the soonest Retry-After of a busy (429) agent
         self._attempt_ms = 0.0  # the time the attempt under way may take
-        # What the attempt under way waited in the Router: for a slot, for a pooled connection.
-        self._slot_wait_ms = 0.0
-        self._pool_wait_ms = 0.0
+        self._waited_ms = (0.0, 0.0)  # the attempt under way's waits: for a slot, a connection
         # Whether the deadline cut the attempt under way below the policy's connect + read time.
         self._cut_short = False
         self._w3c_trace = w3c_trace_id(record.trace_id)
@@ -297,13 +295,13 @@ class AttemptRun:
         """
         self._check_deadline()
         agent_id = choice.entry.id
-        self._slot_wait_ms = 0.0
+        self._waited_ms = (0.0, 0.0)
         # A free slot is taken without a coroutine of its own: the common case, every attempt.
         if not self.parts.capacity.take_now(agent_id, choice.entry.profile.max_concurrency):
             waited = await self._take_slot(choice)
             if isinstance(waited, PoolTimeout):
                 return waited
-            self._slot_wait_ms = waited * 1000
+            self._waited_ms = (waited * 1000, 0.0)
         try:
             return await self._forward(choice, body)
         finally:
@@ -371,7 +369,7 @@ class AttemptRun:
     def _pool_waited(self, before_s: float) -> None:
         """Book the time the attempt just made waited for a connection of the Router's pool."""
         waited_s = POOL_WAIT_S.get() - before_s
-        self._pool_wait_ms = max(waited_s * 1000, 0.0)
+        self._waited_ms = (self._waited_ms[0], max(waited_s * 1000, 0.0))
         if waited_s > 0:
             self.record.pool_wait_ms += waited_s * 1000
 
@@ -418,16 +416,9 @@ class AttemptRun:
             # late: the time the decline used is never charged to the agent after it.
             verdict = None
             record.note("timeout not charged", f"{agent_id} had {self._attempt_ms:.0f} ms after a decline")
-        elif isinstance(exc, AttemptTimeout) and self._wait_cut_short(took):
-            # Busy is not broken: the Router's own wait (a slot, a pooled connection) left the
-            # agent less than its read timeout, which the agent would have had without it.
-            verdict = None
-            waited = self._slot_wait_ms + self._pool_wait_ms
-            record.note(
-                "timeout not charged",
-                f"{agent_id} had {took - self._pool_wait_ms:.0f} ms after "
-                f"{waited:.0f} ms waiting in the Router",
-            )
+        elif isinstance(exc, AttemptTimeout) and wait_cut_short(took, *self._waited_ms, self.timeout.read_ms):
+            verdict = None  # busy is not broken: the Router's wait cut the agent's time
+            record.note("timeout not charged", f"{agent_id} timed out after waiting in the Router")
         self.parts.stats.finished(agent_id, ok=verdict, latency_ms=took)
         offset = round((started - record.started) * 1000, 2)
         record.attempts.append(AttemptRecord(agent_id, outcome, took, span_id, offset, choice.score))
@@ -443,15 +434,6 @@ class AttemptRun:
             record.note("circuit open", f"agent {agent_id} ({why})")
         elif change is BreakerState.CLOSED:
             record.note("circuit closed", f"agent {agent_id}")
-
-    def _wait_cut_short(self, took_ms: float) -> bool:
-        """Whether a wait in the Router took the agent's time below its read timeout: it had less
-        than that, and would have had it without the wait (a deadline short of the read timeout
-        anyway is the caller's, and charged as it is without a wait)."""
-        agent_ms = took_ms - self._pool_wait_ms
-        waited = self._slot_wait_ms + self._pool_wait_ms
-        read_ms = self.timeout.read_ms - 1.0
-        return waited > 0 and agent_ms < read_ms <= agent_ms + waited
 
     def _decline_verdict(self, agent_id: str, took_ms: float) -> bool | None:
         """A decline is neither a success nor a failure, unless it came late (after most of the
@@ -523,6 +505,15 @@ def attempt_verdict(exc: AttemptError | None) -> bool | None:
     if isinstance(exc, AgentRejected):
         return None if exc.error.get("code") == UNKNOWN_TASK else not exc.retryable
     return False
+
+
+def wait_cut_short(took_ms: float, slot_ms: float, pool_ms: float, read_ms: float) -> bool:
+    """Whether the Router's own wait (``slot_ms`` before the attempt, ``pool_ms`` within its
+    ``took_ms``) took the agent's time below its read timeout: it had less than that, and would
+    have had it without the wait. Such a timeout is charged to nobody; a deadline short of the
+    read timeout anyway is the caller's, and charged as it is without a wait."""
+    agent_ms = took_ms - pool_ms
+    return slot_ms + pool_ms > 0 and agent_ms < read_ms - 1.0 <= agent_ms + slot_ms + pool_ms
 
 
 def _sent_unknown(exc: AttemptError) -> bool:

@@ -153,6 +153,14 @@ def _wants_context(handler: Handler) -> bool:
     return len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in params)
 
 
+def _concurrency(value: int | None) -> int | None:
+    """``max_concurrency`` as given, if it is a count: a bool is an int to Python, and 2.5
+    compares fine, but neither is one."""
+    if value is not None and (type(value) is not int or not 1 <= value <= MAX_CONCURRENCY):
+        raise ValueError(f"max_concurrency must be an integer between 1 and {MAX_CONCURRENCY}")
+    return value
+
+
 class ReachAgent:
     """One agent process: its handlers, its lease, its callback and health servers."""
 
@@ -175,12 +183,7 @@ class ReachAgent:
         and renews through whichever answers."""
         self._shared_secret = shared_secret
         self._router_urls = None if router_url is None else _router_list(router_url)
-        if max_concurrency is not None and (
-            # A bool is an int to Python, and 2.5 compares fine: neither is a count of requests.
-            type(max_concurrency) is not int or not 1 <= max_concurrency <= MAX_CONCURRENCY
-        ):
-            raise ValueError(f"max_concurrency must be an integer between 1 and {MAX_CONCURRENCY}")
-        self._max_concurrency = max_concurrency
+        self._max_concurrency = _concurrency(max_concurrency)
         self._gate: Gate | None = None
         self._config: AgentConfig | None = None
         self._config_source = config
@@ -494,11 +497,8 @@ class ReachAgent:
             self._handled.labels(task, "declined").inc()
             return _answer_declined(declined)
         key = request.headers.get("Idempotency-Key")
-        return await self.gate.serve(
-            key,
-            lambda: self._handle(request, bound, payload, ctx),
-            fingerprint(task, raw_payload) if key else b"",
-        )
+        run = lambda: self._handle(request, bound, payload, ctx)  # noqa: E731
+        return await self.gate.serve(key, run, fingerprint(task, raw_payload) if key else b"")
 
     async def _handle(
         self,
