@@ -401,3 +401,30 @@ async def test_a_call_whose_pool_wait_left_the_agent_too_little_time_is_not_char
     assert row["stats"]["successRate"] == 1.0
     assert healthy.hold is not None
     healthy.hold.set()
+
+
+@pytest.mark.policy({"outbound": {"max_connections": 1}, "breaker": {"open_seconds": scaled(2)}})
+async def test_a_half_open_probe_that_waited_in_the_router_does_not_keep_the_agent_out(cluster) -> None:
+    """The breaker of a recovered agent is due a probe; the probe waits for the Router's full pool
+    until its deadline and never reaches the agent. The next call is the probe (and closes the
+    breaker): the lost one kept the agent out for another open period (circuit_open)."""
+    server, http, make = cluster
+    agent = await make("flaky", mode="http500")
+    slow = await make("slow", tasks=("slow",), hold=asyncio.Event())
+    assert (await call(http)).json()["status"] != "SUCCESS"
+    assert await circuit(http, "flaky") == "open"
+    agent.mode = "ok"
+    held = asyncio.ensure_future(
+        call(http, "slow", timeoutMs=int(scaled(20_000)), readTimeoutMs=int(scaled(20_000)))
+    )
+    await until(lambda: len(slow.received) == 1, "the slow agent holds the pool's one connection")
+    breakers = server.app.parts.breakers
+    await until(lambda: not breakers.blocked("flaky", "echo"), "a probe due", within=scaled(2) * 3)
+    lost = (await call(http, timeoutMs=int(scaled(500)))).json()
+    assert lost["status"] != "SUCCESS" and len(agent.received) == 1, lost
+    assert slow.hold is not None
+    slow.hold.set()
+    assert (await held).json()["status"] == "SUCCESS"
+    served = (await call(http)).json()
+    assert served["status"] == "SUCCESS", served
+    assert await circuit(http, "flaky") == "closed"

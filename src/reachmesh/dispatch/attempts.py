@@ -126,6 +126,7 @@ class AttemptRun:
         self.busy_retry_after_s: int | None = None  # the soonest Retry-After of a busy (429) agent
         self._attempt_ms = 0.0  # the time the attempt under way may take
         self._waited_ms = (0.0, 0.0)  # the attempt under way's waits: for a slot, a connection
+        self._probing: str | None = None  # the agent whose half-open probe this request holds
         # Whether the deadline cut the attempt under way below the policy's connect + read time.
         self._cut_short = False
         self._w3c_trace = w3c_trace_id(record.trace_id)
@@ -180,6 +181,7 @@ class AttemptRun:
             record.reject(agent_id, CandidateReason.AT_CAPACITY, choice.score, self.task)
             return False
         permit, change = self.parts.breakers.acquire(agent_id, self.task)
+        self._probing = agent_id if permit is Permit.PROBE else None
         if permit is Permit.DENY:
             record.reject(agent_id, CandidateReason.CIRCUIT_OPEN, choice.score, self.task)
             return False
@@ -244,6 +246,7 @@ class AttemptRun:
             if isinstance(exc, PoolTimeout):
                 # Full, and nothing was sent: the next candidate is tried without a token.
                 self.record.reject(choice.entry.id, exc.reason, choice.score, self.task)
+                self._unsent_probe(choice.entry.id)
                 self._check_deadline()
                 return None
             if isinstance(exc, AgentRejected) and not exc.retryable:
@@ -252,7 +255,7 @@ class AttemptRun:
             self._check_deadline()
             if self._may_retry_same(exc, same_agent_left, choice):
                 same_agent_left -= 1
-                await self._backoff()
+                await backoff(self.parts.config.retries.backoff_ms, self.deadline.remaining_ms())
                 continue
             self.record.reject(choice.entry.id, exc.reason, choice.score, self.task)
             self.last_failure = (choice.entry.id, exc.reason)
@@ -262,6 +265,10 @@ class AttemptRun:
                 self.record.note("no failover", f"{choice.entry.id} may have the request ({exc.reason})")
                 self.may_hold = choice.entry.id
             return None
+
+    def _unsent_probe(self, agent_id: str) -> None:
+        if self._probing == agent_id:
+            self.parts.breakers.release_probe(agent_id, self.task)
 
     def _declined(self, choice: Choice, exc: AgentDeclined) -> None:
         """Book a decline, with the agent's reason: the hop is given back to the request's count
@@ -317,6 +324,7 @@ class AttemptRun:
         except LookupError:
             return PoolTimeout(f"{agent_id} is full and so is its queue")
         except TimeoutError as exc:
+            self._unsent_probe(agent_id)
             self.record.queue_wait_ms += (self.parts.clock.monotonic() - began) * 1000
             waited_ms = self.deadline.remaining_ms()
             self.record.note("slot wait", f"{agent_id}, gave up at the deadline ({waited_ms:.0f} ms left)")
@@ -455,13 +463,6 @@ class AttemptRun:
         if self.deadline.remaining_ms() <= MIN_ATTEMPT_MS:
             raise DeadlineExceeded(f"the overall budget of {self.timeout.overall_ms} ms ran out")
 
-    async def _backoff(self) -> None:
-        base = self.parts.config.retries.backoff_ms
-        if base <= 0:
-            return
-        wait_ms = min(base * _jitter.uniform(0.5, 1.5), max(self.deadline.remaining_ms(), 0.0))
-        await asyncio.sleep(wait_ms / 1000.0)
-
     def exhausted(self) -> ContextUnavailable | NoAvailableHandler | Overloaded:
         """The error for a run in which no candidate succeeded."""
         record = self.record
@@ -514,6 +515,13 @@ def wait_cut_short(took_ms: float, slot_ms: float, pool_ms: float, read_ms: floa
     read timeout anyway is the caller's, and charged as it is without a wait."""
     agent_ms = took_ms - pool_ms
     return slot_ms + pool_ms > 0 and agent_ms < read_ms - 1.0 <= agent_ms + slot_ms + pool_ms
+
+
+async def backoff(base_ms: float, remaining_ms: float) -> None:
+    """The pause before a same-agent retry: ``base_ms`` jittered by half, within the deadline."""
+    if base_ms > 0:
+        wait_ms = min(base_ms * _jitter.uniform(0.5, 1.5), max(remaining_ms, 0.0))
+        await asyncio.sleep(wait_ms / 1000.0)
 
 
 def _sent_unknown(exc: AttemptError) -> bool:
