@@ -428,3 +428,33 @@ async def test_a_half_open_probe_that_waited_in_the_router_does_not_keep_the_age
     served = (await call(http)).json()
     assert served["status"] == "SUCCESS", served
     assert await circuit(http, "flaky") == "closed"
+
+
+@pytest.mark.policy({"outbound": {"max_connections": 1}, "breaker": {"open_seconds": scaled(2)}})
+async def test_a_probe_timing_out_in_what_a_wait_left_does_not_close_the_breaker(cluster) -> None:
+    """A half-open probe waits for the Router's full pool, then the agent does not answer in what
+    is left: charged to nobody, but no sign of life either. The breaker stays half-open (the next
+    call probes again); it was closed, as by an answer."""
+    server, http, make = cluster
+    agent = await make("flaky", mode="http500")
+    slow = await make("slow", tasks=("slow",), hold=asyncio.Event())
+    assert (await call(http)).json()["status"] != "SUCCESS"
+    assert await circuit(http, "flaky") == "open"
+    agent.mode, agent.hold = "ok", asyncio.Event()
+    held = asyncio.ensure_future(
+        call(http, "slow", timeoutMs=int(scaled(20_000)), readTimeoutMs=int(scaled(20_000)))
+    )
+    await until(lambda: len(slow.received) == 1, "the slow agent holds the pool's one connection")
+    breakers = server.app.parts.breakers
+    await until(lambda: not breakers.blocked("flaky", "echo"), "a probe due", within=scaled(2) * 3)
+    began = asyncio.get_running_loop().time()
+    probe = asyncio.ensure_future(call(http, timeoutMs=int(scaled(3000)), readTimeoutMs=int(scaled(2000))))
+    await _waited(began, scaled(1.2))
+    assert slow.hold is not None
+    slow.hold.set()
+    assert (await held).json()["status"] == "SUCCESS"
+    assert (await probe).json()["status"] != "SUCCESS"
+    assert await circuit(http, "flaky") != "closed"
+    agent.hold.set()
+    assert (await call(http)).json()["status"] == "SUCCESS"
+    assert await circuit(http, "flaky") == "closed"

@@ -246,7 +246,7 @@ class AttemptRun:
             if isinstance(exc, PoolTimeout):
                 # Full, and nothing was sent: the next candidate is tried without a token.
                 self.record.reject(choice.entry.id, exc.reason, choice.score, self.task)
-                self._unsent_probe(choice.entry.id)
+                self._release_probe(choice.entry.id)
                 self._check_deadline()
                 return None
             if isinstance(exc, AgentRejected) and not exc.retryable:
@@ -266,7 +266,7 @@ class AttemptRun:
                 self.may_hold = choice.entry.id
             return None
 
-    def _unsent_probe(self, agent_id: str) -> None:
+    def _release_probe(self, agent_id: str) -> None:
         if self._probing == agent_id:
             self.parts.breakers.release_probe(agent_id, self.task)
 
@@ -324,7 +324,7 @@ class AttemptRun:
         except LookupError:
             return PoolTimeout(f"{agent_id} is full and so is its queue")
         except TimeoutError as exc:
-            self._unsent_probe(agent_id)
+            self._release_probe(agent_id)
             self.record.queue_wait_ms += (self.parts.clock.monotonic() - began) * 1000
             waited_ms = self.deadline.remaining_ms()
             self.record.note("slot wait", f"{agent_id}, gave up at the deadline ({waited_ms:.0f} ms left)")
@@ -433,8 +433,11 @@ class AttemptRun:
         # A failure says what failed (an errno, a status), so the trace alone can explain it.
         detail = "" if exc is None else f", outcome={exc.reason} ({exc.message[:160]})"
         record.note("forward", f"{agent_id}, duration={took:.0f}ms{detail}")
-        if isinstance(exc, PoolTimeout):
-            return  # the agent was never reached: a half-open probe must not close on it
+        if verdict is None and isinstance(exc, PoolTimeout | AttemptTimeout):
+            # Never reached, or a timeout charged to nobody: no word on the agent either way, so
+            # a half-open probe neither closes the breaker (as an answer would) nor stays out.
+            self._release_probe(agent_id)
+            return
         change = self.parts.breakers.record(agent_id, self.task, ok=verdict, refused=refused)
         if change is BreakerState.OPEN:
             record.circuit_trips.append(agent_id)
