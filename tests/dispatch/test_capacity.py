@@ -337,3 +337,124 @@ async def test_a_burst_goes_mostly_to_the_agent_with_room(cluster) -> None:
         assert agent.hold is not None
         agent.hold.set()
     assert [a.json()["status"] for a in await asyncio.gather(*burst)] == ["SUCCESS"] * 100
+
+
+async def _waited(since: float, seconds: float) -> None:
+    """Until ``seconds`` have passed since the loop time ``since`` (a caller's time in a queue)."""
+    loop = asyncio.get_running_loop()
+    await until(lambda: loop.time() - since >= seconds, f"{seconds} s waited", within=seconds * 4)
+
+
+async def test_a_waiter_whose_slot_came_too_late_to_answer_is_not_charged(cluster) -> None:
+    """Capacity 1: a call waits for the slot until less than its read timeout is left, then the
+    agent (busy, not broken) does not answer in what is left. The caller ends TIMEOUT within its
+    deadline; the breaker (threshold 1) stays closed and the success rate untouched: the time the
+    agent lacked was the Router's queue. (It was charged: a burst's tail opened the breaker.)"""
+    server, http, make = cluster
+    first_hold = asyncio.Event()
+    agent = await make("one", max_concurrency=1, hold=first_hold)
+    first = asyncio.ensure_future(
+        call(http, timeoutMs=int(scaled(20_000)), readTimeoutMs=int(scaled(20_000)))
+    )
+    await until(lambda: len(agent.received) == 1, "the first call at the agent")
+    late = asyncio.ensure_future(call(http, timeoutMs=int(scaled(3000)), readTimeoutMs=int(scaled(2000))))
+    capacity = server.app.parts.dispatcher.forwarding.capacity
+    await until(lambda: capacity.queued("one") == 1, "the second call waiting for the slot")
+    await _waited(asyncio.get_running_loop().time(), scaled(1.2))
+    agent.hold = asyncio.Event()  # the second call is held at the agent past its deadline
+    first_hold.set()
+    assert (await first).json()["status"] == "SUCCESS"
+    answer = (await late).json()
+    assert answer["status"] == "TIMEOUT", answer
+    if len(agent.received) == 2:  # it reached the agent (a stalled machine may time it out queued)
+        trace = (await http.get(f"/admin/traces/{answer['traceId']}")).json()
+        (hop,) = trace["hops"]
+        assert hop["slotWaitMs"] >= scaled(1200) * 0.9, hop
+    row = (await http.get("/admin/agents/one")).json()
+    assert row["circuit"] == "closed", row
+    assert row["stats"]["successRate"] == 1.0
+    agent.hold.set()
+
+
+@pytest.mark.policy({"outbound": {"max_connections": 1}})
+async def test_a_call_whose_pool_wait_left_the_agent_too_little_time_is_not_charged(cluster) -> None:
+    """The pool's one connection is held by a slow agent; a call to a healthy agent waits for it
+    until less than the read timeout is left of its attempt, then that agent does not answer in
+    what is left. Its breaker (threshold 1) stays closed: the wait was the Router's pool."""
+    _server, http, make = cluster
+    slow = await make("slow", tasks=("slow",), hold=asyncio.Event())
+    healthy = await make("healthy", hold=asyncio.Event())
+    held = asyncio.ensure_future(
+        call(http, "slow", timeoutMs=int(scaled(20_000)), readTimeoutMs=int(scaled(20_000)))
+    )
+    await until(lambda: len(slow.received) == 1, "the slow agent holds the pool's one connection")
+    began = asyncio.get_running_loop().time()
+    late = asyncio.ensure_future(call(http, timeoutMs=int(scaled(3000)), readTimeoutMs=int(scaled(2000))))
+    await _waited(began, scaled(1.2))
+    assert slow.hold is not None
+    slow.hold.set()
+    assert (await held).json()["status"] == "SUCCESS"
+    answer = (await late).json()
+    assert answer["status"] != "SUCCESS", answer
+    row = (await http.get("/admin/agents/healthy")).json()
+    assert row["circuit"] == "closed", (row, answer)
+    assert row["stats"]["successRate"] == 1.0
+    assert healthy.hold is not None
+    healthy.hold.set()
+
+
+@pytest.mark.policy({"outbound": {"max_connections": 1}, "breaker": {"open_seconds": scaled(2)}})
+async def test_a_half_open_probe_that_waited_in_the_router_does_not_keep_the_agent_out(cluster) -> None:
+    """The breaker of a recovered agent is due a probe; the probe waits for the Router's full pool
+    until its deadline and never reaches the agent. The next call is the probe (and closes the
+    breaker): the lost one kept the agent out for another open period (circuit_open)."""
+    server, http, make = cluster
+    agent = await make("flaky", mode="http500")
+    slow = await make("slow", tasks=("slow",), hold=asyncio.Event())
+    assert (await call(http)).json()["status"] != "SUCCESS"
+    assert await circuit(http, "flaky") == "open"
+    agent.mode = "ok"
+    held = asyncio.ensure_future(
+        call(http, "slow", timeoutMs=int(scaled(20_000)), readTimeoutMs=int(scaled(20_000)))
+    )
+    await until(lambda: len(slow.received) == 1, "the slow agent holds the pool's one connection")
+    breakers = server.app.parts.breakers
+    await until(lambda: not breakers.blocked("flaky", "echo"), "a probe due", within=scaled(2) * 3)
+    lost = (await call(http, timeoutMs=int(scaled(500)))).json()
+    assert lost["status"] != "SUCCESS" and len(agent.received) == 1, lost
+    assert slow.hold is not None
+    slow.hold.set()
+    assert (await held).json()["status"] == "SUCCESS"
+    served = (await call(http)).json()
+    assert served["status"] == "SUCCESS", served
+    assert await circuit(http, "flaky") == "closed"
+
+
+@pytest.mark.policy({"outbound": {"max_connections": 1}, "breaker": {"open_seconds": scaled(2)}})
+async def test_a_probe_timing_out_in_what_a_wait_left_does_not_close_the_breaker(cluster) -> None:
+    """A half-open probe waits for the Router's full pool, then the agent does not answer in what
+    is left: charged to nobody, but no sign of life either. The breaker stays half-open (the next
+    call probes again); it was closed, as by an answer."""
+    server, http, make = cluster
+    agent = await make("flaky", mode="http500")
+    slow = await make("slow", tasks=("slow",), hold=asyncio.Event())
+    assert (await call(http)).json()["status"] != "SUCCESS"
+    assert await circuit(http, "flaky") == "open"
+    agent.mode, agent.hold = "ok", asyncio.Event()
+    held = asyncio.ensure_future(
+        call(http, "slow", timeoutMs=int(scaled(20_000)), readTimeoutMs=int(scaled(20_000)))
+    )
+    await until(lambda: len(slow.received) == 1, "the slow agent holds the pool's one connection")
+    breakers = server.app.parts.breakers
+    await until(lambda: not breakers.blocked("flaky", "echo"), "a probe due", within=scaled(2) * 3)
+    began = asyncio.get_running_loop().time()
+    probe = asyncio.ensure_future(call(http, timeoutMs=int(scaled(3000)), readTimeoutMs=int(scaled(2000))))
+    await _waited(began, scaled(1.2))
+    assert slow.hold is not None
+    slow.hold.set()
+    assert (await held).json()["status"] == "SUCCESS"
+    assert (await probe).json()["status"] != "SUCCESS"
+    assert await circuit(http, "flaky") != "closed"
+    agent.hold.set()
+    assert (await call(http)).json()["status"] == "SUCCESS"
+    assert await circuit(http, "flaky") == "closed"

@@ -67,3 +67,34 @@ async def test_an_agent_without_a_capacity_is_counted_but_never_waits() -> None:
     for _ in range(5):
         assert await board.take("free", None, far) == 0.0
     assert board.inflight("free") == 5 and board.has_room("free", None)
+
+
+async def test_a_capacity_lowered_by_a_re_registration_is_kept_at_once() -> None:
+    """Two in flight at capacity 2, one waiting; the agent re-registers with capacity 1. A slot
+    given back then is not handed on (that kept 2 in flight to an agent that asked for 1): the
+    waiter gets the next one, when only it is in flight."""
+    board = CapacityBoard()
+    far = asyncio.get_running_loop().time() + scaled(30)
+    await board.take("a", 2, far)
+    await board.take("a", 2, far)
+    waiter = asyncio.ensure_future(board.take("a", 2, far))
+    await queued(board, "a", 1)
+    assert not board.take_now("a", 1)  # the new profile's first request: max_concurrency 1
+    board.give("a")
+    assert board.inflight("a") == 1 and board.queued("a") == 1  # the slot went, not to the waiter
+    board.give("a")
+    await asyncio.wait_for(waiter, scaled(5))
+    assert board.inflight("a") == 1 and board.queued("a") == 0
+
+
+async def test_a_capacity_raised_by_a_re_registration_wakes_the_waiters_it_has_room_for() -> None:
+    """One in flight at capacity 1, two waiting; the agent re-registers with capacity 3: both
+    waiters get a slot at once, not one each time a request ends."""
+    board = CapacityBoard()
+    far = asyncio.get_running_loop().time() + scaled(30)
+    await board.take("a", 1, far)
+    waiters = [asyncio.ensure_future(board.take("a", 1, far)) for _ in range(2)]
+    await queued(board, "a", 2)
+    assert not board.take_now("a", 3)  # behind the two already waiting: first come, first served
+    await asyncio.wait_for(asyncio.gather(*waiters), scaled(5))
+    assert board.inflight("a") == 3 and board.queued("a") == 0

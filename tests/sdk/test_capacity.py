@@ -113,35 +113,36 @@ async def test_a_repeated_idempotency_key_is_answered_from_the_cache(router: Rou
         await agent.stop()
 
 
-async def test_a_key_repeated_with_another_request_runs_that_request(router: RouterServer) -> None:
-    """A repeat is the same request sent again, not any request that carries the key: an async
-    request's key is derived from its trace id alone, and a caller chooses trace ids, so a second
-    request reusing one (through a second Router, or once the first result was dropped) came with
-    the first one's key and was answered the first one's result. The same key with another body
-    runs the handler for that body; with the same body it is still answered from the cache."""
+async def test_a_known_key_with_another_request_runs_that_request(router: RouterServer) -> None:
+    """A key is a repeat only with the same task and payload. An async request's key follows
+    from its trace id, which a caller may reuse (or another may know): a second request under a
+    key the agent saw got the first one's answer, never running (and read another's result)."""
     agent = ReachAgent(config(router.url))
-    runs: list[str] = []
 
     @agent.capability("work")
     async def work(payload: dict) -> dict:
-        runs.append(payload["fruit"])
-        return {"story": payload["fruit"]}
+        return {"asked": payload.get("q")}
 
     await agent.start()
     try:
         url = agent.config.profile.network.endpoint
-        headers = {"Idempotency-Key": "trace-fixed.0123456789abcdef"}
-
-        def request(fruit: str) -> dict[str, object]:
-            return {"traceId": "trace-fixed", "targetTask": "work", "payload": {"fruit": fruit}}
-
+        headers = {"Idempotency-Key": "trace-7.0123456789abcdef"}
         async with httpx.AsyncClient(timeout=scaled(10)) as http:
-            apples = (await http.post(url, json=request("apples"), headers=headers)).json()
-            bananas = (await http.post(url, json=request("bananas"), headers=headers)).json()
-            again = (await http.post(url, json=request("apples"), headers=headers)).json()
-        assert apples["result"] == {"story": "apples"}
-        assert bananas["result"] == {"story": "bananas"}
-        assert again["result"] == {"story": "apples"}
-        assert runs == ["apples", "bananas"]
+
+            async def ask(q: str) -> object:
+                body = {**envelope("trace-7"), "payload": {"q": q}}
+                return (await http.post(url, json=body, headers=headers)).json()["result"]
+
+            assert await ask("mine") == {"asked": "mine"}
+            assert await ask("theirs") == {"asked": "theirs"}
+            assert await ask("mine") == {"asked": "mine"}  # the first is still a repeat
     finally:
         await agent.stop()
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 2.5, "3", 10**9])
+def test_a_max_concurrency_that_is_not_a_count_is_refused(bad: object) -> None:
+    """True (an int to Python) and 2.5 were taken: the gate let 3 run for 2.5, and the profile
+    told the Router true; "3" raised a TypeError from a comparison instead of a clear error."""
+    with pytest.raises(ValueError, match="max_concurrency must be an integer"):
+        ReachAgent(config("http://127.0.0.1:9"), max_concurrency=bad)  # type: ignore[arg-type]

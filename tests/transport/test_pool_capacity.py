@@ -199,3 +199,47 @@ def test_a_connect_cut_by_the_routers_own_stalled_loop_is_tried_again() -> None:
             listener.close()
 
     assert uvloop.run(main()) == {"ok": True}
+
+
+async def test_a_waiter_woken_for_a_connection_keeps_it_from_a_newcomer() -> None:
+    """One connection per agent, held; a second call waits for it. The answer frees it and wakes
+    the waiter, and in the same loop turn a third call arrives (as a caller's bytes read in the
+    same poll would): the connection is the waiter's, first come first served. It was the
+    newcomer's, the waiter queued again, so under steady arrivals a lone waiter could wait until
+    its ceiling while later calls went ahead."""
+    from reachmesh.testing import FakeAgent
+
+    hold = asyncio.Event()
+    fake = await FakeAgent("fifo", hold=hold).start()
+    transport = HttpTransport(tls=OutboundPolicy(max_connections_per_agent=1))
+    await transport.open()
+    try:
+        pool = transport._pool
+        assert pool is not None
+        limits = AttemptLimits(scaled(5.0), scaled(20.0), scaled(30.0))
+
+        def send(name: str) -> asyncio.Future[Any]:
+            body = b'{"targetTask": "echo", "payload": {"n": "%s"}}' % name.encode()
+            return asyncio.ensure_future(transport.send(fake.endpoint, body, {}, limits))
+
+        first = send("first")
+        await until(lambda: len(fake.received) == 1, "the first call holds the one connection")
+        waiter = send("waiter")
+        await until(lambda: pool._waiting, "the second call waiting for the connection")
+        newcomer: list[asyncio.Future[Any]] = []
+        release = pool.release
+
+        def release_as_a_call_arrives(conn: Any) -> None:
+            if not newcomer:
+                newcomer.append(send("newcomer"))  # its first step runs before the woken waiter's
+            release(conn)
+
+        pool.release = release_as_a_call_arrives  # type: ignore[method-assign]
+        hold.set()
+        await asyncio.wait_for(asyncio.gather(first, waiter), scaled(20))
+        (late,) = newcomer
+        await asyncio.wait_for(late, scaled(20))
+        assert [r["payload"]["n"] for r in fake.received] == ["first", "waiter", "newcomer"]
+    finally:
+        await transport.close()
+        await fake.stop()

@@ -125,6 +125,8 @@ class AttemptRun:
         self.declined_by: str | None = None  # the agent that declined the last attempt, if one did
         self.busy_retry_after_s: int | None = None  # the soonest Retry-After of a busy (429) agent
         self._attempt_ms = 0.0  # the time the attempt under way may take
+        self._waited_ms = (0.0, 0.0)  # the attempt under way's waits: for a slot, a connection
+        self._probing: str | None = None  # the agent whose half-open probe this request holds
         # Whether the deadline cut the attempt under way below the policy's connect + read time.
         self._cut_short = False
         self._w3c_trace = w3c_trace_id(record.trace_id)
@@ -179,6 +181,7 @@ class AttemptRun:
             record.reject(agent_id, CandidateReason.AT_CAPACITY, choice.score, self.task)
             return False
         permit, change = self.parts.breakers.acquire(agent_id, self.task)
+        self._probing = agent_id if permit is Permit.PROBE else None
         if permit is Permit.DENY:
             record.reject(agent_id, CandidateReason.CIRCUIT_OPEN, choice.score, self.task)
             return False
@@ -243,6 +246,7 @@ class AttemptRun:
             if isinstance(exc, PoolTimeout):
                 # Full, and nothing was sent: the next candidate is tried without a token.
                 self.record.reject(choice.entry.id, exc.reason, choice.score, self.task)
+                self._release_probe(choice.entry.id)
                 self._check_deadline()
                 return None
             if isinstance(exc, AgentRejected) and not exc.retryable:
@@ -251,7 +255,7 @@ class AttemptRun:
             self._check_deadline()
             if self._may_retry_same(exc, same_agent_left, choice):
                 same_agent_left -= 1
-                await self._backoff()
+                await backoff(self.parts.config.retries.backoff_ms, self.deadline.remaining_ms())
                 continue
             self.record.reject(choice.entry.id, exc.reason, choice.score, self.task)
             self.last_failure = (choice.entry.id, exc.reason)
@@ -261,6 +265,10 @@ class AttemptRun:
                 self.record.note("no failover", f"{choice.entry.id} may have the request ({exc.reason})")
                 self.may_hold = choice.entry.id
             return None
+
+    def _release_probe(self, agent_id: str) -> None:
+        if self._probing == agent_id:
+            self.parts.breakers.release_probe(agent_id, self.task)
 
     def _declined(self, choice: Choice, exc: AgentDeclined) -> None:
         """Book a decline, with the agent's reason: the hop is given back to the request's count
@@ -294,11 +302,13 @@ class AttemptRun:
         """
         self._check_deadline()
         agent_id = choice.entry.id
+        self._waited_ms = (0.0, 0.0)
         # A free slot is taken without a coroutine of its own: the common case, every attempt.
         if not self.parts.capacity.take_now(agent_id, choice.entry.profile.max_concurrency):
             waited = await self._take_slot(choice)
             if isinstance(waited, PoolTimeout):
                 return waited
+            self._waited_ms = (waited * 1000, 0.0)
         try:
             return await self._forward(choice, body)
         finally:
@@ -314,6 +324,7 @@ class AttemptRun:
         except LookupError:
             return PoolTimeout(f"{agent_id} is full and so is its queue")
         except TimeoutError as exc:
+            self._release_probe(agent_id)
             self.record.queue_wait_ms += (self.parts.clock.monotonic() - began) * 1000
             waited_ms = self.deadline.remaining_ms()
             self.record.note("slot wait", f"{agent_id}, gave up at the deadline ({waited_ms:.0f} ms left)")
@@ -366,6 +377,7 @@ class AttemptRun:
     def _pool_waited(self, before_s: float) -> None:
         """Book the time the attempt just made waited for a connection of the Router's pool."""
         waited_s = POOL_WAIT_S.get() - before_s
+        self._waited_ms = (self._waited_ms[0], max(waited_s * 1000, 0.0))
         if waited_s > 0:
             self.record.pool_wait_ms += waited_s * 1000
 
@@ -412,14 +424,20 @@ class AttemptRun:
             # late: the time the decline used is never charged to the agent after it.
             verdict = None
             record.note("timeout not charged", f"{agent_id} had {self._attempt_ms:.0f} ms after a decline")
+        elif isinstance(exc, AttemptTimeout) and wait_cut_short(took, *self._waited_ms, self.timeout.read_ms):
+            verdict = None  # busy is not broken: the Router's wait cut the agent's time
+            record.note("timeout not charged", f"{agent_id} timed out after waiting in the Router")
         self.parts.stats.finished(agent_id, ok=verdict, latency_ms=took)
         offset = round((started - record.started) * 1000, 2)
         record.attempts.append(AttemptRecord(agent_id, outcome, took, span_id, offset, choice.score))
         # A failure says what failed (an errno, a status), so the trace alone can explain it.
         detail = "" if exc is None else f", outcome={exc.reason} ({exc.message[:160]})"
         record.note("forward", f"{agent_id}, duration={took:.0f}ms{detail}")
-        if isinstance(exc, PoolTimeout):
-            return  # the agent was never reached: a half-open probe must not close on it
+        if verdict is None and isinstance(exc, PoolTimeout | AttemptTimeout):
+            # Never reached, or a timeout charged to nobody: no word on the agent either way, so
+            # a half-open probe neither closes the breaker (as an answer would) nor stays out.
+            self._release_probe(agent_id)
+            return
         change = self.parts.breakers.record(agent_id, self.task, ok=verdict, refused=refused)
         if change is BreakerState.OPEN:
             record.circuit_trips.append(agent_id)
@@ -447,13 +465,6 @@ class AttemptRun:
     def _check_deadline(self) -> None:
         if self.deadline.remaining_ms() <= MIN_ATTEMPT_MS:
             raise DeadlineExceeded(f"the overall budget of {self.timeout.overall_ms} ms ran out")
-
-    async def _backoff(self) -> None:
-        base = self.parts.config.retries.backoff_ms
-        if base <= 0:
-            return
-        wait_ms = min(base * _jitter.uniform(0.5, 1.5), max(self.deadline.remaining_ms(), 0.0))
-        await asyncio.sleep(wait_ms / 1000.0)
 
     def exhausted(self) -> ContextUnavailable | NoAvailableHandler | Overloaded:
         """The error for a run in which no candidate succeeded."""
@@ -498,6 +509,22 @@ def attempt_verdict(exc: AttemptError | None) -> bool | None:
     if isinstance(exc, AgentRejected):
         return None if exc.error.get("code") == UNKNOWN_TASK else not exc.retryable
     return False
+
+
+def wait_cut_short(took_ms: float, slot_ms: float, pool_ms: float, read_ms: float) -> bool:
+    """Whether the Router's own wait (``slot_ms`` before the attempt, ``pool_ms`` within its
+    ``took_ms``) took the agent's time below its read timeout: it had less than that, and would
+    have had it without the wait. Such a timeout is charged to nobody; a deadline short of the
+    read timeout anyway is the caller's, and charged as it is without a wait."""
+    agent_ms = took_ms - pool_ms
+    return slot_ms + pool_ms > 0 and agent_ms < read_ms - 1.0 <= agent_ms + slot_ms + pool_ms
+
+
+async def backoff(base_ms: float, remaining_ms: float) -> None:
+    """The pause before a same-agent retry: ``base_ms`` jittered by half, within the deadline."""
+    if base_ms > 0:
+        wait_ms = min(base_ms * _jitter.uniform(0.5, 1.5), max(remaining_ms, 0.0))
+        await asyncio.sleep(wait_ms / 1000.0)
 
 
 def _sent_unknown(exc: AttemptError) -> bool:

@@ -157,6 +157,13 @@ class BreakerBoard:
             return BreakerState.OPEN
         return None
 
+    def release_probe(self, agent_id: str, task: str) -> None:
+        """The half-open probe was never sent (it waited in the Router, for a slot or a pooled
+        connection, and gave up): the next request may probe at once, not an open period later."""
+        breaker = self._get(agent_id, task)
+        if breaker is not None and breaker.state is BreakerState.HALF_OPEN:
+            breaker.probe_started = None
+
     def trip(self, agent_id: str, tasks: Iterable[str]) -> bool:
         """Open the agent's closed breakers on another Router's report that it fails.
 

@@ -52,8 +52,22 @@ class CapacityBoard:
         slots = self._agents.get(agent_id)
         if slots is None:
             slots = self._agents[agent_id] = _Slots()
-        slots.capacity = capacity  # a re-registration may change it
+        if slots.capacity != capacity:
+            # A re-registration changed it. A raised (or dropped) one has room for waiters now:
+            # they are woken at once, not one per request that ends. A lowered one is kept as
+            # slots come back (see give()).
+            slots.capacity = capacity
+            self._hand_out(slots)
         return slots
+
+    @staticmethod
+    def _hand_out(slots: _Slots) -> None:
+        """New slots to the first waiters, while the capacity has room for them."""
+        while slots.waiters and (slots.capacity is None or slots.inflight < slots.capacity):
+            waiter = slots.waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                slots.inflight += 1
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -89,10 +103,7 @@ class CapacityBoard:
     def take_now(self, agent_id: str, capacity: int | None) -> bool:
         """Take a slot at ``agent_id`` if one is free and nobody waits for it; else False, and
         :meth:`take` waits in line. Every attempt passes here first: no coroutine for it."""
-        slots = self._agents.get(agent_id)
-        if slots is None:
-            slots = self._agents[agent_id] = _Slots()
-        slots.capacity = capacity  # a re-registration may change it
+        slots = self._slots(agent_id, capacity)
         if capacity is None or (slots.inflight < capacity and not slots.queued):
             slots.inflight += 1
             return True
@@ -136,7 +147,10 @@ class CapacityBoard:
         slots = self._agents.get(agent_id)
         if slots is None:
             return
-        while slots.waiters:
+        # Over a capacity a re-registration lowered: the slot is not handed on, so in flight
+        # falls to the new capacity before a waiter is let in.
+        over = slots.capacity is not None and slots.inflight > slots.capacity
+        while slots.waiters and not over:
             waiter = slots.waiters.popleft()
             if not waiter.done():
                 waiter.set_result(None)  # the slot changes hands: in flight stays the same

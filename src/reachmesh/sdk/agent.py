@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
-import hashlib
 import hmac
 import inspect
 import logging
@@ -42,7 +41,7 @@ from reachmesh.deadline import Deadline
 from reachmesh.exceptions import ConfigError, ReachError
 from reachmesh.protocol import AGENT_SECRET_HEADER as SECRET_HEADER
 from reachmesh.protocol import MAX_CONCURRENCY, UNKNOWN_TASK, ReachResponse
-from reachmesh.sdk.capacity import MAX_KEY_CHARS, Gate
+from reachmesh.sdk.capacity import Gate, fingerprint
 from reachmesh.sdk.client import ReachClient
 from reachmesh.sdk.config import AgentConfig, find_config
 from reachmesh.sdk.healthport import HealthServer
@@ -145,22 +144,6 @@ class ReachContext:
         }
 
 
-def repeat_key(key: str | None, body: bytes) -> str | None:
-    """The key a repeat is known by: the Router's ``Idempotency-Key`` and the request's body.
-
-    A repeat is the same request sent again, not any request that carries the key: the key of an
-    async request is derived from its trace id alone, and callers choose trace ids, so another
-    caller's request (through a second Router, or once the first result was dropped) could carry
-    it and be answered with the first one's result. A key over MAX_KEY_CHARS is not remembered.
-    """
-    if not key or len(key) > MAX_KEY_CHARS:
-        return None
-    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass"))
-    digest.update(b"\0")
-    digest.update(body)
-    return digest.hexdigest()
-
-
 def _refuse_plain_generator(task: str, handler: Handler) -> None:
     """A ``def`` with ``yield``, run as a plain handler, returned a generator, answered "not
     JSON-serialisable" on every call: refused when it is bound instead."""
@@ -178,6 +161,14 @@ def _wants_context(handler: Handler) -> bool:
         return True
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     return len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in params)
+
+
+def _concurrency(value: int | None) -> int | None:
+    """``max_concurrency`` as given, if it is a count: a bool is an int to Python, and 2.5
+    compares fine, but neither is one."""
+    if value is not None and (type(value) is not int or not 1 <= value <= MAX_CONCURRENCY):
+        raise ValueError(f"max_concurrency must be an integer between 1 and {MAX_CONCURRENCY}")
+    return value
 
 
 class ReachAgent:
@@ -202,9 +193,7 @@ class ReachAgent:
         and renews through whichever answers."""
         self._shared_secret = shared_secret
         self._router_urls = None if router_url is None else _router_list(router_url)
-        if max_concurrency is not None and not 1 <= max_concurrency <= MAX_CONCURRENCY:
-            raise ValueError(f"max_concurrency must be between 1 and {MAX_CONCURRENCY}")
-        self._max_concurrency = max_concurrency
+        self._max_concurrency = _concurrency(max_concurrency)
         self._gate: Gate | None = None
         self._config: AgentConfig | None = None
         self._config_source = config
@@ -519,10 +508,9 @@ class ReachAgent:
             log.info("[%s] decline: %s (%s)", trace_id, task, declined)
             self._handled.labels(task, "declined").inc()
             return _answer_declined(declined)
-        return await self.gate.serve(
-            repeat_key(request.headers.get("Idempotency-Key"), raw),
-            lambda: self._handle(request, bound, payload, ctx),
-        )
+        key = request.headers.get("Idempotency-Key")
+        run = lambda: self._handle(request, bound, payload, ctx)  # noqa: E731
+        return await self.gate.serve(key, run, fingerprint(task, raw_payload) if key else b"")
 
     async def _handle(
         self,

@@ -6,13 +6,17 @@
 - **Repeats.** The Router sends an ``Idempotency-Key`` (the request's trace id and a per-request
   id), the same on every attempt of one request. A request whose key was answered in the last
   :data:`REPEAT_TTL_S` seconds gets the same answer again, and one whose first copy is still
-  running waits for that one's answer: the handler never runs twice for one request. The cache
-  is bounded (:data:`REPEAT_MAX_KEYS` keys, answers up to :data:`REPEAT_MAX_BYTES` each).
+  running waits for that one's answer: the handler never runs twice for one request. A repeat is
+  the same key *and* the same task and payload (its fingerprint): a key sent again with another
+  request (a caller reusing a trace id for an async request, whose key follows from it, or one
+  guessing a key) runs that request, and is never given the other's answer. The cache is
+  bounded (:data:`REPEAT_MAX_KEYS` keys, answers up to :data:`REPEAT_MAX_BYTES` each).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -42,6 +46,11 @@ _UNFINISHED = jsoncodec.dumps(
 Answer = tuple[int, bytes]  # status and JSON body: what a repeat is given back
 
 
+def fingerprint(task: str, payload: object) -> bytes:
+    """What makes two requests under one Idempotency-Key the same request: task and payload."""
+    return hashlib.blake2b(jsoncodec.dumps([task, payload]), digest_size=16).digest()
+
+
 def busy_answer(limit: int) -> web.Response:
     error = {
         "code": "AGENT_BUSY",
@@ -63,25 +72,33 @@ class Gate:
         self.max_concurrency = max_concurrency
         self.inflight = 0
         self._clock = clock
-        self._answers: OrderedDict[str, tuple[float, asyncio.Future[Answer]]] = OrderedDict()
+        # key -> (expires, the request's fingerprint, its answer)
+        self._answers: OrderedDict[str, tuple[float, bytes, asyncio.Future[Answer]]] = OrderedDict()
 
     async def serve(
-        self, key: str | None, run: Callable[[], Awaitable[web.StreamResponse]]
+        self,
+        key: str | None,
+        run: Callable[[], Awaitable[web.StreamResponse]],
+        fingerprint: bytes = b"",
     ) -> web.StreamResponse:
-        """``run()``'s answer, or a remembered one for ``key``, or busy when full."""
+        """``run()``'s answer, or a remembered one for ``key`` (of a request with the same
+        ``fingerprint``: task and payload), or busy when full."""
         usable = key if key and len(key) <= MAX_KEY_CHARS else None
         if usable is not None:
-            remembered = self._recall(usable)
-            if remembered is not None:
-                status, body = await asyncio.shield(remembered)
-                return web.Response(status=status, body=body, content_type="application/json")
+            known = self._recall(usable)
+            if known is not None:
+                if known[0] != fingerprint:
+                    usable = None  # another request under a known key: run it, keep the first
+                else:
+                    status, body = await asyncio.shield(known[1])
+                    return web.Response(status=status, body=body, content_type="application/json")
         limit = self.max_concurrency
         if limit is not None and self.inflight >= limit:
             return busy_answer(limit)
         pending: asyncio.Future[Answer] | None = None
         if usable is not None:
             pending = asyncio.get_running_loop().create_future()
-            self._remember(usable, pending)
+            self._remember(usable, fingerprint, pending)
         self.inflight += 1
         response: web.StreamResponse | None = None
         try:
@@ -105,21 +122,21 @@ class Gate:
             return
         pending.set_result((response.status, body))
 
-    def _recall(self, key: str) -> asyncio.Future[Answer] | None:
+    def _recall(self, key: str) -> tuple[bytes, asyncio.Future[Answer]] | None:
         found = self._answers.get(key)
         if found is None:
             return None
-        expires, answer = found
+        expires, fingerprint, answer = found
         if expires < self._clock() or answer.cancelled():
             del self._answers[key]
             return None
-        return answer
+        return fingerprint, answer
 
-    def _remember(self, key: str, answer: asyncio.Future[Answer]) -> None:
+    def _remember(self, key: str, fingerprint: bytes, answer: asyncio.Future[Answer]) -> None:
         now = self._clock()
         while self._answers:
-            oldest_key, (expires, _) = next(iter(self._answers.items()))
+            oldest_key, (expires, _, _) = next(iter(self._answers.items()))
             if expires >= now and len(self._answers) < REPEAT_MAX_KEYS:
                 break
             del self._answers[oldest_key]
-        self._answers[key] = (now + REPEAT_TTL_S, answer)
+        self._answers[key] = (now + REPEAT_TTL_S, fingerprint, answer)

@@ -376,6 +376,9 @@ class Pool:
         self._hold_off: dict[tuple[str, str, int], float] = {}  # no new connect before, per target
         # Callers waiting for a connection to each target, first come first served.
         self._waiting: dict[tuple[str, str, int], collections.deque[asyncio.Future[None]]] = {}
+        # Waiters woken for a target that have not run yet: what woke them is theirs, so a
+        # newcomer queues behind them (first come first served) instead of taking it first.
+        self._claims: dict[tuple[str, str, int], int] = {}
         self._targets: dict[str, _Target] = {}
         self._names: dict[tuple[str, int], tuple[float, list[str]]] = {}
         self._times = dial.ConnectTimes()
@@ -412,7 +415,7 @@ class Pool:
         # Built in a function of its own: its pieces are gone before the (maybe long) wait.
         data = self._request_head(target, headers, len(body))
         # An idle connection (nobody waiting first) without _acquire's coroutine: keep-alive's case.
-        conn = None if self._waiting.get(target.key) else self._reuse(target.key, loop.time())
+        conn = None if self._queue_ahead(target.key) else self._reuse(target.key, loop.time())
         conn = await self._acquire(target, connect_s, hard) if conn is None else conn
         reused = conn.idle_since > 0.0
         try:
@@ -473,9 +476,10 @@ class Pool:
         key = target.key
         woken = False
         while True:
-            if woken or not self._waiting.get(key):  # a newcomer queues behind earlier waiters
+            if woken or not self._queue_ahead(key):  # a newcomer queues behind earlier waiters
                 conn = self._reuse(key, loop.time())
                 if conn is not None:
+                    self._pass_on(key)
                     return conn
                 if self._may_open(key):
                     try:
@@ -488,6 +492,16 @@ class Pool:
                     continue  # the pool was full of idle connections elsewhere: one made room
             await self._wait(key, hard, front=woken)
             woken = True
+
+    def _queue_ahead(self, key: tuple[str, str, int]) -> bool:
+        """Whether callers wait (or were woken and have not run) for ``key``: a newcomer is last."""
+        return bool(self._waiting.get(key) or self._claims.get(key))
+
+    def _pass_on(self, key: tuple[str, str, int]) -> None:
+        """Once a caller took its connection (or connect slot): wake the next waiter if there is
+        room for it too, since newcomers queue behind the woken ones."""
+        if self._waiting.get(key) and (self._idle.get(key) or self._may_open(key)):
+            self._wake(key)
 
     def _timed_out(self, key: tuple[str, str, int], exc: ConnectTimeout) -> None:
         """After a connect timed out: raise it, or return to try again or wait for a connection."""
@@ -539,6 +553,8 @@ class Pool:
             raise PoolTimeout(f"no connection to {key[1]}:{key[2]} came free in time") from exc
         finally:
             POOL_WAIT_S.set(POOL_WAIT_S.get() + loop.time() - began)
+            if room.done() and not room.cancelled():
+                self._unclaim(key)  # it runs now: newcomers need not wait for it any more
             if not woke:
                 if room.done() and not room.cancelled():
                     # Woken just as it gave up (its timeout, or a cancellation): the wake-up is
@@ -559,6 +575,7 @@ class Pool:
         connect_due = loop.time() + (max(connect_s, BUSY_CONNECT_S) if busy else connect_s)
         self._opening += 1
         self._connecting[key] = self._connecting.get(key, 0) + 1
+        self._pass_on(key)
         try:
             async with asyncio.timeout_at(min(connect_due, hard)):
                 return await self._open(target)
@@ -671,12 +688,20 @@ class Pool:
             room = queue.popleft()
             if not room.done():
                 room.set_result(None)
+                self._claims[key] = self._claims.get(key, 0) + 1
                 if not queue:
                     del self._waiting[key]
                 return True
         if queue is not None:
             del self._waiting[key]
         return False
+
+    def _unclaim(self, key: tuple[str, str, int]) -> None:
+        left = self._claims.get(key, 0) - 1
+        if left > 0:
+            self._claims[key] = left
+        else:
+            self._claims.pop(key, None)
 
     def _wake_many(self, key: tuple[str, str, int]) -> None:
         """Wake as many waiters for ``key`` as may open a connection at once."""
@@ -709,6 +734,7 @@ class Pool:
         self._idle.clear()
         self._open_to.clear()
         self._hold_off.clear()
+        self._claims.clear()
         self._names.clear()
         self._times.forget()
         for queue in self._waiting.values():
