@@ -52,11 +52,6 @@ async def test_a_streamed_call_refused_overloaded_carries_retry_after(router: Ro
         await agent.stop()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="dispatch/attempts.py gives the agent's slot back when the attempt returns, which for a "
-    "stream is at its first chunk, not its end: a capacity-1 agent gets a second call mid-stream",
-)
 async def test_a_stream_holds_its_agents_slot_until_it_ends(router: RouterServer) -> None:
     """max_concurrency 1 and a stream that has sent its first chunk: a second call waits in the
     Router until the stream ends; it is not sent to the agent while the stream runs."""
@@ -139,11 +134,6 @@ def test_the_sdk_reads_accept_as_the_router_does() -> None:
     assert agent_wants(make_mocked_request("POST", "/reach", headers={"Accept": "text/event-stream;q=0.9"}))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="dispatch/streaming.py books the attempt a success at its first chunk and the break a "
-    "failure after it: each success resets the consecutive count, so the breaker never opens",
-)
 async def test_an_agent_that_breaks_every_stream_opens_its_breaker() -> None:
     """An agent that sends one chunk and then resets, every time: with a breaker threshold of 3,
     the fourth streamed call finds its circuit open. With threshold 1 (the existing test) the one
@@ -165,3 +155,32 @@ async def test_an_agent_that_breaks_every_stream_opens_its_breaker() -> None:
             assert router.app.parts.breakers.state("breaker") is BreakerState.OPEN
         finally:
             await agent.stop()
+
+
+async def test_a_stream_whose_caller_goes_away_gives_its_slot_back(router: RouterServer) -> None:
+    """The slot a stream holds to its end is given back however it ends: a caller that goes away
+    mid-stream leaves the capacity-1 agent free for the next call, and its success rate and
+    breaker untouched (the agent did nothing wrong)."""
+    finish = asyncio.Event()
+
+    async def script(conn: Conn) -> None:
+        await conn.sse_head()
+        await conn.chunk("first")
+        await finish.wait()
+        await conn.done({"status": "SUCCESS"})
+
+    agent = await StreamAgent("left-behind", script).start()
+    try:
+        await agent.register(router.url, max_concurrency=1)
+        capacity = router.app.parts.dispatcher.forwarding.capacity
+        async with streamed(router, envelope(timeoutMs=int(scaled(20_000)))) as stream:
+            assert (await stream.next()).data == '"first"'
+            assert capacity.inflight("left-behind") == 1
+        await until(lambda: capacity.inflight("left-behind") == 0, "the slot given back")
+        finish.set()
+        async with streamed(router, envelope(timeoutMs=int(scaled(20_000)))) as again:
+            assert done_of(await again.rest())["status"] == "SUCCESS"
+        assert router.app.parts.breakers.state("left-behind") is BreakerState.CLOSED
+    finally:
+        finish.set()
+        await agent.stop()

@@ -94,6 +94,8 @@ class Success(NamedTuple):
 class AttemptRun:
     """The attempts of one request over its ranked choices."""
 
+    streams = False  # a streamed request's run (dispatch/streaming.py)
+
     def __init__(
         self,
         parts: Forwarding,
@@ -127,6 +129,10 @@ class AttemptRun:
         self._attempt_ms = 0.0  # the time the attempt under way may take
         self._waited_ms = (0.0, 0.0)  # the attempt under way's waits: for a slot, a connection
         self._probing: str | None = None  # the agent whose half-open probe this request holds
+        # A streamed answer's attempt succeeds at its first piece, while the agent still talks:
+        # (agent, ms to that piece) until the stream ends, when its verdict is booked and its
+        # slot at the agent given back (StreamingRun.settle).
+        self.unsettled: tuple[str, float] | None = None
         # Whether the deadline cut the attempt under way below the policy's connect + read time.
         self._cut_short = False
         self._w3c_trace = w3c_trace_id(record.trace_id)
@@ -152,7 +158,7 @@ class AttemptRun:
             success = await self.try_agent(choice)
             if success is not None:
                 return success.result
-        raise self.exhausted()
+        raise exhausted(self)
 
     # -- admission ---------------------------------------------------------------------------
 
@@ -312,7 +318,8 @@ class AttemptRun:
         try:
             return await self._forward(choice, body)
         finally:
-            self.parts.capacity.give(agent_id)
+            if self.unsettled is None:  # else a stream holds the slot to its end (settle())
+                self.parts.capacity.give(agent_id)
 
     async def _take_slot(self, choice: Choice) -> float | PoolTimeout:
         """Seconds waited for a slot at the agent, or PoolTimeout when its queue is full."""
@@ -427,17 +434,25 @@ class AttemptRun:
         elif isinstance(exc, AttemptTimeout) and wait_cut_short(took, *self._waited_ms, self.timeout.read_ms):
             verdict = None  # busy is not broken: the Router's wait cut the agent's time
             record.note("timeout not charged", f"{agent_id} timed out after waiting in the Router")
-        self.parts.stats.finished(agent_id, ok=verdict, latency_ms=took)
         offset = round((started - record.started) * 1000, 2)
         record.attempts.append(AttemptRecord(agent_id, outcome, took, span_id, offset, choice.score))
         # A failure says what failed (an errno, a status), so the trace alone can explain it.
         detail = "" if exc is None else f", outcome={exc.reason} ({exc.message[:160]})"
         record.note("forward", f"{agent_id}, duration={took:.0f}ms{detail}")
+        if exc is None and self.streams:
+            self.unsettled = (agent_id, took)  # judged when the stream ends
+            return
+        self.parts.stats.finished(agent_id, ok=verdict, latency_ms=took)
         if verdict is None and isinstance(exc, PoolTimeout | AttemptTimeout):
             # Never reached, or a timeout charged to nobody: no word on the agent either way, so
             # a half-open probe neither closes the breaker (as an answer would) nor stays out.
             self._release_probe(agent_id)
             return
+        self._judge(agent_id, verdict, refused)
+
+    def _judge(self, agent_id: str, verdict: bool | None, refused: bool = False) -> None:
+        """Tell the agent's breaker what the attempt said of it."""
+        record = self.record
         change = self.parts.breakers.record(agent_id, self.task, ok=verdict, refused=refused)
         if change is BreakerState.OPEN:
             record.circuit_trips.append(agent_id)
@@ -466,31 +481,32 @@ class AttemptRun:
         if self.deadline.remaining_ms() <= MIN_ATTEMPT_MS:
             raise DeadlineExceeded(f"the overall budget of {self.timeout.overall_ms} ms ran out")
 
-    def exhausted(self) -> ContextUnavailable | NoAvailableHandler | Overloaded:
-        """The error for a run in which no candidate succeeded."""
-        record = self.record
-        if self.bound_agent is not None and any(
-            c.get("reason") == CandidateReason.NO_CONTEXT for c in record.rejected
-        ):
-            return ContextUnavailable(
-                f"conversation {self.request.conversation_id!r} is bound to {self.bound_agent!r}, which "
-                "cannot take it, and no other agent confirms it holds the conversation",
-                list(record.rejected),
-            )
-        if record.declines and all(c.get("reason") == CandidateReason.DECLINED for c in record.rejected):
-            return NoAvailableHandler(
-                f"every candidate for {self.request.target_task!r} declined it", list(record.rejected)
-            )
-        message = f"every candidate for {self.task!r} failed or was skipped"
-        if record.rejected and all(c.get("reason") == CandidateReason.AT_CAPACITY for c in record.rejected):
-            return Overloaded(
-                f"every candidate for {self.task!r} is full, and so is its queue",
-                retry_after_s=self.parts.config.limits.retry_after_seconds,
-            )
-        if self.busy_retry_after_s is not None:
-            message += f"; a busy agent asked to retry after {self.busy_retry_after_s} s"
-            return AgentsBusy(message, list(record.rejected), retry_after_s=self.busy_retry_after_s)
-        return NoAvailableHandler(message, list(record.rejected))
+
+def exhausted(run: AttemptRun) -> ContextUnavailable | NoAvailableHandler | Overloaded:
+    """The error for a run in which no candidate succeeded."""
+    record = run.record
+    if run.bound_agent is not None and any(
+        c.get("reason") == CandidateReason.NO_CONTEXT for c in record.rejected
+    ):
+        return ContextUnavailable(
+            f"conversation {run.request.conversation_id!r} is bound to {run.bound_agent!r}, which "
+            "cannot take it, and no other agent confirms it holds the conversation",
+            list(record.rejected),
+        )
+    if record.declines and all(c.get("reason") == CandidateReason.DECLINED for c in record.rejected):
+        return NoAvailableHandler(
+            f"every candidate for {run.request.target_task!r} declined it", list(record.rejected)
+        )
+    message = f"every candidate for {run.task!r} failed or was skipped"
+    if record.rejected and all(c.get("reason") == CandidateReason.AT_CAPACITY for c in record.rejected):
+        return Overloaded(
+            f"every candidate for {run.task!r} is full, and so is its queue",
+            retry_after_s=run.parts.config.limits.retry_after_seconds,
+        )
+    if run.busy_retry_after_s is not None:
+        message += f"; a busy agent asked to retry after {run.busy_retry_after_s} s"
+        return AgentsBusy(message, list(record.rejected), retry_after_s=run.busy_retry_after_s)
+    return NoAvailableHandler(message, list(record.rejected))
 
 
 def attempt_verdict(exc: AttemptError | None) -> bool | None:

@@ -401,7 +401,7 @@ class Dispatcher:
             self._max_retries(request, task, config),
         )
         result = await run.run(choices)
-        if sink is None:
+        if not isinstance(run, StreamingRun) or sink is None:
             return result
         result, error = await relay(result, sink, record, run)
         if error is not None:

@@ -21,7 +21,7 @@ from reachmesh import jsoncodec
 from reachmesh.clock import Clock
 from reachmesh.config import StreamingPolicy
 from reachmesh.decision import MAX_CHUNK_MARKS, DecisionRecord, StreamRecord
-from reachmesh.dispatch.attempts import AttemptRun
+from reachmesh.dispatch.attempts import AttemptRun, attempt_verdict
 from reachmesh.exceptions import (
     AgentRejected,
     AttemptError,
@@ -29,7 +29,6 @@ from reachmesh.exceptions import (
     DeadlineExceeded,
     ReachError,
 )
-from reachmesh.resilience.breaker import BreakerState
 from reachmesh.routing.base import Choice
 from reachmesh.sse import SseLimits
 from reachmesh.transport.base import AttemptLimits
@@ -69,6 +68,26 @@ def stream_broken(message: str) -> AgentRejected:
 class StreamingRun(AttemptRun):
     """The attempts of one streamed request: each opens a stream and reads its first piece."""
 
+    streams = True
+
+    def settle(self, ok: bool | None) -> None:
+        """Book the opened stream's verdict once it has ended (True: it ended as the agent
+        meant; False: the agent broke it; None: neither, the caller went away or its deadline
+        passed) and give its slot at the agent back. A stream holds its slot to its end, so an
+        agent's ``max_concurrency`` counts streams; and its verdict waits for the end, since a
+        first chunk booked a success would clear the breaker's run of failures before each
+        break."""
+        if self.unsettled is None:
+            return
+        agent_id, took = self.unsettled
+        self.unsettled = None
+        self.parts.capacity.give(agent_id)
+        self.parts.stats.finished(agent_id, ok=ok, latency_ms=took)
+        if ok is None:
+            self._release_probe(agent_id)
+        else:
+            self._judge(agent_id, ok)
+
     async def _send(self, choice: Choice, body: bytes, headers: dict[str, str], limits: AttemptLimits) -> Any:
         config = self.parts.config
         loop = asyncio.get_running_loop()
@@ -91,7 +110,7 @@ class StreamingRun(AttemptRun):
 
 
 async def relay(
-    opened: Opened, sink: StreamSink, record: DecisionRecord, run: AttemptRun
+    opened: Opened, sink: StreamSink, record: DecisionRecord, run: StreamingRun
 ) -> tuple[Any, ReachError | None]:
     """Send the stream's chunks to ``sink`` as they are read: the result for the record (the
     agent's ``done`` result, if it gave one) and the error that ended the stream, if one did."""
@@ -99,12 +118,14 @@ async def relay(
     record.stream = stats
     stream, piece = opened.stream, opened.first
     clock = run.parts.clock
+    verdict: bool | None = None  # what the stream's end says of the agent (run.settle)
     try:
         if stream.plain:
             assert isinstance(piece, Final)
             # A plain answer to a streaming caller: its result as the one chunk (§14 mixed ends).
             await _emit([jsoncodec.dumps(piece.result)], sink, record, clock)
             stats.ended = "plain"
+            verdict = True
             return None, None
         while isinstance(piece, Chunk):
             # The chunks already read (while the last write waited for a caller that is behind)
@@ -119,26 +140,25 @@ async def relay(
             await _emit(batch, sink, record, clock)
             piece = after if after is not None else await stream.next()
         stats.ended = "done"
+        verdict = True
         return (piece.result if piece.has_result else None), None
     except AttemptError as exc:
         error = _ending(exc, opened.agent_id, run)
         if isinstance(error, DeadlineExceeded):
-            stats.ended = "timeout"
+            stats.ended = "timeout"  # the caller's budget, spent on an agent still talking
+        elif error is exc:
+            stats.ended = "agent_error"  # its done carried its error: judged as that answer
+            verdict = attempt_verdict(exc)
         else:
-            stats.ended = "agent_error" if error is exc else "broken"
-        if stats.ended == "broken":
-            # The attempt was booked a success at its first chunk; a stream the agent broke
-            # afterwards (reset, idle, malformed) is a failure its breaker must hear of.
-            change = run.parts.breakers.record(opened.agent_id, run.task, ok=False)
-            if change is BreakerState.OPEN:
-                record.circuit_trips.append(opened.agent_id)
-                record.note("circuit open", f"agent {opened.agent_id} (a broken stream)")
+            stats.ended = "broken"  # reset, idle, malformed: a failure of the agent's
+            verdict = False
         record.note("stream ended", f"{opened.agent_id} after {stats.chunks} chunks: {error.message}")
         return None, error
     except asyncio.CancelledError:
         stats.ended = "caller_gone"
         raise
     finally:
+        run.settle(verdict)
         await stream.aclose()
 
 
