@@ -65,6 +65,14 @@ def test_profile_defaults() -> None:
             "capabilities.0.input_schema",
         ),
         ({"health_check": {"port": 70000}}, "health_check.port"),
+        # A count and a promise: a type that only converts to one (true, "20", 20.0, "yes") is a
+        # mistake, and `idempotent` lets the Router send a request twice.
+        ({"max_concurrency": True}, "max_concurrency"),
+        ({"max_concurrency": "20"}, "max_concurrency"),
+        ({"max_concurrency": 20.0}, "max_concurrency"),
+        ({"max_concurrency": 0}, "max_concurrency"),
+        ({"capabilities": [{"task": "t", "idempotent": "yes"}]}, "capabilities.0.idempotent"),
+        ({"capabilities": [{"task": "t", "idempotent": 1}]}, "capabilities.0.idempotent"),
     ],
 )
 def test_invalid_profiles_name_the_field(change: dict, field: str) -> None:

@@ -208,7 +208,7 @@ class Capability(_ProfileModel):
     ] = []
     # Running it twice does no harm: a request sent whose outcome is unknown (the connection
     # closed after the request was written) may be sent again, to this agent or another.
-    idempotent: bool = False
+    idempotent: Annotated[bool, Field(strict=True)] = False
 
     @field_validator("input_schema", "output_schema")
     @classmethod
@@ -270,7 +270,9 @@ class AgentProfile(_ProfileModel):
     health_check: HealthCheck = HealthCheck()
     # The most requests this instance wants in flight at once (PROTOCOL §15); None: no cap but
     # the Router's own pool bounds.
-    max_concurrency: Annotated[int, Field(ge=1, le=MAX_CONCURRENCY)] | None = None
+    # Strict, like `idempotent`: a registration saying true or "20" is a mistake to report, not
+    # a count to guess (true was read as 1).
+    max_concurrency: Annotated[int, Field(ge=1, le=MAX_CONCURRENCY, strict=True)] | None = None
 
     @model_validator(mode="after")
     def _tasks_are_unique(self) -> AgentProfile:

@@ -431,8 +431,12 @@ async def test_when_every_agent_is_busy_the_caller_gets_the_soonest_retry_after(
             await agent.register(router.url)
         async with httpx.AsyncClient(base_url=router.url, timeout=30) as http:
             resp = await http.post("/reach", json={"targetTask": "work", "payload": {}})
-            past = (await http.post("/reach", json={"targetTask": "dated", "payload": {}})).json()
+            dated_resp = await http.post("/reach", json={"targetTask": "dated", "payload": {}})
+            past = dated_resp.json()
         assert resp.status_code == 503
+        # In the header too, where HTTP clients look for it (it was only in the body).
+        assert resp.headers["Retry-After"] == "7"
+        assert dated_resp.headers["Retry-After"] == "0"
         error = resp.json()["error"]
         assert error["code"] == "NO_AVAILABLE_HANDLER"
         assert error["retryAfterSeconds"] == 7

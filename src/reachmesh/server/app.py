@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import time
 from collections.abc import Awaitable
 from functools import partial
@@ -202,9 +203,9 @@ class RouterApp:
                 log.exception("internal error while serving /reach")
                 trace_id = trace_hint or (parent[0] if parent else None)
                 status, payload = parts.dispatcher.refuse(InternalError(), trace_id=trace_id)
-            # 429 from routing: every candidate full, and its queue too (PROTOCOL §15).
-            retry_after = str(parts.config.limits.retry_after_seconds).encode()
-            return status, payload, [(b"retry-after", retry_after)] if status == 429 else None
+            if status == 200:
+                return status, payload, None
+            return status, payload, _retry_after_of(status, payload, parts.config.limits.retry_after_seconds)
         finally:
             parts.shedder.release(peer)
 
@@ -379,6 +380,24 @@ def create_app(config: RouterConfig | None = None, **kwargs: Any) -> RouterApp:
 
 
 __all__ = ["ConfigError", "RouterApp", "create_app"]
+
+
+# The soonest Retry-After of busy agents, as the answer's own error carries it (the encoder
+# writes the key once, with no space).
+_RETRY_AFTER_SECONDS = re.compile(rb'"retryAfterSeconds":(\d{1,9})[,}]')
+
+
+def _retry_after_of(status: int, payload: bytes, overloaded_s: int) -> list[tuple[bytes, bytes]] | None:
+    """The ``Retry-After`` header of a refusal: a 429 from routing (every candidate full, and its
+    queue too: PROTOCOL §15) the policy's; a 503 whose error says when to come back (every agent
+    that answered was busy, or the embedding service said so) that time, since HTTP clients read
+    the header, not the body."""
+    if status == 429:
+        return [(b"retry-after", str(overloaded_s).encode())]
+    if status != 503 or b"retryAfterSeconds" not in payload:
+        return None
+    found = _RETRY_AFTER_SECONDS.search(payload)
+    return [(b"retry-after", found.group(1))] if found else None
 
 
 def _with_retry_after(send: Send, retry_after: bytes) -> Send:
