@@ -433,9 +433,16 @@ async def test_when_every_agent_is_busy_the_caller_gets_the_soonest_retry_after(
             resp = await http.post("/reach", json={"targetTask": "work", "payload": {}})
             dated_resp = await http.post("/reach", json={"targetTask": "dated", "payload": {}})
             past = dated_resp.json()
+            streamed = await http.post(
+                "/reach", json={"targetTask": "work", "payload": {}}, headers={"Accept": "text/event-stream"}
+            )
         assert resp.status_code == 503
-        # In the header too, where HTTP clients look for it (it was only in the body).
+        # In the header too, where HTTP clients look for it (it was only in the body), for a
+        # caller that asked for a stream as for a plain one.
         assert resp.headers["Retry-After"] == "7"
+        assert streamed.status_code == 503
+        assert streamed.headers["Retry-After"] == "7"
+        assert streamed.json()["error"]["retryAfterSeconds"] == 7
         assert dated_resp.headers["Retry-After"] == "0"
         error = resp.json()["error"]
         assert error["code"] == "NO_AVAILABLE_HANDLER"

@@ -230,8 +230,8 @@ class RouterApp:
                 InternalError(), trace_id=who["trace_header"] or (parent[0] if parent else None)
             )
 
-        retry_after = str(self.parts.config.limits.retry_after_seconds).encode()
-        await serve_stream(_with_retry_after(send, retry_after), receive, run, internal_error, scope)
+        overloaded_s = self.parts.config.limits.retry_after_seconds
+        await serve_stream(_with_retry_after(send, overloaded_s), receive, run, internal_error, scope)
 
     def admit(self, action: Action, scope: Scope) -> Denial | None:
         """The gates before any body is read: a page on another site (:mod:`.origin`), then
@@ -400,15 +400,24 @@ def _retry_after_of(status: int, payload: bytes, overloaded_s: int) -> list[tupl
     return [(b"retry-after", found.group(1))] if found else None
 
 
-def _with_retry_after(send: Send, retry_after: bytes) -> Send:
-    """``send``, adding ``Retry-After`` to a 429 answer head: a streamed call refused before any
-    chunk (every candidate full, and its queue too) is answered the plain 429 a plain call gets,
-    and that one carries the header (PROTOCOL §15)."""
+def _with_retry_after(send: Send, overloaded_s: int) -> Send:
+    """``send``, adding ``Retry-After`` to a refusal's head as a plain call's answer has it
+    (:func:`_retry_after_of`): a streamed call refused before any chunk (429: every candidate
+    full, and its queue too; 503: every agent that answered busy) is answered the plain refusal a
+    plain call gets. A 503's head waits for its body, which says how long."""
+    held: dict[str, Any] | None = None
 
     async def sending(message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.start" and message.get("status") == 429:
-            headers = [*message.get("headers", ()), (b"retry-after", retry_after)]
-            message = {**message, "headers": headers}
+        nonlocal held
+        if message["type"] == "http.response.start" and message.get("status") in (429, 503):
+            held = message
+            return
+        if held is not None:
+            start, held = held, None
+            extra = _retry_after_of(start["status"], message.get("body", b""), overloaded_s)
+            if extra:
+                start = {**start, "headers": [*start.get("headers", ()), *extra]}
+            await send(start)
         await send(message)
 
     return sending
