@@ -162,8 +162,12 @@ class StreamingA2AAgent(AgentExecutor):
         self.release = release
         self.finished = asyncio.Event()
         self.fail = False
+        self.runs = 0
+        self.card_url = ""
+        self.lease_id = ""
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        self.runs += 1
         task_id, context_id = context.task_id or "t", context.context_id or "c"
         working = TaskStatus(state=TaskState.TASK_STATE_WORKING)
         await event_queue.enqueue_event(Task(id=task_id, context_id=context_id, status=working))
@@ -215,7 +219,8 @@ async def imported_talker() -> AsyncIterator[tuple[RouterServer, StreamingA2AAge
     app = Starlette(routes=[*create_agent_card_routes(card), *create_jsonrpc_routes(handler, "/")])
     config = RouterConfig.model_validate(POLICY)
     async with AsgiServer(app, port=port) as a2a_agent, RouterServer(config) as router:
-        await import_agent(a2a_agent.url, router.url)
+        executor.card_url = a2a_agent.url
+        executor.lease_id = (await import_agent(a2a_agent.url, router.url))["leaseId"]
         yield router, executor
 
 
@@ -230,6 +235,48 @@ async def test_an_imported_streaming_a2a_agent_streams_to_a_router_caller(import
                 executor.release.set()
         assert got == ["Hel", "lo"]
         assert stream.response.ok and stream.response.handler_agent_id == "talker"
+
+
+async def test_an_imported_agent_given_a_capacity_is_sent_no_more_than_it(imported_talker) -> None:
+    """An A2A card cannot say how many calls its agent takes at once; the import says it
+    (``max_concurrency``, ``reach a2a import --max-concurrency``): a second stream waits in the
+    Router's queue while the first holds the agent, and both end whole (#34 through the import)."""
+    import httpx
+
+    router, executor = imported_talker
+    async with httpx.AsyncClient() as http:  # a managed entry changes by removing it first
+        gone = await http.delete(f"{router.url}/agents/talker", headers={"X-Reach-Lease": executor.lease_id})
+        assert gone.status_code == 204
+    await import_agent(executor.card_url, router.url, agent_id="talker", max_concurrency=1)
+    started = asyncio.Event()
+
+    async def talk(client: ReachClient) -> list[Any]:
+        async with client.stream("talk", {"q": 1}) as stream:
+            got = []
+            async for chunk in stream:
+                got.append(chunk)
+                started.set()
+            assert stream.response.ok, stream.response
+            return got
+
+    async def row() -> dict[str, Any]:
+        async with httpx.AsyncClient() as http:
+            (talker,) = [r for r in (await http.get(f"{router.url}/admin/agents")).json() if r["id"] == "talker"]
+        return dict(talker)
+
+    async with ReachClient(router.url) as client:
+        calls = [asyncio.ensure_future(talk(client)) for _ in range(2)]
+        await asyncio.wait_for(started.wait(), scaled(10))
+        loop = asyncio.get_running_loop()
+        end = loop.time() + scaled(10)
+        while (seen := await row())["queued"] != 1:
+            assert loop.time() < end, seen
+            await asyncio.sleep(0.02)
+        assert seen["capacity"] == 1 and seen["inflight"] == 1 and executor.runs == 1
+        executor.release.set()
+        answers = await asyncio.wait_for(asyncio.gather(*calls), scaled(20))
+    assert answers == [["Hel", "lo"], ["Hel", "lo"]]
+    assert executor.runs == 2 and (await row())["circuit"] == "closed"
 
 
 async def test_an_imported_agent_that_fails_mid_stream_ends_with_its_error(imported_talker) -> None:
