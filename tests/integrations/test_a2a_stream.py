@@ -261,7 +261,9 @@ async def test_an_imported_agent_given_a_capacity_is_sent_no_more_than_it(import
 
     async def row() -> dict[str, Any]:
         async with httpx.AsyncClient() as http:
-            (talker,) = [r for r in (await http.get(f"{router.url}/admin/agents")).json() if r["id"] == "talker"]
+            (talker,) = [
+                r for r in (await http.get(f"{router.url}/admin/agents")).json() if r["id"] == "talker"
+            ]
         return dict(talker)
 
     async with ReachClient(router.url) as client:

@@ -126,7 +126,11 @@ async def test_an_autogen_agent_declares_one_run_at_a_time_so_the_router_queues(
     async with RouterServer(RouterConfig.model_validate(POLICY)) as router:
         held = HeldAutoGenAgent()
         reach = autogen_agent(
-            held, agent_id="held", task="chat", endpoint=f"http://127.0.0.1:{free_port()}/reach", router_url=router.url
+            held,
+            agent_id="held",
+            task="chat",
+            endpoint=f"http://127.0.0.1:{free_port()}/reach",
+            router_url=router.url,
         )
         await reach.start()
         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, TypedDict
 
+import orjson
 import pytest
 
 pytest.importorskip("mcp")
@@ -156,4 +157,52 @@ async def test_an_sdk_agent_closes_a_waiting_generator_when_its_caller_goes_away
             await asyncio.wait_for(closed.wait(), scaled(2))
         finally:
             never.set()
+            await agent.stop()
+
+
+async def test_a_router_caller_that_leaves_closes_an_imported_a2a_agents_stream() -> None:
+    """An ``a2a`` agent (as ``reach a2a import`` registers one) streaming an answer: the Router
+    caller leaves after the first chunk and the Router closes its SendStreamingMessage
+    connection to the agent."""
+    import httpx
+
+    from reachmesh import ReachClient
+
+    closed = asyncio.Event()
+
+    async def script(conn: Conn) -> None:
+        await conn.sse_head()
+        update = {
+            "artifactUpdate": {
+                "taskId": "t",
+                "contextId": "c",
+                "artifact": {"artifactId": "a", "parts": [{"text": "Hel"}]},
+            }
+        }
+        await conn.write(b"data: " + orjson.dumps({"jsonrpc": "2.0", "id": 1, "result": update}) + b"\n\n")
+        await conn.closed_by_router()
+        closed.set()
+
+    agent = await StreamAgent("talker", script).start()
+    async with RouterServer(RouterConfig.model_validate(POLICY)) as router:
+        profile = {
+            "id": "talker",
+            "network": {"protocol": "a2a", "endpoint": agent.endpoint},
+            "capabilities": [{"task": "talk"}],
+            "health_check": {"interval_seconds": 300, "timeout_ms": 5000},
+            "managed": True,
+        }
+        async with httpx.AsyncClient() as http:
+            assert (await http.post(f"{router.url}/agents", json=profile)).status_code in (200, 201)
+        try:
+            async with (
+                ReachClient(router.url) as client,
+                client.stream("talk", {}, timeout_ms=120_000) as answer,
+            ):
+                async for chunk in answer:
+                    assert chunk == "Hel"
+                    break
+            await asyncio.wait_for(closed.wait(), scaled(2))
+            assert b"SendStreamingMessage" in agent.conns[0].body
+        finally:
             await agent.stop()
