@@ -174,10 +174,10 @@ async def _value(value: Any) -> Any:
     return value
 
 
-async def poll(read: Any, done: Any, timeout: float = 10) -> Any:
+async def poll(read: Any, done: Any, within_s: float = 10) -> Any:
     """``read()`` until ``done(value)``, within a deadline (no fixed sleep)."""
     loop = asyncio.get_running_loop()
-    end = loop.time() + scaled(timeout)
+    end = loop.time() + scaled(within_s)
     while True:
         value = await read()
         if done(value):

@@ -149,10 +149,12 @@ async def test_an_sdk_agent_closes_a_waiting_generator_when_its_caller_goes_away
 
         await agent.start()
         try:
-            async with ReachClient(router.url) as client:
-                async with client.stream("think", {}, timeout_ms=120_000) as answer:
-                    async for _ in answer:
-                        break
+            async with (
+                ReachClient(router.url) as client,
+                client.stream("think", {}, timeout_ms=120_000) as answer,
+            ):
+                async for _ in answer:
+                    break
             await asyncio.wait_for(thinking.wait(), scaled(5))
             await asyncio.wait_for(closed.wait(), scaled(2))
         finally:

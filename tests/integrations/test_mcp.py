@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("mcp")
 
 from mcp import Client
+from mcp.types import TextContent
 
 from reachmesh.config import RouterConfig
 from reachmesh.integrations.mcp import ReachMCP, tool_name
@@ -323,7 +324,7 @@ async def test_a_full_agent_behind_the_bridge_is_busy_not_broken() -> None:
     """An agent with max_concurrency 1 holds its one call, and the Router queues none more: a
     second tool call is an error result with OVERLOADED and its Retry-After, in the structured
     content and in the text a model reads; the agent's breaker stays closed."""
-    policy = {**POLICY, "limits": {**POLICY["limits"], "max_queued_per_agent": 0}}
+    policy = {**POLICY, "limits": {"loop_lag_ms": 10_000, "max_queued_per_agent": 0}}
     async with RouterServer(RouterConfig.model_validate(policy)) as router:
         agent = FakeAgent("price", tasks=("query_price",))
         agent.max_concurrency = 1
@@ -347,6 +348,7 @@ async def test_a_full_agent_behind_the_bridge_is_busy_not_broken() -> None:
             detail = second.structured_content or {}
             assert detail["status"] == "OVERLOADED" and detail["error"]["retryAfterSeconds"] == 1
             (text,) = second.content
+            assert isinstance(text, TextContent)
             assert text.text.startswith("OVERLOADED: ") and "try again in 1 s" in text.text
             async with httpx.AsyncClient() as admin:
                 (row,) = (await admin.get(f"{router.url}/admin/agents")).json()

@@ -48,7 +48,8 @@ def a2a_import(
         typer.Option(
             "--max-concurrency",
             min=1,
-            help="The most calls the Router sends the agent at once; the rest wait in the Router.  [default: no bound]",
+            help="The most calls the Router sends the agent at once; the rest wait in the Router."
+            "  [default: no bound]",
         ),
     ] = None,
 ) -> None:

@@ -99,7 +99,7 @@ def missing_extra(extra: str, exc: ImportError) -> ConfigError:
     )
 
 
-def single_capability_agent(  # noqa: PLR0913 - the profile's fields, one keyword each
+def single_capability_agent(
     agent_id: str,
     endpoint: str,
     capability: dict[str, Any],
