@@ -409,3 +409,45 @@ async def test_a_streamed_call_refused_busy_carries_retry_after(busy_a2a_agent: 
     assert plain.status_code == streamed.status_code == 503
     assert plain.headers.get("retry-after") == "7"
     assert streamed.headers.get("retry-after") == "7"
+
+
+async def test_a_full_agent_behind_the_export_is_a_failed_task_that_says_when_to_retry() -> None:
+    """max_concurrency 1, one call held, no queue: an A2A streaming call ends in a failed status
+    whose text says busy and when to try again, and whose DataPart carries OVERLOADED and
+    retryAfterSeconds; the agent's breaker stays closed."""
+    import httpx
+
+    from reachmesh.testing import FakeAgent
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    policy = {**POLICY, "limits": {"loop_lag_ms": 10_000, "max_queued_per_agent": 0}}
+    config = RouterConfig.model_validate(policy)
+    agent = FakeAgent("price", tasks=("talk",), max_concurrency=1, hold=asyncio.Event())
+    await agent.start()
+    async with RouterServer(config, port=port, middleware=lambda app: A2AExport(app, url)) as router:  # type: ignore[arg-type]
+        try:
+            await agent.register(router.url, vectors=False)
+            async with ReachClient(router.url) as reach:
+                first = asyncio.ensure_future(reach.call("talk", {"q": 0}))
+                loop = asyncio.get_running_loop()
+                end = loop.time() + scaled(10)
+                while not agent.received:
+                    assert loop.time() < end
+                    await asyncio.sleep(0.02)
+                client = await create_client(router.url, client_config=ClientConfig(streaming=True))
+                async with client:
+                    events = [e async for e in client.send_message(talk_message())]
+                agent.hold.set()  # type: ignore[union-attr]
+                assert (await asyncio.wait_for(first, scaled(10))).ok
+            last = events[-1].status_update.status
+            assert last.state == TaskState.TASK_STATE_FAILED
+            parts = [MessageToDict(p) for p in last.message.parts]
+            assert parts[0]["text"].startswith("OVERLOADED: ") and "try again in 1 s" in parts[0]["text"]
+            assert parts[1]["data"]["status"] == "OVERLOADED"
+            assert parts[1]["data"]["error"]["retryAfterSeconds"] == 1
+            async with httpx.AsyncClient() as http:
+                (row,) = (await http.get(f"{router.url}/admin/agents")).json()
+            assert row["circuit"] == "closed"
+        finally:
+            await agent.stop()
