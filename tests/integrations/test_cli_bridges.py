@@ -100,6 +100,7 @@ async def test_reach_a2a_import_registers_the_card() -> None:
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             *("-m", "reachmesh", "a2a", "import", agent.url, "--router", router.url, "--id", "summariser"),
+            *("--max-concurrency", "3"),
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             env=child_env(),
@@ -113,6 +114,7 @@ async def test_reach_a2a_import_registers_the_card() -> None:
             status = (await http.get("/admin/agents/summariser")).json()
         assert status["protocol"] == "a2a" and status["managed"] is True
         assert status["endpoint"] == f"{agent.url}/rpc"
+        assert status["capacity"] == 3  # an A2A card cannot say it; the import does (#34)
 
 
 async def test_reach_mcp_over_http_wants_its_bearer_token() -> None:

@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("mcp")
 
 from mcp import Client
+from mcp.types import TextContent
 
 from reachmesh.config import RouterConfig
 from reachmesh.integrations.mcp import ReachMCP, tool_name
@@ -316,4 +317,43 @@ async def test_a_router_list_with_one_router_down_still_lists_and_calls() -> Non
             finally:
                 await server.aclose()
         finally:
+            await agent.stop()
+
+
+async def test_a_full_agent_behind_the_bridge_is_busy_not_broken() -> None:
+    """An agent with max_concurrency 1 holds its one call, and the Router queues none more: a
+    second tool call is an error result with OVERLOADED and its Retry-After, in the structured
+    content and in the text a model reads; the agent's breaker stays closed."""
+    policy = {**POLICY, "limits": {"loop_lag_ms": 10_000, "max_queued_per_agent": 0}}
+    async with RouterServer(RouterConfig.model_validate(policy)) as router:
+        agent = FakeAgent("price", tasks=("query_price",))
+        agent.max_concurrency = 1
+        agent.hold = asyncio.Event()
+        await agent.start()
+        server = ReachMCP(router.url, poll_interval_s=0.05)
+        try:
+            await agent.register(router.url, vectors=False)
+            await server.refresh()
+            async with AsgiServer(server.http_app()) as http, Client(f"{http.url}/mcp") as client:
+                first = asyncio.ensure_future(client.call_tool("query_price", {"sku": "A-1"}))
+                loop = asyncio.get_running_loop()
+                end = loop.time() + scaled(10)
+                while not agent.received:
+                    assert loop.time() < end
+                    await asyncio.sleep(0.02)
+                second = await asyncio.wait_for(client.call_tool("query_price", {"sku": "A-2"}), scaled(10))
+                agent.hold.set()
+                assert not (await asyncio.wait_for(first, scaled(10))).is_error
+            assert second.is_error
+            detail = second.structured_content or {}
+            assert detail["status"] == "OVERLOADED" and detail["error"]["retryAfterSeconds"] == 1
+            (text,) = second.content
+            assert isinstance(text, TextContent)
+            assert text.text.startswith("OVERLOADED: ") and "try again in 1 s" in text.text
+            async with httpx.AsyncClient() as admin:
+                (row,) = (await admin.get(f"{router.url}/admin/agents")).json()
+            assert row["circuit"] == "closed"
+        finally:
+            agent.hold.set()
+            await server.aclose()
             await agent.stop()

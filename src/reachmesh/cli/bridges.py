@@ -43,6 +43,15 @@ def a2a_import(
         str | None, typer.Option("--id", help="Registry id.  [default: from the card's name]")
     ] = None,
     health_interval: Annotated[float, typer.Option(help="Seconds between health probes of the card.")] = 15.0,
+    max_concurrency: Annotated[
+        int | None,
+        typer.Option(
+            "--max-concurrency",
+            min=1,
+            help="The most calls the Router sends the agent at once; the rest wait in the Router."
+            "  [default: no bound]",
+        ),
+    ] = None,
 ) -> None:
     """Register an A2A agent by its card: skills become capabilities (needs an admin token)."""
     try:
@@ -55,6 +64,7 @@ def a2a_import(
                 agent_id=agent_id,
                 token=os.environ.get("REACH_TOKEN"),
                 health_interval_s=health_interval,
+                max_concurrency=max_concurrency,
             )
         )
     except (ConfigError, RegistryError) as exc:

@@ -100,9 +100,15 @@ def missing_extra(extra: str, exc: ImportError) -> ConfigError:
 
 
 def single_capability_agent(
-    agent_id: str, endpoint: str, capability: dict[str, Any], router_url: str | None, source: str
+    agent_id: str,
+    endpoint: str,
+    capability: dict[str, Any],
+    router_url: str | None,
+    source: str,
+    max_concurrency: int | None = None,
 ) -> ReachAgent:
-    """A Reach agent serving one ``capability``: how a framework's graph or agent joins a Router."""
+    """A Reach agent serving one ``capability``: how a framework's graph or agent joins a Router.
+    ``max_concurrency`` is declared in its profile, so the Router queues what it cannot take."""
     from reachmesh.sdk import AgentConfig, ReachAgent
 
     mapping: dict[str, Any] = {
@@ -110,7 +116,7 @@ def single_capability_agent(
     }
     if router_url is not None:
         mapping["router"] = {"url": router_url}
-    return ReachAgent(AgentConfig.from_mapping(mapping, source=source))
+    return ReachAgent(AgentConfig.from_mapping(mapping, source=source), max_concurrency=max_concurrency)
 
 
 def described(row: dict[str, Any], fallback: str) -> str:

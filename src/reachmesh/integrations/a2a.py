@@ -211,7 +211,7 @@ def task_for(reply: dict[str, Any], message: dict[str, Any], task_id: str, conte
         "contextId": context_id,
         "taskId": task_id,
         "parts": [
-            {"text": f"{reply.get('status')}: {error.get('message', '')}"},
+            {"text": failure_text(reply.get("status"), error)},
             # The whole ReachResponse error, so an A2A caller can branch on its code.
             {"data": {"status": reply.get("status"), "traceId": reply.get("traceId"), "error": error}},
         ],
@@ -219,6 +219,15 @@ def task_for(reply: dict[str, Any], message: dict[str, Any], task_id: str, conte
     state = "TASK_STATE_REJECTED" if all_declined(error) else "TASK_STATE_FAILED"
     task["status"] = {"state": state, "message": note}
     return task
+
+
+def failure_text(status: Any, error: dict[str, Any]) -> str:
+    """The status message's text: the status and the error's message, and for a busy answer
+    when to try again (a reader of the text, a model, does not see the DataPart's fields)."""
+    text = f"{status}: {error.get('message', '')}"
+    if error.get("retryAfterSeconds") is not None:
+        text += f" (busy, not broken: try again in {error['retryAfterSeconds']} s)"
+    return text
 
 
 def all_declined(error: dict[str, Any]) -> bool:

@@ -50,9 +50,16 @@ def jsonrpc_url(card: AgentCard) -> str:
 
 
 def profile_from_card(
-    card: AgentCard, card_url: str, *, agent_id: str | None = None, health_interval_s: float = 15.0
+    card: AgentCard,
+    card_url: str,
+    *,
+    agent_id: str | None = None,
+    health_interval_s: float = 15.0,
+    max_concurrency: int | None = None,
 ) -> AgentProfile:
-    """The Reach profile of an A2A agent: skills as capabilities, the card as health check."""
+    """The Reach profile of an A2A agent: skills as capabilities, the card as health check.
+    ``max_concurrency`` is the profile's (protocol §15): an A2A card has no way to say how many
+    calls the agent takes at once, so whoever imports it says it for the agent."""
     if not card.skills:
         raise ConfigError(f"agent card {card.name!r} declares no skills: nothing to route to it")
     capabilities = []
@@ -73,16 +80,17 @@ def profile_from_card(
     health["interval_seconds"] = health_interval_s
     if card_parts.port and card_parts.port != urlsplit(endpoint).port:
         health["port"] = card_parts.port
+    profile: dict[str, Any] = {
+        "id": agent_id or agent_id_for(card),
+        "display_name": card.name[:256],
+        "network": {"protocol": "a2a", "endpoint": endpoint},
+        "capabilities": capabilities,
+        "health_check": health,
+    }
+    if max_concurrency is not None:
+        profile["max_concurrency"] = max_concurrency
     try:
-        return AgentProfile.model_validate(
-            {
-                "id": agent_id or agent_id_for(card),
-                "display_name": card.name[:256],
-                "network": {"protocol": "a2a", "endpoint": endpoint},
-                "capabilities": capabilities,
-                "health_check": health,
-            }
-        )
+        return AgentProfile.model_validate(profile)
     except ValueError as exc:
         raise ConfigError(f"agent card {card.name!r} does not make a valid profile: {exc}") from exc
 
@@ -113,18 +121,26 @@ async def import_agent(
     token: str | None = None,
     health_interval_s: float = 15.0,
     http: httpx.AsyncClient | None = None,
+    max_concurrency: int | None = None,
 ) -> dict[str, Any]:
     """Read the A2A agent card at ``url`` and register the agent with the Router (managed).
 
     Returns the registration (``agentId``, ``leaseId``, ...) with the ``profile`` registered;
     the lease id is what removes it again (``DELETE /agents/{id}``). Needs an admin token when
-    the Router has auth on.
+    the Router has auth on. ``max_concurrency``: the most calls the Router sends it at once (the
+    rest wait in the Router's queue, then ``OVERLOADED``); none means no bound.
     """
     own = http is None
     client = http or httpx.AsyncClient(timeout=10)
     try:
         card, card_url = await fetch_card(url, http=client)
-        profile = profile_from_card(card, card_url, agent_id=agent_id, health_interval_s=health_interval_s)
+        profile = profile_from_card(
+            card,
+            card_url,
+            agent_id=agent_id,
+            health_interval_s=health_interval_s,
+            max_concurrency=max_concurrency,
+        )
         body = {**profile.model_dump(mode="json"), "managed": True}
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         try:

@@ -67,7 +67,11 @@ class ReachTool(BaseTool[Arguments, Any]):
     async def run(self, args: Arguments, cancellation_token: CancellationToken) -> Any:
         options: dict[str, Any] = {} if self._timeout_ms is None else {"timeout_ms": self._timeout_ms}
         client = self._client if isinstance(self._client, ReachClient) else await self._client.get()
-        reply = await client.call(self.task, args.model_dump(), **options)
+        # Linked to the token, so cancelling the run closes the call (and the Router closes its
+        # connection to the agent) instead of leaving it to run to its timeout.
+        call = asyncio.ensure_future(client.call(self.task, args.model_dump(), **options))
+        cancellation_token.link_future(call)
+        reply = await call
         if reply.ok:
             return reply.result
         error = reply.error.model_dump(by_alias=True, exclude_none=True) if reply.error else None
@@ -115,7 +119,10 @@ def autogen_agent(
 
     The payload's ``text`` (else its JSON) is the AutoGen task; the answer is
     ``{"text": <last message>, "messages": <count>}``. Runs are serialised: an AutoGen agent
-    keeps one conversation state and is not safe to run twice at once.
+    keeps one conversation state and is not safe to run twice at once, so the profile declares
+    ``max_concurrency: 1``: the Router queues the calls it cannot take yet (and answers
+    ``OVERLOADED`` past its queue) instead of sending them to wait here, where the wait would
+    run out the attempt's read timeout and be charged to the agent as a failure.
     """
     capability = {
         "task": task,
@@ -123,7 +130,9 @@ def autogen_agent(
         "examples": list(examples),
         "input_schema": {"text": "string"},
     }
-    reach = single_capability_agent(agent_id, endpoint, capability, router_url, f"autogen_agent({agent_id})")
+    reach = single_capability_agent(
+        agent_id, endpoint, capability, router_url, f"autogen_agent({agent_id})", max_concurrency=1
+    )
     lock = asyncio.Lock()
 
     @reach.capability(task)

@@ -161,17 +161,21 @@ def graph_agent(  # noqa: PLR0913 - the profile's fields, one keyword each
     examples: Sequence[str] = (),
     input_schema: dict[str, Any] | None = None,
     output_key: str | None = None,
+    max_concurrency: int | None = None,
 ) -> ReachAgent:
     """A Reach agent whose one capability ``task`` runs ``graph`` (anything with ``ainvoke``).
 
     The payload is the graph's input state; the answer is the final state (or its
     ``output_key``). The run's thread id is the request's ``conversationId`` (else its trace
-    id), so a checkpointed graph keeps one thread per conversation.
+    id), so a checkpointed graph keeps one thread per conversation. ``max_concurrency``: the
+    most runs at once, declared in the profile (the Router queues the rest).
     """
     capability: dict[str, Any] = {"task": task, "description": description, "examples": list(examples)}
     if input_schema is not None:
         capability["input_schema"] = input_schema
-    agent = single_capability_agent(agent_id, endpoint, capability, router_url, f"graph_agent({agent_id})")
+    agent = single_capability_agent(
+        agent_id, endpoint, capability, router_url, f"graph_agent({agent_id})", max_concurrency
+    )
 
     @agent.capability(task)
     async def run_graph(payload: dict[str, Any], ctx: ReachContext) -> Any:

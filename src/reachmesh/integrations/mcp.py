@@ -250,6 +250,9 @@ class ReachMCP(MCPServer):
             )
         error = reply.error.model_dump(by_alias=True, exclude_none=True) if reply.error else {}
         message = f"{reply.status}: {error.get('message', '')}"
+        if error.get("retryAfterSeconds") is not None:
+            # The text is what a model reads: busy is worth trying again, and when.
+            message += f" (busy, not broken: try again in {error['retryAfterSeconds']} s)"
         return _error_result(
             message, {"status": str(reply.status), "traceId": reply.trace_id, "error": error}
         )
