@@ -390,15 +390,6 @@ async def test_a_busy_imported_agent_ends_a_stream_busy_not_broken(busy_a2a_agen
     assert row["circuit"] == "closed"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "core (server/app.py _with_retry_after): a streamed call refused before any chunk with a "
-        "503 whose error carries retryAfterSeconds (every agent busy) has no Retry-After header, "
-        "where the same refusal of a plain call has it (_retry_after_of); the streamed path adds "
-        "the header to a 429 only"
-    ),
-)
 async def test_a_streamed_call_refused_busy_carries_retry_after(busy_a2a_agent: RouterServer) -> None:
     import httpx
 
