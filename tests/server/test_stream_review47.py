@@ -1,0 +1,60 @@
+"""A second reading of the streaming path (#35): each test here failed on the code it was found
+in. Real Router, raw agents and raw callers on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import orjson
+import pytest
+
+from reachmesh.config import RouterConfig
+from reachmesh.testing import RouterServer
+from tests.helpers import scaled, until
+from tests.server.test_streaming import envelope
+from tests.streaming_agents import Conn, StreamAgent
+
+
+@pytest.fixture
+async def router() -> AsyncIterator[RouterServer]:
+    async with RouterServer(RouterConfig.model_validate({"health": {"enabled": False}})) as server:
+        yield server
+
+
+async def _raw_call(router: RouterServer) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A streamed call on a raw socket: it can leave before the Router sends any head."""
+    port = int(router.url.rsplit(":", 1)[1])
+    body = orjson.dumps(envelope(timeoutMs=int(scaled(30_000))))
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        b"POST /reach HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Accept: text/event-stream\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    return reader, writer
+
+
+async def test_a_caller_gone_before_the_first_chunk_leaves_no_call_in_flight(router: RouterServer) -> None:
+    """A caller that leaves while its agent is still thinking (no chunk yet): the attempt is
+    cancelled mid-read, and the agent's in-flight count (reach_agent_inflight_requests, the
+    admin page) must come back down; it stayed up by one for good, one more per such caller."""
+    closed = asyncio.Event()
+
+    async def thinks(conn: Conn) -> None:
+        await conn.closed_by_router()  # no head, no chunk: the agent is still thinking
+        closed.set()
+
+    agent = await StreamAgent("thinker", thinks).start()
+    try:
+        await agent.register(router.url)
+        stats = router.app.parts.dispatcher.forwarding.stats
+        _, writer = await _raw_call(router)
+        await until(lambda: len(agent.conns) == 1, "the call at the agent")
+        assert stats.snapshot("thinker")["inflight"] == 1
+        writer.close()
+        async with asyncio.timeout(scaled(1.0)):
+            await closed.wait()  # the Router closed the agent's connection within a second
+        await until(lambda: router.app.parts.dispatcher.streams_in_flight == 0, "the request's end")
+        assert stats.snapshot("thinker")["inflight"] == 0
+    finally:
+        await agent.stop()
