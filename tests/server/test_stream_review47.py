@@ -4,7 +4,8 @@ in. Real Router, raw agents and raw callers on loopback."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from unittest.mock import ANY
 
 import orjson
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from reachmesh.config import RouterConfig
 from reachmesh.testing import RouterServer
 from tests.helpers import scaled, until
-from tests.server.test_streaming import envelope
+from tests.server.test_streaming import done_of, envelope, streamed
 from tests.streaming_agents import Conn, StreamAgent
 
 
@@ -58,3 +59,40 @@ async def test_a_caller_gone_before_the_first_chunk_leaves_no_call_in_flight(rou
         assert stats.snapshot("thinker")["inflight"] == 0
     finally:
         await agent.stop()
+
+
+async def test_a_stream_that_fails_after_its_first_chunk_is_not_listed_as_a_success(router: RouterServer) -> None:
+    """The done event's ``attempts`` (and reach_upstream_attempts_total) said SUCCESS for an
+    attempt whose stream then broke, or whose done carried the agent's error: the caller read
+    status AGENT_ERROR beside an attempt list with no failure in it."""
+    script_of = {
+        "resets": lambda conn: _then(conn, conn.reset),
+        "refuses": lambda conn: _then(conn, lambda: conn.done(_AGENT_ERROR)),
+    }
+    expected = {"resets": ("STREAM_BROKEN", "connect_error"), "refuses": ("NOPE", "agent_error")}
+    for name, script in script_of.items():
+        agent = await StreamAgent(name, script, task=name).start()
+        try:
+            await agent.register(router.url)
+            async with streamed(router, {**envelope(), "targetTask": name}) as stream:
+                done = done_of(await stream.rest())
+            code, outcome = expected[name]
+            assert done["status"] == "AGENT_ERROR" and done["error"]["code"] == code
+            assert done["attempts"] == [{"agentId": name, "outcome": outcome, "durationMs": ANY}]
+            counted = router.app.parts.metrics.attempts.values
+            assert counted.get(("SUCCESS",)) is None, counted
+        finally:
+            await agent.stop()
+
+
+_AGENT_ERROR = {"status": "AGENT_ERROR", "error": {"code": "NOPE", "message": "no", "retryable": False}}
+
+
+async def _then(conn: Conn, end: Callable[[], object]) -> None:
+    """A head, one chunk, then ``end`` (a reset, or a done with an error)."""
+    await conn.sse_head()
+    await conn.chunk("half")
+    ended = end()
+    if asyncio.iscoroutine(ended):
+        await ended
+        await conn.closed_by_router()

@@ -153,6 +153,10 @@ async def relay(
             stats.ended = "broken"  # reset, idle, malformed: a failure of the agent's
             verdict = False
         record.note("stream ended", f"{opened.agent_id} after {stats.chunks} chunks: {error.message}")
+        if record.attempts:
+            # Booked SUCCESS at its first piece; the stream's end is the attempt's outcome, so
+            # the done's attempts (and the attempts counted) never list a failed stream a success.
+            record.attempts[-1].outcome = exc.reason
         return None, error
     except asyncio.CancelledError:
         stats.ended = "caller_gone"
