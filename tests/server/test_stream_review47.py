@@ -13,8 +13,8 @@ import pytest
 from reachmesh.config import RouterConfig
 from reachmesh.testing import RouterServer
 from tests.helpers import scaled, until
-from tests.server.test_streaming import done_of, envelope, streamed
-from tests.streaming_agents import Conn, StreamAgent
+from tests.server.test_streaming import chunks_of, done_of, envelope, streamed
+from tests.streaming_agents import SSE_HEAD, Conn, StreamAgent
 
 
 @pytest.fixture
@@ -96,3 +96,29 @@ async def _then(conn: Conn, end: Callable[[], object]) -> None:
     if asyncio.iscoroutine(ended):
         await ended
         await conn.closed_by_router()
+
+
+async def test_events_before_a_malformed_line_in_the_same_read_are_relayed() -> None:
+    """An agent that writes its chunk, its done, then a line over the bound, in one write: the
+    parser's fault dropped the events read with it, so the caller got a failure (here the only
+    agent's first piece: an error, no chunk) where, with the fault in a later read, it got the
+    chunk and the done. The answer no longer depends on where the reads fall."""
+    policy = {"health": {"enabled": False}, "streaming": {"max_line_bytes": 1024}}
+
+    async def sloppy(conn: Conn) -> None:
+        await conn.write(
+            SSE_HEAD + b'event: chunk\ndata: "whole"\n\nevent: done\ndata: {"status": "SUCCESS"}\n\n'
+            b"data: " + b"x" * 4096 + b"\n\n"
+        )
+        await conn.closed_by_router()
+
+    async with RouterServer(RouterConfig.model_validate(policy)) as router:
+        agent = await StreamAgent("sloppy", sloppy).start()
+        try:
+            await agent.register(router.url)
+            async with streamed(router, envelope()) as stream:
+                events = await stream.rest()
+            assert done_of(events)["status"] == "SUCCESS"
+            assert chunks_of(events) == ["whole"]
+        finally:
+            await agent.stop()
