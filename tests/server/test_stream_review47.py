@@ -61,7 +61,7 @@ async def test_a_caller_gone_before_the_first_chunk_leaves_no_call_in_flight(rou
         await agent.stop()
 
 
-async def test_a_stream_that_fails_after_its_first_chunk_is_not_listed_as_a_success(router: RouterServer) -> None:
+async def test_a_stream_failed_after_its_first_chunk_is_not_a_success(router: RouterServer) -> None:
     """The done event's ``attempts`` (and reach_upstream_attempts_total) said SUCCESS for an
     attempt whose stream then broke, or whose done carried the agent's error: the caller read
     status AGENT_ERROR beside an attempt list with no failure in it."""
