@@ -213,7 +213,7 @@ def test_a_plain_generator_handler_is_refused_when_bound() -> None:
             yield 1
 
 
-@pytest.mark.parametrize("own", [ConnectionResetError("the model's socket"), TimeoutError("the model's call")])
+@pytest.mark.parametrize("own", [ConnectionResetError("a model's socket"), TimeoutError("a model's call")])
 async def test_a_handlers_own_reset_or_timeout_is_its_failure(router: RouterServer, own: Exception) -> None:
     """A streaming handler whose own call fails with ConnectionResetError or TimeoutError (a
     model's socket, an ``asyncio.wait_for``): its stream ends with HANDLER_FAILED in its done.

@@ -4,7 +4,8 @@ in. Real Router, raw agents and raw callers on loopback."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
 from unittest.mock import ANY
 
 import orjson
@@ -122,3 +123,68 @@ async def test_events_before_a_malformed_line_in_the_same_read_are_relayed() -> 
             assert chunks_of(events) == ["whole"]
         finally:
             await agent.stop()
+
+
+async def test_a_caller_that_stops_reading_holds_its_agent_no_longer_than_the_deadline(
+    router: RouterServer,
+) -> None:
+    """A caller that keeps its connection open but stops reading: the relay's write to it
+    waited without bound, past the request's deadline, and since a stream holds its agent's
+    capacity slot to its end, an agent of capacity 1 was lost to every other caller for as long
+    as that connection stayed open. At the deadline the stream now ends (TIMEOUT, nothing
+    charged to the agent), the agent's connection is closed and its slot given back."""
+    closed = asyncio.Event()
+
+    async def talks(conn: Conn) -> None:
+        await conn.sse_head()
+        for _ in range(1024):  # 16 MiB: far more than the sockets and the Router hold
+            await conn.chunk("x" * 16384)
+        await conn.done()
+
+    async def ends(conn: Conn) -> None:
+        await conn.closed_by_router()
+        closed.set()
+
+    agent = await StreamAgent("busy", lambda conn: _both(conn, talks, ends)).start()
+    try:
+        await agent.register(router.url, max_concurrency=1)
+        capacity = router.app.parts.dispatcher.forwarding.capacity
+        deadline_ms = int(scaled(1.0) * 1000)
+        port = int(router.url.rsplit(":", 1)[1])
+        body = orjson.dumps(envelope(timeoutMs=deadline_ms))
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+        # The caller never reads: its reader stops taking bytes past 2 KiB, its socket fills up.
+        _, writer = await asyncio.open_connection(sock=sock, limit=1024)
+        writer.write(
+            b"POST /reach HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Accept: text/event-stream\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        try:
+            await until(lambda: capacity.inflight("busy") == 1, "the stream under way")
+            async with asyncio.timeout(scaled(1.0) + scaled(3.0)):
+                await closed.wait()  # the Router closed the agent's connection
+            await until(lambda: capacity.inflight("busy") == 0, "the slot given back")
+            stats = router.app.parts.dispatcher.forwarding.stats
+            assert stats.snapshot("busy")["successRate"] == 1.0  # the caller's doing, not the agent's
+            streams = router.app.parts.metrics.streams
+            await until(lambda: streams.values.get(("timeout",)) == 1, "the stream counted, once")
+        finally:
+            writer.close()
+    finally:
+        await agent.stop()
+
+
+Script = Callable[[Conn], Awaitable[None]]
+
+
+async def _both(conn: Conn, talk: Script, end: Script) -> None:
+    """``talk`` while ``end`` watches for the Router closing the connection."""
+    watch = asyncio.ensure_future(end(conn))
+    try:
+        await talk(conn)
+        await watch
+    except (ConnectionError, OSError):
+        await watch

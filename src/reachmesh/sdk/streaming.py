@@ -88,7 +88,7 @@ async def send_stream(
         log.error("a streaming handler yielded something that is not JSON: %s", exc)
         answer = _error("AGENT_ERROR", "HANDLER_FAILED", "the handler yielded a value that is not JSON")
         outcome = "handler_failed"
-    except Exception as exc:  # the handler's own failure ends its stream, answered
+    except Exception as exc:  # noqa: BLE001 - the handler's own failure ends its stream, answered (logged)
         answer, outcome = _failure(exc, error_answer)
     finally:
         aclose = getattr(values, "aclose", None)
