@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import tracemalloc
 from collections.abc import Callable
 
 import pytest
@@ -332,3 +333,45 @@ def test_a_line_held_across_reads_is_given_as_bytes() -> None:
     (event,) = parser.feed(b"unk\ndata: 3\n\n")
     assert event == RawEvent(b"chunk", b"3")
     assert type(event.data) is bytes and type(event.event) is bytes
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [b"data: " + b"x" * 300 + b"\n", b"data: " + b"x" * 300],  # a line over the bound, ended or not
+)
+def test_a_fault_keeps_the_events_whole_before_it_in_the_same_read(fault: bytes) -> None:
+    """The events before a broken bound are handed over with the error, whatever the reads: one
+    read holding a chunk, the done and then a line over the bound lost both (review of #35)."""
+    good = b"event: chunk\ndata: 1\n\nevent: done\ndata: {}\n\n"
+    parser = RawSseParser(SseLimits(max_line=256, max_event=256, max_total=4096))
+    with pytest.raises(SseError) as caught:
+        parser.feed(good + fault)
+    assert caught.value.events == [RawEvent(b"chunk", b"1"), RawEvent(b"done", b"{}")]
+
+
+def test_the_total_bound_reads_the_events_within_it() -> None:
+    """A read that crosses the stream's total: the events whole within it are handed over with
+    the error, nothing past the total is read."""
+    good = b"event: chunk\ndata: 1\n\n"
+    parser = RawSseParser(SseLimits(max_line=256, max_event=256, max_total=len(good) + 5))
+    with pytest.raises(SseError, match="limit") as caught:
+        parser.feed(good + b"event: chunk\ndata: 2\n\n")
+    assert caught.value.events == [RawEvent(b"chunk", b"1")]
+
+
+def test_an_event_of_many_short_lines_holds_about_its_bound() -> None:
+    """An event of many short ``data:`` lines, fed up to its bound, holds about its counted
+    bytes: the lines were kept as a list, an object and a pointer each, about ten times the
+    bound (11 MiB held for a 1 MiB event; review of #35)."""
+    bound = 64 * 1024
+    parser = RawSseParser(SseLimits(max_line=256, max_event=bound, max_total=1 << 30))
+    short = b"data:ab\n" * (bound // 4 - 2)  # each line counts 4 bytes: just within the bound
+    tracemalloc.start()
+    try:
+        assert parser.feed(short) == []
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert held < 2 * bound, held
+    (event,) = parser.feed(b"\n")
+    assert event.data == b"\n".join([b"ab"] * (bound // 4 - 2)) and event.lines == bound // 4 - 2

@@ -11,11 +11,14 @@ import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
+import orjson
 import pytest
 
 from reachmesh import AgentError, ReachAgent, ReachClient, ReachContext, SyncReachClient
 from reachmesh.exceptions import ConfigError
 from reachmesh.sdk.agent import Decline
+from reachmesh.sse import SseParser
 from reachmesh.testing import RouterServer
 from tests.helpers import scaled, until
 from tests.sdk.test_agent import agent_config
@@ -208,3 +211,50 @@ def test_a_plain_generator_handler_is_refused_when_bound() -> None:
         @agent.capability("count")
         def count(payload: dict) -> Any:
             yield 1
+
+
+@pytest.mark.parametrize("own", [ConnectionResetError("a model's socket"), TimeoutError("a model's call")])
+async def test_a_handlers_own_reset_or_timeout_is_its_failure(router: RouterServer, own: Exception) -> None:
+    """A streaming handler whose own call fails with ConnectionResetError or TimeoutError (a
+    model's socket, an ``asyncio.wait_for``): its stream ends with HANDLER_FAILED in its done.
+    The reset was taken for the Router going away (no done at all: the caller read
+    STREAM_BROKEN, and nothing was logged), the timeout for the request's deadline."""
+    agent = ReachAgent(agent_config(router.url, tasks=("talk",)))
+
+    @agent.capability("talk")
+    async def talk(payload: dict[str, Any]) -> AsyncIterator[str]:
+        yield "partial"
+        raise own
+
+    await agent.start()
+    try:
+        async with ReachClient(router.url) as client, client.stream("talk", {}) as stream:
+            assert [c async for c in stream] == ["partial"]
+            assert stream.response.status == "AGENT_ERROR"
+            assert stream.response.error is not None and stream.response.error.code == "HANDLER_FAILED"
+    finally:
+        await agent.stop()
+
+
+async def test_a_handler_past_the_requests_deadline_ends_with_deadline_exceeded(router: RouterServer) -> None:
+    """The request's own deadline (X-Reach-Deadline-Ms) still ends a stream DEADLINE_EXCEEDED,
+    told apart from a timeout of the handler's own by the deadline's scope."""
+    config = agent_config(router.url, tasks=("talk",))
+    agent = ReachAgent(config)
+
+    @agent.capability("talk")
+    async def talk(payload: dict[str, Any]) -> AsyncIterator[str]:
+        yield "partial"
+        await asyncio.Event().wait()  # never: only the deadline ends it
+
+    await agent.start()
+    try:
+        envelope = {"version": "1.0", "targetTask": "talk", "payload": {}}
+        headers = {"Accept": "text/event-stream", "X-Reach-Deadline-Ms": str(int(scaled(0.3) * 1000))}
+        async with httpx.AsyncClient(timeout=scaled(10)) as http:
+            resp = await http.post(config.profile.network.endpoint, json=envelope, headers=headers)
+        events = SseParser().feed(resp.content)
+        assert [e.event for e in events] == ["chunk", "done"]
+        assert orjson.loads(events[-1].data)["error"]["code"] == "DEADLINE_EXCEEDED"
+    finally:
+        await agent.stop()

@@ -374,6 +374,12 @@ class AttemptRun:
             self._pool_waited(pool_waited)
             self.account(choice, started, span_id, exc)
             return exc
+        except asyncio.CancelledError:
+            # A streaming caller that went away, or the Router shutting down: the attempt ends
+            # unjudged, but the agent's in-flight count and a probe it held must come back.
+            self.parts.stats.finished(choice.entry.id, ok=None, latency_ms=0.0)
+            self._release_probe(choice.entry.id)
+            raise
         self._pool_waited(pool_waited)
         self.account(choice, started, span_id, None)
         self.record.handler = choice.entry.id

@@ -119,29 +119,27 @@ async def relay(
     stream, piece = opened.stream, opened.first
     clock = run.parts.clock
     verdict: bool | None = None  # what the stream's end says of the agent (run.settle)
+    # The deadline bounds the writes to the caller too: a caller that stops reading would hold
+    # the agent's connection and its capacity slot for as long as its own connection stayed open.
+    due = asyncio.get_running_loop().time() + max(run.deadline.remaining_ms(), 0.0) / 1000
     try:
-        if stream.plain:
-            assert isinstance(piece, Final)
-            # A plain answer to a streaming caller: its result as the one chunk (§14 mixed ends).
-            await _emit([jsoncodec.dumps(piece.result)], sink, record, clock)
-            stats.ended = "plain"
-            verdict = True
-            return None, None
-        while isinstance(piece, Chunk):
-            # The chunks already read (while the last write waited for a caller that is behind)
-            # go out with this one, in one write.
-            batch = [piece.raw]
-            after: Piece | None = None
-            for more in stream.ready():
-                if isinstance(more, Chunk):
-                    batch.append(more.raw)
-                else:
-                    after = more
-            await _emit(batch, sink, record, clock)
-            piece = after if after is not None else await stream.next()
+        async with asyncio.timeout_at(due):
+            if stream.plain:
+                assert isinstance(piece, Final)
+                # A plain answer to a streaming caller: its result as the one chunk (§14 mixed ends).
+                await _emit([jsoncodec.dumps(piece.result)], sink, record, clock)
+                stats.ended = "plain"
+                verdict = True
+                return None, None
+            final = await _chunks(stream, piece, sink, record, clock)
         stats.ended = "done"
         verdict = True
-        return (piece.result if piece.has_result else None), None
+        return (final.result if final.has_result else None), None
+    except TimeoutError:
+        stats.ended = "timeout"  # the caller's budget, spent writing to a caller that is behind
+        late = DeadlineExceeded(f"the overall budget of {run.timeout.overall_ms} ms ran out mid-stream")
+        record.note("stream ended", f"{opened.agent_id} after {stats.chunks} chunks: {late.message}")
+        return None, late
     except AttemptError as exc:
         error = _ending(exc, opened.agent_id, run)
         if isinstance(error, DeadlineExceeded):
@@ -153,6 +151,10 @@ async def relay(
             stats.ended = "broken"  # reset, idle, malformed: a failure of the agent's
             verdict = False
         record.note("stream ended", f"{opened.agent_id} after {stats.chunks} chunks: {error.message}")
+        if record.attempts:
+            # Booked SUCCESS at its first piece; the stream's end is the attempt's outcome, so
+            # the done's attempts (and the attempts counted) never list a failed stream a success.
+            record.attempts[-1].outcome = exc.reason
         return None, error
     except asyncio.CancelledError:
         stats.ended = "caller_gone"
@@ -160,6 +162,25 @@ async def relay(
     finally:
         run.settle(verdict)
         await stream.aclose()
+
+
+async def _chunks(
+    stream: AgentStream, piece: Piece, sink: StreamSink, record: DecisionRecord, clock: Clock
+) -> Final:
+    """Send the stream's chunks from ``piece`` on; its final piece."""
+    while isinstance(piece, Chunk):
+        # The chunks already read (while the last write waited for a caller that is behind)
+        # go out with this one, in one write.
+        batch = [piece.raw]
+        after: Piece | None = None
+        for more in stream.ready():
+            if isinstance(more, Chunk):
+                batch.append(more.raw)
+            else:
+                after = more
+        await _emit(batch, sink, record, clock)
+        piece = after if after is not None else await stream.next()
+    return piece
 
 
 def _ending(exc: AttemptError, agent_id: str, run: AttemptRun) -> ReachError:

@@ -68,27 +68,28 @@ async def send_stream(
     await response.prepare(request)
     answer: dict[str, Any] = {"status": "SUCCESS"}
     outcome = "success"
+    scope = asyncio.timeout(_seconds_left(deadline))
     try:
-        async with asyncio.timeout(_seconds_left(deadline)):
+        async with scope:
             async for value in values:
-                await response.write(encode_event("chunk", _encoded(value)))
-    except ConnectionResetError:
-        # The Router (its caller) went away: stop generating, nobody is left to answer.
-        return response, "caller_gone"
-    except TimeoutError:
-        answer = _error("AGENT_ERROR", "DEADLINE_EXCEEDED", "the handler ran past the request's deadline")
-        outcome = "deadline_exceeded"
+                try:
+                    await response.write(encode_event("chunk", _encoded(value)))
+                except ConnectionResetError:
+                    # The Router (its caller) went away: stop generating, nobody is left to
+                    # answer. Only a failed write says so: the handler's own reset is its failure.
+                    return response, "caller_gone"
+    except TimeoutError as exc:
+        if scope.expired():
+            answer = _error("AGENT_ERROR", "DEADLINE_EXCEEDED", "the handler ran past the request's deadline")
+            outcome = "deadline_exceeded"
+        else:  # the handler's own call timed out, well within the request's deadline
+            answer, outcome = _failure(exc, error_answer)
     except _NotJson as exc:
         log.error("a streaming handler yielded something that is not JSON: %s", exc)
         answer = _error("AGENT_ERROR", "HANDLER_FAILED", "the handler yielded a value that is not JSON")
         outcome = "handler_failed"
-    except Exception as exc:  # the handler's own failure ends its stream, answered
-        known = error_answer(exc)
-        if known is None:
-            log.exception("a streaming handler failed")
-            known = _error("AGENT_ERROR", "HANDLER_FAILED", f"{type(exc).__name__}: {exc}"[:500])
-        answer = known
-        outcome = "handler_failed" if known.get("status") == "AGENT_ERROR" else "declined"
+    except Exception as exc:  # noqa: BLE001 - the handler's own failure ends its stream, answered (logged)
+        answer, outcome = _failure(exc, error_answer)
     finally:
         aclose = getattr(values, "aclose", None)
         if aclose is not None:
@@ -99,6 +100,15 @@ async def send_stream(
     except ConnectionResetError:
         return response, "caller_gone"
     return response, outcome
+
+
+def _failure(exc: Exception, error_answer: ErrorAnswer) -> tuple[dict[str, Any], str]:
+    """The done answer and outcome label of a handler that raised ``exc``."""
+    known = error_answer(exc)
+    if known is None:
+        log.exception("a streaming handler failed", exc_info=exc)
+        known = _error("AGENT_ERROR", "HANDLER_FAILED", f"{type(exc).__name__}: {exc}"[:500])
+    return known, "handler_failed" if known.get("status") == "AGENT_ERROR" else "declined"
 
 
 class _NotJson(Exception):

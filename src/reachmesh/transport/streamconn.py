@@ -157,6 +157,7 @@ class LeanAgentStream(asyncio.BufferedProtocol):
         self._complete = False  # the body ended as HTTP says it ends
         self._error: BaseException | None = None  # the connection's failure, raised in turn
         self._later: AttemptError | None = None  # an error found by ready(), for next()
+        self._malformed: BadAgentResponse | None = None  # the parser's fault, after its events
         self._waiter: asyncio.Future[None] | None = None
         self._finished = False  # the done event was handed out
         self._lost = False
@@ -324,6 +325,8 @@ class LeanAgentStream(asyncio.BufferedProtocol):
         """Feed the parser what was read; else raise the stream's end or failure, or wait."""
         if self._parse():
             return
+        if self._malformed is not None:
+            raise self._malformed
         if self._error is not None:
             raise body_error(self._error) from self._error
         if self._complete or self._lost:
@@ -342,7 +345,7 @@ class LeanAgentStream(asyncio.BufferedProtocol):
     def _parse(self) -> bool:
         """Feed the parser the bytes read so far; False when there were none."""
         body = self._body
-        if not body:
+        if not body or self._malformed is not None:
             return False
         self._body = []
         self._buffered = 0
@@ -354,7 +357,12 @@ class LeanAgentStream(asyncio.BufferedProtocol):
             for part in body:
                 pending.extend(parser.feed(part))
         except SseError as exc:
-            raise BadAgentResponse(f"event stream: {exc}") from exc
+            # The events whole before the fault are handed out first, as for a fault of the
+            # HTTP body: a chunk (or the done) sent before it must not be lost or not depending
+            # on whether the fault came in the same read. Nothing after it is read.
+            pending.extend(exc.events)
+            self._malformed = BadAgentResponse(f"event stream: {exc}")
+            self._malformed.__cause__ = exc
         return True
 
     async def aclose(self) -> None:
