@@ -107,17 +107,6 @@ async def test_a_cancelled_langgraph_run_closes_the_agents_stream() -> None:
             await agent.stop()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "core (sdk/streaming.py send_stream, sdk/agent.py AppRunner): an SDK agent notices that its "
-        "caller went away only when it next writes a chunk: aiohttp does not cancel a handler on "
-        "disconnect (handler_cancellation is off) and send_stream does not watch the connection, so "
-        "a generator that waits (a model thinking before its next token) runs on, and its finally "
-        "is not run, until it yields again or its deadline passes; docs/streaming.md says the "
-        "generator is closed when the caller goes away"
-    ),
-)
 async def test_an_sdk_agent_closes_a_waiting_generator_when_its_caller_goes_away() -> None:
     from reachmesh import AgentConfig, ReachAgent, ReachClient
     from reachmesh.ports import free_port

@@ -69,15 +69,16 @@ async def send_stream(
     answer: dict[str, Any] = {"status": "SUCCESS"}
     outcome = "success"
     scope = asyncio.timeout(_seconds_left(deadline))
+    watch = _CallerWatch(request)
     try:
         async with scope:
-            async for value in values:
-                try:
-                    await response.write(encode_event("chunk", _encoded(value)))
-                except ConnectionResetError:
-                    # The Router (its caller) went away: stop generating, nobody is left to
-                    # answer. Only a failed write says so: the handler's own reset is its failure.
-                    return response, "caller_gone"
+            if not await _write_values(response, values):
+                return response, "caller_gone"
+    except asyncio.CancelledError:
+        if not watch.fired:
+            raise
+        watch.task.uncancel()  # our own cancel, not the server's: the stream ends here
+        return response, "caller_gone"
     except TimeoutError as exc:
         if scope.expired():
             answer = _error("AGENT_ERROR", "DEADLINE_EXCEEDED", "the handler ran past the request's deadline")
@@ -91,6 +92,7 @@ async def send_stream(
     except Exception as exc:  # noqa: BLE001 - the handler's own failure ends its stream, answered (logged)
         answer, outcome = _failure(exc, error_answer)
     finally:
+        watch.stop()
         aclose = getattr(values, "aclose", None)
         if aclose is not None:
             await aclose()
@@ -100,6 +102,52 @@ async def send_stream(
     except ConnectionResetError:
         return response, "caller_gone"
     return response, outcome
+
+
+async def _write_values(response: web.StreamResponse, values: AsyncIterator[Any]) -> bool:
+    """Each value as a ``chunk`` as it is yielded; False once the Router (its caller) has gone:
+    stop generating, nobody is left to answer. Only a failed write says so here: the handler's
+    own reset is its failure."""
+    async for value in values:
+        try:
+            await response.write(encode_event("chunk", _encoded(value)))
+        except ConnectionResetError:
+            return False
+    return True
+
+
+# How often a stream looks at its caller's connection while the handler thinks: the Router
+# closes an agent's connection within a second of its caller leaving, and the handler should stop
+# as soon after that.
+CALLER_WATCH_S = 0.25
+
+
+class _CallerWatch:
+    """Cancels the handler's task once the Router's connection has closed: a generator that
+    waits between values (a model thinking before its next token) would otherwise run on, and
+    keep what it holds, until its next write fails or its deadline passes (the server does not
+    cancel a handler whose client left). One timer per stream, looking at the transport."""
+
+    __slots__ = ("_handle", "_request", "fired", "task")
+
+    def __init__(self, request: web.Request) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self.task = task
+        self.fired = False
+        self._request = request
+        self._handle = asyncio.get_running_loop().call_later(CALLER_WATCH_S, self._look)
+
+    def _look(self) -> None:
+        transport = self._request.transport
+        if transport is None or transport.is_closing():
+            self.fired = True
+            self.task.cancel()
+            return
+        self._handle = asyncio.get_running_loop().call_later(CALLER_WATCH_S, self._look)
+
+    def stop(self) -> None:
+        self._handle.cancel()
 
 
 def _failure(exc: Exception, error_answer: ErrorAnswer) -> tuple[dict[str, Any], str]:
