@@ -166,8 +166,9 @@ def _freeze(r: DecisionRecord) -> tuple[Any, ...]:
         len(candidates) - _SHOWN if len(candidates) > _SHOWN else 0,
         len(rejected) - _SHOWN if len(rejected) > _SHOWN else 0,
         r.stream.to_dict() if r.stream is not None else None,
-        round(r.queue_wait_ms, 2),
-        round(r.pool_wait_ms, 2),
+        # round() to digits goes through decimal text (about 0.4 us a call); most waits are 0.
+        round(queue_wait, 2) if (queue_wait := r.queue_wait_ms) else queue_wait,
+        round(pool_wait, 2) if (pool_wait := r.pool_wait_ms) else pool_wait,
     )
 
 
