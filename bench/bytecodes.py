@@ -160,9 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             except OSError:
                 pass  # not listening yet
             time.sleep(0.1)
-        counter = uvloop.run(
-            measure(agent_url, args.requests, args.connections, args.observability == "on")
-        )
+        counter = uvloop.run(measure(agent_url, args.requests, args.connections, args.observability == "on"))
     finally:
         agent.terminate()
         agent.wait()

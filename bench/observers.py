@@ -43,7 +43,7 @@ async def measure(requests: int, rounds: int) -> dict[str, float]:
 
     # The trace lines are written at INFO, as by a Router started from the command line; to
     # /dev/null, so the figure is the Router's work, not the terminal's.
-    devnull = open(os.devnull, "w")  # noqa: SIM115 - open for the whole measurement
+    devnull = open(os.devnull, "w")  # noqa: SIM115, ASYNC230 - once, before any load
     reach_logging.configure("INFO", stream=devnull)
 
     config = RouterConfig.model_validate({"embedding": {"backend": "none"}, "health": {"enabled": False}})
@@ -129,9 +129,14 @@ def _together(bench: Any, routers: list[tuple[str, Any, str]], seconds: float) -
     }
 
 
-def _report(figures: dict[str, list[float]], trees: list[tuple[str, str | None]], rounds: int, seconds: float) -> None:
+def _report(
+    figures: dict[str, list[float]], trees: list[tuple[str, str | None]], rounds: int, seconds: float
+) -> None:
     load = " ".join(f"{v:.1f}" for v in os.getloadavg())
-    print(f"Router CPU per request under wrk c32, all at once, µs ({rounds} rounds of {seconds:g} s; load {load})")
+    print(
+        f"Router CPU per request under wrk c32, all at once, µs "
+        f"({rounds} rounds of {seconds:g} s; load {load})"
+    )
     for name, values in figures.items():
         shown = " ".join(f"{v:.0f}" for v in values)
         print(f"{name.ljust(34)} median {statistics.median(values):6.1f}  [{shown}]")
@@ -156,7 +161,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="rounds; the median is reported")
     parser.add_argument("--compare-src", help="a src/ folder of another version, measured the same way")
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # child mode
-    parser.add_argument("--wrk", type=float, metavar="SECONDS", help="CPU per request of whole Routers instead")
+    parser.add_argument(
+        "--wrk", type=float, metavar="SECONDS", help="CPU per request of whole Routers instead"
+    )
     parser.add_argument("--modes", default="on,off", help=f"with --wrk: which Routers, of {', '.join(MODES)}")
     args = parser.parse_args()
     if args.wrk:

@@ -27,7 +27,19 @@ from reachmesh.protocol import AgentProfile, Status
 from reachmesh.registry.memory import MemoryRegistry
 
 GOLDEN = Path(__file__).with_name("golden_observers.json")
-TRACE_IDS = ["gone", "t1", "t10", 't"q\\', "t1-child", "é-ü", "big", "refused", "streamed", "plain", "failing"]
+TRACE_IDS = [
+    "gone",
+    "t1",
+    "t10",
+    't"q\\',
+    "t1-child",
+    "é-ü",
+    "big",
+    "refused",
+    "streamed",
+    "plain",
+    "failing",
+]
 
 
 def _plain(i: int, trace_id: str) -> DecisionRecord:

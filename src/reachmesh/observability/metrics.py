@@ -225,8 +225,7 @@ class RouterMetrics:
         else:
             self.latency.observe((task,), seconds)
         if record.score is not None and record.strategy:
-            strategy = "semantic_route" if record.semantic is not None else record.strategy
-            self.match_score.observe((strategy,), record.score)
+            self._score(record)
         outcomes = self.attempts.values
         for attempt in attempts:
             try:
@@ -235,6 +234,16 @@ class RouterMetrics:
                 self.attempts.inc((attempt.outcome,))
         if record.retries or record.failovers or record.circuit_trips:
             self._trouble(record)
+        if record.semantic_refused or record.queue_wait_ms or record.stream is not None:
+            self._rarer(record, task, agent)
+
+    def _score(self, record: DecisionRecord) -> None:
+        assert record.score is not None and record.strategy
+        strategy = "semantic_route" if record.semantic is not None else record.strategy
+        self.match_score.observe((strategy,), record.score)
+
+    def _rarer(self, record: DecisionRecord, task: str, agent: str) -> None:
+        """A refusal by meaning, a wait for a slot, a stream: what most requests do not have."""
         if record.semantic_refused:
             self.semantic_refusals.inc()
         if record.queue_wait_ms:
