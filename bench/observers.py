@@ -153,6 +153,23 @@ def _report(
         )
 
 
+def _alternating(compare_src: str, requests: int, rounds: int) -> dict[str, dict[str, float]]:
+    """Both trees, one round each in turn (so a change in the machine's load falls on both);
+    each observer's median over the rounds."""
+    own_src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    runs: dict[str, list[dict[str, float]]] = {compare_src: [], "this tree": []}
+    for _ in range(rounds):
+        for name, src in ((compare_src, compare_src), ("this tree", own_src)):
+            child = [sys.executable, __file__, "--json", "--requests", str(requests), "--rounds", "1"]
+            env = {**os.environ, "PYTHONPATH": src}
+            out = subprocess.run(child, env=env, check=True, capture_output=True, text=True).stdout
+            runs[name].append(json.loads(out.strip().splitlines()[-1]))
+    return {
+        name: {part: statistics.median(run[part] for run in values) for part in values[0]}
+        for name, values in runs.items()
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -169,24 +186,15 @@ def main() -> None:
     if args.wrk:
         cpu_per_request(args.wrk, args.rounds, args.compare_src, args.modes.split(","))
         return
-    figures = asyncio.run(measure(args.requests, args.rounds))
-    if args.json:
-        print(json.dumps(figures))
-        return
-    columns = {"this tree": figures}
-    if args.compare_src:
-        env = {**os.environ, "PYTHONPATH": args.compare_src}
-        child = [
-            sys.executable,
-            __file__,
-            "--json",
-            "--requests",
-            str(args.requests),
-            "--rounds",
-            str(args.rounds),
-        ]
-        out = subprocess.run(child, env=env, check=True, capture_output=True, text=True).stdout
-        columns = {args.compare_src: json.loads(out.strip().splitlines()[-1]), **columns}
+    if args.json or not args.compare_src:
+        figures = asyncio.run(measure(args.requests, args.rounds))
+        if args.json:
+            print(json.dumps(figures))
+            return
+        columns = {"this tree": figures}
+    else:
+        columns = _alternating(args.compare_src, args.requests, args.rounds)
+        figures = columns["this tree"]
     print(
         f"observer cost per request, µs (median of {args.rounds} rounds of {args.requests:,} records, GC on)"
     )
