@@ -87,9 +87,9 @@ def test_the_store_holds_its_hops_in_memory_of_their_own_size() -> None:
 
 
 def test_a_held_hop_is_its_bytes_and_nothing_beside_them() -> None:
-    """The store keeps no object of the request per hop (its traceId string, in a deque and an
-    index, was one): small objects kept for minutes pin the allocator's pools under every later
-    request's work. A lookup by traceId still finds exactly its hops."""
+    """The store keeps no object of the request beside each hop's bytes (its traceId string, in
+    a deque and an index, was upkeep on every request). A lookup by traceId still finds exactly
+    its hops, and no traceId that merely starts the same."""
     store = TraceStore(size=3)
     trace_id = "".join(["t", "1"])  # an object of this test's own, not an interned constant
     record = _record(trace_id, 1.0)
