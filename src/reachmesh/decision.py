@@ -218,10 +218,10 @@ class ObserveAfterTurn:
     them in turn (the trace line of each, then the metrics of each, then the store...).
 
     For records whose answer is already written (the /reach lane's): measured with the Routers
-    under wrk sharing one core (``bench/observers.py --wrk``), tracing and metrics cost the
-    Router 26-33 us of CPU per request observed at each answer, and about a third of that
-    observed this way, each observer's code and data still in the CPU's caches from the record
-    before; one record through every observer, then the next, saved nothing. Nothing waits
+    under wrk sharing one core (``bench/observers.py --wrk``), the store and the metrics cost
+    the Router 32-37 us of CPU per request observed at each answer, and 6-24 us observed this
+    way, each observer's code and data likely still in the CPU's caches from the record before;
+    one record through every observer, then the next, saved nothing. Nothing waits
     longer than the turn, nothing is reordered, and an observer's bug costs neither the other
     observers nor the other records theirs. Outside a running loop a record is observed at once.
     (A loop closed with a turn still due, never the case under asyncio.run or uvicorn, drops

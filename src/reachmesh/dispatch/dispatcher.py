@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from reachmesh import jsoncodec
 from reachmesh.clock import SYSTEM_CLOCK, Clock
 from reachmesh.config import RouterConfig
-from reachmesh.decision import DecisionRecord, ObserveAfterTurn, Observer, StreamRecord
+from reachmesh.decision import DecisionRecord, Observer, StreamRecord
 from reachmesh.dispatch import durable, encoder
 from reachmesh.dispatch.agentsecret import AgentSecrets
 from reachmesh.dispatch.asyncmode import AsyncRequests
@@ -111,8 +111,6 @@ class Dispatcher:
         self.url_guard = url_guard  # where replyTo URLs are checked: the Router's own guard
         self.vectors = vectors
         self.observers = list(observers)
-        # The /reach lane's records, observed at the end of the loop's turn (decision.py says why).
-        self.observe_later = ObserveAfterTurn(self.observers, _observer_failed)
         self.clock = clock
         # Synchronous requests in flight (their tasks), ended by abandon() at the drain deadline.
         self._running: set[asyncio.Task[Any]] = set()
@@ -479,10 +477,6 @@ class Dispatcher:
                 observer(record)
             except Exception:  # an observer's bug must never cost the caller the answer
                 log.exception("observer %r failed", observer)
-
-
-def _observer_failed(observer: Observer) -> None:
-    log.exception("observer %r failed", observer)
 
 
 def _schema_mismatch(
