@@ -14,6 +14,7 @@ warm-up; ``sys.settrace`` with opcode events counts every bytecode the server ru
     .venv/bin/python bench/bytecodes.py
     .venv/bin/python bench/bytecodes.py --top 40          # the functions that run the most
     PYTHONPATH=/tmp/old/src .venv/bin/python bench/bytecodes.py   # another tree's Router
+    .venv/bin/python bench/bytecodes.py --observability off   # tracing and metrics off
 
 Tracing slows the Router about fifty-fold, so a few hundred calls are plenty.
 """
@@ -92,14 +93,21 @@ async def client(port: int, count: int, connections: int) -> None:
         raise RuntimeError("the client's calls did not all succeed")
 
 
-async def measure(agent_url: str, requests: int, connections: int) -> Counter:
+# router_overhead.py's router-bare: the trace store and metrics not fed (trace lines still written).
+OFF = {"tracing": {"enabled": False, "store_size": 100}, "metrics": {"enabled": False}}
+
+
+async def measure(agent_url: str, requests: int, connections: int, observability: bool = True) -> Counter:
     from reachmesh.config import RouterConfig
     from reachmesh.observability import logging as reach_logging
     from reachmesh.testing import RouterServer
 
     with open("/dev/null", "w") as devnull:  # noqa: ASYNC230 - once, before any load
         reach_logging.configure("INFO", stream=devnull)
-        config = RouterConfig.model_validate({"registry": {"lease_ttl_seconds": 3600}})
+        # A store of 100 hops is full after the warm-up: each measured call then evicts one, as
+        # in a Router that has run a while (the default 10,000 would need that many calls).
+        policy: dict[str, Any] = {"registry": {"lease_ttl_seconds": 3600}, "tracing": {"store_size": 100}}
+        config = RouterConfig.model_validate(policy if observability else {**policy, **OFF})
         counter = Counter()
         async with RouterServer(config) as router:
             await _register(router.url, agent_url)
@@ -133,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--connections", type=int, default=1)
     parser.add_argument("--top", type=int, default=0, help="also list the N functions that run the most")
+    parser.add_argument(
+        "--observability", choices=["on", "off"], default="on", help="off: tracing and metrics switched off"
+    )
     args = parser.parse_args(argv)
     port = free_port()
     agent_url = f"http://127.0.0.1:{port}/reach"
@@ -149,12 +160,15 @@ def main(argv: list[str] | None = None) -> int:
             except OSError:
                 pass  # not listening yet
             time.sleep(0.1)
-        counter = uvloop.run(measure(agent_url, args.requests, args.connections))
+        counter = uvloop.run(measure(agent_url, args.requests, args.connections, args.observability == "on"))
     finally:
         agent.terminate()
         agent.wait()
     total = sum(counter.counts.values())
-    print(f"Python bytecodes per /reach call: {total / args.requests:,.0f} ({args.requests} calls)")
+    print(
+        f"Python bytecodes per /reach call: {total / args.requests:,.0f} "
+        f"({args.requests} calls, tracing and metrics {args.observability})"
+    )
     for (where, name), count in counter.counts.most_common(args.top):
         print(f"{count / args.requests:9.1f}  {where}:{name}")
     return 0

@@ -7,6 +7,7 @@ pipeline.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -210,6 +211,52 @@ class DecisionRecord:
 
 
 Observer = Callable[[DecisionRecord], None]
+
+
+class ObserveAfterTurn:
+    """Records observed together at the end of the event loop's turn, each observer over all of
+    them in turn (the trace line of each, then the metrics of each, then the store...).
+
+    For records whose answer is already written (the /reach lane's): measured with the Routers
+    under wrk sharing one core (``bench/observers.py --wrk``), the store and the metrics cost
+    the Router 32-37 us of CPU per request observed at each answer, and 6-24 us observed this
+    way, each observer's code and data likely still in the CPU's caches from the record before;
+    one record through every observer, then the next, saved nothing. Nothing waits
+    longer than the turn, nothing is reordered, and an observer's bug costs neither the other
+    observers nor the other records theirs. Outside a running loop a record is observed at once.
+    (A loop closed with a turn still due, never the case under asyncio.run or uvicorn, drops
+    those records, as it drops any callback it was given.)"""
+
+    __slots__ = ("_loop", "_observers", "_on_error", "_pending")
+
+    def __init__(self, observers: list[Observer], on_error: Callable[[Observer], None]) -> None:
+        self._observers = observers  # the owner's list, read at each turn
+        self._on_error = on_error  # called inside the ``except`` block: it may log the exception
+        self._pending: list[DecisionRecord] = []
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop a run is due on
+
+    def __call__(self, record: DecisionRecord) -> None:
+        pending = self._pending
+        pending.append(record)
+        if len(pending) > 1 and self._loop is not None and not self._loop.is_closed():
+            return  # a run is already due at the end of this turn
+        try:
+            self._loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.run()
+            return
+        self._loop.call_soon(self.run)
+
+    def run(self) -> None:
+        """Observe every pending record now (the end of the turn, or a caller that must see them)."""
+        self._loop = None
+        pending, self._pending = self._pending, []
+        for observer in self._observers:
+            for record in pending:
+                try:
+                    observer(record)
+                except Exception:  # noqa: BLE001 - an observer's bug must never cost the others theirs
+                    self._on_error(observer)
 
 
 _FIELDS = frozenset(DecisionRecord.__dataclass_fields__)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import tracemalloc
 from decimal import Decimal
 
@@ -83,3 +84,25 @@ def test_the_store_holds_its_hops_in_memory_of_their_own_size() -> None:
     assert store.bytes_held < 500 * 1024
     # Room for the index (a deque slot and a dict entry per hop) and each bytes object's header.
     assert held < 2 * store.bytes_held, (held, store.bytes_held)
+
+
+def test_a_held_hop_is_its_bytes_and_nothing_beside_them() -> None:
+    """The store keeps no object of the request beside each hop's bytes (its traceId string, in
+    a deque and an index, was upkeep on every request). A lookup by traceId still finds exactly
+    its hops, and no traceId that merely starts the same."""
+    store = TraceStore(size=3)
+    trace_id = "".join(["t", "1"])  # an object of this test's own, not an interned constant
+    record = _record(trace_id, 1.0)
+    before = sys.getrefcount(trace_id)
+    store(record)
+    store(_record("t10", 2.0))
+    store(_record("t", 3.0))
+    assert sys.getrefcount(trace_id) == before
+    assert [h["traceId"] for h in store.hops("t1")] == ["t1"]
+    assert store.trace("t") is not None and store.trace("t1-x") is None
+
+
+def test_a_store_of_no_hops_builds_none() -> None:
+    store = TraceStore(size=0)
+    store(_record("t1", 1.0))
+    assert len(store) == 0 and store.bytes_held == 0 and store.trace("t1") is None

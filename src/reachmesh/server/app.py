@@ -146,7 +146,7 @@ class RouterApp:
         assert answer is not None  # no stream, and no body to wait for
         if not held:
             return answer, None
-        return answer, partial(self.parts.dispatcher.observe, held[0])
+        return answer, partial(self.parts.observe_later, held[0])
 
     async def _serve_reach(
         self,

@@ -21,7 +21,7 @@ from typing import Any
 
 from reachmesh.clock import SYSTEM_CLOCK, Clock
 from reachmesh.config import RouterConfig
-from reachmesh.decision import Observer
+from reachmesh.decision import ObserveAfterTurn, Observer
 from reachmesh.dispatch import durable
 from reachmesh.dispatch.agentsecret import AgentSecrets
 from reachmesh.dispatch.asyncmode import AsyncRequests
@@ -136,6 +136,8 @@ class RouterParts:
     # Who may do what (docs/security.md): from the policy's tokens unless one was handed in.
     guard: Guard
     dispatcher: Dispatcher = field(init=False)
+    # The /reach lane's records, observed at the end of the loop's turn (decision.py says why).
+    observe_later: ObserveAfterTurn = field(init=False)
     health: HealthChecker = field(init=False)
     policy_file: PolicyFile = field(init=False)
     # An injected guard stays; one built from the policy follows the policy on reload.
@@ -274,6 +276,7 @@ class RouterParts:
             observers=self._observers(),
             clock=clock,
         )
+        self.observe_later = ObserveAfterTurn(self.dispatcher.observers, _observer_failed)
         if journal is not None:
             start = functools.partial(durable.start_adopted, self.dispatcher)
             self.adopter = Adopter(journal, async_requests, start)
@@ -495,6 +498,11 @@ class RouterParts:
             # Also an addition: whether the few-shot head has caught up with the registry.
             status["head"] = self.vectors.head_state()
         return status
+
+
+def _observer_failed(observer: Observer) -> None:
+    # The dispatcher's logger, as for a record observed at its answer.
+    logging.getLogger("reachmesh.dispatcher").exception("observer %r failed", observer)
 
 
 def _http_transport(config: RouterConfig, url_guard: UrlGuard) -> HttpTransport:
