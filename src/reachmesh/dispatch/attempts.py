@@ -69,6 +69,19 @@ MAX_DECLINES = 8
 # AttemptRun._refusal's answer when only the candidate can say: whether it holds a conversation.
 _ASK_AGENT = "ask the agent"
 
+# Why a request's task was cancelled, as the cancellation's message carries it (the dispatcher
+# sends them): the caller closed its connection, or the Router's drain deadline came. Each is also
+# the outcome of the attempt it cut and, for a stream, how the stream ended.
+CALLER_GONE = "caller_gone"
+SHUTDOWN = "shutdown"
+_CUTS = (CALLER_GONE, SHUTDOWN)
+
+
+def cut_reason(exc: asyncio.CancelledError) -> str | None:
+    """:data:`CALLER_GONE` or :data:`SHUTDOWN` when the dispatcher cancelled the request, else None."""
+    why = exc.args[0] if exc.args else None
+    return why if why in _CUTS else None
+
 
 @dataclass(slots=True)
 class Forwarding:
@@ -374,11 +387,12 @@ class AttemptRun:
             self._pool_waited(pool_waited)
             self.account(choice, started, span_id, exc)
             return exc
-        except asyncio.CancelledError:
-            # A streaming caller that went away, or the Router shutting down: the attempt ends
-            # unjudged, but the agent's in-flight count and a probe it held must come back.
+        except asyncio.CancelledError as exc:
+            # A caller that went away, or the Router shutting down: the attempt ends unjudged,
+            # but the agent's in-flight count and a probe it held must come back.
             self.parts.stats.finished(choice.entry.id, ok=None, latency_ms=0.0)
             self._release_probe(choice.entry.id)
+            self._cut(choice, started, span_id, cut_reason(exc))
             raise
         self._pool_waited(pool_waited)
         self.account(choice, started, span_id, None)
@@ -386,6 +400,17 @@ class AttemptRun:
         if self.request.conversation_id:
             self.parts.affinity.bind(self.request.conversation_id, choice.entry.id, self.record.caller)
         return Success(result)
+
+    def _cut(self, choice: Choice, started: float, span_id: str, why: str | None) -> None:
+        """Record an attempt the dispatcher cut (``why``: the caller left, or the Router is
+        shutting down), so the trace and the attempts counted say what stopped it."""
+        if why is None:
+            return
+        record = self.record
+        took = round((self.parts.clock.monotonic() - started) * 1000, 2)
+        offset = round((started - record.started) * 1000, 2)
+        record.attempts.append(AttemptRecord(choice.entry.id, why, took, span_id, offset, choice.score))
+        record.note("forward", f"{choice.entry.id}, duration={took:.0f}ms, outcome={why} (not judged)")
 
     def _pool_waited(self, before_s: float) -> None:
         """Book the time the attempt just made waited for a connection of the Router's pool."""

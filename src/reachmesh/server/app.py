@@ -15,7 +15,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterable
 from functools import partial
 from typing import Any
 
@@ -131,6 +131,12 @@ class RouterApp:
     def takes_whole(self, headers: dict[bytes, bytes]) -> bool:
         """Whether :meth:`serve_whole` may answer this POST /reach (not a stream)."""
         return not wants_stream(headers.get(b"accept"))
+
+    def callers_gone(self, tasks: Iterable[asyncio.Task[Any]]) -> None:
+        """A connection closed with these tasks still serving it (the server's protocol, :mod:`.h1`,
+        says so): a call still running in one of them stops, booked to its caller. A streamed
+        call is watched by its own sink (:mod:`.stream`)."""
+        self.parts.dispatcher.callers_gone(tasks)
 
     async def serve_whole(self, scope: Scope, headers: dict[bytes, bytes], body: bytes) -> LaneAnswer:
         """POST /reach whose whole body the server already holds: what ``__call__`` and

@@ -275,6 +275,7 @@ class GuardedHttpTools(HttpToolsProtocol):
     # Slots: uvicorn's protocol keeps its own state in an instance dict, which these seven more
     # would grow to a larger table, 1.6 KB per connection (a burst holds one per call in flight).
     __slots__ = (
+        "_gone_app",
         "_head_bytes",
         "_head_lines",
         "_head_timer",
@@ -308,6 +309,10 @@ class GuardedHttpTools(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self.tasks and self._gone_app is not None:
+            # The caller left mid-request: the app stops what it runs for it (a call to an agent
+            # would otherwise go on, and fail over, for nobody). Once per connection, not per call.
+            self._gone_app.callers_gone(self.tasks)
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -413,6 +418,7 @@ class GuardedHttpTools(HttpToolsProtocol):
             self._trusted = app.trusted_hosts
             app = app.app
         self._lane_app = app if hasattr(app, "serve_whole") else None
+        self._gone_app = _gone_listener(self.app)
 
     def _lane_headers(self) -> dict[bytes, bytes] | None:
         """The request's headers when it may take the lane, else None."""
@@ -512,6 +518,16 @@ class GuardedHttpTools(HttpToolsProtocol):
         head += b"content-length: %d\r\n\r\n" % len(body)
         self.transport.write(head + body)
         self.transport.close()
+
+
+def _gone_listener(app: Any) -> Any:
+    """The app that is told when a connection closes mid-request (``callers_gone``), found
+    behind the wrappers it may be served in (uvicorn's proxy headers, the A2A export)."""
+    for _ in range(4):
+        if app is None or hasattr(app, "callers_gone"):
+            return app
+        app = getattr(app, "app", None) or getattr(app, "router", None)
+    return None
 
 
 def bounded_protocol(policy: ServerPolicy) -> type[GuardedHttpTools]:
