@@ -102,3 +102,116 @@ async def test_a_plain_caller_that_leaves_stops_its_call(router: RouterServer) -
         breaker = parts.breakers._get(agent.agent_id, "talk")
         assert breaker is None or breaker.failures == 0
     assert parts.metrics.attempts.values.get(("caller_gone",)) == 1
+
+
+# -- a stream that ends at a deadline ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "done",
+    [
+        # The SDK's own done when the handler runs past the deadline the Router sent it.
+        {"status": "AGENT_ERROR", "error": {"code": "DEADLINE_EXCEEDED", "message": "ran past the deadline"}},
+        # A ReachResponse's TIMEOUT, from an agent that is itself a Router (or relays one).
+        {"status": "TIMEOUT", "error": {"code": "TIMEOUT", "message": "the overall budget ran out"}},
+    ],
+    ids=["deadline_exceeded", "timeout_status"],
+)
+async def test_a_stream_whose_agent_reports_the_deadline_ends_timeout(done: dict[str, Any]) -> None:
+    """An agent whose done says the deadline passed: the caller's done said AGENT_ERROR
+    STREAM_BROKEN ("went idle", or an unknown status), and the agent was charged a failure. A
+    deadline reached is TIMEOUT, and judges nobody."""
+
+    async def late(conn: Conn) -> None:
+        await conn.sse_head()
+        await conn.chunk("half")
+        await conn.done(done)
+
+    async with RouterServer(RouterConfig.model_validate(POLICY)) as router:
+        agent = await StreamAgent("late", late).start()
+        records = _records(router)
+        try:
+            await agent.register(router.url)
+            async with streamed(router, envelope()) as stream:
+                ending = done_of(await stream.rest())
+            await until(lambda: records, "the request's record")
+        finally:
+            await agent.stop()
+        assert (ending["status"], ending["error"]["code"]) == ("TIMEOUT", "TIMEOUT"), ending
+        assert records[0].stream is not None and records[0].stream.ended == "timeout"
+        assert router.app.parts.stats.snapshot("late")["requests"] == 0  # not judged
+
+
+class SlowClock:
+    """A monotonic clock that runs at half the loop's speed: the request's deadline, read from
+    it, is never quite the loop-time deadline the transport's reads are bounded by."""
+
+    def __init__(self) -> None:
+        self._origin = time.monotonic()
+
+    def monotonic(self) -> float:
+        return self._origin + (time.monotonic() - self._origin) / 2
+
+    def time(self) -> float:
+        return time.time()
+
+
+async def test_a_stream_cut_by_the_routers_deadline_ends_timeout() -> None:
+    """The agent streams a chunk, then goes quiet past the deadline (its idle bound is longer):
+    the transport's read timed out at the deadline, but the request's clock still had a moment
+    left, and the end was STREAM_BROKEN "went idle". The read that timed out at the deadline is
+    the deadline."""
+
+    async def quiet(conn: Conn) -> None:
+        await conn.sse_head()
+        await conn.chunk("half")
+        await conn.closed_by_router()
+
+    policy = {**POLICY, "streaming": {"idle_timeout_ms": 600_000}}
+    async with RouterServer(RouterConfig.model_validate(policy), clock=SlowClock()) as router:
+        agent = await StreamAgent("quiet", quiet).start()
+        try:
+            await agent.register(router.url)
+            async with streamed(router, envelope(timeoutMs=int(scaled(400)))) as stream:
+                ending = done_of(await stream.rest())
+        finally:
+            await agent.stop()
+    assert (ending["status"], ending["error"]["code"]) == ("TIMEOUT", "TIMEOUT"), ending
+
+
+# -- shutdown ------------------------------------------------------------------------------------
+
+
+async def test_a_stream_cut_by_shutdown_says_so() -> None:
+    """A stream still running at the drain deadline: its done is TIMEOUT with code
+    ROUTER_SHUTDOWN, and the trace and metrics label it ``shutdown``, not ``caller_gone`` (the
+    caller never left). The attempt it cut is not judged."""
+
+    async def endless(conn: Conn) -> None:
+        await conn.sse_head()
+        await conn.chunk("first")
+        await conn.closed_by_router()
+
+    policy = {**POLICY, "server": {"drain_timeout_seconds": 2}}
+    router = RouterServer(RouterConfig.model_validate(policy))
+    await router.__aenter__()
+    agent = await StreamAgent("endless", endless).start()
+    records = _records(router)
+    try:
+        await agent.register(router.url)
+        async with streamed(router, envelope(timeoutMs=int(scaled(60_000)))) as stream:
+            assert (await stream.next()).event == "chunk"
+            # What RouterProcess.handle_exit does on SIGTERM (see tests/bounds/test_one_record.py).
+            router.app.begin_drain(time.monotonic())
+            router._server.should_exit = True
+            ending = done_of(await stream.rest())
+    finally:
+        await router.__aexit__(None, None, None)
+        await agent.stop()
+    assert (ending["status"], ending["error"]["code"]) == ("TIMEOUT", "ROUTER_SHUTDOWN"), ending
+    assert "shut down" in ending["error"]["message"]
+    record = records[0]
+    assert record.stream is not None and record.stream.ended == "shutdown"
+    assert [a.outcome for a in record.attempts] == ["shutdown"]
+    assert router.app.parts.metrics.streams.values.get(("shutdown",)) == 1
+    assert router.app.parts.stats.snapshot("endless")["requests"] == 0

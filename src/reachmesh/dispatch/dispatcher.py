@@ -271,6 +271,11 @@ class Dispatcher:
                 self._cut[task] = SHUTDOWN
                 task.cancel(SHUTDOWN)
 
+    @property
+    def running(self) -> int:
+        """Synchronous requests (streams too) running now."""
+        return len(self._running)
+
     def callers_gone(self, tasks: Iterable[asyncio.Task[Any]]) -> None:
         """The connection these tasks served closed: each that is running a request here stops
         it (the connection to its agent closes with it), booked to the caller. A connection's

@@ -333,12 +333,20 @@ class RouterApp:
         loop.call_soon_threadsafe(arm)
 
     async def shutdown(self) -> None:
-        """Let accepted async requests finish until the drain deadline, then stop everything."""
+        """Let accepted async requests finish until the drain deadline, end the calls still
+        running (ROUTER_SHUTDOWN), then stop everything."""
         self.parts.stopping()
         budget = self.parts.config.server.drain_timeout_seconds
         if self._drain_started is not None:
             budget -= time.monotonic() - self._drain_started
-        await self.parts.dispatcher.drain(budget)
+        dispatcher = self.parts.dispatcher
+        await dispatcher.drain(budget)
+        # A server that ends the lifespan with calls still running (uvicorn without the signal
+        # that starts the drain, another ASGI server): each ends now with its ROUTER_SHUTDOWN
+        # answer, given a turn of the loop to write it, rather than being cut off with nothing.
+        if dispatcher.running:
+            dispatcher.abandon()
+            await asyncio.sleep(0)
         await self._background.close()
         await self.parts.close()
         log.info("[router] stopped")
