@@ -39,17 +39,19 @@ def _records(router: RouterServer) -> list[DecisionRecord]:
     return records
 
 
-async def _plain_call(router: RouterServer, body: dict[str, Any]) -> asyncio.StreamWriter:
+async def _plain_call(
+    router: RouterServer, body: dict[str, Any]
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """A plain (not streamed) call on a raw socket, head and body in one write (the lane's way)."""
     port = int(router.url.rsplit(":", 1)[1])
     raw = orjson.dumps(body)
-    _, writer = await asyncio.open_connection("127.0.0.1", port)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(
         b"POST /reach HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         b"Content-Length: %d\r\n\r\n%s" % (len(raw), raw)
     )
     await writer.drain()
-    return writer
+    return reader, writer
 
 
 @pytest.fixture(params=["lane", "asgi"])
@@ -76,7 +78,7 @@ async def test_a_plain_caller_that_leaves_stops_its_call(router: RouterServer) -
     try:
         for agent in agents:
             await agent.register(router.url, max_concurrency=1)
-        writer = await _plain_call(router, envelope(timeoutMs=int(scaled(30_000)), retryCount=2))
+        _, writer = await _plain_call(router, envelope(timeoutMs=int(scaled(30_000)), retryCount=2))
         await until(lambda: sum(len(a.conns) for a in agents) == 1, "the call at an agent")
         writer.close()
         async with asyncio.timeout(scaled(1.0)):
@@ -103,6 +105,44 @@ async def test_a_plain_caller_that_leaves_stops_its_call(router: RouterServer) -
         assert breaker is None or breaker.failures == 0
     assert parts.metrics.attempts.values.get(("caller_gone",)) == 1
 
+
+
+async def test_a_caller_that_leaves_stops_only_its_own_call(router: RouterServer) -> None:
+    """Two callers at one agent, on two connections; one leaves. The other's call goes on and
+    gets its answer: a closed connection stops the call it served, and no other."""
+    go = asyncio.Event()
+
+    async def answers_later(conn: Conn) -> None:
+        await go.wait()
+        await conn.json({"status": "SUCCESS", "result": "late"})
+
+    agent = await StreamAgent("shared", answers_later).start()
+    records = _records(router)
+    try:
+        await agent.register(router.url)
+        body = envelope(timeoutMs=int(scaled(30_000)))
+        staying = asyncio.ensure_future(_answer_of(*await _plain_call(router, body)))
+        _, leaving = await _plain_call(router, body)
+        await until(lambda: len(agent.conns) == 2, "both calls at the agent")
+        leaving.close()
+        await until(lambda: records, "the leaver's record")
+        assert records[0].error_code == "CALLER_GONE"
+        go.set()
+        answer = await asyncio.wait_for(staying, scaled(10))
+    finally:
+        await agent.stop()
+    assert (answer["status"], answer["result"]) == ("SUCCESS", "late")
+
+
+async def _answer_of(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> dict[str, Any]:
+    """The JSON body of the answer on the connection a call was sent on."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")
+    )
+    body = await reader.readexactly(length)
+    writer.close()
+    return dict(orjson.loads(body))
 
 # -- a stream that ends at a deadline ----------------------------------------------------------
 

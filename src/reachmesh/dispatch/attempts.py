@@ -532,12 +532,24 @@ def exhausted(run: AttemptRun) -> ContextUnavailable | NoAvailableHandler | Over
     if record.rejected and all(c.get("reason") == CandidateReason.AT_CAPACITY for c in record.rejected):
         return Overloaded(
             f"every candidate for {run.task!r} is full, and so is its queue",
-            retry_after_s=run.parts.config.limits.retry_after_seconds,
+            retry_after_s=_overloaded_retry_after(run),
         )
     if run.busy_retry_after_s is not None:
         message += f"; a busy agent asked to retry after {run.busy_retry_after_s} s"
         return AgentsBusy(message, list(record.rejected), retry_after_s=run.busy_retry_after_s)
     return NoAvailableHandler(message, list(record.rejected))
+
+
+def _overloaded_retry_after(run: AttemptRun) -> int:
+    """When a caller turned away from full agents should come back: the soonest estimate of the
+    agents it found full (resilience.capacity.retry_after_estimate), not a fixed figure."""
+    parts = run.parts
+    policy_s = parts.config.limits.retry_after_seconds
+    estimates = [
+        parts.capacity.retry_after_s(agent_id, parts.stats.merit(agent_id)[1], policy_s)
+        for agent_id in {c["agentId"] for c in run.record.rejected}
+    ]
+    return min(estimates, default=policy_s)
 
 
 def attempt_verdict(exc: AttemptError | None) -> bool | None:

@@ -48,6 +48,7 @@ from reachmesh.server.auth import ANONYMOUS, OPEN, Action, Denial, Guard, action
 from reachmesh.server.components import RouterParts
 from reachmesh.server.origin import BrowserGate
 from reachmesh.server.reload import PolicyFile
+from reachmesh.server.h1 import CALL_TASK
 from reachmesh.server.stream import EventSink, serve_stream, wants_stream
 from reachmesh.server.ui import AdminUi
 from reachmesh.tracecontext import parse_traceparent
@@ -114,7 +115,9 @@ class RouterApp:
                 )
             elif path == "/reach" and scope["method"] == "POST":
                 # Served here, not in a coroutine of its own: a call waiting for its body holds
-                # each frame on the way (a burst holds one call per connection).
+                # each frame on the way (a burst holds one call per connection). The server's
+                # protocol stops this task's call if the caller's connection closes (callers_gone).
+                scope[CALL_TASK] = asyncio.current_task()  # type: ignore[literal-required]
                 answer = await self._serve_reach(scope, header_map(scope), None, receive, send)
                 if answer is not None:
                     await send_json(send, *answer, scope)
@@ -403,11 +406,13 @@ _RETRY_AFTER_SECONDS = re.compile(rb'"retryAfterSeconds":(\d{1,9})[,}]')
 
 def _retry_after_of(status: int, payload: bytes, overloaded_s: int) -> list[tuple[bytes, bytes]] | None:
     """The ``Retry-After`` header of a refusal: a 429 from routing (every candidate full, and its
-    queue too: PROTOCOL §15) the policy's; a 503 whose error says when to come back (every agent
+    queue too: PROTOCOL §15) the estimate its error carries (else the policy's); a 503 whose error says when to come back (every agent
     that answered was busy, or the embedding service said so) that time, since HTTP clients read
     the header, not the body."""
     if status == 429:
-        return [(b"retry-after", str(overloaded_s).encode())]
+        # The answer's own figure: an estimate from the full agents' queues, or the policy's.
+        found = _RETRY_AFTER_SECONDS.search(payload)
+        return [(b"retry-after", found.group(1) if found else str(overloaded_s).encode())]
     if status != 503 or b"retryAfterSeconds" not in payload:
         return None
     found = _RETRY_AFTER_SECONDS.search(payload)

@@ -215,6 +215,7 @@ class _LaneCycle:
     access_log = False
     disconnected = False
     message_event = _NO_WAITER
+    task: asyncio.Task[None] | None = None  # the task serving it (told when the caller leaves)
     response_complete = False
     response_started = False
     waiting_for_100_continue = False
@@ -225,6 +226,10 @@ class _LaneCycle:
         self.keep_alive = keep_alive
         self.on_response = protocol.on_response_complete
 
+
+# The scope key under which the app names the task serving a call that uvicorn's cycle runs (the
+# lane's cycle holds its own): the one to stop when the caller's connection closes.
+CALL_TASK = "reach.call_task"
 
 # "Internal Server Error", as uvicorn answers an application that raised.
 _ERROR_500 = b"content-type: text/plain; charset=utf-8\r\ncontent-length: 21\r\n"
@@ -309,10 +314,13 @@ class GuardedHttpTools(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
-        if self.tasks and self._gone_app is not None:
-            # The caller left mid-request: the app stops what it runs for it (a call to an agent
-            # would otherwise go on, and fail over, for nobody). Once per connection, not per call.
-            self._gone_app.callers_gone(self.tasks)
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete and self._gone_app is not None:
+            # The caller left mid-request: the app stops the call it runs for it (it would
+            # otherwise go on, and fail over, for nobody). Once per connection, not per call.
+            task = cycle.task if isinstance(cycle, _LaneCycle) else cycle.scope.get(CALL_TASK)
+            if task is not None:
+                self._gone_app.callers_gone((task,))
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -469,6 +477,7 @@ class GuardedHttpTools(HttpToolsProtocol):
             task = self.loop.create_task(run)
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)
+        cycle.task = task
 
     def _leave_lane(self) -> None:
         """A lane request whose body did not come whole with its head: uvicorn's way after all."""
