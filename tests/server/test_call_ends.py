@@ -255,3 +255,37 @@ async def test_a_stream_cut_by_shutdown_says_so() -> None:
     assert [a.outcome for a in record.attempts] == ["shutdown"]
     assert router.app.parts.metrics.streams.values.get(("shutdown",)) == 1
     assert router.app.parts.stats.snapshot("endless")["requests"] == 0
+
+
+# -- repeated header fields ------------------------------------------------------------------------
+
+
+async def test_two_accept_fields_are_read_as_one(router: RouterServer) -> None:
+    """``Accept: text/event-stream`` then ``Accept: application/json``: only the last field was
+    read, and the caller that asked for a stream got a plain answer. Repeated fields are one
+    list (RFC 9110 §5.3), on the lane and through uvicorn's cycle alike."""
+
+    async def streams(conn: Conn) -> None:
+        await conn.sse_head()
+        await conn.chunk("piece")
+        await conn.done()
+
+    agent = await StreamAgent("streamer", streams).start()
+    try:
+        await agent.register(router.url)
+        port = int(router.url.rsplit(":", 1)[1])
+        raw = orjson.dumps(envelope())
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(
+            b"POST /reach HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Accept: text/event-stream\r\nAccept: application/json\r\n"
+            b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(raw), raw)
+        )
+        async with asyncio.timeout(scaled(10)):
+            answer = await reader.read(-1)
+        writer.close()
+    finally:
+        await agent.stop()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert b"content-type: text/event-stream" in head.lower(), head
+    assert b"event: chunk" in body and b"event: done" in body, body

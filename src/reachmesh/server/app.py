@@ -48,7 +48,7 @@ from reachmesh.server.auth import ANONYMOUS, OPEN, Action, Denial, Guard, action
 from reachmesh.server.components import RouterParts
 from reachmesh.server.origin import BrowserGate
 from reachmesh.server.reload import PolicyFile
-from reachmesh.server.h1 import CALL_TASK
+from reachmesh.server.h1 import CALL_TASK, joined_fields
 from reachmesh.server.stream import EventSink, serve_stream, wants_stream
 from reachmesh.server.ui import AdminUi
 from reachmesh.tracecontext import parse_traceparent
@@ -118,7 +118,8 @@ class RouterApp:
                 # each frame on the way (a burst holds one call per connection). The server's
                 # protocol stops this task's call if the caller's connection closes (callers_gone).
                 scope[CALL_TASK] = asyncio.current_task()  # type: ignore[literal-required]
-                answer = await self._serve_reach(scope, header_map(scope), None, receive, send)
+                headers = joined_fields(scope["headers"], header_map(scope))
+                answer = await self._serve_reach(scope, headers, None, receive, send)
                 if answer is not None:
                     await send_json(send, *answer, scope)
             elif AdminUi.serves(path):

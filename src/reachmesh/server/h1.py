@@ -192,6 +192,19 @@ def raw_stream(scope: Any) -> RawStream | None:
     return None
 
 
+def joined_fields(pairs: list[tuple[bytes, bytes]], headers: dict[bytes, bytes]) -> dict[bytes, bytes]:
+    """``headers`` (``pairs`` as a dict: of a repeated name, the last value) with a repeated
+    ``Accept`` read as one field, its values joined with ", " (RFC 9110 §5.3): a caller that
+    sends ``Accept: text/event-stream`` and ``Accept: application/json`` asks for both. Only a
+    length compare when no name repeats, as on almost every request."""
+    if len(headers) == len(pairs):
+        return headers
+    accepts = [value for name, value in pairs if name == b"accept"]
+    if len(accepts) > 1:
+        headers[b"accept"] = b", ".join(accepts)
+    return headers
+
+
 class _NoWaiter:
     """The body signal of a lane cycle: nobody waits for a body the lane already holds."""
 
@@ -443,7 +456,7 @@ class GuardedHttpTools(HttpToolsProtocol):
             or self.parser.should_upgrade()
         ):
             return None
-        headers = dict(self.headers)
+        headers = joined_fields(self.headers, dict(self.headers))
         if not self._lane_app.takes_whole(headers):
             return None
         client = self.client
