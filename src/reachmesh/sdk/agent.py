@@ -43,7 +43,7 @@ from reachmesh.protocol import AGENT_SECRET_HEADER as SECRET_HEADER
 from reachmesh.protocol import MAX_CONCURRENCY, UNKNOWN_TASK, ReachResponse
 from reachmesh.sdk.capacity import Gate, fingerprint
 from reachmesh.sdk.client import ReachClient
-from reachmesh.sdk.config import AgentConfig, find_config
+from reachmesh.sdk.config import MAX_REPEAT_CACHE_BYTES, AgentConfig, find_config, valid_cache_bytes
 from reachmesh.sdk.healthport import HealthServer
 from reachmesh.sdk.lease import LeaseKeeper
 from reachmesh.sdk.routers import split_router_urls
@@ -182,6 +182,7 @@ class ReachAgent:
         shared_secret: str | None = None,
         max_concurrency: int | None = None,
         router_url: str | Sequence[str] | None = None,
+        repeat_cache_bytes: int | None = None,
     ) -> None:
         """``shared_secret``: answer only calls that carry it in ``X-Reach-Agent-Secret`` (the
         Router's ``outbound.agent_secret_env``); by default, the configuration's (see
@@ -190,10 +191,18 @@ class ReachAgent:
         answered 429 busy, and the Router is told in the profile. ``router_url``: the Router, or
         several Routers of one service (a list, or comma-separated), instead of the
         configuration's (``REACH_ROUTER_URL``, ``router.url``); the agent registers through one
-        and renews through whichever answers."""
+        and renews through whichever answers. ``repeat_cache_bytes``: the bytes of answers kept
+        in all for requests the Router sends again (``server.repeat_cache_bytes``, default 16 MiB;
+        0 keeps none), the oldest forgotten first."""
         self._shared_secret = shared_secret
         self._router_urls = None if router_url is None else _router_list(router_url)
         self._max_concurrency = _concurrency(max_concurrency)
+        if repeat_cache_bytes is not None and not valid_cache_bytes(repeat_cache_bytes):
+            raise ValueError(
+                f"repeat_cache_bytes must be a whole number of bytes from 0 to {MAX_REPEAT_CACHE_BYTES}, "
+                f"got {repeat_cache_bytes!r}"
+            )
+        self._repeat_cache_bytes = repeat_cache_bytes
         self._gate: Gate | None = None
         self._config: AgentConfig | None = None
         self._config_source = config
@@ -239,7 +248,12 @@ class ReachAgent:
     def gate(self) -> Gate:
         """Handlers in flight, the busy answer past max_concurrency, and answers to repeats."""
         if self._gate is None:
-            self._gate = Gate(self.config.profile.max_concurrency)
+            config = self.config
+            cache_bytes = self._repeat_cache_bytes
+            self._gate = Gate(
+                config.profile.max_concurrency,
+                max_bytes=config.repeat_cache_bytes if cache_bytes is None else cache_bytes,
+            )
         return self._gate
 
     @property
