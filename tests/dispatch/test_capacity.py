@@ -472,11 +472,11 @@ async def test_overloaded_retry_after_is_estimated_from_the_queue(cluster) -> No
     agent = await make("slow", max_concurrency=1, delay_s=0.5, hold=hold)
     assert (await call(http)).json()["status"] == "SUCCESS"  # one answer: its service time known
     hold.clear()
-    prefs = {"timeoutMs": int(scaled(20_000)), "readTimeoutMs": int(scaled(20_000))}
-    held = [asyncio.ensure_future(call(http, **prefs)) for _ in range(4)]
+    prefs: dict[str, Any] = {"timeoutMs": int(scaled(20_000)), "readTimeoutMs": int(scaled(20_000))}
+    held = [asyncio.ensure_future(call(http, "echo", **prefs)) for _ in range(4)]
     capacity = server.app.parts.dispatcher.forwarding.capacity
     await until(lambda: capacity.queued("slow") == 3 and len(agent.received) == 2, "one sent, three queued")
-    refused = await call(http, **prefs)
+    refused = await call(http, "echo", **prefs)
     assert refused.status_code == 429, refused.text
     said = refused.json()["error"]["retryAfterSeconds"]
     assert refused.headers["Retry-After"] == str(said)

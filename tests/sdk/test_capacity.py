@@ -155,7 +155,7 @@ async def test_the_repeat_cache_is_bounded_by_its_bytes_in_all(router: RouterSer
     kept hold 100 KB at most, the oldest forgotten first: a repeat of the first key runs its
     handler again, a repeat of the last is answered from the cache."""
     agent = ReachAgent(config(router.url), repeat_cache_bytes=100_000)
-    runs: list[str] = []
+    runs: list[int] = []
 
     @agent.capability("work")
     async def work(payload: dict) -> dict:
@@ -196,7 +196,7 @@ def test_the_repeat_cache_size_is_a_config_key_with_a_default() -> None:
         "server": {"repeat_cache_bytes": 1_000_000},
     }
     assert ReachAgent(AgentConfig.from_mapping(mapping, env={})).gate.max_bytes == 1_000_000
-    with pytest.raises(ConfigError, match="server.repeat_cache_bytes"):
+    with pytest.raises(ConfigError, match=r"server\.repeat_cache_bytes"):
         AgentConfig.from_mapping({**mapping, "server": {"repeat_cache_bytes": "16MB"}}, env={})
     with pytest.raises(ValueError, match="repeat_cache_bytes"):
         ReachAgent(config(url), repeat_cache_bytes=-1)

@@ -91,7 +91,7 @@ async def test_a_plain_caller_that_leaves_stops_its_call(router: RouterServer) -
     assert sum(len(a.conns) for a in agents) == 1  # no failover after the caller left
     assert (record.status, record.error_code) == ("INVALID_REQUEST", "CALLER_GONE")
     assert [a.outcome for a in record.attempts] == ["caller_gone"]
-    assert ("caller gone", record.error["message"]) in record.events
+    assert record.error is not None and ("caller gone", record.error["message"]) in record.events
     parts = router.app.parts
     for agent in agents:
         assert parts.stats.snapshot(agent.agent_id) == {
@@ -104,7 +104,6 @@ async def test_a_plain_caller_that_leaves_stops_its_call(router: RouterServer) -
         breaker = parts.breakers._get(agent.agent_id, "talk")
         assert breaker is None or breaker.failures == 0
     assert parts.metrics.attempts.values.get(("caller_gone",)) == 1
-
 
 
 async def test_a_caller_that_leaves_stops_only_its_own_call(router: RouterServer) -> None:
@@ -137,12 +136,12 @@ async def test_a_caller_that_leaves_stops_only_its_own_call(router: RouterServer
 async def _answer_of(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> dict[str, Any]:
     """The JSON body of the answer on the connection a call was sent on."""
     head = await reader.readuntil(b"\r\n\r\n")
-    length = next(
-        int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")
-    )
+    lines = head.split(b"\r\n")
+    length = next(int(line[15:]) for line in lines if line.lower().startswith(b"content-length:"))
     body = await reader.readexactly(length)
     writer.close()
     return dict(orjson.loads(body))
+
 
 # -- a stream that ends at a deadline ----------------------------------------------------------
 

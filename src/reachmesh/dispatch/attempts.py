@@ -392,7 +392,7 @@ class AttemptRun:
             # but the agent's in-flight count and a probe it held must come back.
             self.parts.stats.finished(choice.entry.id, ok=None, latency_ms=0.0)
             self._release_probe(choice.entry.id)
-            self._cut(choice, started, span_id, cut_reason(exc))
+            record_cut(self.record, choice, (started, clock.monotonic()), span_id, cut_reason(exc))
             raise
         self._pool_waited(pool_waited)
         self.account(choice, started, span_id, None)
@@ -400,17 +400,6 @@ class AttemptRun:
         if self.request.conversation_id:
             self.parts.affinity.bind(self.request.conversation_id, choice.entry.id, self.record.caller)
         return Success(result)
-
-    def _cut(self, choice: Choice, started: float, span_id: str, why: str | None) -> None:
-        """Record an attempt the dispatcher cut (``why``: the caller left, or the Router is
-        shutting down), so the trace and the attempts counted say what stopped it."""
-        if why is None:
-            return
-        record = self.record
-        took = round((self.parts.clock.monotonic() - started) * 1000, 2)
-        offset = round((started - record.started) * 1000, 2)
-        record.attempts.append(AttemptRecord(choice.entry.id, why, took, span_id, offset, choice.score))
-        record.note("forward", f"{choice.entry.id}, duration={took:.0f}ms, outcome={why} (not judged)")
 
     def _pool_waited(self, before_s: float) -> None:
         """Book the time the attempt just made waited for a connection of the Router's pool."""
@@ -538,6 +527,21 @@ def exhausted(run: AttemptRun) -> ContextUnavailable | NoAvailableHandler | Over
         message += f"; a busy agent asked to retry after {run.busy_retry_after_s} s"
         return AgentsBusy(message, list(record.rejected), retry_after_s=run.busy_retry_after_s)
     return NoAvailableHandler(message, list(record.rejected))
+
+
+def record_cut(
+    record: DecisionRecord, choice: Choice, span: tuple[float, float], span_id: str, why: str | None
+) -> None:
+    """Record an attempt the dispatcher cut (``why``: the caller left, or the Router is shutting
+    down; ``span``: its monotonic start and end), so the trace and the attempts counted say what
+    stopped it."""
+    if why is None:
+        return
+    started, ended = span
+    took = round((ended - started) * 1000, 2)
+    offset = round((started - record.started) * 1000, 2)
+    record.attempts.append(AttemptRecord(choice.entry.id, why, took, span_id, offset, choice.score))
+    record.note("forward", f"{choice.entry.id}, duration={took:.0f}ms, outcome={why} (not judged)")
 
 
 def _overloaded_retry_after(run: AttemptRun) -> int:

@@ -430,8 +430,8 @@ class Dispatcher:
             data,
             record,
             task,
-            self._timeout(request, task, config),
-            self._max_retries(request, task, config),
+            _timeout(request, task, config),
+            _max_retries(request, task, config),
         )
         result = await run.run(choices)
         if not isinstance(run, StreamingRun) or sink is None:
@@ -458,28 +458,6 @@ class Dispatcher:
                 [],
                 retry_after_s=getattr(exc, "retry_after_s", None),
             ) from exc
-
-    def _timeout(self, request: ReachRequest, task: str, config: RouterConfig) -> Timeout:
-        policy = config.timeouts
-        override = config.tasks.get(task)
-        prefs = request.preferences
-        connect = prefs.connect_timeout_ms or (override and override.connect_ms) or policy.connect_ms
-        read = prefs.read_timeout_ms or (override and override.read_ms) or policy.read_ms
-        overall = (
-            prefs.timeout_ms
-            or (override and override.overall_ms)
-            or policy.overall_ms
-            or connect + read + config.retries.allowance_ms
-        )
-        return Timeout(connect_ms=connect, read_ms=read, overall_ms=overall)
-
-    def _max_retries(self, request: ReachRequest, task: str, config: RouterConfig) -> int:
-        override = config.tasks.get(task)
-        cap = config.retries.max_per_request
-        if override is not None and override.max_retries is not None:
-            cap = override.max_retries
-        asked = request.preferences.retry_count
-        return cap if asked is None else min(asked, cap)
 
     # -- the one way out ---------------------------------------------------------------------
 
@@ -510,6 +488,30 @@ class Dispatcher:
                 observer(record)
             except Exception:  # an observer's bug must never cost the caller the answer
                 log.exception("observer %r failed", observer)
+
+
+def _timeout(request: ReachRequest, task: str, config: RouterConfig) -> Timeout:
+    policy = config.timeouts
+    override = config.tasks.get(task)
+    prefs = request.preferences
+    connect = prefs.connect_timeout_ms or (override and override.connect_ms) or policy.connect_ms
+    read = prefs.read_timeout_ms or (override and override.read_ms) or policy.read_ms
+    overall = (
+        prefs.timeout_ms
+        or (override and override.overall_ms)
+        or policy.overall_ms
+        or connect + read + config.retries.allowance_ms
+    )
+    return Timeout(connect_ms=connect, read_ms=read, overall_ms=overall)
+
+
+def _max_retries(request: ReachRequest, task: str, config: RouterConfig) -> int:
+    override = config.tasks.get(task)
+    cap = config.retries.max_per_request
+    if override is not None and override.max_retries is not None:
+        cap = override.max_retries
+    asked = request.preferences.retry_count
+    return cap if asked is None else min(asked, cap)
 
 
 def _schema_mismatch(

@@ -171,6 +171,15 @@ def _concurrency(value: int | None) -> int | None:
     return value
 
 
+def _cache_bytes(value: int | None) -> int | None:
+    """``repeat_cache_bytes`` as given, if it is a size (server.repeat_cache_bytes's range)."""
+    if value is not None and not valid_cache_bytes(value):
+        raise ValueError(
+            f"repeat_cache_bytes must be a whole number of bytes from 0 to {MAX_REPEAT_CACHE_BYTES}"
+        )
+    return value
+
+
 class ReachAgent:
     """One agent process: its handlers, its lease, its callback and health servers."""
 
@@ -191,18 +200,12 @@ class ReachAgent:
         answered 429 busy, and the Router is told in the profile. ``router_url``: the Router, or
         several Routers of one service (a list, or comma-separated), instead of the
         configuration's (``REACH_ROUTER_URL``, ``router.url``); the agent registers through one
-        and renews through whichever answers. ``repeat_cache_bytes``: the bytes of answers kept
-        in all for requests the Router sends again (``server.repeat_cache_bytes``, default 16 MiB;
-        0 keeps none), the oldest forgotten first."""
+        and renews through whichever answers. ``repeat_cache_bytes``: the answers kept for repeats,
+        in bytes (``server.repeat_cache_bytes``: 16 MiB, 0 keeps none), the oldest forgotten first."""
         self._shared_secret = shared_secret
         self._router_urls = None if router_url is None else _router_list(router_url)
         self._max_concurrency = _concurrency(max_concurrency)
-        if repeat_cache_bytes is not None and not valid_cache_bytes(repeat_cache_bytes):
-            raise ValueError(
-                f"repeat_cache_bytes must be a whole number of bytes from 0 to {MAX_REPEAT_CACHE_BYTES}, "
-                f"got {repeat_cache_bytes!r}"
-            )
-        self._repeat_cache_bytes = repeat_cache_bytes
+        self._repeat_cache_bytes = _cache_bytes(repeat_cache_bytes)
         self._gate: Gate | None = None
         self._config: AgentConfig | None = None
         self._config_source = config
@@ -248,12 +251,8 @@ class ReachAgent:
     def gate(self) -> Gate:
         """Handlers in flight, the busy answer past max_concurrency, and answers to repeats."""
         if self._gate is None:
-            config = self.config
-            cache_bytes = self._repeat_cache_bytes
-            self._gate = Gate(
-                config.profile.max_concurrency,
-                max_bytes=config.repeat_cache_bytes if cache_bytes is None else cache_bytes,
-            )
+            limit, own = self.config.profile.max_concurrency, self._repeat_cache_bytes
+            self._gate = Gate(limit, max_bytes=self.config.repeat_cache_bytes if own is None else own)
         return self._gate
 
     @property

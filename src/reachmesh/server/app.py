@@ -46,9 +46,9 @@ from reachmesh.server.asgi import (
 )
 from reachmesh.server.auth import ANONYMOUS, OPEN, Action, Denial, Guard, action_for, principal_of
 from reachmesh.server.components import RouterParts
+from reachmesh.server.h1 import CALL_TASK, joined_fields
 from reachmesh.server.origin import BrowserGate
 from reachmesh.server.reload import PolicyFile
-from reachmesh.server.h1 import CALL_TASK, joined_fields
 from reachmesh.server.stream import EventSink, serve_stream, wants_stream
 from reachmesh.server.ui import AdminUi
 from reachmesh.tracecontext import parse_traceparent
@@ -117,7 +117,7 @@ class RouterApp:
                 # Served here, not in a coroutine of its own: a call waiting for its body holds
                 # each frame on the way (a burst holds one call per connection). The server's
                 # protocol stops this task's call if the caller's connection closes (callers_gone).
-                scope[CALL_TASK] = asyncio.current_task()  # type: ignore[literal-required]
+                scope[CALL_TASK] = asyncio.current_task()
                 headers = joined_fields(scope["headers"], header_map(scope))
                 answer = await self._serve_reach(scope, headers, None, receive, send)
                 if answer is not None:
@@ -406,10 +406,10 @@ _RETRY_AFTER_SECONDS = re.compile(rb'"retryAfterSeconds":(\d{1,9})[,}]')
 
 
 def _retry_after_of(status: int, payload: bytes, overloaded_s: int) -> list[tuple[bytes, bytes]] | None:
-    """The ``Retry-After`` header of a refusal: a 429 from routing (every candidate full, and its
-    queue too: PROTOCOL §15) the estimate its error carries (else the policy's); a 503 whose error says when to come back (every agent
-    that answered was busy, or the embedding service said so) that time, since HTTP clients read
-    the header, not the body."""
+    """The ``Retry-After`` header of a refusal: a 429 the figure its error carries (every
+    candidate full, and its queue too: PROTOCOL §15, an estimate), else the policy's; a 503 whose
+    error says when to come back (every agent that answered was busy, or the embedding service
+    said so) that time, since HTTP clients read the header, not the body."""
     if status == 429:
         # The answer's own figure: an estimate from the full agents' queues, or the policy's.
         found = _RETRY_AFTER_SECONDS.search(payload)

@@ -331,7 +331,8 @@ class GuardedHttpTools(HttpToolsProtocol):
         if cycle is not None and not cycle.response_complete and self._gone_app is not None:
             # The caller left mid-request: the app stops the call it runs for it (it would
             # otherwise go on, and fail over, for nobody). Once per connection, not per call.
-            task = cycle.task if isinstance(cycle, _LaneCycle) else cycle.scope.get(CALL_TASK)
+            # The lane's cycle holds its task; uvicorn's has the scope the app named it in.
+            task = getattr(cycle, "task", None) or getattr(cycle, "scope", {}).get(CALL_TASK)
             if task is not None:
                 self._gone_app.callers_gone((task,))
         super().connection_lost(exc)
