@@ -457,7 +457,9 @@ class GuardedHttpTools(HttpToolsProtocol):
             or self.parser.should_upgrade()
         ):
             return None
-        headers = joined_fields(self.headers, dict(self.headers))
+        headers = dict(self.headers)
+        if len(headers) != len(self.headers):  # a name repeated: Accept's fields are one list
+            joined_fields(self.headers, headers)
         if not self._lane_app.takes_whole(headers):
             return None
         client = self.client
