@@ -143,6 +143,37 @@ async def _answer_of(reader: asyncio.StreamReader, writer: asyncio.StreamWriter)
     return dict(orjson.loads(body))
 
 
+async def test_a_streaming_caller_that_leaves_is_booked_to_the_caller() -> None:
+    """A streaming caller that leaves while its agent thinks: the record said AGENT_ERROR
+    STREAM_BROKEN (an agent's failure, on the dashboards) and kept no trace of the attempt it
+    cut. It is the caller's now (CALLER_GONE), with the attempt's outcome ``caller_gone``."""
+
+    async def thinks(conn: Conn) -> None:
+        await conn.closed_by_router()
+
+    async with RouterServer(RouterConfig.model_validate(POLICY)) as router:
+        agent = await StreamAgent("thinker", thinks).start()
+        records = _records(router)
+        try:
+            await agent.register(router.url)
+            port = int(router.url.rsplit(":", 1)[1])
+            raw = orjson.dumps(envelope(timeoutMs=int(scaled(30_000))))
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(
+                b"POST /reach HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                b"Accept: text/event-stream\r\nContent-Length: %d\r\n\r\n%s" % (len(raw), raw)
+            )
+            await until(lambda: len(agent.conns) == 1, "the call at the agent")
+            writer.close()
+            await until(lambda: records, "the request's record")
+        finally:
+            await agent.stop()
+    record = records[0]
+    assert (record.status, record.error_code) == ("INVALID_REQUEST", "CALLER_GONE")
+    assert record.stream is not None and record.stream.ended == "caller_gone"
+    assert [a.outcome for a in record.attempts] == ["caller_gone"]
+
+
 # -- a stream that ends at a deadline ----------------------------------------------------------
 
 
