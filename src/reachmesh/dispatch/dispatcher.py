@@ -384,9 +384,8 @@ class Dispatcher:
         """The caller closed its connection: the request ends here, traced and counted as the
         caller's (nobody reads the answer). No attempt after it: a failover now would run the
         request again for nobody."""
-        stream = record.stream
-        if stream is not None and stream.ended is None:
-            stream.ended = CALLER_GONE
+        if record.stream is not None and record.stream.ended is None:
+            record.stream.ended = CALLER_GONE
         where = f" during {record.attempts[-1].agent_id}'s attempt" if record.attempts else ""
         message = f"the caller closed its connection after {self._ms_since(record):.0f} ms{where}"
         return self._finish(record, error=CallerGone(message), hold=hold)
