@@ -319,3 +319,49 @@ async def test_two_accept_fields_are_read_as_one(router: RouterServer) -> None:
     head, _, body = answer.partition(b"\r\n\r\n")
     assert b"content-type: text/event-stream" in head.lower(), head
     assert b"event: chunk" in body and b"event: done" in body, body
+
+
+async def test_an_sdk_handler_is_cancelled_when_its_plain_caller_leaves() -> None:
+    """A plain call to an SDK agent whose handler waits (a model thinking): its caller leaves.
+    The Router went on waiting, and the handler ran on after the Router closed (aiohttp does not
+    cancel a handler whose client left). Now the Router closes the agent's connection at once
+    and the SDK, seeing it, cancels the handler."""
+    from reachmesh import AgentConfig, ReachAgent
+    from reachmesh.ports import free_port
+
+    cancelled = asyncio.Event()
+    started = asyncio.Event()
+    async with RouterServer(RouterConfig.model_validate(POLICY)) as router:
+        port = free_port()
+        config = AgentConfig.from_mapping(
+            {
+                "agent": {
+                    "id": "thinker",
+                    "network": {"endpoint": f"http://127.0.0.1:{port}/reach"},
+                    "capabilities": [{"task": "talk"}],
+                },
+                "router": {"url": router.url},
+            },
+            env={},
+        )
+        agent = ReachAgent(config)
+
+        @agent.capability("talk")
+        async def talk(payload: dict[str, Any]) -> dict[str, Any]:
+            started.set()
+            try:
+                await asyncio.Event().wait()
+            finally:
+                cancelled.set()
+            return {}
+
+        await agent.start()
+        try:
+            _, writer = await _plain_call(router, envelope(timeoutMs=int(scaled(30_000))))
+            async with asyncio.timeout(scaled(5)):
+                await started.wait()
+            writer.close()
+            async with asyncio.timeout(scaled(1.5)):
+                await cancelled.wait()  # the Router's close, seen within the SDK's watch period
+        finally:
+            await agent.stop()

@@ -47,7 +47,7 @@ from reachmesh.sdk.config import MAX_REPEAT_CACHE_BYTES, AgentConfig, find_confi
 from reachmesh.sdk.healthport import HealthServer
 from reachmesh.sdk.lease import LeaseKeeper
 from reachmesh.sdk.routers import split_router_urls
-from reachmesh.sdk.streaming import ReachStream, gather_values, send_stream, wants_stream
+from reachmesh.sdk.streaming import ReachStream, gather_values, send_stream, unless_caller_left, wants_stream
 from reachmesh.sdk.tls import server_context
 from reachmesh.tracecontext import make_traceparent, new_trace_id, parse_traceparent
 
@@ -541,7 +541,7 @@ class ReachAgent:
         if inspect.isasyncgenfunction(bound[0]):
             answer = await self._run_streaming(request, bound, payload, ctx)
         else:
-            answer = await _run_handler(bound, payload, ctx)
+            answer = await unless_caller_left(request, _run_handler(bound, payload, ctx))
         self._handler_latency.labels(ctx.task).observe(asyncio.get_running_loop().time() - started)
         self._handled.labels(ctx.task, answer[1]).inc()
         if span is not None and self._spans is not None:
