@@ -13,7 +13,8 @@ caller never has to know which library sat underneath.
     │   ├── UnsupportedMediaType     the body is not JSON (415)
     │   ├── BodyTimeout              the body did not arrive in time (408)
     │   ├── TraceIdInUse             an async request already uses this traceId
-    │   └── LearningDisabled         409 LEARNING_DISABLED: a route confirmed while learning is off
+    │   ├── LearningDisabled         409 LEARNING_DISABLED: a route confirmed while learning is off
+    │   └── CallerGone               the caller closed its connection first (recorded, never sent)
     ├── Overloaded                   429 OVERLOADED: the Router is shedding load
     ├── AccessDenied                 401/403: no credential, or a role that may not do this
     ├── InternalError                500 INTERNAL_ERROR: a bug in the Router itself
@@ -35,10 +36,12 @@ caller never has to know which library sat underneath.
     │   │   └── AgentsBusy           every agent that answered said 429; retryAfterSeconds
     │   ├── ContextUnavailable       409 CONTEXT_UNAVAILABLE: no agent holds the conversation
     │   └── DeadlineExceeded         504 TIMEOUT: the overall budget ran out
+    │       └── RouterShutdown       504 TIMEOUT, code ROUTER_SHUTDOWN: cut by the drain deadline
     ├── AttemptError                 one upstream attempt failed (internal to the dispatcher)
     │   ├── ConnectFailed            refused, reset, unreachable or connect timeout
     │   ├── PoolTimeout              no slot or pool connection came free: not the agent's fault
     │   ├── AttemptTimeout           the agent did not answer in time
+    │   │   └── AgentDeadline        the agent said the request's deadline passed
     │   ├── BadAgentResponse         5xx, or an answer that is not a valid agent reply
     │   ├── AgentRejected            the agent answered AGENT_ERROR, or a 4xx
     │   │   └── AgentDeclined        the agent answered DECLINED: the request is not for it
@@ -156,6 +159,15 @@ class LearningDisabled(RequestError):
 
     code = "LEARNING_DISABLED"
     http_status = 409
+
+
+class CallerGone(RequestError):
+    """The caller closed its connection before its answer: the request stops there. Nobody reads
+    this answer; it is the record's (trace, metrics), booked to the caller (a 4xx, as the
+    ``499`` of some proxies) and never to the agent that was working on it."""
+
+    code = "CALLER_GONE"
+    http_status = 499
 
 
 class Overloaded(ReachError):
@@ -385,6 +397,12 @@ class DeadlineExceeded(RoutingError):
         super().__init__(message)
 
 
+class RouterShutdown(DeadlineExceeded):
+    """The Router shut down (its drain deadline came) before this request finished."""
+
+    code = "ROUTER_SHUTDOWN"
+
+
 class AttemptError(ReachError):
     """One upstream attempt failed. ``reason`` is the candidate reason it maps to."""
 
@@ -421,6 +439,11 @@ class AttemptTimeout(AttemptError):
 
     code = "TIMEOUT"
     reason = "timeout"
+
+
+class AgentDeadline(AttemptTimeout):
+    """The agent answered that the request's deadline passed (``AGENT_ERROR`` with code
+    ``DEADLINE_EXCEEDED``, or a ``TIMEOUT`` status): a timeout, in the agent's words."""
 
 
 class BadAgentResponse(AttemptError):

@@ -458,3 +458,28 @@ async def test_a_probe_timing_out_in_what_a_wait_left_does_not_close_the_breaker
     agent.hold.set()
     assert (await call(http)).json()["status"] == "SUCCESS"
     assert await circuit(http, "flaky") == "closed"
+
+
+@pytest.mark.policy({"limits": {"max_queued_per_agent": 3, "retry_after_seconds": 30}})
+async def test_overloaded_retry_after_is_estimated_from_the_queue(cluster) -> None:
+    """A full agent with three waiting, whose answers take half a second: the caller turned away
+    was told to come back after the policy's fixed 30 s, whatever the queue held. Now it is the
+    time the line ahead of it takes: service time x (waiting + 1) / capacity, here at least
+    ceil(0.5 x 4 / 1) = 2 s, and well under the policy's ceiling."""
+    server, http, make = cluster
+    hold = asyncio.Event()
+    hold.set()
+    agent = await make("slow", max_concurrency=1, delay_s=0.5, hold=hold)
+    assert (await call(http)).json()["status"] == "SUCCESS"  # one answer: its service time known
+    hold.clear()
+    prefs: dict[str, Any] = {"timeoutMs": int(scaled(20_000)), "readTimeoutMs": int(scaled(20_000))}
+    held = [asyncio.ensure_future(call(http, "echo", **prefs)) for _ in range(4)]
+    capacity = server.app.parts.dispatcher.forwarding.capacity
+    await until(lambda: capacity.queued("slow") == 3 and len(agent.received) == 2, "one sent, three queued")
+    refused = await call(http, "echo", **prefs)
+    assert refused.status_code == 429, refused.text
+    said = refused.json()["error"]["retryAfterSeconds"]
+    assert refused.headers["Retry-After"] == str(said)
+    assert 2 <= said < 30, said
+    hold.set()
+    assert [(await a).json()["status"] for a in held] == ["SUCCESS"] * 4

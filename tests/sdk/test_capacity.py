@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from reachmesh import AgentConfig, ReachAgent
+from reachmesh.exceptions import ConfigError
 from reachmesh.testing import RouterServer, free_port
 from tests.helpers import scaled, until
 
@@ -146,3 +147,56 @@ def test_a_max_concurrency_that_is_not_a_count_is_refused(bad: object) -> None:
     told the Router true; "3" raised a TypeError from a comparison instead of a clear error."""
     with pytest.raises(ValueError, match="max_concurrency must be an integer"):
         ReachAgent(config("http://127.0.0.1:9"), max_concurrency=bad)  # type: ignore[arg-type]
+
+
+async def test_the_repeat_cache_is_bounded_by_its_bytes_in_all(router: RouterServer) -> None:
+    """Answers of 40 KB each (under the per-answer bound) under five keys, with 100 KB of cache:
+    the count and per-answer bounds alone let 1,024 such answers (64 MiB) stay. Now the answers
+    kept hold 100 KB at most, the oldest forgotten first: a repeat of the first key runs its
+    handler again, a repeat of the last is answered from the cache."""
+    agent = ReachAgent(config(router.url), repeat_cache_bytes=100_000)
+    runs: list[int] = []
+
+    @agent.capability("work")
+    async def work(payload: dict) -> dict:
+        runs.append(payload["n"])
+        return {"n": payload["n"], "pad": "x" * 40_000}
+
+    await agent.start()
+    try:
+        url = agent.config.profile.network.endpoint
+
+        async def post(n: int) -> httpx.Response:
+            body = {"traceId": f"trace-{n}", "targetTask": "work", "payload": {"n": n}}
+            return await http.post(url, json=body, headers={"Idempotency-Key": f"trace-{n}.k"})
+
+        async with httpx.AsyncClient(timeout=scaled(10)) as http:
+            for n in range(5):
+                assert (await post(n)).json()["result"]["n"] == n
+            assert agent.gate.bytes_held <= 100_000
+            assert len(agent.gate._answers) == 2
+            assert (await post(4)).json()["result"]["n"] == 4  # kept: not run again
+            assert runs == [0, 1, 2, 3, 4]
+            assert (await post(0)).json()["result"]["n"] == 0  # forgotten: run again
+            assert runs == [0, 1, 2, 3, 4, 0]
+    finally:
+        await agent.stop()
+
+
+def test_the_repeat_cache_size_is_a_config_key_with_a_default() -> None:
+    url = "http://127.0.0.1:1"
+    assert ReachAgent(config(url)).gate.max_bytes == 16 * 1024 * 1024
+    port = free_port()
+    mapping = {
+        "agent": {
+            "id": "gated",
+            "network": {"endpoint": f"http://127.0.0.1:{port}/reach"},
+            "capabilities": [{"task": "work"}],
+        },
+        "server": {"repeat_cache_bytes": 1_000_000},
+    }
+    assert ReachAgent(AgentConfig.from_mapping(mapping, env={})).gate.max_bytes == 1_000_000
+    with pytest.raises(ConfigError, match=r"server\.repeat_cache_bytes"):
+        AgentConfig.from_mapping({**mapping, "server": {"repeat_cache_bytes": "16MB"}}, env={})
+    with pytest.raises(ValueError, match="repeat_cache_bytes"):
+        ReachAgent(config(url), repeat_cache_bytes=-1)

@@ -69,6 +69,19 @@ MAX_DECLINES = 8
 # AttemptRun._refusal's answer when only the candidate can say: whether it holds a conversation.
 _ASK_AGENT = "ask the agent"
 
+# Why a request's task was cancelled, as the cancellation's message carries it (the dispatcher
+# sends them): the caller closed its connection, or the Router's drain deadline came. Each is also
+# the outcome of the attempt it cut and, for a stream, how the stream ended.
+CALLER_GONE = "caller_gone"
+SHUTDOWN = "shutdown"
+_CUTS = (CALLER_GONE, SHUTDOWN)
+
+
+def cut_reason(exc: asyncio.CancelledError) -> str | None:
+    """:data:`CALLER_GONE` or :data:`SHUTDOWN` when the dispatcher cancelled the request, else None."""
+    why = exc.args[0] if exc.args else None
+    return why if why in _CUTS else None
+
 
 @dataclass(slots=True)
 class Forwarding:
@@ -374,11 +387,12 @@ class AttemptRun:
             self._pool_waited(pool_waited)
             self.account(choice, started, span_id, exc)
             return exc
-        except asyncio.CancelledError:
-            # A streaming caller that went away, or the Router shutting down: the attempt ends
-            # unjudged, but the agent's in-flight count and a probe it held must come back.
+        except asyncio.CancelledError as exc:
+            # A caller that went away, or the Router shutting down: the attempt ends unjudged,
+            # but the agent's in-flight count and a probe it held must come back.
             self.parts.stats.finished(choice.entry.id, ok=None, latency_ms=0.0)
             self._release_probe(choice.entry.id)
+            record_cut(self.record, choice, (started, clock.monotonic()), span_id, cut_reason(exc))
             raise
         self._pool_waited(pool_waited)
         self.account(choice, started, span_id, None)
@@ -507,12 +521,39 @@ def exhausted(run: AttemptRun) -> ContextUnavailable | NoAvailableHandler | Over
     if record.rejected and all(c.get("reason") == CandidateReason.AT_CAPACITY for c in record.rejected):
         return Overloaded(
             f"every candidate for {run.task!r} is full, and so is its queue",
-            retry_after_s=run.parts.config.limits.retry_after_seconds,
+            retry_after_s=_overloaded_retry_after(run),
         )
     if run.busy_retry_after_s is not None:
         message += f"; a busy agent asked to retry after {run.busy_retry_after_s} s"
         return AgentsBusy(message, list(record.rejected), retry_after_s=run.busy_retry_after_s)
     return NoAvailableHandler(message, list(record.rejected))
+
+
+def record_cut(
+    record: DecisionRecord, choice: Choice, span: tuple[float, float], span_id: str, why: str | None
+) -> None:
+    """Record an attempt the dispatcher cut (``why``: the caller left, or the Router is shutting
+    down; ``span``: its monotonic start and end), so the trace and the attempts counted say what
+    stopped it."""
+    if why is None:
+        return
+    started, ended = span
+    took = round((ended - started) * 1000, 2)
+    offset = round((started - record.started) * 1000, 2)
+    record.attempts.append(AttemptRecord(choice.entry.id, why, took, span_id, offset, choice.score))
+    record.note("forward", f"{choice.entry.id}, duration={took:.0f}ms, outcome={why} (not judged)")
+
+
+def _overloaded_retry_after(run: AttemptRun) -> int:
+    """When a caller turned away from full agents should come back: the soonest estimate of the
+    agents it found full (resilience.capacity.retry_after_estimate), not a fixed figure."""
+    parts = run.parts
+    policy_s = parts.config.limits.retry_after_seconds
+    estimates = [
+        parts.capacity.retry_after_s(agent_id, parts.stats.merit(agent_id)[1], policy_s)
+        for agent_id in {c["agentId"] for c in run.record.rejected}
+    ]
+    return min(estimates, default=policy_s)
 
 
 def attempt_verdict(exc: AttemptError | None) -> bool | None:

@@ -26,11 +26,12 @@ from reachmesh.decision import DecisionRecord, Observer, StreamRecord
 from reachmesh.dispatch import durable, encoder
 from reachmesh.dispatch.agentsecret import AgentSecrets
 from reachmesh.dispatch.asyncmode import AsyncRequests
-from reachmesh.dispatch.attempts import AttemptRun, Forwarding
+from reachmesh.dispatch.attempts import CALLER_GONE, SHUTDOWN, AttemptRun, Forwarding
 from reachmesh.dispatch.results import Reply
-from reachmesh.dispatch.streaming import StreamingRun, StreamSink, relay, stream_broken
+from reachmesh.dispatch.streaming import StreamingRun, StreamSink, relay
 from reachmesh.dispatch.suggest import Suggester
 from reachmesh.exceptions import (
+    CallerGone,
     ContextUnavailable,
     DeadlineExceeded,
     EmbeddingDown,
@@ -39,6 +40,7 @@ from reachmesh.exceptions import (
     Overloaded,
     ReachError,
     RequestError,
+    RouterShutdown,
     RoutingError,
     TraceIdInUse,
     UnknownTask,
@@ -59,6 +61,8 @@ _SERVICE_ADDRESS = re.compile(r" at [A-Za-z][A-Za-z0-9+.-]*://\S+")
 
 # The trace-log event each kind of ending writes, most specific first.
 _ENDINGS: tuple[tuple[type[ReachError], str], ...] = (
+    (CallerGone, "caller gone"),
+    (RouterShutdown, "shutdown"),
     (ContextUnavailable, "context unavailable"),
     (DeadlineExceeded, "timeout"),
     (RoutingError, "no handler"),
@@ -112,9 +116,10 @@ class Dispatcher:
         self.vectors = vectors
         self.observers = list(observers)
         self.clock = clock
-        # Synchronous requests in flight (their tasks), ended by abandon() at the drain deadline.
+        # Synchronous requests in flight (their tasks): ended by abandon() at the drain deadline,
+        # or by callers_gone() when a caller's connection closes. _cut says which cancelled one.
         self._running: set[asyncio.Task[Any]] = set()
-        self._cancelled: set[asyncio.Task[Any]] = set()
+        self._cut: dict[asyncio.Task[Any], str] = {}
         self._abandoning = False
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop requests last ran on
         self.streams_in_flight = 0  # streamed requests running now (a gauge reads it)
@@ -222,16 +227,21 @@ class Dispatcher:
                 return self._finish(record, error=exc, hold=hold)
             return self._finish(record, result=result, hold=hold)
         except asyncio.CancelledError:
-            # Only the cancellation abandon() sent is answered; any other goes on.
-            if task not in self._cancelled:
+            # Only the cancellations sent here (abandon(), callers_gone()) are answered; any
+            # other goes on (a streaming caller's watch: its caller is gone too).
+            why = self._cut.pop(task, None)
+            if why is None:
                 if sink is not None and record.status is None:
-                    self._caller_gone(record)
+                    self._caller_gone(record, hold)
                 raise
-            self._cancelled.discard(task)
             task.uncancel()
+            if why == CALLER_GONE:
+                return self._caller_gone(record, hold)
             return self._abandoned(record)
         finally:
             self._running.discard(task)
+            if self._cut:  # a cut that came as the request ended: nothing is left to cut
+                self._cut.pop(task, None)
 
     def _current_task(self) -> asyncio.Task[Any] | None:
         """The running task. ``asyncio.current_task()`` looks the running loop up with a
@@ -247,18 +257,33 @@ class Dispatcher:
         return task
 
     def _abandoned(self, record: DecisionRecord) -> Reply:
-        log.error("[%s] request abandoned at shutdown: answered TIMEOUT", record.trace_id)
-        return self._finish(
-            record, error=DeadlineExceeded("the Router shut down before this request finished")
-        )
+        log.error("[%s] request abandoned at shutdown: answered TIMEOUT (ROUTER_SHUTDOWN)", record.trace_id)
+        if record.stream is not None and record.stream.ended in (None, CALLER_GONE):
+            record.stream.ended = SHUTDOWN
+        return self._finish(record, error=RouterShutdown("the Router shut down before this request finished"))
 
     def abandon(self) -> None:
-        """The drain deadline: end every synchronous request still running with TIMEOUT, and
-        any that starts from now on at once."""
+        """The drain deadline: end every synchronous request still running with TIMEOUT (code
+        ROUTER_SHUTDOWN), and any that starts from now on at once."""
         self._abandoning = True
         for task in self._running:
-            self._cancelled.add(task)
-            task.cancel()
+            if task not in self._cut:  # a caller gone already: its end is on its way
+                self._cut[task] = SHUTDOWN
+                task.cancel(SHUTDOWN)
+
+    @property
+    def running(self) -> int:
+        """Synchronous requests (streams too) running now."""
+        return len(self._running)
+
+    def callers_gone(self, tasks: Iterable[asyncio.Task[Any]]) -> None:
+        """The connection these tasks served closed: each that is running a request here stops
+        it (the connection to its agent closes with it), booked to the caller. A connection's
+        end, not a request's: nothing on the hot path."""
+        for task in tasks:
+            if task in self._running and task not in self._cut:
+                self._cut[task] = CALLER_GONE
+                task.cancel(CALLER_GONE)
 
     def refuse(
         self,
@@ -355,11 +380,18 @@ class Dispatcher:
                 self.streams_in_flight -= 1
         return self._finish(record, result=result)
 
-    def _caller_gone(self, record: DecisionRecord) -> None:
-        """A streaming caller went away: the request ends here, traced and counted as such."""
-        if record.stream is not None:
-            record.stream.ended = "caller_gone"
-        self._finish(record, error=stream_broken("the caller went away before the stream ended"))
+    def _caller_gone(self, record: DecisionRecord, hold: list[DecisionRecord] | None = None) -> Reply:
+        """The caller closed its connection: the request ends here, traced and counted as the
+        caller's (nobody reads the answer). No attempt after it: a failover now would run the
+        request again for nobody."""
+        if record.stream is not None and record.stream.ended is None:
+            record.stream.ended = CALLER_GONE
+        where = f" during {record.attempts[-1].agent_id}'s attempt" if record.attempts else ""
+        message = f"the caller closed its connection after {self._ms_since(record):.0f} ms{where}"
+        return self._finish(record, error=CallerGone(message), hold=hold)
+
+    def _ms_since(self, record: DecisionRecord) -> float:
+        return (self.clock.monotonic() - record.started) * 1000
 
     async def _route_and_forward(
         self, request: ReachRequest, data: dict[str, Any], record: DecisionRecord, sink: StreamSink | None
@@ -397,8 +429,8 @@ class Dispatcher:
             data,
             record,
             task,
-            self._timeout(request, task, config),
-            self._max_retries(request, task, config),
+            _timeout(request, task, config),
+            _max_retries(request, task, config),
         )
         result = await run.run(choices)
         if not isinstance(run, StreamingRun) or sink is None:
@@ -425,28 +457,6 @@ class Dispatcher:
                 [],
                 retry_after_s=getattr(exc, "retry_after_s", None),
             ) from exc
-
-    def _timeout(self, request: ReachRequest, task: str, config: RouterConfig) -> Timeout:
-        policy = config.timeouts
-        override = config.tasks.get(task)
-        prefs = request.preferences
-        connect = prefs.connect_timeout_ms or (override and override.connect_ms) or policy.connect_ms
-        read = prefs.read_timeout_ms or (override and override.read_ms) or policy.read_ms
-        overall = (
-            prefs.timeout_ms
-            or (override and override.overall_ms)
-            or policy.overall_ms
-            or connect + read + config.retries.allowance_ms
-        )
-        return Timeout(connect_ms=connect, read_ms=read, overall_ms=overall)
-
-    def _max_retries(self, request: ReachRequest, task: str, config: RouterConfig) -> int:
-        override = config.tasks.get(task)
-        cap = config.retries.max_per_request
-        if override is not None and override.max_retries is not None:
-            cap = override.max_retries
-        asked = request.preferences.retry_count
-        return cap if asked is None else min(asked, cap)
 
     # -- the one way out ---------------------------------------------------------------------
 
@@ -477,6 +487,30 @@ class Dispatcher:
                 observer(record)
             except Exception:  # an observer's bug must never cost the caller the answer
                 log.exception("observer %r failed", observer)
+
+
+def _timeout(request: ReachRequest, task: str, config: RouterConfig) -> Timeout:
+    policy = config.timeouts
+    override = config.tasks.get(task)
+    prefs = request.preferences
+    connect = prefs.connect_timeout_ms or (override and override.connect_ms) or policy.connect_ms
+    read = prefs.read_timeout_ms or (override and override.read_ms) or policy.read_ms
+    overall = (
+        prefs.timeout_ms
+        or (override and override.overall_ms)
+        or policy.overall_ms
+        or connect + read + config.retries.allowance_ms
+    )
+    return Timeout(connect_ms=connect, read_ms=read, overall_ms=overall)
+
+
+def _max_retries(request: ReachRequest, task: str, config: RouterConfig) -> int:
+    override = config.tasks.get(task)
+    cap = config.retries.max_per_request
+    if override is not None and override.max_retries is not None:
+        cap = override.max_retries
+    asked = request.preferences.retry_count
+    return cap if asked is None else min(asked, cap)
 
 
 def _schema_mismatch(

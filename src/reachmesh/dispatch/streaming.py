@@ -21,8 +21,9 @@ from reachmesh import jsoncodec
 from reachmesh.clock import Clock
 from reachmesh.config import StreamingPolicy
 from reachmesh.decision import MAX_CHUNK_MARKS, DecisionRecord, StreamRecord
-from reachmesh.dispatch.attempts import AttemptRun, attempt_verdict
+from reachmesh.dispatch.attempts import CALLER_GONE, AttemptRun, attempt_verdict, cut_reason
 from reachmesh.exceptions import (
+    AgentDeadline,
     AgentRejected,
     AttemptError,
     AttemptTimeout,
@@ -69,6 +70,9 @@ class StreamingRun(AttemptRun):
     """The attempts of one streamed request: each opens a stream and reads its first piece."""
 
     streams = True
+    # The loop time the opened stream's reads are bounded by: the request's deadline, as the
+    # transport saw it (a read that timed out at it is the deadline, not an idle agent).
+    stream_deadline = float("inf")
 
     def settle(self, ok: bool | None) -> None:
         """Book the opened stream's verdict once it has ended (True: it ended as the agent
@@ -97,6 +101,7 @@ class StreamingRun(AttemptRun):
             sse=stream_limits(config.streaming),
             plain_limit=config.server.response_limit_bytes,
         )
+        self.stream_deadline = bounds.deadline
         stream = await self.parts.transport.stream(
             choice.entry.endpoint, body, headers, limits, bounds, choice.entry.protocol
         )
@@ -156,8 +161,11 @@ async def relay(
             # the done's attempts (and the attempts counted) never list a failed stream a success.
             record.attempts[-1].outcome = exc.reason
         return None, error
-    except asyncio.CancelledError:
-        stats.ended = "caller_gone"
+    except asyncio.CancelledError as exc:
+        # The dispatcher says why it cancelled; a cancel without a word is the caller's watch.
+        stats.ended = cut_reason(exc) or CALLER_GONE
+        if record.attempts:
+            record.attempts[-1].outcome = stats.ended
         raise
     finally:
         run.settle(verdict)
@@ -183,12 +191,18 @@ async def _chunks(
     return piece
 
 
-def _ending(exc: AttemptError, agent_id: str, run: AttemptRun) -> ReachError:
-    """What a failure after the first chunk ends the request with: TIMEOUT at the deadline, the
-    agent's own error from its done, STREAM_BROKEN for the rest (a reset, an idle agent, a
-    malformed event, a bound)."""
-    if run.deadline.remaining_ms() <= 0:
+def _ending(exc: AttemptError, agent_id: str, run: StreamingRun) -> ReachError:
+    """What a failure after the first chunk ends the request with: TIMEOUT at a deadline (the
+    Router's, or the one the agent's done reports), the agent's own error from its done,
+    STREAM_BROKEN for the rest (a reset, an idle agent, a malformed event, a bound)."""
+    if run.deadline.remaining_ms() <= 0 or (
+        # The read timed out at the deadline the transport was given: the Router's deadline,
+        # whatever the request's own clock (read a moment apart from the loop's) says is left.
+        type(exc) is AttemptTimeout and asyncio.get_running_loop().time() >= run.stream_deadline
+    ):
         return DeadlineExceeded(f"the overall budget of {run.timeout.overall_ms} ms ran out mid-stream")
+    if isinstance(exc, AgentDeadline):
+        return DeadlineExceeded(f"agent {agent_id} ended its stream at the deadline: {exc.message}")
     if isinstance(exc, AgentRejected):
         return exc  # the agent's done carried its error: its words, not ours
     if isinstance(exc, AttemptTimeout):

@@ -13,6 +13,7 @@ Waiting is the Router's own business: the breaker and the success rate never hea
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import deque
 from collections.abc import Iterator
 
@@ -21,6 +22,21 @@ from reachmesh.config import LimitsPolicy
 
 # Room is judged against this many slots when an agent declares no capacity: share = n / this.
 UNDECLARED_SHARE_BASE = 1024
+
+# The longest Retry-After an OVERLOADED estimate says (unless limits.retry_after_seconds is longer).
+MAX_ESTIMATED_RETRY_AFTER_S = 60
+
+
+def retry_after_estimate(queued: int, capacity: int | None, service_ms: float | None, policy_s: int) -> int:
+    """Whole seconds until a caller turned away from a full agent would have been served had it
+    waited: the agent's recent service time for each round of ``capacity`` requests ahead of it
+    (the ``queued`` ones and itself), ``ceil(service_s * (queued + 1) / capacity)``, within
+    [1, max(``policy_s``, :data:`MAX_ESTIMATED_RETRY_AFTER_S`)]. ``policy_s``
+    (limits.retry_after_seconds) when the agent's service time is not known yet."""
+    if service_ms is None or not capacity:
+        return policy_s
+    seconds = math.ceil(service_ms / 1000 * (queued + 1) / capacity)
+    return min(max(seconds, 1), max(policy_s, MAX_ESTIMATED_RETRY_AFTER_S))
 
 
 class _Slots:
@@ -158,6 +174,13 @@ class CapacityBoard:
         slots.inflight = max(slots.inflight - 1, 0)
         if slots.inflight == 0 and not slots.queued:
             del self._agents[agent_id]  # idle agents cost nothing; a gone one is not kept
+
+    def retry_after_s(self, agent_id: str, service_ms: float | None, policy_s: int) -> int:
+        """:func:`retry_after_estimate` for ``agent_id`` as it stands now."""
+        slots = self._agents.get(agent_id)
+        if slots is None:
+            return policy_s
+        return retry_after_estimate(slots.queued, slots.capacity, service_ms, policy_s)
 
     def capacity_of(self, agent_id: str) -> int | None:
         slots = self._agents.get(agent_id)

@@ -43,11 +43,11 @@ from reachmesh.protocol import AGENT_SECRET_HEADER as SECRET_HEADER
 from reachmesh.protocol import MAX_CONCURRENCY, UNKNOWN_TASK, ReachResponse
 from reachmesh.sdk.capacity import Gate, fingerprint
 from reachmesh.sdk.client import ReachClient
-from reachmesh.sdk.config import AgentConfig, find_config
+from reachmesh.sdk.config import MAX_REPEAT_CACHE_BYTES, AgentConfig, find_config, valid_cache_bytes
 from reachmesh.sdk.healthport import HealthServer
 from reachmesh.sdk.lease import LeaseKeeper
 from reachmesh.sdk.routers import split_router_urls
-from reachmesh.sdk.streaming import ReachStream, gather_values, send_stream, wants_stream
+from reachmesh.sdk.streaming import ReachStream, gather_values, send_stream, unless_caller_left, wants_stream
 from reachmesh.sdk.tls import server_context
 from reachmesh.tracecontext import make_traceparent, new_trace_id, parse_traceparent
 
@@ -171,6 +171,15 @@ def _concurrency(value: int | None) -> int | None:
     return value
 
 
+def _cache_bytes(value: int | None) -> int | None:
+    """``repeat_cache_bytes`` as given, if it is a size (server.repeat_cache_bytes's range)."""
+    if value is not None and not valid_cache_bytes(value):
+        raise ValueError(
+            f"repeat_cache_bytes must be a whole number of bytes from 0 to {MAX_REPEAT_CACHE_BYTES}"
+        )
+    return value
+
+
 class ReachAgent:
     """One agent process: its handlers, its lease, its callback and health servers."""
 
@@ -182,6 +191,7 @@ class ReachAgent:
         shared_secret: str | None = None,
         max_concurrency: int | None = None,
         router_url: str | Sequence[str] | None = None,
+        repeat_cache_bytes: int | None = None,
     ) -> None:
         """``shared_secret``: answer only calls that carry it in ``X-Reach-Agent-Secret`` (the
         Router's ``outbound.agent_secret_env``); by default, the configuration's (see
@@ -190,10 +200,12 @@ class ReachAgent:
         answered 429 busy, and the Router is told in the profile. ``router_url``: the Router, or
         several Routers of one service (a list, or comma-separated), instead of the
         configuration's (``REACH_ROUTER_URL``, ``router.url``); the agent registers through one
-        and renews through whichever answers."""
+        and renews through whichever answers. ``repeat_cache_bytes``: the answers kept for repeats,
+        in bytes (``server.repeat_cache_bytes``: 16 MiB, 0 keeps none), the oldest forgotten first."""
         self._shared_secret = shared_secret
         self._router_urls = None if router_url is None else _router_list(router_url)
         self._max_concurrency = _concurrency(max_concurrency)
+        self._repeat_cache_bytes = _cache_bytes(repeat_cache_bytes)
         self._gate: Gate | None = None
         self._config: AgentConfig | None = None
         self._config_source = config
@@ -239,7 +251,8 @@ class ReachAgent:
     def gate(self) -> Gate:
         """Handlers in flight, the busy answer past max_concurrency, and answers to repeats."""
         if self._gate is None:
-            self._gate = Gate(self.config.profile.max_concurrency)
+            limit, own = self.config.profile.max_concurrency, self._repeat_cache_bytes
+            self._gate = Gate(limit, max_bytes=self.config.repeat_cache_bytes if own is None else own)
         return self._gate
 
     @property
@@ -528,7 +541,7 @@ class ReachAgent:
         if inspect.isasyncgenfunction(bound[0]):
             answer = await self._run_streaming(request, bound, payload, ctx)
         else:
-            answer = await _run_handler(bound, payload, ctx)
+            answer = await unless_caller_left(request, _run_handler(bound, payload, ctx))
         self._handler_latency.labels(ctx.task).observe(asyncio.get_running_loop().time() - started)
         self._handled.labels(ctx.task, answer[1]).inc()
         if span is not None and self._spans is not None:

@@ -10,7 +10,9 @@
   the same key *and* the same task and payload (its fingerprint): a key sent again with another
   request (a caller reusing a trace id for an async request, whose key follows from it, or one
   guessing a key) runs that request, and is never given the other's answer. The cache is
-  bounded (:data:`REPEAT_MAX_KEYS` keys, answers up to :data:`REPEAT_MAX_BYTES` each).
+  bounded: :data:`REPEAT_MAX_KEYS` keys, answers up to :data:`REPEAT_MAX_BYTES` each, and
+  ``max_bytes`` of answers in all (:data:`REPEAT_CACHE_BYTES` by default; ``server.repeat_cache_bytes``
+  in reach_config.yaml, ``ReachAgent(repeat_cache_bytes=...)``), the oldest forgotten first.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from reachmesh import jsoncodec
 REPEAT_TTL_S = 60.0
 REPEAT_MAX_KEYS = 1024
 REPEAT_MAX_BYTES = 64 * 1024
+# All the answers kept at once: the key and size bounds alone allowed 64 MiB.
+REPEAT_CACHE_BYTES = 16 * 1024 * 1024
 # A key longer than this is not remembered (the Router's is about 50 characters).
 MAX_KEY_CHARS = 200
 BUSY_RETRY_AFTER_S = 1
@@ -68,12 +72,21 @@ def busy_answer(limit: int) -> web.Response:
 class Gate:
     """Counts handlers in flight and remembers recent answers by idempotency key."""
 
-    def __init__(self, max_concurrency: int | None, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        max_concurrency: int | None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        max_bytes: int = REPEAT_CACHE_BYTES,
+    ) -> None:
         self.max_concurrency = max_concurrency
         self.inflight = 0
+        self.max_bytes = max_bytes  # of the answers kept, in all
+        self.bytes_held = 0
         self._clock = clock
-        # key -> (expires, the request's fingerprint, its answer)
+        # key -> (expires, the request's fingerprint, its answer), oldest first
         self._answers: OrderedDict[str, tuple[float, bytes, asyncio.Future[Answer]]] = OrderedDict()
+        self._sizes: dict[str, int] = {}  # key -> its answer's bytes, once it has one
 
     async def serve(
         self,
@@ -114,13 +127,32 @@ class Gate:
         streamed answer, gone as it was written, is not kept)."""
         raw = getattr(response, "body", None)
         body = raw if isinstance(raw, bytes) else None
-        if response is None or body is None or len(body) > REPEAT_MAX_BYTES:
+        if response is None or body is None or len(body) > min(REPEAT_MAX_BYTES, self.max_bytes):
             # The first copy did not finish (or its answer is too big to keep): a repeat waiting
             # on it is told to try again, and the key is forgotten.
-            self._answers.pop(key, None)
+            self._forget(key)
             pending.set_result((503, _UNFINISHED))
             return
         pending.set_result((response.status, body))
+        kept = self._answers.get(key)
+        if kept is not None and kept[2] is pending:
+            self._sizes[key] = len(body)
+            self.bytes_held += len(body)
+            self._evict_to(self.max_bytes)
+
+    def _evict_to(self, max_bytes: int) -> None:
+        """Forget the oldest answers until those kept hold ``max_bytes`` at most. A request still
+        running holds no bytes yet, and stays: its repeats wait for it."""
+        if self.bytes_held <= max_bytes:
+            return
+        for key in [key for key in self._answers if key in self._sizes]:
+            self._forget(key)
+            if self.bytes_held <= max_bytes:
+                return
+
+    def _forget(self, key: str) -> None:
+        self._answers.pop(key, None)
+        self.bytes_held -= self._sizes.pop(key, 0)
 
     def _recall(self, key: str) -> tuple[bytes, asyncio.Future[Answer]] | None:
         found = self._answers.get(key)
@@ -128,7 +160,7 @@ class Gate:
             return None
         expires, fingerprint, answer = found
         if expires < self._clock() or answer.cancelled():
-            del self._answers[key]
+            self._forget(key)
             return None
         return fingerprint, answer
 
@@ -138,5 +170,6 @@ class Gate:
             oldest_key, (expires, _, _) = next(iter(self._answers.items()))
             if expires >= now and len(self._answers) < REPEAT_MAX_KEYS:
                 break
-            del self._answers[oldest_key]
+            self._forget(oldest_key)
+        self._forget(key)  # a key seen again (another request under it) starts over, newest
         self._answers[key] = (now + REPEAT_TTL_S, fingerprint, answer)

@@ -14,6 +14,7 @@ server:           # optional: where the SDK listens; default 127.0.0.1 and the e
   tls_cert_file: agent.crt   # optional, with tls_key_file: serve the callback over HTTPS
   tls_key_file: agent.key    # (the endpoint must then be https://)
   shared_secret_env: REACH_AGENT_SECRET   # optional: answer only calls that carry this secret
+  repeat_cache_bytes: 16777216  # optional: answers kept for repeated requests, in all (16 MiB)
 ```
 
 The environment wins over the file: ``REACH_SELF_ID`` (agent.id), ``REACH_ROUTER_URL``
@@ -43,6 +44,7 @@ from pydantic import BaseModel, ValidationError
 
 from reachmesh.exceptions import ConfigError
 from reachmesh.protocol import AgentProfile, Capability, HealthCheck, Network, error_details
+from reachmesh.sdk.capacity import REPEAT_CACHE_BYTES
 from reachmesh.sdk.lease import DEFAULT_REGISTRATION_TIMEOUT_S
 from reachmesh.sdk.routers import split_router_urls
 from reachmesh.yamlfile import read_yaml
@@ -67,6 +69,8 @@ class AgentConfig:
     tls_key_file: str | None = None
     # The secret a call must carry in X-Reach-Agent-Secret; None: every call is answered.
     shared_secret: str | None = field(default=None, repr=False)
+    # The bytes of answers kept, in all, for requests the Router sends again (sdk/capacity.py).
+    repeat_cache_bytes: int = REPEAT_CACHE_BYTES
 
     @property
     def router_urls(self) -> list[str]:
@@ -124,6 +128,12 @@ class AgentConfig:
             )
         cert_file, key_file = _server_tls(server, profile, source)
         secret = _shared_secret(server, env, source)
+        cache_bytes = server.get("repeat_cache_bytes", REPEAT_CACHE_BYTES)
+        if not valid_cache_bytes(cache_bytes):
+            raise ConfigError(
+                f"{source}: server.repeat_cache_bytes must be a whole number of bytes from 0 to "
+                f"{MAX_REPEAT_CACHE_BYTES}, got {cache_bytes!r}"
+            )
         return cls(
             profile=profile,
             router_url=",".join(router_urls),
@@ -133,7 +143,17 @@ class AgentConfig:
             tls_cert_file=cert_file,
             tls_key_file=key_file,
             shared_secret=secret,
+            repeat_cache_bytes=cache_bytes,
         )
+
+
+# The largest repeat cache an agent may ask for (1 GiB): a typo of a few zeros is refused.
+MAX_REPEAT_CACHE_BYTES = 1 << 30
+
+
+def valid_cache_bytes(value: Any) -> bool:
+    """Whether ``value`` is a repeat cache size (server.repeat_cache_bytes): 0 keeps nothing."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_REPEAT_CACHE_BYTES
 
 
 def _agent_section(data: Any, source: str) -> dict[str, Any]:
@@ -192,7 +212,7 @@ def _shared_secret(server: dict[str, Any], env: dict[str, str], source: str) -> 
 
 _SECTIONS: dict[str, set[str]] = {
     "router": {"url", "registration_timeout_seconds"},
-    "server": {"host", "port", "tls_cert_file", "tls_key_file", "shared_secret_env"},
+    "server": {"host", "port", "tls_cert_file", "tls_key_file", "shared_secret_env", "repeat_cache_bytes"},
 }
 
 

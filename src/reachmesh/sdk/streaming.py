@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import aiohttp
@@ -120,6 +120,24 @@ async def _write_values(response: web.StreamResponse, values: AsyncIterator[Any]
 # closes an agent's connection within a second of its caller leaving, and the handler should stop
 # as soon after that.
 CALLER_WATCH_S = 0.25
+
+
+async def unless_caller_left(
+    request: web.Request, work: Awaitable[tuple[web.StreamResponse, str]]
+) -> tuple[web.StreamResponse, str]:
+    """``work`` (a plain handler's run), cancelled once the Router's connection closes: a Router
+    whose caller left closes it at once, and the handler should stop as soon after that. Then an
+    answer nobody reads, with no body (so no repeat is given it), labelled ``caller_gone``."""
+    watch = _CallerWatch(request)
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if not watch.fired:
+            raise
+        watch.task.uncancel()  # our own cancel, not the server's: the call ends here
+        return web.StreamResponse(status=503), "caller_gone"
+    finally:
+        watch.stop()
 
 
 class _CallerWatch:

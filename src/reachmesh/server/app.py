@@ -15,7 +15,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterable
 from functools import partial
 from typing import Any
 
@@ -46,6 +46,7 @@ from reachmesh.server.asgi import (
 )
 from reachmesh.server.auth import ANONYMOUS, OPEN, Action, Denial, Guard, action_for, principal_of
 from reachmesh.server.components import RouterParts
+from reachmesh.server.h1 import CALL_TASK, joined_fields
 from reachmesh.server.origin import BrowserGate
 from reachmesh.server.reload import PolicyFile
 from reachmesh.server.stream import EventSink, serve_stream, wants_stream
@@ -114,8 +115,11 @@ class RouterApp:
                 )
             elif path == "/reach" and scope["method"] == "POST":
                 # Served here, not in a coroutine of its own: a call waiting for its body holds
-                # each frame on the way (a burst holds one call per connection).
-                answer = await self._serve_reach(scope, header_map(scope), None, receive, send)
+                # each frame on the way (a burst holds one call per connection). The server's
+                # protocol stops this task's call if the caller's connection closes (callers_gone).
+                scope[CALL_TASK] = asyncio.current_task()
+                headers = joined_fields(scope["headers"], header_map(scope))
+                answer = await self._serve_reach(scope, headers, None, receive, send)
                 if answer is not None:
                     await send_json(send, *answer, scope)
             elif AdminUi.serves(path):
@@ -131,6 +135,12 @@ class RouterApp:
     def takes_whole(self, headers: dict[bytes, bytes]) -> bool:
         """Whether :meth:`serve_whole` may answer this POST /reach (not a stream)."""
         return not wants_stream(headers.get(b"accept"))
+
+    def callers_gone(self, tasks: Iterable[asyncio.Task[Any]]) -> None:
+        """A connection closed with these tasks still serving it (the server's protocol, :mod:`.h1`,
+        says so): a call still running in one of them stops, booked to its caller. A streamed
+        call is watched by its own sink (:mod:`.stream`)."""
+        self.parts.dispatcher.callers_gone(tasks)
 
     async def serve_whole(self, scope: Scope, headers: dict[bytes, bytes], body: bytes) -> LaneAnswer:
         """POST /reach whose whole body the server already holds: what ``__call__`` and
@@ -327,12 +337,20 @@ class RouterApp:
         loop.call_soon_threadsafe(arm)
 
     async def shutdown(self) -> None:
-        """Let accepted async requests finish until the drain deadline, then stop everything."""
+        """Let accepted async requests finish until the drain deadline, end the calls still
+        running (ROUTER_SHUTDOWN), then stop everything."""
         self.parts.stopping()
         budget = self.parts.config.server.drain_timeout_seconds
         if self._drain_started is not None:
             budget -= time.monotonic() - self._drain_started
-        await self.parts.dispatcher.drain(budget)
+        dispatcher = self.parts.dispatcher
+        await dispatcher.drain(budget)
+        # A server that ends the lifespan with calls still running (uvicorn without the signal
+        # that starts the drain, another ASGI server): each ends now with its ROUTER_SHUTDOWN
+        # answer, given a turn of the loop to write it, rather than being cut off with nothing.
+        if dispatcher.running:
+            dispatcher.abandon()
+            await asyncio.sleep(0)
         await self._background.close()
         await self.parts.close()
         log.info("[router] stopped")
@@ -388,12 +406,14 @@ _RETRY_AFTER_SECONDS = re.compile(rb'"retryAfterSeconds":(\d{1,9})[,}]')
 
 
 def _retry_after_of(status: int, payload: bytes, overloaded_s: int) -> list[tuple[bytes, bytes]] | None:
-    """The ``Retry-After`` header of a refusal: a 429 from routing (every candidate full, and its
-    queue too: PROTOCOL §15) the policy's; a 503 whose error says when to come back (every agent
-    that answered was busy, or the embedding service said so) that time, since HTTP clients read
-    the header, not the body."""
+    """The ``Retry-After`` header of a refusal: a 429 the figure its error carries (every
+    candidate full, and its queue too: PROTOCOL §15, an estimate), else the policy's; a 503 whose
+    error says when to come back (every agent that answered was busy, or the embedding service
+    said so) that time, since HTTP clients read the header, not the body."""
     if status == 429:
-        return [(b"retry-after", str(overloaded_s).encode())]
+        # The answer's own figure: an estimate from the full agents' queues, or the policy's.
+        found = _RETRY_AFTER_SECONDS.search(payload)
+        return [(b"retry-after", found.group(1) if found else str(overloaded_s).encode())]
     if status != 503 or b"retryAfterSeconds" not in payload:
         return None
     found = _RETRY_AFTER_SECONDS.search(payload)

@@ -192,6 +192,19 @@ def raw_stream(scope: Any) -> RawStream | None:
     return None
 
 
+def joined_fields(pairs: list[tuple[bytes, bytes]], headers: dict[bytes, bytes]) -> dict[bytes, bytes]:
+    """``headers`` (``pairs`` as a dict: of a repeated name, the last value) with a repeated
+    ``Accept`` read as one field, its values joined with ", " (RFC 9110 §5.3): a caller that
+    sends ``Accept: text/event-stream`` and ``Accept: application/json`` asks for both. Only a
+    length compare when no name repeats, as on almost every request."""
+    if len(headers) == len(pairs):
+        return headers
+    accepts = [value for name, value in pairs if name == b"accept"]
+    if len(accepts) > 1:
+        headers[b"accept"] = b", ".join(accepts)
+    return headers
+
+
 class _NoWaiter:
     """The body signal of a lane cycle: nobody waits for a body the lane already holds."""
 
@@ -215,6 +228,7 @@ class _LaneCycle:
     access_log = False
     disconnected = False
     message_event = _NO_WAITER
+    task: asyncio.Task[None] | None = None  # the task serving it (told when the caller leaves)
     response_complete = False
     response_started = False
     waiting_for_100_continue = False
@@ -225,6 +239,10 @@ class _LaneCycle:
         self.keep_alive = keep_alive
         self.on_response = protocol.on_response_complete
 
+
+# The scope key under which the app names the task serving a call that uvicorn's cycle runs (the
+# lane's cycle holds its own): the one to stop when the caller's connection closes.
+CALL_TASK = "reach.call_task"
 
 # "Internal Server Error", as uvicorn answers an application that raised.
 _ERROR_500 = b"content-type: text/plain; charset=utf-8\r\ncontent-length: 21\r\n"
@@ -275,6 +293,7 @@ class GuardedHttpTools(HttpToolsProtocol):
     # Slots: uvicorn's protocol keeps its own state in an instance dict, which these seven more
     # would grow to a larger table, 1.6 KB per connection (a burst holds one per call in flight).
     __slots__ = (
+        "_gone_app",
         "_head_bytes",
         "_head_lines",
         "_head_timer",
@@ -308,6 +327,14 @@ class GuardedHttpTools(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete and self._gone_app is not None:
+            # The caller left mid-request: the app stops the call it runs for it (it would
+            # otherwise go on, and fail over, for nobody). Once per connection, not per call.
+            # The lane's cycle holds its task; uvicorn's has the scope the app named it in.
+            task = getattr(cycle, "task", None) or getattr(cycle, "scope", {}).get(CALL_TASK)
+            if task is not None:
+                self._gone_app.callers_gone((task,))
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -413,6 +440,7 @@ class GuardedHttpTools(HttpToolsProtocol):
             self._trusted = app.trusted_hosts
             app = app.app
         self._lane_app = app if hasattr(app, "serve_whole") else None
+        self._gone_app = _gone_listener(self.app)
 
     def _lane_headers(self) -> dict[bytes, bytes] | None:
         """The request's headers when it may take the lane, else None."""
@@ -430,6 +458,8 @@ class GuardedHttpTools(HttpToolsProtocol):
         ):
             return None
         headers = dict(self.headers)
+        if len(headers) != len(self.headers):  # a name repeated: Accept's fields are one list
+            joined_fields(self.headers, headers)
         if not self._lane_app.takes_whole(headers):
             return None
         client = self.client
@@ -463,6 +493,7 @@ class GuardedHttpTools(HttpToolsProtocol):
             task = self.loop.create_task(run)
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)
+        cycle.task = task
 
     def _leave_lane(self) -> None:
         """A lane request whose body did not come whole with its head: uvicorn's way after all."""
@@ -512,6 +543,16 @@ class GuardedHttpTools(HttpToolsProtocol):
         head += b"content-length: %d\r\n\r\n" % len(body)
         self.transport.write(head + body)
         self.transport.close()
+
+
+def _gone_listener(app: Any) -> Any:
+    """The app that is told when a connection closes mid-request (``callers_gone``), found
+    behind the wrappers it may be served in (uvicorn's proxy headers, the A2A export)."""
+    for _ in range(4):
+        if app is None or hasattr(app, "callers_gone"):
+            return app
+        app = getattr(app, "app", None) or getattr(app, "router", None)
+    return None
 
 
 def bounded_protocol(policy: ServerPolicy) -> type[GuardedHttpTools]:

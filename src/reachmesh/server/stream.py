@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
+from reachmesh.dispatch.attempts import CALLER_GONE
 from reachmesh.dispatch.results import Reply
 from reachmesh.lifecycle import unless_first
 from reachmesh.server.asgi import Receive, Scope, Send, send_json
@@ -99,8 +100,11 @@ async def serve_stream(
     """
     sink = EventSink(send, raw_stream(scope) if scope is not None else None)
     work = asyncio.ensure_future(run(sink))
-    # The caller going away (or this task cancelled) stops the request: nobody is left to answer.
-    await unless_first(work, asyncio.ensure_future(_caller_gone(receive)))
+    watch = asyncio.ensure_future(_caller_gone(receive))
+    # The caller going away stops the request, saying why (the attempt it cuts is recorded so);
+    # this task cancelled stops it too: nobody is left to answer.
+    watch.add_done_callback(lambda done: None if done.cancelled() else work.cancel(CALLER_GONE))
+    await unless_first(work, watch)
     if work.cancelled():
         return
     try:

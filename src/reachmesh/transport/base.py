@@ -16,7 +16,14 @@ from contextvars import ContextVar
 from typing import Any, NamedTuple, Protocol
 
 from reachmesh import jsoncodec
-from reachmesh.exceptions import AgentBusy, AgentDeclined, AgentRejected, AttemptTimeout, BadAgentResponse
+from reachmesh.exceptions import (
+    AgentBusy,
+    AgentDeadline,
+    AgentDeclined,
+    AgentRejected,
+    AttemptError,
+    BadAgentResponse,
+)
 from reachmesh.transport.pieces import AgentStream, StreamBounds
 
 DEFAULT_RESPONSE_LIMIT = 8 * 1024 * 1024
@@ -122,13 +129,23 @@ def classify_answer(status: int, raw: bytes, retry_after: bytes | None = None) -
     outcome = answer.get("status")
     if outcome == "SUCCESS":
         return answer.get("result")
+    raise _failure(outcome, answer)
+
+
+def _failure(outcome: Any, answer: dict[str, Any]) -> AttemptError:
+    """The error an agent's answer of status ``outcome`` (not SUCCESS) amounts to."""
     if outcome == "AGENT_ERROR":
         error = normalise_error(answer.get("error"), "the agent reported an error")
         if error["code"] == "DEADLINE_EXCEEDED":
             # The SDK gave up at the deadline we sent it: that is this attempt timing out.
-            raise AttemptTimeout(error["message"])
-        raise AgentRejected(error, retryable=error.get("retryable") is True)
-    raise BadAgentResponse(f"agent answered an unknown status {str(outcome)[:64]!r}")
+            return AgentDeadline(error["message"])
+        return AgentRejected(error, retryable=error.get("retryable") is True)
+    if outcome == "TIMEOUT":
+        # A ReachResponse's own TIMEOUT (an agent that is itself a Router, or relays one): the
+        # deadline passed there, which is a timeout here too, not an answer this Router cannot read.
+        error = normalise_error(answer.get("error"), "the agent reported that the deadline passed")
+        return AgentDeadline(error["message"])
+    return BadAgentResponse(f"agent answered an unknown status {str(outcome)[:64]!r}")
 
 
 def busy(retry_after: bytes | None) -> AgentBusy:
