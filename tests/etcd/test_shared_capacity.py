@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from reachmesh import AgentConfig, ReachAgent, ReachContext
+from reachmesh.cli.etcd import EtcdCluster
 from reachmesh.testing import RouterServer, free_port
 from tests.etcd.conftest import etcd_policy
 from tests.helpers import scaled, until
@@ -59,7 +60,7 @@ class Counted:
             self.now -= 1
 
 
-async def test_a_burst_through_two_routers_is_served_whole_within_the_agents_capacity(etcd, client):
+async def test_a_burst_through_two_routers_is_served_whole_within_the_agents_capacity(etcd: EtcdCluster, client: httpx.AsyncClient) -> None:
     """Twelve calls at once, half through each Router, at an agent of capacity 2: every call
     succeeds, each ran once, and the agent never ran more than 2 at once. Before the fix, the
     calls each Router sent beyond what the other left room for were answered busy by the SDK
@@ -90,12 +91,14 @@ async def test_a_burst_through_two_routers_is_served_whole_within_the_agents_cap
             summaries = (await client.get(f"{a.url}/admin/traces")).json()
             summaries += (await client.get(f"{b.url}/admin/traces")).json()
             # A call that met a busy agent has its busy attempt and the one that served it.
-            assert any(s["attempts"] > 1 for s in summaries), "no call met a busy agent: not the case under test"
+            assert any(s["attempts"] > 1 for s in summaries), (
+                "no call met a busy agent: not the case under test"
+            )
         finally:
             await counted.agent.stop()
 
 
-async def test_a_busy_agent_past_the_deadline_still_ends_no_available_handler(etcd, client):
+async def test_a_busy_agent_past_the_deadline_still_ends_no_available_handler(etcd: EtcdCluster, client: httpx.AsyncClient) -> None:
     """The wait for a busy agent keeps to the caller's deadline: a call whose deadline leaves no
     room for the Retry-After ends as before, `503 NO_AVAILABLE_HANDLER` with
     `retryAfterSeconds`, at once, not at its deadline."""
@@ -109,8 +112,15 @@ async def test_a_busy_agent_past_the_deadline_still_ends_no_available_handler(et
                 return (await client.get(f"{b.url}/admin/agents/counted")).status_code == 200
 
             await until(listed_at_b, "the agent listed at B")
-            body = {"targetTask": "work", "payload": {"n": 0}, "preferences": {"timeoutMs": int(scaled(20) * 1000)}}
-            held = [asyncio.create_task(client.post(f"{a.url}/reach", json=body, timeout=scaled(30))) for _ in range(2)]
+            body = {
+                "targetTask": "work",
+                "payload": {"n": 0},
+                "preferences": {"timeoutMs": int(scaled(20) * 1000)},
+            }
+            held = [
+                asyncio.create_task(client.post(f"{a.url}/reach", json=body, timeout=scaled(30)))
+                for _ in range(2)
+            ]
             await until(lambda: counted.now == CAPACITY, "the agent full through A")
             short = {"targetTask": "work", "payload": {"n": 1}, "preferences": {"timeoutMs": 800}}
             resp = await client.post(f"{b.url}/reach", json=short)

@@ -49,7 +49,9 @@ async def run_past_busy(run: AttemptRun, choices: list[Choice]) -> Any:
                 raise
             _hold_slots(run, again, wait_s)
             names = ", ".join(dict.fromkeys(choice.entry.id for choice in again))
-            run.record.note("busy wait", f"{names}, {wait_s * 1000:.0f}ms (Retry-After {exc.retry_after_s} s)")
+            run.record.note(
+                "busy wait", f"{names}, {wait_s * 1000:.0f}ms (Retry-After {exc.retry_after_s} s)"
+            )
             await asyncio.sleep(wait_s)
             _reset(run)
             choices = again
