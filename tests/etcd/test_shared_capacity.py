@@ -60,7 +60,9 @@ class Counted:
             self.now -= 1
 
 
-async def test_a_burst_through_two_routers_is_served_whole_within_the_agents_capacity(etcd: EtcdCluster, client: httpx.AsyncClient) -> None:
+async def test_a_burst_through_two_routers_is_served_whole_within_the_agents_capacity(
+    etcd: EtcdCluster, client: httpx.AsyncClient
+) -> None:
     """Twelve calls at once, half through each Router, at an agent of capacity 2: every call
     succeeds, each ran once, and the agent never ran more than 2 at once. Before the fix, the
     calls each Router sent beyond what the other left room for were answered busy by the SDK
@@ -98,7 +100,9 @@ async def test_a_burst_through_two_routers_is_served_whole_within_the_agents_cap
             await counted.agent.stop()
 
 
-async def test_a_busy_agent_past_the_deadline_still_ends_no_available_handler(etcd: EtcdCluster, client: httpx.AsyncClient) -> None:
+async def test_a_busy_agent_past_the_deadline_still_ends_no_available_handler(
+    etcd: EtcdCluster, client: httpx.AsyncClient
+) -> None:
     """The wait for a busy agent keeps to the caller's deadline: a call whose deadline leaves no
     room for the Retry-After ends as before, `503 NO_AVAILABLE_HANDLER` with
     `retryAfterSeconds`, at once, not at its deadline."""
