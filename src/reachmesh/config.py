@@ -709,7 +709,7 @@ class RouterConfig(_Section):
 
 
 def _nearest_key(model: type[BaseModel], loc: tuple[Any, ...]) -> str:
-    """"; did you mean KEY?" for a key the policy does not know, when one it knows is close
+    """ "; did you mean KEY?" for a key the policy does not know, when one it knows is close
     (`ping_interval` for `ping_interval_seconds`); else "". A typo is refused either way: the
     hint saves reading the whole table in docs/configuration.md."""
     for part in loc[:-1]:
