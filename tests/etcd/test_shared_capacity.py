@@ -10,12 +10,13 @@ agent on loopback.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
 
-from reachmesh import AgentConfig, ReachAgent, ReachContext
+from reachmesh import AgentConfig, ReachAgent, ReachClient, ReachContext
 from reachmesh.cli.etcd import EtcdCluster
 from reachmesh.testing import RouterServer, free_port
 from tests.etcd.conftest import etcd_policy
@@ -40,7 +41,7 @@ class Counted:
                     "id": "counted",
                     "max_concurrency": CAPACITY,
                     "network": {"endpoint": f"http://127.0.0.1:{free_port()}/reach"},
-                    "capabilities": [{"task": "work"}],
+                    "capabilities": [{"task": "work"}, {"task": "ticks"}],
                 },
                 "router": {"url": ",".join(router_urls)},
             },
@@ -48,6 +49,18 @@ class Counted:
         )
         self.agent = ReachAgent(config)
         self.agent.capability("work")(self.work)
+        self.agent.capability("ticks")(self.ticks)
+
+    async def ticks(self, payload: dict[str, Any], ctx: ReachContext) -> AsyncIterator[dict[str, Any]]:
+        self.now += 1
+        self.peak = max(self.peak, self.now)
+        self.runs[ctx.trace_id] = self.runs.get(ctx.trace_id, 0) + 1
+        try:
+            for i in range(2):
+                await asyncio.sleep(self.hold_s / 2)
+                yield {"n": payload["n"], "i": i}
+        finally:
+            self.now -= 1
 
     async def work(self, payload: dict[str, Any], ctx: ReachContext) -> dict[str, Any]:
         self.now += 1
@@ -136,4 +149,40 @@ async def test_a_busy_agent_past_the_deadline_still_ends_no_available_handler(
             for task in held:
                 assert (await task).json()["status"] == "SUCCESS"
         finally:
+            await counted.agent.stop()
+
+
+async def test_streams_through_two_routers_wait_for_a_busy_agent_too(
+    etcd: EtcdCluster, client: httpx.AsyncClient
+) -> None:
+    """The same with streamed calls (the SDK's ReachClient.stream()): a busy answer comes before
+    the first chunk, so the Router waits and sends the stream again; every stream ends SUCCESS
+    with both its chunks, each ran once."""
+    policy = etcd_policy(etcd)
+    async with RouterServer(policy) as a, RouterServer(policy) as b:
+        counted = Counted([a.url, b.url], hold_s=scaled(0.3))
+        await counted.agent.start()
+        callers = [ReachClient(a.url), ReachClient(b.url)]
+        try:
+
+            async def listed_at_b() -> bool:
+                return (await client.get(f"{b.url}/admin/agents/counted")).status_code == 200
+
+            await until(listed_at_b, "the agent listed at B")
+
+            async def stream(n: int) -> tuple[str, list[Any]]:
+                chunks: list[Any] = []
+                async with callers[n % 2].stream("ticks", {"n": n}, timeout_ms=int(scaled(30) * 1000)) as s:
+                    async for chunk in s:
+                        chunks.append(chunk)
+                return s.response.status, chunks
+
+            ended = await asyncio.gather(*(stream(n) for n in range(8)))
+            assert [status for status, _ in ended] == ["SUCCESS"] * 8, ended
+            assert all(chunks == [{"n": n, "i": 0}, {"n": n, "i": 1}] for n, (_, chunks) in enumerate(ended))
+            assert counted.peak <= CAPACITY
+            assert sorted(counted.runs.values()) == [1] * 8
+        finally:
+            for caller in callers:
+                await caller.aclose()
             await counted.agent.stop()
