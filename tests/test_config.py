@@ -77,3 +77,24 @@ def test_operating_point_by_model() -> None:
     assert pinned.operating_point("big-e5", None) == (0.5, 0.03)
     with pytest.raises(ConfigError, match="calibrations"):
         RouterConfig.from_mapping({"embedding": {"calibrations": {"m": {"threshold": 3}}}})
+
+
+@pytest.mark.parametrize(
+    ("mapping", "hint"),
+    [
+        ({"registry": {"etcd": {"ping_interval": 2}}}, "did you mean registry.etcd.ping_interval_seconds?"),
+        ({"registry": {"etcd": {"endpoint": ["127.0.0.1:2379"]}}}, "did you mean registry.etcd.endpoints?"),
+        ({"async_mode": {"claim_ttl": 3}}, "did you mean async_mode.claim_ttl_seconds?"),
+        ({"regsitry": {}}, "did you mean registry?"),
+    ],
+)
+def test_a_misspelt_key_is_refused_with_the_key_it_is_close_to(mapping: dict, hint: str) -> None:
+    """A typo in a policy key (walk 48: `registry.etcd.ping_interval`) is refused naming it, and
+    the known key it is close to; one close to none gets no guess."""
+    with pytest.raises(ConfigError) as caught:
+        RouterConfig.from_mapping(mapping)
+    assert "Extra inputs are not permitted" in str(caught.value)
+    assert hint in str(caught.value)
+    with pytest.raises(ConfigError) as far:
+        RouterConfig.from_mapping({"registry": {"etcd": {"zzz": 1}}})
+    assert "did you mean" not in str(far.value)

@@ -7,6 +7,7 @@ Unknown keys are an error here (unlike on the wire): a typo in a policy must not
 
 from __future__ import annotations
 
+import difflib
 import os
 from typing import Annotated, Any, Literal
 
@@ -692,6 +693,9 @@ class RouterConfig(_Section):
             return cls.model_validate(data)
         except ValidationError as exc:
             details = error_details(exc)
+            for detail, err in zip(details, exc.errors(include_url=False), strict=False):
+                if err.get("type") == "extra_forbidden":
+                    detail["message"] += _nearest_key(cls, tuple(err.get("loc", ())))
             lines = "; ".join(f"{d['field']}: {d['message']}" for d in details)
             raise ConfigError(f"{source}: {lines}", details=details) from exc
 
@@ -702,3 +706,19 @@ class RouterConfig(_Section):
         if chosen is None:
             return cls()
         return cls.from_mapping(read_yaml(chosen), source=str(chosen))
+
+
+def _nearest_key(model: type[BaseModel], loc: tuple[Any, ...]) -> str:
+    """ "; did you mean KEY?" for a key the policy does not know, when one it knows is close
+    (`ping_interval` for `ping_interval_seconds`); else "". A typo is refused either way: the
+    hint saves reading the whole table in docs/configuration.md."""
+    for part in loc[:-1]:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        inner = field.annotation if field is not None else None
+        if not (isinstance(inner, type) and issubclass(inner, BaseModel)):
+            return ""
+        model = inner
+    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1, cutoff=0.6)
+    if not close:
+        return ""
+    return "; did you mean " + ".".join([*(str(p) for p in loc[:-1]), close[0]]) + "?"

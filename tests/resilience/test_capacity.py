@@ -98,3 +98,20 @@ async def test_a_capacity_raised_by_a_re_registration_wakes_the_waiters_it_has_r
     assert not board.take_now("a", 3)  # behind the two already waiting: first come, first served
     await asyncio.wait_for(asyncio.gather(*waiters), scaled(5))
     assert board.inflight("a") == 3 and board.queued("a") == 0
+
+
+async def test_a_held_slot_counts_until_its_time_then_goes_to_the_first_waiter() -> None:
+    """hold() (a busy answer: the agent is full with another Router's requests) takes a slot
+    for the Retry-After and then gives it back, to a waiter if one is queued."""
+    board = CapacityBoard()
+    far = asyncio.get_running_loop().time() + scaled(30)
+    assert await board.take("a", 2, far) == 0.0
+    board.hold("a", 2, 0.05)
+    assert board.inflight("a") == 2 and not board.has_room("a", 2)
+    waiter = asyncio.ensure_future(board.take("a", 2, far))
+    await queued(board, "a", 1)
+    await asyncio.wait_for(waiter, scaled(10))  # the hold ran out: its slot went to the waiter
+    assert board.inflight("a") == 2
+    board.give("a")
+    board.give("a")
+    assert board.inflight("a") == 0

@@ -27,6 +27,7 @@ from reachmesh.dispatch import durable, encoder
 from reachmesh.dispatch.agentsecret import AgentSecrets
 from reachmesh.dispatch.asyncmode import AsyncRequests
 from reachmesh.dispatch.attempts import CALLER_GONE, SHUTDOWN, AttemptRun, Forwarding
+from reachmesh.dispatch.busy import run_past_busy
 from reachmesh.dispatch.results import Reply
 from reachmesh.dispatch.streaming import StreamingRun, StreamSink, relay
 from reachmesh.dispatch.suggest import Suggester
@@ -432,7 +433,7 @@ class Dispatcher:
             _timeout(request, task, config),
             _max_retries(request, task, config),
         )
-        result = await run.run(choices)
+        result = await run_past_busy(run, choices)
         if not isinstance(run, StreamingRun) or sink is None:
             return result
         result, error = await relay(result, sink, record, run)

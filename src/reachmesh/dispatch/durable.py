@@ -39,6 +39,10 @@ from reachmesh.tracecontext import new_trace_id
 
 log = logging.getLogger("reachmesh.async")
 
+# A look for orphans that ends this much later than the adopt interval after the one before
+# waited for an etcd that did not answer (the claim leases may have lapsed meanwhile).
+LATE_LOOK_S = 1.5
+
 # What X-Reach-Idempotency-Key carries for an async request: its traceId and this suffix. The
 # same on every run, by whichever Router, so an agent can recognise a second run.
 IDEMPOTENCY_SUFFIX = ":async"
@@ -209,6 +213,12 @@ class Adopter:
         self._run = run
         self._task: asyncio.Task[None] | None = None
         self.adopted = 0
+        # After etcd was out of reach, every Router's claim lease may have lapsed at once, and
+        # the Routers still running those requests claim them again at their next look: until
+        # this loop time, only this Router's own requests are claimed, never another's.
+        self._quiet_until = 0.0
+        self._lost_touch = False
+        self._last_look: float | None = None  # loop time the last look at etcd ended
 
     async def start(self) -> None:
         """Claim a lease now (async requests are refused until one is held), then look for
@@ -236,6 +246,7 @@ class Adopter:
             try:
                 await self.tick()
             except (EtcdRejected, RegistryUnavailable) as exc:
+                self._lost_touch = True
                 log.debug("looking for orphaned async requests: %s", exc)
             await asyncio.sleep(self.journal.policy.adopt_interval_seconds)
 
@@ -243,10 +254,35 @@ class Adopter:
         """One look: claim the lease if needed, adopt orphans, trim old results."""
         if not self.journal.lease:
             await self.journal.start()
-        for job in await self.journal.orphans():
+        orphans = await self.journal.orphans()
+        now = asyncio.get_running_loop().time()
+        if (
+            self._last_look is not None
+            and now - self._last_look > self.journal.policy.adopt_interval_seconds + LATE_LOOK_S
+        ):
+            self._lost_touch = True  # a look that waited this long waited for etcd
+        self._last_look = now
+        quiet = self._quiet(bool(orphans))
+        for job in orphans:
+            if quiet and not self.requests.busy(job.trace_id):
+                continue  # its Router may be about to claim it again
             if await self.journal.adopt(job):
                 await self._take(job)
         await self.journal.trim_results()
+
+    def _quiet(self, orphans: bool) -> bool:
+        """Whether this look must leave other Routers' orphans alone: etcd has just come back
+        (this Router lost touch with it), and their Routers need a keepalive tick to notice a
+        lapsed claim lease and an adopter tick to claim their requests again."""
+        now = asyncio.get_running_loop().time()
+        if self._lost_touch or self.journal.lost_touch:
+            self._lost_touch = self.journal.lost_touch = False
+            policy = self.journal.policy
+            grace = policy.claim_ttl_seconds / 3 + 2 * policy.adopt_interval_seconds
+            self._quiet_until = now + grace
+            if orphans:
+                log.info("etcd answers again: adopting no other Router's request for %.1f s", grace)
+        return now < self._quiet_until
 
     async def _take(self, job: Job) -> None:
         if self.requests.busy(job.trace_id):

@@ -158,6 +158,13 @@ class CapacityBoard:
                     waiter.cancel()
         return waited
 
+    def hold(self, agent_id: str, capacity: int | None, seconds: float) -> None:
+        """Keep one slot at ``agent_id`` taken for ``seconds``, then give it back: the agent said
+        it was busy with requests this Router does not count (another Router's), so this Router
+        sends it one fewer until its Retry-After has passed."""
+        self._slots(agent_id, capacity).inflight += 1
+        asyncio.get_running_loop().call_later(max(seconds, 0.0), self.give, agent_id)
+
     def give(self, agent_id: str) -> None:
         """The end of a request at ``agent_id``: its slot goes to the first waiter, if any."""
         slots = self._agents.get(agent_id)

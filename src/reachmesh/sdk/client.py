@@ -227,7 +227,7 @@ class ReachClient:
                 if url is urls[-1]:
                     raise RouterUnavailable(_unreachable(self.routers, url, exc)) from exc
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-                raise RouterUnavailable(f"cannot reach the Router at {url}: {exc!r}") from exc
+                raise RouterUnavailable(lost_call(url, exc, wait_s)) from exc
         raise AssertionError("a Router list is never empty")
 
 
@@ -284,7 +284,7 @@ class SyncReachClient:
                     raise RouterUnavailable(_unreachable(self.routers, url, exc)) from exc
                 continue
             except httpx.HTTPError as exc:
-                raise RouterUnavailable(f"cannot reach the Router at {url}: {exc!r}") from exc
+                raise RouterUnavailable(lost_call(url, exc, wait_s)) from exc
             self.routers.answered(url)
             return parse_response(resp.status_code, resp.content)
         raise AssertionError("a Router list is never empty")
@@ -365,6 +365,19 @@ class _FirstRouter:
 
     async def __aexit__(self, *exc: object) -> None:
         return None
+
+
+def lost_call(url: str, exc: Exception, wait_s: float) -> str:
+    """What a caller reads when a Router took the call and no answer came back: it may have
+    reached an agent, which is why it went to no other Router (the caller decides)."""
+    if isinstance(exc, TimeoutError | httpx.TimeoutException | aiohttp.ServerTimeoutError):
+        what = f"sent no answer within {wait_s:g} s"
+    else:
+        what = f"closed the connection before answering ({type(exc).__name__}: the Router stopped?)"
+    return (
+        f"the Router at {url} took the call and {what}; it may have reached an agent, "
+        "so it was sent to no other Router: send it again only if doing it twice is safe"
+    )
 
 
 def _unreachable(routers: RouterList, url: str, exc: Exception) -> str:

@@ -212,6 +212,7 @@ class _Events:
     def __init__(self) -> None:
         self.parser = SseParser(CALLER_LIMITS)
         self.response: ReachResponse | None = None
+        self.chunks = 0
 
     def values(self, data: bytes) -> list[Any]:
         try:
@@ -224,6 +225,7 @@ class _Events:
         if self.response is not None:
             return []
         if event.event == "chunk":
+            self.chunks += 1
             try:
                 return [jsoncodec.loads(event.data)]
             except jsoncodec.JSONDecodeError as exc:
@@ -231,6 +233,15 @@ class _Events:
         if event.event == "done":
             self.response = _final(event.data)
         return []
+
+    def broken(self, exc: Exception) -> str:
+        """Why a stream that lost its connection raised: the library's words say less than
+        where it broke (the Router went away mid-answer)."""
+        return (
+            f"the Router's stream broke after {self.chunks} chunk(s), before its done event "
+            f"({type(exc).__name__}: the Router stopped, or the connection to it was cut); "
+            "the call was sent to no other Router"
+        )
 
     def ended(self) -> None:
         if self.response is None:
@@ -290,7 +301,7 @@ class ReachStream:
                     return
             self._events.ended()
         except (aiohttp.ClientError, OSError) as exc:
-            raise RouterUnavailable(f"the Router's stream broke: {exc!r}") from exc
+            raise RouterUnavailable(self._events.broken(exc)) from exc
         finally:
             if self._events.response is None:
                 await self.aclose()
@@ -343,7 +354,7 @@ class SyncReachStream:
                     return
             self._events.ended()
         except httpx.HTTPError as exc:
-            raise RouterUnavailable(f"the Router's stream broke: {exc!r}") from exc
+            raise RouterUnavailable(self._events.broken(exc)) from exc
         finally:
             if self._events.response is None:
                 self.close()

@@ -91,6 +91,9 @@ class DeferredStore:
         self.lease = 0
         self._result_lease = (0, 0.0)  # (lease, monotonic time until which it is reused)
         self._keeper: asyncio.Task[None] | None = None
+        # Set when keeping the claim lease failed or it lapsed: etcd was out of reach, so the
+        # other Routers' claims may have lapsed too (the Adopter waits before adopting).
+        self.lost_touch = False
         # Read by /metrics: refreshed by every scan for orphans.
         self.pending = 0
         self.held = 0
@@ -117,8 +120,10 @@ class DeferredStore:
                 # Lost (etcd was out of reach longer than the TTL): the claims went with it, and
                 # another Router may run those requests too; new ones go under a new lease.
                 log.warning("the claim lease ran out; requests this Router runs may be adopted by another")
+                self.lost_touch = True
                 self.lease = await self.client.grant(self.policy.claim_ttl_seconds)
             except (EtcdRejected, RegistryUnavailable) as exc:  # try again at the next tick
+                self.lost_touch = True
                 log.warning("cannot keep the claim lease alive: %s", exc)
 
     async def close(self, *, release: bool) -> None:
