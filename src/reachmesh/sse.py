@@ -20,6 +20,8 @@ lines joined with LF) is the WHATWG HTML standard's.
 
 from __future__ import annotations
 
+import functools
+import re
 from typing import NamedTuple
 
 
@@ -111,13 +113,21 @@ class RawSseParser:
             if data[0] == 10:
                 start = 1  # the LF of a CR LF split between two reads
         while start < size:
-            if not (self._partial or self._open or self._first):
-                # Between events: an event in the form agents write is read whole.
-                whole = self._whole_event(data, start)
-                if whole is not None:
-                    events.append(whole[0])
-                    start = whole[1]
-                    continue
+            if not (self._partial or self._first):
+                if not self._open:
+                    # Between events: an event in the form agents write is read whole.
+                    whole = self._whole_event(data, start)
+                    if whole is not None:
+                        events.append(whole[0])
+                        start = whole[1]
+                        continue
+                first = data[start]
+                # A data line is never idle, nor, within an event, its end or a new event line.
+                if first != 100 and not (self._open and first in _OPEN_BUSY):
+                    skipped = self._skip_idle(data, start)
+                    if skipped > start:
+                        start = skipped
+                        continue
             cut = _line_end(data, start)
             if cut < 0:
                 self._hold(data[start:] if start else data)
@@ -133,6 +143,20 @@ class RawSseParser:
             start = self._after_line_end(data, cut)
             if event is not None:
                 events.append(event)
+
+    def _skip_idle(self, data: bytes, start: int) -> int:
+        """Past the run of lines at ``start`` that change nothing, in one scan: comments, ``id``,
+        ``retry`` and unknown fields, and, between events, blank lines and events with no data.
+        Read one by one, an agent sending ``:`` or empty lines as fast as it could cost the
+        Router a core for its whole stream, with nothing relayed; the same bounds hold (a line
+        over ``max_line`` is not skipped, and the line reader refuses it)."""
+        skip = _idle_run(self._max_line, self._open).match(data, start)
+        if skip is None:
+            return start
+        end = skip.end()
+        if end == len(data) and data[end - 1] == 13:
+            self._cr = True  # a CR ends the run: an LF at the start of the next read is its own
+        return end
 
     def _whole_event(self, data: bytes, start: int) -> tuple[RawEvent, int] | None:
         """The event at ``start`` and where the next begins, when it is exactly ``event: NAME``,
@@ -252,6 +276,26 @@ class SseParser:
     def eof(self) -> None:
         """The stream ended; raises SseError if it ended inside an event or a line."""
         self._raw.eof()
+
+
+@functools.lru_cache(maxsize=16)
+def _idle_run(max_line: int, open_event: bool) -> re.Pattern[bytes]:
+    """A run of lines that change nothing, each at most ``max_line`` bytes and ended (CR, LF or
+    CR LF). Within an event, a blank line ends it, so only the ignored fields are a run there."""
+    end = rb"(?:\r\n|\n|\r(?!\n))"  # a CR LF is one end, never a CR and then a blank line
+    fits = rb"(?=[^\r\n]{0,%d}[\r\n])" % max_line
+    # A field nobody reads: a comment, or any name but data and event (a line of its own name
+    # with no colon included).
+    ignored = fits + rb"(?!(?:data|event)[:\r\n])[^\r\n]+" + end
+    if open_event:
+        return re.compile(rb"(?:" + ignored + rb")+")
+    # An event line then a blank line with no data between: an event with nothing in it.
+    empty_event = fits + rb"event(?::[^\r\n]*)?" + end + rb"(?:" + ignored + rb")*" + end
+    # Blank lines between events change nothing either, in any mix of ends.
+    return re.compile(rb"(?:[\r\n]+|" + ignored + rb"|" + empty_event + rb")+")
+
+
+_OPEN_BUSY = frozenset(b"e\r\n")
 
 
 def _field(buf: bytes | bytearray, start: int, end: int) -> bytes:

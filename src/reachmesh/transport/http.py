@@ -255,7 +255,7 @@ class HttpTransport:
         if looks_like_events(answer.status, answer.body):
             # An agent that streams to a caller that asked for no stream: its chunks as a list,
             # within the answer limit the pool already kept to (protocol §14, mixed ends).
-            return gather(answer.body)
+            return await gather(answer.body)
         return classify_answer(answer.status, answer.body, answer.retry_after)
 
     async def stream(
