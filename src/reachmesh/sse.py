@@ -287,12 +287,14 @@ def _idle_run(max_line: int, open_event: bool) -> re.Pattern[bytes]:
     # A field nobody reads: a comment, or any name but data and event (a line of its own name
     # with no colon included).
     ignored = fits + rb"(?!(?:data|event)[:\r\n])[^\r\n]+" + end
+    # A comment first, the most common of them, checked for its length without a lookahead.
+    comment = rb":[^\r\n]{0,%d}" % (max_line - 1)
     if open_event:
-        return re.compile(rb"(?:" + ignored + rb")+")
+        return re.compile(rb"(?:" + comment + end + rb"|" + ignored + rb")+")
     # An event line then a blank line with no data between: an event with nothing in it.
     empty_event = fits + rb"event(?::[^\r\n]*)?" + end + rb"(?:" + ignored + rb")*" + end
     # Blank lines between events change nothing either, in any mix of ends.
-    return re.compile(rb"(?:[\r\n]+|" + ignored + rb"|" + empty_event + rb")+")
+    return re.compile(rb"(?:" + comment + rb"[\r\n]+|[\r\n]+|" + ignored + rb"|" + empty_event + rb")+")
 
 
 _OPEN_BUSY = frozenset(b"e\r\n")
