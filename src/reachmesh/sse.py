@@ -105,14 +105,33 @@ class RawSseParser:
             raise
         return events
 
-    def _read(self, data: bytes, events: list[RawEvent]) -> None:
-        """Read ``data``, appending to ``events`` each event it completes."""
-        start, size = 0, len(data)
-        if self._cr and size:
+    def feed_some(self, data: bytes, start: int, steps: int) -> tuple[list[RawEvent], int, int]:
+        """:meth:`feed` for ``data[start:]``, stopping after ``steps`` steps (a line, a whole
+        event or a run of idle lines each): its events, where it stopped (``len(data)`` once
+        all is read) and the steps left. A reader that must not hold its loop for long reads a
+        budget of steps at a time: the cost of a read is per line, not per byte."""
+        if len(data) - start > self._max_total - self.total:
+            return self.feed(data[start:]), len(data), 0  # over the stream's bound: this raises
+        events: list[RawEvent] = []
+        try:
+            stop, left = self._read(data, events, start, steps)
+        except SseError as exc:
+            self.total += len(data) - start
+            exc.events = events
+            raise
+        self.total += stop - start
+        return events, stop, left
+
+    def _read(self, data: bytes, events: list[RawEvent], start: int = 0, steps: int = -1) -> tuple[int, int]:
+        """Read ``data`` from ``start``, appending to ``events`` each event it completes, for at
+        most ``steps`` steps (-1: no limit); where it stopped and the steps left."""
+        size = len(data)
+        if self._cr and start < size:
             self._cr = False
-            if data[0] == 10:
-                start = 1  # the LF of a CR LF split between two reads
-        while start < size:
+            if data[start] == 10:
+                start += 1  # the LF of a CR LF split between two reads
+        while start < size and steps:
+            steps -= 1
             if not (self._partial or self._first):
                 if not self._open:
                     # Between events: an event in the form agents write is read whole.
@@ -131,6 +150,7 @@ class RawSseParser:
             cut = _line_end(data, start)
             if cut < 0:
                 self._hold(data[start:] if start else data)
+                start = size
                 break
             partial = self._partial
             if partial:
@@ -143,6 +163,7 @@ class RawSseParser:
             start = self._after_line_end(data, cut)
             if event is not None:
                 events.append(event)
+        return start, steps
 
     def _skip_idle(self, data: bytes, start: int) -> int:
         """Past the run of lines at ``start`` that change nothing, in one scan: comments, ``id``,
@@ -286,7 +307,8 @@ def _idle_run(max_line: int, open_event: bool) -> re.Pattern[bytes]:
     fits = rb"(?=[^\r\n]{0,%d}[\r\n])" % max_line
     # A field nobody reads: a comment, or any name but data and event (a line of its own name
     # with no colon included).
-    ignored = fits + rb"(?!(?:data|event)[:\r\n])[^\r\n]+" + end
+    # (Its name first: a data line, however long, is passed over at its first bytes.)
+    ignored = rb"(?!(?:data|event)[:\r\n])" + fits + rb"[^\r\n]+" + end
     # A comment first, the most common of them, checked for its length without a lookahead.
     comment = rb":[^\r\n]{0,%d}" % (max_line - 1)
     if open_event:
