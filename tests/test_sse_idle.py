@@ -11,11 +11,21 @@ import pytest
 
 from reachmesh.sse import RawEvent, RawSseParser, SseError, SseLimits
 
-IDLE = [b": ping\n", b"\n", b"\r\n", b"\r", b"id: 7\n", b"retry: 10\n", b"foo\n", b"event: x\n\n", b"dataz: 1\n"]
+IDLE = [
+    b": ping\n",
+    b"\n",
+    b"\r\n",
+    b"\r",
+    b"id: 7\n",
+    b"retry: 10\n",
+    b"foo\n",
+    b"event: x\n\n",
+    b"dataz: 1\n",
+]
 
 
-def events_of(data: bytes, cut: int, limits: SseLimits = SseLimits()) -> list[RawEvent]:
-    parser = RawSseParser(limits)
+def events_of(data: bytes, cut: int, limits: SseLimits | None = None) -> list[RawEvent]:
+    parser = RawSseParser(limits or SseLimits())
     out = parser.feed(data[:cut]) + parser.feed(data[cut:])
     parser.eof()
     return out
@@ -60,8 +70,9 @@ def cpu_to_read(blob: bytes, reads: int) -> float:
 
 def test_comment_lines_cost_less_than_the_chunks_of_as_many_bytes() -> None:
     """The CPU cost is what this is about: read line by line, `:` lines took several times the
-    CPU of as many bytes of the smallest chunk events (1 against 8 MB/s; now about 20), so a stream of comments was
-    a cheap way to keep a core busy. A ratio of two readings in one process, not a time."""
+    CPU of as many bytes of the smallest chunk events (1 against 8 MB/s; now about 20), so a
+    stream of comments was a cheap way to keep a core busy. A ratio of two readings in one
+    process, not a time."""
     comments = cpu_to_read(b":\n" * 32768, 8)
     chunks = cpu_to_read(b"event: chunk\ndata: 1\n\n" * 3120, 8)
     assert comments < chunks, (comments, chunks)

@@ -133,20 +133,10 @@ class RawSseParser:
         while start < size and steps:
             steps -= 1
             if not (self._partial or self._first):
-                if not self._open:
-                    # Between events: an event in the form agents write is read whole.
-                    whole = self._whole_event(data, start)
-                    if whole is not None:
-                        events.append(whole[0])
-                        start = whole[1]
-                        continue
-                first = data[start]
-                # A data line is never idle, nor, within an event, its end or a new event line.
-                if first != 100 and not (self._open and first in _OPEN_BUSY):
-                    skipped = self._skip_idle(data, start)
-                    if skipped > start:
-                        start = skipped
-                        continue
+                ahead = self._at_once(data, start, events)
+                if ahead > start:
+                    start = ahead
+                    continue
             cut = _line_end(data, start)
             if cut < 0:
                 self._hold(data[start:] if start else data)
@@ -164,6 +154,21 @@ class RawSseParser:
             if event is not None:
                 events.append(event)
         return start, steps
+
+    def _at_once(self, data: bytes, start: int, events: list[RawEvent]) -> int:
+        """Past what can be read at ``start`` without going line by line (a line starts there):
+        a whole event in the form agents write, or a run of idle lines; ``start`` if neither."""
+        if not self._open:
+            # Between events: an event in the form agents write is read whole.
+            whole = self._whole_event(data, start)
+            if whole is not None:
+                events.append(whole[0])
+                return whole[1]
+        first = data[start]
+        # A data line is never idle, nor, within an event, its end or a new event line.
+        if first == 100 or (self._open and first in _OPEN_BUSY):
+            return start
+        return self._skip_idle(data, start)
 
     def _skip_idle(self, data: bytes, start: int) -> int:
         """Past the run of lines at ``start`` that change nothing, in one scan: comments, ``id``,

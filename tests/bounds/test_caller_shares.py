@@ -64,7 +64,9 @@ async def test_one_callers_async_flood_keeps_another_callers_result() -> None:
         await register(router, agent)
         fair, hog = caller(router, FAIR), caller(router, HOG)
         try:
-            accepted = await fair.post("/reach", json={"targetTask": "echo", "preferences": {"mode": "async"}})
+            accepted = await fair.post(
+                "/reach", json={"targetTask": "echo", "preferences": {"mode": "async"}}
+            )
             assert accepted.status_code == 202, accepted.text
             mine = accepted.json()["traceId"]
             await until(lambda: finished(fair, mine), "the fair caller's async result")
@@ -96,7 +98,9 @@ async def test_async_result_bytes_are_shared_per_client() -> None:
         await register(router, agent)
         fair, hog = caller(router, FAIR), caller(router, HOG)
         try:
-            accepted = await fair.post("/reach", json={"targetTask": "echo", "preferences": {"mode": "async"}})
+            accepted = await fair.post(
+                "/reach", json={"targetTask": "echo", "preferences": {"mode": "async"}}
+            )
             mine = accepted.json()["traceId"]
             await until(lambda: finished(fair, mine), "the fair caller's async result")
             hog_ids = []
@@ -127,7 +131,8 @@ async def test_one_callers_conversation_flood_keeps_another_callers_binding() ->
         fair, hog = caller(router, FAIR), caller(router, HOG)
         try:
             first = await fair.post(
-                "/reach", json={"targetTask": "chat", "targetAgent": "share-light", "conversationId": "c-fair"}
+                "/reach",
+                json={"targetTask": "chat", "targetAgent": "share-light", "conversationId": "c-fair"},
             )
             assert first.json()["handlerAgentId"] == "share-light", first.text
             # Whether targetAgent binds is not the point: the turn below shows the binding.

@@ -42,7 +42,9 @@ async def test_a_gathered_stream_of_empty_events_lets_the_loop_run() -> None:
             async with httpx.AsyncClient(base_url=router.url, timeout=scaled(60)) as http:
                 assert (await http.post("/agents", json=agent.profile())).status_code == 201
                 ticking = asyncio.create_task(ticker())
-                answer = await http.post("/reach", json={"targetTask": "bomb", "preferences": {"timeoutMs": 60_000}})
+                answer = await http.post(
+                    "/reach", json={"targetTask": "bomb", "preferences": {"timeoutMs": 60_000}}
+                )
                 done.set()
                 await ticking
             assert answer.status_code == 200, answer.text

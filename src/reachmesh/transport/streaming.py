@@ -14,7 +14,6 @@ error in its ``done`` the :class:`AgentRejected` family, exactly as for a plain 
 from __future__ import annotations
 
 import asyncio
-
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
