@@ -25,7 +25,7 @@ from reachmesh.decision import DecisionRecord
 from reachmesh.dispatch import encoder
 from reachmesh.dispatch.dispatcher import EVERY_TASK, Grants
 from reachmesh.dispatch.results import Reply
-from reachmesh.exceptions import ConfigError, InternalError, RequestError
+from reachmesh.exceptions import ConfigError, InternalError, LoopDetected, RequestError
 from reachmesh.lifecycle import Background
 from reachmesh.registry.base import Registry
 from reachmesh.server.admin import AdminApi
@@ -51,7 +51,7 @@ from reachmesh.server.reload import PolicyFile
 from reachmesh.server.stream import EventSink, serve_stream, wants_stream
 from reachmesh.server.ui import AdminUi
 from reachmesh.tracecontext import parse_traceparent
-from reachmesh.transport.base import Transport
+from reachmesh.transport.base import HOPS, MAX_HOPS, Transport, hops_of
 
 log = logging.getLogger("reachmesh.router")
 
@@ -170,6 +170,7 @@ class RouterApp:
         try:
             try:
                 check_json_content_type(headers)
+                _count_hops(headers)
                 server = parts.config.server
                 if body is None:  # read here, not in a coroutine of its own (see __call__)
                     timeout_s = body_timeout(scope, server.body_timeout_seconds)
@@ -358,6 +359,18 @@ class RouterApp:
                 await self.shutdown()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+
+def _count_hops(headers: dict[bytes, bytes]) -> None:
+    """Take the Routers this request came through (X-Reach-Hops) as this task's count, which its
+    attempts send on plus one; past MAX_HOPS it is refused: a Router forwards to itself."""
+    hops = hops_of(headers.get(b"x-reach-hops"))
+    if hops >= MAX_HOPS:
+        raise LoopDetected(
+            f"this request has come through {hops} Routers (X-Reach-Hops), the most is {MAX_HOPS}: "
+            "an agent's endpoint is a Router's own /reach, so each call was forwarded back to it"
+        )
+    HOPS.set(hops)
 
 
 def _trace_of(headers: dict[bytes, bytes]) -> tuple[str | None, tuple[str, str] | None]:
