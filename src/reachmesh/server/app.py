@@ -169,8 +169,7 @@ class RouterApp:
             return status, payload, [(b"retry-after", str(parts.config.limits.retry_after_seconds).encode())]
         try:
             try:
-                check_json_content_type(headers)
-                _count_hops(headers)
+                _check_head(headers)
                 server = parts.config.server
                 if body is None:  # read here, not in a coroutine of its own (see __call__)
                     timeout_s = body_timeout(scope, server.body_timeout_seconds)
@@ -359,6 +358,13 @@ class RouterApp:
                 await self.shutdown()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+
+def _check_head(headers: dict[bytes, bytes]) -> None:
+    """What POST /reach's head must say before its body is read: a JSON body, and a hop count
+    under the bound."""
+    check_json_content_type(headers)
+    _count_hops(headers)
 
 
 def _count_hops(headers: dict[bytes, bytes]) -> None:
