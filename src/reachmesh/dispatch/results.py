@@ -86,16 +86,22 @@ class ResultStore:
         self._client_bytes[client] = self._client_bytes.get(client, 0) + len(reply[1])
         policy = self.policy
         # The client's own share first (its newest result is always kept) ...
-        while len(mine) > 1 and (
-            len(mine) > policy.max_results_per_client
-            or self._client_bytes[client] > policy.max_result_bytes_per_client
-        ):
+        while len(mine) > 1 and self._over_share(client, len(mine)):
             self._evict(next(iter(mine)))
         # ... then the store's, oldest first whoever's.
         while len(self._done) > 1 and (
             len(self._done) > policy.max_results or self._bytes > policy.max_result_bytes
         ):
             self._evict(next(iter(self._done)))
+
+    def _over_share(self, client: str, held: int) -> bool:
+        """Whether ``client`` holds more than its share; "-", a request whose client is not known
+        (one adopted from another Router with auth off), has no share of its own."""
+        policy = self.policy
+        return client != "-" and (
+            held > policy.max_results_per_client
+            or self._client_bytes[client] > policy.max_result_bytes_per_client
+        )
 
     def _evict(self, trace_id: str) -> None:
         self._drop(trace_id)
