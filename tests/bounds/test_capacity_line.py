@@ -19,7 +19,13 @@ from tests.helpers import scaled, until
 
 async def test_waiters_that_gave_up_leave_the_agents_line() -> None:
     config = RouterConfig.model_validate(
-        {"embedding": {"backend": "none"}, "health": {"enabled": False}, "limits": {"loop_lag_ms": 10_000}}
+        {
+            "embedding": {"backend": "none"},
+            "health": {"enabled": False},
+            "limits": {"loop_lag_ms": 10_000},
+            # The long call waits at the agent for as long as the waves take, on any machine.
+            "timeouts": {"read_ms": 120_000},
+        }
     )
     async with RouterServer(config) as router:
         release = asyncio.Event()

@@ -3,12 +3,13 @@
 Found by an attacker's probe: a plain call to an agent answering 8 MB of empty lines (or of
 empty events) as an event stream froze the whole Router, /healthz included, for up to 15 s: the
 gathered body was parsed in one go, a microsecond a byte. Real Router and agent on loopback, in
-this test's loop, so the loop's longest stall is seen directly.
+this test's loop, so the loop's longest turn is seen directly (in CPU time, not on the clock).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 
@@ -28,15 +29,16 @@ async def test_a_gathered_stream_of_empty_events_lets_the_loop_run() -> None:
     async with RouterServer(config) as router:
         agent = FakeAgent("bomb-agent", tasks=("bomb",), raw_answer=BOMB)
         await agent.start()
-        loop = asyncio.get_running_loop()
         stalls: list[float] = []
         done = asyncio.Event()
 
         async def ticker() -> None:
+            # The CPU this thread spent between two turns of the ticker: what one turn of the
+            # loop held it for, however little of the machine the process got meanwhile.
             while not done.is_set():
-                before = loop.time()
+                before = time.thread_time()
                 await asyncio.sleep(0.005)
-                stalls.append(loop.time() - before)
+                stalls.append(time.thread_time() - before)
 
         try:
             async with httpx.AsyncClient(base_url=router.url, timeout=scaled(60)) as http:
@@ -49,6 +51,6 @@ async def test_a_gathered_stream_of_empty_events_lets_the_loop_run() -> None:
                 await ticking
             assert answer.status_code == 200, answer.text
             assert answer.json()["result"] == [1]
-            assert max(stalls) < scaled(0.5), f"the loop stalled {max(stalls):.2f} s"
+            assert max(stalls) < scaled(0.5), f"one turn of the loop took {max(stalls):.2f} s of CPU"
         finally:
             await agent.stop()
