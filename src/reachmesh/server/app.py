@@ -25,7 +25,7 @@ from reachmesh.decision import DecisionRecord
 from reachmesh.dispatch import encoder
 from reachmesh.dispatch.dispatcher import EVERY_TASK, Grants
 from reachmesh.dispatch.results import Reply
-from reachmesh.exceptions import ConfigError, InternalError, LoopDetected, RequestError
+from reachmesh.exceptions import ConfigError, InternalError, RequestError
 from reachmesh.lifecycle import Background
 from reachmesh.registry.base import Registry
 from reachmesh.server.admin import AdminApi
@@ -39,6 +39,7 @@ from reachmesh.server.asgi import (
     body_timeout,
     check_json_content_type,
     check_whole_body,
+    count_hops,
     error_body,
     header_map,
     read_body,
@@ -51,7 +52,7 @@ from reachmesh.server.reload import PolicyFile
 from reachmesh.server.stream import EventSink, serve_stream, wants_stream
 from reachmesh.server.ui import AdminUi
 from reachmesh.tracecontext import parse_traceparent
-from reachmesh.transport.base import HOPS, MAX_HOPS, Transport, hops_of
+from reachmesh.transport.base import Transport
 
 log = logging.getLogger("reachmesh.router")
 
@@ -364,19 +365,7 @@ def _check_head(headers: dict[bytes, bytes]) -> None:
     """What POST /reach's head must say before its body is read: a JSON body, and a hop count
     under the bound."""
     check_json_content_type(headers)
-    _count_hops(headers)
-
-
-def _count_hops(headers: dict[bytes, bytes]) -> None:
-    """Take the Routers this request came through (X-Reach-Hops) as this task's count, which its
-    attempts send on plus one; past MAX_HOPS it is refused: a Router forwards to itself."""
-    hops = hops_of(headers.get(b"x-reach-hops"))
-    if hops >= MAX_HOPS:
-        raise LoopDetected(
-            f"this request has come through {hops} Routers (X-Reach-Hops), the most is {MAX_HOPS}: "
-            "an agent's endpoint is a Router's own /reach, so each call was forwarded back to it"
-        )
-    HOPS.set(hops)
+    count_hops(headers)
 
 
 def _trace_of(headers: dict[bytes, bytes]) -> tuple[str | None, tuple[str, str] | None]:
