@@ -345,6 +345,9 @@ class AffinityPolicy(_Section):
 
     ttl_seconds: Positive = 600
     max_conversations: Annotated[int, Field(ge=1, le=10_000_000)] = 100_000
+    # One caller's share of them (its token; with auth off every caller is one): past it the
+    # caller's own least recently used binding goes, nobody else's.
+    max_conversations_per_caller: Annotated[int, Field(ge=1, le=10_000_000)] = 10_000
 
 
 class AsyncPolicy(_Section):
@@ -356,6 +359,10 @@ class AsyncPolicy(_Section):
     # Bytes of finished results held (their ReachResponse bodies); past it the oldest go first.
     # The newest result is always kept, so the store holds at most this plus one answer.
     max_result_bytes: Annotated[int, Field(ge=1024, le=1 << 40)] = 128 * 1024 * 1024
+    # One client's share of those (a caller token, or an address with auth off): past it that
+    # client's own oldest results go, so one caller's flood cannot push out the others' answers.
+    max_results_per_client: Annotated[int, Field(ge=1, le=10_000_000)] = 1000
+    max_result_bytes_per_client: Annotated[int, Field(ge=1024, le=1 << 40)] = 16 * 1024 * 1024
     # replyTo delivery: retried with exponential backoff and jitter, starting at
     # reply_backoff_ms and doubling up to reply_backoff_max_ms, until it is taken, until
     # reply_window_seconds have passed, or after reply_attempts POSTs, whichever comes first.

@@ -134,6 +134,13 @@ class PayloadTooLarge(RequestError):
     http_status = 413
 
 
+class LoopDetected(RequestError):
+    """The request has passed through too many Routers: one forwards to itself (X-Reach-Hops)."""
+
+    code = "LOOP_DETECTED"
+    http_status = 508
+
+
 class UnsupportedMediaType(RequestError):
     """The request declares a content type that is not JSON."""
 

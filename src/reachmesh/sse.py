@@ -20,6 +20,8 @@ lines joined with LF) is the WHATWG HTML standard's.
 
 from __future__ import annotations
 
+import functools
+import re
 from typing import NamedTuple
 
 
@@ -103,24 +105,42 @@ class RawSseParser:
             raise
         return events
 
-    def _read(self, data: bytes, events: list[RawEvent]) -> None:
-        """Read ``data``, appending to ``events`` each event it completes."""
-        start, size = 0, len(data)
-        if self._cr and size:
+    def feed_some(self, data: bytes, start: int, steps: int) -> tuple[list[RawEvent], int, int]:
+        """:meth:`feed` for ``data[start:]``, stopping after ``steps`` steps (a line, a whole
+        event or a run of idle lines each): its events, where it stopped (``len(data)`` once
+        all is read) and the steps left. A reader that must not hold its loop for long reads a
+        budget of steps at a time: the cost of a read is per line, not per byte."""
+        if len(data) - start > self._max_total - self.total:
+            return self.feed(data[start:]), len(data), 0  # over the stream's bound: this raises
+        events: list[RawEvent] = []
+        try:
+            stop, left = self._read(data, events, start, steps)
+        except SseError as exc:
+            self.total += len(data) - start
+            exc.events = events
+            raise
+        self.total += stop - start
+        return events, stop, left
+
+    def _read(self, data: bytes, events: list[RawEvent], start: int = 0, steps: int = -1) -> tuple[int, int]:
+        """Read ``data`` from ``start``, appending to ``events`` each event it completes, for at
+        most ``steps`` steps (-1: no limit); where it stopped and the steps left."""
+        size = len(data)
+        if self._cr and start < size:
             self._cr = False
-            if data[0] == 10:
-                start = 1  # the LF of a CR LF split between two reads
-        while start < size:
-            if not (self._partial or self._open or self._first):
-                # Between events: an event in the form agents write is read whole.
-                whole = self._whole_event(data, start)
-                if whole is not None:
-                    events.append(whole[0])
-                    start = whole[1]
+            if data[start] == 10:
+                start += 1  # the LF of a CR LF split between two reads
+        while start < size and steps:
+            steps -= 1
+            if not (self._partial or self._first):
+                ahead = self._at_once(data, start, events)
+                if ahead > start:
+                    start = ahead
                     continue
             cut = _line_end(data, start)
             if cut < 0:
                 self._hold(data[start:] if start else data)
+                start = size
                 break
             partial = self._partial
             if partial:
@@ -133,6 +153,36 @@ class RawSseParser:
             start = self._after_line_end(data, cut)
             if event is not None:
                 events.append(event)
+        return start, steps
+
+    def _at_once(self, data: bytes, start: int, events: list[RawEvent]) -> int:
+        """Past what can be read at ``start`` without going line by line (a line starts there):
+        a whole event in the form agents write, or a run of idle lines; ``start`` if neither."""
+        if not self._open:
+            # Between events: an event in the form agents write is read whole.
+            whole = self._whole_event(data, start)
+            if whole is not None:
+                events.append(whole[0])
+                return whole[1]
+        first = data[start]
+        # A data line is never idle, nor, within an event, its end or a new event line.
+        if first == 100 or (self._open and first in _OPEN_BUSY):
+            return start
+        return self._skip_idle(data, start)
+
+    def _skip_idle(self, data: bytes, start: int) -> int:
+        """Past the run of lines at ``start`` that change nothing, in one scan: comments, ``id``,
+        ``retry`` and unknown fields, and, between events, blank lines and events with no data.
+        Read one by one, an agent sending ``:`` or empty lines as fast as it could cost the
+        Router a core for its whole stream, with nothing relayed; the same bounds hold (a line
+        over ``max_line`` is not skipped, and the line reader refuses it)."""
+        skip = _idle_run(self._max_line, self._open).match(data, start)
+        if skip is None:
+            return start
+        end = skip.end()
+        if end == len(data) and data[end - 1] == 13:
+            self._cr = True  # a CR ends the run: an LF at the start of the next read is its own
+        return end
 
     def _whole_event(self, data: bytes, start: int) -> tuple[RawEvent, int] | None:
         """The event at ``start`` and where the next begins, when it is exactly ``event: NAME``,
@@ -252,6 +302,29 @@ class SseParser:
     def eof(self) -> None:
         """The stream ended; raises SseError if it ended inside an event or a line."""
         self._raw.eof()
+
+
+@functools.lru_cache(maxsize=16)
+def _idle_run(max_line: int, open_event: bool) -> re.Pattern[bytes]:
+    """A run of lines that change nothing, each at most ``max_line`` bytes and ended (CR, LF or
+    CR LF). Within an event, a blank line ends it, so only the ignored fields are a run there."""
+    end = rb"(?:\r\n|\n|\r(?!\n))"  # a CR LF is one end, never a CR and then a blank line
+    fits = rb"(?=[^\r\n]{0,%d}[\r\n])" % max_line
+    # A field nobody reads: a comment, or any name but data and event (a line of its own name
+    # with no colon included).
+    # (Its name first: a data line, however long, is passed over at its first bytes.)
+    ignored = rb"(?!(?:data|event)[:\r\n])" + fits + rb"[^\r\n]+" + end
+    # A comment first, the most common of them, checked for its length without a lookahead.
+    comment = rb":[^\r\n]{0,%d}" % (max_line - 1)
+    if open_event:
+        return re.compile(rb"(?:" + comment + end + rb"|" + ignored + rb")+")
+    # An event line then a blank line with no data between: an event with nothing in it.
+    empty_event = fits + rb"event(?::[^\r\n]*)?" + end + rb"(?:" + ignored + rb")*" + end
+    # Blank lines between events change nothing either, in any mix of ends.
+    return re.compile(rb"(?:" + comment + rb"[\r\n]+|[\r\n]+|" + ignored + rb"|" + empty_event + rb")+")
+
+
+_OPEN_BUSY = frozenset(b"e\r\n")
 
 
 def _field(buf: bytes | bytearray, start: int, end: int) -> bytes:

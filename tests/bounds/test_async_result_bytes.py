@@ -66,7 +66,11 @@ async def fill(budget_mib: int) -> dict[str, object]:
             "health": {"enabled": False},
             "embedding": {"backend": "none"},
             "limits": {"loop_lag_ms": 10_000},
-            "async_mode": {"max_result_bytes": budget_mib * MIB},
+            # One client sends them all: its share is the whole budget here.
+            "async_mode": {
+                "max_result_bytes": budget_mib * MIB,
+                "max_result_bytes_per_client": budget_mib * MIB,
+            },
         }
     )
     async with RouterServer(config) as router, httpx.AsyncClient(base_url=router.url, timeout=30) as http:

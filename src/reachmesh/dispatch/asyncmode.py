@@ -106,7 +106,7 @@ class AsyncRequests:
         ``owner`` (a token's fingerprint) is the only caller besides an admin who may fetch it;
         ``client`` is who is counted for it (:meth:`running_for`).
         """
-        self.results.start(trace_id, owner)
+        self.results.start(trace_id, owner, client)
         accepted = _Accepted(trace_id, reply_to, client)
         self._running[trace_id] = accepted
         self._by_client[client] = self._by_client.get(client, 0) + 1

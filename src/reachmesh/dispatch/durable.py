@@ -148,7 +148,8 @@ def start_adopted(dispatching: Dispatching, envelope: bytes, owner: str | None) 
         idempotency_key=idempotency_key(str(data["traceId"])),
     )
     run = runner(dispatching, request, data, record)
-    dispatching.async_requests.start(record.trace_id, run, request.preferences.reply_to, owner)
+    # Counted for its owner (a caller token), as the Router that accepted it counted it.
+    dispatching.async_requests.start(record.trace_id, run, request.preferences.reply_to, owner, owner or "-")
 
 
 async def admit(

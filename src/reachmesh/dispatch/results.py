@@ -4,6 +4,11 @@ Bounded: at most ``max_results`` finished results and ``max_result_bytes`` of th
 oldest dropped first, the newest always kept), each kept for ``result_ttl_seconds``; pending
 requests are bounded by the Router's in-flight limit. A count alone let a caller hold 10,000
 answers of up to 8 MiB each.
+
+Each client (a caller token, or an address with auth off) also has a share of the store:
+``max_results_per_client`` results and ``max_result_bytes_per_client`` bytes. Past its share a
+client's own oldest result goes, nobody else's: with the global bounds alone, one caller's flood
+of small async requests pushed every other caller's answers out before they polled.
 """
 
 from __future__ import annotations
@@ -27,6 +32,11 @@ class ResultStore:
         self._owners: dict[str, str] = {}
         self._done: OrderedDict[str, tuple[Reply, float]] = OrderedDict()
         self._bytes = 0
+        # Who each request is counted for, and each client's finished results (oldest first)
+        # with their bytes: the client's share is checked without a walk of the whole store.
+        self._clients: dict[str, str] = {}
+        self._by_client: dict[str, OrderedDict[str, None]] = {}
+        self._client_bytes: dict[str, int] = {}
         self.evicted = 0
 
     def apply(self, policy: AsyncPolicy) -> None:
@@ -49,10 +59,16 @@ class ResultStore:
     def known(self, trace_id: str) -> bool:
         return trace_id in self._pending or self.get(trace_id) is not None
 
-    def start(self, trace_id: str, owner: str | None = None) -> None:
+    def start(self, trace_id: str, owner: str | None = None, client: str = "-") -> None:
+        """``owner`` may fetch the result; ``client`` is whose share of the store it takes."""
         self._pending.add(trace_id)
+        self._clients[trace_id] = client
         if owner is not None:
             self._owners[trace_id] = owner
+
+    def held_for(self, client: str) -> tuple[int, int]:
+        """(results, bytes) of ``client``'s finished results held now."""
+        return len(self._by_client.get(client, ())), self._client_bytes.get(client, 0)
 
     def owner(self, trace_id: str) -> str | None:
         """Who started the request (a token's fingerprint), or None when auth was off."""
@@ -60,22 +76,55 @@ class ResultStore:
 
     def finish(self, trace_id: str, reply: Reply) -> None:
         self._pending.discard(trace_id)
+        client = self._clients.get(trace_id, "-")
         self._drop(trace_id)
+        self._clients[trace_id] = client
         self._done[trace_id] = (reply, self._clock.monotonic() + self.policy.result_ttl_seconds)
         self._bytes += len(reply[1])
+        mine = self._by_client.setdefault(client, OrderedDict())
+        mine[trace_id] = None
+        self._client_bytes[client] = self._client_bytes.get(client, 0) + len(reply[1])
         policy = self.policy
+        # The client's own share first (its newest result is always kept) ...
+        while len(mine) > 1 and self._over_share(client, len(mine)):
+            self._evict(next(iter(mine)))
+        # ... then the store's, oldest first whoever's.
         while len(self._done) > 1 and (
             len(self._done) > policy.max_results or self._bytes > policy.max_result_bytes
         ):
-            gone = next(iter(self._done))
-            self._drop(gone)
-            self._owners.pop(gone, None)
-            self.evicted += 1
+            self._evict(next(iter(self._done)))
+
+    def _over_share(self, client: str, held: int) -> bool:
+        """Whether ``client`` holds more than its share; "-", a request whose client is not known
+        (one adopted from another Router with auth off), has no share of its own."""
+        policy = self.policy
+        return client != "-" and (
+            held > policy.max_results_per_client
+            or self._client_bytes[client] > policy.max_result_bytes_per_client
+        )
+
+    def _evict(self, trace_id: str) -> None:
+        self._drop(trace_id)
+        self._owners.pop(trace_id, None)
+        self.evicted += 1
 
     def _drop(self, trace_id: str) -> None:
+        """Forget a finished result (its owner stays while it may still be pending)."""
         found = self._done.pop(trace_id, None)
-        if found is not None:
-            self._bytes -= len(found[0][1])
+        if found is None:
+            return
+        size = len(found[0][1])
+        self._bytes -= size
+        client = self._clients.pop(trace_id, "-")
+        mine = self._by_client.get(client)
+        if mine is not None:
+            mine.pop(trace_id, None)
+            left = self._client_bytes.get(client, 0) - size
+            if mine:
+                self._client_bytes[client] = left
+            else:
+                del self._by_client[client]
+                self._client_bytes.pop(client, None)
 
     def is_pending(self, trace_id: str) -> bool:
         return trace_id in self._pending

@@ -37,6 +37,7 @@ from reachmesh.server.asgi import (
     Scope,
     Send,
     check_json_content_type,
+    count_hops,
     error_body,
     header_map,
     read_body,
@@ -587,6 +588,7 @@ class A2AExport:
         headers = header_map(scope)
         try:
             check_json_content_type(headers)
+            count_hops(headers)
             body = await read_body(receive, headers, server.body_limit_bytes, server.body_timeout_seconds)
             _check_depth(body, server.max_json_depth)
         except RequestError as exc:

@@ -13,6 +13,7 @@ Waiting is the Router's own business: the breaker and the success rate never hea
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 from collections import deque
 from collections.abc import Iterator
@@ -156,6 +157,12 @@ class CapacityBoard:
                     self.give(agent_id)
                 else:
                     waiter.cancel()
+                    # Out of the line at once: left for give() to skip, the dead waiters of every
+                    # request that gave up piled up for as long as the agent's slots stayed
+                    # taken (a stream holds one up to the deadline), without bound.
+                    # (A give() in between may have skipped it out already.)
+                    with contextlib.suppress(ValueError):
+                        slots.waiters.remove(waiter)
         return waited
 
     def hold(self, agent_id: str, capacity: int | None, seconds: float) -> None:
@@ -188,6 +195,11 @@ class CapacityBoard:
         if slots is None:
             return policy_s
         return retry_after_estimate(slots.queued, slots.capacity, service_ms, policy_s)
+
+    def waiting(self, agent_id: str) -> int:
+        """Waiters held in ``agent_id``'s line (the ones that gave up are not kept)."""
+        slots = self._agents.get(agent_id)
+        return 0 if slots is None else len(slots.waiters)
 
     def capacity_of(self, agent_id: str) -> int | None:
         slots = self._agents.get(agent_id)

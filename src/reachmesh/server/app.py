@@ -39,6 +39,7 @@ from reachmesh.server.asgi import (
     body_timeout,
     check_json_content_type,
     check_whole_body,
+    count_hops,
     error_body,
     header_map,
     read_body,
@@ -179,7 +180,7 @@ class RouterApp:
             return status, payload, [(b"retry-after", str(parts.config.limits.retry_after_seconds).encode())]
         try:
             try:
-                check_json_content_type(headers)
+                _check_head(headers)
                 server = parts.config.server
                 if body is None:  # read here, not in a coroutine of its own (see __call__)
                     timeout_s = body_timeout(scope, server.body_timeout_seconds)
@@ -376,6 +377,13 @@ class RouterApp:
                 await self.shutdown()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+
+def _check_head(headers: dict[bytes, bytes]) -> None:
+    """What POST /reach's head must say before its body is read: a JSON body, and a hop count
+    under the bound."""
+    check_json_content_type(headers)
+    count_hops(headers)
 
 
 def _trace_of(headers: dict[bytes, bytes]) -> tuple[str | None, tuple[str, str] | None]:

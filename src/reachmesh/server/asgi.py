@@ -8,7 +8,14 @@ from typing import Any
 
 import orjson
 
-from reachmesh.exceptions import BodyTimeout, PayloadTooLarge, RequestError, UnsupportedMediaType
+from reachmesh.exceptions import (
+    BodyTimeout,
+    LoopDetected,
+    PayloadTooLarge,
+    RequestError,
+    UnsupportedMediaType,
+)
+from reachmesh.transport.base import HOPS, MAX_HOPS, hops_of
 
 Scope = dict[str, Any]
 Receive = Any
@@ -34,6 +41,19 @@ class ClientGone(Exception):
 def header_map(scope: Scope) -> dict[bytes, bytes]:
     """The request headers by lower-case name (the last one wins)."""
     return dict(scope["headers"])
+
+
+def count_hops(headers: dict[bytes, bytes]) -> None:
+    """Take the Routers a request came through (X-Reach-Hops) as this task's count, which its
+    attempts send on plus one; past MAX_HOPS it is refused (LoopDetected): a Router forwards to
+    itself, on /reach or on the A2A face."""
+    hops = hops_of(headers.get(b"x-reach-hops"))
+    if hops >= MAX_HOPS:
+        raise LoopDetected(
+            f"this request has come through {hops} Routers (X-Reach-Hops), the most is {MAX_HOPS}: "
+            "an agent's endpoint is a Router's own /reach, so each call was forwarded back to it"
+        )
+    HOPS.set(hops)
 
 
 def check_json_content_type(headers: dict[bytes, bytes]) -> None:

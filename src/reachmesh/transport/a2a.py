@@ -29,7 +29,7 @@ from reachmesh.transport.pieces import Chunk, Final, Piece
 
 A2A_VERSION = "1.0"
 # The headers of a Router attempt that an A2A agent may also use (tracing, the deadline).
-_FORWARDED = ("X-Reach-Trace-Id", "traceparent", "X-Reach-Deadline-Ms")
+_FORWARDED = ("X-Reach-Trace-Id", "traceparent", "X-Reach-Deadline-Ms", "X-Reach-Hops")
 _JSONRPC_CODES = {
     -32700: "A2A_PARSE_ERROR",
     -32600: "A2A_INVALID_REQUEST",

@@ -39,8 +39,24 @@ _ERROR_CODE = re.compile(r"[A-Za-z][A-Za-z0-9_.:-]{0,63}")
 # send, so the trace shows the wait. A ContextVar, not a return value: the wait is a fact of the
 # calling task, and every transport (and every fake of one) keeps the ``send`` it has.
 POOL_WAIT_S: ContextVar[float] = ContextVar("reach_pool_wait_s", default=0.0)
+# How many Routers a request has come through, sent to every agent as X-Reach-Hops (this
+# Router's count plus one) and read from every caller: an agent whose endpoint is a Router's own
+# /reach (itself, or two Routers each other's) had each call forwarded back, 256 deep, until the
+# Router's own client slots ran out. Past MAX_HOPS the Router refuses it (LOOP_DETECTED). A
+# ContextVar, as POOL_WAIT_S: the count belongs to the request's task and every task it starts.
+HOPS_HEADER = "X-Reach-Hops"
+MAX_HOPS = 8
+HOPS: ContextVar[int] = ContextVar("reach_hops", default=0)
 # An agent's error ``message`` reaches the caller, the trace and the log: a paragraph, not a body.
 MAX_ERROR_MESSAGE_CHARS = 4096
+
+
+def hops_of(value: bytes | None) -> int:
+    """The X-Reach-Hops a request came with: 0 when absent or not a small whole number (only a
+    Router sends it, and a caller who sends garbage fools no one but itself)."""
+    if value is None or not value.isdigit() or len(value) > 4:
+        return 0
+    return int(value)
 
 
 class AttemptLimits(NamedTuple):

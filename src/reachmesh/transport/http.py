@@ -41,7 +41,14 @@ from reachmesh.transport.answer import (
     HeadLimits,
     HeadTooLarge,
 )
-from reachmesh.transport.base import DEFAULT_RESPONSE_LIMIT, AttemptLimits, busy, classify_answer
+from reachmesh.transport.base import (
+    DEFAULT_RESPONSE_LIMIT,
+    HOPS,
+    HOPS_HEADER,
+    AttemptLimits,
+    busy,
+    classify_answer,
+)
 from reachmesh.transport.streamconn import LeanAgentStream
 from reachmesh.transport.streaming import (
     EVENT_STREAM,
@@ -239,6 +246,7 @@ class HttpTransport:
         An ``a2a`` agent gets the envelope as an A2A ``SendMessage`` and its task is mapped back
         (:mod:`.a2a`); the connection, limits and guard are the same for both.
         """
+        headers[HOPS_HEADER] = str(HOPS.get() + 1)  # the attempt's own dict: no copy
         if protocol == "a2a":
             answer = await self._post(url, a2a.send_message(body), a2a.headers(headers), limits)
             if answer.status == 429:
@@ -255,7 +263,7 @@ class HttpTransport:
         if looks_like_events(answer.status, answer.body):
             # An agent that streams to a caller that asked for no stream: its chunks as a list,
             # within the answer limit the pool already kept to (protocol §14, mixed ends).
-            return gather(answer.body)
+            return await gather(answer.body)
         return classify_answer(answer.status, answer.body, answer.retry_after)
 
     async def stream(
@@ -278,6 +286,7 @@ class HttpTransport:
         refused = self._refused(url)
         if refused is not None:
             raise ConnectFailed(f"the agent's endpoint is refused: {refused}")
+        headers[HOPS_HEADER] = str(HOPS.get() + 1)
         if protocol == "a2a":
             reading = a2a.StreamReading()
             data, sent = a2a.send_message(body, streaming=True), a2a.headers(headers)

@@ -44,6 +44,12 @@ EVENT_STREAM = b"text/event-stream"
 # per MiB than the loop's own 256 KiB ones (fewer wakeups, parser calls and writes per MiB).
 READ_BUFFER = 512 * 1024
 _MIN_READ = 64 * 1024
+# What the parser reads between two turns of the loop: PARSE_STEPS lines (or whole events, or
+# runs of idle lines), the rest waiting for the next turn. A whole read of empty events
+# (``data:\n\n``, a microsecond a byte) held the loop, and every other request of the Router,
+# half a second per read; this holds it a few milliseconds. The cost is per line, not per byte:
+# a read of kilobyte chunks (a few hundred events) is still parsed in one turn.
+PARSE_STEPS = 4096
 
 
 def read_buffer(pool: lean.Pool) -> memoryview:
@@ -151,6 +157,7 @@ class LeanAgentStream(asyncio.BufferedProtocol):
         self.reader = _StreamReader(head, bounds.plain_limit)
         self._parser = RawSseParser(bounds.sse)
         self._body: list[bytes] = []  # read, not yet fed to the parser
+        self._offset = 0  # how much of _body[0] was fed already (a budget ended inside it)
         self._buffered = 0
         self._paused = False
         self._pending: deque[RawEvent] = deque()
@@ -300,13 +307,20 @@ class LeanAgentStream(asyncio.BufferedProtocol):
             piece = self._piece(self._pending.popleft())
             if piece is not None:
                 return piece
+            if not self._pending and self._body:
+                await asyncio.sleep(0)  # PARSE_STEPS of events nobody reads: the loop runs first
 
     def ready(self) -> list[Piece]:
         """The pieces already read, up to and with the done event, without waiting; an error
         found on the way is raised by the next :meth:`next`, after these."""
         pieces: list[Piece] = []
+        sliced = False  # one parse a call: the loop runs before the next (see PARSE_STEPS)
         try:
-            while self._later is None and not self._finished and (self._pending or self._parse()):
+            while self._later is None and not self._finished:
+                if not self._pending:
+                    if sliced or not self._parse():
+                        break
+                    sliced = True
                 while self._pending and not self._finished:
                     piece = self._piece(self._pending.popleft())
                     if piece is not None:
@@ -343,19 +357,24 @@ class LeanAgentStream(asyncio.BufferedProtocol):
             raise AttemptTimeout(f"no event from the agent within {waited}")
 
     def _parse(self) -> bool:
-        """Feed the parser the bytes read so far; False when there were none."""
+        """Feed the parser the bytes read so far, PARSE_STEPS steps of it at most (the rest
+        waits for the next call); False when there were none."""
         body = self._body
         if not body or self._malformed is not None:
             return False
-        self._body = []
-        self._buffered = 0
-        if self._paused and not self._lost:
-            self._paused = False
-            self._transport.resume_reading()
         parser, pending = self._parser, self._pending
+        steps = PARSE_STEPS
         try:
-            for part in body:
-                pending.extend(parser.feed(part))
+            while body and steps:
+                part = body[0]
+                events, stop, steps = parser.feed_some(part, self._offset, steps)
+                pending.extend(events)
+                self._buffered -= stop - self._offset
+                if stop < len(part):
+                    self._offset = stop
+                    break
+                del body[0]
+                self._offset = 0
         except SseError as exc:
             # The events whole before the fault are handed out first, as for a fault of the
             # HTTP body: a chunk (or the done) sent before it must not be lost or not depending
@@ -363,6 +382,9 @@ class LeanAgentStream(asyncio.BufferedProtocol):
             pending.extend(exc.events)
             self._malformed = BadAgentResponse(f"event stream: {exc}")
             self._malformed.__cause__ = exc
+        if self._paused and not self._lost and self._buffered <= HIGH_WATER:
+            self._paused = False
+            self._transport.resume_reading()
         return True
 
     async def aclose(self) -> None:

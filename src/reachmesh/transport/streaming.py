@@ -13,6 +13,7 @@ error in its ``done`` the :class:`AgentRejected` family, exactly as for a plain 
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -22,7 +23,7 @@ import pydantic_core
 
 from reachmesh import jsoncodec
 from reachmesh.exceptions import BadAgentResponse
-from reachmesh.sse import RawEvent, SseError, SseEvent, SseLimits, SseParser
+from reachmesh.sse import RawEvent, RawSseParser, SseError, SseEvent, SseLimits
 from reachmesh.transport.base import classify_answer
 from reachmesh.transport.pieces import AgentStream, Chunk, Final, Piece, PlainStream, StreamBounds
 
@@ -159,20 +160,46 @@ def looks_like_events(status: int, body: bytes) -> bool:
     return status == 200 and body.lstrip(b" \t\r\n")[:6].startswith(_SSE_STARTS)
 
 
-def gather(body: bytes) -> list[Any]:
+# How much of a gathered stream is read between two turns of the event loop. Read in one go, an
+# 8 MiB answer of empty lines or empty events (a microsecond a byte at worst) held the loop, and
+# so every other request of the Router, for up to 15 s; a slice costs it a few milliseconds.
+GATHER_SLICE = 16 * 1024
+
+
+async def gather(body: bytes) -> list[Any]:
     """A whole event stream read by a caller that asked for no stream: its chunks' values, in
-    order, once its done said SUCCESS; the agent's error in its done raises as in §6."""
+    order, once its done said SUCCESS; the agent's error in its done raises as in §6. Read a
+    slice at a time, letting the loop run between slices."""
     size = len(body) + 1
-    parser = SseParser(SseLimits(max_line=size, max_event=size, max_total=size))
-    try:
-        events = parser.feed(body)
-    except SseError as exc:
-        raise BadAgentResponse(f"event stream: {exc}") from exc
+    parser = RawSseParser(SseLimits(max_line=size, max_event=size, max_total=size))
     values: list[Any] = []
+    for start in range(0, len(body), GATHER_SLICE):
+        if start:
+            await asyncio.sleep(0)
+        fault: SseError | None = None
+        try:
+            events = parser.feed(body[start : start + GATHER_SLICE])
+        except SseError as exc:
+            # The events whole before the fault count, as the relay hands them out: whether a
+            # done is read must not depend on where the slices fall.
+            events, fault = exc.events, exc
+        if _gathered(events, values):
+            return values
+        if fault is not None:
+            raise BadAgentResponse(f"event stream: {fault}") from fault
+    raise BadAgentResponse("the agent ended its event stream without a done event")
+
+
+def _gathered(events: list[RawEvent], values: list[Any]) -> bool:
+    """Add the chunks' values of ``events`` to ``values``; True at the done event."""
     for event in events:
-        piece = piece_of(event)
+        try:
+            decoded = SseEvent(event.event.decode(), event.data.decode())
+        except UnicodeDecodeError as exc:
+            raise BadAgentResponse(f"event stream: the event stream is not UTF-8 ({exc.reason})") from exc
+        piece = piece_of(decoded)
         if isinstance(piece, Chunk):
             values.append(piece.value)
         elif isinstance(piece, Final):
-            return values
-    raise BadAgentResponse("the agent ended its event stream without a done event")
+            return True
+    return False
