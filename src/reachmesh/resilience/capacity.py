@@ -235,7 +235,7 @@ class CapacityBoard:
             return
         # Over a capacity a re-registration lowered: the slot is not handed on, so in flight
         # falls to the new capacity before a waiter is let in.
-        if slots.capacity is None or slots.inflight <= slots.capacity:
+        if slots.turns and (slots.capacity is None or slots.inflight <= slots.capacity):
             waiter = slots.next_waiter()
             if waiter is not None:
                 waiter.set_result(None)  # the slot changes hands: in flight stays the same
