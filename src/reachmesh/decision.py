@@ -81,6 +81,9 @@ class DecisionRecord:
     # Who sent it: the principal's key ("-" while auth is off). Route learning matches a retry
     # to a refusal only from the same caller.
     caller: str = "-"
+    # Whom the per-client limits count it against: the caller's key, or its address with auth off
+    # ("-": not known). A full agent's queue takes turns between clients by it.
+    client: str = "-"
     # An agent token's task globs (empty for any other role): it never confirms a route to them.
     caller_serves: tuple[str, ...] = ()
     # The tasks the caller's token may reach by meaning or by a learned route (auth.tokens).
@@ -140,6 +143,7 @@ class DecisionRecord:
         *,
         conversation_id: str | None = None,
         caller: str = "-",
+        client: str = "-",
         caller_serves: tuple[str, ...] = (),
         reach_tasks: tuple[str, ...] = ("*",),
         started_wall: float = 0.0,
@@ -153,6 +157,7 @@ class DecisionRecord:
         self.started = started
         self.conversation_id = conversation_id
         self.caller = caller
+        self.client = client
         self.caller_serves = caller_serves
         self.reach_tasks = reach_tasks
         self.started_wall = started_wall

@@ -115,3 +115,74 @@ async def test_a_held_slot_counts_until_its_time_then_goes_to_the_first_waiter()
     board.give("a")
     board.give("a")
     assert board.inflight("a") == 0
+
+
+async def _line_up(board: CapacityBoard, clients: list[str], far: float) -> list[asyncio.Future[float]]:
+    """One waiter per entry of ``clients`` at the full agent "a", each queued before the next."""
+    waiters: list[asyncio.Future[float]] = []
+    for n, client in enumerate(clients, 1):
+        waiters.append(asyncio.ensure_future(board.take("a", 1, far, client)))
+        await queued(board, "a", n)
+    return waiters
+
+
+async def _served(board: CapacityBoard, waiters: list[asyncio.Future[float]]) -> list[int]:
+    """The order the waiters are handed the slot in, one give() (the call in flight ending) each."""
+    order: list[int] = []
+    for _ in waiters:
+        board.give("a")
+        await until(lambda: sum(w.done() for w in waiters) == len(order) + 1, "the next one served")
+        order.append(next(i for i, w in enumerate(waiters) if w.done() and i not in order))
+    return order
+
+
+async def test_clients_waiting_at_a_full_agent_take_turns_each_first_come_first_served() -> None:
+    """Four of client A's calls wait, then two of B's, then one of C's: a slot that comes back
+    goes to the oldest waiter of the client whose turn it is, and that client goes to the back
+    of the turns. B's and C's calls are not served behind the whole of A's line."""
+    board = CapacityBoard()
+    far = asyncio.get_running_loop().time() + scaled(30)
+    await board.take("a", 1, far, "A")
+    waiters = await _line_up(board, ["A", "A", "A", "A", "B", "B", "C"], far)
+    assert await _served(board, waiters) == [0, 4, 6, 1, 5, 2, 3]
+    board.give("a")
+    assert board.inflight("a") == 0 and board.waiting("a") == 0
+
+
+async def test_one_client_alone_is_served_exactly_first_come_first_served() -> None:
+    board = CapacityBoard()
+    far = asyncio.get_running_loop().time() + scaled(30)
+    await board.take("a", 1, far, "A")
+    waiters = await _line_up(board, ["A"] * 6, far)
+    assert await _served(board, waiters) == list(range(6))
+
+
+async def test_a_client_whose_waiters_all_gave_up_loses_its_turn_and_nothing_is_kept() -> None:
+    """B's only waiter gives up: B leaves the turns at once (its line held nothing to serve),
+    and B waiting again later joins at the back, one turn, not two."""
+    board = CapacityBoard()
+    far = asyncio.get_running_loop().time() + scaled(30)
+    await board.take("a", 1, far, "A")
+    first = await _line_up(board, ["A", "B", "A"], far)
+    first[1].cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first[1]
+    assert board.waiting("a") == 2
+    again = asyncio.ensure_future(board.take("a", 1, far, "B"))
+    await queued(board, "a", 3)
+    waiters = [first[0], again, first[2]]
+    assert await _served(board, waiters) == [0, 1, 2]
+    board.give("a")
+    assert board.inflight("a") == 0 and board._agents == {}
+
+
+async def test_a_raised_capacity_wakes_waiters_in_turn() -> None:
+    board = CapacityBoard()
+    far = asyncio.get_running_loop().time() + scaled(30)
+    await board.take("a", 1, far, "A")
+    waiters = await _line_up(board, ["A", "A", "B"], far)
+    assert not board.take_now("a", 3)  # room for two: A's first and B's, not A's two
+    await asyncio.wait_for(asyncio.gather(waiters[0], waiters[2]), scaled(5))
+    assert not waiters[1].done() and board.inflight("a") == 3
+    board.give("a")
+    await asyncio.wait_for(waiters[1], scaled(5))

@@ -225,6 +225,9 @@ class SlowClock:
     def time(self) -> float:
         return time.time()
 
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds * 2)
+
 
 async def test_a_stream_cut_by_the_routers_deadline_ends_timeout() -> None:
     """The agent streams a chunk, then goes quiet past the deadline (its idle bound is longer):

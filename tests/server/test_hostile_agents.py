@@ -144,6 +144,11 @@ class RawAgent:
 # The answer limit of these Routers: a flood is many times over it.
 ANSWER_LIMIT = 1024 * 1024
 
+# The Routers' connect timeout (default 1000 ms), scaled: on a loaded machine a connect to a
+# hostile agent's loopback port took longer than the default once (load 8.5), and a call the
+# test expects served at the first attempt had a connect_error first.
+CONNECT_MS = int(scaled(1.0) * 1000)
+
 
 @pytest.fixture
 async def router() -> AsyncIterator[RouterServer]:
@@ -153,6 +158,7 @@ async def router() -> AsyncIterator[RouterServer]:
         {
             "limits": {"loop_lag_ms": 10_000},
             "breaker": {"failure_threshold": 10_000},
+            "timeouts": {"connect_ms": CONNECT_MS},
             "server": {"response_limit_bytes": ANSWER_LIMIT},
         }
     )
@@ -161,7 +167,11 @@ async def router() -> AsyncIterator[RouterServer]:
 
 
 async def call(http: httpx.AsyncClient, task: str, nonce: str) -> dict[str, Any]:
-    body = {"targetTask": task, "payload": {"nonce": nonce}, "preferences": {"timeoutMs": 10_000}}
+    body = {
+        "targetTask": task,
+        "payload": {"nonce": nonce},
+        "preferences": {"timeoutMs": int(scaled(10) * 1000)},
+    }
     resp = await http.post("/reach", json=body)
     answer: dict[str, Any] = resp.json()
     assert answer["status"] == "SUCCESS" or resp.status_code >= 400, answer
@@ -198,7 +208,7 @@ async def test_every_caller_gets_its_own_answer_through_hostile_agents(router: R
         calls: list[tuple[str, str]] = [
             (task, uuid.uuid4().hex) for _ in range(25) for task in ("interim", "closer", "mixed", "steady")
         ]
-        async with httpx.AsyncClient(base_url=router.url, timeout=30) as http:
+        async with httpx.AsyncClient(base_url=router.url, timeout=scaled(30)) as http:
             answers = await asyncio.gather(*(call(http, task, nonce) for task, nonce in calls))
         served: dict[str, int] = {}
         for (task, nonce), answer in zip(calls, answers, strict=True):
@@ -400,7 +410,11 @@ def busy_for(retry_after: bytes) -> Behaviour:
 
 async def test_a_busy_agent_fails_over_to_a_peer_and_is_not_a_breaker_failure() -> None:
     config = RouterConfig.model_validate(
-        {"limits": {"loop_lag_ms": 10_000}, "breaker": {"failure_threshold": 2}}
+        {
+            "limits": {"loop_lag_ms": 10_000},
+            "breaker": {"failure_threshold": 2},
+            "timeouts": {"connect_ms": CONNECT_MS},
+        }
     )
     async with RouterServer(config) as router:
         busy = await RawAgent("busy", ("work",), busy_for(b"7")).start()
@@ -408,7 +422,7 @@ async def test_a_busy_agent_fails_over_to_a_peer_and_is_not_a_breaker_failure() 
         try:
             await busy.register(router.url)
             await peer.register(router.url)
-            async with httpx.AsyncClient(base_url=router.url, timeout=30) as http:
+            async with httpx.AsyncClient(base_url=router.url, timeout=scaled(30)) as http:
                 answers = [await call(http, "work", str(n)) for n in range(10)]
             assert all(a["status"] == "SUCCESS" and a["result"] == {"by": "peer"} for a in answers), answers
             outcomes = [o["outcome"] for a in answers for o in a["attempts"]]
@@ -429,7 +443,7 @@ async def test_when_every_agent_is_busy_the_caller_gets_the_soonest_retry_after(
     try:
         for agent in (soon, later, dated):
             await agent.register(router.url)
-        async with httpx.AsyncClient(base_url=router.url, timeout=30) as http:
+        async with httpx.AsyncClient(base_url=router.url, timeout=scaled(30)) as http:
             resp = await http.post("/reach", json={"targetTask": "work", "payload": {}})
             dated_resp = await http.post("/reach", json={"targetTask": "dated", "payload": {}})
             past = dated_resp.json()

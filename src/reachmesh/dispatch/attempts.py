@@ -335,12 +335,15 @@ class AttemptRun:
                 self.parts.capacity.give(agent_id)
 
     async def _take_slot(self, choice: Choice) -> float | PoolTimeout:
-        """Seconds waited for a slot at the agent, or PoolTimeout when its queue is full."""
+        """Seconds waited for a slot at the agent, or PoolTimeout when its queue is full. The
+        line is taken in turns between clients (the record's ``client``), FCFS within each."""
         capacity, agent_id = self.parts.capacity, choice.entry.id
         began = self.parts.clock.monotonic()
         due = began + (self.deadline.remaining_ms() - MIN_ATTEMPT_MS) / 1000.0
         try:
-            waited = await capacity.take(agent_id, choice.entry.profile.max_concurrency, due)
+            waited = await capacity.take(
+                agent_id, choice.entry.profile.max_concurrency, due, self.record.client
+            )
         except LookupError:
             return PoolTimeout(f"{agent_id} is full and so is its queue")
         except TimeoutError as exc:

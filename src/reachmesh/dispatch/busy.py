@@ -10,11 +10,13 @@ every request queued behind it, whose slots the failures freed at once).
 While it waits, each busy agent's slot stays taken here for the Retry-After: the agent is full
 with another Router's requests, so this Router sends it fewer until then, rather than turning
 its whole queue into busy answers.
+
+Both waits are on the Router's clock (``parts.clock``), as its deadlines are: a test moves time
+by hand instead of waiting the Retry-After out.
 """
 
 from __future__ import annotations
 
-import asyncio
 import random
 from typing import Any
 
@@ -52,7 +54,7 @@ async def run_past_busy(run: AttemptRun, choices: list[Choice]) -> Any:
             run.record.note(
                 "busy wait", f"{names}, {wait_s * 1000:.0f}ms (Retry-After {exc.retry_after_s} s)"
             )
-            await asyncio.sleep(wait_s)
+            await run.parts.clock.sleep(wait_s)
             _reset(run)
             choices = again
     return await run.run(choices)

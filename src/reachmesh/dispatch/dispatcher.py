@@ -174,8 +174,7 @@ class Dispatcher:
             return self.refuse(
                 exc, started=started, trace_id=request.trace_id or hint, task=request.target_task
             )
-        trace_id = request.trace_id or hint or new_trace_id()
-        data["traceId"] = trace_id
+        data["traceId"] = trace_id = request.trace_id or hint or new_trace_id()
         record = DecisionRecord(
             trace_id=trace_id,
             task=request.target_task,
@@ -184,6 +183,7 @@ class Dispatcher:
             started_wall=self.clock.time(),
             conversation_id=request.conversation_id,
             caller=caller,
+            client=client or caller,
             caller_serves=grants.serves,
             reach_tasks=grants.reach_tasks,
             parent_span_id=parent[1] if parent else None,
@@ -196,7 +196,7 @@ class Dispatcher:
                 return self.refuse(_ASYNC_STREAM, trace_id=trace_id, task=request.target_task)
             record.stream = StreamRecord()
         if request.preferences.mode == "async":
-            return await self._accept(request, data, record, owner, client or caller)
+            return await self._accept(request, data, record, owner, record.client)
         return await self._dispatch_until_abandoned(request, data, record, sink, hold)
 
     async def _dispatch_until_abandoned(

@@ -146,10 +146,11 @@ def start_adopted(dispatching: Dispatching, envelope: bytes, owner: str | None) 
         conversation_id=request.conversation_id,
         mode="async",
         idempotency_key=idempotency_key(str(data["traceId"])),
+        # Counted for its owner (a caller token), as the Router that accepted it counted it.
+        client=owner or "-",
     )
     run = runner(dispatching, request, data, record)
-    # Counted for its owner (a caller token), as the Router that accepted it counted it.
-    dispatching.async_requests.start(record.trace_id, run, request.preferences.reply_to, owner, owner or "-")
+    dispatching.async_requests.start(record.trace_id, run, request.preferences.reply_to, owner, record.client)
 
 
 async def admit(

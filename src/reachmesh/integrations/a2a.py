@@ -17,7 +17,7 @@ import asyncio
 import math
 import time
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterable
 from contextvars import ContextVar
 from typing import Any
 from urllib.parse import parse_qs
@@ -45,6 +45,7 @@ from reachmesh.server.asgi import (
 )
 from reachmesh.server.auth import Action, principal_of
 from reachmesh.server.catalog import catalog
+from reachmesh.server.h1 import CALL_TASK
 from reachmesh.transport.a2a import result_of, whole_numbers
 from reachmesh.version import __version__
 
@@ -96,6 +97,9 @@ _STREAM_MARK = b"x-agent-reach-a2a-stream"
 # task of its own, created while it serves the request, so that task sees the request's value:
 # a streamed call then stops (closing the agent's connection) instead of running to its end.
 _CALLER_GONE: ContextVar[asyncio.Event | None] = ContextVar("a2a_caller_gone", default=None)
+# Whom the per-client limits count the A2A request being served against (RouterApp.client_key),
+# carried to the dispatcher the same way: a full agent's queue takes turns between clients by it.
+_CLIENT: ContextVar[str | None] = ContextVar("a2a_client", default=None)
 
 
 # ----------------------------------------------------------------------------------- export
@@ -252,7 +256,9 @@ async def run_message(
     keys what it learns by caller, so A2A callers are not lumped together."""
     message = {**message, "contextId": context_id}
     envelope = orjson.dumps(envelope_for(message, metadata))
-    _, body = await app.parts.dispatcher.handle(envelope, caller=caller)
+    body = await _until_caller_gone(
+        app, app.parts.dispatcher.handle(envelope, caller=caller, client=_CLIENT.get())
+    )
     task = task_for(orjson.loads(body), message, task_id, context_id)
     ms = stamps.next()
     task["status"]["timestamp"] = iso_ms(ms)
@@ -310,7 +316,8 @@ async def stream_message(
     await queue.enqueue_event(task_proto(working, stamps.next()))
     sink = ArtifactSink(queue, task_id, context_id)
     envelope = orjson.dumps(envelope_for(message, metadata))
-    body = await _unless_gone(app.parts.dispatcher.handle(envelope, caller=caller, sink=sink))
+    dispatch = app.parts.dispatcher.handle(envelope, caller=caller, client=_CLIENT.get(), sink=sink)
+    body = await _unless_gone(dispatch)
     if body is None:
         return  # the caller went away: nobody is left to tell, and the agent's call is closed
     reply = jsoncodec.loads(body)
@@ -338,6 +345,28 @@ async def _unless_gone(dispatch: Coroutine[Any, Any, tuple[int, bytes]]) -> byte
     if work.cancelled():
         return None
     return work.result()[1]
+
+
+async def _until_caller_gone(app: RouterApp, dispatch: Coroutine[Any, Any, tuple[int, bytes]]) -> bytes:
+    """The body ``dispatch`` answers. When the A2A caller goes away first (``_CALLER_GONE``, in
+    a2a-sdk's executor task), the call stops as a ``/reach`` call does: cut by the dispatcher,
+    which closes the agent's connection and books it ``CALLER_GONE`` (the body says so, to
+    nobody). Not in a2a-sdk's task (the fast path), the server's protocol cuts the request's
+    own task (:meth:`A2AExport.callers_gone`)."""
+    gone = _CALLER_GONE.get()
+    if gone is None:
+        return (await dispatch)[1]
+    work = asyncio.ensure_future(dispatch)
+    watch = asyncio.ensure_future(gone.wait())
+    try:
+        await asyncio.wait((work, watch), return_when=asyncio.FIRST_COMPLETED)
+        if not work.done():
+            app.parts.dispatcher.callers_gone((work,))
+        return (await work)[1]
+    finally:
+        watch.cancel()
+        if not work.done():  # this task cancelled (a2a-sdk's): the call goes with it
+            work.cancel()
 
 
 def task_proto(task: dict[str, Any], ms: int) -> Task:
@@ -532,6 +561,20 @@ class A2AExport:
         # A path a2a-sdk does not serve is a 404, never a redirect: Starlette's slash redirect
         # builds its Location from the client's Host header.
         self.a2a.router.redirect_slashes = False
+        # The caller-gone events of the A2A requests a2a-sdk serves, by the request's task.
+        self._gone: dict[asyncio.Task[Any], asyncio.Event] = {}
+
+    def callers_gone(self, tasks: Iterable[asyncio.Task[Any]]) -> None:
+        """A connection closed with these tasks still serving it (the server's protocol says
+        so, as for ``/reach``): a call the dispatcher runs in one of them (``/reach``, the A2A
+        fast path) is cut there; one a2a-sdk runs in a task of its own is told through its
+        ``_CALLER_GONE`` event (see :func:`_until_caller_gone`)."""
+        tasks = tuple(tasks)
+        for task in tasks:
+            gone = self._gone.get(task)
+            if gone is not None:
+                gone.set()
+        self.router.callers_gone(tasks)
 
     async def _live_card(self, card: AgentCard) -> AgentCard:
         return router_card(self.router, self.public_url, name=self.name)
@@ -550,6 +593,9 @@ class A2AExport:
             body = error_body(denial.status.value, denial.message)
             await send_json(send, denial.http_status, body, list(denial.headers) or None)
             return
+        # Named on the server's own scope (the copy below is a2a-sdk's): a caller that leaves
+        # mid-call stops it (callers_gone), as on /reach.
+        served = scope
         # a2a-sdk scopes its tasks to ``scope["user"]``: the caller's token, as GET /reach/{id} is.
         scope = {**scope, "user": SimpleUser(principal_of(scope).key), "headers": _marked(scope)}
         if scope["method"] not in ("POST", "PUT", "PATCH"):
@@ -566,9 +612,12 @@ class A2AExport:
         if shed is not None:
             await self._shed(send, shed)
             return
+        served[CALL_TASK] = asyncio.current_task()
+        client = _CLIENT.set(peer)
         try:
             await self._with_body(scope, receive, send)
         finally:
+            _CLIENT.reset(client)
             shedder.release(peer)
 
     async def _shed(self, send: Send, reason: str) -> None:
@@ -606,10 +655,15 @@ class A2AExport:
         goes away (see ``_CALLER_GONE``)."""
         gone = asyncio.Event()
         token = _CALLER_GONE.set(gone)
+        task = asyncio.current_task()
+        if task is not None:
+            self._gone[task] = gone
         try:
             await self.a2a(scope, _replay(body, receive, gone), send)
         finally:
             _CALLER_GONE.reset(token)
+            if task is not None:
+                del self._gone[task]
 
     async def _jsonrpc(
         self, scope: Scope, body: bytes, headers: dict[bytes, bytes], receive: Receive, send: Send

@@ -1,11 +1,13 @@
 """Capacity: how many requests each agent has in flight, and a queue at the full ones.
 
 An agent that declares ``max_concurrency`` (PROTOCOL §15) never has more than that in flight from
-this Router. A request that finds it full waits here, first come first served, within its
-deadline; at most ``limits.max_queued_per_agent`` wait per agent, and past that the agent is
-skipped (reason ``at_capacity``). Agents without a declared capacity are counted too, for the
-load-aware choice and the gauges, but never wait here: the transport's pool bounds their
-connections.
+this Router. A request that finds it full waits here, within its deadline; at most
+``limits.max_queued_per_agent`` wait per agent, and past that the agent is skipped (reason
+``at_capacity``). The line is first come first served within each client, and the clients with
+someone waiting take turns: one client's twenty waiting calls do not put another's twenty-first
+(a single client sees exactly first come first served). Agents without a declared capacity are
+counted too, for the load-aware choice and the gauges, but never wait here: the transport's pool
+bounds their connections.
 
 Waiting is the Router's own business: the breaker and the success rate never hear of it.
 """
@@ -41,15 +43,59 @@ def retry_after_estimate(queued: int, capacity: int | None, service_ms: float | 
 
 
 class _Slots:
-    """One agent's slots: in flight, its declared capacity, and its FIFO of waiters."""
+    """One agent's slots: in flight, its declared capacity, and its waiters.
 
-    __slots__ = ("capacity", "inflight", "queued", "waiters")
+    Each client's waiters are a FIFO of their own (``lines``); ``turns`` holds the clients with
+    a line, in the order they are served: the one at the front is handed the next slot and goes
+    to the back if it has more waiting. A client is in ``turns`` exactly while it has a line.
+    """
+
+    __slots__ = ("capacity", "inflight", "lines", "queued", "turns")
 
     def __init__(self) -> None:
         self.inflight = 0
         self.capacity: int | None = None
         self.queued = 0
-        self.waiters: deque[asyncio.Future[None]] = deque()
+        self.lines: dict[str, deque[asyncio.Future[None]]] = {}
+        self.turns: deque[str] = deque()
+
+    def join(self, client: str, waiter: asyncio.Future[None]) -> None:
+        """``waiter`` at the back of its client's line (a new client's turn comes last)."""
+        line = self.lines.get(client)
+        if line is None:
+            line = self.lines[client] = deque()
+            self.turns.append(client)
+        line.append(waiter)
+
+    def next_waiter(self) -> asyncio.Future[None] | None:
+        """The first live waiter of the client whose turn it is, out of the line; None when
+        nobody waits. O(1) but for dead waiters skipped (leave() takes them out as they go)."""
+        lines, turns = self.lines, self.turns
+        while turns:
+            client = turns.popleft()
+            line = lines[client]
+            while line:
+                waiter = line.popleft()
+                if not waiter.done():
+                    if line:
+                        turns.append(client)
+                    else:
+                        del lines[client]
+                    return waiter
+            del lines[client]
+        return None
+
+    def leave(self, client: str, waiter: asyncio.Future[None]) -> None:
+        """A waiter that gave up, out of its line at once. A search of its client's line, and of
+        the turns when that line empties: bounded by the queue bound, and only on giving up."""
+        line = self.lines.get(client)
+        if line is None:
+            return
+        with contextlib.suppress(ValueError):  # next_waiter() may have taken it out already
+            line.remove(waiter)
+        if not line:
+            del self.lines[client]
+            self.turns.remove(client)
 
 
 class CapacityBoard:
@@ -59,6 +105,7 @@ class CapacityBoard:
         self.max_queued = max_queued
         self.clock = clock
         self._agents: dict[str, _Slots] = {}
+        self._holds: set[asyncio.Future[None]] = set()
 
     def apply(self, limits: LimitsPolicy) -> None:
         """Take a reloaded bound on each agent's queue (limits.max_queued_per_agent); callers
@@ -79,12 +126,13 @@ class CapacityBoard:
 
     @staticmethod
     def _hand_out(slots: _Slots) -> None:
-        """New slots to the first waiters, while the capacity has room for them."""
-        while slots.waiters and (slots.capacity is None or slots.inflight < slots.capacity):
-            waiter = slots.waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                slots.inflight += 1
+        """New slots to the next waiters in turn, while the capacity has room for them."""
+        while slots.capacity is None or slots.inflight < slots.capacity:
+            waiter = slots.next_waiter()
+            if waiter is None:
+                return
+            waiter.set_result(None)
+            slots.inflight += 1
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -126,8 +174,9 @@ class CapacityBoard:
             return True
         return False
 
-    async def take(self, agent_id: str, capacity: int | None, due: float) -> float:
-        """Take a slot at ``agent_id``, waiting (FIFO) until the monotonic ``due`` at most.
+    async def take(self, agent_id: str, capacity: int | None, due: float, client: str = "-") -> float:
+        """Take a slot at ``agent_id``, waiting until the monotonic ``due`` at most: first come
+        first served among ``client``'s waiters, in turn with the other clients waiting there.
 
         Returns the seconds waited. Raises ``TimeoutError`` at ``due``, and ``LookupError`` at
         once when the agent's queue is full; either way no slot is held.
@@ -140,7 +189,7 @@ class CapacityBoard:
             raise LookupError(agent_id)
         started = self.clock.monotonic()
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        slots.waiters.append(waiter)
+        slots.join(client, waiter)
         slots.queued += 1
         granted = False
         try:
@@ -160,9 +209,7 @@ class CapacityBoard:
                     # Out of the line at once: left for give() to skip, the dead waiters of every
                     # request that gave up piled up for as long as the agent's slots stayed
                     # taken (a stream holds one up to the deadline), without bound.
-                    # (A give() in between may have skipped it out already.)
-                    with contextlib.suppress(ValueError):
-                        slots.waiters.remove(waiter)
+                    slots.leave(client, waiter)
         return waited
 
     def hold(self, agent_id: str, capacity: int | None, seconds: float) -> None:
@@ -170,19 +217,27 @@ class CapacityBoard:
         it was busy with requests this Router does not count (another Router's), so this Router
         sends it one fewer until its Retry-After has passed."""
         self._slots(agent_id, capacity).inflight += 1
-        asyncio.get_running_loop().call_later(max(seconds, 0.0), self.give, agent_id)
+        # On the board's clock, as the busy wait that asks for it (dispatch/busy.py) is: a
+        # timer of the loop's would keep the slot for real seconds under a test's clock. Rare
+        # (a busy answer), so a task per hold; kept here, as the loop keeps only a weak one.
+        hold = asyncio.ensure_future(self._give_after(agent_id, seconds))
+        self._holds.add(hold)
+        hold.add_done_callback(self._holds.discard)
+
+    async def _give_after(self, agent_id: str, seconds: float) -> None:
+        await self.clock.sleep(max(seconds, 0.0))
+        self.give(agent_id)
 
     def give(self, agent_id: str) -> None:
-        """The end of a request at ``agent_id``: its slot goes to the first waiter, if any."""
+        """The end of a request at ``agent_id``: its slot goes to the next waiter in turn, if any."""
         slots = self._agents.get(agent_id)
         if slots is None:
             return
         # Over a capacity a re-registration lowered: the slot is not handed on, so in flight
         # falls to the new capacity before a waiter is let in.
-        over = slots.capacity is not None and slots.inflight > slots.capacity
-        while slots.waiters and not over:
-            waiter = slots.waiters.popleft()
-            if not waiter.done():
+        if slots.turns and (slots.capacity is None or slots.inflight <= slots.capacity):
+            waiter = slots.next_waiter()
+            if waiter is not None:
                 waiter.set_result(None)  # the slot changes hands: in flight stays the same
                 return
         slots.inflight = max(slots.inflight - 1, 0)
@@ -199,7 +254,7 @@ class CapacityBoard:
     def waiting(self, agent_id: str) -> int:
         """Waiters held in ``agent_id``'s line (the ones that gave up are not kept)."""
         slots = self._agents.get(agent_id)
-        return 0 if slots is None else len(slots.waiters)
+        return 0 if slots is None else sum(len(line) for line in slots.lines.values())
 
     def capacity_of(self, agent_id: str) -> int | None:
         slots = self._agents.get(agent_id)

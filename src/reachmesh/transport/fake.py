@@ -17,7 +17,7 @@ from typing import Any, Literal
 from reachmesh import jsoncodec
 from reachmesh.clock import ManualClock
 from reachmesh.exceptions import AttemptTimeout, ConnectFailed, DeliveryFailed
-from reachmesh.transport.base import AttemptLimits, classify_answer, too_large
+from reachmesh.transport.base import AttemptLimits, busy, classify_answer, too_large
 from reachmesh.transport.pieces import AgentStream, PlainStream, StreamBounds
 
 Fault = Literal[
@@ -30,7 +30,12 @@ Fault = Literal[
     "error",
     "retryable_error",
     "too_large",
+    "busy",
 ]
+
+
+# The Retry-After of a scripted "busy" answer.
+BUSY_RETRY_AFTER = b"2"
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +162,8 @@ def _answer(outcome: Outcome) -> Any:
         raise ConnectFailed(f"fake {outcome}", refused=outcome == "refused")
     if outcome == "too_large":
         raise too_large("the agent's answer is over the limit")
+    if outcome == "busy":  # the SDK's answer past its max_concurrency: 429 AGENT_BUSY, Retry-After
+        raise busy(BUSY_RETRY_AFTER)
     raw = {
         "http500": (500, b"boom"),
         "garbage": (200, b"<html>not json</html>"),

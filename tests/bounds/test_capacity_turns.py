@@ -1,12 +1,9 @@
-"""Found by an attacker's probe, not fixed this round: the queue at a full agent is one line for
-every client, first come first served (PROTOCOL §15), so one client can stand all of it.
-
-One client's 20 calls wait at an agent of ``max_concurrency: 1``; another client's call, sent
-after them, is served 21st: with calls of a few seconds it times out in the queue, and the first
-client (256 calls in flight allowed) keeps the agent from everyone for as long as it likes.
-Taking turns between clients needs the client at ``CapacityBoard.take`` (resilience/capacity.py),
-which only the attempt loop (dispatch/attempts.py, not this probe's to change) knows. Strict:
-when the line takes turns, this passes and must lose its mark.
+"""Found by an attacker's probe (round 48): the queue at a full agent was one line for every
+client, first come first served, so one client could stand all of it: another client's call,
+sent after its 20 waiting calls, was served 21st (with calls of a few seconds it timed out in the
+queue). The line now takes turns between clients (PROTOCOL §15 as docs/protocol.md states it:
+first come first served within each client), so it is served right after the call in flight
+when it came, or the one after.
 """
 
 from __future__ import annotations
@@ -14,14 +11,12 @@ from __future__ import annotations
 import asyncio
 
 import httpx
-import pytest
 
 from reachmesh.config import RouterConfig
 from reachmesh.testing import FakeAgent, RouterServer
 from tests.helpers import scaled, until
 
 
-@pytest.mark.xfail(strict=True, reason="the capacity queue has no turns per client (probe 48)")
 async def test_another_clients_call_is_not_served_behind_one_clients_whole_queue() -> None:
     config = RouterConfig.model_validate(
         {"embedding": {"backend": "none"}, "health": {"enabled": False}, "limits": {"loop_lag_ms": 10_000}}
