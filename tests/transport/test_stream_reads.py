@@ -1,6 +1,7 @@
 """How much a stream reads at once (transport/streamconn.py): its reads share one buffer, and a
 read never takes more than keeps the stream within READ_BUFFER bytes held while its caller is
-behind (WAITED_READ while the relay waits for the bytes). Bytes in through the buffered-protocol calls the loop makes, no socket."""
+behind (WAITED_READ while the relay waits for the bytes). Bytes in through the buffered-protocol
+calls the loop makes, no socket."""
 
 from __future__ import annotations
 
