@@ -3,7 +3,10 @@
 The event-stream reader's cost is per line, not per byte, so what a hostile agent sends decides
 how much of the Router's CPU one stream takes: comments and blank lines, read line by line, cost
 10 to 20 times the CPU of kilobyte chunks. Bytes in, no sockets: each shape fed in 64 KiB reads
-to a fresh parser for ``--seconds``, the best of ``--rounds``; ``--compare-src`` reads the same
+to a fresh parser for ``--seconds``, the best of ``--rounds``, and beside the rate the CPU one
+stream of the shape costs before the default ``streaming.max_bytes`` ends it (each line counts
+64 bytes more than it has against it; the tree before counted bytes only); ``--compare-src``
+reads the same
 shapes with another tree's parser (``git archive <commit> src | tar -x -C /tmp/old``).
 
 Run::
@@ -41,10 +44,17 @@ def load(path: str, name: str) -> ModuleType:
     return module
 
 
-def rate(sse: ModuleType, unit: bytes, seconds: float, rounds: int) -> float:
-    """MB/s of CPU time reading ``unit`` over and over, the best of ``rounds``."""
+# streaming.max_bytes by default: what one stream may count against its bound.
+DEFAULT_MAX_BYTES = 256 * 1024 * 1024
+
+
+def rate(sse: ModuleType, unit: bytes, seconds: float, rounds: int) -> tuple[float, float]:
+    """MB/s of CPU time reading ``unit`` over and over, the best of ``rounds``; and the CPU
+    seconds one stream of this shape costs before it reaches the default ``streaming.max_bytes``
+    (what the parser counts against it: its bytes, and each line's charge where it has one)."""
     read = unit * (65536 // len(unit))
     best = 0.0
+    counted = 1.0
     for _ in range(rounds):
         parser = sse.RawSseParser(sse.SseLimits(1 << 20, 1 << 30, 1 << 40))
         fed, began = 0, time.process_time()
@@ -52,7 +62,8 @@ def rate(sse: ModuleType, unit: bytes, seconds: float, rounds: int) -> float:
             parser.feed(read)
             fed += len(read)
         best = max(best, fed / (time.process_time() - began) / 1e6)
-    return best
+        counted = parser.total / fed
+    return best, DEFAULT_MAX_BYTES / counted / (best * 1e6)
 
 
 def main() -> None:
@@ -65,10 +76,18 @@ def main() -> None:
     trees = {"this tree": load(str(here), "sse_here")}
     if args.compare_src:
         trees["compared"] = load(f"{args.compare_src}/reachmesh/sse.py", "sse_compared")
-    print(f"{'shape':28}" + "".join(f"{name:>14}" for name in trees) + "   (MB/s of CPU)")
+    print(
+        f"{'shape':28}"
+        + "".join(f"{name:>14}" for name in trees)
+        + "   (MB/s of CPU; then CPU seconds of one stream to its default bound)"
+    )
     for shape, unit in SHAPES.items():
         rates = [rate(sse, unit, args.seconds, args.rounds) for sse in trees.values()]
-        print(f"{shape:28}" + "".join(f"{r:14.1f}" for r in rates))
+        print(
+            f"{shape:28}"
+            + "".join(f"{r[0]:14.1f}" for r in rates)
+            + "".join(f"{r[1]:12.1f} s" for r in rates)
+        )
 
 
 if __name__ == "__main__":

@@ -8,7 +8,16 @@ from collections.abc import Callable
 
 import pytest
 
-from reachmesh.sse import RawEvent, RawSseParser, SseError, SseEvent, SseLimits, SseParser, encode_event
+from reachmesh.sse import (
+    LINE_CHARGE,
+    RawEvent,
+    RawSseParser,
+    SseError,
+    SseEvent,
+    SseLimits,
+    SseParser,
+    encode_event,
+)
 
 STREAM = (
     b'event: chunk\ndata: "a"\n\nevent: chunk\ndata: {"b": 2}\n\nevent: done\ndata: {"status":"SUCCESS"}\n\n'
@@ -97,7 +106,7 @@ def test_event_over_the_bound_across_many_short_lines() -> None:
 
 
 def test_total_bytes_bound() -> None:
-    parser = SseParser(SseLimits(max_line=64, max_event=64, max_total=100))
+    parser = SseParser(SseLimits(max_line=64, max_event=64, max_total=100, line_charge=0))
     parser.feed(b"event: chunk\ndata: 1\n\n" * 4)  # 88 bytes
     with pytest.raises(SseError, match="over its 100-byte limit"):
         parser.feed(b"event: chunk\ndata: 1\n\n")
@@ -162,7 +171,7 @@ def test_the_raw_parser_leaves_the_data_undecoded_within_its_bounds() -> None:
     parser = RawSseParser(SseLimits(max_line=64, max_event=20, max_total=1 << 20))
     with pytest.raises(SseError, match="event is over 20"):
         parser.feed(b"data: 0123456789\ndata: 0123456789\n")
-    parser = RawSseParser(SseLimits(max_line=64, max_event=64, max_total=30))
+    parser = RawSseParser(SseLimits(max_line=64, max_event=64, max_total=30, line_charge=0))
     parser.feed(b"event: chunk\ndata: 1\n\n")
     with pytest.raises(SseError, match="over its 30-byte limit"):
         parser.feed(b"event: chunk\ndata: 1\n\n")
@@ -353,7 +362,7 @@ def test_the_total_bound_reads_the_events_within_it() -> None:
     """A read that crosses the stream's total: the events whole within it are handed over with
     the error, nothing past the total is read."""
     good = b"event: chunk\ndata: 1\n\n"
-    parser = RawSseParser(SseLimits(max_line=256, max_event=256, max_total=len(good) + 5))
+    parser = RawSseParser(SseLimits(max_line=256, max_event=256, max_total=len(good) + 5, line_charge=0))
     with pytest.raises(SseError, match="limit") as caught:
         parser.feed(good + b"event: chunk\ndata: 2\n\n")
     assert caught.value.events == [RawEvent(b"chunk", b"1")]
@@ -375,3 +384,43 @@ def test_an_event_of_many_short_lines_holds_about_its_bound() -> None:
     assert held < 2 * bound, held
     (event,) = parser.feed(b"\n")
     assert event.data == b"\n".join([b"ab"] * (bound // 4 - 2)) and event.lines == bound // 4 - 2
+
+
+def test_each_line_counts_against_the_total() -> None:
+    """Lines that carry nothing still cost the reader a step each: every line counts
+    ``line_charge`` bytes more than it has, so floods of empty events or blank lines end at the
+    stream's bound long before their bytes would (a hostile agent's cheapest way to keep the
+    Router's CPU busy with nothing relayed)."""
+    limits = SseLimits(max_total=64 * 1024)
+    for flood in (b"data:\n\n" * 1000, b"\n" * 2000, b":\n" * 2000, b"event: x\n\n" * 1000):
+        parser = RawSseParser(limits)
+        parser.feed(OPEN)
+        with pytest.raises(SseError, match="over its 65536-byte limit"):
+            parser.feed(flood)  # 7,000 to 10,000 bytes, from 1,000 to 2,000 lines
+    parser = RawSseParser(limits)
+    parser.feed(OPEN)
+    assert parser.feed(b"event: chunk\ndata: 1\n\n") == [RawEvent(b"chunk", b"1")]
+    assert parser.total == len(OPEN + b"event: chunk\ndata: 1\n\n") + 5 * LINE_CHARGE
+
+
+def test_the_line_charge_ends_a_stream_where_the_line_reader_does() -> None:
+    """With a total that the lines' charge reaches often, the whole-event reading, the runs of
+    idle lines and the line reader stop at the same line, whatever the reads."""
+    rng = random.Random(49)
+    shapes: list[Callable[[], bytes]] = [
+        lambda: b"event: chunk\ndata: " + b"z" * rng.randint(0, 30) + b"\n\n",
+        lambda: b"data:\n\n",
+        lambda: b"\n" * rng.randint(1, 5),
+        lambda: b": c\r\n",
+        lambda: b"event: x\n\n",
+        lambda: b"id: 1\r",
+        lambda: b"event: chunk\r\ndata: 1\r\n\r\n",
+    ]
+    for _ in range(1500):
+        limits = SseLimits(
+            max_line=48, max_event=40, max_total=rng.randint(10, 600), line_charge=rng.randint(0, 20)
+        )
+        stream = OPEN + b"".join(rng.choice(shapes)() for _ in range(rng.randint(1, 12)))
+        cuts = sorted(rng.sample(range(1, len(stream)), min(rng.randint(0, 6), len(stream) - 1)))
+        pieces = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
+        assert _as_written(pieces, limits) == _line_by_line(pieces, limits), (pieces, limits)

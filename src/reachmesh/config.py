@@ -615,7 +615,8 @@ class StreamingPolicy(_Section):
 
     # The longest wait for the agent's next event (a chunk, a comment, done) once its head is in.
     idle_timeout_ms: PositiveMs = 30_000
-    # All the bytes of one agent's event stream; past it the stream ends STREAM_BROKEN.
+    # All the bytes of one agent's event stream, each line counted 64 bytes more (sse.LINE_CHARGE:
+    # the reader's cost is per line); past it the stream ends STREAM_BROKEN.
     max_bytes: Annotated[int, Field(ge=1024, le=1 << 40)] = 256 * 1024 * 1024
     # One event's data (one chunk), and one line of the stream.
     max_event_bytes: Annotated[int, Field(ge=256, le=256 * 1024 * 1024)] = 1024 * 1024

@@ -7,7 +7,8 @@ bytes arrive, so an agent can never make the Router hold more than one event's w
 
 - one line (a field, or a line still without its end) at most ``max_line`` bytes;
 - one event (its data lines together) at most ``max_event`` bytes;
-- the whole stream at most ``max_total`` bytes.
+- the whole stream at most ``max_total`` bytes, each line counted ``line_charge`` bytes more
+  than it has (see :data:`LINE_CHARGE`).
 
 A broken bound, a stream that ends inside an event, or (for :class:`SseParser`) an event whose
 type or data is not UTF-8 raise :class:`SseError`; what that means for the request (a failover,
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import NamedTuple
+from typing import NamedTuple, NoReturn
 
 
 class SseError(Exception):
@@ -36,12 +37,24 @@ class SseError(Exception):
         self.events: list[RawEvent] = events or []
 
 
+# What each line of a stream costs against its total beside its own bytes. The reader's cost is
+# per line (about a microsecond for a line read on its own), its bytes almost free: a hostile
+# agent sending empty events (``data:`` and a blank line, 7 bytes) cost the Router about 0.4 us
+# of CPU a byte, so the 256 MiB bound let one stream take about 100 s of CPU with nothing
+# relayed. Counted 64 bytes more a line, the same stream reaches the bound 19 times sooner;
+# a 64 KiB chunk counts 0.3 % more, a token of an LLM's stream (three short lines) about 200
+# bytes.
+LINE_CHARGE = 64
+
+
 class SseLimits(NamedTuple):
-    """Bounds on one event stream: a line's bytes, an event's data bytes, the stream's bytes."""
+    """Bounds on one event stream: a line's bytes, an event's data bytes, the stream's bytes
+    (each line counted ``line_charge`` bytes more than it has)."""
 
     max_line: int = 1024 * 1024
     max_event: int = 1024 * 1024
     max_total: int = 256 * 1024 * 1024
+    line_charge: int = LINE_CHARGE
 
 
 DEFAULT_LIMITS = SseLimits()
@@ -75,8 +88,12 @@ class RawSseParser:
     see it."""
 
     def __init__(self, limits: SseLimits = DEFAULT_LIMITS) -> None:
-        self._max_line, self._max_event, self._max_total = limits
+        self._max_line, self._max_event, self._max_total, self._line_charge = limits
+        # What the stream has cost against its total: its bytes read, and line_charge a line.
         self.total = 0
+        # Where the read under way started: the total up to its index i is
+        # self.total + i - self._origin (see _charge).
+        self._origin = 0
         self._partial = bytearray()
         self._cr = False
         self._first = True
@@ -93,7 +110,6 @@ class RawSseParser:
         """The events completed by ``data``; raises SseError at the first broken bound, with the
         events whole before it (bytes past the stream's total are not read)."""
         room = self._max_total - self.total
-        self.total += len(data)
         events: list[RawEvent] = []
         try:
             if len(data) > room:
@@ -116,15 +132,22 @@ class RawSseParser:
         try:
             stop, left = self._read(data, events, start, steps)
         except SseError as exc:
-            self.total += len(data) - start
             exc.events = events
             raise
-        self.total += stop - start
         return events, stop, left
 
     def _read(self, data: bytes, events: list[RawEvent], start: int = 0, steps: int = -1) -> tuple[int, int]:
         """Read ``data`` from ``start``, appending to ``events`` each event it completes, for at
-        most ``steps`` steps (-1: no limit); where it stopped and the steps left."""
+        most ``steps`` steps (-1: no limit); where it stopped and the steps left (the bytes
+        read to there added to the total)."""
+        self._origin = start
+        stop, steps = self._read_lines(data, events, start, steps)
+        self.total += stop - start
+        if self.total > self._max_total:  # bytes after the last line's charge (an LF, a line begun)
+            raise SseError(f"the event stream is over its {self._max_total}-byte limit")
+        return stop, steps
+
+    def _read_lines(self, data: bytes, events: list[RawEvent], start: int, steps: int) -> tuple[int, int]:
         size = len(data)
         if self._cr and start < size:
             self._cr = False
@@ -146,10 +169,10 @@ class RawSseParser:
             if partial:
                 # The line's end is appended to its start in place: one copy of each part.
                 partial += memoryview(data)[start:cut]
-                event = self._line(partial, 0, len(partial))
+                event = self._line(partial, 0, len(partial), cut + 1)
                 partial.clear()
             else:
-                event = self._line(data, start, cut)
+                event = self._line(data, start, cut, cut + 1)
             start = self._after_line_end(data, cut)
             if event is not None:
                 events.append(event)
@@ -180,6 +203,11 @@ class RawSseParser:
         if skip is None:
             return start
         end = skip.end()
+        # Each line of the run counts (a CR LF is one line end), as read one by one.
+        lines = data.count(b"\n", start, end)
+        if data.find(b"\r", start, end) >= 0:
+            lines += data.count(b"\r", start, end) - data.count(b"\r\n", start, end)
+        self._charge(lines, end)
         if end == len(data) and data[end - 1] == 13:
             self._cr = True  # a CR ends the run: an LF at the start of the next read is its own
         return end
@@ -201,11 +229,37 @@ class RawSseParser:
             return None
         if data.find(b"\r", start, value_end) >= 0:
             return None
-        if name_end - start > self._max_line or value_end - name_end - 1 > self._max_line:
-            raise SseError(f"an event stream line is over {self._max_line} bytes")
-        if value_end - value + 3 > self._max_event:  # the data line's count in _line
-            raise SseError(f"an event is over {self._max_event} bytes")
+        total = self.total + 3 * self._line_charge  # its three lines
+        if (
+            name_end - start > self._max_line
+            or value_end - name_end - 1 > self._max_line
+            or value_end - value + 3 > self._max_event  # the data line's count in _line
+            or total + value_end + 2 - self._origin > self._max_total
+        ):
+            self._refuse_whole(start, name_end, value_end)
+        self.total = total
         return RawEvent(data[start + 7 : name_end] or b"message", data[value:value_end]), value_end + 2
+
+    def _refuse_whole(self, start: int, name_end: int, value_end: int) -> NoReturn:
+        """The error of a whole event over a bound: the checks of its three lines in the line
+        reader's order, so that the same bound is named however the reads fell."""
+        if name_end - start > self._max_line:
+            raise SseError(f"an event stream line is over {self._max_line} bytes")
+        self._charge(1, name_end + 1)
+        if value_end - name_end - 1 > self._max_line:
+            raise SseError(f"an event stream line is over {self._max_line} bytes")
+        self._charge(1, value_end + 1)
+        if value_end - name_end - 4 > self._max_event:  # the data line's count in _line
+            raise SseError(f"an event is over {self._max_event} bytes")
+        self._charge(1, value_end + 2)
+        raise SseError(f"the event stream is over its {self._max_total}-byte limit")  # (unreached)
+
+    def _charge(self, lines: int, end: int) -> None:
+        """Count ``lines`` lines read, the last ending before index ``end`` of the read under
+        way; raises SseError when the stream's total up to there is over its bound."""
+        total = self.total = self.total + lines * self._line_charge
+        if total + end - self._origin > self._max_total:
+            raise SseError(f"the event stream is over its {self._max_total}-byte limit")
 
     def _after_line_end(self, data: bytes, cut: int) -> int:
         """Where the next line starts: a CR's LF belongs to it, even when it comes in the next read."""
@@ -227,11 +281,12 @@ class RawSseParser:
         if self._partial or self._open:
             raise SseError("the event stream ended inside an event")
 
-    def _line(self, buf: bytes | bytearray, start: int, end: int) -> RawEvent | None:
+    def _line(self, buf: bytes | bytearray, start: int, end: int, after: int) -> RawEvent | None:
         """The line ``buf[start:end]`` (without its end), read in place (``buf`` a bytearray for
-        a line held across reads)."""
+        a line held across reads); ``after``: the read's index past its end's first byte."""
         if end - start > self._max_line:
             raise SseError(f"an event stream line is over {self._max_line} bytes")
+        self._charge(1, after)
         if self._first:
             self._first = False
             if buf.startswith(_BOM, start, end):
@@ -289,7 +344,8 @@ class SseParser:
 
     @property
     def total(self) -> int:
-        """Bytes fed so far."""
+        """What the stream has counted against its total so far: its bytes, and
+        ``line_charge`` for each line."""
         return self._raw.total
 
     def feed(self, data: bytes) -> list[SseEvent]:
@@ -381,6 +437,7 @@ def encode_event(event: str, data: bytes) -> bytes:
 
 __all__ = [
     "DEFAULT_LIMITS",
+    "LINE_CHARGE",
     "RawEvent",
     "RawSseParser",
     "SseError",

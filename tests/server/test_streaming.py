@@ -385,6 +385,27 @@ async def test_the_byte_bound_ends_the_stream(router_with, agents) -> None:
     assert 0 < len(chunks_of(events)) < 40
 
 
+async def test_empty_events_count_against_the_byte_bound(router_with, agents) -> None:
+    """The Router's cost of a stream is per line as much as per byte: each line counts 64 bytes
+    more than it has against ``streaming.max_bytes``, so 2,000 empty events (14,000 bytes, under
+    the bound as bytes) end a stream bounded at 64 KiB instead of costing a line each for free."""
+    router = await router_with({"streaming": {"max_bytes": 65536}})
+
+    async def script(conn: Conn) -> None:
+        await conn.sse_head()
+        await conn.chunk("first")
+        await conn.write(b"data:\n\n" * 2000)
+        await conn.done()
+
+    await agents("talker", script, router)
+    async with streamed(router, envelope()) as stream:
+        events = await stream.rest()
+    done = done_of(events)
+    assert done["error"]["code"] == "STREAM_BROKEN"
+    assert "65536-byte limit" in done["error"]["message"]
+    assert chunks_of(events) == ["first"]
+
+
 async def test_the_agents_own_error_in_its_done_is_the_answer(router_with, agents) -> None:
     router = await router_with()
 

@@ -127,7 +127,11 @@ def _stream_series() -> tuple[HistogramSeries, CounterSeries, CounterSeries]:
         ),
         CounterSeries("reach_stream_bytes", "Bytes of chunks relayed to streaming callers", ("task",)),
         CounterSeries(
-            "reach_streams", "Streamed requests by how they ended (done, plain, broken, ...)", ("ended",)
+            "reach_streams",
+            # Every ending the record can carry (dispatch/streaming.py, the dispatcher's cuts).
+            "Streamed requests by how they ended (done, plain, broken, timeout, agent_error, caller_gone,"
+            " shutdown, before_first_chunk)",
+            ("ended",),
         ),
     )
 

@@ -171,7 +171,9 @@ async def gather(body: bytes) -> list[Any]:
     order, once its done said SUCCESS; the agent's error in its done raises as in §6. Read a
     slice at a time, letting the loop run between slices."""
     size = len(body) + 1
-    parser = RawSseParser(SseLimits(max_line=size, max_event=size, max_total=size))
+    # The body was bounded as bytes (server.response_limit_bytes) before it got here: no bound
+    # of the parser's is to end it, so its lines count no more than their bytes.
+    parser = RawSseParser(SseLimits(max_line=size, max_event=size, max_total=size, line_charge=0))
     values: list[Any] = []
     for start in range(0, len(body), GATHER_SLICE):
         if start:
