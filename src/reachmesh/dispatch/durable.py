@@ -31,6 +31,7 @@ from reachmesh.exceptions import (
     RegistryUnavailable,
     RequestError,
     TraceIdInUse,
+    Unrecorded,
 )
 from reachmesh.protocol import ReachRequest
 from reachmesh.registry.etcd.deferred import UNKNOWN_CLIENT, DeferredStore, Job
@@ -46,6 +47,12 @@ LATE_LOOK_S = 1.5
 # What X-Reach-Idempotency-Key carries for an async request: its traceId and this suffix. The
 # same on every run, by whichever Router, so an agent can recognise a second run.
 IDEMPOTENCY_SUFFIX = ":async"
+
+
+# How a refusal of an async request that etcd could not record begins.
+NOT_RECORDED = (
+    "not accepted: an async request is recorded in etcd before its 202, and etcd did not record this one"
+)
 
 
 def idempotency_key(trace_id: str) -> str:
@@ -78,15 +85,16 @@ async def record_job(
             retry_after_s=retry_after_s,
         )
     if not journal.lease:
-        return Overloaded(
-            "async requests cannot be recorded in etcd yet (no claim lease); retry shortly",
+        return Unrecorded(
+            f"{NOT_RECORDED}: this Router holds no claim lease in etcd yet; retry in a moment",
             retry_after_s=retry_after_s,
         )
     try:
         accepted = await journal.accept(trace_id, envelope, owner, reply_to, client)
     except (EtcdRejected, RegistryUnavailable) as exc:
-        return Overloaded(
-            f"async requests cannot be recorded in etcd now ({exc}); retry shortly",
+        # Not load: etcd did not answer or refused. Calls in mode sync still route meanwhile.
+        return Unrecorded(
+            f"{NOT_RECORDED}: {exc}; retry in a moment, or send it with mode sync",
             retry_after_s=retry_after_s,
         )
     if not accepted:

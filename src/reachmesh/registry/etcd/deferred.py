@@ -44,6 +44,7 @@ from reachmesh import jsoncodec
 from reachmesh.clock import SYSTEM_CLOCK, Clock
 from reachmesh.config import AsyncPolicy
 from reachmesh.exceptions import RegistryUnavailable
+from reachmesh.registry.etcd.availability import Health
 from reachmesh.registry.etcdclient import (
     EtcdClient,
     EtcdRejected,
@@ -99,8 +100,13 @@ class DeferredStore:
         policy: AsyncPolicy,
         *,
         clock: Clock = SYSTEM_CLOCK,
+        health: Health | None = None,
     ) -> None:
         self.client = client
+        # The registry's view of etcd: while etcd is out of reach, what a caller waits on
+        # (accepting, reading a result) fails within one attempt, as registrations do, and a
+        # refusal (a login, a role, a full quota) says what to fix.
+        self._health = health
         self.router = router
         self.policy = policy
         self._clock = clock
@@ -158,6 +164,12 @@ class DeferredStore:
 
     # -- accepting and finishing -------------------------------------------------------------
 
+    def _deadline(self) -> float | None:
+        return None if self._health is None else self._health.deadline()
+
+    def _refused(self, exc: EtcdRejected, what: str) -> RegistryUnavailable | EtcdRejected:
+        return exc if self._health is None else self._health.refused_call(exc, what, write=True)
+
     async def accept(
         self,
         trace_id: str,
@@ -167,7 +179,8 @@ class DeferredStore:
         client: str = UNKNOWN_CLIENT,
     ) -> bool:
         """Record an accepted request and claim it; False when the traceId is taken. ``client``
-        is who it is counted for, by whichever Router runs it."""
+        is who it is counted for, by whichever Router runs it. Raises RegistryUnavailable (or
+        EtcdRejected without the registry's health) when etcd does not record it."""
         job = {
             "envelope": envelope.decode(),
             "owner": owner,
@@ -175,13 +188,17 @@ class DeferredStore:
             "attempt": 1,
             "client": client,
         }
-        result = await self.client.txn(
-            [compare_create(self.jobs + trace_id, 0), compare_create(self.results + trace_id, 0)],
-            [
-                put_op(self.jobs + trace_id, jsoncodec.dumps(job)),
-                put_op(self.claims + trace_id, self.router.encode(), self.lease),
-            ],
-        )
+        try:
+            result = await self.client.txn(
+                [compare_create(self.jobs + trace_id, 0), compare_create(self.results + trace_id, 0)],
+                [
+                    put_op(self.jobs + trace_id, jsoncodec.dumps(job)),
+                    put_op(self.claims + trace_id, self.router.encode(), self.lease),
+                ],
+                deadline=self._deadline(),
+            )
+        except EtcdRejected as exc:
+            raise self._refused(exc, "the write") from exc
         return result.succeeded
 
     async def finish(
@@ -226,7 +243,7 @@ class DeferredStore:
     # -- reading -----------------------------------------------------------------------------
 
     async def result(self, trace_id: str) -> StoredResult | None:
-        _, kv = await self.client.get(self.results + trace_id)
+        _, kv = await self.client.get(self.results + trace_id, deadline=self._deadline())
         if kv is None:
             return None
         data = jsoncodec.loads(kv.value)
@@ -239,7 +256,7 @@ class DeferredStore:
         )
 
     async def job(self, trace_id: str) -> Job | None:
-        _, kv = await self.client.get(self.jobs + trace_id)
+        _, kv = await self.client.get(self.jobs + trace_id, deadline=self._deadline())
         return None if kv is None else _job(trace_id, kv.value, kv.mod_revision)
 
     # -- adoption ----------------------------------------------------------------------------
