@@ -120,6 +120,9 @@ async def test_a_frozen_etcd_refuses_async_requests_saying_why_within_one_attemp
         etcd.members[0].freeze()
         try:
             await eventually(lambda: _is_degraded(client, router))
+            # Why, per member: silent here (frozen), as opposed to refusing connections.
+            reason = (await client.get(f"{router.url}/readyz")).json()["reason"]
+            assert f"{etcd.endpoints.split(',')[0]} (no answer within 1.5 s)" in reason, reason
             body = {"targetTask": "echo", "preferences": {"mode": "async"}}
             refused = await client.post(f"{router.url}/reach", json=body, timeout=60)
             assert refused.status_code == 429, refused.text
