@@ -305,13 +305,18 @@ class DeferredStore:
         # The sizes first: each was written with its share, so every one counted has its share
         # in the read that follows (a result written between the two reads is left to the next).
         _, sizes = await self.client.get_prefix(self.sizes)
-        _, shares = await self.client.get_prefix(self.shares)
-        whose = {kv.key.removeprefix(self.shares): kv.value for kv in shares}
         held = sorted(sizes, key=lambda kv: kv.create_revision)
-        gone = self._over_shares(held, whose)
-        held = [kv for kv in held if kv.key not in gone]
         total = sum(_size(kv.value) for kv in held)
         policy = self.policy
+        gone: set[str] = set()
+        if len(held) > policy.max_results_per_client or total > policy.max_result_bytes_per_client:
+            # Only then may a client be past its share: fewer results than one share are not
+            # worth reading whose they are.
+            _, shares = await self.client.get_prefix(self.shares)
+            whose = {kv.key.removeprefix(self.shares): kv.value for kv in shares}
+            gone = self._over_shares(held, whose)
+            held = [kv for kv in held if kv.key not in gone]
+            total = sum(_size(kv.value) for kv in held)
         while held and (len(held) > policy.etcd_max_results or total > policy.etcd_max_total_result_bytes):
             oldest = held.pop(0)
             gone.add(oldest.key)
