@@ -86,6 +86,18 @@ def test_operating_point_by_model() -> None:
         ({"registry": {"etcd": {"endpoint": ["127.0.0.1:2379"]}}}, "did you mean registry.etcd.endpoints?"),
         ({"async_mode": {"claim_ttl": 3}}, "did you mean async_mode.claim_ttl_seconds?"),
         ({"regsitry": {}}, "did you mean registry?"),
+        # Under maps keyed by name and under lists, the name or index is passed over (before,
+        # a typo in a per-task override got no guess at all).
+        ({"tasks": {"search": {"read_mss": 900}}}, "did you mean tasks.search.read_ms?"),
+        ({"tasks": {"search": {"max_retry": 1}}}, "did you mean tasks.search.max_retries?"),
+        (
+            {"embedding": {"calibrations": {"e5": {"treshold": 0.2}}}},
+            "did you mean embedding.calibrations.e5.threshold?",
+        ),
+        (
+            {"auth": {"tokens": [{"role": "caller", "sha256": "a" * 64, "agent_id": ["x"]}]}},
+            "did you mean auth.tokens.0.agent_ids?",
+        ),
     ],
 )
 def test_a_misspelt_key_is_refused_with_the_key_it_is_close_to(mapping: dict, hint: str) -> None:

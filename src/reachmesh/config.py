@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import typing
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -719,14 +720,35 @@ class RouterConfig(_Section):
 def _nearest_key(model: type[BaseModel], loc: tuple[Any, ...]) -> str:
     """ "; did you mean KEY?" for a key the policy does not know, when one it knows is close
     (`ping_interval` for `ping_interval_seconds`); else "". A typo is refused either way: the
-    hint saves reading the whole table in docs/configuration.md."""
-    for part in loc[:-1]:
+    hint saves reading the whole table in docs/configuration.md. Under a map keyed by name
+    (`tasks.<task>`, `embedding.calibrations.<model>`) or a list (`auth.tokens.0`) the name or
+    index is passed over, so a typo in a per-task override gets its guess too."""
+    parts = list(loc[:-1])
+    while parts:
+        part = parts.pop(0)
         field = model.model_fields.get(part) if isinstance(part, str) else None
-        inner = field.annotation if field is not None else None
-        if not (isinstance(inner, type) and issubclass(inner, BaseModel)):
+        found = _entry_model(field.annotation) if field is not None else None
+        if found is None:
             return ""
-        model = inner
+        model, keyed = found
+        if keyed:
+            if not parts:
+                return ""
+            parts.pop(0)  # the entry's name or index
     close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1, cutoff=0.6)
     if not close:
         return ""
     return "; did you mean " + ".".join([*(str(p) for p in loc[:-1]), close[0]]) + "?"
+
+
+def _entry_model(annotation: Any) -> tuple[type[BaseModel], bool] | None:
+    """The model a field holds, and whether it is held by name or index: the field's own type,
+    or that of the entries of a ``dict[str, Model]`` or ``list[Model]``; None for anything else."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation, False
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) in (dict, list) and args:
+        entry = args[-1]
+        if isinstance(entry, type) and issubclass(entry, BaseModel):
+            return entry, True
+    return None

@@ -16,6 +16,7 @@ caller never has to know which library sat underneath.
     │   ├── LearningDisabled         409 LEARNING_DISABLED: a route confirmed while learning is off
     │   └── CallerGone               the caller closed its connection first (recorded, never sent)
     ├── Overloaded                   429 OVERLOADED: the Router is shedding load
+    │   └── Unrecorded               429 OVERLOADED: etcd cannot record an async request now
     ├── AccessDenied                 401/403: no credential, or a role that may not do this
     ├── InternalError                500 INTERNAL_ERROR: a bug in the Router itself
     ├── RegistryError                the registry refused a write
@@ -191,6 +192,17 @@ class Overloaded(ReachError):
 
     def to_error(self) -> dict[str, Any]:
         return {**super().to_error(), "retryAfterSeconds": self.retry_after_s}
+
+
+class Unrecorded(Overloaded):
+    """An async request that etcd cannot record now (several Routers), so it is not accepted.
+    Answered as OVERLOADED, so that callers retry it as they would, but said for what it is:
+    the message is the reason alone, not "the Router is shedding load" (it is not)."""
+
+    def __init__(self, reason: str, *, retry_after_s: int) -> None:
+        super().__init__(reason, retry_after_s=retry_after_s)
+        self.message = reason
+        self.args = (reason,)
 
 
 class AccessDenied(ReachError):

@@ -105,3 +105,40 @@ async def test_a_router_started_while_etcd_is_down_is_not_ready_until_it_loads(e
             await eventually(ready)
     finally:
         etcd.members[0].thaw()
+
+
+async def test_a_frozen_etcd_refuses_async_requests_saying_why_within_one_attempt(etcd, client):
+    """Degraded, a Router refuses an async request it cannot record as registrations are refused:
+    within one attempt (`attempt_timeout_seconds`), not the whole `request_timeout_seconds` (the
+    suite's 20 s: the walk of round 49 saw 4 s, the default, while `/readyz` said degraded), and
+    saying that etcd did not record it, not "the Router is shedding load". A result another
+    Router would have to read from etcd is refused the same way."""
+    policy = etcd_policy(
+        etcd, registry={"etcd": {"ping_interval_seconds": 0.5, "attempt_timeout_seconds": 1.5}}
+    )
+    async with RouterServer(policy) as router:
+        etcd.members[0].freeze()
+        try:
+            await eventually(lambda: _is_degraded(client, router))
+            # Why, per member: silent here (frozen), as opposed to refusing connections.
+            reason = (await client.get(f"{router.url}/readyz")).json()["reason"]
+            assert f"{etcd.endpoints.split(',')[0]} (no answer within 1.5 s)" in reason, reason
+            body = {"targetTask": "echo", "preferences": {"mode": "async"}}
+            refused = await client.post(f"{router.url}/reach", json=body, timeout=60)
+            assert refused.status_code == 429, refused.text
+            assert refused.headers["Retry-After"] == "1"
+            error = refused.json()["error"]
+            assert error["code"] == "OVERLOADED"
+            assert error["message"].startswith("not accepted: an async request is recorded in etcd")
+            assert "shedding load" not in error["message"]
+            assert "within 1.5 s" in error["message"], error["message"]
+            assert "mode sync" in error["message"]
+            unread = await client.get(f"{router.url}/reach/never-seen-here", timeout=60)
+            assert unread.status_code == 503
+            assert "within 1.5 s" in unread.json()["error"]["message"], unread.text
+        finally:
+            etcd.members[0].thaw()
+
+
+async def _is_degraded(http: httpx.AsyncClient, router: RouterServer) -> bool:
+    return await state(http, router) == "degraded"

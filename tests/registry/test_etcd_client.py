@@ -11,6 +11,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from reachmesh.exceptions import RegistryUnavailable
+from reachmesh.ports import free_port
 from reachmesh.registry import etcdclient
 from reachmesh.registry.etcdclient import EtcdClient
 from reachmesh.testing import AsgiServer
@@ -70,3 +71,20 @@ async def test_a_page_that_is_not_json_is_quoted() -> None:
         OddMember(lambda: Response(b"<html>Bad gateway from the proxy</html>", status_code=502))
     )
     assert "not JSON: <html>Bad gateway from the proxy</html>" in message
+
+
+async def test_a_member_that_refuses_connections_is_named_as_such() -> None:
+    """Nothing listening at a member's address: the call's error and the member's status say
+    "connection refused" and what to check (walk 49 saw aiohttp's "ClientConnectorError:
+    Connect call failed ('127.0.0.1', 54185)", and /readyz only "etcd unreachable at ...")."""
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    client = EtcdClient([endpoint], attempt_timeout=0.5, deadline=0.3, credentials=None)
+    await client.open()
+    try:
+        with pytest.raises(RegistryUnavailable) as err:
+            await client.get("/agent-reach/v1/x")
+        assert "connection refused, nothing listens there: is etcd running" in err.value.message
+        assert not await client.status(endpoint, 0.5)
+        assert client.failures[endpoint].startswith("connection refused")
+    finally:
+        await client.close()

@@ -123,7 +123,7 @@ class AsyncRequests:
             else:
                 self._by_client.pop(accepted.client, None)
         self.results.finish(accepted.trace_id, reply)
-        if not await self._journal_result(accepted.trace_id, reply):
+        if not await self._journal_result(accepted.trace_id, reply, accepted.client):
             return
         self.hand_over(accepted.trace_id, accepted.reply_to)
 
@@ -151,13 +151,15 @@ class AsyncRequests:
         await self._release(trace_id)
         return delivered
 
-    async def _journal_result(self, trace_id: str, reply: Reply) -> bool:
-        """Write the result to the journal; False when another Router's result went in first
-        (it ran the request too, after this Router's claim lapsed, and delivers replyTo itself)."""
+    async def _journal_result(self, trace_id: str, reply: Reply, client: str) -> bool:
+        """Write the result to the journal, in ``client``'s share; False when another Router's
+        result went in first (it ran the request too, after this Router's claim lapsed, and
+        delivers replyTo itself)."""
         if self.journal is None:
             return True
+        owner = self.results.owner(trace_id)
         try:
-            won = await self.journal.finish(trace_id, reply[0], reply[1], self.results.owner(trace_id))
+            won = await self.journal.finish(trace_id, reply[0], reply[1], owner, client)
         except (EtcdRejected, RegistryUnavailable) as exc:
             # The job stays in etcd under this Router's claim: delivered from here, and run once
             # more by another Router only if this one dies before it can drop the job.

@@ -344,7 +344,7 @@ class Dispatcher:
                 trace_id=trace_id,
             )
         unrecorded = await durable.admit(
-            self.async_requests.journal, self.config, data, record, owner, reply_to
+            self.async_requests.journal, self.config, data, record, owner, reply_to, client
         )
         if unrecorded is not None:
             return self.refuse(unrecorded, trace_id=record.trace_id, task=request.target_task)

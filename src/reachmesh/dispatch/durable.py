@@ -31,9 +31,10 @@ from reachmesh.exceptions import (
     RegistryUnavailable,
     RequestError,
     TraceIdInUse,
+    Unrecorded,
 )
 from reachmesh.protocol import ReachRequest
-from reachmesh.registry.etcd.deferred import DeferredStore, Job
+from reachmesh.registry.etcd.deferred import UNKNOWN_CLIENT, DeferredStore, Job
 from reachmesh.registry.etcdclient import EtcdRejected
 from reachmesh.tracecontext import new_trace_id
 
@@ -48,6 +49,12 @@ LATE_LOOK_S = 1.5
 IDEMPOTENCY_SUFFIX = ":async"
 
 
+# How a refusal of an async request that etcd could not record begins.
+NOT_RECORDED = (
+    "not accepted: an async request is recorded in etcd before its 202, and etcd did not record this one"
+)
+
+
 def idempotency_key(trace_id: str) -> str:
     return trace_id + IDEMPOTENCY_SUFFIX
 
@@ -59,8 +66,10 @@ async def record_job(
     owner: str | None,
     reply_to: str | None,
     retry_after_s: int = 1,
+    client: str = UNKNOWN_CLIENT,
 ) -> ReachError | None:
-    """Record an accepted request in etcd; the error to answer instead of ``202``, if any."""
+    """Record an accepted request in etcd; the error to answer instead of ``202``, if any.
+    ``client`` is who it is counted for (its result's share), by whichever Router runs it."""
     envelope = jsoncodec.dumps(data)
     trace_id = str(data["traceId"])
     if len(envelope) > policy.etcd_max_request_bytes:
@@ -76,15 +85,16 @@ async def record_job(
             retry_after_s=retry_after_s,
         )
     if not journal.lease:
-        return Overloaded(
-            "async requests cannot be recorded in etcd yet (no claim lease); retry shortly",
+        return Unrecorded(
+            f"{NOT_RECORDED}: this Router holds no claim lease in etcd yet; retry in a moment",
             retry_after_s=retry_after_s,
         )
     try:
-        accepted = await journal.accept(trace_id, envelope, owner, reply_to)
+        accepted = await journal.accept(trace_id, envelope, owner, reply_to, client)
     except (EtcdRejected, RegistryUnavailable) as exc:
-        return Overloaded(
-            f"async requests cannot be recorded in etcd now ({exc}); retry shortly",
+        # Not load: etcd did not answer or refused. Calls in mode sync still route meanwhile.
+        return Unrecorded(
+            f"{NOT_RECORDED}: {exc}; retry in a moment, or send it with mode sync",
             retry_after_s=retry_after_s,
         )
     if not accepted:
@@ -129,10 +139,10 @@ def runner(
     return run
 
 
-def start_adopted(dispatching: Dispatching, envelope: bytes, owner: str | None) -> None:
+def start_adopted(dispatching: Dispatching, job: Job) -> None:
     """Run a request another Router accepted and did not finish."""
     try:
-        data = jsoncodec.loads(envelope)
+        data = jsoncodec.loads(job.envelope)
         request = ReachRequest.model_validate(data)
     except (jsoncodec.JSONDecodeError, ValidationError) as exc:
         raise RequestError(f"the recorded request no longer decodes: {exc}") from exc
@@ -146,11 +156,13 @@ def start_adopted(dispatching: Dispatching, envelope: bytes, owner: str | None) 
         conversation_id=request.conversation_id,
         mode="async",
         idempotency_key=idempotency_key(str(data["traceId"])),
-        # Counted for its owner (a caller token), as the Router that accepted it counted it.
-        client=owner or "-",
+        # Counted for its client (turns at a full agent, its result's share), as the Router that
+        # accepted it counted it.
+        client=job.client,
     )
     run = runner(dispatching, request, data, record)
-    dispatching.async_requests.start(record.trace_id, run, request.preferences.reply_to, owner, record.client)
+    reply_to = request.preferences.reply_to
+    dispatching.async_requests.start(record.trace_id, run, reply_to, job.owner, job.client)
 
 
 async def admit(
@@ -160,13 +172,14 @@ async def admit(
     record: DecisionRecord,
     owner: str | None,
     reply_to: str | None,
+    client: str = UNKNOWN_CLIENT,
 ) -> ReachError | None:
     """Before an async request is accepted: give it its idempotency key (the same on every run,
     by whichever Router) and, with etcd, record it there (:func:`accept`)."""
     record.idempotency_key = idempotency_key(record.trace_id)
     if journal is None:
         return None
-    failed = await accept(journal, config, data, record, owner, reply_to)
+    failed = await accept(journal, config, data, record, (owner, client), reply_to)
     record.idempotency_key = idempotency_key(record.trace_id)  # the traceId may have been replaced
     return failed
 
@@ -176,17 +189,19 @@ async def accept(
     config: RouterConfig,
     data: dict[str, Any],
     record: DecisionRecord,
-    owner: str | None,
+    caller: tuple[str | None, str],
     reply_to: str | None,
 ) -> ReachError | None:
-    """Record the request in etcd before its 202; the error to answer instead, if any. A traceId
-    taken in etcd by another caller is replaced, as one taken on this Router is: refusing would
-    tell this caller that the other's request exists."""
-    policy, retry_after = config.async_mode, config.limits.retry_after_seconds
-    failed = await record_job(journal, policy, data, owner, reply_to, retry_after)
+    """Record the request in etcd before its 202; the error to answer instead, if any.
+    ``caller`` is (who may fetch the result, who it is counted for). A traceId taken in etcd by
+    another caller is replaced, as one taken on this Router is: refusing would tell this caller
+    that the other's request exists."""
+    (owner, client), policy = caller, config.async_mode
+    retry_after = config.limits.retry_after_seconds
+    failed = await record_job(journal, policy, data, owner, reply_to, retry_after, client)
     if isinstance(failed, TraceIdInUse) and not await owned_by(journal, record.trace_id, owner):
         record.trace_id = data["traceId"] = new_trace_id()
-        failed = await record_job(journal, policy, data, owner, reply_to, retry_after)
+        failed = await record_job(journal, policy, data, owner, reply_to, retry_after, client)
     return failed
 
 
@@ -208,7 +223,7 @@ class Adopter:
         self,
         journal: DeferredStore,
         requests: AsyncRequests,
-        run: Callable[[bytes, str | None], None],
+        run: Callable[[Job], None],
     ) -> None:
         self.journal = journal
         self.requests = requests
@@ -304,7 +319,7 @@ class Adopter:
             "[%s] adopted an async request its Router left unfinished (run %d)", job.trace_id, job.attempt + 1
         )
         try:
-            self._run(job.envelope, job.owner)
+            self._run(job)
         except ReachError as exc:  # a record that no longer decodes: finish it as refused
             log.error("[%s] an adopted async request cannot run: %s", job.trace_id, exc.message)
             await self.journal.release(job.trace_id)

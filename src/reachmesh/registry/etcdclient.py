@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import errno
 import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -191,6 +192,9 @@ class EtcdClient:
         self.auth_off = False
         # The alarms (NOSPACE, CORRUPT) the last status answer listed as raised.
         self.alarms: frozenset[str] = frozenset()
+        # Why each member last failed a status call (gone once it answers): what /readyz says
+        # beside "etcd unreachable", since "refused" and "silent" are fixed differently.
+        self.failures: dict[str, str] = {}
 
     async def open(self) -> None:
         if self._session is None:
@@ -465,10 +469,19 @@ class EtcdClient:
         The answer also lists the cluster's raised alarms, kept in :attr:`alarms`."""
         try:
             answer = await self._post(endpoint, "/v3/maintenance/status", b"{}", limit_s)
-        except (_MemberDown, EtcdRejected):
+        except _MemberDown as exc:
+            said = str(exc)
+            self.failures[endpoint] = f"no answer within {limit_s:g} s" if said in _BARE else said
+            return False
+        except EtcdRejected as exc:
+            self.failures[endpoint] = str(exc)
             return False
         self.alarms = _alarms(answer.get("errors"))
-        return str(answer.get("leader", "0")) != "0"
+        if str(answer.get("leader", "0")) == "0":
+            self.failures[endpoint] = "it answers, but has no leader (fewer than a quorum of members are up)"
+            return False
+        self.failures.pop(endpoint, None)
+        return True
 
     async def compact(self, revision: int, *, deadline: float | None = None) -> bool:
         """Drop the history before ``revision``; False when it was compacted already."""
@@ -560,6 +573,8 @@ def _failure(endpoint: str, exc: BaseException) -> str:
             f"TLS: its certificate was refused ({exc.certificate_error}); trust the CA that signed "
             "it with registry.etcd.ca_file, and name this host in the certificate"
         )
+    if isinstance(exc, aiohttp.ClientConnectorError) and exc.os_error.errno == errno.ECONNREFUSED:
+        return "connection refused, nothing listens there: is etcd running at this address?"
     if isinstance(exc, aiohttp.ClientOSError):
         said = str(exc.strerror or exc.errno)
         if "CERTIFICATE" in said.upper() and "ALERT" in said.upper():

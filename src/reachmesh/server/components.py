@@ -303,6 +303,7 @@ class RouterParts:
             registry.router,
             self.config.async_mode,
             clock=self.clock,
+            health=registry.health,
         )
         self.metrics.gauge(
             "reach_async_etcd_pending",

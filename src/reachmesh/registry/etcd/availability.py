@@ -180,7 +180,9 @@ class Health:
         # One slow answer on a loaded machine is not an outage: two misses in a row are.
         self._misses += 1
         if self._misses >= 2:
-            self._set_unreachable(f"etcd unreachable at {', '.join(shared.client.endpoints)}")
+            failures = shared.client.failures
+            members = ", ".join(f"{e} ({failures.get(e, 'no answer')})" for e in shared.client.endpoints)
+            self._set_unreachable(f"etcd unreachable at {members}")
 
     def _answered(self) -> None:
         self._misses = 0

@@ -9,6 +9,9 @@ Keys, under the registry's prefix::
                                       of async_mode.result_ttl_seconds
     {prefix}/async/size/{traceId}     that result's size in bytes, on the same lease: the bounds
                                       on results are kept by reading these, not the results
+    {prefix}/async/share/{traceId}    whose share of the results it takes (a digest of the
+                                      client: a caller token, or an address with auth off), on
+                                      the same lease; absent for a client not known
 
 - Accepting is one transaction: the job and the claim are written only if neither the job nor a
   result exists for that traceId, before the caller gets its ``202``.
@@ -20,13 +23,20 @@ Keys, under the registry's prefix::
   wrote it delivers ``replyTo``, then deletes the job and the claim. A Router that dies while
   delivering leaves the job behind with its result: the adopter delivers that result again
   rather than run the request again (``replyTo`` is delivered at least once).
+- Results are bounded as in memory: each client keeps at most ``max_results_per_client`` results
+  and ``max_result_bytes_per_client`` bytes of them (its own oldest go first, nobody else's),
+  then all of them at most ``etcd_max_results`` and ``etcd_max_total_result_bytes`` (the oldest
+  go first, whoever's). With the bounds in all alone, one caller's flood of async requests
+  pushed every other caller's results out of etcd.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,14 +44,24 @@ from reachmesh import jsoncodec
 from reachmesh.clock import SYSTEM_CLOCK, Clock
 from reachmesh.config import AsyncPolicy
 from reachmesh.exceptions import RegistryUnavailable
+from reachmesh.registry.etcd.availability import Health
 from reachmesh.registry.etcdclient import (
     EtcdClient,
     EtcdRejected,
+    KeyValue,
     compare_create,
     compare_mod,
     delete_op,
     put_op,
 )
+
+# Results dropped per transaction when trimming: three keys each, within etcd's default
+# --max-txn-ops of 128.
+TRIM_BATCH = 32
+
+# Who a request is counted for when its client is not known (adopted from a Router that did
+# not record it, with auth off): no share of its own, as in memory.
+UNKNOWN_CLIENT = "-"
 
 log = logging.getLogger("reachmesh.async")
 
@@ -56,6 +76,7 @@ class Job:
     reply_to: str | None
     attempt: int
     revision: int  # the job key's mod revision when read: what an adoption compares against
+    client: str = UNKNOWN_CLIENT  # whose share of the results its result takes
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,8 +100,13 @@ class DeferredStore:
         policy: AsyncPolicy,
         *,
         clock: Clock = SYSTEM_CLOCK,
+        health: Health | None = None,
     ) -> None:
         self.client = client
+        # The registry's view of etcd: while etcd is out of reach, what a caller waits on
+        # (accepting, reading a result) fails within one attempt, as registrations do, and a
+        # refusal (a login, a role, a full quota) says what to fix.
+        self._health = health
         self.router = router
         self.policy = policy
         self._clock = clock
@@ -88,6 +114,7 @@ class DeferredStore:
         self.claims = prefix + "/async/claim/"
         self.results = prefix + "/async/result/"
         self.sizes = prefix + "/async/size/"
+        self.shares = prefix + "/async/share/"
         self.lease = 0
         self._result_lease = (0, 0.0)  # (lease, monotonic time until which it is reused)
         self._keeper: asyncio.Task[None] | None = None
@@ -137,33 +164,63 @@ class DeferredStore:
 
     # -- accepting and finishing -------------------------------------------------------------
 
-    async def accept(self, trace_id: str, envelope: bytes, owner: str | None, reply_to: str | None) -> bool:
-        """Record an accepted request and claim it; False when the traceId is taken."""
-        job = {"envelope": envelope.decode(), "owner": owner, "replyTo": reply_to, "attempt": 1}
-        result = await self.client.txn(
-            [compare_create(self.jobs + trace_id, 0), compare_create(self.results + trace_id, 0)],
-            [
-                put_op(self.jobs + trace_id, jsoncodec.dumps(job)),
-                put_op(self.claims + trace_id, self.router.encode(), self.lease),
-            ],
-        )
+    def _deadline(self) -> float | None:
+        return None if self._health is None else self._health.deadline()
+
+    def _refused(self, exc: EtcdRejected, what: str) -> RegistryUnavailable | EtcdRejected:
+        return exc if self._health is None else self._health.refused_call(exc, what, write=True)
+
+    async def accept(
+        self,
+        trace_id: str,
+        envelope: bytes,
+        owner: str | None,
+        reply_to: str | None,
+        client: str = UNKNOWN_CLIENT,
+    ) -> bool:
+        """Record an accepted request and claim it; False when the traceId is taken. ``client``
+        is who it is counted for, by whichever Router runs it. Raises RegistryUnavailable (or
+        EtcdRejected without the registry's health) when etcd does not record it."""
+        job = {
+            "envelope": envelope.decode(),
+            "owner": owner,
+            "replyTo": reply_to,
+            "attempt": 1,
+            "client": client,
+        }
+        try:
+            result = await self.client.txn(
+                [compare_create(self.jobs + trace_id, 0), compare_create(self.results + trace_id, 0)],
+                [
+                    put_op(self.jobs + trace_id, jsoncodec.dumps(job)),
+                    put_op(self.claims + trace_id, self.router.encode(), self.lease),
+                ],
+                deadline=self._deadline(),
+            )
+        except EtcdRejected as exc:
+            raise self._refused(exc, "the write") from exc
         return result.succeeded
 
-    async def finish(self, trace_id: str, status: int, body: bytes, owner: str | None) -> bool:
+    async def finish(
+        self, trace_id: str, status: int, body: bytes, owner: str | None, client: str = UNKNOWN_CLIENT
+    ) -> bool:
         """Write the result unless one is there; True when this one was written (its writer
-        delivers replyTo). A body over ``etcd_max_result_bytes`` is recorded without itself."""
+        delivers replyTo). A body over ``etcd_max_result_bytes`` is recorded without itself.
+        ``client`` is whose share of the results it takes."""
         stored: dict[str, Any] = {"status": status, "owner": owner, "size": len(body)}
         if len(body) <= self.policy.etcd_max_result_bytes:
             stored["body"] = base64.b64encode(body).decode()
         value = jsoncodec.dumps(stored)
         lease = await self._lease_for_results()
-        result = await self.client.txn(
-            [compare_create(self.results + trace_id, 0)],
-            [
-                put_op(self.results + trace_id, value, lease),
-                put_op(self.sizes + trace_id, str(len(value)).encode(), lease),
-            ],
-        )
+        writes = [
+            put_op(self.results + trace_id, value, lease),
+            put_op(self.sizes + trace_id, str(len(value)).encode(), lease),
+        ]
+        if client != UNKNOWN_CLIENT:
+            # In the same transaction as the size: a trim that reads the sizes first, then the
+            # shares, finds the share of every result it counts.
+            writes.append(put_op(self.shares + trace_id, client_digest(client), lease))
+        result = await self.client.txn([compare_create(self.results + trace_id, 0)], writes)
         return result.succeeded
 
     async def _lease_for_results(self) -> int:
@@ -186,7 +243,7 @@ class DeferredStore:
     # -- reading -----------------------------------------------------------------------------
 
     async def result(self, trace_id: str) -> StoredResult | None:
-        _, kv = await self.client.get(self.results + trace_id)
+        _, kv = await self.client.get(self.results + trace_id, deadline=self._deadline())
         if kv is None:
             return None
         data = jsoncodec.loads(kv.value)
@@ -199,7 +256,7 @@ class DeferredStore:
         )
 
     async def job(self, trace_id: str) -> Job | None:
-        _, kv = await self.client.get(self.jobs + trace_id)
+        _, kv = await self.client.get(self.jobs + trace_id, deadline=self._deadline())
         return None if kv is None else _job(trace_id, kv.value, kv.mod_revision)
 
     # -- adoption ----------------------------------------------------------------------------
@@ -226,6 +283,7 @@ class DeferredStore:
             "owner": job.owner,
             "replyTo": job.reply_to,
             "attempt": job.attempt + 1,
+            "client": job.client,
         }
         result = await self.client.txn(
             [
@@ -240,18 +298,71 @@ class DeferredStore:
         return result.succeeded
 
     async def trim_results(self) -> None:
-        """Keep at most ``etcd_max_results`` results and ``etcd_max_total_result_bytes`` of them
-        in etcd, the oldest going first; count them for /metrics."""
+        """Keep each client within its share of the results in etcd (``max_results_per_client``,
+        ``max_result_bytes_per_client``: its own oldest go, its newest always stays), then all of
+        them within ``etcd_max_results`` and ``etcd_max_total_result_bytes`` (the oldest go
+        first, whoever's); count them for /metrics."""
+        # The sizes first: each was written with its share, so every one counted has its share
+        # in the read that follows (a result written between the two reads is left to the next).
         _, sizes = await self.client.get_prefix(self.sizes)
         held = sorted(sizes, key=lambda kv: kv.create_revision)
         total = sum(_size(kv.value) for kv in held)
         policy = self.policy
+        gone: set[str] = set()
+        if len(held) > policy.max_results_per_client or total > policy.max_result_bytes_per_client:
+            # Only then may a client be past its share: fewer results than one share are not
+            # worth reading whose they are.
+            _, shares = await self.client.get_prefix(self.shares)
+            whose = {kv.key.removeprefix(self.shares): kv.value for kv in shares}
+            gone = self._over_shares(held, whose)
+            held = [kv for kv in held if kv.key not in gone]
+            total = sum(_size(kv.value) for kv in held)
         while held and (len(held) > policy.etcd_max_results or total > policy.etcd_max_total_result_bytes):
             oldest = held.pop(0)
-            trace_id = oldest.key.removeprefix(self.sizes)
-            await self.client.txn([], [delete_op(self.results + trace_id), delete_op(oldest.key)])
+            gone.add(oldest.key)
             total -= _size(oldest.value)
+        await self._drop_results(key.removeprefix(self.sizes) for key in gone)
         self.held, self.held_bytes = len(held), total
+
+    def _over_shares(self, held: list[KeyValue], whose: dict[str, bytes]) -> set[str]:
+        """The size keys of the results past their client's share: each client's oldest first,
+        never its newest; ``held`` is oldest first."""
+        by_client: dict[bytes, list[KeyValue]] = {}
+        for kv in held:
+            client = whose.get(kv.key.removeprefix(self.sizes))
+            if client is not None:  # no share: a client not known, or written before shares
+                by_client.setdefault(client, []).append(kv)
+        policy = self.policy
+        gone: set[str] = set()
+        for mine in by_client.values():
+            count, total = len(mine), sum(_size(kv.value) for kv in mine)
+            for oldest in mine[:-1]:
+                if count <= policy.max_results_per_client and total <= policy.max_result_bytes_per_client:
+                    break
+                gone.add(oldest.key)
+                count, total = count - 1, total - _size(oldest.value)
+        return gone
+
+    async def _drop_results(self, trace_ids: Iterable[str]) -> None:
+        """Delete these results (their sizes and shares with them), a batch per transaction."""
+        batch: list[dict[str, Any]] = []
+        for trace_id in trace_ids:
+            batch += [
+                delete_op(self.results + trace_id),
+                delete_op(self.sizes + trace_id),
+                delete_op(self.shares + trace_id),
+            ]
+            if len(batch) >= 3 * TRIM_BATCH:
+                await self.client.txn([], batch)
+                batch = []
+        if batch:
+            await self.client.txn([], batch)
+
+
+def client_digest(client: str) -> bytes:
+    """A client's name in etcd: 128 bits of its SHA-256 (a token's key or an address, never
+    the name itself, and each of the same length)."""
+    return hashlib.sha256(client.encode()).hexdigest()[:32].encode()
 
 
 def _size(raw: bytes) -> int:
@@ -268,4 +379,6 @@ def _job(trace_id: str, raw: bytes, revision: int) -> Job:
         reply_to=data.get("replyTo"),
         attempt=int(data.get("attempt", 1)),
         revision=revision,
+        # A job recorded before clients were: counted for its owner, as it was then.
+        client=str(data.get("client") or data.get("owner") or UNKNOWN_CLIENT),
     )
