@@ -166,7 +166,8 @@ class Pipeline:
     def decide(self, request: ReachRequest, record: DecisionRecord) -> list[Choice]:
         """The ranked choices for ``request``, each stage written to ``record``."""
         strategy = self.strategy(request)
-        record.strategy = strategy.value
+        # The member's value without the enum's property (a Python-level call per read).
+        record.strategy = strategy._value_
         record.narrowed = bool(request.target_agent) or request.preferences.filter_agent_ids is not None
         similarity: float | None = None
         # The other tasks above the threshold of a route by meaning: this request's alone, so
@@ -238,7 +239,7 @@ class Pipeline:
             record.note("task map", f"{task} -> {mapped}")
             task = mapped
         else:
-            record.rule = strategy.value if strategy is not Strategy.SEMANTIC_ROUTE else "exact_match"
+            record.rule = strategy._value_ if strategy is not Strategy.SEMANTIC_ROUTE else "exact_match"
             record.route_by = "exact"
         similarity: float | None = None
         alternates: list[tuple[str, float]] = []

@@ -295,7 +295,6 @@ class GuardedHttpTools(HttpToolsProtocol):
     __slots__ = (
         "_gone_app",
         "_head_bytes",
-        "_head_lines",
         "_head_timer",
         "_header_bytes",
         "_lane",
@@ -309,7 +308,6 @@ class GuardedHttpTools(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._head_bytes = 0
-        self._head_lines = 0
         self._header_bytes = 0
         self._line_bytes = -1  # the request line's, once the parser has all of it
         self._reading_head = True
@@ -353,7 +351,6 @@ class GuardedHttpTools(HttpToolsProtocol):
         super().on_message_begin()
         self._lane = None
         self._reading_head = True
-        self._head_lines = 0
         self._header_bytes = 0
         self._line_bytes = -1
         if self._head_timer is None:
@@ -362,14 +359,17 @@ class GuardedHttpTools(HttpToolsProtocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         if self._refused:
             return
-        lines = self._head_lines = self._head_lines + 1
-        if lines > self.max_headers:
+        # The lines so far are the headers kept (uvicorn empties the list per request, and a
+        # refused line ends the request): no counter of its own to keep per line.
+        headers = self.headers
+        lines = len(headers)
+        if not lines:  # the first header: the parser has the whole request line by now
+            self._line_bytes = self._request_line_bytes()
+        if lines >= self.max_headers:
             self._refuse(431, f"more than {self.max_headers} request headers")
             return
         # "Name: value\r\n"; checked per line, so a head that arrived in one read is bounded too.
         size = self._header_bytes = self._header_bytes + len(name) + len(value) + 4
-        if self._line_bytes < 0:
-            self._line_bytes = self._request_line_bytes()
         if self._line_bytes + size > self.max_header_bytes:
             self._refuse_head_size()
             return
@@ -377,7 +377,7 @@ class GuardedHttpTools(HttpToolsProtocol):
         name = name.lower()
         if name == b"expect" and value.lower() == b"100-continue":
             self.expect_100_continue = True
-        self.headers.append((name, value))
+        headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         if self._refused:
@@ -463,11 +463,12 @@ class GuardedHttpTools(HttpToolsProtocol):
         if not self._lane_app.takes_whole(headers):
             return None
         client = self.client
+        # The headers first: two dict lookups, where the trusted-host test is a Python call.
         if (
-            self._trusted is not None
+            (b"x-forwarded-for" in headers or b"x-forwarded-proto" in headers)
+            and self._trusted is not None
             and client is not None
             and client[0] in self._trusted
-            and (b"x-forwarded-for" in headers or b"x-forwarded-proto" in headers)
         ):
             return None  # the middleware would change the request's client: let it
         return headers
