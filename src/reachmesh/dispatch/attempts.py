@@ -438,6 +438,9 @@ class AttemptRun:
         """Book one attempt: stats, the attempt record, the trace line and the breaker."""
         agent_id, record = choice.entry.id, self.record
         took = round((self.parts.clock.monotonic() - started) * 1000, 2)
+        if exc is None:
+            self._account_success(choice, started, span_id, took)
+            return
         if isinstance(exc, AgentBusy) and exc.retry_after_s is not None:
             known = self.busy_retry_after_s
             self.busy_retry_after_s = exc.retry_after_s if known is None else min(known, exc.retry_after_s)
@@ -469,6 +472,19 @@ class AttemptRun:
             self._release_probe(agent_id)
             return
         self._judge(agent_id, verdict, refused)
+
+    def _account_success(self, choice: Choice, started: float, span_id: str, took: float) -> None:
+        """:meth:`account` of an attempt that succeeded, the common case: none of a failure's
+        tests, the same booking."""
+        agent_id, record = choice.entry.id, self.record
+        offset = round((started - record.started) * 1000, 2)
+        record.attempts.append(AttemptRecord(agent_id, "SUCCESS", took, span_id, offset, choice.score))
+        record.note("forward", f"{agent_id}, duration={took:.0f}ms")
+        if self.streams:
+            self.unsettled = (agent_id, took)  # judged when the stream ends
+            return
+        self.parts.stats.finished(agent_id, ok=True, latency_ms=took)
+        self._judge(agent_id, True)
 
     def _judge(self, agent_id: str, verdict: bool | None, refused: bool = False) -> None:
         """Tell the agent's breaker what the attempt said of it."""
