@@ -27,7 +27,7 @@ _TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
 # own, or parent and child would hand out the same ids.
 _ID_HEX = 32
 _BATCH = 256 * _ID_HEX // 2
-_ID = re.compile(".{%d}" % _ID_HEX, re.DOTALL)
+_ID = re.compile(f".{{{_ID_HEX}}}", re.DOTALL)
 _ids: list[str] = []
 
 
