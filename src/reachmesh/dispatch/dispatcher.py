@@ -169,7 +169,7 @@ class Dispatcher:
         except RequestError as exc:
             return self.refuse(exc, started=started, trace_id=exc.trace_id or hint, task=exc.task)
         try:
-            _check_timeouts(request, self.config.limits.max_timeout_ms)
+            _check_timeouts(request, config.limits.max_timeout_ms)
         except RequestError as exc:
             return self.refuse(
                 exc, started=started, trace_id=request.trace_id or hint, task=request.target_task
@@ -189,7 +189,7 @@ class Dispatcher:
             parent_span_id=parent[1] if parent else None,
             mode=request.preferences.mode,
         )
-        if self.config.logging.log_payloads:
+        if config.logging.log_payloads:
             record.payload = request.payload
         if sink is not None:
             if request.preferences.mode == "async":

@@ -244,6 +244,16 @@ class _LaneCycle:
 # lane's cycle holds its own): the one to stop when the caller's connection closes.
 CALL_TASK = "reach.call_task"
 
+# What a lane request's scope says beyond what uvicorn's on_message_begin put there (the
+# request line, as uvicorn's on_headers_complete would; the body is whole), in one update.
+_LANE_SCOPE: dict[str, Any] = {
+    "method": "POST",
+    "path": "/reach",
+    "raw_path": b"/reach",
+    "query_string": b"",
+    BODY_COMPLETE: True,
+}
+
 # "Internal Server Error", as uvicorn answers an application that raised.
 _ERROR_500 = b"content-type: text/plain; charset=utf-8\r\ncontent-length: 21\r\n"
 
@@ -479,11 +489,7 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._lane = None
         body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         scope = self.scope
-        scope["method"] = "POST"
-        scope["path"] = "/reach"
-        scope["raw_path"] = b"/reach"
-        scope["query_string"] = b""
-        scope[BODY_COMPLETE] = True  # type: ignore[literal-required]
+        scope.update(_LANE_SCOPE)  # type: ignore[typeddict-item]
         cycle = _LaneCycle(self, self.parser.should_keep_alive())
         self.cycle = cycle  # type: ignore[assignment]
         serve = self._lane_app.serve_whole  # type: ignore[union-attr]
