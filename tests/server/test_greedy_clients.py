@@ -133,6 +133,29 @@ async def test_a_head_that_trickles_is_closed_408() -> None:
         assert answer.startswith(b"HTTP/1.1 408")
 
 
+@pytest.mark.parametrize("split", [False, True])
+async def test_a_later_head_that_trickles_on_a_kept_alive_connection_is_closed_408(split: bool) -> None:
+    """After a whole request, the next head on the connection has the same bound: begun alone,
+    or begun in the read that carried the end of the request before it (``split``)."""
+    config = RouterConfig.model_validate({"server": {"header_timeout_seconds": 0.3}})
+    async with RouterServer(config) as router:
+        reader, writer = await asyncio.open_connection("127.0.0.1", router.port)
+        first = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"
+        started = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n"
+        writer.write(first + started if split else first)
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert answer.startswith(b"HTTP/1.1 200")
+        length = int(answer.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        await asyncio.wait_for(reader.readexactly(length), 5)
+        if not split:
+            writer.write(started)
+            await writer.drain()
+        answer = await asyncio.wait_for(reader.read(4096), 5)
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 408")
+
+
 async def test_keep_alive_requests_are_not_mistaken_for_long_heads() -> None:
     """Many requests on one connection, with bodies bigger than the head limit, all pass."""
     async with RouterServer(RouterConfig()) as router, httpx.AsyncClient(base_url=router.url) as http:

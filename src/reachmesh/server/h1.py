@@ -353,9 +353,16 @@ class GuardedHttpTools(HttpToolsProtocol):
         super().data_received(data)
         if self._lane is not None:
             self._leave_lane()  # the body is still coming: uvicorn's cycle reads the rest
-        # Still in the head after taking every byte so far: all of them were head bytes.
-        if self._reading_head and not self._refused and self._head_bytes > self.max_header_bytes:
-            self._refuse_head_size()
+        if self._reading_head and not self._refused:
+            # Still in the head after taking every byte so far: all of them were head bytes.
+            if self._head_bytes > self.max_header_bytes:
+                self._refuse_head_size()
+            elif self._head_timer is None:
+                # A head begun in this read and not finished in it (a timer still unarmed: an
+                # earlier read would have armed it). Armed here, not as each head begins: most
+                # heads end in the read that began them, and a timer made and cancelled per
+                # request was work for nothing.
+                self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_too_slow)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -363,8 +370,7 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._reading_head = True
         self._header_bytes = 0
         self._line_bytes = -1
-        if self._head_timer is None:
-            self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_too_slow)
+        # The head's timer is armed by data_received if the head outlasts this read.
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if self._refused:
