@@ -455,7 +455,12 @@ class GuardedHttpTools(HttpToolsProtocol):
         if isinstance(app, ProxyHeadersMiddleware):
             self._trusted = app.trusted_hosts
             app = app.app
-        self._lane_app = app if hasattr(app, "serve_whole") else None
+        # What rules the lane out for every request of the connection (a root path, an access
+        # log, a concurrency limit: the server's settings) is read here once, not per request.
+        lane = hasattr(app, "serve_whole") and not (
+            self.root_path or self.access_log or self.limit_concurrency is not None
+        )
+        self._lane_app = app if lane else None
         self._gone_app = _gone_listener(self.app)
 
     def _lane_headers(self) -> dict[bytes, bytes] | None:
@@ -463,10 +468,7 @@ class GuardedHttpTools(HttpToolsProtocol):
         if (
             self._lane_app is None
             or self.url != b"/reach"
-            or self.root_path
             or self.expect_100_continue
-            or self.access_log
-            or self.limit_concurrency is not None
             or (self.cycle is not None and not self.cycle.response_complete)
             or self.parser.get_method() != b"POST"
             or self.parser.get_http_version() != "1.1"
