@@ -307,6 +307,7 @@ class GuardedHttpTools(HttpToolsProtocol):
         "_head_bytes",
         "_head_timer",
         "_header_bytes",
+        "_idle_since",
         "_lane",
         "_lane_app",
         "_one_write",
@@ -322,6 +323,7 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._line_bytes = -1  # the request line's, once the parser has all of it
         self._reading_head = True
         self._refused = False
+        self._idle_since: float | None = None  # when the last response ended, while idle since
         self._head_timer: asyncio.TimerHandle | None = self.loop.call_later(
             self.header_timeout_s, self._head_too_slow
         )
@@ -344,6 +346,10 @@ class GuardedHttpTools(HttpToolsProtocol):
             if task is not None:
                 self._gone_app.callers_gone((task,))
         super().connection_lost(exc)
+        self._idle_since = None
+        if self.timeout_keep_alive_task is not None:  # a closed connection is held by no timer
+            self.timeout_keep_alive_task.cancel()
+            self.timeout_keep_alive_task = None
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
@@ -435,10 +441,44 @@ class GuardedHttpTools(HttpToolsProtocol):
             super().on_message_complete()
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
+        # uvicorn's own, written out but for its keep-alive timer: uvicorn makes one per response
+        # and cancels it at the next request's first bytes (a timer made and cancelled per call,
+        # about 2 us here); this keeps one per connection, which re-arms itself while requests
+        # come (see _keep_alive_due). The idle connection still closes timeout_keep_alive
+        # seconds after its last response.
+        self.server_state.total_requests += 1
         # The next head starts counting at its first byte (on_message_begin); until then the
         # client may still be sending the rest of a body the app already refused.
         self._head_bytes = 0
+        if self.transport.is_closing():
+            return
+        self._idle_since = None
+        self.flow.resume_reading()
+        if self.pipeline:  # a pipelined request waited behind this one: it runs now
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+            return
+        self._idle_since = self.loop.time()
+        if self.timeout_keep_alive_task is None:
+            self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self._keep_alive_due)
+
+    def _unset_keepalive_if_required(self) -> None:
+        # uvicorn calls it as each read arrives: the connection is no longer idle. Its timer
+        # stays, and finds that out when it fires.
+        self._idle_since = None
+
+    def _keep_alive_due(self) -> None:
+        """The keep-alive timer: close the connection if it has been idle for the whole
+        timeout, else wait for the rest of it (or, busy, for the next response to arm it)."""
+        self.timeout_keep_alive_task = None
+        idle_since = self._idle_since
+        if idle_since is None:
+            return
+        left = idle_since + self.timeout_keep_alive - self.loop.time()
+        if left > 0.001:
+            self.timeout_keep_alive_task = self.loop.call_later(left, self._keep_alive_due)
+            return
+        self.timeout_keep_alive_handler()
 
     # -- the lane: a POST /reach whose whole body arrives with its head -----------------------
     #
