@@ -171,7 +171,8 @@ async def test_a_kept_alive_connection_closes_once_idle_for_the_keep_alive_timeo
     counted from its last response."""
     keep_alive = scaled(0.6)
     router = RouterServer(RouterConfig())
-    router._server.config.timeout_keep_alive = keep_alive  # read by each connection's protocol
+    # Read by each connection's protocol; typed int by uvicorn, used as a float (call_later).
+    router._server.config.timeout_keep_alive = keep_alive  # type: ignore[assignment]
     async with router:
         reader, writer = await asyncio.open_connection("127.0.0.1", router.port)
         loop = asyncio.get_running_loop()

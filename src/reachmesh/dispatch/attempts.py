@@ -439,13 +439,13 @@ class AttemptRun:
         agent_id, record = choice.entry.id, self.record
         took = round((self.parts.clock.monotonic() - started) * 1000, 2)
         if exc is None:
-            self._account_success(choice, started, span_id, took)
+            _account_success(self, choice, started, span_id, took)
             return
         if isinstance(exc, AgentBusy) and exc.retry_after_s is not None:
             known = self.busy_retry_after_s
             self.busy_retry_after_s = exc.retry_after_s if known is None else min(known, exc.retry_after_s)
         refused = isinstance(exc, ConnectFailed) and exc.refused
-        outcome = "SUCCESS" if exc is None else exc.reason
+        outcome = exc.reason
         verdict = attempt_verdict(exc)
         if isinstance(exc, AgentDeclined):
             verdict = self._decline_verdict(agent_id, took)
@@ -460,11 +460,8 @@ class AttemptRun:
         offset = round((started - record.started) * 1000, 2)
         record.attempts.append(AttemptRecord(agent_id, outcome, took, span_id, offset, choice.score))
         # A failure says what failed (an errno, a status), so the trace alone can explain it.
-        detail = "" if exc is None else f", outcome={exc.reason} ({exc.message[:160]})"
+        detail = f", outcome={exc.reason} ({exc.message[:160]})"
         record.note("forward", f"{agent_id}, duration={took:.0f}ms{detail}")
-        if exc is None and self.streams:
-            self.unsettled = (agent_id, took)  # judged when the stream ends
-            return
         self.parts.stats.finished(agent_id, ok=verdict, latency_ms=took)
         if verdict is None and isinstance(exc, PoolTimeout | AttemptTimeout):
             # Never reached, or a timeout charged to nobody: no word on the agent either way, so
@@ -472,19 +469,6 @@ class AttemptRun:
             self._release_probe(agent_id)
             return
         self._judge(agent_id, verdict, refused)
-
-    def _account_success(self, choice: Choice, started: float, span_id: str, took: float) -> None:
-        """:meth:`account` of an attempt that succeeded, the common case: none of a failure's
-        tests, the same booking."""
-        agent_id, record = choice.entry.id, self.record
-        offset = round((started - record.started) * 1000, 2)
-        record.attempts.append(AttemptRecord(agent_id, "SUCCESS", took, span_id, offset, choice.score))
-        record.note("forward", f"{agent_id}, duration={took:.0f}ms")
-        if self.streams:
-            self.unsettled = (agent_id, took)  # judged when the stream ends
-            return
-        self.parts.stats.finished(agent_id, ok=True, latency_ms=took)
-        self._judge(agent_id, True)
 
     def _judge(self, agent_id: str, verdict: bool | None, refused: bool = False) -> None:
         """Tell the agent's breaker what the attempt said of it."""
@@ -516,6 +500,20 @@ class AttemptRun:
     def _check_deadline(self) -> None:
         if self.deadline.remaining_ms() <= MIN_ATTEMPT_MS:
             raise DeadlineExceeded(f"the overall budget of {self.timeout.overall_ms} ms ran out")
+
+
+def _account_success(run: AttemptRun, choice: Choice, started: float, span_id: str, took: float) -> None:
+    """:meth:`AttemptRun.account` of an attempt that succeeded, the common case: none of a
+    failure's tests, the same booking."""
+    agent_id, record = choice.entry.id, run.record
+    offset = round((started - record.started) * 1000, 2)
+    record.attempts.append(AttemptRecord(agent_id, "SUCCESS", took, span_id, offset, choice.score))
+    record.note("forward", f"{agent_id}, duration={took:.0f}ms")
+    if run.streams:
+        run.unsettled = (agent_id, took)  # judged when the stream ends
+        return
+    run.parts.stats.finished(agent_id, ok=True, latency_ms=took)
+    run._judge(agent_id, True)
 
 
 def exhausted(run: AttemptRun) -> ContextUnavailable | NoAvailableHandler | Overloaded:
