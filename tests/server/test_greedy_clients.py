@@ -12,6 +12,7 @@ import pytest
 
 from reachmesh.config import RouterConfig
 from reachmesh.testing import FakeAgent, RouterServer
+from tests.helpers import scaled
 
 MANY_HEADERS = (
     b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n"
@@ -131,6 +132,57 @@ async def test_a_head_that_trickles_is_closed_408() -> None:
         answer = await asyncio.wait_for(reader.read(4096), 5)
         writer.close()
         assert answer.startswith(b"HTTP/1.1 408")
+
+
+@pytest.mark.parametrize("split", [False, True])
+async def test_a_later_head_that_trickles_on_a_kept_alive_connection_is_closed_408(split: bool) -> None:
+    """After a whole request, the next head on the connection has the same bound: begun alone,
+    or begun in the read that carried the end of the request before it (``split``)."""
+    config = RouterConfig.model_validate({"server": {"header_timeout_seconds": 0.3}})
+    async with RouterServer(config) as router:
+        reader, writer = await asyncio.open_connection("127.0.0.1", router.port)
+        first = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"
+        started = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n"
+        writer.write(first + started if split else first)
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert answer.startswith(b"HTTP/1.1 200")
+        length = int(answer.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        await asyncio.wait_for(reader.readexactly(length), 5)
+        if not split:
+            writer.write(started)
+            await writer.drain()
+        answer = await asyncio.wait_for(reader.read(4096), 5)
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 408")
+
+
+async def _healthz(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), scaled(5))
+    assert head.startswith(b"HTTP/1.1 200")
+    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    await asyncio.wait_for(reader.readexactly(length), scaled(5))
+
+
+async def test_a_kept_alive_connection_closes_once_idle_for_the_keep_alive_timeout() -> None:
+    """One keep-alive timer per connection, not one per response: a connection that keeps
+    asking is never closed under a caller, and one left idle still closes after the timeout
+    counted from its last response."""
+    keep_alive = scaled(0.6)
+    router = RouterServer(RouterConfig())
+    # Read by each connection's protocol; typed int by uvicorn, used as a float (call_later).
+    router._server.config.timeout_keep_alive = keep_alive  # type: ignore[assignment]
+    async with router:
+        reader, writer = await asyncio.open_connection("127.0.0.1", router.port)
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        while loop.time() - began < 2.5 * keep_alive:  # past the first response's timeout
+            await _healthz(reader, writer)
+            await asyncio.sleep(keep_alive / 5)
+        await _healthz(reader, writer)
+        assert await asyncio.wait_for(reader.read(1), scaled(10)) == b""  # closed by the Router
+        writer.close()
 
 
 async def test_keep_alive_requests_are_not_mistaken_for_long_heads() -> None:

@@ -132,5 +132,17 @@ def test_what_the_lane_relies_on_is_still_uvicorns() -> None:
         b"x-forwarded-for",
         b"x-forwarded-proto",
     }
+    # on_response_complete is written out in h1.py but for its keep-alive timer: the same steps.
+    complete = inspect.getsource(HttpToolsProtocol.on_response_complete)
+    for step in (
+        "self.server_state.total_requests += 1",
+        "if self.transport.is_closing():",
+        "self.flow.resume_reading()",
+        "cycle, app = self.pipeline.pop()",
+        "self._start_asgi_task(cycle, app)",
+        "self.timeout_keep_alive, self.timeout_keep_alive_handler",
+    ):
+        assert step in complete, f"uvicorn's on_response_complete no longer does {step}; re-read h1.py"
+    assert "self._unset_keepalive_if_required()" in inspect.getsource(HttpToolsProtocol.data_received)
     # Tasks are made with a fresh context when asked, as _start_asgi_task does.
     assert "self.config.reset_contextvars" in inspect.getsource(HttpToolsProtocol._start_asgi_task)

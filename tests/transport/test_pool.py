@@ -247,6 +247,28 @@ async def test_a_dripping_head_times_out_at_the_read_timeout_not_the_ceiling(ser
     assert loop.time() - began < scaled(2.0)
 
 
+async def test_a_reused_connection_times_out_at_each_exchange_s_own_read_timeout(serve, transport) -> None:
+    """A connection's timer outlives an exchange that answered (it is reused, not remade, for
+    the next): a later exchange with a shorter read timeout is still cut at its own, and one
+    whose agent never answers is still cut at all."""
+
+    async def fast_then_silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(answer(OK))
+        await read_request(reader)
+        await asyncio.sleep(scaled(10.0))
+
+    server, url = await serve(fast_then_silent)
+    long_read = AttemptLimits(1.0, scaled(8.0), scaled(9.0))
+    assert await transport.send(url, b"{}", {}, long_read) == {"ok": True}
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    with pytest.raises(AttemptTimeout):
+        await transport.send(url, b"{}", {}, AttemptLimits(1.0, 0.3, scaled(9.0)))
+    assert loop.time() - began < scaled(4.0)
+    assert server.connections == 1  # the second exchange did reuse the first one's connection
+
+
 async def test_the_head_bounds_come_from_the_server_policy(serve) -> None:
     policy = ServerPolicy(response_max_header_bytes=2048, response_max_headers=8, response_max_line_bytes=256)
     assert head_limits(policy) == HeadLimits(2048, 8, 256)

@@ -441,11 +441,14 @@ class AttemptRun:
         """Book one attempt: stats, the attempt record, the trace line and the breaker."""
         agent_id, record = choice.entry.id, self.record
         took = round((self.parts.clock.monotonic() - started) * 1000, 2)
+        if exc is None:
+            _account_success(self, choice, started, span_id, took)
+            return
         if isinstance(exc, AgentBusy) and exc.retry_after_s is not None:
             known = self.busy_retry_after_s
             self.busy_retry_after_s = exc.retry_after_s if known is None else min(known, exc.retry_after_s)
         refused = isinstance(exc, ConnectFailed) and exc.refused
-        outcome = "SUCCESS" if exc is None else exc.reason
+        outcome = exc.reason
         verdict = attempt_verdict(exc)
         if isinstance(exc, AgentDeclined):
             verdict = self._decline_verdict(agent_id, took)
@@ -460,11 +463,8 @@ class AttemptRun:
         offset = round((started - record.started) * 1000, 2)
         record.attempts.append(AttemptRecord(agent_id, outcome, took, span_id, offset, choice.score))
         # A failure says what failed (an errno, a status), so the trace alone can explain it.
-        detail = "" if exc is None else f", outcome={exc.reason} ({exc.message[:160]})"
+        detail = f", outcome={exc.reason} ({exc.message[:160]})"
         record.note("forward", f"{agent_id}, duration={took:.0f}ms{detail}")
-        if exc is None and self.streams:
-            self.unsettled = (agent_id, took)  # judged when the stream ends
-            return
         self.parts.stats.finished(agent_id, ok=verdict, latency_ms=took)
         if verdict is None and isinstance(exc, PoolTimeout | AttemptTimeout):
             # Never reached, or a timeout charged to nobody: no word on the agent either way, so
@@ -503,6 +503,20 @@ class AttemptRun:
     def _check_deadline(self) -> None:
         if self.deadline.remaining_ms() <= MIN_ATTEMPT_MS:
             raise DeadlineExceeded(f"the overall budget of {self.timeout.overall_ms} ms ran out")
+
+
+def _account_success(run: AttemptRun, choice: Choice, started: float, span_id: str, took: float) -> None:
+    """:meth:`AttemptRun.account` of an attempt that succeeded, the common case: none of a
+    failure's tests, the same booking."""
+    agent_id, record = choice.entry.id, run.record
+    offset = round((started - record.started) * 1000, 2)
+    record.attempts.append(AttemptRecord(agent_id, "SUCCESS", took, span_id, offset, choice.score))
+    record.note("forward", f"{agent_id}, duration={took:.0f}ms")
+    if run.streams:
+        run.unsettled = (agent_id, took)  # judged when the stream ends
+        return
+    run.parts.stats.finished(agent_id, ok=True, latency_ms=took)
+    run._judge(agent_id, True)
 
 
 def exhausted(run: AttemptRun) -> ContextUnavailable | NoAvailableHandler | Overloaded:

@@ -169,7 +169,7 @@ class Dispatcher:
         except RequestError as exc:
             return self.refuse(exc, started=started, trace_id=exc.trace_id or hint, task=exc.task)
         try:
-            _check_timeouts(request, self.config.limits.max_timeout_ms)
+            _check_timeouts(request, config.limits.max_timeout_ms)
         except RequestError as exc:
             return self.refuse(
                 exc, started=started, trace_id=request.trace_id or hint, task=request.target_task
@@ -189,7 +189,7 @@ class Dispatcher:
             parent_span_id=parent[1] if parent else None,
             mode=request.preferences.mode,
         )
-        if self.config.logging.log_payloads:
+        if config.logging.log_payloads:
             record.payload = request.payload
         if sink is not None:
             if request.preferences.mode == "async":
@@ -490,6 +490,13 @@ class Dispatcher:
                 log.exception("observer %r failed", observer)
 
 
+# The requests' Timeouts (frozen, so shared): a frozen dataclass's constructor sets each field
+# through object.__setattr__, more work than the rest of _timeout. Callers choose their own
+# timeouts, so the cache is bounded, and emptied when full.
+_TIMEOUTS: dict[tuple[int, int, int], Timeout] = {}
+_MAX_TIMEOUTS = 256
+
+
 def _timeout(request: ReachRequest, task: str, config: RouterConfig) -> Timeout:
     policy = config.timeouts
     override = config.tasks.get(task)
@@ -502,7 +509,13 @@ def _timeout(request: ReachRequest, task: str, config: RouterConfig) -> Timeout:
         or policy.overall_ms
         or connect + read + config.retries.allowance_ms
     )
-    return Timeout(connect_ms=connect, read_ms=read, overall_ms=overall)
+    key = (connect, read, overall)
+    timeout = _TIMEOUTS.get(key)
+    if timeout is None:
+        if len(_TIMEOUTS) >= _MAX_TIMEOUTS:
+            _TIMEOUTS.clear()
+        timeout = _TIMEOUTS[key] = Timeout(connect_ms=connect, read_ms=read, overall_ms=overall)
+    return timeout
 
 
 def _max_retries(request: ReachRequest, task: str, config: RouterConfig) -> int:
@@ -576,6 +589,9 @@ def _printable(text: str) -> bool:
 def _check_timeouts(request: ReachRequest, cap: int) -> None:
     """A caller's timeouts stay within the policy's cap (limits.max_timeout_ms)."""
     prefs = request.preferences
+    # Almost every request asks for no timeout of its own: three tests, no dict or list built.
+    if prefs.timeout_ms is None and prefs.connect_timeout_ms is None and prefs.read_timeout_ms is None:
+        return
     asked = {
         "preferences.timeoutMs": prefs.timeout_ms,
         "preferences.connectTimeoutMs": prefs.connect_timeout_ms,

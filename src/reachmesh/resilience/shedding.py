@@ -88,9 +88,11 @@ class LoadShedder:
         mine = self._by_client.get(client, 0)
         if mine >= policy.max_inflight_per_client:
             return f"this client has {mine} requests in flight (limit {policy.max_inflight_per_client})"
-        overloaded = self.overload()
-        if overloaded is not None:
-            return overloaded
+        # No lag sustained (the lag breaker's window is over 0 s): closed, without the call.
+        if self.sustained_lag_s:
+            overloaded = self.overload()
+            if overloaded is not None:
+                return overloaded
         self.inflight += 1
         self._by_client[client] = mine + 1
         return None

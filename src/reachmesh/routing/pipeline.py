@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Collection
 from dataclasses import replace
 from fnmatch import fnmatchcase
 
@@ -166,7 +167,8 @@ class Pipeline:
     def decide(self, request: ReachRequest, record: DecisionRecord) -> list[Choice]:
         """The ranked choices for ``request``, each stage written to ``record``."""
         strategy = self.strategy(request)
-        record.strategy = strategy.value
+        # The member's value without the enum's property (a Python-level call per read).
+        record.strategy = strategy._value_
         record.narrowed = bool(request.target_agent) or request.preferences.filter_agent_ids is not None
         similarity: float | None = None
         # The other tasks above the threshold of a route by meaning: this request's alone, so
@@ -176,8 +178,8 @@ class Pipeline:
             task, target = self._targeted(request, record)
             pool = [target]
         else:
-            task, similarity, alternates = self._by_task(request, record, strategy)
-            pool = list(self.registry.by_task(task))
+            task, similarity, alternates, found = self._by_task(request, record, strategy)
+            pool = list(found)
         record.matched_task = task
         record.candidates = [e.id for e in pool]
         groups = self._filter(request, record, task, pool, similarity)
@@ -228,9 +230,10 @@ class Pipeline:
 
     def _by_task(
         self, request: ReachRequest, record: DecisionRecord, strategy: Strategy
-    ) -> tuple[str, float | None, list[tuple[str, float]]]:
+    ) -> tuple[str, float | None, list[tuple[str, float]], Collection[AgentEntry]]:
         """The declared task that supplies candidates: mapped, exact, or found by meaning; the
-        similarity and the runner-up tasks of a route by meaning."""
+        similarity and the runner-up tasks of a route by meaning; the task's entries (looked up
+        once for the common case, an exact task, not again by the caller)."""
         task = request.target_task
         mapped = self.policy.task_map.get(task)
         if mapped is not None:
@@ -238,11 +241,12 @@ class Pipeline:
             record.note("task map", f"{task} -> {mapped}")
             task = mapped
         else:
-            record.rule = strategy.value if strategy is not Strategy.SEMANTIC_ROUTE else "exact_match"
+            record.rule = strategy._value_ if strategy is not Strategy.SEMANTIC_ROUTE else "exact_match"
             record.route_by = "exact"
         similarity: float | None = None
         alternates: list[tuple[str, float]] = []
-        if not self.registry.by_task(task) and mapped is None:
+        found = self.registry.by_task(task)
+        if not found and mapped is None:
             learned = self.learned_task(task, record.caller, record.reach_tasks)
             if learned is not None:
                 # Its own rule, so a learned route is told apart from the operator's task map.
@@ -253,9 +257,10 @@ class Pipeline:
                 # Before the search: a refusal by meaning is told by this rule too.
                 record.rule, record.route_by = "semantic_route", "meaning"
                 task, similarity, alternates = self._semantic(request, record)
-        if not self.registry.by_task(task):
+            found = self.registry.by_task(task)
+        if not found:
             raise UnknownTask(task, list(record.rejected))
-        return task, similarity, alternates
+        return task, similarity, alternates, found
 
     def _filter(
         self,

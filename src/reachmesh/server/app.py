@@ -149,7 +149,7 @@ class RouterApp:
         :mod:`.h1`, writes the answer). (status, body, extra headers), and what to call once
         the answer is written: the request's observers (trace line, metrics, store), so that
         their work is not in the caller's wait."""
-        denial = self.admit(Action.REACH, scope)
+        denial = self.admit(Action.REACH, scope, headers)
         if denial is not None:
             return self._denied(denial, reach=True, post_reach=True), None
         held: list[DecisionRecord] = []
@@ -244,10 +244,11 @@ class RouterApp:
         overloaded_s = self.parts.config.limits.retry_after_seconds
         await serve_stream(_with_retry_after(send, overloaded_s), receive, run, internal_error, scope)
 
-    def admit(self, action: Action, scope: Scope) -> Denial | None:
+    def admit(self, action: Action, scope: Scope, fields: dict[bytes, bytes] | None = None) -> Denial | None:
         """The gates before any body is read: a page on another site (:mod:`.origin`), then
-        credentials. Every way in (the Router's paths, the A2A face) passes both."""
-        denial = self.browser_gate.check(scope, self.parts.config.server)
+        credentials. Every way in (the Router's paths, the A2A face) passes both. ``fields``:
+        the request's headers as a dict, when the caller holds them so."""
+        denial = self.browser_gate.check(scope, self.parts.config.server, fields)
         if denial is not None:
             return denial
         return self.guard.check(action, scope)

@@ -244,6 +244,16 @@ class _LaneCycle:
 # lane's cycle holds its own): the one to stop when the caller's connection closes.
 CALL_TASK = "reach.call_task"
 
+# What a lane request's scope says beyond what uvicorn's on_message_begin put there (the
+# request line, as uvicorn's on_headers_complete would; the body is whole), in one update.
+_LANE_SCOPE: dict[str, Any] = {
+    "method": "POST",
+    "path": "/reach",
+    "raw_path": b"/reach",
+    "query_string": b"",
+    BODY_COMPLETE: True,
+}
+
 # "Internal Server Error", as uvicorn answers an application that raised.
 _ERROR_500 = b"content-type: text/plain; charset=utf-8\r\ncontent-length: 21\r\n"
 
@@ -295,9 +305,9 @@ class GuardedHttpTools(HttpToolsProtocol):
     __slots__ = (
         "_gone_app",
         "_head_bytes",
-        "_head_lines",
         "_head_timer",
         "_header_bytes",
+        "_idle_since",
         "_lane",
         "_lane_app",
         "_one_write",
@@ -309,11 +319,11 @@ class GuardedHttpTools(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._head_bytes = 0
-        self._head_lines = 0
         self._header_bytes = 0
         self._line_bytes = -1  # the request line's, once the parser has all of it
         self._reading_head = True
         self._refused = False
+        self._idle_since: float | None = None  # when the last response ended, while idle since
         self._head_timer: asyncio.TimerHandle | None = self.loop.call_later(
             self.header_timeout_s, self._head_too_slow
         )
@@ -336,6 +346,10 @@ class GuardedHttpTools(HttpToolsProtocol):
             if task is not None:
                 self._gone_app.callers_gone((task,))
         super().connection_lost(exc)
+        self._idle_since = None
+        if self.timeout_keep_alive_task is not None:  # a closed connection is held by no timer
+            self.timeout_keep_alive_task.cancel()
+            self.timeout_keep_alive_task = None
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
@@ -345,31 +359,39 @@ class GuardedHttpTools(HttpToolsProtocol):
         super().data_received(data)
         if self._lane is not None:
             self._leave_lane()  # the body is still coming: uvicorn's cycle reads the rest
-        # Still in the head after taking every byte so far: all of them were head bytes.
-        if self._reading_head and not self._refused and self._head_bytes > self.max_header_bytes:
-            self._refuse_head_size()
+        if self._reading_head and not self._refused:
+            # Still in the head after taking every byte so far: all of them were head bytes.
+            if self._head_bytes > self.max_header_bytes:
+                self._refuse_head_size()
+            elif self._head_timer is None:
+                # A head begun in this read and not finished in it (a timer still unarmed: an
+                # earlier read would have armed it). Armed here, not as each head begins: most
+                # heads end in the read that began them, and a timer made and cancelled per
+                # request was work for nothing.
+                self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_too_slow)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._lane = None
         self._reading_head = True
-        self._head_lines = 0
         self._header_bytes = 0
         self._line_bytes = -1
-        if self._head_timer is None:
-            self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_too_slow)
+        # The head's timer is armed by data_received if the head outlasts this read.
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if self._refused:
             return
-        lines = self._head_lines = self._head_lines + 1
-        if lines > self.max_headers:
+        # The lines so far are the headers kept (uvicorn empties the list per request, and a
+        # refused line ends the request): no counter of its own to keep per line.
+        headers = self.headers
+        lines = len(headers)
+        if not lines:  # the first header: the parser has the whole request line by now
+            self._line_bytes = self._request_line_bytes()
+        if lines >= self.max_headers:
             self._refuse(431, f"more than {self.max_headers} request headers")
             return
         # "Name: value\r\n"; checked per line, so a head that arrived in one read is bounded too.
         size = self._header_bytes = self._header_bytes + len(name) + len(value) + 4
-        if self._line_bytes < 0:
-            self._line_bytes = self._request_line_bytes()
         if self._line_bytes + size > self.max_header_bytes:
             self._refuse_head_size()
             return
@@ -377,7 +399,7 @@ class GuardedHttpTools(HttpToolsProtocol):
         name = name.lower()
         if name == b"expect" and value.lower() == b"100-continue":
             self.expect_100_continue = True
-        self.headers.append((name, value))
+        headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         if self._refused:
@@ -419,10 +441,44 @@ class GuardedHttpTools(HttpToolsProtocol):
             super().on_message_complete()
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
+        # uvicorn's own, written out but for its keep-alive timer: uvicorn makes one per response
+        # and cancels it at the next request's first bytes (a timer made and cancelled per call,
+        # about 2 us here); this keeps one per connection, which re-arms itself while requests
+        # come (see _keep_alive_due). The idle connection still closes timeout_keep_alive
+        # seconds after its last response.
+        self.server_state.total_requests += 1
         # The next head starts counting at its first byte (on_message_begin); until then the
         # client may still be sending the rest of a body the app already refused.
         self._head_bytes = 0
+        if self.transport.is_closing():
+            return
+        self._idle_since = None
+        self.flow.resume_reading()
+        if self.pipeline:  # a pipelined request waited behind this one: it runs now
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+            return
+        self._idle_since = self.loop.time()
+        if self.timeout_keep_alive_task is None:
+            self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self._keep_alive_due)
+
+    def _unset_keepalive_if_required(self) -> None:
+        # uvicorn calls it as each read arrives: the connection is no longer idle. Its timer
+        # stays, and finds that out when it fires.
+        self._idle_since = None
+
+    def _keep_alive_due(self) -> None:
+        """The keep-alive timer: close the connection if it has been idle for the whole
+        timeout, else wait for the rest of it (or, busy, for the next response to arm it)."""
+        self.timeout_keep_alive_task = None
+        idle_since = self._idle_since
+        if idle_since is None:
+            return
+        left = idle_since + self.timeout_keep_alive - self.loop.time()
+        if left > 0.001:
+            self.timeout_keep_alive_task = self.loop.call_later(left, self._keep_alive_due)
+            return
+        self.timeout_keep_alive_handler()
 
     # -- the lane: a POST /reach whose whole body arrives with its head -----------------------
     #
@@ -439,7 +495,12 @@ class GuardedHttpTools(HttpToolsProtocol):
         if isinstance(app, ProxyHeadersMiddleware):
             self._trusted = app.trusted_hosts
             app = app.app
-        self._lane_app = app if hasattr(app, "serve_whole") else None
+        # What rules the lane out for every request of the connection (a root path, an access
+        # log, a concurrency limit: the server's settings) is read here once, not per request.
+        lane = hasattr(app, "serve_whole") and not (
+            self.root_path or self.access_log or self.limit_concurrency is not None
+        )
+        self._lane_app = app if lane else None
         self._gone_app = _gone_listener(self.app)
 
     def _lane_headers(self) -> dict[bytes, bytes] | None:
@@ -447,10 +508,7 @@ class GuardedHttpTools(HttpToolsProtocol):
         if (
             self._lane_app is None
             or self.url != b"/reach"
-            or self.root_path
             or self.expect_100_continue
-            or self.access_log
-            or self.limit_concurrency is not None
             or (self.cycle is not None and not self.cycle.response_complete)
             or self.parser.get_method() != b"POST"
             or self.parser.get_http_version() != "1.1"
@@ -463,11 +521,12 @@ class GuardedHttpTools(HttpToolsProtocol):
         if not self._lane_app.takes_whole(headers):
             return None
         client = self.client
+        # The headers first: two dict lookups, where the trusted-host test is a Python call.
         if (
-            self._trusted is not None
+            (b"x-forwarded-for" in headers or b"x-forwarded-proto" in headers)
+            and self._trusted is not None
             and client is not None
             and client[0] in self._trusted
-            and (b"x-forwarded-for" in headers or b"x-forwarded-proto" in headers)
         ):
             return None  # the middleware would change the request's client: let it
         return headers
@@ -478,11 +537,7 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._lane = None
         body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         scope = self.scope
-        scope["method"] = "POST"
-        scope["path"] = "/reach"
-        scope["raw_path"] = b"/reach"
-        scope["query_string"] = b""
-        scope[BODY_COMPLETE] = True  # type: ignore[literal-required]
+        scope.update(_LANE_SCOPE)  # type: ignore[typeddict-item]
         cycle = _LaneCycle(self, self.parser.should_keep_alive())
         self.cycle = cycle  # type: ignore[assignment]
         serve = self._lane_app.serve_whole  # type: ignore[union-attr]

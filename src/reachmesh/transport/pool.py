@@ -157,6 +157,7 @@ class _Conn(asyncio.Protocol):
         "_pool",
         "_read_s",
         "_timer",
+        "_timer_at",
         "_waiter",
         "closed",
         "exchanges",
@@ -180,6 +181,7 @@ class _Conn(asyncio.Protocol):
         self._waiter: asyncio.Future[Answer] | None = None
         self._poller: select.poll | None = None  # for alive(), made at its first use
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0  # when _timer fires
         self._last_read = 0.0
         self._head_due = 0.0
         self._read_s = 0.0
@@ -211,6 +213,7 @@ class _Conn(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._ended(exc)
+        self._stop_timer()
         self.closed = True
         self._pool.forget(self)
 
@@ -262,7 +265,13 @@ class _Conn(asyncio.Protocol):
         # The whole head within read_s of the request: an agent dripping header bytes cannot
         # hold the attempt open by re-arming the read timeout with each byte.
         self._head_due = min(now + read_s, hard)
-        self._timer = loop.call_at(self._head_due, self._on_timer)
+        # A timer left by an earlier exchange that fires no later serves this one too (it re-arms
+        # itself up to the real deadline): no timer made and cancelled per exchange.
+        timer = self._timer
+        if timer is None or self._timer_at > self._head_due:
+            if timer is not None:
+                timer.cancel()
+            self._arm(self._head_due)
         try:
             return await waiter
         finally:
@@ -271,13 +280,20 @@ class _Conn(asyncio.Protocol):
                 self._reset()
                 self._close()
 
+    def _arm(self, due: float) -> None:
+        self._timer = self._loop.call_at(due, self._on_timer)
+        self._timer_at = due
+
     def _on_timer(self) -> None:
-        # One timer per exchange: re-armed lazily from the last read rather than reset on each.
+        # One timer per connection: re-armed lazily from the last read rather than reset on each,
+        # and kept from one exchange to the next.
         self._timer = None
+        if self._waiter is None:
+            return  # idle since: the timer of an exchange that ended, its last firing
         # The head has one deadline; the body's is re-armed from each read.
         due = min(self._last_read + self._read_s, self._hard) if self.reader.head_done else self._head_due
         if self._loop.time() + 0.0005 < due:
-            self._timer = self._loop.call_at(due, self._on_timer)
+            self._arm(due)
             return
         # Which deadline this was decides what the caller is told: the read timeout, or the
         # attempt's ceiling when it came first.
@@ -289,11 +305,13 @@ class _Conn(asyncio.Protocol):
             return
         reusable = not self.closed and self.reader.reusable
         answer = self.reader.answer()
-        self._reset()
-        waiter.set_result(answer)
         if reusable:
+            self._waiter = None  # its timer stays, for the next exchange (see exchange)
+            waiter.set_result(answer)
             self._pool.release(self)
         else:
+            self._reset()
+            waiter.set_result(answer)
             self._close()
 
     def _fail(self, exc: BaseException) -> None:
@@ -305,6 +323,9 @@ class _Conn(asyncio.Protocol):
 
     def _reset(self) -> None:
         self._waiter = None
+        self._stop_timer()
+
+    def _stop_timer(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -337,6 +358,7 @@ class _Conn(asyncio.Protocol):
         self._fail(BrokenBody(why) if self.reader.head_done else Disconnected(why))
 
     def _close(self) -> None:
+        self._stop_timer()  # a closed connection is held by no timer
         if not self.closed:
             self.closed = True
             self._pool.forget(self)
