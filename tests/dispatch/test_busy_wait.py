@@ -48,3 +48,26 @@ async def test_a_busy_wait_and_its_held_slot_run_on_the_routers_clock() -> None:
     assert [a["outcome"] for a in answer["attempts"]][-1] == "SUCCESS"
     assert len(agent.received) == 2
     await until(lambda: parts.capacity.inflight("a") == 0, "the held slot given back")
+
+
+async def test_the_pause_before_a_same_agent_retry_runs_on_the_routers_clock() -> None:
+    """``retries.backoff_ms`` before a retry of the same agent: asleep on the Router's clock,
+    so the deadline it is cut to and the pause read one time (it slept on the loop's before)."""
+    clock = ManualClock()
+    fake = FakeTransport(clock)
+    policy = {"embedding": {"backend": "none"}, "retries": {"same_agent": 1, "backoff_ms": 5_000}}
+    parts = RouterParts.build(RouterConfig.model_validate(policy), transport=fake, clock=clock)
+    url = "http://a.test:80/reach"
+    body = {"id": "a", "network": {"endpoint": url}, "capabilities": [{"task": "echo"}]}
+    await parts.registry.register(AgentProfile.model_validate(body))
+    agent = fake.endpoint(url, default=Answer({"ok": True})).then("refused")
+    envelope = {"targetTask": "echo", "preferences": {"timeoutMs": 30_000}}
+    call = asyncio.ensure_future(parts.dispatcher.handle(orjson.dumps(envelope)))
+    await until(lambda: clock.sleeping == 1, "the pause before the retry, on the clock")
+    assert len(agent.received) == 1 and not call.done()  # the refused try, and no retry yet
+    clock.advance(5 * 1.5)  # the pause and its largest jitter
+    status, answer_body = await asyncio.wait_for(call, scaled(10))
+    answer = orjson.loads(answer_body)
+    assert (status, answer["status"]) == (200, "SUCCESS"), answer
+    assert len(answer["attempts"]) == 2 and answer["attempts"][-1]["outcome"] == "SUCCESS", answer
+    assert len(agent.received) == 2

@@ -32,7 +32,10 @@ class Rig:
     def __init__(self, **policy: Any) -> None:
         self.clock = ManualClock()
         self.fake = FakeTransport(self.clock)
-        config = RouterConfig.model_validate({"embedding": {"backend": "none"}, **policy})
+        # The pause before a same-agent retry sleeps on this clock, which only moves when a test
+        # says so: none here unless a test asks for one (tests/dispatch/test_busy_wait.py does).
+        base = {"embedding": {"backend": "none"}, "retries": {"backoff_ms": 0}}
+        config = RouterConfig.model_validate({**base, **policy})
         self.parts = RouterParts.build(config, transport=self.fake, clock=self.clock)
 
     async def agent(self, agent_id: str, task: str = "echo", **settings: Any) -> Any:

@@ -274,7 +274,8 @@ class AttemptRun:
             self._check_deadline()
             if self._may_retry_same(exc, same_agent_left, choice):
                 same_agent_left -= 1
-                await backoff(self.parts.config.retries.backoff_ms, self.deadline.remaining_ms())
+                parts = self.parts
+                await backoff(parts.clock, parts.config.retries.backoff_ms, self.deadline.remaining_ms())
                 continue
             self.record.reject(choice.entry.id, exc.reason, choice.score, self.task)
             self.last_failure = (choice.entry.id, exc.reason)
@@ -600,11 +601,12 @@ def wait_cut_short(took_ms: float, slot_ms: float, pool_ms: float, read_ms: floa
     return slot_ms + pool_ms > 0 and agent_ms < read_ms - 1.0 <= agent_ms + slot_ms + pool_ms
 
 
-async def backoff(base_ms: float, remaining_ms: float) -> None:
-    """The pause before a same-agent retry: ``base_ms`` jittered by half, within the deadline."""
+async def backoff(clock: Clock, base_ms: float, remaining_ms: float) -> None:
+    """The pause before a same-agent retry: ``base_ms`` jittered by half, within the deadline,
+    on the Router's clock, as the deadline it is cut to is."""
     if base_ms > 0:
         wait_ms = min(base_ms * _jitter.uniform(0.5, 1.5), max(remaining_ms, 0.0))
-        await asyncio.sleep(wait_ms / 1000.0)
+        await clock.sleep(wait_ms / 1000.0)
 
 
 def _sent_unknown(exc: AttemptError) -> bool:
