@@ -11,9 +11,10 @@ Four paths are driven by wrk against one agent process (bench/fast_agent.py):
 For each it reports requests/s at c32, p50/p99 latency at c1 and c32, and the forwarder's CPU
 time per request; then the Router's RSS across a long run, and PASS/MISS against the targets:
 
-* router req/s at c32 / baseline req/s at c32 >= 0.7
-* added p50 at c1 (router - direct) <= 0.2 ms
-* tracing+metrics overhead: router req/s at c32 / router-bare req/s at c32 >= 0.90
+* router req/s at c32 / baseline req/s at c32 >= 1.2
+* added p50 at c1 (router - direct) <= 0.15 ms, and no more than the baseline adds
+* p99 at c32 no higher than the baseline's
+* tracing+metrics overhead: router req/s at c32 / router-bare req/s at c32 >= 0.95
 * the Router's RSS flat (within --memory-tolerance-mib) across --memory-requests requests
 
 Both Routers and the proxy share one core (only one of them is loaded at a time); with
@@ -64,11 +65,13 @@ PROFILE_CAPABILITIES = [{"task": "echo", "input_schema": {"n": "integer"}}]
 LEASE_TTL_S = 3600
 MIB = 1024 * 1024
 
-# Targets the Router is held to.
-MIN_THROUGHPUT_RATIO = 0.7
-MAX_ADDED_P50_MS = 0.2
+# Targets the Router is held to (issue #39): with every default on, more requests at c32 than
+# the minimal proxy, little added at c1 and never more than the proxy adds, and a tail at c32 no
+# longer than the proxy's.
+MIN_THROUGHPUT_RATIO = 1.2
+MAX_ADDED_P50_MS = 0.15
 # router req/s over router-bare req/s at c32: what tracing and metrics may cost together.
-MIN_TRACING_METRICS_RATIO = 0.90
+MIN_TRACING_METRICS_RATIO = 0.95
 # The policy that switches them off, on top of the one both Routers share.
 BARE_POLICY = "tracing:\n  enabled: false\nmetrics:\n  enabled: false\n"
 # router-auth req/s over router req/s at c32: what checking a bearer token on every call costs.
@@ -428,9 +431,17 @@ class Bench:
             },
             "added_p50_c1_ms": {
                 "value": round(added_router, 3),
-                "target": f"<= {MAX_ADDED_P50_MS}",
-                "pass": added_router <= MAX_ADDED_P50_MS and router.c1.errors == 0,
+                "target": f"<= {MAX_ADDED_P50_MS} and <= the baseline's ({added_baseline:.3f})",
+                "pass": added_router <= MAX_ADDED_P50_MS
+                and added_router <= added_baseline
+                and router.c1.errors == 0,
                 "failed_requests": router.c1.errors,
+            },
+            "p99_c32_ms": {
+                "value": router.c32.p99_ms,
+                "target": f"<= the baseline's ({baseline.c32.p99_ms})",
+                "pass": router.c32.p99_ms <= baseline.c32.p99_ms and router.c32.errors == 0,
+                "failed_requests": router.c32.errors,
             },
             "tracing_metrics_ratio_c32": {
                 "value": round(observability_ratio, 3),
@@ -529,8 +540,10 @@ class Bench:
             "Targets",
             f"  Router/baseline req/s at c{c}: {ratio:.2f}  (target >= {MIN_THROUGHPUT_RATIO})"
             f"  {verdict(targets['throughput_ratio_c32'])}",
-            f"  added p50 at c1 (router - direct): {added_router:.3f} ms  (target <= {MAX_ADDED_P50_MS} ms)"
-            f"  {verdict(targets['added_p50_c1_ms'])}",
+            f"  added p50 at c1 (router - direct): {added_router:.3f} ms  (target <= {MAX_ADDED_P50_MS} ms"
+            f" and <= the baseline's {added_baseline:.3f} ms)  {verdict(targets['added_p50_c1_ms'])}",
+            f"  p99 at c{c}: router {router.c32.p99_ms:.2f} ms  (target <= the baseline's "
+            f"{baseline.c32.p99_ms:.2f} ms)  {verdict(targets['p99_c32_ms'])}",
             f"  tracing+metrics overhead: router req/s at c{c} / router-bare req/s at c{c} = "
             f"{observability_ratio:.2f} (target >= {MIN_TRACING_METRICS_RATIO:.2f})"
             f"  {verdict(targets['tracing_metrics_ratio_c32'])}",
