@@ -56,3 +56,61 @@ async def test_another_clients_call_is_not_served_behind_one_clients_whole_queue
             await hog.aclose()
             await fair.aclose()
             await agent.stop()
+
+
+def _client(router: RouterServer, address: str) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        base_url=router.url, timeout=scaled(60), transport=httpx.AsyncHTTPTransport(local_address=address)
+    )
+
+
+async def test_one_client_standing_the_whole_queue_gives_way_to_another_clients_call() -> None:
+    """Found by a user's probe (round 50): one client whose calls filled the whole queue bound
+    left every other client answered 429 until its calls left. Now the other client's call takes
+    the place of the hog's newest waiter, which is answered at once: a whole ReachResponse, 429
+    OVERLOADED with Retry-After, saying it was displaced. Nothing is charged to the agent."""
+    config = RouterConfig.model_validate(
+        {
+            "embedding": {"backend": "none"},
+            "health": {"enabled": False},
+            "limits": {"loop_lag_ms": 10_000, "max_queued_per_agent": 5},
+        }
+    )
+    async with RouterServer(config) as router:
+        release = asyncio.Event()
+        agent = FakeAgent("full-line", tasks=("slow",), hold=release, max_concurrency=1)
+        await agent.start()
+        hog, fair = _client(router, "127.0.0.2"), _client(router, "127.0.0.3")
+        board = router.app.parts.capacity
+        try:
+            assert (await hog.post("/agents", json=agent.profile())).status_code == 201
+            body = {"targetTask": "slow", "preferences": {"timeoutMs": 60_000}}
+            hogs = []
+            for n in range(6):  # one in flight, five waiting: the whole bound, in order
+                hogs.append(asyncio.create_task(hog.post("/reach", json={**body, "payload": {"who": n}})))
+                await until(lambda: board.inflight("full-line") + board.queued("full-line") == len(hogs))
+            refused = await hog.post("/reach", json={**body, "payload": {"who": "7th"}})
+            assert refused.status_code == 429  # the hog holds the most: refused, as before
+            mine = asyncio.create_task(fair.post("/reach", json={**body, "payload": {"who": "fair"}}))
+            out = await asyncio.wait_for(hogs[5], scaled(10))  # answered at once, nothing released
+            assert not release.is_set() and board.queued("full-line") == 5
+            assert out.status_code == 429 and int(out.headers["Retry-After"]) >= 1
+            answer = out.json()
+            assert answer["status"] == "OVERLOADED" and answer["traceId"]
+            assert answer["error"]["code"] == "OVERLOADED" and answer["error"]["retryAfterSeconds"] >= 1
+            assert "displaced by another client's call" in answer["error"]["message"]
+            release.set()
+            answers = await asyncio.gather(mine, *hogs[:5])
+            assert [a.status_code for a in answers] == [200] * 6
+            assert [r["payload"]["who"] for r in agent.received].index("fair") <= 2
+            assert len(agent.received) == 6  # the displaced call never reached the agent
+            view = (await hog.get("/admin/agents/full-line")).json()
+            assert view["circuit"] == "closed" and view["stats"]["successRate"] == 1.0, view
+            metrics = (await hog.get("/metrics")).text
+            shed = [line for line in metrics.splitlines() if 'status="OVERLOADED"' in line]
+            assert shed and shed[0].endswith(" 2.0"), shed  # the 7th refused, the 6th displaced
+        finally:
+            release.set()
+            await hog.aclose()
+            await fair.aclose()
+            await agent.stop()
