@@ -99,6 +99,10 @@ async def test_one_client_standing_the_whole_queue_gives_way_to_another_clients_
             assert answer["status"] == "OVERLOADED" and answer["traceId"]
             assert answer["error"]["code"] == "OVERLOADED" and answer["error"]["retryAfterSeconds"] >= 1
             assert "displaced by another client's call" in answer["error"]["message"]
+            (hop,) = (await hog.get(f"/admin/traces/{answer['traceId']}")).json()["hops"]
+            (rejected,) = hop["decision"]["rejected"]
+            assert (rejected["agentId"], rejected["reason"]) == ("full-line", "at_capacity")
+            assert "displaced" in rejected["message"] and hop["status"] == "OVERLOADED", hop
             release.set()
             answers = await asyncio.gather(mine, *hogs[:5])
             assert [a.status_code for a in answers] == [200] * 6
