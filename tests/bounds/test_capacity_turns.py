@@ -9,6 +9,7 @@ when it came, or the one after.
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 
 import httpx
 
@@ -118,3 +119,51 @@ async def test_one_client_standing_the_whole_queue_gives_way_to_another_clients_
             await hog.aclose()
             await fair.aclose()
             await agent.stop()
+
+
+async def test_an_async_call_waiting_at_a_full_agent_gives_way_too_and_its_result_says_so() -> None:
+    """mode async: the hog's jobs wait for the agent as its client's calls; the newest is
+    displaced by the fair client's call, and its stored result is that whole OVERLOADED answer."""
+    config = RouterConfig.model_validate(
+        {
+            "embedding": {"backend": "none"},
+            "health": {"enabled": False},
+            "limits": {"loop_lag_ms": 10_000, "max_queued_per_agent": 3},
+        }
+    )
+    async with RouterServer(config) as router:
+        release = asyncio.Event()
+        agent = FakeAgent("async-line", tasks=("slow",), hold=release, max_concurrency=1)
+        await agent.start()
+        hog, fair = _client(router, "127.0.0.2"), _client(router, "127.0.0.3")
+        board = router.app.parts.capacity
+        try:
+            assert (await hog.post("/agents", json=agent.profile())).status_code == 201
+            prefs = {"timeoutMs": 60_000, "mode": "async"}
+            traces = []
+            for n in range(4):  # one in flight, three waiting: the whole bound
+                body = {"targetTask": "slow", "payload": {"who": n}, "preferences": prefs}
+                accepted = await hog.post("/reach", json=body)
+                assert accepted.status_code == 202
+                traces.append(accepted.json()["traceId"])
+                await until(lambda: board.inflight("async-line") + board.queued("async-line") == len(traces))
+            body = {"targetTask": "slow", "payload": {"who": "fair"}, "preferences": {"timeoutMs": 60_000}}
+            mine = asyncio.create_task(fair.post("/reach", json=body))
+            result = await until(partial(_finished, hog, traces[3]), "the newest job's result")
+            assert result.status_code == 429 and result.json()["status"] == "OVERLOADED"
+            assert "displaced by another client's call" in result.json()["error"]["message"]
+            release.set()
+            assert (await mine).status_code == 200
+            for trace in traces[:3]:
+                done = await until(partial(_finished, hog, trace), "a job's result")
+                assert done.status_code == 200
+        finally:
+            release.set()
+            await hog.aclose()
+            await fair.aclose()
+            await agent.stop()
+
+
+async def _finished(http: httpx.AsyncClient, trace_id: str) -> httpx.Response | None:
+    answer = await http.get(f"/reach/{trace_id}")
+    return None if answer.status_code == 202 else answer
