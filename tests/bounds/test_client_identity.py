@@ -20,6 +20,7 @@ import pytest
 
 from reachmesh.config import RouterConfig
 from reachmesh.exceptions import ConfigError
+from reachmesh.server.app import RouterApp
 from reachmesh.testing import FakeAgent, RouterServer
 from tests.helpers import scaled, until
 
@@ -169,3 +170,51 @@ async def test_with_auth_on_the_token_is_the_client_whatever_the_address_or_head
 def test_a_trusted_proxy_is_an_address_or_a_network(entry: str) -> None:
     with pytest.raises((ConfigError, ValueError)):
         _config(server={"trusted_proxies": [entry]})
+
+
+def _peer_from_header(app: Any) -> Any:
+    """What is served: ``app`` behind a stand-in for the network, giving each request the peer
+    address its test header names (an IPv6 caller's, which loopback cannot give)."""
+
+    async def served(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        for name, value in scope.get("headers", ()):
+            if name == b"x-test-peer":
+                scope = {**scope, "client": (value.decode(), 40_000)}
+        await app(scope, receive, send)
+
+    return served
+
+
+async def test_an_ipv6_caller_is_one_client_for_its_whole_64() -> None:
+    """Found by the probe: with auth off each IPv6 address was a client, and a caller holds a whole
+    /64 (SLAAC and privacy addresses): twelve calls from twelve addresses of one /64 were twelve
+    clients, each with a turn before another caller's call. The /64 is the client now."""
+    async with RouterServer(_config(), middleware=_peer_from_header) as router:
+        hog, fair = _client(router, "127.0.0.2"), _client(router, "127.0.0.3")
+        try:
+            calls = [(hog, {"X-Test-Peer": f"2001:db8:1:2::{n + 1:x}"}) for n in range(CALLS)]
+            place = await _fair_place(router, calls, (fair, {"X-Test-Peer": "2001:db8:1:3::1"}))
+        finally:
+            await hog.aclose()
+            await fair.aclose()
+    assert place <= 2, place
+
+
+@pytest.mark.parametrize(
+    ("one", "other", "same"),
+    [
+        ("2001:db8:1:2::1", "2001:db8:1:2:aaaa:bbbb:cccc:dddd", True),
+        ("2001:db8:1:2::1", "2001:db8:1:3::1", False),
+        ("::ffff:192.0.2.1", "::ffff:192.0.2.2", False),  # IPv4 on a dual-stack socket: per address
+        ("::ffff:192.0.2.1", "192.0.2.1", True),
+        ("::1", "::1", True),
+        ("192.0.2.1", "192.0.2.2", False),
+    ],
+)
+def test_which_peer_addresses_are_one_client(one: str, other: str, same: bool) -> None:
+    app = RouterApp(_config())
+
+    def key(address: str) -> str:
+        return app.client_key({"type": "http", "client": (address, 1)})
+
+    assert (key(one) == key(other)) is same, (key(one), key(other))
