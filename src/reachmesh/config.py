@@ -8,6 +8,7 @@ Unknown keys are an error here (unlike on the wire): a typo in a policy must not
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import os
 import typing
 from typing import Annotated, Any, Literal
@@ -69,6 +70,28 @@ class ServerPolicy(_Section):
     allowed_origins: Annotated[
         list[Annotated[str, Field(min_length=1, max_length=2048)]], Field(max_length=256)
     ] = []
+
+    # The reverse proxies (addresses or networks) whose X-Forwarded-For names the caller, and so
+    # the client the per-client limits and the turns at a full agent count with auth off. No
+    # other caller's header is read (one could name itself a new client on each call): not the
+    # FORWARDED_ALLOW_IPS of the environment, which uvicorn would read, and never "*" or a /0,
+    # with which the first address of the header, the one the caller writes, is taken. Read at
+    # start. The default is the loopback pair, where a proxy on the Router's host connects from.
+    trusted_proxies: Annotated[
+        list[Annotated[str, Field(min_length=1, max_length=64)]], Field(max_length=256)
+    ] = ["127.0.0.1", "::1"]
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxy_addresses(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            try:
+                network = ipaddress.ip_network(entry.strip(), strict=False)
+            except ValueError as exc:
+                raise ValueError(f"{entry!r} is not an IP address or network (10.0.0.0/24)") from exc
+            if network.prefixlen == 0:
+                raise ValueError(f"{entry!r} would trust every caller to name its own address")
+        return [entry.strip() for entry in value]
 
     @field_validator("allowed_hosts")
     @classmethod

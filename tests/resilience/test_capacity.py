@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from reachmesh.resilience.capacity import CapacityBoard
+from reachmesh.resilience.capacity import CapacityBoard, Displaced
 from tests.helpers import scaled, until
 
 
@@ -186,3 +186,121 @@ async def test_a_raised_capacity_wakes_waiters_in_turn() -> None:
     assert not waiters[1].done() and board.inflight("a") == 3
     board.give("a")
     await asyncio.wait_for(waiters[1], scaled(5))
+
+
+# -- a full queue: the client holding the most gives way (round 50) ---------------------------
+
+
+def _outcome(waiter: asyncio.Future[float]) -> str:
+    if not waiter.done():
+        return "waiting"
+    if waiter.cancelled():
+        return "cancelled"
+    exc = waiter.exception()
+    return "served" if exc is None else type(exc).__name__
+
+
+async def test_a_full_queue_makes_room_for_another_client_by_displacing_the_newest_of_the_most() -> None:
+    """Client A stands the whole line (3 of 3). B's call is not refused: A's newest waiter is
+    answered at once (Displaced, a LookupError: nothing held), and B's call takes its place."""
+    board = CapacityBoard(max_queued=3)
+    far = asyncio.get_running_loop().time() + scaled(30)
+    await board.take("a", 1, far, "A")
+    a = await _line_up(board, ["A", "A", "A"], far)
+    assert board.queue_full("a", 1, "A") and not board.queue_full("a", 1, "B")
+    b = asyncio.ensure_future(board.take("a", 1, far, "B"))
+    await until(lambda: a[2].done(), "A's newest displaced")
+    with pytest.raises(Displaced) as caught:
+        a[2].result()
+    assert isinstance(caught.value, LookupError) and caught.value.agent_id == "a"
+    assert [_outcome(w) for w in a[:2]] == ["waiting", "waiting"]
+    assert board.queued("a") == 3 and board.waiting("a") == 3 and board.inflight("a") == 1
+    assert await _served(board, [a[0], b, a[1]]) == [0, 1, 2]  # B in its turn, A first come first
+    board.give("a")
+    assert board._agents == {}
+
+
+async def test_a_client_holding_the_most_tied_or_one_fewer_is_refused_as_before() -> None:
+    """A and B hold 2 each of 4: neither displaces the other (tied). With A 2 and B 1 of 3, B is
+    refused too: taking A's place would only make B the one holding the most, and A's next call
+    would take it back (a call answered 429 each time, no share made fairer)."""
+    board = CapacityBoard(max_queued=4)
+    far = asyncio.get_running_loop().time() + scaled(30)
+    await board.take("a", 1, far, "A")
+    waiters = await _line_up(board, ["A", "A", "B", "B"], far)
+    for client in ("A", "B"):
+        assert board.queue_full("a", 1, client)
+        with pytest.raises(LookupError) as caught:
+            await board.take("a", 1, far, client)
+        assert not isinstance(caught.value, Displaced)
+    assert [_outcome(w) for w in waiters] == ["waiting"] * 4
+    board.max_queued = 3
+    waiters[3].cancel()
+    await until(lambda: board.queued("a") == 3, "B's second gone")
+    with pytest.raises(LookupError):
+        await board.take("a", 1, far, "B")
+    assert [_outcome(w) for w in waiters[:3]] == ["waiting"] * 3
+
+
+async def test_among_clients_tied_for_the_most_the_one_that_came_to_it_last_gives_way() -> None:
+    """A and B hold 2 each of 4, B's second arriving last: C's call displaces B's newest, then
+    D's call A's (now the only one holding 2); then each holds one, and E is refused."""
+    board = CapacityBoard(max_queued=4)
+    far = asyncio.get_running_loop().time() + scaled(30)
+    await board.take("a", 1, far, "A")
+    waiters = await _line_up(board, ["A", "B", "A", "B"], far)
+    c = asyncio.ensure_future(board.take("a", 1, far, "C"))
+    await until(lambda: waiters[3].done(), "B's newest displaced")
+    d = asyncio.ensure_future(board.take("a", 1, far, "D"))
+    await until(lambda: waiters[2].done(), "A's newest displaced")
+    assert [_outcome(w) for w in waiters] == ["waiting", "waiting", "Displaced", "Displaced"]
+    with pytest.raises(LookupError):
+        await board.take("a", 1, far, "E")
+    assert await _served(board, [waiters[0], waiters[1], c, d]) == [0, 1, 2, 3]
+
+
+async def test_a_displaced_waiter_cancelled_before_it_runs_holds_and_hands_on_nothing() -> None:
+    """Displaced, then its caller goes before the waiter runs: it ends cancelled, gives back no
+    slot it never had (in flight stays 1) and leaves the count once (queued stays at the bound)."""
+    board = CapacityBoard(max_queued=2)
+    far = asyncio.get_running_loop().time() + scaled(30)
+    await board.take("a", 1, far, "A")
+    a = await _line_up(board, ["A", "A"], far)
+    b = asyncio.ensure_future(board.take("a", 1, far, "B"))
+    # Run after B's call displaces A's newest and before that waiter wakes (callbacks in order).
+    asyncio.get_running_loop().call_soon(a[1].cancel)
+    with pytest.raises(asyncio.CancelledError):
+        await a[1]
+    assert board.inflight("a") == 1 and board.queued("a") == 2
+    assert await _served(board, [a[0], b]) == [0, 1]
+    board.give("a")
+    assert board._agents == {}
+
+
+async def test_a_queue_given_room_by_a_raised_capacity_displaces_nobody() -> None:
+    """The call that finds the line full also brings a raised capacity (a re-registration): the
+    slots that frees go to the first waiters in turn first, and the call joins the line without
+    displacing anybody. A waiter is never both handed a slot and displaced."""
+    board = CapacityBoard(max_queued=3)
+    far = asyncio.get_running_loop().time() + scaled(30)
+    await board.take("a", 1, far, "A")
+    a = await _line_up(board, ["A", "A", "A"], far)
+    b = asyncio.ensure_future(board.take("a", 2, far, "B"))
+    await until(lambda: a[0].done(), "A's first handed the raised slot")
+    await queued(board, "a", 3)
+    assert [_outcome(w) for w in a] == ["served", "waiting", "waiting"] and not b.done()
+    assert board.inflight("a") == 2
+
+
+async def test_retry_after_counts_the_callers_place_in_the_turns_not_the_whole_line() -> None:
+    """Capacity 1 and 1 s a call; A has 6 waiting, B 1. A new call of A's is served after all 7
+    (8 s); B's after one more of A's and its own first (place 4, 4 s); a new client's after one
+    of each (place 3, 3 s). The whole line, as before, said 8 s to all three."""
+    board = CapacityBoard()
+    far = asyncio.get_running_loop().time() + scaled(30)
+    await board.take("a", 1, far, "A")
+    await _line_up(board, ["A"] * 6 + ["B"], far)
+    assert board.retry_after_s("a", 1000.0, 1, "A") == 8
+    assert board.retry_after_s("a", 1000.0, 1, "B") == 4
+    assert board.retry_after_s("a", 1000.0, 1, "C") == 3
+    assert board.retry_after_s("idle", 1000.0, 1, "C") == 1

@@ -47,7 +47,7 @@ from reachmesh.exceptions import (
 from reachmesh.protocol import UNKNOWN_TASK, CandidateReason, ReachRequest
 from reachmesh.resilience.affinity import AffinityTable
 from reachmesh.resilience.breaker import BreakerBoard, BreakerState, Permit
-from reachmesh.resilience.capacity import CapacityBoard
+from reachmesh.resilience.capacity import CapacityBoard, Displaced
 from reachmesh.resilience.retry import RetryBudget
 from reachmesh.resilience.timeouts import Deadline, Timeout
 from reachmesh.routing.base import Choice
@@ -196,7 +196,7 @@ class AttemptRun:
         if reason is not None:
             record.reject(agent_id, reason, choice.score, self.task)
             return False
-        if self.parts.capacity.queue_full(agent_id, choice.entry.profile.max_concurrency):
+        if self.parts.capacity.queue_full(agent_id, choice.entry.profile.max_concurrency, record.client):
             record.reject(agent_id, CandidateReason.AT_CAPACITY, choice.score, self.task)
             return False
         permit, change = self.parts.breakers.acquire(agent_id, self.task)
@@ -345,8 +345,8 @@ class AttemptRun:
             waited = await capacity.take(
                 agent_id, choice.entry.profile.max_concurrency, due, self.record.client
             )
-        except LookupError:
-            return PoolTimeout(f"{agent_id} is full and so is its queue")
+        except LookupError as exc:
+            return queue_refusal(self, choice, exc)
         except TimeoutError as exc:
             self._release_probe(agent_id)
             self.record.queue_wait_ms += (self.parts.clock.monotonic() - began) * 1000
@@ -564,14 +564,40 @@ def record_cut(
 
 def _overloaded_retry_after(run: AttemptRun) -> int:
     """When a caller turned away from full agents should come back: the soonest estimate of the
-    agents it found full (resilience.capacity.retry_after_estimate), not a fixed figure."""
-    parts = run.parts
+    agents it found full, for the caller's place in their turns
+    (resilience.capacity.retry_after_estimate), not a fixed figure."""
+    parts, client = run.parts, run.record.client
     policy_s = parts.config.limits.retry_after_seconds
     estimates = [
-        parts.capacity.retry_after_s(agent_id, parts.stats.merit(agent_id)[1], policy_s)
+        parts.capacity.retry_after_s(agent_id, parts.stats.merit(agent_id)[1], policy_s, client)
         for agent_id in {c["agentId"] for c in run.record.rejected}
     ]
     return min(estimates, default=policy_s)
+
+
+def queue_refusal(run: AttemptRun, choice: Choice, exc: LookupError) -> PoolTimeout:
+    """A full agent's queue that had no place for the call: PoolTimeout (the next candidate is
+    tried), or, for a call whose place another client's call took (its client held the most of
+    the line), OVERLOADED at once, the agent listed ``at_capacity`` with why. Either way nothing
+    was sent, and nothing is charged to the agent."""
+    agent_id = choice.entry.id
+    if not isinstance(exc, Displaced):
+        return PoolTimeout(f"{agent_id} is full and so is its queue")
+    run._release_probe(agent_id)
+    record = run.record
+    waited_ms = exc.waited_s * 1000
+    record.queue_wait_ms += waited_ms
+    record.note("slot wait", f"{agent_id}, displaced after {waited_ms:.0f}ms by another client's call")
+    reason = (
+        f"this call waited {waited_ms:.0f} ms for a slot at {agent_id}, whose queue is full, and was "
+        "displaced by another client's call: its client had the most calls waiting there; nothing "
+        "was sent to the agent"
+    )
+    record.reject(agent_id, CandidateReason.AT_CAPACITY, choice.score, run.task, message=reason)
+    parts = run.parts
+    service_ms, policy_s = parts.stats.merit(agent_id)[1], parts.config.limits.retry_after_seconds
+    retry_after_s = parts.capacity.retry_after_s(agent_id, service_ms, policy_s, record.client)
+    raise Overloaded(reason, retry_after_s=retry_after_s) from exc
 
 
 def attempt_verdict(exc: AttemptError | None) -> bool | None:

@@ -2,12 +2,15 @@
 
 An agent that declares ``max_concurrency`` (PROTOCOL §15) never has more than that in flight from
 this Router. A request that finds it full waits here, within its deadline; at most
-``limits.max_queued_per_agent`` wait per agent, and past that the agent is skipped (reason
-``at_capacity``). The line is first come first served within each client, and the clients with
-someone waiting take turns: one client's twenty waiting calls do not put another's twenty-first
-(a single client sees exactly first come first served). Agents without a declared capacity are
-counted too, for the load-aware choice and the gauges, but never wait here: the transport's pool
-bounds their connections.
+``limits.max_queued_per_agent`` wait per agent. The line is first come first served within each
+client, and the clients with someone waiting take turns: one client's twenty waiting calls do not
+put another's twenty-first (a single client sees exactly first come first served). When the line
+is full, a call of a client that holds at least two fewer of it than the client holding the most
+takes the place of that client's newest waiter, which is answered at once (:class:`Displaced`);
+any other call finds the agent skipped (reason ``at_capacity``). So one client cannot stand the
+whole line and leave every other client refused. Agents without a declared capacity are counted
+too, for the load-aware choice and the gauges, but never wait here: the transport's pool bounds
+their connections.
 
 Waiting is the Router's own business: the breaker and the success rate never hear of it.
 """
@@ -15,7 +18,6 @@ Waiting is the Router's own business: the breaker and the success rate never hea
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 from collections import deque
 from collections.abc import Iterator
@@ -30,16 +32,26 @@ UNDECLARED_SHARE_BASE = 1024
 MAX_ESTIMATED_RETRY_AFTER_S = 60
 
 
-def retry_after_estimate(queued: int, capacity: int | None, service_ms: float | None, policy_s: int) -> int:
+def retry_after_estimate(ahead: int, capacity: int | None, service_ms: float | None, policy_s: int) -> int:
     """Whole seconds until a caller turned away from a full agent would have been served had it
-    waited: the agent's recent service time for each round of ``capacity`` requests ahead of it
-    (the ``queued`` ones and itself), ``ceil(service_s * (queued + 1) / capacity)``, within
-    [1, max(``policy_s``, :data:`MAX_ESTIMATED_RETRY_AFTER_S`)]. ``policy_s``
+    waited: the agent's recent service time for each round of ``capacity`` requests it would
+    be served with (the ``ahead`` ones and itself), ``ceil(service_s * (ahead + 1) / capacity)``,
+    within [1, max(``policy_s``, :data:`MAX_ESTIMATED_RETRY_AFTER_S`)]. ``policy_s``
     (limits.retry_after_seconds) when the agent's service time is not known yet."""
     if service_ms is None or not capacity:
         return policy_s
-    seconds = math.ceil(service_ms / 1000 * (queued + 1) / capacity)
+    seconds = math.ceil(service_ms / 1000 * (ahead + 1) / capacity)
     return min(max(seconds, 1), max(policy_s, MAX_ESTIMATED_RETRY_AFTER_S))
+
+
+class Displaced(LookupError):
+    """A waiter put out of a full agent's line for another client's call: its client held the
+    most of that line. It held no slot and holds none: the caller is answered at once."""
+
+    def __init__(self, agent_id: str, waited_s: float) -> None:
+        super().__init__(agent_id)
+        self.agent_id = agent_id
+        self.waited_s = waited_s
 
 
 class _Slots:
@@ -48,26 +60,51 @@ class _Slots:
     Each client's waiters are a FIFO of their own (``lines``); ``turns`` holds the clients with
     a line, in the order they are served: the one at the front is handed the next slot and goes
     to the back if it has more waiting. A client is in ``turns`` exactly while it has a line.
+    A waiter's future says how its wait ended: True, a slot; False, displaced.
+
+    ``queued`` is the length of all lines together, and ``holders`` the clients by the length
+    of their line (each length's clients in the order they came to it), ``most`` the longest:
+    kept as each waiter joins or leaves a line, so the client to displace is found in O(1).
     """
 
-    __slots__ = ("capacity", "inflight", "lines", "queued", "turns")
+    __slots__ = ("capacity", "holders", "inflight", "lines", "most", "queued", "turns")
 
     def __init__(self) -> None:
         self.inflight = 0
         self.capacity: int | None = None
         self.queued = 0
-        self.lines: dict[str, deque[asyncio.Future[None]]] = {}
+        self.lines: dict[str, deque[asyncio.Future[bool]]] = {}
         self.turns: deque[str] = deque()
+        self.holders: dict[int, dict[str, None]] = {}
+        self.most = 0
 
-    def join(self, client: str, waiter: asyncio.Future[None]) -> None:
+    def _resized(self, client: str, before: int) -> None:
+        """``client``'s line went from ``before`` waiters to one more or one fewer."""
+        line = self.lines.get(client)
+        after = 0 if line is None else len(line)
+        holders = self.holders
+        if before:
+            same = holders[before]
+            del same[client]
+            if not same:
+                del holders[before]
+                if self.most == before:
+                    self.most = after  # a length moves by one: the next longest is this one
+        if after:
+            holders.setdefault(after, {})[client] = None
+            self.most = max(self.most, after)
+        self.queued += after - before
+
+    def join(self, client: str, waiter: asyncio.Future[bool]) -> None:
         """``waiter`` at the back of its client's line (a new client's turn comes last)."""
         line = self.lines.get(client)
         if line is None:
             line = self.lines[client] = deque()
             self.turns.append(client)
         line.append(waiter)
+        self._resized(client, len(line) - 1)
 
-    def next_waiter(self) -> asyncio.Future[None] | None:
+    def next_waiter(self) -> asyncio.Future[bool] | None:
         """The first live waiter of the client whose turn it is, out of the line; None when
         nobody waits. O(1) but for dead waiters skipped (leave() takes them out as they go)."""
         lines, turns = self.lines, self.turns
@@ -76,26 +113,63 @@ class _Slots:
             line = lines[client]
             while line:
                 waiter = line.popleft()
+                if not line:
+                    del lines[client]
+                self._resized(client, len(line) + 1)
                 if not waiter.done():
                     if line:
                         turns.append(client)
-                    else:
-                        del lines[client]
                     return waiter
-            del lines[client]
         return None
 
-    def leave(self, client: str, waiter: asyncio.Future[None]) -> None:
+    def leave(self, client: str, waiter: asyncio.Future[bool]) -> None:
         """A waiter that gave up, out of its line at once. A search of its client's line, and of
         the turns when that line empties: bounded by the queue bound, and only on giving up."""
         line = self.lines.get(client)
         if line is None:
             return
-        with contextlib.suppress(ValueError):  # next_waiter() may have taken it out already
+        try:
             line.remove(waiter)
+        except ValueError:  # next_waiter() took it out already
+            return
         if not line:
             del self.lines[client]
             self.turns.remove(client)
+        self._resized(client, len(line) + 1)
+
+    def may_displace(self, client: str) -> bool:
+        """Whether a call of ``client`` at the full line takes a waiter's place: its client holds
+        at least two fewer than the client holding the most. One fewer would only make it the one
+        holding the most, and that client's next call would take the place back."""
+        line = self.lines.get(client)
+        return (0 if line is None else len(line)) + 2 <= self.most
+
+    def displace_for(self, client: str) -> bool:
+        """Answer the newest live waiter of the client holding the most (of those holding as
+        many, the one that came to it last), to make room for a call of ``client``. False when
+        :meth:`may_displace` says no, or that line holds only waiters already gone."""
+        if not self.may_displace(client):
+            return False
+        holder = next(reversed(self.holders[self.most]))
+        line = self.lines[holder]
+        victim = next((waiter for waiter in reversed(line) if not waiter.done()), None)
+        if victim is None:
+            return False
+        line.remove(victim)  # the newest, at the end: a search only past waiters already gone
+        if not line:  # not while it held the most, two more than none: kept as every removal is
+            del self.lines[holder]
+            self.turns.remove(holder)
+        self._resized(holder, len(line) + 1)
+        victim.set_result(False)
+        return True
+
+    def place(self, client: str) -> int:
+        """The place a new call of ``client`` would be served in, the turns as they stand: its
+        own line and itself, and as many of each other client's (up to as many)."""
+        line = self.lines.get(client)
+        mine = 1 + (0 if line is None else len(line))
+        others = sum(min(length, mine) * len(clients) for length, clients in self.holders.items())
+        return mine + others - (mine - 1)
 
 
 class CapacityBoard:
@@ -131,7 +205,7 @@ class CapacityBoard:
             waiter = slots.next_waiter()
             if waiter is None:
                 return
-            waiter.set_result(None)
+            waiter.set_result(True)
             slots.inflight += 1
 
     # -- reading -----------------------------------------------------------------------------
@@ -151,12 +225,18 @@ class CapacityBoard:
         """In flight relative to capacity: 0 idle, 1 full (an undeclared one is never full)."""
         return self.inflight(agent_id) / (capacity or UNDECLARED_SHARE_BASE)
 
-    def queue_full(self, agent_id: str, capacity: int | None) -> bool:
-        """Full, and as many waiting as may: a request would be turned away at once."""
+    def queue_full(self, agent_id: str, capacity: int | None, client: str = "-") -> bool:
+        """Full, and as many waiting as may: a request of ``client`` would be turned away at
+        once (it holds too many of the line to take another client's place in it)."""
         if capacity is None:
             return False
         slots = self._agents.get(agent_id)
-        return slots is not None and slots.inflight >= capacity and slots.queued >= self.max_queued
+        return (
+            slots is not None
+            and slots.inflight >= capacity
+            and slots.queued >= self.max_queued
+            and not slots.may_displace(client)
+        )
 
     def readings(self) -> Iterator[tuple[str, int, int]]:
         """(agent, in flight, queued) for each agent with a request in flight or waiting."""
@@ -178,39 +258,44 @@ class CapacityBoard:
         """Take a slot at ``agent_id``, waiting until the monotonic ``due`` at most: first come
         first served among ``client``'s waiters, in turn with the other clients waiting there.
 
-        Returns the seconds waited. Raises ``TimeoutError`` at ``due``, and ``LookupError`` at
-        once when the agent's queue is full; either way no slot is held.
+        Returns the seconds waited. Raises ``TimeoutError`` at ``due``; ``LookupError`` at once
+        when the agent's queue is full (and ``client`` may not take a place in it); and
+        :class:`Displaced` (a LookupError) when another client's call takes this one's place.
+        Whichever way it ends without a slot, none is held.
         """
         slots = self._slots(agent_id, capacity)
         if capacity is None or (slots.inflight < capacity and not slots.queued):
             slots.inflight += 1
             return 0.0
-        if slots.queued >= self.max_queued:
+        if slots.queued >= self.max_queued and not slots.displace_for(client):
             raise LookupError(agent_id)
         started = self.clock.monotonic()
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         slots.join(client, waiter)
-        slots.queued += 1
-        granted = False
+        granted: bool | None = None
         try:
             async with asyncio.timeout(max(due - started, 0.0)):
-                await waiter
-            granted = True
+                granted = await waiter
         finally:
-            slots.queued -= 1
             waited = self.clock.monotonic() - started
-            if not granted:
-                if waiter.done() and not waiter.cancelled():
-                    # Handed the slot just as we left (timeout or cancellation): pass it on, or
-                    # the next waiter would never be woken.
-                    self.give(agent_id)
-                else:
-                    waiter.cancel()
-                    # Out of the line at once: left for give() to skip, the dead waiters of every
-                    # request that gave up piled up for as long as the agent's slots stayed
-                    # taken (a stream holds one up to the deadline), without bound.
-                    slots.leave(client, waiter)
+            if granted is None:  # a timeout or a cancellation
+                self._gone(agent_id, slots, client, waiter)
+        if not granted:
+            raise Displaced(agent_id, waited)
         return waited
+
+    def _gone(self, agent_id: str, slots: _Slots, client: str, waiter: asyncio.Future[bool]) -> None:
+        """A waiter whose wait ended by a timeout or a cancellation, whatever it was told."""
+        if not waiter.done() or waiter.cancelled():
+            waiter.cancel()
+            # Out of the line at once: left for give() to skip, the dead waiters of every request
+            # that gave up piled up for as long as the agent's slots stayed taken (a stream holds
+            # one up to the deadline), without bound.
+            slots.leave(client, waiter)
+        elif waiter.result():
+            # Handed the slot just as it left: pass it on, or the next waiter would never be woken.
+            self.give(agent_id)
+        # Else displaced just as it left: out of the line and its count already, holding nothing.
 
     def hold(self, agent_id: str, capacity: int | None, seconds: float) -> None:
         """Keep one slot at ``agent_id`` taken for ``seconds``, then give it back: the agent said
@@ -238,23 +323,25 @@ class CapacityBoard:
         if slots.turns and (slots.capacity is None or slots.inflight <= slots.capacity):
             waiter = slots.next_waiter()
             if waiter is not None:
-                waiter.set_result(None)  # the slot changes hands: in flight stays the same
+                waiter.set_result(True)  # the slot changes hands: in flight stays the same
                 return
         slots.inflight = max(slots.inflight - 1, 0)
         if slots.inflight == 0 and not slots.queued:
             del self._agents[agent_id]  # idle agents cost nothing; a gone one is not kept
 
-    def retry_after_s(self, agent_id: str, service_ms: float | None, policy_s: int) -> int:
-        """:func:`retry_after_estimate` for ``agent_id`` as it stands now."""
+    def retry_after_s(self, agent_id: str, service_ms: float | None, policy_s: int, client: str = "-") -> int:
+        """:func:`retry_after_estimate` for a call of ``client`` at ``agent_id`` as it stands now:
+        the calls ahead of it are those of its place in the turns (:meth:`_Slots.place`), not
+        the whole line."""
         slots = self._agents.get(agent_id)
         if slots is None:
             return policy_s
-        return retry_after_estimate(slots.queued, slots.capacity, service_ms, policy_s)
+        return retry_after_estimate(slots.place(client) - 1, slots.capacity, service_ms, policy_s)
 
     def waiting(self, agent_id: str) -> int:
         """Waiters held in ``agent_id``'s line (the ones that gave up are not kept)."""
         slots = self._agents.get(agent_id)
-        return 0 if slots is None else sum(len(line) for line in slots.lines.values())
+        return 0 if slots is None else sum(len(line) for line in slots.lines.values())  # == queued
 
     def capacity_of(self, agent_id: str) -> int | None:
         slots = self._agents.get(agent_id)

@@ -11,12 +11,13 @@ matters. Both pass the same :mod:`guard` first, and ``/reach`` passes the load s
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import os
 import re
 import time
 from collections.abc import Awaitable, Iterable
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any
 
 from reachmesh.clock import SYSTEM_CLOCK, Clock
@@ -267,7 +268,10 @@ class RouterApp:
         if auth_on and caller != ANONYMOUS.key:
             return caller
         client = scope.get("client")
-        return client[0] if client else "-"
+        if not client:
+            return "-"
+        host: str = client[0]
+        return host if ":" not in host else _ipv6_client(host)
 
     async def _deny(self, send: Send, denial: Denial, *, reach: bool, post_reach: bool = False) -> None:
         status, body, extra = self._denied(denial, reach=reach, post_reach=post_reach)
@@ -412,6 +416,22 @@ __all__ = ["ConfigError", "RouterApp", "create_app"]
 # The soonest Retry-After of busy agents, as the answer's own error carries it (the encoder
 # writes the key once, with no space).
 _RETRY_AFTER_SECONDS = re.compile(rb'"retryAfterSeconds":(\d{1,9})[,}]')
+
+
+@lru_cache(maxsize=4096)
+def _ipv6_client(host: str) -> str:
+    """The client an IPv6 peer is counted as with auth off: its /64. One host holds a whole /64
+    (SLAAC, privacy addresses), so counted per address a caller could name itself a new client
+    on each call. An IPv4 peer on a dual-stack socket (``::ffff:a.b.c.d``) is its IPv4 address."""
+    try:
+        address = ipaddress.IPv6Address(host)
+    except ValueError:
+        return host  # not an address (a unix socket's name): as it is
+    if address.ipv4_mapped is not None:
+        return str(address.ipv4_mapped)
+    if address.is_loopback:
+        return host
+    return str(ipaddress.IPv6Network((address, 64), strict=False))
 
 
 def _retry_after_of(status: int, payload: bytes, overloaded_s: int) -> list[tuple[bytes, bytes]] | None:

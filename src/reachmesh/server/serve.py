@@ -62,6 +62,10 @@ def uvicorn_config(app: RouterApp, host: str, port: int, **extra: Any) -> uvicor
         "server_header": False,
         "timeout_graceful_shutdown": server.drain_timeout_seconds,
         "backlog": server.listen_backlog,
+        # X-Forwarded-For only from the policy's proxies, never from FORWARDED_ALLOW_IPS (which
+        # uvicorn reads when this is unset): the header names the client the limits count.
+        "proxy_headers": bool(server.trusted_proxies),
+        "forwarded_allow_ips": list(server.trusted_proxies),
         **tls_settings(server),
         **extra,
     }
