@@ -239,9 +239,12 @@ class Adopter:
 
     async def start(self) -> None:
         """Claim a lease now (async requests are refused until one is held), then look for
-        orphans in the background; with etcd out of reach, the loop keeps trying."""
+        orphans in the background; with etcd out of reach, the loop keeps trying. The Router's
+        start does not wait for an etcd known to be out of reach, nor try a member twice."""
         try:
-            await self.journal.start()
+            if not self.journal.reachable:
+                raise RegistryUnavailable("etcd is out of reach")
+            await self.journal.start(once=True)
         except (EtcdRejected, RegistryUnavailable) as exc:
             log.warning("async requests wait for etcd: no claim lease yet (%s)", exc)
         self._task = asyncio.create_task(self._loop(), name="reach-async-adopter")

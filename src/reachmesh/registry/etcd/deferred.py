@@ -132,9 +132,15 @@ class DeferredStore:
 
     # -- the Router's lease ------------------------------------------------------------------
 
-    async def start(self) -> None:
-        """Grant this Router's claim lease and keep it alive until :meth:`close`."""
-        self.lease = await self.client.grant(self.policy.claim_ttl_seconds)
+    @property
+    def reachable(self) -> bool:
+        """False while the registry knows etcd is out of reach (no member answers)."""
+        return self._health is None or self._health.unreachable is None
+
+    async def start(self, *, once: bool = False) -> None:
+        """Grant this Router's claim lease and keep it alive until :meth:`close` (``once``: each
+        member tried once at most)."""
+        self.lease = await self.client.grant(self.policy.claim_ttl_seconds, once=once)
         if self._keeper is None:
             self._keeper = asyncio.create_task(self._keep_alive(), name="reach-async-claims")
 

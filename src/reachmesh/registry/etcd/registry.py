@@ -127,7 +127,7 @@ class EtcdRegistry(Registry):
         self.health.warn_plain_login()
         await self.client.open()
         try:
-            await self.watcher.resync()
+            await self._first_look()
             await self.health.may_write()
         except EtcdRejected as exc:
             # etcd answered, and said no (a wrong password, a role without the prefix): nothing
@@ -135,9 +135,15 @@ class EtcdRegistry(Registry):
             await self.client.close()
             raise ConfigError(self.health.refusal_hint(exc)) from exc
         except RegistryUnavailable as exc:
-            # Serve anyway: /readyz says why not ready, and the watch loop keeps trying.
+            # Serve anyway: /readyz says why not ready, /reach answers REGISTRY_UNAVAILABLE, and
+            # the watch loop reads etcd once it answers.
             self._shared.last_error = exc.message
-            log.warning("[registry] etcd at %s: %s; retrying", ", ".join(self.client.endpoints), exc.message)
+            self.health.out_of_reach_at_start(exc.message)
+            log.warning(
+                "[registry] etcd at %s: %s; serving, not ready until it answers",
+                ", ".join(self.client.endpoints),
+                exc.message,
+            )
         if self.client.auth_off:
             log.warning(
                 "[registry] registry.etcd.username is set but etcd has authentication off: "
@@ -156,6 +162,17 @@ class EtcdRegistry(Registry):
                 "its quota (--quota-backend-bytes) is full and it refuses all writes"
             )
         self._background.every(lambda: etcd.ping_interval_seconds, self.health.ping, "ping")
+
+    async def _first_look(self) -> None:
+        """The first full read, each member tried once and within one attempt's time in all: a
+        Router whose etcd is down listens at once (a refused connection fails at once), rather
+        than after the whole deadline, twice over."""
+        limit = self.policy.etcd.attempt_timeout_seconds
+        try:
+            async with asyncio.timeout(limit):
+                await self.watcher.resync(once=True)
+        except TimeoutError as exc:
+            raise RegistryUnavailable(f"etcd did not answer within {limit:g} s") from exc
 
     def apply(self, policy: RegistryPolicy) -> None:
         # The endpoints and prefix are read at start: a shared store is not switched under load.
