@@ -257,6 +257,13 @@ class Adopter:
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
         try:
+            # The results etcd did not take yet, before the claims go: else another Router adopts
+            # a finished request and runs it again. The jobs stay: their adopter delivers replyTo
+            # from the result (at least once), as for a Router that died delivering.
+            await self.requests.settle(release=False)
+        except (EtcdRejected, RegistryUnavailable) as exc:
+            log.warning("finished async requests not written to etcd at shutdown (%s): others run them", exc)
+        try:
             await self.journal.close(release=True)
         except (EtcdRejected, RegistryUnavailable) as exc:
             log.warning("could not release the claim lease (%s): others adopt once it runs out", exc)
@@ -271,9 +278,11 @@ class Adopter:
             await asyncio.sleep(self.journal.policy.adopt_interval_seconds)
 
     async def tick(self) -> None:
-        """One look: claim the lease if needed, adopt orphans, trim old results."""
+        """One look: claim the lease if needed, settle what etcd did not take when this Router
+        finished it, adopt orphans, trim old results."""
         if not self.journal.lease:
             await self.journal.start()
+        await self.requests.settle()
         orphans = await self.journal.orphans()
         now = asyncio.get_running_loop().time()
         if (
