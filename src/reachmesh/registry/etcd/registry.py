@@ -184,7 +184,9 @@ class EtcdRegistry(Registry):
 
     def ready(self) -> str | None:
         if not self.watcher.loaded:
-            return f"the registry is not loaded from etcd yet ({self._shared.last_error})"
+            # The ping's word first: it says for each member why (refused, silent, no leader).
+            why = self.health.unreachable or self._shared.last_error
+            return f"the registry is not loaded from etcd yet ({why})"
         # Not merely degraded: every Router sharing this etcd refuses every registration.
         return self.health.nospace
 
