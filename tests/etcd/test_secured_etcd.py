@@ -363,6 +363,7 @@ async def test_a_late_etcd_that_refuses_the_login_keeps_the_router_not_ready_say
         assert "connection refused" in (registry.ready() or "")
         await asyncio.to_thread(cluster.start)
         await asyncio.to_thread(_secure, etcd)
+
         def refused() -> str | None:
             # Not ready (etcd came up refusing), or degraded (its watch read etcd in the moment
             # before authentication went on): either way the reason says what to fix.
