@@ -8,6 +8,7 @@ traceId gets a fresh traceId, and A's result stays A's (docs/security.md, the as
 from __future__ import annotations
 
 import asyncio
+import base64
 
 import pytest
 
@@ -73,3 +74,37 @@ async def test_another_callers_async_result_is_unknown_to_a_hostile_caller_at_ev
         await owner.aclose()
         await prober.aclose()
         await agent.stop()
+
+
+async def test_polling_an_id_that_does_not_exist_costs_etcd_one_read(
+    etcd: EtcdCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A caller polling ids it guesses makes the Router read etcd for each (no Router holds
+    them): two reads each (the result, then the job); one now, both keys at one revision."""
+    policy = etcd_policy(etcd, auth={"tokens": [spec(PROBER, "caller")]}, health={"enabled": False})
+    prober = caller(PROBER)
+    try:
+        async with RouterServer(policy) as a:
+            journal = a.app.parts.dispatcher.async_requests.journal
+            assert journal is not None
+            calls: list[str] = []
+            real = journal.client.call
+
+            guessed = {
+                base64.b64encode((prefix + f"guess-{n}").encode()).decode()
+                for n in range(5)
+                for prefix in (journal.results, journal.jobs)
+            }
+
+            async def counted(path: str, body: dict[str, object], **kwargs: object) -> dict[str, object]:
+                if any(key in str(body) for key in guessed):  # not the watch's, the ping's, the adopter's
+                    calls.append(path)
+                return await real(path, body, **kwargs)  # type: ignore[arg-type]
+
+            monkeypatch.setattr(journal.client, "call", counted)
+            for n in range(5):
+                probed = await prober.get(f"{a.url}/reach/guess-{n}")
+                assert probed.status_code == 404
+            assert len(calls) == 5, calls
+    finally:
+        await prober.aclose()

@@ -208,8 +208,7 @@ async def accept(
 async def owned_by(journal: DeferredStore, trace_id: str, owner: str | None) -> bool:
     """Whether the async request recorded in etcd under ``trace_id`` is ``owner``'s."""
     try:
-        stored = await journal.result(trace_id)
-        job = None if stored is not None else await journal.job(trace_id)
+        stored, job = await journal.lookup(trace_id)
     except (EtcdRejected, RegistryUnavailable):
         return True  # unknown: refuse rather than guess
     found = stored.owner if stored is not None else job.owner if job is not None else owner

@@ -56,6 +56,7 @@ from reachmesh.registry.etcdclient import (
     compare_mod,
     delete_op,
     put_op,
+    range_op,
 )
 
 # Results dropped per transaction when trimming: three keys each, within etcd's default
@@ -253,16 +254,18 @@ class DeferredStore:
 
     async def result(self, trace_id: str) -> StoredResult | None:
         _, kv = await self.client.get(self.results + trace_id, deadline=self._deadline())
-        if kv is None:
-            return None
-        data = jsoncodec.loads(kv.value)
-        body = data.get("body")
-        return StoredResult(
-            int(data["status"]),
-            base64.b64decode(body) if isinstance(body, str) else None,
-            data.get("owner"),
-            int(data.get("size", 0)),
+        return None if kv is None else _stored(kv.value)
+
+    async def lookup(self, trace_id: str) -> tuple[StoredResult | None, Job | None]:
+        """``trace_id``'s result, else its job, in one read: a poll (of an id that may not
+        exist) costs etcd one round trip, not two, and sees both at one revision."""
+        read = await self.client.txn(
+            [], [range_op(self.results + trace_id), range_op(self.jobs + trace_id)], deadline=self._deadline()
         )
+        results, jobs = read.ranges if len(read.ranges) == 2 else ([], [])
+        if results:
+            return _stored(results[0].value), None
+        return None, (_job(trace_id, jobs[0].value, jobs[0].mod_revision) if jobs else None)
 
     async def job(self, trace_id: str) -> Job | None:
         _, kv = await self.client.get(self.jobs + trace_id, deadline=self._deadline())
@@ -412,6 +415,17 @@ def client_digest(client: str) -> bytes:
 def _size(raw: bytes) -> int:
     """A size key's value; a value that is not a number counts as nothing."""
     return int(raw) if raw.isdigit() and len(raw) < 16 else 0
+
+
+def _stored(raw: bytes) -> StoredResult:
+    data = jsoncodec.loads(raw)
+    body = data.get("body")
+    return StoredResult(
+        int(data["status"]),
+        base64.b64decode(body) if isinstance(body, str) else None,
+        data.get("owner"),
+        int(data.get("size", 0)),
+    )
 
 
 def _job(trace_id: str, raw: bytes, revision: int) -> Job:
