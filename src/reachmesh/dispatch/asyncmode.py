@@ -166,7 +166,11 @@ class AsyncRequests:
         owner = self.results.owner(trace_id)
         try:
             won = await self.journal.finish(trace_id, reply[0], reply[1], owner, client)
-        except (EtcdRejected, RegistryUnavailable) as exc:
+        except EtcdRejected as exc:
+            # etcd said no (a full quota, a role): trying again would be refused again.
+            log.error("[%s] etcd refused the result (%s); kept here only", trace_id, exc)
+            return True
+        except RegistryUnavailable as exc:
             # The job stays in etcd under this Router's claim, and the result is written there
             # once etcd answers (settle): delivered from here meanwhile.
             log.error(
@@ -209,9 +213,13 @@ class AsyncRequests:
             return
         for trace_id, client in list(self._unwritten.items()):
             reply = self.results.get(trace_id)
-            if reply is not None:  # else expired or evicted here: nothing left to write
-                await journal.finish(trace_id, reply[0], reply[1], self.results.owner(trace_id), client)
-                log.info("[%s] the result is written to etcd now", trace_id)
+            try:
+                if reply is not None:  # else expired or evicted here: nothing left to write
+                    await journal.finish(trace_id, reply[0], reply[1], self.results.owner(trace_id), client)
+                    log.info("[%s] the result is written to etcd now", trace_id)
+            except EtcdRejected as exc:
+                # Refused, not out of reach: kept here only, as a result etcd refuses at once.
+                log.error("[%s] etcd refused the result (%s); kept here only", trace_id, exc)
             del self._unwritten[trace_id]
         if not release:
             return
