@@ -209,8 +209,9 @@ async def test_a_result_etcd_then_refuses_is_kept_here_and_its_job_dropped() -> 
         return 200, b'{"status": "SUCCESS"}'
 
     requests.start("t1", run, None)
+    # Finished, and its release tried (a task of its own: busy until it ends), and held back:
+    # the result is not in etcd yet.
     await until(lambda: results.get("t1") is not None and not requests.busy("t1"), "t1 finished")
-    await asyncio.sleep(0)  # the release it tried (held: the result is not in etcd yet)
     assert journal.released == []
     journal.refuse = True
     await requests.settle()
