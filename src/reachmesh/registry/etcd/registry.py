@@ -127,7 +127,10 @@ class EtcdRegistry(Registry):
         self.health.warn_plain_login()
         await self.client.open()
         try:
-            await self._first_look()
+            # Each member tried once for the first page (a refused connection fails at once, a
+            # silent member costs one attempt): a Router whose etcd is down listens at once,
+            # rather than after the whole deadline. A large registry is still read whole here.
+            await self.watcher.resync(once=True)
             await self.health.may_write()
         except EtcdRejected as exc:
             # etcd answered, and said no (a wrong password, a role without the prefix): nothing
@@ -162,17 +165,6 @@ class EtcdRegistry(Registry):
                 "its quota (--quota-backend-bytes) is full and it refuses all writes"
             )
         self._background.every(lambda: etcd.ping_interval_seconds, self.health.ping, "ping")
-
-    async def _first_look(self) -> None:
-        """The first full read, each member tried once and within one attempt's time in all: a
-        Router whose etcd is down listens at once (a refused connection fails at once), rather
-        than after the whole deadline, twice over."""
-        limit = self.policy.etcd.attempt_timeout_seconds
-        try:
-            async with asyncio.timeout(limit):
-                await self.watcher.resync(once=True)
-        except TimeoutError as exc:
-            raise RegistryUnavailable(f"etcd did not answer within {limit:g} s") from exc
 
     def apply(self, policy: RegistryPolicy) -> None:
         # The endpoints and prefix are read at start: a shared store is not switched under load.
