@@ -13,8 +13,10 @@ from typing import Any, TypeVar, overload
 
 import pytest
 
+from reachmesh.decision import DecisionRecord
 from reachmesh.observability.logging import TRACE_LOGGER, split_lines
-from reachmesh.testing import FakeAgent
+from reachmesh.testing import FakeAgent, RouterServer
+from tests.streaming_agents import Conn, StreamAgent
 
 T = TypeVar("T")
 
@@ -126,3 +128,58 @@ def price_agent() -> FakeAgent:
             ]
         },
     )
+
+
+async def caller_leaves_plain_call(router: RouterServer, request: bytes) -> DecisionRecord:
+    """A caller that leaves a plain (not streamed) call while its agent thinks, and what the
+    Router must do about it: stop the call at once (it closes the agent's connection within a
+    second), try no other agent, and book it to the caller (``CALLER_GONE``, the attempt's
+    outcome ``caller_gone``), leaving neither agent a slot held or a breaker failure.
+
+    Two raw agents ``first`` and ``second`` (task ``talk``, capacity 1) think until the Router
+    closes their connection; ``request`` is the whole raw HTTP request (head and body), sent on
+    one connection that is closed once the call is at an agent. Returns the call's record."""
+    closed = asyncio.Event()
+
+    async def thinks(conn: Conn) -> None:
+        await conn.closed_by_router()
+        closed.set()
+
+    agents = [await StreamAgent(name, thinks).start() for name in ("first", "second")]
+    records: list[DecisionRecord] = []
+    router.app.parts.dispatcher.observers.append(records.append)
+    try:
+        for agent in agents:
+            await agent.register(router.url, max_concurrency=1)
+        port = int(router.url.rsplit(":", 1)[1])
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(request)
+        await writer.drain()
+        await until(lambda: sum(len(a.conns) for a in agents) == 1, "the call at an agent")
+        writer.close()
+        async with asyncio.timeout(scaled(1.0)):
+            await closed.wait()  # the Router closed the agent's connection within a second
+        await until(lambda: records, "the request's record")
+    finally:
+        for agent in agents:
+            await agent.stop()
+    record = records[0]
+    assert sum(len(a.conns) for a in agents) == 1  # no failover after the caller left
+    assert (record.status, record.error_code) == ("INVALID_REQUEST", "CALLER_GONE")
+    assert [a.outcome for a in record.attempts] == ["caller_gone"]
+    parts = router.app.parts
+    for agent in agents:
+        assert parts.capacity.inflight(agent.agent_id) == 0
+        breaker = parts.breakers._get(agent.agent_id, "talk")
+        assert breaker is None or breaker.failures == 0
+    return record
+
+
+def raw_post(path: str, body: bytes, headers: dict[str, str] | None = None) -> bytes:
+    """A whole HTTP/1.1 POST of a JSON ``body``, head and body in one piece (the Router's lane)."""
+    extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n{extra}"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body

@@ -34,6 +34,7 @@ caller never has to know which library sat underneath.
     │   │   ├── UnknownTask          no agent declares the task; suggests the nearest ones
     │   │   ├── SemanticUnavailable  no query vector or no calibrated threshold
     │   │   ├── EmbeddingDown        the embedder failed on this request's text
+    │   │   ├── RegistryLoading      REGISTRY_UNAVAILABLE: etcd not read since the start
     │   │   └── AgentsBusy           every agent that answered said 429; retryAfterSeconds
     │   ├── ContextUnavailable       409 CONTEXT_UNAVAILABLE: no agent holds the conversation
     │   └── DeadlineExceeded         504 TIMEOUT: the overall budget ran out
@@ -383,6 +384,21 @@ class EmbeddingDown(NoAvailableHandler):
         if self.retry_after_s is not None:
             error["retryAfterSeconds"] = self.retry_after_s
         return error
+
+
+class RegistryLoading(NoAvailableHandler):
+    """The shared registry has not been read yet (etcd has not answered since the Router
+    started): the Router knows no agent, so it says why rather than "no agent declares" the task.
+    ``retryAfterSeconds`` as other transient refusals carry it."""
+
+    code = "REGISTRY_UNAVAILABLE"
+
+    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(message, [])
+        self.retry_after_s = retry_after_s
+
+    def to_error(self) -> dict[str, Any]:
+        return {**super().to_error(), "retryAfterSeconds": self.retry_after_s}
 
 
 class AgentsBusy(NoAvailableHandler):

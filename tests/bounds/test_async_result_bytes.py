@@ -144,3 +144,32 @@ async def wait_done(http: httpx.AsyncClient, trace_id: str) -> None:
             return
         await asyncio.sleep(0.01)
     raise AssertionError(f"{trace_id} still pending")
+
+
+def test_past_the_bounds_in_all_the_client_holding_the_most_gives_way() -> None:
+    """12 results in all, 5 a client: three clients each within its share (15) went past the
+    bound in all, and the oldest went whoever's: the fair client's one result first. Now the
+    clients holding the most give up their oldest, and the fair client's stays."""
+    policy = AsyncPolicy(max_results=12, max_results_per_client=5)
+    store = ResultStore(policy, clock=ManualClock())
+    store.start("fair-1", client="fair")
+    store.finish("fair-1", (200, b"mine"))
+    for n in range(5):
+        for hog in ("hog-a", "hog-b", "hog-c"):
+            store.start(f"{hog}-{n}", client=hog)
+            store.finish(f"{hog}-{n}", (200, b"x"))
+    assert store.get("fair-1") is not None
+    assert store.held == 12
+    held = [store.held_for(hog)[0] for hog in ("hog-a", "hog-b", "hog-c")]
+    assert sum(held) == 11 and max(held) - min(held) <= 1, held
+    # By bytes too, and the newest is kept however large.
+    store = ResultStore(AsyncPolicy(max_result_bytes=10_000), clock=ManualClock())
+    store.start("fair-1", client="fair")
+    store.finish("fair-1", (200, b"f" * 1000))
+    for n in range(4):
+        store.start(f"hog-{n}", client="hog")
+        store.finish(f"hog-{n}", (200, b"h" * 3000))
+    assert store.get("fair-1") is not None and store.bytes_held <= 10_000
+    store.start("big", client="other")
+    store.finish("big", (200, b"b" * 20_000))
+    assert store.get("big") is not None

@@ -11,6 +11,8 @@ import pytest
 from reachmesh.config import AsyncPolicy
 from reachmesh.dispatch.asyncmode import AsyncRequests
 from reachmesh.dispatch.results import ResultStore
+from reachmesh.exceptions import RegistryUnavailable
+from reachmesh.registry.etcdclient import EtcdRejected
 from reachmesh.testing import FakeTransport, ManualClock
 from tests.helpers import until
 
@@ -177,3 +179,43 @@ async def test_deliveries_past_the_pending_bound_get_one_try() -> None:
     tries = {trace: sum(1 for t, _ in fake.tries if t == trace) for trace in (f"r{i}" for i in range(5))}
     assert sorted(tries.values()) == [1, 1, 1, 5, 5]  # two retried to the end, three tried once
     assert AsyncPolicy().reply_attempts == 10
+
+
+class _Journal:
+    """The etcd journal's part that finishing uses: etcd out of reach, then refusing the write."""
+
+    def __init__(self) -> None:
+        self.refuse = False
+        self.released: list[str] = []
+
+    async def finish(self, trace_id: str, *args: object) -> bool:
+        if self.refuse:
+            raise EtcdRejected(3, "etcdserver: request is too large")
+        raise RegistryUnavailable("etcd did not answer within 1 s")
+
+    async def release(self, trace_id: str) -> None:
+        self.released.append(trace_id)
+
+
+async def test_a_result_etcd_then_refuses_is_kept_here_and_its_job_dropped() -> None:
+    """A result etcd did not take (out of reach) waits to be written; when etcd then refuses it
+    (too large, a role), settling gives up on it, keeps it here and drops its job, rather than
+    raising at every look (which read as etcd lost, and kept the adopter from adopting)."""
+    journal = _Journal()
+    results = ResultStore(AsyncPolicy())
+    requests = AsyncRequests(FakeTransport(), results, AsyncPolicy(), journal=journal)  # type: ignore[arg-type]
+
+    async def run() -> tuple[int, bytes]:
+        return 200, b'{"status": "SUCCESS"}'
+
+    requests.start("t1", run, None)
+    # Finished, and its release tried (a task of its own: busy until it ends), and held back:
+    # the result is not in etcd yet.
+    await until(lambda: results.get("t1") is not None and not requests.busy("t1"), "t1 finished")
+    assert journal.released == []
+    journal.refuse = True
+    await requests.settle()
+    assert journal.released == ["t1"]
+    assert results.get("t1") is not None
+    await requests.settle()  # nothing left
+    assert journal.released == ["t1"]

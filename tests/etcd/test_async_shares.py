@@ -88,6 +88,8 @@ async def flood(
                 return await within_bounds(journal, async_mode)
 
             await until(settled, "every hog result written to etcd and trimmed", within=60)
+            # A trim after the last write (the adopters' last one may have run before it).
+            await journal.trim_results()
             kept = await finished(fair, mine)
             hogs = [t for t in hog_ids if await finished(hog, f"{b.url}/reach/{t}")]
             return kept, len(hogs)
@@ -117,3 +119,49 @@ async def test_a_clients_bytes_in_etcd_are_its_share(etcd: EtcdCluster) -> None:
     )
     assert kept, "the fair caller's result was pushed out of etcd by the hog's"
     assert 1 <= hogs <= 5, hogs
+
+
+HOGS = [f"etcd-share-hog{i}-token-0123456789" for i in range(3)]
+
+
+async def test_callers_that_fill_their_shares_keep_another_callers_result_in_etcd(etcd: EtcdCluster) -> None:
+    """12 results in etcd in all, 5 a client: three callers each filling their share (15) went
+    past the bound in all, and the oldest went first whoever's: the fair caller's one result,
+    read through B, was gone (404). Now the callers holding the most give up their oldest."""
+    policy = etcd_policy(
+        etcd,
+        auth={"tokens": [spec(t, "caller") for t in (*HOGS, FAIR)] + [spec(AGENT, "agent")]},
+        health={"enabled": False},
+        async_mode={"adopt_interval_seconds": 0.2, "etcd_max_results": 12, "max_results_per_client": 5},
+    )
+    agent = await FakeAgent("share-echo", tasks=("echo",), result={"ok": True}).start()
+    fair, hogs = caller(FAIR), [caller(t) for t in HOGS]
+    try:
+        async with RouterServer(policy) as a, RouterServer(policy) as b:
+            await agent.register(a.url, vectors=False, token=AGENT)
+            accepted = await fair.post(f"{a.url}/reach", json=ASYNC)
+            assert accepted.status_code == 202, accepted.text
+            mine = f"{b.url}/reach/{accepted.json()['traceId']}"
+            await until(lambda: finished(fair, mine), "the fair caller's result readable at B")
+            for hog in hogs:
+                for _ in range(5):
+                    sent = await hog.post(f"{a.url}/reach", json=ASYNC)
+                    assert sent.status_code == 202, sent.text
+            journal = a.app.parts.dispatcher.async_requests.journal
+            assert journal is not None
+
+            async def settled() -> bool:
+                if await journal.client.keys(journal.jobs):
+                    return False
+                return len(await journal.client.keys(journal.sizes)) <= 12
+
+            await until(settled, "every result written to etcd and trimmed", within=60)
+            await journal.trim_results()  # after the last write
+            # Not only A's memory: the result is still in etcd (B ran none of them).
+            assert await journal.result(accepted.json()["traceId"]) is not None
+            assert await finished(fair, mine), "the fair caller's result was pushed out of etcd"
+    finally:
+        await fair.aclose()
+        for hog in hogs:
+            await hog.aclose()
+        await agent.stop()

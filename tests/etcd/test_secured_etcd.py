@@ -349,3 +349,30 @@ async def test_a_role_cut_to_read_only_stays_degraded_until_it_may_write_again(s
 
 async def _more_pings(registry: EtcdRegistry, wanted: int) -> bool:
     return registry._pings >= wanted
+
+
+async def test_a_late_etcd_that_refuses_the_login_keeps_the_router_not_ready_saying_why(tmp_path: Path):
+    """etcd down at start: the start goes on (it listens at once). When etcd comes up and
+    refuses the password, the Router says so, naming the setting to fix."""
+    tls = loopback_tls(tmp_path, "etcd")
+    cluster = EtcdCluster(tmp_path / "etcd", 1, tls=tls)
+    etcd = SecuredEtcd(cluster, tls[2])
+    registry = build_registry(policy(etcd).registry, environ={PW_ENV: "not-the-password"})
+    try:
+        await registry.start()
+        assert "connection refused" in (registry.ready() or "")
+        await asyncio.to_thread(cluster.start)
+        await asyncio.to_thread(_secure, etcd)
+
+        def refused() -> str | None:
+            # Not ready (etcd came up refusing), or degraded (its watch read etcd in the moment
+            # before authentication went on): either way the reason says what to fix.
+            reason = registry.ready() or registry.degraded()
+            return reason if reason is not None and "authentication failed" in reason else None
+
+        reason = await until(refused, "the refusal in the reason", within=10)
+        assert PW_ENV in reason and "registry.etcd.username" in reason, reason
+        assert "not-the-password" not in reason
+    finally:
+        await registry.close()
+        cluster.stop()

@@ -8,7 +8,9 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from reachmesh.config import RouterConfig
+from reachmesh.config import AuthPolicy, RouterConfig
+from reachmesh.exceptions import ConfigError
+from reachmesh.server.auth import TokenGuard
 from reachmesh.testing import FakeAgent, RouterServer
 
 ADMIN, CALLER, AGENT, OTHER_CALLER = "adm-5e1f", "cal-77aa", "agt-09b3", "cal-other-31"
@@ -179,3 +181,18 @@ async def test_an_agent_token_holds_at_most_its_quota(monkeypatch: pytest.Monkey
         gone = await http.request("DELETE", "/agents/q-2", json={"leaseId": leases["q-2"]})
         assert gone.status_code == 204
         assert (await http.post("/agents", json=profile("q-3"))).status_code == 201
+
+
+def test_two_tokens_with_one_fingerprint_are_refused() -> None:
+    """A token's fingerprint (32 bits of its digest) is the owner of its async results, in etcd
+    too, and of its share of them: two tokens with one fingerprint were accepted, and each
+    could read the other's results. A tenant who hands the operator a digest can grind a token
+    with another's fingerprint (shown in logs, stored in etcd): the policy is refused."""
+    victim = {"role": "caller", "sha256": "abcd1234" + "0" * 56, "name": "victim"}
+    grinder = {"role": "caller", "sha256": "abcd1234" + "f" * 56}
+    with pytest.raises(ConfigError) as refused:
+        TokenGuard.from_policy(AuthPolicy.model_validate({"tokens": [victim, grinder]}), {})
+    assert "fp:abcd1234" in refused.value.message and "victim" in refused.value.message
+    # The same digest twice is one token, not two.
+    guard = TokenGuard.from_policy(AuthPolicy.model_validate({"tokens": [victim, victim]}), {})
+    assert guard is not None

@@ -16,7 +16,7 @@ from reachmesh.config import RouterConfig
 from reachmesh.decision import DecisionRecord
 from reachmesh.server.asgi import Receive, Scope, Send
 from reachmesh.testing import RouterServer
-from tests.helpers import scaled, until
+from tests.helpers import caller_leaves_plain_call, raw_post, scaled, until
 from tests.server.test_streaming import done_of, envelope, streamed
 from tests.streaming_agents import Conn, StreamAgent
 
@@ -44,12 +44,8 @@ async def _plain_call(
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """A plain (not streamed) call on a raw socket, head and body in one write (the lane's way)."""
     port = int(router.url.rsplit(":", 1)[1])
-    raw = orjson.dumps(body)
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(
-        b"POST /reach HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-        b"Content-Length: %d\r\n\r\n%s" % (len(raw), raw)
-    )
+    writer.write(raw_post("/reach", orjson.dumps(body)))
     await writer.drain()
     return reader, writer
 
@@ -67,42 +63,17 @@ async def test_a_plain_caller_that_leaves_stops_its_call(router: RouterServer) -
     second run of the request, for nobody), and booked the timeout to the first agent. Now the
     call stops at once (the agent sees its connection close within a second), no other agent is
     tried, and the outcome is the caller's: neither agent judged, no slot or count left held."""
-    closed = asyncio.Event()
-
-    async def thinks(conn: Conn) -> None:
-        await conn.closed_by_router()
-        closed.set()
-
-    agents = [await StreamAgent(name, thinks).start() for name in ("first", "second")]
-    records = _records(router)
-    try:
-        for agent in agents:
-            await agent.register(router.url, max_concurrency=1)
-        _, writer = await _plain_call(router, envelope(timeoutMs=int(scaled(30_000)), retryCount=2))
-        await until(lambda: sum(len(a.conns) for a in agents) == 1, "the call at an agent")
-        writer.close()
-        async with asyncio.timeout(scaled(1.0)):
-            await closed.wait()  # the Router closed the agent's connection within a second
-        await until(lambda: records, "the request's record")
-    finally:
-        for agent in agents:
-            await agent.stop()
-    record = records[0]
-    assert sum(len(a.conns) for a in agents) == 1  # no failover after the caller left
-    assert (record.status, record.error_code) == ("INVALID_REQUEST", "CALLER_GONE")
-    assert [a.outcome for a in record.attempts] == ["caller_gone"]
+    body = orjson.dumps(envelope(timeoutMs=int(scaled(30_000)), retryCount=2))
+    record = await caller_leaves_plain_call(router, raw_post("/reach", body))
     assert record.error is not None and ("caller gone", record.error["message"]) in record.events
     parts = router.app.parts
-    for agent in agents:
-        assert parts.stats.snapshot(agent.agent_id) == {
+    for agent_id in ("first", "second"):
+        assert parts.stats.snapshot(agent_id) == {
             "requests": 0,  # not judged: no success, no failure
             "successRate": 1.0,
             "p50LatencyMs": None,
             "inflight": 0,
         }
-        assert parts.capacity.inflight(agent.agent_id) == 0
-        breaker = parts.breakers._get(agent.agent_id, "talk")
-        assert breaker is None or breaker.failures == 0
     assert parts.metrics.attempts.values.get(("caller_gone",)) == 1
 
 

@@ -80,6 +80,12 @@ class AsyncRequests:
         self._deliveries: dict[asyncio.Task[bool], tuple[str, str]] = {}
         # With etcd as the registry, accepted requests are recorded there: see the module's docstring.
         self.journal = journal
+        # Results etcd did not take when they were finished (trace id -> client), and finished
+        # jobs it did not drop: :meth:`settle` writes and drops them once it answers. Without
+        # this, the other Routers answered "still running" for the whole result TTL, the job
+        # held a place in etcd_max_pending, and the request ran again when this Router stopped.
+        self._unwritten: dict[str, str] = {}
+        self._unreleased: set[str] = set()
 
     def apply(self, policy: AsyncPolicy) -> None:
         """Take a reloaded policy, and hand it to the journal in etcd if there is one."""
@@ -160,10 +166,19 @@ class AsyncRequests:
         owner = self.results.owner(trace_id)
         try:
             won = await self.journal.finish(trace_id, reply[0], reply[1], owner, client)
-        except (EtcdRejected, RegistryUnavailable) as exc:
-            # The job stays in etcd under this Router's claim: delivered from here, and run once
-            # more by another Router only if this one dies before it can drop the job.
-            log.error("[%s] the result could not be written to etcd (%s); kept here only", trace_id, exc)
+        except EtcdRejected as exc:
+            # etcd said no (a full quota, a role): trying again would be refused again.
+            log.error("[%s] etcd refused the result (%s); kept here only", trace_id, exc)
+            return True
+        except RegistryUnavailable as exc:
+            # The job stays in etcd under this Router's claim, and the result is written there
+            # once etcd answers (settle): delivered from here meanwhile.
+            log.error(
+                "[%s] the result could not be written to etcd (%s); kept here, written once etcd answers",
+                trace_id,
+                exc,
+            )
+            self._unwritten[trace_id] = client
             return True
         if not won:
             log.info("[%s] another Router finished this request first; its answer stands", trace_id)
@@ -173,12 +188,46 @@ class AsyncRequests:
     async def _release(self, trace_id: str) -> bool:
         if self.journal is None:
             return True
+        if trace_id in self._unwritten:
+            # Not before its result is in etcd: the other Routers would answer 404 meanwhile.
+            self._unreleased.add(trace_id)
+            return False
         try:
             await self.journal.release(trace_id)
         except (EtcdRejected, RegistryUnavailable) as exc:
-            log.error("[%s] the finished request could not be dropped from etcd (%s)", trace_id, exc)
+            log.error(
+                "[%s] the finished request could not be dropped from etcd (%s); dropped once it answers",
+                trace_id,
+                exc,
+            )
+            self._unreleased.add(trace_id)
             return False
         return True
+
+    async def settle(self, *, release: bool = True) -> None:
+        """Write the results etcd did not take and (``release``) drop the finished jobs it did
+        not drop; the adopter's look calls this first, so none is taken for an orphan. Raises
+        what etcd raises; what is left waits for the next look."""
+        journal = self.journal
+        if journal is None:
+            return
+        for trace_id, client in list(self._unwritten.items()):
+            reply = self.results.get(trace_id)
+            try:
+                if reply is not None:  # else expired or evicted here: nothing left to write
+                    await journal.finish(trace_id, reply[0], reply[1], self.results.owner(trace_id), client)
+                    log.info("[%s] the result is written to etcd now", trace_id)
+            except EtcdRejected as exc:
+                # Refused, not out of reach: kept here only, as a result etcd refuses at once.
+                log.error("[%s] etcd refused the result (%s); kept here only", trace_id, exc)
+            del self._unwritten[trace_id]
+        if not release:
+            return
+        for trace_id in list(self._unreleased):
+            if self.busy(trace_id):
+                continue  # its replyTo is still being delivered: dropped after that
+            await journal.release(trace_id)
+            self._unreleased.discard(trace_id)
 
     def _backoff_s(self, attempt: int) -> float:
         policy = self.policy

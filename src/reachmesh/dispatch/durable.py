@@ -208,8 +208,7 @@ async def accept(
 async def owned_by(journal: DeferredStore, trace_id: str, owner: str | None) -> bool:
     """Whether the async request recorded in etcd under ``trace_id`` is ``owner``'s."""
     try:
-        stored = await journal.result(trace_id)
-        job = None if stored is not None else await journal.job(trace_id)
+        stored, job = await journal.lookup(trace_id)
     except (EtcdRejected, RegistryUnavailable):
         return True  # unknown: refuse rather than guess
     found = stored.owner if stored is not None else job.owner if job is not None else owner
@@ -239,9 +238,12 @@ class Adopter:
 
     async def start(self) -> None:
         """Claim a lease now (async requests are refused until one is held), then look for
-        orphans in the background; with etcd out of reach, the loop keeps trying."""
+        orphans in the background; with etcd out of reach, the loop keeps trying. The Router's
+        start does not wait for an etcd known to be out of reach, nor try a member twice."""
         try:
-            await self.journal.start()
+            if not self.journal.reachable:
+                raise RegistryUnavailable("etcd is out of reach")
+            await self.journal.start(once=True)
         except (EtcdRejected, RegistryUnavailable) as exc:
             log.warning("async requests wait for etcd: no claim lease yet (%s)", exc)
         self._task = asyncio.create_task(self._loop(), name="reach-async-adopter")
@@ -253,6 +255,13 @@ class Adopter:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
+        try:
+            # The results etcd did not take yet, before the claims go: else another Router adopts
+            # a finished request and runs it again. The jobs stay: their adopter delivers replyTo
+            # from the result (at least once), as for a Router that died delivering.
+            await self.requests.settle(release=False)
+        except (EtcdRejected, RegistryUnavailable) as exc:
+            log.warning("finished async requests not written to etcd at shutdown (%s): others run them", exc)
         try:
             await self.journal.close(release=True)
         except (EtcdRejected, RegistryUnavailable) as exc:
@@ -268,9 +277,11 @@ class Adopter:
             await asyncio.sleep(self.journal.policy.adopt_interval_seconds)
 
     async def tick(self) -> None:
-        """One look: claim the lease if needed, adopt orphans, trim old results."""
+        """One look: claim the lease if needed, settle what etcd did not take when this Router
+        finished it, adopt orphans, trim old results."""
         if not self.journal.lease:
             await self.journal.start()
+        await self.requests.settle()
         orphans = await self.journal.orphans()
         now = asyncio.get_running_loop().time()
         if (

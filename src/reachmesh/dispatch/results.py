@@ -8,7 +8,8 @@ answers of up to 8 MiB each.
 Each client (a caller token, or an address with auth off) also has a share of the store:
 ``max_results_per_client`` results and ``max_result_bytes_per_client`` bytes. Past its share a
 client's own oldest result goes, nobody else's: with the global bounds alone, one caller's flood
-of small async requests pushed every other caller's answers out before they polled.
+of small async requests pushed every other caller's answers out before they polled. Past the
+bounds in all, the oldest of the client holding the most goes first, not the oldest whoever's.
 """
 
 from __future__ import annotations
@@ -88,11 +89,27 @@ class ResultStore:
         # The client's own share first (its newest result is always kept) ...
         while len(mine) > 1 and self._over_share(client, len(mine)):
             self._evict(next(iter(mine)))
-        # ... then the store's, oldest first whoever's.
+        # ... then the store's: the oldest of whoever holds the most.
         while len(self._done) > 1 and (
             len(self._done) > policy.max_results or self._bytes > policy.max_result_bytes
         ):
-            self._evict(next(iter(self._done)))
+            self._evict(self._next_out(trace_id))
+
+    def _next_out(self, newest: str) -> str:
+        """The result that goes past the bounds in all: the oldest of the client holding the
+        most (bytes past ``max_result_bytes``, else results); never ``newest``, whose client
+        then gives way to the oldest whoever's. Oldest first whoever's, a few clients each
+        within its share pushed every other client's answers out (eight at the defaults)."""
+        clients = self._by_client
+        if len(clients) > 1:
+            if self._bytes > self.policy.max_result_bytes:
+                most = max(clients, key=self._client_bytes.__getitem__)
+            else:
+                most = max(clients, key=lambda client: len(clients[client]))
+            oldest = next(iter(clients[most]))
+            if oldest != newest:
+                return oldest
+        return next(iter(self._done))
 
     def _over_share(self, client: str, held: int) -> bool:
         """Whether ``client`` holds more than its share; "-", a request whose client is not known

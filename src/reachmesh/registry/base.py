@@ -124,6 +124,12 @@ class Registry(abc.ABC):
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Stop background work and release connections."""
 
+    @property
+    def loaded(self) -> bool:
+        """Whether the registry holds what its backend holds: False until a shared store has
+        been read once (the Router knows no agent yet, and says so rather than route)."""
+        return True
+
     def ready(self) -> str | None:
         """``None`` when the backend can serve, else the reason it cannot (for /readyz)."""
         return None

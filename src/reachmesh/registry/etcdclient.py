@@ -232,25 +232,29 @@ class EtcdClient:
 
     # -- one call, with failover ------------------------------------------------------------
 
-    async def call(self, path: str, body: dict[str, Any], *, deadline: float | None = None) -> dict[str, Any]:
+    async def call(
+        self, path: str, body: dict[str, Any], *, deadline: float | None = None, once: bool = False
+    ) -> dict[str, Any]:
         """POST ``body`` to ``path`` on the members in turn until one answers or time runs out.
 
         With a login configured, the call carries its token; when etcd refuses the token, the
-        client logs in again and repeats the call once, within the same deadline.
+        client logs in again and repeats the call once, within the same deadline. ``once``: each
+        member is tried once at most (a refused connection fails the call at once, where the
+        deadline would keep trying it).
         """
         budget = self.deadline if deadline is None else deadline
         end = time.monotonic() + budget
         payload = orjson.dumps(body)
         if self._credentials is None:
-            return await self._call_until(path, payload, end, budget)
-        token = await self._logged_in(end, budget)
+            return await self._call_until(path, payload, end, budget, once)
+        token = await self._logged_in(end, budget, once)
         try:
-            return await self._call_until(path, payload, end, budget)
+            return await self._call_until(path, payload, end, budget, once)
         except EtcdRejected as exc:
             if not exc.token_refused:
                 raise
-        await self._log_in_again(token, end, budget)
-        return await self._call_until(path, payload, end, budget)
+        await self._log_in_again(token, end, budget, once)
+        return await self._call_until(path, payload, end, budget, once)
 
     # -- authentication ----------------------------------------------------------------------
 
@@ -259,13 +263,13 @@ class EtcdClient:
             return {"Content-Type": "application/json", "Authorization": self._token}
         return {"Content-Type": "application/json"}
 
-    async def _logged_in(self, end: float, budget: float) -> str | None:
+    async def _logged_in(self, end: float, budget: float, once: bool = False) -> str | None:
         """The token to call with, logging in first when there is none yet."""
         if self._token is None:
-            await self._log_in_again(None, end, budget)
+            await self._log_in_again(None, end, budget, once)
         return self._token
 
-    async def _log_in_again(self, stale: str | None, end: float, budget: float) -> None:
+    async def _log_in_again(self, stale: str | None, end: float, budget: float, once: bool = False) -> None:
         """Replace the token ``stale`` (None: there is none) unless another call already has.
 
         Waiting for another call's login counts against this call's deadline too (the login
@@ -278,11 +282,11 @@ class EtcdClient:
                 f"etcd did not answer within {budget:g} s (waiting for another call's login)"
             ) from exc
         try:
-            await self._log_in_locked(stale, end, budget)
+            await self._log_in_locked(stale, end, budget, once)
         finally:
             self._login.release()
 
-    async def _log_in_locked(self, stale: str | None, end: float, budget: float) -> None:
+    async def _log_in_locked(self, stale: str | None, end: float, budget: float, once: bool) -> None:
         if self._token is not None and self._token != stale:
             return  # a concurrent call logged in meanwhile: use its token
         self._token = None
@@ -290,7 +294,7 @@ class EtcdClient:
         user, password = self._credentials
         credentials = orjson.dumps({"name": user, "password": password})
         try:
-            answer = await self._call_until("/v3/auth/authenticate", credentials, end, budget)
+            answer = await self._call_until("/v3/auth/authenticate", credentials, end, budget, once)
         except EtcdRejected as exc:
             if exc.code == _FAILED_PRECONDITION and "not enabled" in exc.message:
                 self._token = ""  # authentication is off in etcd: calls go without a token
@@ -306,7 +310,9 @@ class EtcdClient:
         if self._credentials is not None and self._token == token:
             self._token = None
 
-    async def _call_until(self, path: str, payload: bytes, end: float, budget: float) -> dict[str, Any]:
+    async def _call_until(
+        self, path: str, payload: bytes, end: float, budget: float, once: bool = False
+    ) -> dict[str, Any]:
         last = "no member answered"
         tries = 0
         while True:
@@ -322,6 +328,8 @@ class EtcdClient:
                 # A bare timeout says less than what another try said (a refused certificate, say).
                 if str(exc) not in _BARE or last == "no member answered":
                     last = f"{endpoint}: {exc}"
+                if once and tries >= len(self.endpoints):
+                    raise RegistryUnavailable(f"no etcd member answered ({last})") from exc
             else:
                 self._current = index
                 return answer
@@ -384,8 +392,11 @@ class EtcdClient:
         kvs = answer.get("kvs") or []
         return int(answer["header"]["revision"]), (_kv(kvs[0]) if kvs else None)
 
-    async def get_prefix(self, prefix: str, *, page: int = 500) -> tuple[int, list[KeyValue]]:
-        """Every key under ``prefix`` at one revision, read in pages (no answer grows unbounded)."""
+    async def get_prefix(
+        self, prefix: str, *, page: int = 500, once: bool = False
+    ) -> tuple[int, list[KeyValue]]:
+        """Every key under ``prefix`` at one revision, read in pages (no answer grows unbounded);
+        ``once``: its first page tries each member once at most (:meth:`call`)."""
         end = _b64(prefix_end(prefix))
         start = prefix
         revision = 0
@@ -394,7 +405,7 @@ class EtcdClient:
             body: dict[str, Any] = {"key": _b64(start), "range_end": end, "limit": str(page)}
             if revision:
                 body["revision"] = str(revision)  # later pages read the first page's revision
-            answer = await self.call("/v3/kv/range", body)
+            answer = await self.call("/v3/kv/range", body, once=once and not revision)
             if not revision:
                 revision = int(answer["header"]["revision"])
             kvs = [_kv(raw) for raw in answer.get("kvs") or []]
@@ -444,10 +455,10 @@ class EtcdClient:
 
     # -- leases ------------------------------------------------------------------------------
 
-    async def grant(self, ttl: float, *, deadline: float | None = None) -> int:
+    async def grant(self, ttl: float, *, deadline: float | None = None, once: bool = False) -> int:
         # etcd counts whole seconds; never round a lease down to less than it was asked for.
         answer = await self.call(
-            "/v3/lease/grant", {"TTL": str(max(int(-(-ttl // 1)), 1))}, deadline=deadline
+            "/v3/lease/grant", {"TTL": str(max(int(-(-ttl // 1)), 1))}, deadline=deadline, once=once
         )
         return int(answer["ID"])
 

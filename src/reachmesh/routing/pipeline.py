@@ -36,7 +36,7 @@ from fnmatch import fnmatchcase
 from reachmesh.clock import SYSTEM_CLOCK, Clock
 from reachmesh.config import RoutingPolicy
 from reachmesh.decision import DecisionRecord
-from reachmesh.exceptions import NoAvailableHandler, SemanticUnavailable, UnknownTask
+from reachmesh.exceptions import NoAvailableHandler, RegistryLoading, SemanticUnavailable, UnknownTask
 from reachmesh.protocol import AgentStatusValue, CandidateReason, ReachRequest, Strategy
 from reachmesh.redaction import loggable
 from reachmesh.registry.base import AgentEntry, LearnedRoute, Registry, learned_key, normalize_phrase
@@ -166,6 +166,9 @@ class Pipeline:
 
     def decide(self, request: ReachRequest, record: DecisionRecord) -> list[Choice]:
         """The ranked choices for ``request``, each stage written to ``record``."""
+        if not self.registry.loaded:
+            reason = self.registry.ready() or "the registry is not loaded yet"
+            raise RegistryLoading(f"{reason}; retry in a moment")
         strategy = self.strategy(request)
         # The member's value without the enum's property (a Python-level call per read).
         record.strategy = strategy._value_

@@ -427,8 +427,7 @@ class AdminApi:
         """GET /reach/{traceId} for a request another Router accepted: read from etcd."""
         unknown = f"no async request {trace_id!r} (unknown, or its result expired or was evicted)"
         try:
-            stored = await journal.result(trace_id)
-            job = None if stored is not None else await journal.job(trace_id)
+            stored, job = await journal.lookup(trace_id)
         except (EtcdRejected, RegistryUnavailable) as exc:
             return json_error(503, "REGISTRY_UNAVAILABLE", f"cannot read async results from etcd now: {exc}")
         owner = stored.owner if stored is not None else job.owner if job is not None else None

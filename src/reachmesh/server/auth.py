@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from fnmatch import fnmatchcase
 from typing import Any, Protocol
 
 from reachmesh.config import AuthPolicy, TokenSpec
-from reachmesh.exceptions import AccessDenied
+from reachmesh.exceptions import AccessDenied, ConfigError
 from reachmesh.protocol import Status
 from reachmesh.redaction import fingerprint
 
@@ -142,6 +142,7 @@ class TokenGuard:
                     principals[digest] = Principal(role, fingerprint(token), fingerprint(token))
         if not principals:
             return None
+        _one_owner_per_fingerprint(principals.values())
         return cls(principals, metrics_public=policy.metrics_public)
 
     def check(self, action: Action, scope: dict[str, Any]) -> Denial | None:
@@ -171,6 +172,22 @@ class TokenGuard:
             if hmac.compare_digest(known, digest):
                 found = principal
         return found
+
+
+def _one_owner_per_fingerprint(principals: Iterable[Principal]) -> None:
+    """Refuse two tokens that share a fingerprint (32 bits of the digest): a principal's key
+    owns its async results (in etcd too), its share of them, its learned routes; two tokens of
+    one key are one owner. A tenant who hands the operator a token's digest can grind one whose
+    fingerprint is another tenant's, which is shown in logs and stored in etcd."""
+    seen: dict[str, Principal] = {}
+    for principal in principals:
+        other = seen.setdefault(principal.key, principal)
+        if other is not principal:
+            raise ConfigError(
+                f"auth.tokens: two tokens share the fingerprint {principal.key} ({other.label}, "
+                f"{principal.label}): each would own the other's async results and learned routes; "
+                "issue another token for one of them"
+            )
 
 
 def _principal(spec: TokenSpec) -> Principal:

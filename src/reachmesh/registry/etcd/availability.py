@@ -184,6 +184,12 @@ class Health:
             members = ", ".join(f"{e} ({failures.get(e, 'no answer')})" for e in shared.client.endpoints)
             self._set_unreachable(f"etcd unreachable at {members}")
 
+    def out_of_reach_at_start(self, reason: str) -> None:
+        """No member answered the first read: out of reach from the start (writes fail within
+        one attempt, async requests are refused at once) until a ping is answered."""
+        self._misses = 2
+        self.unreachable = reason
+
     def _answered(self) -> None:
         self._misses = 0
         self._set_unreachable(None)

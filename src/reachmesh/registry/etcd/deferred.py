@@ -26,8 +26,9 @@ Keys, under the registry's prefix::
 - Results are bounded as in memory: each client keeps at most ``max_results_per_client`` results
   and ``max_result_bytes_per_client`` bytes of them (its own oldest go first, nobody else's),
   then all of them at most ``etcd_max_results`` and ``etcd_max_total_result_bytes`` (the oldest
-  go first, whoever's). With the bounds in all alone, one caller's flood of async requests
-  pushed every other caller's results out of etcd.
+  of the client holding the most go first). With the bounds in all alone, one caller's flood of
+  async requests pushed every other caller's results out of etcd; with the oldest going first
+  whoever's, four callers that filled their shares did.
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import heapq
 import logging
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +56,7 @@ from reachmesh.registry.etcdclient import (
     compare_mod,
     delete_op,
     put_op,
+    range_op,
 )
 
 # Results dropped per transaction when trimming: three keys each, within etcd's default
@@ -132,9 +136,15 @@ class DeferredStore:
 
     # -- the Router's lease ------------------------------------------------------------------
 
-    async def start(self) -> None:
-        """Grant this Router's claim lease and keep it alive until :meth:`close`."""
-        self.lease = await self.client.grant(self.policy.claim_ttl_seconds)
+    @property
+    def reachable(self) -> bool:
+        """False while the registry knows etcd is out of reach (no member answers)."""
+        return self._health is None or self._health.unreachable is None
+
+    async def start(self, *, once: bool = False) -> None:
+        """Grant this Router's claim lease and keep it alive until :meth:`close` (``once``: each
+        member tried once at most)."""
+        self.lease = await self.client.grant(self.policy.claim_ttl_seconds, once=once)
         if self._keeper is None:
             self._keeper = asyncio.create_task(self._keep_alive(), name="reach-async-claims")
 
@@ -244,16 +254,18 @@ class DeferredStore:
 
     async def result(self, trace_id: str) -> StoredResult | None:
         _, kv = await self.client.get(self.results + trace_id, deadline=self._deadline())
-        if kv is None:
-            return None
-        data = jsoncodec.loads(kv.value)
-        body = data.get("body")
-        return StoredResult(
-            int(data["status"]),
-            base64.b64decode(body) if isinstance(body, str) else None,
-            data.get("owner"),
-            int(data.get("size", 0)),
+        return None if kv is None else _stored(kv.value)
+
+    async def lookup(self, trace_id: str) -> tuple[StoredResult | None, Job | None]:
+        """``trace_id``'s result, else its job, in one read: a poll (of an id that may not
+        exist) costs etcd one round trip, not two, and sees both at one revision."""
+        read = await self.client.txn(
+            [], [range_op(self.results + trace_id), range_op(self.jobs + trace_id)], deadline=self._deadline()
         )
+        results, jobs = read.ranges if len(read.ranges) == 2 else ([], [])
+        if results:
+            return _stored(results[0].value), None
+        return None, (_job(trace_id, jobs[0].value, jobs[0].mod_revision) if jobs else None)
 
     async def job(self, trace_id: str) -> Job | None:
         _, kv = await self.client.get(self.jobs + trace_id, deadline=self._deadline())
@@ -300,8 +312,8 @@ class DeferredStore:
     async def trim_results(self) -> None:
         """Keep each client within its share of the results in etcd (``max_results_per_client``,
         ``max_result_bytes_per_client``: its own oldest go, its newest always stays), then all of
-        them within ``etcd_max_results`` and ``etcd_max_total_result_bytes`` (the oldest go
-        first, whoever's); count them for /metrics."""
+        them within ``etcd_max_results`` and ``etcd_max_total_result_bytes`` (the oldest of
+        whoever holds the most go first: :meth:`_over_all`); count them for /metrics."""
         # The sizes first: each was written with its share, so every one counted has its share
         # in the read that follows (a result written between the two reads is left to the next).
         _, sizes = await self.client.get_prefix(self.sizes)
@@ -309,20 +321,55 @@ class DeferredStore:
         total = sum(_size(kv.value) for kv in held)
         policy = self.policy
         gone: set[str] = set()
-        if len(held) > policy.max_results_per_client or total > policy.max_result_bytes_per_client:
-            # Only then may a client be past its share: fewer results than one share are not
-            # worth reading whose they are.
+        over_all = len(held) > policy.etcd_max_results or total > policy.etcd_max_total_result_bytes
+        over_one = len(held) > policy.max_results_per_client or total > policy.max_result_bytes_per_client
+        if over_all or over_one:
+            # Only then may a client be past its share, or some results go: fewer results than
+            # one share are not worth reading whose they are.
             _, shares = await self.client.get_prefix(self.shares)
             whose = {kv.key.removeprefix(self.shares): kv.value for kv in shares}
             gone = self._over_shares(held, whose)
             held = [kv for kv in held if kv.key not in gone]
             total = sum(_size(kv.value) for kv in held)
-        while held and (len(held) > policy.etcd_max_results or total > policy.etcd_max_total_result_bytes):
-            oldest = held.pop(0)
-            gone.add(oldest.key)
-            total -= _size(oldest.value)
+            if len(held) > policy.etcd_max_results or total > policy.etcd_max_total_result_bytes:
+                gone |= self._over_all(held, whose)
+                held = [kv for kv in held if kv.key not in gone]
+                total = sum(_size(kv.value) for kv in held)
         await self._drop_results(key.removeprefix(self.sizes) for key in gone)
         self.held, self.held_bytes = len(held), total
+
+    def _over_all(self, held: list[KeyValue], whose: dict[str, bytes]) -> set[str]:
+        """The size keys of the results past the bounds in all: the oldest of the client that
+        holds the most (bytes while over ``etcd_max_total_result_bytes``, then results while
+        over ``etcd_max_results``; the older oldest on a tie), one at a time. Oldest first
+        whoever's, a few clients that each filled their share pushed every other client's
+        results out (four at the defaults). Results of no known client count as one client."""
+        by_client: dict[bytes | None, deque[KeyValue]] = {}
+        for kv in held:  # oldest first
+            by_client.setdefault(whose.get(kv.key.removeprefix(self.sizes)), deque()).append(kv)
+        sizes = {client: sum(_size(kv.value) for kv in mine) for client, mine in by_client.items()}
+        count, total = len(held), sum(sizes.values())
+        most, most_bytes = self.policy.etcd_max_results, self.policy.etcd_max_total_result_bytes
+        gone: set[str] = set()
+        while count > most or total > most_bytes:
+            by_bytes = total > most_bytes
+
+            def rank(client: bytes | None, by_bytes: bool = by_bytes) -> tuple[int, int]:
+                mine = by_client[client]
+                return -(sizes[client] if by_bytes else len(mine)), mine[0].create_revision
+
+            # The clients by what they hold, most first (a heap: a trim after a burst drops many).
+            heap = [(*rank(client), i, client) for i, client in enumerate(by_client)]
+            heapq.heapify(heap)
+            while heap and (count > most or total > most_bytes) and (total > most_bytes) == by_bytes:
+                *_, i, client = heapq.heappop(heap)
+                oldest = by_client[client].popleft()
+                gone.add(oldest.key)
+                sizes[client] -= _size(oldest.value)
+                count, total = count - 1, total - _size(oldest.value)
+                if by_client[client]:
+                    heapq.heappush(heap, (*rank(client), i, client))
+        return gone
 
     def _over_shares(self, held: list[KeyValue], whose: dict[str, bytes]) -> set[str]:
         """The size keys of the results past their client's share: each client's oldest first,
@@ -368,6 +415,17 @@ def client_digest(client: str) -> bytes:
 def _size(raw: bytes) -> int:
     """A size key's value; a value that is not a number counts as nothing."""
     return int(raw) if raw.isdigit() and len(raw) < 16 else 0
+
+
+def _stored(raw: bytes) -> StoredResult:
+    data = jsoncodec.loads(raw)
+    body = data.get("body")
+    return StoredResult(
+        int(data["status"]),
+        base64.b64decode(body) if isinstance(body, str) else None,
+        data.get("owner"),
+        int(data.get("size", 0)),
+    )
 
 
 def _job(trace_id: str, raw: bytes, revision: int) -> Job:

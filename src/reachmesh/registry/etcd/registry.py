@@ -127,7 +127,10 @@ class EtcdRegistry(Registry):
         self.health.warn_plain_login()
         await self.client.open()
         try:
-            await self.watcher.resync()
+            # Each member tried once for the first page (a refused connection fails at once, a
+            # silent member costs one attempt): a Router whose etcd is down listens at once,
+            # rather than after the whole deadline. A large registry is still read whole here.
+            await self.watcher.resync(once=True)
             await self.health.may_write()
         except EtcdRejected as exc:
             # etcd answered, and said no (a wrong password, a role without the prefix): nothing
@@ -135,9 +138,15 @@ class EtcdRegistry(Registry):
             await self.client.close()
             raise ConfigError(self.health.refusal_hint(exc)) from exc
         except RegistryUnavailable as exc:
-            # Serve anyway: /readyz says why not ready, and the watch loop keeps trying.
+            # Serve anyway: /readyz says why not ready, /reach answers REGISTRY_UNAVAILABLE, and
+            # the watch loop reads etcd once it answers.
             self._shared.last_error = exc.message
-            log.warning("[registry] etcd at %s: %s; retrying", ", ".join(self.client.endpoints), exc.message)
+            self.health.out_of_reach_at_start(exc.message)
+            log.warning(
+                "[registry] etcd at %s: %s; serving, not ready until it answers",
+                ", ".join(self.client.endpoints),
+                exc.message,
+            )
         if self.client.auth_off:
             log.warning(
                 "[registry] registry.etcd.username is set but etcd has authentication off: "
@@ -167,7 +176,9 @@ class EtcdRegistry(Registry):
 
     def ready(self) -> str | None:
         if not self.watcher.loaded:
-            return f"the registry is not loaded from etcd yet ({self._shared.last_error})"
+            # The ping's word first: it says for each member why (refused, silent, no leader).
+            why = self.health.unreachable or self._shared.last_error
+            return f"the registry is not loaded from etcd yet ({why})"
         # Not merely degraded: every Router sharing this etcd refuses every registration.
         return self.health.nospace
 

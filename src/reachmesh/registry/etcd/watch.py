@@ -35,10 +35,11 @@ class Watcher:
 
     # -- the full read -----------------------------------------------------------------------
 
-    async def resync(self) -> None:
-        """Read every key under the prefix and bring the snapshot to that revision."""
+    async def resync(self, *, once: bool = False) -> None:
+        """Read every key under the prefix and bring the snapshot to that revision (``once``:
+        each member tried once at most)."""
         shared, keys = self._shared, self._shared.keys
-        revision, kvs = await shared.client.get_prefix(keys.root)
+        revision, kvs = await shared.client.get_prefix(keys.root, once=once)
         self._knowledge.reset_blocks()
         # Vector blocks first: installing an agent schedules its vectors, which looks for a block.
         # Keys come sorted otherwise, so agents/ is applied before the health/ reports naming them.
