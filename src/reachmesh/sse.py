@@ -133,8 +133,12 @@ class RawSseParser:
         if len(data) - start > self._max_total - self.total:
             return self.feed(data[start:]), len(data), 0  # over the stream's bound: this raises
         events: list[RawEvent] = []
+        self._origin = start  # _read's work, in line: this is called for each part of a read
         try:
-            stop, left = self._read(data, events, start, steps)
+            stop, left = self._read_lines(data, events, start, steps)
+            self.total += stop - start
+            if self.total > self._max_total:
+                raise SseError(f"the event stream is over its {self._max_total}-byte limit")
         except SseError as exc:
             exc.events = events
             raise

@@ -332,9 +332,12 @@ class LeanAgentStream(asyncio.BufferedProtocol):
                     if sliced or not self._parse():
                         break
                     sliced = True
-                while self._pending and not self._finished:
-                    piece = self._piece(self._pending.popleft())
+                pending, read = self._pending, self._read_event
+                while pending and not self._finished:
+                    piece = read(pending.popleft())  # _piece's work, in line: once per event
                     if piece is not None:
+                        if isinstance(piece, Final):
+                            self._finished = True
                         pieces.append(piece)
         except AttemptError as exc:
             self._later = exc
