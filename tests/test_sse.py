@@ -493,3 +493,21 @@ def test_a_read_given_as_a_bytearray_is_copied_when_held() -> None:
     assert parser.feed(buffer) == []  # type: ignore[arg-type]
     buffer[:] = b"x" * len(buffer)
     assert parser.feed(b"2]\n\n") == [RawEvent(b"chunk", b"[1,2]")]
+
+
+def test_a_line_that_trickles_in_holds_about_its_size() -> None:
+    """A line sent a byte a read is held as about its bytes, not as a piece a read (an object
+    and a pointer each: about 50 times the line)."""
+    parser = RawSseParser()
+    parser.feed(OPEN)
+    parser.feed(b"event: chunk\n")
+    line = b'data: "' + b"t" * (16 * 1024) + b'"'
+    tracemalloc.start()
+    try:
+        for at in range(len(line)):
+            parser.feed(line[at : at + 1])
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert held < 2 * len(line), held
+    assert parser.feed(b"\n\n") == [RawEvent(b"chunk", line[6:])]

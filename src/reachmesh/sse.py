@@ -97,7 +97,7 @@ class RawSseParser:
         # The line still open at the end of the last read, as the pieces it came in (a read's
         # bytes are not changed once fed, so a piece is a view of its read, not a copy), and
         # its bytes: joined once, when its end comes.
-        self._held: list[bytes | memoryview] = []
+        self._held: list[bytes | bytearray | memoryview] = []
         self._held_size = 0
         self._cr = False
         self._first = True
@@ -276,16 +276,23 @@ class RawSseParser:
 
     def _hold(self, data: bytes, start: int) -> None:
         """Keep the line still open at the end of a read (``data[start:]``), within the line
-        bound: a view of the read, unless the line is the smaller part of it (a view would keep
-        the whole read for a few bytes) or the read is not bytes (its owner may reuse it)."""
+        bound: a view of the read when it is a large piece and most of the read, else copied
+        onto the last piece held. A view of a read whose line is its smaller part would keep
+        the whole read for a few bytes; a piece a read would cost an object and a pointer a
+        read to a line that trickles in (50 times its size in reads of a byte); a read that is
+        not bytes may be reused by its owner."""
         size = len(data) - start
         self._held_size += size
         if self._held_size > self._max_line:
             raise SseError(f"an event stream line is over {self._max_line} bytes")
-        if type(data) is not bytes or 2 * size < len(data):
-            self._held.append(bytes(data[start:]))
+        held = self._held
+        last = held[-1] if held else None
+        if size >= _VIEW_FROM and 2 * size >= len(data) and type(data) is bytes:
+            held.append(memoryview(data)[start:] if start else data)
+        elif isinstance(last, bytearray):
+            last += memoryview(data)[start:]  # in place: the piece in the list grows
         else:
-            self._held.append(memoryview(data)[start:] if start else data)
+            held.append(bytearray(memoryview(data)[start:]))
 
     def _held_line(self, end: memoryview, after: int) -> RawEvent | None:
         """The line held across reads, ended by ``end``: joined once, as the event's data when
@@ -297,7 +304,7 @@ class RawSseParser:
         first = held[0]
         data_line = not self._first and len(first) >= 6 and first[:6] == b"data: "
         if data_line and size <= self._max_line:
-            held[0] = first[6:]
+            held[0] = memoryview(first)[6:]
         line = b"".join(held)
         held.clear()
         self._held_size = 0
@@ -417,6 +424,8 @@ def _idle_run(max_line: int, open_event: bool) -> re.Pattern[bytes]:
 
 
 _OPEN_BUSY = frozenset(b"e\r\n")
+# The smallest piece of a line held across reads kept as a view of its read (see _hold).
+_VIEW_FROM = 16 * 1024
 
 
 def _field(buf: bytes | bytearray, start: int, end: int) -> bytes:
