@@ -424,3 +424,90 @@ def test_the_line_charge_ends_a_stream_where_the_line_reader_does() -> None:
         cuts = sorted(rng.sample(range(1, len(stream)), min(rng.randint(0, 6), len(stream) - 1)))
         pieces = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
         assert _as_written(pieces, limits) == _line_by_line(pieces, limits), (pieces, limits)
+
+
+def test_a_data_line_cut_by_reads_at_every_offset_gives_what_the_line_reader_gives() -> None:
+    """A data line held across reads is joined once, as the event's data: every cut, in two and
+    in three reads, of the shapes an agent writes and of the odd ones (no space after the colon,
+    CR LF, a second data line, a comment), bounds included, gives what one byte at a time gives."""
+    shapes = [
+        b'event: chunk\ndata: ["' + b"x" * 40 + b'"]\n\n',
+        b'event: chunk\ndata:["' + b"x" * 40 + b'"]\n\n',
+        b'event: chunk\r\ndata: ["' + b"x" * 40 + b'"]\r\n\r\n',
+        b"event: chunk\ndata: [1,\ndata: " + b"2" * 30 + b"]\n\n",
+        b"event: chunk\n: note " + b"n" * 20 + b"\ndata: " + b"3" * 30 + b"\n\n",
+        b"data: " + b"4" * 50 + b"\n\n",
+    ]
+    small = SseLimits(max_line=48, max_event=40, max_total=1 << 20)
+    for shape in shapes:
+        for cut in range(1, len(shape)):
+            for limits in (DEFAULT, small):
+                pieces = [OPEN, shape[:cut], shape[cut:]]
+                assert _as_written(pieces, limits) == _line_by_line(pieces, limits), pieces
+                third = [OPEN, shape[: cut // 2], shape[cut // 2 : cut], shape[cut:]]
+                assert _as_written(third, limits) == _line_by_line(third, limits), third
+
+
+def test_a_large_chunk_cut_by_a_read_is_joined_with_one_copy() -> None:
+    """A chunk's data line cut by a read costs one copy of it, as a whole one does: it was
+    gathered in a growing buffer and copied out again (about twice its size at the peak)."""
+    line = b'["' + b"x" * (512 * 1024) + b'"]'
+    event = b"event: chunk\ndata: " + line + b"\n\n"
+    parser = RawSseParser()
+    parser.feed(OPEN)
+    first, second = event[: len(event) // 2], event[len(event) // 2 :]
+    tracemalloc.start()
+    try:
+        assert parser.feed(first) == []
+        (got,) = parser.feed(second)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert got == RawEvent(b"chunk", line)
+    assert peak < 1.25 * len(line), peak
+
+
+def test_a_short_line_at_the_end_of_a_large_read_does_not_keep_the_read() -> None:
+    """The line held across reads is a view of the read it came in only when it is most of it:
+    a few bytes at the end of a megabyte read are copied, not kept with the whole read."""
+    parser = RawSseParser()
+    parser.feed(OPEN)
+    tracemalloc.start()
+    try:
+        read = b"event: chunk\ndata: 1\n\n" * 50_000 + b"event: chunk\ndata: [2"
+        assert len(parser.feed(read)) == 50_000
+        del read
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert held < 64 * 1024, held
+    assert parser.feed(b"]\n\n") == [RawEvent(b"chunk", b"[2]")]
+
+
+def test_a_read_given_as_a_bytearray_is_copied_when_held() -> None:
+    """A read that is not bytes may be reused by its owner after it was fed: the line held from
+    it is a copy, never a view."""
+    parser = RawSseParser()
+    parser.feed(OPEN)
+    buffer = bytearray(b"event: chunk\ndata: [1,")
+    assert parser.feed(buffer) == []  # type: ignore[arg-type]
+    buffer[:] = b"x" * len(buffer)
+    assert parser.feed(b"2]\n\n") == [RawEvent(b"chunk", b"[1,2]")]
+
+
+def test_a_line_that_trickles_in_holds_about_its_size() -> None:
+    """A line sent a byte a read is held as about its bytes, not as a piece a read (an object
+    and a pointer each: about 50 times the line)."""
+    parser = RawSseParser()
+    parser.feed(OPEN)
+    parser.feed(b"event: chunk\n")
+    line = b'data: "' + b"t" * (16 * 1024) + b'"'
+    tracemalloc.start()
+    try:
+        for at in range(len(line)):
+            parser.feed(line[at : at + 1])
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert held < 2 * len(line), held
+    assert parser.feed(b"\n\n") == [RawEvent(b"chunk", line[6:])]

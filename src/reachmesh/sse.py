@@ -94,7 +94,11 @@ class RawSseParser:
         # Where the read under way started: the total up to its index i is
         # self.total + i - self._origin (see _charge).
         self._origin = 0
-        self._partial = bytearray()
+        # The line still open at the end of the last read, as the pieces it came in (a read's
+        # bytes are not changed once fed, so a piece is a view of its read, not a copy), and
+        # its bytes: joined once, when its end comes.
+        self._held: list[bytes | bytearray | memoryview] = []
+        self._held_size = 0
         self._cr = False
         self._first = True
         self._event = b""
@@ -129,8 +133,12 @@ class RawSseParser:
         if len(data) - start > self._max_total - self.total:
             return self.feed(data[start:]), len(data), 0  # over the stream's bound: this raises
         events: list[RawEvent] = []
+        self._origin = start  # _read's work, in line: this is called for each part of a read
         try:
-            stop, left = self._read(data, events, start, steps)
+            stop, left = self._read_lines(data, events, start, steps)
+            self.total += stop - start
+            if self.total > self._max_total:
+                raise SseError(f"the event stream is over its {self._max_total}-byte limit")
         except SseError as exc:
             exc.events = events
             raise
@@ -155,22 +163,18 @@ class RawSseParser:
                 start += 1  # the LF of a CR LF split between two reads
         while start < size and steps:
             steps -= 1
-            if not (self._partial or self._first):
+            if not (self._held or self._first):
                 ahead = self._at_once(data, start, events)
                 if ahead > start:
                     start = ahead
                     continue
             cut = _line_end(data, start)
             if cut < 0:
-                self._hold(data[start:] if start else data)
+                self._hold(data, start)
                 start = size
                 break
-            partial = self._partial
-            if partial:
-                # The line's end is appended to its start in place: one copy of each part.
-                partial += memoryview(data)[start:cut]
-                event = self._line(partial, 0, len(partial), cut + 1)
-                partial.clear()
+            if self._held:
+                event = self._held_line(memoryview(data)[start:cut], cut + 1)
             else:
                 event = self._line(data, start, cut, cut + 1)
             start = self._after_line_end(data, cut)
@@ -270,15 +274,54 @@ class RawSseParser:
                 return cut + 2
         return cut + 1
 
-    def _hold(self, tail: bytes) -> None:
-        """Keep the line still open at the end of a read, within the line bound."""
-        self._partial += tail
-        if len(self._partial) > self._max_line:
+    def _hold(self, data: bytes, start: int) -> None:
+        """Keep the line still open at the end of a read (``data[start:]``), within the line
+        bound: a view of the read when it is a large piece and most of the read, else copied
+        onto the last piece held. A view of a read whose line is its smaller part would keep
+        the whole read for a few bytes; a piece a read would cost an object and a pointer a
+        read to a line that trickles in (50 times its size in reads of a byte); a read that is
+        not bytes may be reused by its owner."""
+        size = len(data) - start
+        self._held_size += size
+        if self._held_size > self._max_line:
             raise SseError(f"an event stream line is over {self._max_line} bytes")
+        held = self._held
+        last = held[-1] if held else None
+        if size >= _VIEW_FROM and 2 * size >= len(data) and type(data) is bytes:
+            held.append(memoryview(data)[start:] if start else data)
+        elif isinstance(last, bytearray):
+            last += memoryview(data)[start:]  # in place: the piece in the list grows
+        else:
+            held.append(bytearray(memoryview(data)[start:]))
+
+    def _held_line(self, end: memoryview, after: int) -> RawEvent | None:
+        """The line held across reads, ended by ``end``: joined once, as the event's data when
+        it is a data line (a large chunk cut by a read takes one copy, as a whole one does),
+        else read as any line; ``after`` as for :meth:`_line`."""
+        held = self._held
+        size = self._held_size + len(end)
+        held.append(end)
+        first = held[0]
+        data_line = not self._first and len(first) >= 6 and first[:6] == b"data: "
+        if data_line and size <= self._max_line:
+            held[0] = memoryview(first)[6:]
+        line = b"".join(held)
+        held.clear()
+        self._held_size = 0
+        if not (data_line and size <= self._max_line):
+            return self._line(line, 0, size, after)
+        # What _line does for a data line, its value already apart from its name.
+        self._charge(1, after)
+        self._data_bytes += size - 3  # as SseParser counts it
+        if self._data_bytes > self._max_event:
+            raise SseError(f"an event is over {self._max_event} bytes")
+        self._add_data(line, 0, len(line))
+        self._open = True
+        return None
 
     def eof(self) -> None:
         """The stream ended; raises SseError if it ended inside an event or a line."""
-        if self._partial or self._open:
+        if self._held or self._open:
             raise SseError("the event stream ended inside an event")
 
     def _line(self, buf: bytes | bytearray, start: int, end: int, after: int) -> RawEvent | None:
@@ -381,6 +424,8 @@ def _idle_run(max_line: int, open_event: bool) -> re.Pattern[bytes]:
 
 
 _OPEN_BUSY = frozenset(b"e\r\n")
+# The smallest piece of a line held across reads kept as a view of its read (see _hold).
+_VIEW_FROM = 16 * 1024
 
 
 def _field(buf: bytes | bytearray, start: int, end: int) -> bytes:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from reachmesh.exceptions import BadAgentResponse
-from reachmesh.sse import RawSseParser
+from reachmesh.sse import RawEvent, RawSseParser
 from reachmesh.transport.streaming import Chunk, checked_raw, raw_piece
 
 TEXT = b"x" * 5000  # past the size from which the quicker reader is used
@@ -68,3 +68,38 @@ def test_the_relay_reads_a_chunks_lines_as_the_parser_counts_them(size: int) -> 
 def test_invalid_chunks_are_refused(raw: bytes) -> None:
     with pytest.raises(BadAgentResponse, match="not JSON"):
         checked_raw(raw)
+
+
+FLAT = [b'"' + TEXT + b'"', b"1", b"true", b"null"]
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'"' + TEXT + b'"',
+        b"12345678901234567890123456789012345678901234567890" + b" " * 3000,  # an integer alone
+        b'[7,"' + TEXT + b'"]',  # the bench's chunk: a flat list, read in one loop
+        b"[" + b",".join(FLAT * 15 + [b"1"] * 3) + b"]",  # 63 values: the most the one loop takes
+        b"[" + b",".join(FLAT * 16) + b"]",  # 64: the whole look
+        b"[" + b",".join(FLAT * 16 + [b"1e999"]) + b"]",  # past the look, an infinity: refused
+        b'["' + TEXT + b'", 1.5, [1e999]]',  # a float and a nested infinity: refused
+        b'["' + TEXT + b'", 1e999]',
+        b'["' + TEXT + b'", {"a": -1e999}]',
+        b'["' + TEXT + b'" 1]',  # not JSON
+        b'{"a":\n"' + TEXT + b'"}',
+    ],
+)
+@pytest.mark.parametrize("lines", [1, 2])
+def test_the_relays_piece_of_a_chunk_is_what_the_check_gives(raw: bytes, lines: int) -> None:
+    """The relay reads a chunk event with the check in line (once per event of a large stream):
+    the same text goes on, or the same refusal, as :func:`checked_raw` gives, for every shape
+    the quick reader takes in one loop, looks over, or leaves to the exact one."""
+    try:
+        expected: Chunk | str = Chunk(checked_raw(raw, lines))
+    except BadAgentResponse as exc:
+        expected = str(exc)
+    try:
+        got: object = raw_piece(RawEvent(b"chunk", raw, lines))
+    except BadAgentResponse as exc:
+        got = str(exc)
+    assert got == expected

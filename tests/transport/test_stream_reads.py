@@ -84,7 +84,7 @@ def _events(size: int) -> bytes:
 async def test_reading_goes_on_past_high_water_while_the_relay_waits_for_the_bytes() -> None:
     """A relay waiting for the next event takes what a read brings in this turn of the loop:
     reading is not paused for it (two epoll changes per read, for nothing), a read may take up to
-    WAITED_READ (half the reads of READ_BUFFER ones, for the Router's CPU), and the stream still
+    WAITED_READ (a quarter of the reads of READ_BUFFER ones, for the Router's CPU), and the stream still
     never holds more than WAITED_READ, pausing when the next read would be too small."""
     stream, transport = _stream(_Pool())
     _read(stream, HEAD)
@@ -94,7 +94,7 @@ async def test_reading_goes_on_past_high_water_while_the_relay_waits_for_the_byt
             break
         await asyncio.sleep(0)  # one turn: the relay reaches its wait
     assert stream._waiter is not None
-    assert len(stream.get_buffer(-1)) == WAITED_READ == 2 * READ_BUFFER  # the bound in docs/limits.md
+    assert len(stream.get_buffer(-1)) == WAITED_READ == 4 * READ_BUFFER  # the bound in docs/limits.md
     held = 0
     sizes = iter([HIGH_WATER + 1000, READ_BUFFER])  # reads of what the agent had sent, then whole
     while not transport.paused:  # the loop's reads in one turn, before the relay runs

@@ -8,7 +8,7 @@ kept as they arrive and fed to the event-stream parser only when the relay asks 
 piece, so a slow caller slows the read: past ``HIGH_WATER`` bytes not asked for yet while the
 relay is busy writing, reading from the agent pauses (its writes then stop in its own socket),
 and a read takes no more than keeps the stream within ``READ_BUFFER`` (512 KiB) bytes, or
-``WAITED_READ`` (1 MiB) while the relay waits for them (they go out to the caller at once): a stream
+``WAITED_READ`` (2 MiB) while the relay waits for them (they go out to the caller at once): a stream
 holds at most that and one open line (the parser's bound).
 
 The loop reads the stream into one buffer shared by every stream of the pool
@@ -46,10 +46,12 @@ EVENT_STREAM = b"text/event-stream"
 READ_BUFFER = 512 * 1024
 # The most one read takes, and the stream holds, while the relay waits for the agent's bytes: the
 # relay is not behind (its last write to the caller went out), and what the read brings goes to
-# the caller in this turn of the loop. Reads of up to 1 MiB took 12-15 % less of the Router's CPU
-# per MiB than reads of 512 KiB (half the reads, wakeups and writes), and the relay, busy with a
-# caller that is behind, still reads at most READ_BUFFER.
-WAITED_READ = 1024 * 1024
+# the caller in this turn of the loop. Each read costs a pause and a resume of reading (the read
+# loop would otherwise go on reading), a write to the caller and the wakeups of both ends, about
+# as much of the Router's CPU as the bytes of a 1 MiB read: reads of up to 1 MiB took 12-15 %
+# less of it per MiB than reads of 512 KiB, and reads of up to 2 MiB 8-12 % less again (most of
+# it kernel time). The relay, busy with a caller that is behind, still reads at most READ_BUFFER.
+WAITED_READ = 2048 * 1024
 _MIN_READ = 64 * 1024
 # What the parser reads between two turns of the loop: PARSE_STEPS lines (or whole events, or
 # runs of idle lines), the rest waiting for the next turn. A whole read of empty events
@@ -330,9 +332,12 @@ class LeanAgentStream(asyncio.BufferedProtocol):
                     if sliced or not self._parse():
                         break
                     sliced = True
-                while self._pending and not self._finished:
-                    piece = self._piece(self._pending.popleft())
+                pending, read = self._pending, self._read_event
+                while pending and not self._finished:
+                    piece = read(pending.popleft())  # _piece's work, in line: once per event
                     if piece is not None:
+                        if isinstance(piece, Final):
+                            self._finished = True
                         pieces.append(piece)
         except AttemptError as exc:
             self._later = exc

@@ -52,13 +52,19 @@ def checked_raw(raw: bytes, lines: int = 2) -> bytes:
     stands for each; ``lines`` is 1 for a data field known to be one line (no look for breaks).
     """
     if len(raw) < _QUICK_FROM or not _quick_check(raw):
+        return _checked_slowly(raw, lines)
+    return raw if lines == 1 or b"\n" not in raw else raw.replace(b"\n", b" ")
+
+
+def _checked_slowly(raw: bytes, lines: int) -> bytes:
+    """:func:`checked_raw` for a text the quick reader did not take (small, or not its own)."""
+    try:
+        orjson.loads(raw)
+    except orjson.JSONDecodeError:
         try:
-            orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            try:
-                return jsoncodec.dumps(jsoncodec.loads(raw))
-            except jsoncodec.JSONDecodeError as exc:
-                raise BadAgentResponse(f"a chunk event's data is not JSON ({exc.msg})") from exc
+            return jsoncodec.dumps(jsoncodec.loads(raw))
+        except jsoncodec.JSONDecodeError as exc:
+            raise BadAgentResponse(f"a chunk event's data is not JSON ({exc.msg})") from exc
     return raw if lines == 1 or b"\n" not in raw else raw.replace(b"\n", b" ")
 
 
@@ -67,6 +73,8 @@ _QUICK_FROM = 2048
 # The most values of one chunk looked over for an infinity; past them, orjson decides.
 _QUICK_NODES = 64
 _INFINITIES = (math.inf, -math.inf)
+# The values jiter reads that can never be an infinity.
+_FINITE = frozenset({str, int, bool, type(None)})
 
 
 def _quick_check(raw: bytes) -> bool:
@@ -76,6 +84,17 @@ def _quick_check(raw: bytes) -> bool:
         value = pydantic_core.from_json(raw, allow_inf_nan=False, cache_strings=False)
     except ValueError:
         return False
+    kind = type(value)
+    if kind in _FINITE:
+        return True
+    # A flat list of strings, integers, booleans and nulls (a common chunk) in one look.
+    if kind is list and len(value) < _QUICK_NODES and _FINITE.issuperset(map(type, value)):
+        return True
+    return _finite(value)
+
+
+def _finite(value: Any) -> bool:
+    """Whether ``value`` has at most _QUICK_NODES values, none an infinity."""
     stack = [value]
     seen = 0
     while stack:
@@ -113,10 +132,14 @@ def _final(raw: bytes) -> Final:
 
 def raw_piece(event: RawEvent) -> Piece | None:
     """:func:`piece_of` for an event read without decoding (the Router's relay)."""
-    if event.event == b"chunk":
-        return Chunk(checked_raw(event.data, event.lines))
-    if event.event == b"done":
-        return _final(event.data)
+    name, raw, lines = event
+    if name == b"chunk":
+        # checked_raw's work, in line for the common case: once per event of a large stream.
+        if len(raw) < _QUICK_FROM or not _quick_check(raw):
+            return Chunk(_checked_slowly(raw, lines))
+        return Chunk(raw if lines == 1 or b"\n" not in raw else raw.replace(b"\n", b" "))
+    if name == b"done":
+        return _final(raw)
     return None
 
 
