@@ -189,7 +189,10 @@ class DecisionRecord:
         The text often quotes a caller or an agent (a refused payload key, an agent's error), and
         it reaches the log, the trace store and ``reach trace``: its control characters are
         escaped here, once, for all of them."""
-        self.events.append((kind, loggable(text, 2048)))
+        # loggable()'s own first test, here: almost every note is printable and short.
+        if not (text.isprintable() and len(text) <= 2048):
+            text = loggable(text, 2048)
+        self.events.append((kind, text))
 
     def reject(
         self,

@@ -109,6 +109,24 @@ class AttemptRun:
 
     streams = False  # a streamed request's run (dispatch/streaming.py)
 
+    # What every run starts with, read from the class until an instance sets its own (one store
+    # fewer per field on every request). may_hold: the agent that may hold a request of a
+    # capability that is not idempotent (sent, outcome unknown): no other candidate is tried
+    # after it; _waited_ms: the attempt under way's waits (for a slot, a connection); unsettled:
+    # (agent, ms to its first piece) of a streamed answer until it ends, when its verdict is
+    # booked and its slot given back (StreamingRun.settle); _cut_short: whether the deadline cut
+    # the attempt under way below the policy's connect + read time.
+    budget_spent = False
+    last_failure: tuple[str, str] | None = None  # (agent, reason) of the last failed agent
+    may_hold: str | None = None
+    declined_by: str | None = None  # the agent that declined the last attempt, if one did
+    busy_retry_after_s: int | None = None  # the soonest Retry-After of a busy (429) agent
+    _attempt_ms = 0.0  # the time the attempt under way may take
+    _waited_ms = (0.0, 0.0)
+    _probing: str | None = None  # the agent whose half-open probe this request holds
+    unsettled: tuple[str, float] | None = None
+    _cut_short = False
+
     def __init__(
         self,
         parts: Forwarding,
@@ -127,36 +145,23 @@ class AttemptRun:
         self.timeout = timeout
         self.deadline = Deadline(parts.clock, timeout.overall_ms)
         self.attempts_left = 1 + max_retries
-        self.budget_spent = False
         # The agent a contextBound conversation is bound to: once it is out of the picture, only
         # agents that confirm they hold the conversation qualify.
-        self.bound_agent = (
-            record.affinity if request.preferences.context_bound and request.conversation_id else None
-        )
-        self.last_failure: tuple[str, str] | None = None  # (agent, reason) of the last failed agent
-        # The agent that may hold the request (sent, outcome unknown) of a capability that is not
-        # idempotent: no other candidate is tried after it, and each says why.
-        self.may_hold: str | None = None
-        self.declined_by: str | None = None  # the agent that declined the last attempt, if one did
-        self.busy_retry_after_s: int | None = None  # the soonest Retry-After of a busy (429) agent
-        self._attempt_ms = 0.0  # the time the attempt under way may take
-        self._waited_ms = (0.0, 0.0)  # the attempt under way's waits: for a slot, a connection
-        self._probing: str | None = None  # the agent whose half-open probe this request holds
-        # A streamed answer's attempt succeeds at its first piece, while the agent still talks:
-        # (agent, ms to that piece) until the stream ends, when its verdict is booked and its
-        # slot at the agent given back (StreamingRun.settle).
-        self.unsettled: tuple[str, float] | None = None
-        # Whether the deadline cut the attempt under way below the policy's connect + read time.
-        self._cut_short = False
-        self._w3c_trace = w3c_trace_id(record.trace_id)
+        if request.preferences.context_bound and request.conversation_id:
+            self.bound_agent = record.affinity
+        else:
+            self.bound_agent = None
+        trace_id = record.trace_id
+        self._w3c_trace = w3c_trace_id(trace_id)
         # The same on every attempt of this request, and only of this one (a caller may reuse a
         # trace id): an SDK answers a repeat of it from its cache instead of running it again.
-        self._idempotency_key = f"{record.trace_id}.{new_span_id()}"
-        if record.idempotency_key is not None:
+        if record.idempotency_key is None:
+            self._idempotency_key = f"{trace_id}.{new_span_id()}"
+        else:
             # An async request: the same key on every run of it, by whichever Router (one that
             # adopted it after its Router died), so an agent's cache answers the second run.
             digest = hashlib.sha256(record.idempotency_key.encode()).hexdigest()[:16]
-            self._idempotency_key = f"{record.trace_id}.{digest}"
+            self._idempotency_key = f"{trace_id}.{digest}"
 
     async def run(self, choices: list[Choice]) -> Any:
         """The result of the first agent that succeeds; else the error that ends the request."""
@@ -272,7 +277,7 @@ class AttemptRun:
                 self.record.handler = choice.entry.id
                 raise exc
             self._check_deadline()
-            if self._may_retry_same(exc, same_agent_left, choice):
+            if _may_retry_same(self, exc, same_agent_left, choice):
                 same_agent_left -= 1
                 parts = self.parts
                 await backoff(parts.clock, parts.config.retries.backoff_ms, self.deadline.remaining_ms())
@@ -362,12 +367,22 @@ class AttemptRun:
 
     async def _forward(self, choice: Choice, body: bytes) -> Success | AttemptError:
         """One forward to the agent, accounted."""
-        self._check_deadline()
+        # _check_deadline, written out: the time it reads is the attempt's time too.
         remaining = self.deadline.remaining_ms()
+        if remaining <= MIN_ATTEMPT_MS:
+            raise DeadlineExceeded(f"the overall budget of {self.timeout.overall_ms} ms ran out")
         self.attempts_left -= 1
-        connect_s, read_s, total_s = self.timeout.attempt_limits(remaining)
-        self._attempt_ms = total_s * 1000.0
-        self._cut_short = total_s * 1000.0 < self.timeout.connect_ms + self.timeout.read_ms - 1.0
+        # Timeout.attempt_limits, written out: the deadline (over MIN_ATTEMPT_MS here) cuts the
+        # policy's limits only when it comes before the attempt's whole time.
+        timeout = self.timeout
+        connect_s, read_s, total_s = timeout.seconds
+        left_s = remaining / 1000.0
+        if left_s < total_s:
+            connect_s = left_s if left_s < connect_s else connect_s
+            read_s = left_s if left_s < read_s else read_s
+            total_s = left_s
+        attempt_ms = self._attempt_ms = total_s * 1000.0
+        self._cut_short = attempt_ms < timeout.connect_ms + timeout.read_ms - 1.0
         span_id = new_span_id()
         headers = {
             "Content-Type": "application/json",
@@ -419,22 +434,6 @@ class AttemptRun:
         transport's own coroutine, not one more around it."""
         entry = choice.entry
         return self.parts.transport.send(entry.endpoint, body, headers, limits, entry.protocol)
-
-    def _may_retry_same(self, exc: AttemptError, same_agent_left: int, choice: Choice) -> bool:
-        """A network error may be retried on the same agent, within the cap and the budget; one
-        after the request was sent only for an idempotent capability."""
-        if exc.reason != CandidateReason.CONNECT_ERROR or same_agent_left <= 0 or self.attempts_left <= 0:
-            return False
-        if _sent_unknown(exc) and not choice.capability.idempotent:
-            return False
-        agent_id = self.record.attempts[-1].agent_id
-        if not self.parts.budget.try_spend():
-            self.record.note("retry budget", f"exhausted; no retry of {agent_id} ({exc.reason})")
-            self.budget_spent = True
-            return False
-        self.record.retries.append(exc.reason)
-        self.record.note("retry", f"{agent_id}, attempt={len(self.record.attempts) + 1}, reason={exc.reason}")
-        return True
 
     # -- accounting --------------------------------------------------------------------------
 
@@ -504,6 +503,23 @@ class AttemptRun:
     def _check_deadline(self) -> None:
         if self.deadline.remaining_ms() <= MIN_ATTEMPT_MS:
             raise DeadlineExceeded(f"the overall budget of {self.timeout.overall_ms} ms ran out")
+
+
+def _may_retry_same(run: AttemptRun, exc: AttemptError, same_agent_left: int, choice: Choice) -> bool:
+    """A network error may be retried on the same agent, within the cap and the budget; one
+    after the request was sent only for an idempotent capability."""
+    if exc.reason != CandidateReason.CONNECT_ERROR or same_agent_left <= 0 or run.attempts_left <= 0:
+        return False
+    if _sent_unknown(exc) and not choice.capability.idempotent:
+        return False
+    agent_id = run.record.attempts[-1].agent_id
+    if not run.parts.budget.try_spend():
+        run.record.note("retry budget", f"exhausted; no retry of {agent_id} ({exc.reason})")
+        run.budget_spent = True
+        return False
+    run.record.retries.append(exc.reason)
+    run.record.note("retry", f"{agent_id}, attempt={len(run.record.attempts) + 1}, reason={exc.reason}")
+    return True
 
 
 def _account_success(run: AttemptRun, choice: Choice, started: float, span_id: str, took: float) -> None:

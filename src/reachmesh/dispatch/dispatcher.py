@@ -162,8 +162,8 @@ class Dispatcher:
         With a ``hold`` list, a routed request's record goes there, not to the observers: the
         caller writes the answer first, then hands it to :meth:`observe`."""
         started = self.clock.monotonic()
-        hint = _safe_trace_id(trace_header) or (parent[0] if parent else None)
-        config = self.config
+        hint = (trace_header is not None and _safe_trace_id(trace_header)) or (parent[0] if parent else None)
+        config = self.forwarding.config
         try:
             request, data = _decode(body, config.server.max_json_depth, config.limits.max_error_details)
         except RequestError as exc:
@@ -192,10 +192,10 @@ class Dispatcher:
         if config.logging.log_payloads:
             record.payload = request.payload
         if sink is not None:
-            if request.preferences.mode == "async":
+            if record.mode == "async":
                 return self.refuse(_ASYNC_STREAM, trace_id=trace_id, task=request.target_task)
             record.stream = StreamRecord()
-        if request.preferences.mode == "async":
+        if record.mode == "async":
             return await self._accept(request, data, record, owner, record.client)
         return await self._dispatch_until_abandoned(request, data, record, sink, hold)
 

@@ -68,14 +68,12 @@ class TraceHandler(logging.StreamHandler[Any]):
         self._scheduled_on = None
         if not self._pending:
             return
-        self.acquire()
-        try:
+        # The handler's lock (Handler.acquire and release, without their two Python calls).
+        with self.lock:  # type: ignore[union-attr]
             pending, self._pending = self._pending, []
             stream = self.stream
             stream.write("".join(pending))
             stream.flush()
-        finally:
-            self.release()
 
     def emit(self, record: logging.LogRecord) -> None:
         if self._pending:
@@ -299,7 +297,13 @@ class TraceLog:
         """The request's trace lines (text); :meth:`_fields` gives each one's structured fields."""
         tid = record.trace_id
         # Caller text: a line separator, NEL or bidi control must not start or fake a line.
-        lines = [f"[{tid}] route: {loggable(record.source)} -> {loggable(record.task)}"]
+        # loggable()'s own first test, here: almost every source and task is printable and short.
+        source, task = record.source, record.task
+        if not (source.isprintable() and len(source) <= 512):
+            source = loggable(source)
+        if not (task.isprintable() and len(task) <= 512):
+            task = loggable(task)
+        lines = [f"[{tid}] route: {source} -> {task}"]
         if record.payload is not None:
             lines.append(
                 f"[{tid}] payload: {orjson.dumps(redact(record.payload, self.redact_fields)).decode()}"

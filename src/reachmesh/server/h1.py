@@ -320,7 +320,6 @@ class GuardedHttpTools(HttpToolsProtocol):
         super().connection_made(transport)
         self._head_bytes = 0
         self._header_bytes = 0
-        self._line_bytes = -1  # the request line's, once the parser has all of it
         self._reading_head = True
         self._refused = False
         self._idle_since: float | None = None  # when the last response ended, while idle since
@@ -374,9 +373,14 @@ class GuardedHttpTools(HttpToolsProtocol):
         super().on_message_begin()
         self._lane = None
         self._reading_head = True
-        self._header_bytes = 0
-        self._line_bytes = -1
+        self._header_bytes = 0  # the request line's, from on_url on, then each header line's
         # The head's timer is armed by data_received if the head outlasts this read.
+
+    def on_url(self, url: bytes) -> None:
+        # uvicorn's own, and the request line's size ("METHOD URL HTTP/1.1\r\n"): the parser has
+        # the method by the URL's first piece, and calls this again for each further piece.
+        self.url = url = self.url + url
+        self._header_bytes = len(self.parser.get_method()) + len(url) + 12
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if self._refused:
@@ -384,15 +388,13 @@ class GuardedHttpTools(HttpToolsProtocol):
         # The lines so far are the headers kept (uvicorn empties the list per request, and a
         # refused line ends the request): no counter of its own to keep per line.
         headers = self.headers
-        lines = len(headers)
-        if not lines:  # the first header: the parser has the whole request line by now
-            self._line_bytes = self._request_line_bytes()
-        if lines >= self.max_headers:
+        if len(headers) >= self.max_headers:
             self._refuse(431, f"more than {self.max_headers} request headers")
             return
-        # "Name: value\r\n"; checked per line, so a head that arrived in one read is bounded too.
+        # "Name: value\r\n" on the request line's size; checked per line, so a head that arrived
+        # in one read is bounded too.
         size = self._header_bytes = self._header_bytes + len(name) + len(value) + 4
-        if self._line_bytes + size > self.max_header_bytes:
+        if size > self.max_header_bytes:
             self._refuse_head_size()
             return
         # uvicorn's own on_header, written out: it runs for every header of every request.
@@ -404,7 +406,7 @@ class GuardedHttpTools(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         if self._refused:
             return
-        if self._parsed_head_bytes() + 2 > self.max_header_bytes:  # and the blank line
+        if self._header_bytes + 2 > self.max_header_bytes:  # and the blank line
             self._refuse_head_size()
             return
         self._reading_head = False
@@ -560,17 +562,6 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._asgi_head()
         for chunk in chunks:
             super().on_body(chunk)
-
-    def _parsed_head_bytes(self) -> int:
-        """The request line and the header lines parsed so far."""
-        if self._line_bytes < 0:
-            self._line_bytes = self._request_line_bytes()
-        return self._line_bytes + self._header_bytes
-
-    def _request_line_bytes(self) -> int:
-        """The request line ("METHOD URL HTTP/1.1\r\n"): measured once per request, at its
-        first header (the parser has the whole line by then), not at every header."""
-        return len(self.parser.get_method()) + 1 + len(self.url) + 11
 
     def _refuse_head_size(self) -> None:
         self._refuse(431, f"request headers are over {self.max_header_bytes} bytes")
