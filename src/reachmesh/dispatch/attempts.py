@@ -96,6 +96,11 @@ class Forwarding:
     clock: Clock
     capacity: CapacityBoard
     agent_secrets: AgentSecrets = field(default_factory=AgentSecrets)
+    # The dispatcher's (Timeout, max retries) of each task and the caller's own asks, for this
+    # policy: a reload makes a new Forwarding, and with it an empty table.
+    limits: dict[tuple[Any, ...], tuple[Timeout, int]] = field(
+        init=False, default_factory=dict, repr=False, compare=False
+    )
 
 
 class Success(NamedTuple):
@@ -256,7 +261,8 @@ class AttemptRun:
 
     async def try_agent(self, choice: Choice) -> Success | None:
         """Try one agent, with same-agent retries: its Success, or None to fail over."""
-        self._take_task(choice)
+        if choice.capability.task != self.task:
+            self._take_task(choice)
         self.data["targetAgent"] = choice.entry.id
         body = jsoncodec.dumps(self.data)
         same_agent_left = self.parts.config.retries.same_agent

@@ -424,15 +424,8 @@ class Dispatcher:
             data["requestedTask"] = task
             task = record.matched_task
         # Per-task policy follows the declared task, however the caller phrased it.
-        run = (AttemptRun if sink is None else StreamingRun)(
-            parts,
-            request,
-            data,
-            record,
-            task,
-            _timeout(request, task, config),
-            _max_retries(request, task, config),
-        )
+        timeout, retries = _limits(parts, request, task)
+        run = (AttemptRun if sink is None else StreamingRun)(parts, request, data, record, task, timeout, retries)
         result = await run_past_busy(run, choices)
         if not isinstance(run, StreamingRun) or sink is None:
             return result
@@ -488,6 +481,20 @@ class Dispatcher:
                 observer(record)
             except Exception:  # an observer's bug must never cost the caller the answer
                 log.exception("observer %r failed", observer)
+
+
+def _limits(parts: Forwarding, request: ReachRequest, task: str) -> tuple[Timeout, int]:
+    """The request's Timeout and retry cap: :func:`_timeout` and :func:`_max_retries`, which read
+    only the task, the caller's own asks and the policy, worked out once per policy for each."""
+    prefs = request.preferences
+    key = (task, prefs.connect_timeout_ms, prefs.read_timeout_ms, prefs.timeout_ms, prefs.retry_count)
+    known = parts.limits.get(key)
+    if known is None:
+        if len(parts.limits) >= _MAX_TIMEOUTS:
+            parts.limits.clear()
+        config = parts.config
+        known = parts.limits[key] = (_timeout(request, task, config), _max_retries(request, task, config))
+    return known
 
 
 # The requests' Timeouts (frozen, so shared): a frozen dataclass's constructor sets each field

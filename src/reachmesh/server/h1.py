@@ -115,12 +115,21 @@ def _start_response(cycle: RequestResponseCycle, status: int, head: bytes) -> by
     """Mark ``cycle``'s response started, as uvicorn's ``send`` would, and return its head block:
     the status line, the server's default headers, ``head``, ``connection: close`` when the
     connection ends with it, and the blank line."""
+    global _default_lines
     cycle.response_started = True
     cycle.waiting_for_100_continue = False
     default = cycle.default_headers
-    lines = b"".join([b"%s: %s\r\n" % pair for pair in default]) if default else b""
+    # uvicorn makes a new list of them once a second (the date): written out once per list.
+    known, lines = _default_lines
+    if default is not known:
+        lines = b"".join([b"%s: %s\r\n" % pair for pair in default]) if default else b""
+        _default_lines = (default, lines)
     close = b"" if cycle.keep_alive else b"connection: close\r\n"
     return b"%s%s%s%s\r\n" % (STATUS_LINE[status], lines, head, close)
+
+
+# The server's default headers last written out (the list itself, held: never another's id).
+_default_lines: tuple[Any, bytes] = (None, b"")
 
 
 def _end_response(one_write: _OneWrite, cycle: RequestResponseCycle) -> None:
@@ -411,7 +420,8 @@ class GuardedHttpTools(HttpToolsProtocol):
             return
         self._reading_head = False
         self._head_bytes = 0
-        self._disarm()
+        if self._head_timer is not None:  # _disarm(): most heads end in the read that began them
+            self._disarm()
         headers = self._lane_headers()
         if headers is not None:
             self._lane = (headers, [])  # served once the whole body is here (or left)

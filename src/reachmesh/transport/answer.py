@@ -125,7 +125,10 @@ class AnswerReader:
         self.limit = limit
         self.started = True
         self.got_bytes = self.head_done = self.complete = self.trailing = False
-        self._reset_message()
+        # _reset_message(), written out: once per exchange.
+        self.status = self._headers = 0
+        self._length = self._encoding = self.retry_after = None
+        self._chunked = False
         self._head_bytes = self._line = self._wire = self._inflated = 0
         self._chunks = []
         self._decoder = None
@@ -218,8 +221,8 @@ class AnswerReader:
             raise BrokenBody("bytes after the answer")
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._headers += 1
-        if self._headers > self._max_headers or len(name) + len(value) + 2 > self._max_line:
+        count = self._headers = self._headers + 1
+        if count > self._max_headers or len(name) + len(value) + 2 > self._max_line:
             raise HeadTooLarge(
                 f"the answer has over {self._max_headers} header lines"
                 if self._headers > self._max_headers

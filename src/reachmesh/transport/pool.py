@@ -303,8 +303,10 @@ class _Conn(asyncio.Protocol):
         waiter = self._waiter
         if waiter is None or waiter.done():
             return
-        reusable = not self.closed and self.reader.reusable
-        answer = self.reader.answer()
+        reader = self.reader
+        # reader.reusable, without the property's call.
+        reusable = not self.closed and reader.complete and reader.keep_alive and not reader.trailing
+        answer = reader.answer()
         if reusable:
             self._waiter = None  # its timer stays, for the next exchange (see exchange)
             waiter.set_result(answer)
