@@ -425,7 +425,8 @@ class Dispatcher:
             task = record.matched_task
         # Per-task policy follows the declared task, however the caller phrased it.
         timeout, retries = _limits(parts, request, task)
-        run = (AttemptRun if sink is None else StreamingRun)(parts, request, data, record, task, timeout, retries)
+        kind = AttemptRun if sink is None else StreamingRun
+        run = kind(parts, request, data, record, task, timeout, retries)
         result = await run_past_busy(run, choices)
         if not isinstance(run, StreamingRun) or sink is None:
             return result
