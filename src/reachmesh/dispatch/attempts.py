@@ -173,9 +173,12 @@ class AttemptRun:
         for index, choice in enumerate(choices):
             if choice.on_decline and self.declined_by is None:
                 continue  # a runner-up task by meaning is an answer to "not mine" only
-            allowed = self.admit(index, choice)
-            if allowed is None:  # only a conversation bound elsewhere asks the agent first
+            # admit(), written out: every attempt passes here.
+            reason = self._refusal(index, choice)
+            if reason is _ASK_AGENT:  # only a conversation bound elsewhere asks the agent first
                 allowed = await self._admit_bound(index, choice)
+            else:
+                allowed = self._admit(choice, reason)
             if not allowed:
                 continue
             success = await self.try_agent(choice)
@@ -390,21 +393,23 @@ class AttemptRun:
         attempt_ms = self._attempt_ms = total_s * 1000.0
         self._cut_short = attempt_ms < timeout.connect_ms + timeout.read_ms - 1.0
         span_id = new_span_id()
+        parts, record, agent_id = self.parts, self.record, choice.entry.id
         headers = {
             "Content-Type": "application/json",
-            "X-Reach-Trace-Id": self.record.trace_id,
+            "X-Reach-Trace-Id": record.trace_id,
             "traceparent": f"00-{self._w3c_trace}-{span_id}-01",
             "X-Reach-Deadline-Ms": str(int(remaining)),
             "Idempotency-Key": self._idempotency_key,
         }
-        secret = self.parts.agent_secrets.for_agent(choice.entry.id)
+        secrets = parts.agent_secrets  # for_agent() only when a glob may name another secret
+        secret = secrets.for_agent(agent_id) if secrets.by_glob else secrets.default
         if secret is not None:
             headers[AGENT_SECRET_HEADER] = secret
-        if self.record.idempotency_key is not None:
-            headers["X-Reach-Idempotency-Key"] = self.record.idempotency_key
-        clock = self.parts.clock
+        if record.idempotency_key is not None:
+            headers["X-Reach-Idempotency-Key"] = record.idempotency_key
+        clock = parts.clock
         started = clock.monotonic()
-        self.parts.stats.started(choice.entry.id)
+        parts.stats.started(agent_id)
         pool_waited = POOL_WAIT_S.get()
         try:
             result = await self._send(choice, body, headers, AttemptLimits(connect_s, read_s, total_s))
@@ -415,15 +420,18 @@ class AttemptRun:
         except asyncio.CancelledError as exc:
             # A caller that went away, or the Router shutting down: the attempt ends unjudged,
             # but the agent's in-flight count and a probe it held must come back.
-            self.parts.stats.finished(choice.entry.id, ok=None, latency_ms=0.0)
-            self._release_probe(choice.entry.id)
-            record_cut(self.record, choice, (started, clock.monotonic()), span_id, cut_reason(exc))
+            parts.stats.finished(agent_id, ok=None, latency_ms=0.0)
+            self._release_probe(agent_id)
+            record_cut(record, choice, (started, clock.monotonic()), span_id, cut_reason(exc))
             raise
-        self._pool_waited(pool_waited)
-        self.account(choice, started, span_id, None)
-        self.record.handler = choice.entry.id
+        # _pool_waited and account, written out for a success: its waits are read by no one else.
+        waited_s = POOL_WAIT_S.get() - pool_waited
+        if waited_s > 0:
+            record.pool_wait_ms += waited_s * 1000
+        _account_success(self, choice, started, span_id, round((clock.monotonic() - started) * 1000, 2))
+        record.handler = agent_id
         if self.request.conversation_id:
-            self.parts.affinity.bind(self.request.conversation_id, choice.entry.id, self.record.caller)
+            parts.affinity.bind(self.request.conversation_id, agent_id, record.caller)
         return Success(result)
 
     def _pool_waited(self, before_s: float) -> None:
@@ -457,7 +465,7 @@ class AttemptRun:
         outcome = exc.reason
         verdict = attempt_verdict(exc)
         if isinstance(exc, AgentDeclined):
-            verdict = self._decline_verdict(agent_id, took)
+            verdict = _decline_verdict(self, agent_id, took)
         elif isinstance(exc, AttemptTimeout) and self._cut_short and record.declines:
             # The deadline left it less than its attempt time because another agent declined
             # late: the time the decline used is never charged to the agent after it.
@@ -490,25 +498,26 @@ class AttemptRun:
         elif change is BreakerState.CLOSED:
             record.note("circuit closed", f"agent {agent_id}")
 
-    def _decline_verdict(self, agent_id: str, took_ms: float) -> bool | None:
-        """A decline is neither a success nor a failure, unless it came late (after most of the
-        attempt's time) or after too many in a row: then it is a failure, for the breaker and
-        merit, so that declining is never a free way to hold up or crowd out other agents."""
-        policy = self.parts.config.declines
-        in_a_row = self.parts.stats.declined(agent_id)
-        if took_ms >= policy.late_fraction * self._attempt_ms:
-            self.record.note("late decline", f"{agent_id} declined after {took_ms:.0f} ms: a failure")
-            return False
-        if in_a_row > policy.free_in_a_row:
-            self.record.note("repeated decline", f"{agent_id}, {in_a_row} in a row: a failure")
-            return False
-        return None
-
     # -- endings -----------------------------------------------------------------------------
 
     def _check_deadline(self) -> None:
         if self.deadline.remaining_ms() <= MIN_ATTEMPT_MS:
             raise DeadlineExceeded(f"the overall budget of {self.timeout.overall_ms} ms ran out")
+
+
+def _decline_verdict(run: AttemptRun, agent_id: str, took_ms: float) -> bool | None:
+    """A decline is neither a success nor a failure, unless it came late (after most of the
+    attempt's time) or after too many in a row: then it is a failure, for the breaker and
+    merit, so that declining is never a free way to hold up or crowd out other agents."""
+    policy = run.parts.config.declines
+    in_a_row = run.parts.stats.declined(agent_id)
+    if took_ms >= policy.late_fraction * run._attempt_ms:
+        run.record.note("late decline", f"{agent_id} declined after {took_ms:.0f} ms: a failure")
+        return False
+    if in_a_row > policy.free_in_a_row:
+        run.record.note("repeated decline", f"{agent_id}, {in_a_row} in a row: a failure")
+        return False
+    return None
 
 
 def _may_retry_same(run: AttemptRun, exc: AttemptError, same_agent_left: int, choice: Choice) -> bool:

@@ -32,6 +32,7 @@ from reachmesh.dispatch.results import Reply
 from reachmesh.dispatch.streaming import StreamingRun, StreamSink, relay
 from reachmesh.dispatch.suggest import Suggester
 from reachmesh.exceptions import (
+    AgentsBusy,
     CallerGone,
     ContextUnavailable,
     DeadlineExceeded,
@@ -427,7 +428,10 @@ class Dispatcher:
         timeout, retries = _limits(parts, request, task)
         kind = AttemptRun if sink is None else StreamingRun
         run = kind(parts, request, data, record, task, timeout, retries)
-        result = await run_past_busy(run, choices)
+        try:
+            result = await run.run(choices)
+        except AgentsBusy as busy:  # every agent busy: wait and go again (dispatch/busy.py)
+            result = await run_past_busy(run, choices, busy)
         if not isinstance(run, StreamingRun) or sink is None:
             return result
         result, error = await relay(result, sink, record, run)

@@ -297,12 +297,11 @@ class TraceLog:
         """The request's trace lines (text); :meth:`_fields` gives each one's structured fields."""
         tid = record.trace_id
         # Caller text: a line separator, NEL or bidi control must not start or fake a line.
-        # loggable()'s own first test, here: almost every source and task is printable and short.
+        # loggable(source) and loggable(task) are themselves when short and printable: the length
+        # is tested here, and whether they print with every other line's (below).
         source, task = record.source, record.task
-        if not (source.isprintable() and len(source) <= 512):
-            source = loggable(source)
-        if not (task.isprintable() and len(task) <= 512):
-            task = loggable(task)
+        if len(source) > 512 or len(task) > 512:
+            source, task = loggable(source), loggable(task)
         lines = [f"[{tid}] route: {source} -> {task}"]
         if record.payload is not None:
             lines.append(
@@ -327,6 +326,7 @@ class TraceLog:
         # carry a line break or a terminal escape.
         if "".join(lines).isprintable():
             return lines
+        lines[0] = f"[{tid}] route: {loggable(record.source)} -> {loggable(record.task)}"
         return [line if line.isprintable() else loggable(line, 1 << 20) for line in lines]
 
     @staticmethod

@@ -166,7 +166,9 @@ class Pipeline:
 
     def decide(self, request: ReachRequest, record: DecisionRecord) -> list[Choice]:
         """The ranked choices for ``request``, each stage written to ``record``."""
-        strategy = self.strategy(request)
+        # strategy(), written out: it runs on every call.
+        wanted, policy = request.preferences.strategy, self.policy
+        strategy = policy.default_strategy if wanted is None or not policy.allow_caller_strategy else wanted
         # The member's value without the enum's property (a Python-level call per read).
         record.strategy = strategy._value_
         record.narrowed = bool(request.target_agent) or request.preferences.filter_agent_ids is not None
@@ -184,8 +186,10 @@ class Pipeline:
         record.candidates = [e.id for e in pool]
         groups = self._filter(request, record, task, pool, similarity)
         ranked = self._rank(record, strategy, task, groups, similarity)
-        ranked = self._affinity_first(request, record, ranked)
-        ranked = load_aware(ranked, self.capacity, keep_first=record.affinity is not None)
+        if request.conversation_id:  # else the order stands: no conversation is bound
+            ranked = self._affinity_first(request, record, ranked)
+        if len(ranked) > 1:  # one choice has no order to change
+            ranked = load_aware(ranked, self.capacity, keep_first=record.affinity is not None)
         if similarity is not None and alternates:
             ranked.extend(self._on_decline(request, record, strategy, alternates))
         return ranked

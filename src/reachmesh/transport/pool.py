@@ -244,8 +244,12 @@ class _Conn(asyncio.Protocol):
 
     # -- one exchange -----------------------------------------------------------------------
 
-    async def exchange(self, data: bytes, body: bytes, limit: int, read_s: float, hard: float) -> Answer:
-        """Write the request, then wait for the whole answer (or the first error)."""
+    def exchange(
+        self, data: bytes, body: bytes, limit: int, read_s: float, hard: float
+    ) -> asyncio.Future[Answer]:
+        """Write the request; the future of its whole answer (or the first error). Not a
+        coroutine of its own (one fewer per attempt): the caller awaits the future, and when
+        its wait ends before the answer (cancelled), the connection is done (see post)."""
         loop = self._loop
         waiter: asyncio.Future[Answer] = loop.create_future()
         self._waiter = waiter
@@ -272,13 +276,7 @@ class _Conn(asyncio.Protocol):
             if timer is not None:
                 timer.cancel()
             self._arm(self._head_due)
-        try:
-            return await waiter
-        finally:
-            if self._waiter is waiter:
-                # Cancelled mid-exchange: the answer may still come, so the connection is done.
-                self._reset()
-                self._close()
+        return waiter
 
     def _arm(self, due: float) -> None:
         self._timer = self._loop.call_at(due, self._on_timer)
@@ -437,13 +435,20 @@ class Pool:
         hard = loop.time() + total_s
         target = self._target(url)
         # Built in a function of its own: its pieces are gone before the (maybe long) wait.
-        data = self._request_head(target, headers, len(body))
+        data = _request_head(target, self._ua, headers, len(body))
         # An idle connection (nobody waiting first) without _acquire's coroutine: keep-alive's case.
         conn = None if self._queue_ahead(target.key) else self._reuse(target.key, loop.time())
         conn = await self._acquire(target, connect_s, hard) if conn is None else conn
         reused = conn.idle_since > 0.0
+        waiter = conn.exchange(data, body, self._limit, read_s, hard)
         try:
-            return await conn.exchange(data, body, self._limit, read_s, hard)
+            try:
+                return await waiter
+            finally:
+                if conn._waiter is waiter:
+                    # Cancelled mid-exchange: the answer may still come, so the connection is done.
+                    conn._reset()
+                    conn._close()
         except Disconnected as exc:
             if reused and not conn.reader.got_bytes:
                 # Closed after the request was written: the agent may have read it (and be running
@@ -472,17 +477,6 @@ class Pool:
             length,
         )
         return await self._acquire(target, connect_s, loop.time() + total_s), head
-
-    def _request_head(self, target: _Target, headers: dict[str, str], length: int) -> bytes:
-        """The request's head, whole; BadHeader for a name or value with a line break in it."""
-        # The header lines in one join and one encode; each line ends in the one CR LF added
-        # here, so any other line break is counted by two scans in C instead of two per header.
-        lines = "".join(map(_HEADER_LINE, headers.keys(), headers.values()))
-        if lines.count("\r") != len(headers) or lines.count("\n") != len(headers):
-            for name, value in headers.items():
-                if "\r" in name or "\n" in name or "\r" in value or "\n" in value:
-                    raise BadHeader(name)
-        return b"%s%s%sContent-Length: %d\r\n\r\n" % (target.request_line, self._ua, lines.encode(), length)
 
     def _reuse(self, key: tuple[str, str, int], now: float) -> _Conn | None:
         idle = self._idle.get(key)
@@ -766,6 +760,19 @@ class Pool:
                 if not room.done():
                     room.set_result(None)
         self._waiting.clear()
+
+
+def _request_head(target: _Target, agent_lines: bytes, headers: dict[str, str], length: int) -> bytes:
+    """The request's head, whole (``agent_lines``: the pool's own User-Agent and Accept lines);
+    BadHeader for a name or value with a line break in it."""
+    # The header lines in one join and one encode; each line ends in the one CR LF added
+    # here, so any other line break is counted by two scans in C instead of two per header.
+    lines = "".join(map(_HEADER_LINE, headers.keys(), headers.values()))
+    if lines.count("\r") != len(headers) or lines.count("\n") != len(headers):
+        for name, value in headers.items():
+            if "\r" in name or "\n" in name or "\r" in value or "\n" in value:
+                raise BadHeader(name)
+    return b"%s%s%sContent-Length: %d\r\n\r\n" % (target.request_line, agent_lines, lines.encode(), length)
 
 
 __all__ = [
