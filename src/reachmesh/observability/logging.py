@@ -289,9 +289,16 @@ class TraceLog:
         self.redact_fields = list(redact_fields)
 
     def __call__(self, record: DecisionRecord) -> None:
-        if not self._log.isEnabledFor(logging.INFO):
+        log = self._log
+        if not log.isEnabledFor(logging.INFO):
             return
-        self._write(record, self._lines(record))
+        lines = self._lines(record)
+        handler = fast_writer(log)
+        if handler is not None and _format != "json":  # the Router's own handler, in text
+            prefix = f"{_fast_stamp(time.time())} INFO "
+            handler.defer(prefix + ("\n" + prefix).join(lines) + "\n")
+            return
+        self._write(record, lines, handler)
 
     def _lines(self, record: DecisionRecord) -> list[str]:
         """The request's trace lines (text); :meth:`_fields` gives each one's structured fields."""
@@ -367,13 +374,9 @@ class TraceLog:
         )
         return fields
 
-    def _write(self, record: DecisionRecord, lines: list[str]) -> None:
+    def _write(self, record: DecisionRecord, lines: list[str], handler: TraceHandler | None) -> None:
+        """The lines as JSON to the Router's handler, or as a log record to whatever handles it."""
         log = self._log
-        handler = fast_writer(log)
-        if handler is not None and _format != "json":
-            prefix = f"{_fast_stamp(time.time())} INFO "
-            handler.defer(prefix + ("\n" + prefix).join(lines) + "\n")
-            return
         fields = self._fields(record)
         base = {"traceId": record.trace_id, "task": loggable(record.task), "agent": record.selected}
         if handler is None:

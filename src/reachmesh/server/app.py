@@ -135,7 +135,8 @@ class RouterApp:
 
     def takes_whole(self, headers: dict[bytes, bytes]) -> bool:
         """Whether :meth:`serve_whole` may answer this POST /reach (not a stream)."""
-        return not wants_stream(headers.get(b"accept"))
+        accept = headers.get(b"accept")
+        return accept is None or not wants_stream(accept)  # no Accept asks for no stream
 
     def callers_gone(self, tasks: Iterable[asyncio.Task[Any]]) -> None:
         """A connection closed with these tasks still serving it (the server's protocol, :mod:`.h1`,

@@ -464,9 +464,9 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._head_bytes = 0
         if self.transport.is_closing():
             return
-        self._idle_since = None
         self.flow.resume_reading()
         if self.pipeline:  # a pipelined request waited behind this one: it runs now
+            self._idle_since = None
             cycle, app = self.pipeline.pop()
             self._start_asgi_task(cycle, app)
             return
@@ -544,10 +544,9 @@ class GuardedHttpTools(HttpToolsProtocol):
         return headers
 
     def _serve_lane(self) -> None:
-        assert self._lane is not None
-        headers, chunks = self._lane
+        headers, chunks = self._lane  # type: ignore[misc]  # on_message_complete saw it set
         self._lane = None
-        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        body = b"".join(chunks)  # a single chunk is returned as it is, not copied
         scope = self.scope
         scope.update(_LANE_SCOPE)  # type: ignore[typeddict-item]
         cycle = _LaneCycle(self, self.parser.should_keep_alive())

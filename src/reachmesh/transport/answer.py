@@ -189,8 +189,7 @@ class AnswerReader:
 
     def answer(self) -> Answer:
         """The whole answer read (after ``feed`` or ``eof`` said True); ends the exchange."""
-        chunks = self._chunks
-        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        body = b"".join(self._chunks)  # a single chunk is returned as it is, not copied
         self._chunks = []
         self.started = False
         return Answer(self.status, body, self.retry_after)
