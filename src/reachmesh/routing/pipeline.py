@@ -307,9 +307,11 @@ class Pipeline:
         similarity: float | None,
     ) -> list[Choice]:
         """Each group in order, ranked by the strategy; a semantic route ranks by merit too."""
-        ranker: Ranker = self.exact
-        if similarity is not None or strategy is not Strategy.EXACT_MATCH:
-            ranker = self.weighted
+        if similarity is None and strategy is Strategy.EXACT_MATCH:
+            # ExactMatch.rank() without its Ranking: it explains nothing, so only the order counts.
+            exact = self.exact
+            return [choice for group in groups if group for choice in exact.order(task, group)]
+        ranker: Ranker = self.weighted
         ranked: list[Choice] = []
         for group in groups:
             if group:
