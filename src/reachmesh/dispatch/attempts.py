@@ -334,7 +334,8 @@ class AttemptRun:
         A slot at the agent is taken first (waiting while it is full, within the deadline) and
         given back when the attempt ends; the wait is the Router's own, charged to nobody.
         """
-        self._check_deadline()
+        if self.deadline.remaining_ms() <= MIN_ATTEMPT_MS:  # _check_deadline(), without the call
+            raise DeadlineExceeded(f"the overall budget of {self.timeout.overall_ms} ms ran out")
         agent_id = choice.entry.id
         self._waited_ms = (0.0, 0.0)
         # A free slot is taken without a coroutine of its own: the common case, every attempt.

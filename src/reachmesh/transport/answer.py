@@ -151,7 +151,7 @@ class AnswerReader:
             part = data if len(data) <= room else data[:room]
             self._head_bytes += len(part)
             self._parse(part)
-            if not self._head_read(part):
+            if not self.head_done and not self._head_read(part):  # a head done needs no call
                 return False
             data = data[len(part) :]
         if data:

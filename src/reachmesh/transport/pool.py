@@ -433,7 +433,7 @@ class Pool:
         loop = self._loop or asyncio.get_running_loop()
         self._loop = loop
         hard = loop.time() + total_s
-        target = self._target(url)
+        target = self._targets.get(url) or self._target(url)  # a known one without a call
         # Built in a function of its own: its pieces are gone before the (maybe long) wait.
         data = _request_head(target, self._ua, headers, len(body))
         # An idle connection (nobody waiting first) without _acquire's coroutine: keep-alive's case.
@@ -679,8 +679,9 @@ class Pool:
     def release(self, conn: _Conn) -> None:
         """Put a connection whose answer was read whole back in the pool."""
         conn.idle_since = self._loop.time() if self._loop is not None else 1.0
-        self._idle.setdefault(conn.key, []).append(conn)
-        if not self._wake(conn.key) and len(self._all) + self._opening >= self._size:
+        key = conn.key  # below: _wake() only when someone waits for it
+        self._idle.setdefault(key, []).append(conn)
+        if not (key in self._waiting and self._wake(key)) and len(self._all) + self._opening >= self._size:
             self._wake_any()  # the pool is full: a waiter elsewhere may close this idle one
 
     def forget(self, conn: _Conn) -> None:
