@@ -215,7 +215,10 @@ class Dispatcher:
         Only a set entry per request: an ``asyncio.timeout`` scope around every request cost
         about 20 us of CPU each (measured), for an event that happens once, at shutdown.
         """
-        task = self._current_task()
+        loop = self._loop  # _current_task(), without the call once the loop is known
+        task = asyncio.current_task(loop) if loop is not None else None
+        if task is None:
+            task = self._current_task()
         if self._abandoning or task is None:
             return self._abandoned(record)
         self._running.add(task)

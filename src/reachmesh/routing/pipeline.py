@@ -281,16 +281,17 @@ class Pipeline:
         eligible: list[AgentEntry] = []
         last_resort: list[AgentEntry] = []
         for entry in pool:
+            status = entry.status
             if allowed is not None and entry.id not in allowed:
                 record.reject(entry.id, CandidateReason.FILTERED, similarity, task)
             elif entry.id in excluded:
                 why, limit = excluded[entry.id]
                 record.reject(entry.id, why, similarity, task, limit)
-            elif not entry.routable:
-                record.reject(entry.id, _OUT[entry.status], similarity, task)
+            elif status is not AgentStatusValue.AVAILABLE and status is not AgentStatusValue.SUSPECT:
+                record.reject(entry.id, _OUT[status], similarity, task)  # not entry.routable
             elif self.breakers.blocked(entry.id, task):
                 record.reject(entry.id, CandidateReason.CIRCUIT_OPEN, similarity, task)
-            elif entry.status is AgentStatusValue.AVAILABLE:
+            elif status is AgentStatusValue.AVAILABLE:
                 eligible.append(entry)
             else:
                 last_resort.append(entry)
