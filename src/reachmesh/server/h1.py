@@ -105,7 +105,8 @@ def whole_answer(
         return False
     block = _start_response(cycle, status, head)
     # A response still held by the one-write wrapper (a pipelined one) leaves first.
-    one_write.flush()
+    if one_write._held is not None:
+        one_write.flush()
     one_write.write_now(b"%s%s" % (block, body))
     _end_response(one_write, cycle)
     return True
