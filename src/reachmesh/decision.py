@@ -189,7 +189,10 @@ class DecisionRecord:
         The text often quotes a caller or an agent (a refused payload key, an agent's error), and
         it reaches the log, the trace store and ``reach trace``: its control characters are
         escaped here, once, for all of them."""
-        self.events.append((kind, loggable(text, 2048)))
+        # loggable()'s own first test, here: almost every note is printable and short.
+        if not (text.isprintable() and len(text) <= 2048):
+            text = loggable(text, 2048)
+        self.events.append((kind, text))
 
     def reject(
         self,
@@ -256,6 +259,14 @@ class ObserveAfterTurn:
         """Observe every pending record now (the end of the turn, or a caller that must see them)."""
         self._loop = None
         pending, self._pending = self._pending, []
+        if len(pending) == 1:  # the turn's only record, as under light load: no inner loop
+            record = pending[0]
+            for observer in self._observers:
+                try:
+                    observer(record)
+                except Exception:  # noqa: BLE001 - an observer's bug must never cost the others theirs
+                    self._on_error(observer)
+            return
         for observer in self._observers:
             for record in pending:
                 try:

@@ -12,6 +12,7 @@ import pytest
 from reachmesh.decision import AttemptRecord, DecisionRecord
 from reachmesh.observability import logging as reach_logging
 from reachmesh.protocol import Status
+from reachmesh.redaction import loggable
 
 
 def record() -> DecisionRecord:
@@ -90,3 +91,24 @@ def test_payloads_are_redacted(configured: io.StringIO) -> None:
     text = configured.getvalue()
     assert "hunter2" not in text and "abc" not in text
     assert '"password":"***"' in text and '"name":"x"' in text
+
+
+@pytest.mark.parametrize(
+    ("source", "task"),
+    [
+        ("user-proxy", "query_product_price"),
+        ("evil\nproxy", "query_product_price"),  # a control character in the source alone
+        ("user-proxy", "t" * 511 + "\x1b"),  # printable once escaped, and cut: over 512 then
+        ("s" * 513, "query_product_price"),  # long, printable
+        ("user-proxy", "\u2028" * 300),  # a line separator, escaped to six characters each
+    ],
+)
+def test_the_route_line_shows_source_and_task_as_loggable_does(source: str, task: str) -> None:
+    """The route line names the source and the task each as :func:`loggable` writes it (control
+    characters escaped, cut to 512 characters), however the line is built."""
+    r = record()
+    r.source, r.task = source, task
+    lines = reach_logging.TraceLog()._lines(r)
+    expected = f"[trace-demo-001] route: {loggable(source)} -> {loggable(task)}"
+    assert lines[0] == (expected if expected.isprintable() else loggable(expected, 1 << 20))
+    assert all(line.isprintable() for line in lines)

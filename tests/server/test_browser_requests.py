@@ -139,3 +139,16 @@ async def test_an_untyped_body_is_415_and_a_bodyless_delete_is_not() -> None:
 def test_host_names(authority: str, name: str, loopback: bool) -> None:
     assert host_name(authority) == name
     assert is_loopback_name(name) is loopback
+
+
+async def test_a_host_is_judged_the_same_once_known() -> None:
+    """The Host check keeps what it found for each name: a rebound Host on /reach is refused
+    again (not admitted from the table), and a loopback one passes again, each time."""
+    async with RouterServer(config()) as router, httpx.AsyncClient(base_url=router.url, timeout=10) as http:
+        rebound = {"Host": f"evil.example:{router.port}"}
+        local = {"Host": f"localhost:{router.port}"}
+        for _ in range(3):
+            refused = await http.post("/reach", json={"targetTask": "x"}, headers=rebound)
+            assert (refused.status_code, refused.json()["status"]) == (403, "FORBIDDEN")
+            passed = await http.post("/reach", json={"targetTask": "x"}, headers=local)
+            assert passed.status_code != 403 and passed.json()["status"] != "FORBIDDEN"

@@ -122,6 +122,31 @@ async def test_heads_over_the_limits_are_431(head: bytes, status: int) -> None:
         assert answer.startswith(b"HTTP/1.1 %d" % status)
 
 
+def exact_head(size: int) -> tuple[bytes, bytes]:
+    """A GET /healthz head of exactly ``size`` bytes, most of them in its URL, cut in two inside
+    the URL: the request line counts toward the head's bound however its pieces arrive."""
+    fixed = b"GET /healthz?q= HTTP/1.1\r\nHost: localhost\r\nX-Pad: 0123456789\r\n\r\n"
+    url = b"/healthz?q=" + b"u" * (size - len(fixed))
+    head = b"GET %s HTTP/1.1\r\nHost: localhost\r\nX-Pad: 0123456789\r\n\r\n" % url
+    assert len(head) == size
+    return head[:2000], head[2000:]
+
+
+@pytest.mark.parametrize(("size", "status"), [(64 * 1024, 200), (64 * 1024 + 1, 431)])
+async def test_the_request_line_counts_toward_the_head_bound_to_the_byte(size: int, status: int) -> None:
+    """A head of exactly 64 KiB (request line, header lines, blank line) is served; one byte
+    more is 431, though each header line is short: the long URL is what fills it."""
+    async with RouterServer(RouterConfig()) as router:
+        reader, writer = await asyncio.open_connection("127.0.0.1", router.port)
+        for piece in exact_head(size):
+            writer.write(piece)
+            with contextlib.suppress(ConnectionError):
+                await writer.drain()
+        answer = await asyncio.wait_for(reader.read(4096), 5)
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 %d" % status)
+
+
 async def test_a_head_that_trickles_is_closed_408() -> None:
     """A client that starts a request and never finishes its headers is answered 408 and closed."""
     config = RouterConfig.model_validate({"server": {"header_timeout_seconds": 0.3}})

@@ -24,6 +24,7 @@ OVERRIDDEN = {
     "connection_lost": ["self", "exc"],
     "data_received": ["self", "data"],
     "on_message_begin": ["self"],
+    "on_url": ["self", "url"],
     "on_header": ["self", "name", "value"],
     "on_headers_complete": ["self"],
     "on_body": ["self", "body"],
@@ -57,6 +58,9 @@ def test_the_attributes_h1_reads_are_still_set_by_uvicorn() -> None:
         assert f"self.{attribute} = " in source or f"self.{attribute}: " in source, (
             f"uvicorn's HttpToolsProtocol no longer sets self.{attribute}; h1.py reads it"
         )
+    # on_url is written out in h1.py (with the request line's size): uvicorn's only gathers the URL.
+    body = [line.strip() for line in inspect.getsource(HttpToolsProtocol.on_url).splitlines()[1:]]
+    assert body == ["self.url += url"], "uvicorn's on_url does more now; h1.py writes it out"
     # The one-write path swaps the response cycle's transport.
     assert "self.transport = transport" in inspect.getsource(RequestResponseCycle.__init__)
     # The lean events replace these two asyncio.Events, and keep to Event's interface.

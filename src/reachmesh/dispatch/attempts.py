@@ -96,6 +96,11 @@ class Forwarding:
     clock: Clock
     capacity: CapacityBoard
     agent_secrets: AgentSecrets = field(default_factory=AgentSecrets)
+    # The dispatcher's (Timeout, max retries) of each task and the caller's own asks, for this
+    # policy: a reload makes a new Forwarding, and with it an empty table.
+    limits: dict[tuple[Any, ...], tuple[Timeout, int]] = field(
+        init=False, default_factory=dict, repr=False, compare=False
+    )
 
 
 class Success(NamedTuple):
@@ -108,6 +113,24 @@ class AttemptRun:
     """The attempts of one request over its ranked choices."""
 
     streams = False  # a streamed request's run (dispatch/streaming.py)
+
+    # What every run starts with, read from the class until an instance sets its own (one store
+    # fewer per field on every request). may_hold: the agent that may hold a request of a
+    # capability that is not idempotent (sent, outcome unknown): no other candidate is tried
+    # after it; _waited_ms: the attempt under way's waits (for a slot, a connection); unsettled:
+    # (agent, ms to its first piece) of a streamed answer until it ends, when its verdict is
+    # booked and its slot given back (StreamingRun.settle); _cut_short: whether the deadline cut
+    # the attempt under way below the policy's connect + read time.
+    budget_spent = False
+    last_failure: tuple[str, str] | None = None  # (agent, reason) of the last failed agent
+    may_hold: str | None = None
+    declined_by: str | None = None  # the agent that declined the last attempt, if one did
+    busy_retry_after_s: int | None = None  # the soonest Retry-After of a busy (429) agent
+    _attempt_ms = 0.0  # the time the attempt under way may take
+    _waited_ms = (0.0, 0.0)
+    _probing: str | None = None  # the agent whose half-open probe this request holds
+    unsettled: tuple[str, float] | None = None
+    _cut_short = False
 
     def __init__(
         self,
@@ -127,45 +150,35 @@ class AttemptRun:
         self.timeout = timeout
         self.deadline = Deadline(parts.clock, timeout.overall_ms)
         self.attempts_left = 1 + max_retries
-        self.budget_spent = False
         # The agent a contextBound conversation is bound to: once it is out of the picture, only
         # agents that confirm they hold the conversation qualify.
-        self.bound_agent = (
-            record.affinity if request.preferences.context_bound and request.conversation_id else None
-        )
-        self.last_failure: tuple[str, str] | None = None  # (agent, reason) of the last failed agent
-        # The agent that may hold the request (sent, outcome unknown) of a capability that is not
-        # idempotent: no other candidate is tried after it, and each says why.
-        self.may_hold: str | None = None
-        self.declined_by: str | None = None  # the agent that declined the last attempt, if one did
-        self.busy_retry_after_s: int | None = None  # the soonest Retry-After of a busy (429) agent
-        self._attempt_ms = 0.0  # the time the attempt under way may take
-        self._waited_ms = (0.0, 0.0)  # the attempt under way's waits: for a slot, a connection
-        self._probing: str | None = None  # the agent whose half-open probe this request holds
-        # A streamed answer's attempt succeeds at its first piece, while the agent still talks:
-        # (agent, ms to that piece) until the stream ends, when its verdict is booked and its
-        # slot at the agent given back (StreamingRun.settle).
-        self.unsettled: tuple[str, float] | None = None
-        # Whether the deadline cut the attempt under way below the policy's connect + read time.
-        self._cut_short = False
-        self._w3c_trace = w3c_trace_id(record.trace_id)
+        if request.preferences.context_bound and request.conversation_id:
+            self.bound_agent = record.affinity
+        else:
+            self.bound_agent = None
+        trace_id = record.trace_id
+        self._w3c_trace = w3c_trace_id(trace_id)
         # The same on every attempt of this request, and only of this one (a caller may reuse a
         # trace id): an SDK answers a repeat of it from its cache instead of running it again.
-        self._idempotency_key = f"{record.trace_id}.{new_span_id()}"
-        if record.idempotency_key is not None:
+        if record.idempotency_key is None:
+            self._idempotency_key = f"{trace_id}.{new_span_id()}"
+        else:
             # An async request: the same key on every run of it, by whichever Router (one that
             # adopted it after its Router died), so an agent's cache answers the second run.
             digest = hashlib.sha256(record.idempotency_key.encode()).hexdigest()[:16]
-            self._idempotency_key = f"{record.trace_id}.{digest}"
+            self._idempotency_key = f"{trace_id}.{digest}"
 
     async def run(self, choices: list[Choice]) -> Any:
         """The result of the first agent that succeeds; else the error that ends the request."""
         for index, choice in enumerate(choices):
             if choice.on_decline and self.declined_by is None:
                 continue  # a runner-up task by meaning is an answer to "not mine" only
-            allowed = self.admit(index, choice)
-            if allowed is None:  # only a conversation bound elsewhere asks the agent first
+            # admit(), written out: every attempt passes here.
+            reason = self._refusal(index, choice)
+            if reason is _ASK_AGENT:  # only a conversation bound elsewhere asks the agent first
                 allowed = await self._admit_bound(index, choice)
+            else:
+                allowed = self._admit(choice, reason)
             if not allowed:
                 continue
             success = await self.try_agent(choice)
@@ -251,7 +264,8 @@ class AttemptRun:
 
     async def try_agent(self, choice: Choice) -> Success | None:
         """Try one agent, with same-agent retries: its Success, or None to fail over."""
-        self._take_task(choice)
+        if choice.capability.task != self.task:
+            self._take_task(choice)
         self.data["targetAgent"] = choice.entry.id
         body = jsoncodec.dumps(self.data)
         same_agent_left = self.parts.config.retries.same_agent
@@ -272,7 +286,7 @@ class AttemptRun:
                 self.record.handler = choice.entry.id
                 raise exc
             self._check_deadline()
-            if self._may_retry_same(exc, same_agent_left, choice):
+            if _may_retry_same(self, exc, same_agent_left, choice):
                 same_agent_left -= 1
                 parts = self.parts
                 await backoff(parts.clock, parts.config.retries.backoff_ms, self.deadline.remaining_ms())
@@ -320,7 +334,8 @@ class AttemptRun:
         A slot at the agent is taken first (waiting while it is full, within the deadline) and
         given back when the attempt ends; the wait is the Router's own, charged to nobody.
         """
-        self._check_deadline()
+        if self.deadline.remaining_ms() <= MIN_ATTEMPT_MS:  # _check_deadline(), without the call
+            raise DeadlineExceeded(f"the overall budget of {self.timeout.overall_ms} ms ran out")
         agent_id = choice.entry.id
         self._waited_ms = (0.0, 0.0)
         # A free slot is taken without a coroutine of its own: the common case, every attempt.
@@ -362,28 +377,40 @@ class AttemptRun:
 
     async def _forward(self, choice: Choice, body: bytes) -> Success | AttemptError:
         """One forward to the agent, accounted."""
-        self._check_deadline()
+        # _check_deadline, written out: the time it reads is the attempt's time too.
         remaining = self.deadline.remaining_ms()
+        if remaining <= MIN_ATTEMPT_MS:
+            raise DeadlineExceeded(f"the overall budget of {self.timeout.overall_ms} ms ran out")
         self.attempts_left -= 1
-        connect_s, read_s, total_s = self.timeout.attempt_limits(remaining)
-        self._attempt_ms = total_s * 1000.0
-        self._cut_short = total_s * 1000.0 < self.timeout.connect_ms + self.timeout.read_ms - 1.0
+        # Timeout.attempt_limits, written out: the deadline (over MIN_ATTEMPT_MS here) cuts the
+        # policy's limits only when it comes before the attempt's whole time.
+        timeout = self.timeout
+        connect_s, read_s, total_s = timeout.seconds
+        left_s = remaining / 1000.0
+        if left_s < total_s:
+            connect_s = left_s if left_s < connect_s else connect_s
+            read_s = left_s if left_s < read_s else read_s
+            total_s = left_s
+        attempt_ms = self._attempt_ms = total_s * 1000.0
+        self._cut_short = attempt_ms < timeout.connect_ms + timeout.read_ms - 1.0
         span_id = new_span_id()
+        parts, record, agent_id = self.parts, self.record, choice.entry.id
         headers = {
             "Content-Type": "application/json",
-            "X-Reach-Trace-Id": self.record.trace_id,
+            "X-Reach-Trace-Id": record.trace_id,
             "traceparent": f"00-{self._w3c_trace}-{span_id}-01",
             "X-Reach-Deadline-Ms": str(int(remaining)),
             "Idempotency-Key": self._idempotency_key,
         }
-        secret = self.parts.agent_secrets.for_agent(choice.entry.id)
+        secrets = parts.agent_secrets  # for_agent() only when a glob may name another secret
+        secret = secrets.for_agent(agent_id) if secrets.by_glob else secrets.default
         if secret is not None:
             headers[AGENT_SECRET_HEADER] = secret
-        if self.record.idempotency_key is not None:
-            headers["X-Reach-Idempotency-Key"] = self.record.idempotency_key
-        clock = self.parts.clock
+        if record.idempotency_key is not None:
+            headers["X-Reach-Idempotency-Key"] = record.idempotency_key
+        clock = parts.clock
         started = clock.monotonic()
-        self.parts.stats.started(choice.entry.id)
+        parts.stats.started(agent_id)
         pool_waited = POOL_WAIT_S.get()
         try:
             result = await self._send(choice, body, headers, AttemptLimits(connect_s, read_s, total_s))
@@ -394,15 +421,18 @@ class AttemptRun:
         except asyncio.CancelledError as exc:
             # A caller that went away, or the Router shutting down: the attempt ends unjudged,
             # but the agent's in-flight count and a probe it held must come back.
-            self.parts.stats.finished(choice.entry.id, ok=None, latency_ms=0.0)
-            self._release_probe(choice.entry.id)
-            record_cut(self.record, choice, (started, clock.monotonic()), span_id, cut_reason(exc))
+            parts.stats.finished(agent_id, ok=None, latency_ms=0.0)
+            self._release_probe(agent_id)
+            record_cut(record, choice, (started, clock.monotonic()), span_id, cut_reason(exc))
             raise
-        self._pool_waited(pool_waited)
-        self.account(choice, started, span_id, None)
-        self.record.handler = choice.entry.id
+        # _pool_waited and account, written out for a success: its waits are read by no one else.
+        waited_s = POOL_WAIT_S.get() - pool_waited
+        if waited_s > 0:
+            record.pool_wait_ms += waited_s * 1000
+        _account_success(self, choice, started, span_id, round((clock.monotonic() - started) * 1000, 2))
+        record.handler = agent_id
         if self.request.conversation_id:
-            self.parts.affinity.bind(self.request.conversation_id, choice.entry.id, self.record.caller)
+            parts.affinity.bind(self.request.conversation_id, agent_id, record.caller)
         return Success(result)
 
     def _pool_waited(self, before_s: float) -> None:
@@ -420,22 +450,6 @@ class AttemptRun:
         entry = choice.entry
         return self.parts.transport.send(entry.endpoint, body, headers, limits, entry.protocol)
 
-    def _may_retry_same(self, exc: AttemptError, same_agent_left: int, choice: Choice) -> bool:
-        """A network error may be retried on the same agent, within the cap and the budget; one
-        after the request was sent only for an idempotent capability."""
-        if exc.reason != CandidateReason.CONNECT_ERROR or same_agent_left <= 0 or self.attempts_left <= 0:
-            return False
-        if _sent_unknown(exc) and not choice.capability.idempotent:
-            return False
-        agent_id = self.record.attempts[-1].agent_id
-        if not self.parts.budget.try_spend():
-            self.record.note("retry budget", f"exhausted; no retry of {agent_id} ({exc.reason})")
-            self.budget_spent = True
-            return False
-        self.record.retries.append(exc.reason)
-        self.record.note("retry", f"{agent_id}, attempt={len(self.record.attempts) + 1}, reason={exc.reason}")
-        return True
-
     # -- accounting --------------------------------------------------------------------------
 
     def account(self, choice: Choice, started: float, span_id: str, exc: AttemptError | None) -> None:
@@ -452,7 +466,7 @@ class AttemptRun:
         outcome = exc.reason
         verdict = attempt_verdict(exc)
         if isinstance(exc, AgentDeclined):
-            verdict = self._decline_verdict(agent_id, took)
+            verdict = _decline_verdict(self, agent_id, took)
         elif isinstance(exc, AttemptTimeout) and self._cut_short and record.declines:
             # The deadline left it less than its attempt time because another agent declined
             # late: the time the decline used is never charged to the agent after it.
@@ -485,25 +499,43 @@ class AttemptRun:
         elif change is BreakerState.CLOSED:
             record.note("circuit closed", f"agent {agent_id}")
 
-    def _decline_verdict(self, agent_id: str, took_ms: float) -> bool | None:
-        """A decline is neither a success nor a failure, unless it came late (after most of the
-        attempt's time) or after too many in a row: then it is a failure, for the breaker and
-        merit, so that declining is never a free way to hold up or crowd out other agents."""
-        policy = self.parts.config.declines
-        in_a_row = self.parts.stats.declined(agent_id)
-        if took_ms >= policy.late_fraction * self._attempt_ms:
-            self.record.note("late decline", f"{agent_id} declined after {took_ms:.0f} ms: a failure")
-            return False
-        if in_a_row > policy.free_in_a_row:
-            self.record.note("repeated decline", f"{agent_id}, {in_a_row} in a row: a failure")
-            return False
-        return None
-
     # -- endings -----------------------------------------------------------------------------
 
     def _check_deadline(self) -> None:
         if self.deadline.remaining_ms() <= MIN_ATTEMPT_MS:
             raise DeadlineExceeded(f"the overall budget of {self.timeout.overall_ms} ms ran out")
+
+
+def _decline_verdict(run: AttemptRun, agent_id: str, took_ms: float) -> bool | None:
+    """A decline is neither a success nor a failure, unless it came late (after most of the
+    attempt's time) or after too many in a row: then it is a failure, for the breaker and
+    merit, so that declining is never a free way to hold up or crowd out other agents."""
+    policy = run.parts.config.declines
+    in_a_row = run.parts.stats.declined(agent_id)
+    if took_ms >= policy.late_fraction * run._attempt_ms:
+        run.record.note("late decline", f"{agent_id} declined after {took_ms:.0f} ms: a failure")
+        return False
+    if in_a_row > policy.free_in_a_row:
+        run.record.note("repeated decline", f"{agent_id}, {in_a_row} in a row: a failure")
+        return False
+    return None
+
+
+def _may_retry_same(run: AttemptRun, exc: AttemptError, same_agent_left: int, choice: Choice) -> bool:
+    """A network error may be retried on the same agent, within the cap and the budget; one
+    after the request was sent only for an idempotent capability."""
+    if exc.reason != CandidateReason.CONNECT_ERROR or same_agent_left <= 0 or run.attempts_left <= 0:
+        return False
+    if _sent_unknown(exc) and not choice.capability.idempotent:
+        return False
+    agent_id = run.record.attempts[-1].agent_id
+    if not run.parts.budget.try_spend():
+        run.record.note("retry budget", f"exhausted; no retry of {agent_id} ({exc.reason})")
+        run.budget_spent = True
+        return False
+    run.record.retries.append(exc.reason)
+    run.record.note("retry", f"{agent_id}, attempt={len(run.record.attempts) + 1}, reason={exc.reason}")
+    return True
 
 
 def _account_success(run: AttemptRun, choice: Choice, started: float, span_id: str, took: float) -> None:

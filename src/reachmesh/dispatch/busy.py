@@ -38,13 +38,17 @@ MAX_WAITS = 64
 _jitter = random.Random()
 
 
-async def run_past_busy(run: AttemptRun, choices: list[Choice]) -> Any:
+async def run_past_busy(run: AttemptRun, choices: list[Choice], busy: AgentsBusy | None = None) -> Any:
     """``run.run(choices)``, run again after each time it ends with every agent busy, while the
-    deadline leaves room for the wait and an attempt after it."""
+    deadline leaves room for the wait and an attempt after it. ``busy``: the first pass already
+    ran (the dispatcher's, without this coroutine: almost every call ends in it) and ended so."""
     for _ in range(MAX_WAITS):
         try:
+            if busy is not None:
+                raise busy
             return await run.run(choices)
         except AgentsBusy as exc:
+            busy = None
             again = _busy_choices(run, choices)
             wait_s = max(exc.retry_after_s, MIN_WAIT_S) * _jitter.uniform(*_SPREAD)
             if not again or run.deadline.remaining_ms() - wait_s * 1000 < MIN_LEFT_MS:

@@ -32,6 +32,7 @@ from reachmesh.dispatch.results import Reply
 from reachmesh.dispatch.streaming import StreamingRun, StreamSink, relay
 from reachmesh.dispatch.suggest import Suggester
 from reachmesh.exceptions import (
+    AgentsBusy,
     CallerGone,
     ContextUnavailable,
     DeadlineExceeded,
@@ -162,8 +163,8 @@ class Dispatcher:
         With a ``hold`` list, a routed request's record goes there, not to the observers: the
         caller writes the answer first, then hands it to :meth:`observe`."""
         started = self.clock.monotonic()
-        hint = _safe_trace_id(trace_header) or (parent[0] if parent else None)
-        config = self.config
+        hint = (trace_header is not None and _safe_trace_id(trace_header)) or (parent[0] if parent else None)
+        config = self.forwarding.config
         try:
             request, data = _decode(body, config.server.max_json_depth, config.limits.max_error_details)
         except RequestError as exc:
@@ -192,10 +193,10 @@ class Dispatcher:
         if config.logging.log_payloads:
             record.payload = request.payload
         if sink is not None:
-            if request.preferences.mode == "async":
+            if record.mode == "async":
                 return self.refuse(_ASYNC_STREAM, trace_id=trace_id, task=request.target_task)
             record.stream = StreamRecord()
-        if request.preferences.mode == "async":
+        if record.mode == "async":
             return await self._accept(request, data, record, owner, record.client)
         return await self._dispatch_until_abandoned(request, data, record, sink, hold)
 
@@ -214,7 +215,10 @@ class Dispatcher:
         Only a set entry per request: an ``asyncio.timeout`` scope around every request cost
         about 20 us of CPU each (measured), for an event that happens once, at shutdown.
         """
-        task = self._current_task()
+        loop = self._loop  # _current_task(), without the call once the loop is known
+        task = asyncio.current_task(loop) if loop is not None else None
+        if task is None:
+            task = self._current_task()
         if self._abandoning or task is None:
             return self._abandoned(record)
         self._running.add(task)
@@ -424,16 +428,13 @@ class Dispatcher:
             data["requestedTask"] = task
             task = record.matched_task
         # Per-task policy follows the declared task, however the caller phrased it.
-        run = (AttemptRun if sink is None else StreamingRun)(
-            parts,
-            request,
-            data,
-            record,
-            task,
-            _timeout(request, task, config),
-            _max_retries(request, task, config),
-        )
-        result = await run_past_busy(run, choices)
+        timeout, retries = _limits(parts, request, task)
+        kind = AttemptRun if sink is None else StreamingRun
+        run = kind(parts, request, data, record, task, timeout, retries)
+        try:
+            result = await run.run(choices)
+        except AgentsBusy as busy:  # every agent busy: wait and go again (dispatch/busy.py)
+            result = await run_past_busy(run, choices, busy)
         if not isinstance(run, StreamingRun) or sink is None:
             return result
         result, error = await relay(result, sink, record, run)
@@ -488,6 +489,20 @@ class Dispatcher:
                 observer(record)
             except Exception:  # an observer's bug must never cost the caller the answer
                 log.exception("observer %r failed", observer)
+
+
+def _limits(parts: Forwarding, request: ReachRequest, task: str) -> tuple[Timeout, int]:
+    """The request's Timeout and retry cap: :func:`_timeout` and :func:`_max_retries`, which read
+    only the task, the caller's own asks and the policy, worked out once per policy for each."""
+    prefs = request.preferences
+    key = (task, prefs.connect_timeout_ms, prefs.read_timeout_ms, prefs.timeout_ms, prefs.retry_count)
+    known = parts.limits.get(key)
+    if known is None:
+        if len(parts.limits) >= _MAX_TIMEOUTS:
+            parts.limits.clear()
+        config = parts.config
+        known = parts.limits[key] = (_timeout(request, task, config), _max_retries(request, task, config))
+    return known
 
 
 # The requests' Timeouts (frozen, so shared): a frozen dataclass's constructor sets each field

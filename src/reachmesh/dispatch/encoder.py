@@ -18,6 +18,8 @@ from reachmesh.exceptions import ReachError
 from reachmesh.protocol import HTTP_STATUS, PROTOCOL_VERSION, Status
 from reachmesh.tracecontext import new_trace_id
 
+_SUCCESS_HTTP = HTTP_STATUS[Status.SUCCESS]
+
 
 def conclude(
     record: DecisionRecord, clock: Clock, *, result: Any = None, error: ReachError | None = None
@@ -25,7 +27,7 @@ def conclude(
     """Write the request's ending (a result, or the error that ended it) into ``record``."""
     record.duration_ms = round((clock.monotonic() - record.started) * 1000, 2)
     if error is None:
-        record.status, record.http_status, record.result = Status.SUCCESS, HTTP_STATUS[Status.SUCCESS], result
+        record.status, record.http_status, record.result = Status.SUCCESS, _SUCCESS_HTTP, result
         return
     record.status = error.status
     record.http_status = error.http_status
@@ -50,7 +52,11 @@ def encode(record: DecisionRecord) -> Reply:
             "durationMs": record.duration_ms,
             "result": record.result,
             "error": record.error,
-            "attempts": [a.to_wire() for a in record.attempts],
+            # AttemptRecord.to_wire() of each, without a call per attempt.
+            "attempts": [
+                {"agentId": a.agent_id, "outcome": a.outcome, "durationMs": a.duration_ms}
+                for a in record.attempts
+            ],
             "route": route(record),
         }
     )

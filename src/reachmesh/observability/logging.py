@@ -68,14 +68,12 @@ class TraceHandler(logging.StreamHandler[Any]):
         self._scheduled_on = None
         if not self._pending:
             return
-        self.acquire()
-        try:
+        # The handler's lock (Handler.acquire and release, without their two Python calls).
+        with self.lock:  # type: ignore[union-attr]
             pending, self._pending = self._pending, []
             stream = self.stream
             stream.write("".join(pending))
             stream.flush()
-        finally:
-            self.release()
 
     def emit(self, record: logging.LogRecord) -> None:
         if self._pending:
@@ -291,15 +289,27 @@ class TraceLog:
         self.redact_fields = list(redact_fields)
 
     def __call__(self, record: DecisionRecord) -> None:
-        if not self._log.isEnabledFor(logging.INFO):
+        log = self._log
+        if not log.isEnabledFor(logging.INFO):
             return
-        self._write(record, self._lines(record))
+        lines = self._lines(record)
+        handler = fast_writer(log)
+        if handler is not None and _format != "json":  # the Router's own handler, in text
+            prefix = f"{_fast_stamp(time.time())} INFO "
+            handler.defer(prefix + ("\n" + prefix).join(lines) + "\n")
+            return
+        self._write(record, lines, handler)
 
     def _lines(self, record: DecisionRecord) -> list[str]:
         """The request's trace lines (text); :meth:`_fields` gives each one's structured fields."""
         tid = record.trace_id
         # Caller text: a line separator, NEL or bidi control must not start or fake a line.
-        lines = [f"[{tid}] route: {loggable(record.source)} -> {loggable(record.task)}"]
+        # loggable(source) and loggable(task) are themselves when short and printable: the length
+        # is tested here, and whether they print with every other line's (below).
+        source, task = record.source, record.task
+        if len(source) > 512 or len(task) > 512:
+            source, task = loggable(source), loggable(task)
+        lines = [f"[{tid}] route: {source} -> {task}"]
         if record.payload is not None:
             lines.append(
                 f"[{tid}] payload: {orjson.dumps(redact(record.payload, self.redact_fields)).decode()}"
@@ -323,6 +333,7 @@ class TraceLog:
         # carry a line break or a terminal escape.
         if "".join(lines).isprintable():
             return lines
+        lines[0] = f"[{tid}] route: {loggable(record.source)} -> {loggable(record.task)}"
         return [line if line.isprintable() else loggable(line, 1 << 20) for line in lines]
 
     @staticmethod
@@ -363,13 +374,9 @@ class TraceLog:
         )
         return fields
 
-    def _write(self, record: DecisionRecord, lines: list[str]) -> None:
+    def _write(self, record: DecisionRecord, lines: list[str], handler: TraceHandler | None) -> None:
+        """The lines as JSON to the Router's handler, or as a log record to whatever handles it."""
         log = self._log
-        handler = fast_writer(log)
-        if handler is not None and _format != "json":
-            prefix = f"{_fast_stamp(time.time())} INFO "
-            handler.defer(prefix + ("\n" + prefix).join(lines) + "\n")
-            return
         fields = self._fields(record)
         base = {"traceId": record.trace_id, "task": loggable(record.task), "agent": record.selected}
         if handler is None:

@@ -204,15 +204,15 @@ class RouterMetrics:
         # Runs on every request, on the event loop: a dict update per family, no locks. The
         # common request (one attempt, no retry, no stream) touches two families and skips the
         # rest on one test each.
-        registry = self._registry
+        snapshot = self._registry.snapshot  # its dicts, read without a call through the registry
         task = record.matched_task or UNKNOWN_TASK
         attempts = record.attempts
         agent = record.handler or (attempts[-1].agent_id if attempts else NO_AGENT)
         # A request that ends after its agent (or its task's last agent) left the registry would
         # bring back series :meth:`forget` dropped, for good: it counts as no agent, no known task.
-        if agent != NO_AGENT and registry.get(agent) is None:
+        if agent != NO_AGENT and agent not in snapshot.entries:  # registry.get(agent) is None
             agent = NO_AGENT
-        if task != UNKNOWN_TASK and not registry.by_task(task):
+        if task != UNKNOWN_TASK and not snapshot.index.get(task):  # no registry.by_task(task)
             task = UNKNOWN_TASK
         status = record.status
         # The member's value without the enum's property (a Python-level call).

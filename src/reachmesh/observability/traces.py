@@ -246,24 +246,29 @@ class TraceStore:
         return self._bytes
 
     def __call__(self, record: DecisionRecord) -> None:
-        if self.size <= 0:
+        keep = self.size
+        if keep <= 0:
             return  # a store that keeps nothing: no hop to build
         hops = self._hops
         # Anything orjson cannot write (never expected) is kept as its text rather than losing the hop.
         frozen = _freeze(record)
-        # Fitted: orjson's own buffer is at least 4 KiB, and the store counts (and keeps) bytes.
-        hop = fitted(orjson.dumps(frozen, default=str, option=orjson.OPT_SERIALIZE_NUMPY))
+        # Fitted (fitted(), without the call): orjson's own buffer is at least 4 KiB, and the
+        # store counts (and keeps) bytes.
+        hop = memoryview(orjson.dumps(frozen, default=str, option=orjson.OPT_SERIALIZE_NUMPY)).tobytes()
         size = len(hop)
         if size > self.max_hop_bytes:
             hop = _slim(frozen, size, self.max_hop_bytes)
             size = len(hop)
             self.slimmed += 1
-        if len(hops) >= self.size:
+        held = self._bytes
+        if len(hops) >= keep:
             # A full store, the steady state: the oldest hop leaves for this one.
-            self._bytes -= len(hops.popleft())
-        if self._bytes + size > self.max_bytes or len(hops) >= self.size:
+            held -= len(hops.popleft())
+        if held + size > self.max_bytes or len(hops) >= keep:
+            self._bytes = held
             self._make_room(size)
-        self._bytes += size
+            held = self._bytes
+        self._bytes = held + size
         hops.append(hop)
 
     def _make_room(self, incoming: int) -> None:

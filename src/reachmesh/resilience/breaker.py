@@ -85,7 +85,8 @@ class BreakerBoard:
         """True when the breaker is open and no probe is due: the agent is out of routing."""
         if not self.policy.enabled:
             return False
-        breaker = self._get(agent_id, task)
+        scopes = self._breakers.get(agent_id)  # _get(), without a call for an agent with none
+        breaker = None if scopes is None else scopes.get(self._key(task))
         if breaker is None or breaker.state is BreakerState.CLOSED:
             return False
         return self._permit_now(breaker) is Permit.DENY
@@ -107,7 +108,8 @@ class BreakerBoard:
         """Ask to send one request; returns the permit and the new state if it changed."""
         if not self.policy.enabled:
             return Permit.GO, None
-        breaker = self._get(agent_id, task)
+        scopes = self._breakers.get(agent_id)  # _get(), without a call for an agent with none
+        breaker = None if scopes is None else scopes.get(self._key(task))
         if breaker is None or breaker.state is BreakerState.CLOSED:
             return Permit.GO, None
         permit = self._permit_now(breaker)
@@ -130,9 +132,9 @@ class BreakerBoard:
         """
         if not self.policy.enabled:
             return None
-        key = self._key(task)
+        # The breaker's key only for an agent that has breakers, or one to make (a failure).
         scopes = self._breakers.get(agent_id)
-        breaker = None if scopes is None else scopes.get(key)
+        breaker = None if scopes is None else scopes.get(self._key(task))
         if ok is None and (breaker is None or breaker.state is not BreakerState.HALF_OPEN):
             return None
         if ok is not False:  # a success, or a neutral answer to a half-open probe
@@ -144,7 +146,7 @@ class BreakerBoard:
             breaker.probe_started = None
             return BreakerState.CLOSED if was is not BreakerState.CLOSED else None
         if breaker is None:
-            breaker = self._breakers.setdefault(agent_id, {}).setdefault(key, Breaker())
+            breaker = self._breakers.setdefault(agent_id, {}).setdefault(self._key(task), Breaker())
         breaker.failures += 1
         now = self._clock.monotonic()
         trip = breaker.failures >= self._threshold(task) or (refused and self.policy.open_on_refused)

@@ -8,7 +8,7 @@ left (``X-Reach-Deadline-Ms``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from reachmesh.deadline import Deadline
 
@@ -22,6 +22,13 @@ class Timeout:
     connect_ms: int
     read_ms: int
     overall_ms: int
+    # (connect, read, whole attempt) in seconds, for an attempt the deadline does not cut: worked
+    # out once per Timeout (the dispatcher keeps them), not on every attempt.
+    seconds: tuple[float, float, float] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        whole = (self.connect_ms + self.read_ms) / 1000.0
+        object.__setattr__(self, "seconds", (self.connect_ms / 1000.0, self.read_ms / 1000.0, whole))
 
     def attempt_limits(self, remaining_ms: float) -> tuple[float, float, float]:
         """Connect, read and whole-attempt limits in seconds for one attempt, never past the deadline."""

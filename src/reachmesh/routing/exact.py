@@ -59,9 +59,10 @@ class ExactMatch:
         self.rotation = SmoothWeighted()
 
     def rank(self, task: str, entries: list[AgentEntry], similarity: float | None = None) -> Ranking:
-        return Ranking(self._order(task, entries))
+        return Ranking(self.order(task, entries))
 
-    def _order(self, task: str, entries: list[AgentEntry]) -> list[Choice]:
+    def order(self, task: str, entries: list[AgentEntry]) -> list[Choice]:
+        """The choices for ``entries``, best first (:meth:`rank` has no explanation to add)."""
         if len(entries) == 1:
             return [Choice.of(entries[0], task)]
         weighted = [(e.id, e.capabilities[task].routing_weight) for e in entries]

@@ -169,7 +169,9 @@ class Pipeline:
         if not self.registry.loaded:
             reason = self.registry.ready() or "the registry is not loaded yet"
             raise RegistryLoading(f"{reason}; retry in a moment")
-        strategy = self.strategy(request)
+        # strategy(), written out: it runs on every call.
+        wanted, policy = request.preferences.strategy, self.policy
+        strategy = policy.default_strategy if wanted is None or not policy.allow_caller_strategy else wanted
         # The member's value without the enum's property (a Python-level call per read).
         record.strategy = strategy._value_
         record.narrowed = bool(request.target_agent) or request.preferences.filter_agent_ids is not None
@@ -187,8 +189,10 @@ class Pipeline:
         record.candidates = [e.id for e in pool]
         groups = self._filter(request, record, task, pool, similarity)
         ranked = self._rank(record, strategy, task, groups, similarity)
-        ranked = self._affinity_first(request, record, ranked)
-        ranked = load_aware(ranked, self.capacity, keep_first=record.affinity is not None)
+        if request.conversation_id:  # else the order stands: no conversation is bound
+            ranked = self._affinity_first(request, record, ranked)
+        if len(ranked) > 1:  # one choice has no order to change
+            ranked = load_aware(ranked, self.capacity, keep_first=record.affinity is not None)
         if similarity is not None and alternates:
             ranked.extend(self._on_decline(request, record, strategy, alternates))
         return ranked
@@ -280,16 +284,17 @@ class Pipeline:
         eligible: list[AgentEntry] = []
         last_resort: list[AgentEntry] = []
         for entry in pool:
+            status = entry.status
             if allowed is not None and entry.id not in allowed:
                 record.reject(entry.id, CandidateReason.FILTERED, similarity, task)
             elif entry.id in excluded:
                 why, limit = excluded[entry.id]
                 record.reject(entry.id, why, similarity, task, limit)
-            elif not entry.routable:
-                record.reject(entry.id, _OUT[entry.status], similarity, task)
+            elif status is not AgentStatusValue.AVAILABLE and status is not AgentStatusValue.SUSPECT:
+                record.reject(entry.id, _OUT[status], similarity, task)  # not entry.routable
             elif self.breakers.blocked(entry.id, task):
                 record.reject(entry.id, CandidateReason.CIRCUIT_OPEN, similarity, task)
-            elif entry.status is AgentStatusValue.AVAILABLE:
+            elif status is AgentStatusValue.AVAILABLE:
                 eligible.append(entry)
             else:
                 last_resort.append(entry)
@@ -306,9 +311,11 @@ class Pipeline:
         similarity: float | None,
     ) -> list[Choice]:
         """Each group in order, ranked by the strategy; a semantic route ranks by merit too."""
-        ranker: Ranker = self.exact
-        if similarity is not None or strategy is not Strategy.EXACT_MATCH:
-            ranker = self.weighted
+        if similarity is None and strategy is Strategy.EXACT_MATCH:
+            # ExactMatch.rank() without its Ranking: it explains nothing, so only the order counts.
+            exact = self.exact
+            return [choice for group in groups if group for choice in exact.order(task, group)]
+        ranker: Ranker = self.weighted
         ranked: list[Choice] = []
         for group in groups:
             if group:

@@ -80,8 +80,11 @@ class StatsBook:
             stats.ewma_latency_ms = latency_ms
             stats.ewma_success = 1.0 if ok else 0.0
         else:
-            alpha = 1.0 - math.exp(-max(now - stats.last_sample, 0.0) / self.tau)
-            alpha = max(alpha, 0.01)  # a burst of samples in one instant still counts a little
+            # max() of each, as conditionals (no builtin calls): the same values.
+            gap = now - stats.last_sample
+            alpha = 1.0 - math.exp(-(gap if gap > 0.0 else 0.0) / self.tau)
+            if alpha < 0.01:  # a burst of samples in one instant still counts a little
+                alpha = 0.01
             stats.ewma_latency_ms += alpha * (latency_ms - stats.ewma_latency_ms)
             stats.ewma_success += alpha * ((1.0 if ok else 0.0) - stats.ewma_success)
         stats.last_sample = now

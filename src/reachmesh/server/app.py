@@ -136,7 +136,8 @@ class RouterApp:
 
     def takes_whole(self, headers: dict[bytes, bytes]) -> bool:
         """Whether :meth:`serve_whole` may answer this POST /reach (not a stream)."""
-        return not wants_stream(headers.get(b"accept"))
+        accept = headers.get(b"accept")
+        return accept is None or not wants_stream(accept)  # no Accept asks for no stream
 
     def callers_gone(self, tasks: Iterable[asyncio.Task[Any]]) -> None:
         """A connection closed with these tasks still serving it (the server's protocol, :mod:`.h1`,
@@ -150,7 +151,11 @@ class RouterApp:
         :mod:`.h1`, writes the answer). (status, body, extra headers), and what to call once
         the answer is written: the request's observers (trace line, metrics, store), so that
         their work is not in the caller's wait."""
-        denial = self.admit(Action.REACH, scope, headers)
+        # admit(), written out: it runs on every call.
+        parts = self.parts
+        denial = self.browser_gate.check(scope, parts.config.server, headers)
+        if denial is None:
+            denial = parts.guard.check(Action.REACH, scope)
         if denial is not None:
             return self._denied(denial, reach=True, post_reach=True), None
         held: list[DecisionRecord] = []
@@ -158,7 +163,7 @@ class RouterApp:
         assert answer is not None  # no stream, and no body to wait for
         if not held:
             return answer, None
-        return answer, partial(self.parts.observe_later, held[0])
+        return answer, partial(parts.observe_later, held[0])
 
     async def _serve_reach(
         self,
@@ -172,16 +177,16 @@ class RouterApp:
         """POST /reach's answer (``body`` None: read with ``receive``); None: a stream, or no caller."""
         parts = self.parts
         trace_hint, parent = _trace_of(headers)
-        principal = principal_of(scope)
-        auth_on = self.auth_on
-        caller, peer = principal.key, self._client_key(scope, principal.key, auth_on)
+        principal, auth_on = principal_of(scope), parts.auth_on
+        caller, client = principal.key, scope.get("client")  # _client_key, written out:
+        peer = caller if auth_on and caller != ANONYMOUS.key else (client[0] if client else "-")
         shed = parts.shedder.admit(peer)
         if shed is not None:
-            status, payload = parts.dispatcher.shed(shed, trace_id=parent[0] if parent else None)
-            return status, payload, [(b"retry-after", str(parts.config.limits.retry_after_seconds).encode())]
+            return self._shed(shed, parent)
         try:
             try:
-                _check_head(headers)
+                check_json_content_type(headers)  # the head: a JSON body, a hop count under the bound
+                count_hops(headers)
                 server = parts.config.server
                 if body is None:  # read here, not in a coroutine of its own (see __call__)
                     timeout_s = body_timeout(scope, server.body_timeout_seconds)
@@ -193,8 +198,8 @@ class RouterApp:
                 return status, payload, None
             except ClientGone:
                 return None
-            grants = EVERY_TASK if principal is OPEN else Grants(principal.serves, principal.reach_tasks)
             owner = caller if auth_on else None
+            grants = EVERY_TASK if principal is OPEN else Grants(principal.serves, principal.reach_tasks)
             if send is not None and wants_stream(headers.get(b"accept")):
                 who = {"trace_header": trace_hint, "parent": parent, "owner": owner, "caller": caller}
                 await self._stream(send, receive, body, {**who, "client": peer, "grants": grants}, scope)
@@ -220,6 +225,12 @@ class RouterApp:
             return status, payload, _retry_after_of(status, payload, parts.config.limits.retry_after_seconds)
         finally:
             parts.shedder.release(peer)
+
+    def _shed(self, reason: str, parent: tuple[str, str] | None) -> Answer:
+        """OVERLOADED at once, with the policy's Retry-After: the Router is shedding load."""
+        parts = self.parts
+        status, payload = parts.dispatcher.shed(reason, trace_id=parent[0] if parent else None)
+        return status, payload, [(b"retry-after", str(parts.config.limits.retry_after_seconds).encode())]
 
     async def _stream(
         self,
@@ -382,13 +393,6 @@ class RouterApp:
                 await self.shutdown()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
-
-
-def _check_head(headers: dict[bytes, bytes]) -> None:
-    """What POST /reach's head must say before its body is read: a JSON body, and a hop count
-    under the bound."""
-    check_json_content_type(headers)
-    count_hops(headers)
 
 
 def _trace_of(headers: dict[bytes, bytes]) -> tuple[str | None, tuple[str, str] | None]:

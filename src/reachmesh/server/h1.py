@@ -105,7 +105,8 @@ def whole_answer(
         return False
     block = _start_response(cycle, status, head)
     # A response still held by the one-write wrapper (a pipelined one) leaves first.
-    one_write.flush()
+    if one_write._held is not None:
+        one_write.flush()
     one_write.write_now(b"%s%s" % (block, body))
     _end_response(one_write, cycle)
     return True
@@ -115,12 +116,21 @@ def _start_response(cycle: RequestResponseCycle, status: int, head: bytes) -> by
     """Mark ``cycle``'s response started, as uvicorn's ``send`` would, and return its head block:
     the status line, the server's default headers, ``head``, ``connection: close`` when the
     connection ends with it, and the blank line."""
+    global _default_lines
     cycle.response_started = True
     cycle.waiting_for_100_continue = False
     default = cycle.default_headers
-    lines = b"".join([b"%s: %s\r\n" % pair for pair in default]) if default else b""
+    # uvicorn makes a new list of them once a second (the date): written out once per list.
+    known, lines = _default_lines
+    if default is not known:
+        lines = b"".join([b"%s: %s\r\n" % pair for pair in default]) if default else b""
+        _default_lines = (default, lines)
     close = b"" if cycle.keep_alive else b"connection: close\r\n"
     return b"%s%s%s%s\r\n" % (STATUS_LINE[status], lines, head, close)
+
+
+# The server's default headers last written out (the list itself, held: never another's id).
+_default_lines: tuple[Any, bytes] = (None, b"")
 
 
 def _end_response(one_write: _OneWrite, cycle: RequestResponseCycle) -> None:
@@ -320,7 +330,6 @@ class GuardedHttpTools(HttpToolsProtocol):
         super().connection_made(transport)
         self._head_bytes = 0
         self._header_bytes = 0
-        self._line_bytes = -1  # the request line's, once the parser has all of it
         self._reading_head = True
         self._refused = False
         self._idle_since: float | None = None  # when the last response ended, while idle since
@@ -374,9 +383,14 @@ class GuardedHttpTools(HttpToolsProtocol):
         super().on_message_begin()
         self._lane = None
         self._reading_head = True
-        self._header_bytes = 0
-        self._line_bytes = -1
+        self._header_bytes = 0  # the request line's, from on_url on, then each header line's
         # The head's timer is armed by data_received if the head outlasts this read.
+
+    def on_url(self, url: bytes) -> None:
+        # uvicorn's own, and the request line's size ("METHOD URL HTTP/1.1\r\n"): the parser has
+        # the method by the URL's first piece, and calls this again for each further piece.
+        self.url = url = self.url + url
+        self._header_bytes = len(self.parser.get_method()) + len(url) + 12
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if self._refused:
@@ -384,15 +398,13 @@ class GuardedHttpTools(HttpToolsProtocol):
         # The lines so far are the headers kept (uvicorn empties the list per request, and a
         # refused line ends the request): no counter of its own to keep per line.
         headers = self.headers
-        lines = len(headers)
-        if not lines:  # the first header: the parser has the whole request line by now
-            self._line_bytes = self._request_line_bytes()
-        if lines >= self.max_headers:
+        if len(headers) >= self.max_headers:
             self._refuse(431, f"more than {self.max_headers} request headers")
             return
-        # "Name: value\r\n"; checked per line, so a head that arrived in one read is bounded too.
+        # "Name: value\r\n" on the request line's size; checked per line, so a head that arrived
+        # in one read is bounded too.
         size = self._header_bytes = self._header_bytes + len(name) + len(value) + 4
-        if self._line_bytes + size > self.max_header_bytes:
+        if size > self.max_header_bytes:
             self._refuse_head_size()
             return
         # uvicorn's own on_header, written out: it runs for every header of every request.
@@ -404,12 +416,13 @@ class GuardedHttpTools(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         if self._refused:
             return
-        if self._parsed_head_bytes() + 2 > self.max_header_bytes:  # and the blank line
+        if self._header_bytes + 2 > self.max_header_bytes:  # and the blank line
             self._refuse_head_size()
             return
         self._reading_head = False
         self._head_bytes = 0
-        self._disarm()
+        if self._head_timer is not None:  # _disarm(): most heads end in the read that began them
+            self._disarm()
         headers = self._lane_headers()
         if headers is not None:
             self._lane = (headers, [])  # served once the whole body is here (or left)
@@ -452,9 +465,9 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._head_bytes = 0
         if self.transport.is_closing():
             return
-        self._idle_since = None
         self.flow.resume_reading()
         if self.pipeline:  # a pipelined request waited behind this one: it runs now
+            self._idle_since = None
             cycle, app = self.pipeline.pop()
             self._start_asgi_task(cycle, app)
             return
@@ -532,10 +545,9 @@ class GuardedHttpTools(HttpToolsProtocol):
         return headers
 
     def _serve_lane(self) -> None:
-        assert self._lane is not None
-        headers, chunks = self._lane
+        headers, chunks = self._lane  # type: ignore[misc]  # on_message_complete saw it set
         self._lane = None
-        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        body = b"".join(chunks)  # a single chunk is returned as it is, not copied
         scope = self.scope
         scope.update(_LANE_SCOPE)  # type: ignore[typeddict-item]
         cycle = _LaneCycle(self, self.parser.should_keep_alive())
@@ -560,17 +572,6 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._asgi_head()
         for chunk in chunks:
             super().on_body(chunk)
-
-    def _parsed_head_bytes(self) -> int:
-        """The request line and the header lines parsed so far."""
-        if self._line_bytes < 0:
-            self._line_bytes = self._request_line_bytes()
-        return self._line_bytes + self._header_bytes
-
-    def _request_line_bytes(self) -> int:
-        """The request line ("METHOD URL HTTP/1.1\r\n"): measured once per request, at its
-        first header (the parser has the whole line by then), not at every header."""
-        return len(self.parser.get_method()) + 1 + len(self.url) + 11
 
     def _refuse_head_size(self) -> None:
         self._refuse(431, f"request headers are over {self.max_header_bytes} bytes")

@@ -75,18 +75,24 @@ class BrowserGate:
         """The denial for this request, if any; ``fields``: its headers as a dict, when the
         caller has them so (the /reach lane), read by two lookups instead of a scan of the list
         (of a repeated name, the last value either way)."""
-        host = origin = None
         if fields is not None:
             host = fields.get(b"host")
             origin = fields.get(b"origin")
         else:
-            for name, value in scope["headers"]:
-                if name == b"host":
-                    host = value
-                elif name == b"origin":
-                    origin = value
-        if host is not None and self._on_loopback(scope) and not self._host_ok(host, policy.allowed_hosts):
-            return _host_denial(host.decode("latin-1"))
+            host, origin = _host_and_origin(scope["headers"])
+        if host is not None:
+            # _on_loopback and _host_ok, each answered from its table without a call once known.
+            server = scope.get("server")
+            on_loopback = self._loopback.get(str(server[0])) if server else False
+            if on_loopback is None:
+                on_loopback = self._on_loopback(scope)
+            if on_loopback:
+                allowed = policy.allowed_hosts
+                host_ok = self._hosts.get(host) if allowed is self._hosts_policy else None
+                if host_ok is None:
+                    host_ok = self._host_ok(host, allowed)
+                if not host_ok:
+                    return _host_denial(host.decode("latin-1"))
         if origin is not None:
             return _origin_denial(origin.decode("latin-1"), host, policy.allowed_origins)
         return None
@@ -112,6 +118,17 @@ class BrowserGate:
                 self._loopback.clear()
             known = self._loopback[address] = _loopback_address(address)
         return known
+
+
+def _host_and_origin(headers: list[tuple[bytes, bytes]]) -> tuple[bytes | None, bytes | None]:
+    """The Host and Origin of a request's header list (of a repeated name, the last value)."""
+    host = origin = None
+    for name, value in headers:
+        if name == b"host":
+            host = value
+        elif name == b"origin":
+            origin = value
+    return host, origin
 
 
 def _host_allowed(host: str, allowed: list[str]) -> bool:

@@ -125,7 +125,10 @@ class AnswerReader:
         self.limit = limit
         self.started = True
         self.got_bytes = self.head_done = self.complete = self.trailing = False
-        self._reset_message()
+        # _reset_message(), written out: once per exchange.
+        self.status = self._headers = 0
+        self._length = self._encoding = self.retry_after = None
+        self._chunked = False
         self._head_bytes = self._line = self._wire = self._inflated = 0
         self._chunks = []
         self._decoder = None
@@ -148,7 +151,7 @@ class AnswerReader:
             part = data if len(data) <= room else data[:room]
             self._head_bytes += len(part)
             self._parse(part)
-            if not self._head_read(part):
+            if not self.head_done and not self._head_read(part):  # a head done needs no call
                 return False
             data = data[len(part) :]
         if data:
@@ -186,8 +189,7 @@ class AnswerReader:
 
     def answer(self) -> Answer:
         """The whole answer read (after ``feed`` or ``eof`` said True); ends the exchange."""
-        chunks = self._chunks
-        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        body = b"".join(self._chunks)  # a single chunk is returned as it is, not copied
         self._chunks = []
         self.started = False
         return Answer(self.status, body, self.retry_after)
@@ -218,8 +220,8 @@ class AnswerReader:
             raise BrokenBody("bytes after the answer")
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._headers += 1
-        if self._headers > self._max_headers or len(name) + len(value) + 2 > self._max_line:
+        count = self._headers = self._headers + 1
+        if count > self._max_headers or len(name) + len(value) + 2 > self._max_line:
             raise HeadTooLarge(
                 f"the answer has over {self._max_headers} header lines"
                 if self._headers > self._max_headers

@@ -244,8 +244,12 @@ class _Conn(asyncio.Protocol):
 
     # -- one exchange -----------------------------------------------------------------------
 
-    async def exchange(self, data: bytes, body: bytes, limit: int, read_s: float, hard: float) -> Answer:
-        """Write the request, then wait for the whole answer (or the first error)."""
+    def exchange(
+        self, data: bytes, body: bytes, limit: int, read_s: float, hard: float
+    ) -> asyncio.Future[Answer]:
+        """Write the request; the future of its whole answer (or the first error). Not a
+        coroutine of its own (one fewer per attempt): the caller awaits the future, and when
+        its wait ends before the answer (cancelled), the connection is done (see post)."""
         loop = self._loop
         waiter: asyncio.Future[Answer] = loop.create_future()
         self._waiter = waiter
@@ -272,13 +276,7 @@ class _Conn(asyncio.Protocol):
             if timer is not None:
                 timer.cancel()
             self._arm(self._head_due)
-        try:
-            return await waiter
-        finally:
-            if self._waiter is waiter:
-                # Cancelled mid-exchange: the answer may still come, so the connection is done.
-                self._reset()
-                self._close()
+        return waiter
 
     def _arm(self, due: float) -> None:
         self._timer = self._loop.call_at(due, self._on_timer)
@@ -303,8 +301,10 @@ class _Conn(asyncio.Protocol):
         waiter = self._waiter
         if waiter is None or waiter.done():
             return
-        reusable = not self.closed and self.reader.reusable
-        answer = self.reader.answer()
+        reader = self.reader
+        # reader.reusable, without the property's call.
+        reusable = not self.closed and reader.complete and reader.keep_alive and not reader.trailing
+        answer = reader.answer()
         if reusable:
             self._waiter = None  # its timer stays, for the next exchange (see exchange)
             waiter.set_result(answer)
@@ -433,15 +433,22 @@ class Pool:
         loop = self._loop or asyncio.get_running_loop()
         self._loop = loop
         hard = loop.time() + total_s
-        target = self._target(url)
+        target = self._targets.get(url) or self._target(url)  # a known one without a call
         # Built in a function of its own: its pieces are gone before the (maybe long) wait.
-        data = self._request_head(target, headers, len(body))
+        data = _request_head(target, self._ua, headers, len(body))
         # An idle connection (nobody waiting first) without _acquire's coroutine: keep-alive's case.
         conn = None if self._queue_ahead(target.key) else self._reuse(target.key, loop.time())
         conn = await self._acquire(target, connect_s, hard) if conn is None else conn
         reused = conn.idle_since > 0.0
+        waiter = conn.exchange(data, body, self._limit, read_s, hard)
         try:
-            return await conn.exchange(data, body, self._limit, read_s, hard)
+            try:
+                return await waiter
+            finally:
+                if conn._waiter is waiter:
+                    # Cancelled mid-exchange: the answer may still come, so the connection is done.
+                    conn._reset()
+                    conn._close()
         except Disconnected as exc:
             if reused and not conn.reader.got_bytes:
                 # Closed after the request was written: the agent may have read it (and be running
@@ -470,17 +477,6 @@ class Pool:
             length,
         )
         return await self._acquire(target, connect_s, loop.time() + total_s), head
-
-    def _request_head(self, target: _Target, headers: dict[str, str], length: int) -> bytes:
-        """The request's head, whole; BadHeader for a name or value with a line break in it."""
-        # The header lines in one join and one encode; each line ends in the one CR LF added
-        # here, so any other line break is counted by two scans in C instead of two per header.
-        lines = "".join(map(_HEADER_LINE, headers.keys(), headers.values()))
-        if lines.count("\r") != len(headers) or lines.count("\n") != len(headers):
-            for name, value in headers.items():
-                if "\r" in name or "\n" in name or "\r" in value or "\n" in value:
-                    raise BadHeader(name)
-        return b"%s%s%sContent-Length: %d\r\n\r\n" % (target.request_line, self._ua, lines.encode(), length)
 
     def _reuse(self, key: tuple[str, str, int], now: float) -> _Conn | None:
         idle = self._idle.get(key)
@@ -683,8 +679,9 @@ class Pool:
     def release(self, conn: _Conn) -> None:
         """Put a connection whose answer was read whole back in the pool."""
         conn.idle_since = self._loop.time() if self._loop is not None else 1.0
-        self._idle.setdefault(conn.key, []).append(conn)
-        if not self._wake(conn.key) and len(self._all) + self._opening >= self._size:
+        key = conn.key  # below: _wake() only when someone waits for it
+        self._idle.setdefault(key, []).append(conn)
+        if not (key in self._waiting and self._wake(key)) and len(self._all) + self._opening >= self._size:
             self._wake_any()  # the pool is full: a waiter elsewhere may close this idle one
 
     def forget(self, conn: _Conn) -> None:
@@ -764,6 +761,19 @@ class Pool:
                 if not room.done():
                     room.set_result(None)
         self._waiting.clear()
+
+
+def _request_head(target: _Target, agent_lines: bytes, headers: dict[str, str], length: int) -> bytes:
+    """The request's head, whole (``agent_lines``: the pool's own User-Agent and Accept lines);
+    BadHeader for a name or value with a line break in it."""
+    # The header lines in one join and one encode; each line ends in the one CR LF added
+    # here, so any other line break is counted by two scans in C instead of two per header.
+    lines = "".join(map(_HEADER_LINE, headers.keys(), headers.values()))
+    if lines.count("\r") != len(headers) or lines.count("\n") != len(headers):
+        for name, value in headers.items():
+            if "\r" in name or "\n" in name or "\r" in value or "\n" in value:
+                raise BadHeader(name)
+    return b"%s%s%sContent-Length: %d\r\n\r\n" % (target.request_line, agent_lines, lines.encode(), length)
 
 
 __all__ = [
