@@ -175,11 +175,11 @@ class RouterApp:
         hold: list[DecisionRecord] | None = None,
     ) -> Answer | None:
         """POST /reach's answer (``body`` None: read with ``receive``); None: a stream, or no caller."""
-        parts = self.parts
-        trace_hint, parent = _trace_of(headers)
+        parts, (trace_hint, parent) = self.parts, _trace_of(headers)
         principal, auth_on = principal_of(scope), parts.auth_on
         caller, client = principal.key, scope.get("client")  # _client_key, written out:
         peer = caller if auth_on and caller != ANONYMOUS.key else (client[0] if client else "-")
+        peer = _ipv6_client(peer) if ":" in peer and peer is not caller else peer  # by its /64
         shed = parts.shedder.admit(peer)
         if shed is not None:
             return self._shed(shed, parent)
@@ -187,12 +187,12 @@ class RouterApp:
             try:
                 check_json_content_type(headers)  # the head: a JSON body, a hop count under the bound
                 count_hops(headers)
-                server = parts.config.server
                 if body is None:  # read here, not in a coroutine of its own (see __call__)
+                    server = parts.config.server
                     timeout_s = body_timeout(scope, server.body_timeout_seconds)
                     body = await read_body(receive, headers, server.body_limit_bytes, timeout_s)
                 else:
-                    check_whole_body(headers, body, server.body_limit_bytes)
+                    check_whole_body(headers, body, parts.config.server.body_limit_bytes)
             except RequestError as exc:
                 status, payload = parts.dispatcher.refuse(exc, trace_id=parent[0] if parent else None)
                 return status, payload, None
