@@ -12,7 +12,9 @@ itself a new client on each call, and so stand first in as many turns as it sent
 from __future__ import annotations
 
 import asyncio
+import gc
 import hashlib
+import tracemalloc
 from typing import Any
 
 import httpx
@@ -218,3 +220,24 @@ def test_which_peer_addresses_are_one_client(one: str, other: str, same: bool) -
         return app.client_key({"type": "http", "client": (address, 1)})
 
     assert (key(one) == key(other)) is same, (key(one), key(other))
+
+
+def test_a_long_name_a_header_gives_the_client_is_not_kept_after_its_call() -> None:
+    """Found by round 50's second probe: the /64 of an IPv6 peer is cached (4096 names), and a
+    name with a colon went in whole whatever its length. X-Forwarded-For from a trusted proxy
+    (by default any process on the Router's host) names the peer, up to the 64 KiB of a request's
+    head: 4096 such names pinned 256 MiB of the Router's memory for good. A name longer than any
+    address is not an address, and is the client as it is, not cached."""
+    app = RouterApp(_config())
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        names = [f"{n}:" + "x" * 60_000 for n in range(100)]  # 6 MB of names, each its own client
+        assert [app.client_key({"type": "http", "client": (name, 0)}) for name in names] == names
+        del names
+        gc.collect()
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert kept < 512 * 1024, f"{kept} bytes kept"
+    assert app.client_key({"type": "http", "client": ("fe80::1%enp0s31f6abcdefg", 0)}) == "fe80::/64"
