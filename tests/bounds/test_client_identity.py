@@ -14,11 +14,14 @@ from __future__ import annotations
 import asyncio
 import gc
 import hashlib
+import logging
 import tracemalloc
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from reachmesh.config import RouterConfig
 from reachmesh.exceptions import ConfigError
@@ -241,3 +244,22 @@ def test_a_long_name_a_header_gives_the_client_is_not_kept_after_its_call() -> N
         tracemalloc.stop()
     assert kept < 512 * 1024, f"{kept} bytes kept"
     assert app.client_key({"type": "http", "client": ("fe80::1%enp0s31f6abcdefg", 0)}) == "fe80::/64"
+
+
+async def test_a_reload_that_changes_the_trusted_proxies_says_it_needs_a_restart(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found by round 50's second probe: uvicorn takes the proxies at start, and a reload that
+    emptied the list (to stop local processes naming themselves clients) answered 200 and
+    changed nothing, without a word. It says so now, as for the TLS files and etcd's settings."""
+    caplog.set_level(logging.WARNING)
+    path = tmp_path / "router.yaml"
+    policy: dict[str, Any] = {"health": {"enabled": False}, "embedding": {"backend": "none"}}
+    path.write_text(yaml.safe_dump(policy))
+    async with RouterServer(RouterConfig.load(path), config_path=path) as router:
+        policy["server"] = {"trusted_proxies": []}
+        path.write_text(yaml.safe_dump(policy))
+        async with httpx.AsyncClient(base_url=router.url) as http:
+            assert (await http.post("/admin/reload")).status_code == 200
+    said = [r.getMessage() for r in caplog.records]
+    assert any("server.trusted_proxies changed" in m and "restart" in m for m in said), said
