@@ -140,6 +140,22 @@ async def test_a_listed_proxy_passes_on_its_callers_and_no_one_else_is_trusted()
     assert place <= 2, place
 
 
+async def test_a_proxy_network_written_with_its_host_bits_is_trusted_as_the_policy_accepts_it() -> None:
+    """Found by round 50's second probe: the policy took ``127.0.0.9/24`` (an address of the
+    proxy and its network's length, as ``ip addr`` shows it) but handed uvicorn the text, which
+    it read as no network at all and trusted nobody: every caller behind the proxy was the
+    proxy, one client, and the fair call was served behind the hog's twelve. The network is
+    handed on as the policy read it, ``127.0.0.0/24``."""
+    async with RouterServer(_config(server={"trusted_proxies": ["127.0.0.9/24"]})) as router:
+        proxy = _client(router, "127.0.0.2")
+        try:
+            hog = [(proxy, {"X-Forwarded-For": "203.0.113.5"}) for _ in range(CALLS)]
+            place = await _fair_place(router, hog, (proxy, {"X-Forwarded-For": "203.0.113.9"}))
+        finally:
+            await proxy.aclose()
+    assert place <= 2, place
+
+
 async def test_no_trusted_proxy_takes_the_header_from_no_one() -> None:
     """``trusted_proxies: []``: a caller on the Router's own host posing as twelve is one client."""
     async with RouterServer(_config(server={"trusted_proxies": []})) as router:
