@@ -84,6 +84,7 @@ class ServerPolicy(_Section):
     @field_validator("trusted_proxies")
     @classmethod
     def _proxy_addresses(cls, value: list[str]) -> list[str]:
+        read: list[str] = []
         for entry in value:
             try:
                 network = ipaddress.ip_network(entry.strip(), strict=False)
@@ -91,7 +92,11 @@ class ServerPolicy(_Section):
                 raise ValueError(f"{entry!r} is not an IP address or network (10.0.0.0/24)") from exc
             if network.prefixlen == 0:
                 raise ValueError(f"{entry!r} would trust every caller to name its own address")
-        return [entry.strip() for entry in value]
+            # As read here (10.0.0.9/24 is 10.0.0.0/24): uvicorn takes a network with its host
+            # bits set for no network at all, and would trust no proxy of it, without a word.
+            whole = network.prefixlen == network.max_prefixlen
+            read.append(str(network.network_address if whole else network))
+        return read
 
     @field_validator("allowed_hosts")
     @classmethod

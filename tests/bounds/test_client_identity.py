@@ -12,11 +12,16 @@ itself a new client on each call, and so stand first in as many turns as it sent
 from __future__ import annotations
 
 import asyncio
+import gc
 import hashlib
+import logging
+import tracemalloc
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from reachmesh.config import RouterConfig
 from reachmesh.exceptions import ConfigError
@@ -135,6 +140,22 @@ async def test_a_listed_proxy_passes_on_its_callers_and_no_one_else_is_trusted()
     assert place <= 2, place
 
 
+async def test_a_proxy_network_written_with_its_host_bits_is_trusted_as_the_policy_accepts_it() -> None:
+    """Found by round 50's second probe: the policy took ``127.0.0.9/24`` (an address of the
+    proxy and its network's length, as ``ip addr`` shows it) but handed uvicorn the text, which
+    it read as no network at all and trusted nobody: every caller behind the proxy was the
+    proxy, one client, and the fair call was served behind the hog's twelve. The network is
+    handed on as the policy read it, ``127.0.0.0/24``."""
+    async with RouterServer(_config(server={"trusted_proxies": ["127.0.0.9/24"]})) as router:
+        proxy = _client(router, "127.0.0.2")
+        try:
+            hog = [(proxy, {"X-Forwarded-For": "203.0.113.5"}) for _ in range(CALLS)]
+            place = await _fair_place(router, hog, (proxy, {"X-Forwarded-For": "203.0.113.9"}))
+        finally:
+            await proxy.aclose()
+    assert place <= 2, place
+
+
 async def test_no_trusted_proxy_takes_the_header_from_no_one() -> None:
     """``trusted_proxies: []``: a caller on the Router's own host posing as twelve is one client."""
     async with RouterServer(_config(server={"trusted_proxies": []})) as router:
@@ -218,3 +239,43 @@ def test_which_peer_addresses_are_one_client(one: str, other: str, same: bool) -
         return app.client_key({"type": "http", "client": (address, 1)})
 
     assert (key(one) == key(other)) is same, (key(one), key(other))
+
+
+def test_a_long_name_a_header_gives_the_client_is_not_kept_after_its_call() -> None:
+    """Found by round 50's second probe: the /64 of an IPv6 peer is cached (4096 names), and a
+    name with a colon went in whole whatever its length. X-Forwarded-For from a trusted proxy
+    (by default any process on the Router's host) names the peer, up to the 64 KiB of a request's
+    head: 4096 such names pinned 256 MiB of the Router's memory for good. A name longer than any
+    address is not an address, and is the client as it is, not cached."""
+    app = RouterApp(_config())
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        names = [f"{n}:" + "x" * 60_000 for n in range(100)]  # 6 MB of names, each its own client
+        assert [app.client_key({"type": "http", "client": (name, 0)}) for name in names] == names
+        del names
+        gc.collect()
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert kept < 512 * 1024, f"{kept} bytes kept"
+    assert app.client_key({"type": "http", "client": ("fe80::1%enp0s31f6abcdefg", 0)}) == "fe80::/64"
+
+
+async def test_a_reload_that_changes_the_trusted_proxies_says_it_needs_a_restart(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found by round 50's second probe: uvicorn takes the proxies at start, and a reload that
+    emptied the list (to stop local processes naming themselves clients) answered 200 and
+    changed nothing, without a word. It says so now, as for the TLS files and etcd's settings."""
+    caplog.set_level(logging.WARNING)
+    path = tmp_path / "router.yaml"
+    policy: dict[str, Any] = {"health": {"enabled": False}, "embedding": {"backend": "none"}}
+    path.write_text(yaml.safe_dump(policy))
+    async with RouterServer(RouterConfig.load(path), config_path=path) as router:
+        policy["server"] = {"trusted_proxies": []}
+        path.write_text(yaml.safe_dump(policy))
+        async with httpx.AsyncClient(base_url=router.url) as http:
+            assert (await http.post("/admin/reload")).status_code == 200
+    said = [r.getMessage() for r in caplog.records]
+    assert any("server.trusted_proxies changed" in m and "restart" in m for m in said), said

@@ -282,7 +282,8 @@ class RouterApp:
         if not client:
             return "-"
         host: str = client[0]
-        return host if ":" not in host else _ipv6_client(host)
+        # A name longer than any address is not one: the client as it is, and not cached.
+        return host if ":" not in host or len(host) > _LONGEST_ADDRESS else _ipv6_client(host)
 
     async def _deny(self, send: Send, denial: Denial, *, reach: bool, post_reach: bool = False) -> None:
         status, body, extra = self._denied(denial, reach=reach, post_reach=post_reach)
@@ -420,6 +421,12 @@ __all__ = ["ConfigError", "RouterApp", "create_app"]
 # The soonest Retry-After of busy agents, as the answer's own error carries it (the encoder
 # writes the key once, with no space).
 _RETRY_AFTER_SECONDS = re.compile(rb'"retryAfterSeconds":(\d{1,9})[,}]')
+
+
+# The longest text of an IPv6 address (45 characters) with a scope id (an interface's name, 15
+# at most on Linux, or a number). Longer names go uncached: X-Forwarded-For from a trusted proxy
+# names the peer in up to a request head's 64 KiB, and 4096 of them cached held 256 MiB.
+_LONGEST_ADDRESS = 64
 
 
 @lru_cache(maxsize=4096)

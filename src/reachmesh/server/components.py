@@ -95,6 +95,13 @@ def _warn_restart_only_changes(old: RouterConfig, new: RouterConfig) -> None:
                 router_log.warning(
                     "%s.%s changed: TLS files are read at start; restart to use it", section, key
                 )
+    if old.server.trusted_proxies != new.server.trusted_proxies:
+        # uvicorn takes them at start; a reload that seemed to apply a narrower list left every
+        # local process able to name itself a new client by X-Forwarded-For.
+        router_log.warning(
+            "server.trusted_proxies changed: the proxies whose X-Forwarded-For names the caller "
+            "are taken at start; restart to use it"
+        )
     old_etcd, new_etcd = old.registry.etcd, new.registry.etcd
     for key in type(old_etcd).model_fields:
         if getattr(old_etcd, key) != getattr(new_etcd, key):
