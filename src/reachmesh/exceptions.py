@@ -186,8 +186,10 @@ class Overloaded(ReachError):
     status = Status.OVERLOADED
     http_status = HTTP_STATUS[Status.OVERLOADED]
 
-    def __init__(self, reason: str, *, retry_after_s: int) -> None:
-        super().__init__(f"the Router is shedding load: {reason}")
+    def __init__(self, reason: str, *, retry_after_s: int, shedding: bool = True) -> None:
+        # ``shedding`` False: the reason alone is the message, for an OVERLOADED that is not the
+        # Router shedding load (a call displaced from a full agent's queue, etcd unable to record).
+        super().__init__(f"the Router is shedding load: {reason}" if shedding else reason)
         self.reason = reason
         self.retry_after_s = retry_after_s
 
@@ -201,9 +203,7 @@ class Unrecorded(Overloaded):
     the message is the reason alone, not "the Router is shedding load" (it is not)."""
 
     def __init__(self, reason: str, *, retry_after_s: int) -> None:
-        super().__init__(reason, retry_after_s=retry_after_s)
-        self.message = reason
-        self.args = (reason,)
+        super().__init__(reason, retry_after_s=retry_after_s, shedding=False)
 
 
 class AccessDenied(ReachError):

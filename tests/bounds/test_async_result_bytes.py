@@ -182,12 +182,12 @@ def _finish_past_the_bound(clients: int) -> float:
     for n in range(5_000):
         store.start(f"held-{n}", client=f"c{n % clients}")
         store.finish(f"held-{n}", (200, b"{}"))
-    began = time.perf_counter()
+    began = time.process_time()  # CPU, not wall time: a busy machine's preemptions are not counted
     for n in range(2_000):
         store.start(f"more-{n}", client=f"c{n % clients}")
         store.finish(f"more-{n}", (200, b"{}"))
     assert store.held == 5_000
-    return time.perf_counter() - began
+    return time.process_time() - began
 
 
 def test_the_client_holding_the_most_is_found_without_a_walk_of_every_client() -> None:

@@ -629,7 +629,7 @@ def queue_refusal(run: AttemptRun, choice: Choice, exc: LookupError) -> PoolTime
     parts = run.parts
     service_ms, policy_s = parts.stats.merit(agent_id)[1], parts.config.limits.retry_after_seconds
     retry_after_s = parts.capacity.retry_after_s(agent_id, service_ms, policy_s, record.client)
-    raise Overloaded(reason, retry_after_s=retry_after_s) from exc
+    raise Overloaded(reason, retry_after_s=retry_after_s, shedding=False) from exc
 
 
 def attempt_verdict(exc: AttemptError | None) -> bool | None:
