@@ -20,6 +20,7 @@ from collections import OrderedDict
 
 from reachmesh.clock import SYSTEM_CLOCK, Clock
 from reachmesh.config import AsyncPolicy
+from reachmesh.tally import Tally
 
 # (HTTP status, ReachResponse body), as reachmesh.dispatch.encoder encodes it.
 Reply = tuple[int, bytes]
@@ -45,8 +46,7 @@ class ResultStore:
         # by how many results they hold (each count's in the order they came to it) and the
         # largest count; and a heap of (-bytes, n, client), an entry pushed at each change, the
         # stale ones dropped as they come to the top and all of them now and then.
-        self._counts: dict[int, dict[str, None]] = {}
-        self._most = 0
+        self._counts = Tally()
         self._heavy: list[tuple[int, int, str]] = []
         self._pushes = itertools.count()
         self.evicted = 0
@@ -117,7 +117,7 @@ class ResultStore:
             if self._bytes > self.policy.max_result_bytes:
                 most = self._heaviest()
             else:
-                most = next(iter(self._counts[self._most]))
+                most = self._counts.first_of_most()
             oldest = next(iter(clients[most]))
             if oldest != newest:
                 return oldest
@@ -160,17 +160,7 @@ class ResultStore:
         """``client`` went from ``before`` results to one more or one fewer (its bytes too)."""
         mine = self._by_client.get(client)
         after = 0 if mine is None else len(mine)
-        counts = self._counts
-        if before:
-            same = counts[before]
-            del same[client]
-            if not same:
-                del counts[before]
-                if self._most == before:
-                    self._most = after  # a count moves by one: the next largest is this one
-        if after:
-            counts.setdefault(after, {})[client] = None
-            self._most = max(self._most, after)
+        self._counts.moved(client, before, after)
         heavy = self._heavy
         if len(heavy) > 2 * len(self._client_bytes) + 64:  # mostly stale: rebuilt, O(1) a change
             heavy[:] = [(-held, next(self._pushes), who) for who, held in self._client_bytes.items()]

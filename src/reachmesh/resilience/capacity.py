@@ -24,6 +24,7 @@ from collections.abc import Iterator
 
 from reachmesh.clock import SYSTEM_CLOCK, Clock
 from reachmesh.config import LimitsPolicy
+from reachmesh.tally import Tally
 
 # Room is judged against this many slots when an agent declares no capacity: share = n / this.
 UNDECLARED_SHARE_BASE = 1024
@@ -62,12 +63,12 @@ class _Slots:
     to the back if it has more waiting. A client is in ``turns`` exactly while it has a line.
     A waiter's future says how its wait ended: True, a slot; False, displaced.
 
-    ``queued`` is the length of all lines together, and ``holders`` the clients by the length
-    of their line (each length's clients in the order they came to it), ``most`` the longest:
-    kept as each waiter joins or leaves a line, so the client to displace is found in O(1).
+    ``queued`` is the length of all lines together, and ``tally`` the clients by the length
+    of their line (each length's clients in the order they came to it) and the longest: kept as
+    each waiter joins or leaves a line, so the client to displace is found in O(1).
     """
 
-    __slots__ = ("capacity", "holders", "inflight", "lines", "most", "queued", "turns")
+    __slots__ = ("capacity", "inflight", "lines", "queued", "tally", "turns")
 
     def __init__(self) -> None:
         self.inflight = 0
@@ -75,24 +76,13 @@ class _Slots:
         self.queued = 0
         self.lines: dict[str, deque[asyncio.Future[bool]]] = {}
         self.turns: deque[str] = deque()
-        self.holders: dict[int, dict[str, None]] = {}
-        self.most = 0
+        self.tally = Tally()
 
     def _resized(self, client: str, before: int) -> None:
         """``client``'s line went from ``before`` waiters to one more or one fewer."""
         line = self.lines.get(client)
         after = 0 if line is None else len(line)
-        holders = self.holders
-        if before:
-            same = holders[before]
-            del same[client]
-            if not same:
-                del holders[before]
-                if self.most == before:
-                    self.most = after  # a length moves by one: the next longest is this one
-        if after:
-            holders.setdefault(after, {})[client] = None
-            self.most = max(self.most, after)
+        self.tally.moved(client, before, after)
         self.queued += after - before
 
     def join(self, client: str, waiter: asyncio.Future[bool]) -> None:
@@ -142,7 +132,7 @@ class _Slots:
         at least two fewer than the client holding the most. One fewer would only make it the one
         holding the most, and that client's next call would take the place back."""
         line = self.lines.get(client)
-        return (0 if line is None else len(line)) + 2 <= self.most
+        return (0 if line is None else len(line)) + 2 <= self.tally.most
 
     def displace_for(self, client: str) -> bool:
         """Answer the newest live waiter of the client holding the most (of those holding as
@@ -150,7 +140,7 @@ class _Slots:
         :meth:`may_displace` says no, or that line holds only waiters already gone."""
         if not self.may_displace(client):
             return False
-        holder = next(reversed(self.holders[self.most]))
+        holder = self.tally.last_of_most()
         line = self.lines[holder]
         victim = next((waiter for waiter in reversed(line) if not waiter.done()), None)
         if victim is None:
@@ -168,7 +158,7 @@ class _Slots:
         own line and itself, and as many of each other client's (up to as many)."""
         line = self.lines.get(client)
         mine = 1 + (0 if line is None else len(line))
-        others = sum(min(length, mine) * len(clients) for length, clients in self.holders.items())
+        others = sum(min(length, mine) * len(clients) for length, clients in self.tally.holders.items())
         return mine + others - (mine - 1)
 
 
