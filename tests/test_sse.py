@@ -511,3 +511,27 @@ def test_a_line_that_trickles_in_holds_about_its_size() -> None:
         tracemalloc.stop()
     assert held < 2 * len(line), held
     assert parser.feed(b"\n\n") == [RawEvent(b"chunk", line[6:])]
+
+
+def test_an_open_line_holds_at_most_twice_the_line_bound() -> None:
+    """What docs/limits.md says an open line costs: the parser keeps a view of the read the line
+    started in (not a copy) when the line is at least half of it, so between reads it holds up
+    to the line's bytes and the rest of that read, never more than twice ``max_line`` in all;
+    more than the line alone when the line started mid-read."""
+    bound = 256 * 1024
+    parser = RawSseParser(SseLimits(max_line=bound, max_event=4 * bound, max_total=1 << 30))
+    event = b"event: chunk\ndata: " + b"1" * (bound - 64) + b"\n\n"
+    opened = b"data: " + b"2" * (bound - 16)  # the line still open at the end of the read
+    tracemalloc.start()
+    try:
+        # Each read fresh bytes, as the relay's reads are; this test keeps no reference to them.
+        assert len(parser.feed(bytes(event + opened))) == 1
+        after_first, _ = tracemalloc.get_traced_memory()
+        parser.feed(bytes(b"2" * 8))  # the line goes on, within its bound
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert bound < after_first <= 2 * bound + 4096, after_first
+    assert held <= 2 * bound + 4096, held
+    (done,) = parser.feed(b"\n\n")
+    assert done.data == b"2" * (bound - 16 + 8)

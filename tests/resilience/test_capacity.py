@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from reachmesh.resilience.capacity import CapacityBoard, Displaced
+from reachmesh.resilience.capacity import CapacityBoard, Displaced, QueueFull
 from tests.helpers import scaled, until
 
 
@@ -23,7 +23,7 @@ async def test_slots_are_handed_over_first_come_first_served_within_the_queue_bo
     second = asyncio.ensure_future(board.take("a", 1, far))
     await queued(board, "a", 2)
     assert board.queue_full("a", 1)
-    with pytest.raises(LookupError):
+    with pytest.raises(QueueFull):
         await board.take("a", 1, far)
     board.give("a")
     await first
@@ -202,7 +202,7 @@ def _outcome(waiter: asyncio.Future[float]) -> str:
 
 async def test_a_full_queue_makes_room_for_another_client_by_displacing_the_newest_of_the_most() -> None:
     """Client A stands the whole line (3 of 3). B's call is not refused: A's newest waiter is
-    answered at once (Displaced, a LookupError: nothing held), and B's call takes its place."""
+    answered at once (Displaced, a QueueFull: nothing held), and B's call takes its place."""
     board = CapacityBoard(max_queued=3)
     far = asyncio.get_running_loop().time() + scaled(30)
     await board.take("a", 1, far, "A")
@@ -212,7 +212,7 @@ async def test_a_full_queue_makes_room_for_another_client_by_displacing_the_newe
     await until(lambda: a[2].done(), "A's newest displaced")
     with pytest.raises(Displaced) as caught:
         a[2].result()
-    assert isinstance(caught.value, LookupError) and caught.value.agent_id == "a"
+    assert isinstance(caught.value, QueueFull) and caught.value.agent_id == "a"
     assert [_outcome(w) for w in a[:2]] == ["waiting", "waiting"]
     assert board.queued("a") == 3 and board.waiting("a") == 3 and board.inflight("a") == 1
     assert await _served(board, [a[0], b, a[1]]) == [0, 1, 2]  # B in its turn, A first come first
@@ -230,14 +230,14 @@ async def test_a_client_holding_the_most_tied_or_one_fewer_is_refused_as_before(
     waiters = await _line_up(board, ["A", "A", "B", "B"], far)
     for client in ("A", "B"):
         assert board.queue_full("a", 1, client)
-        with pytest.raises(LookupError) as caught:
+        with pytest.raises(QueueFull) as caught:
             await board.take("a", 1, far, client)
         assert not isinstance(caught.value, Displaced)
     assert [_outcome(w) for w in waiters] == ["waiting"] * 4
     board.max_queued = 3
     waiters[3].cancel()
     await until(lambda: board.queued("a") == 3, "B's second gone")
-    with pytest.raises(LookupError):
+    with pytest.raises(QueueFull):
         await board.take("a", 1, far, "B")
     assert [_outcome(w) for w in waiters[:3]] == ["waiting"] * 3
 
@@ -254,7 +254,7 @@ async def test_among_clients_tied_for_the_most_the_one_that_came_to_it_last_give
     d = asyncio.ensure_future(board.take("a", 1, far, "D"))
     await until(lambda: waiters[2].done(), "A's newest displaced")
     assert [_outcome(w) for w in waiters] == ["waiting", "waiting", "Displaced", "Displaced"]
-    with pytest.raises(LookupError):
+    with pytest.raises(QueueFull):
         await board.take("a", 1, far, "E")
     assert await _served(board, [waiters[0], waiters[1], c, d]) == [0, 1, 2, 3]
 

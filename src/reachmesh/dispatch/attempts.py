@@ -47,7 +47,7 @@ from reachmesh.exceptions import (
 from reachmesh.protocol import UNKNOWN_TASK, CandidateReason, ReachRequest
 from reachmesh.resilience.affinity import AffinityTable
 from reachmesh.resilience.breaker import BreakerBoard, BreakerState, Permit
-from reachmesh.resilience.capacity import CapacityBoard, Displaced
+from reachmesh.resilience.capacity import CapacityBoard, Displaced, QueueFull
 from reachmesh.resilience.retry import RetryBudget
 from reachmesh.resilience.timeouts import Deadline, Timeout
 from reachmesh.routing.base import Choice
@@ -360,7 +360,7 @@ class AttemptRun:
             waited = await capacity.take(
                 agent_id, choice.entry.profile.max_concurrency, due, self.record.client
             )
-        except LookupError as exc:
+        except QueueFull as exc:
             return queue_refusal(self, choice, exc)
         except TimeoutError as exc:
             self._release_probe(agent_id)
@@ -607,7 +607,7 @@ def _overloaded_retry_after(run: AttemptRun) -> int:
     return min(estimates, default=policy_s)
 
 
-def queue_refusal(run: AttemptRun, choice: Choice, exc: LookupError) -> PoolTimeout:
+def queue_refusal(run: AttemptRun, choice: Choice, exc: QueueFull) -> PoolTimeout:
     """A full agent's queue that had no place for the call: PoolTimeout (the next candidate is
     tried), or, for a call whose place another client's call took (its client held the most of
     the line), OVERLOADED at once, the agent listed ``at_capacity`` with why. Either way nothing

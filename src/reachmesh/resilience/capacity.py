@@ -45,13 +45,21 @@ def retry_after_estimate(ahead: int, capacity: int | None, service_ms: float | N
     return min(max(seconds, 1), max(policy_s, MAX_ESTIMATED_RETRY_AFTER_S))
 
 
-class Displaced(LookupError):
+class QueueFull(Exception):
+    """A full agent's line with no place for this call: the board's own signal, so a KeyError or an
+    IndexError of a bug in the board is never mistaken for it (and read as "queue full")."""
+
+    def __init__(self, agent_id: str) -> None:
+        super().__init__(agent_id)
+        self.agent_id = agent_id
+
+
+class Displaced(QueueFull):
     """A waiter put out of a full agent's line for another client's call: its client held the
     most of that line. It held no slot and holds none: the caller is answered at once."""
 
     def __init__(self, agent_id: str, waited_s: float) -> None:
         super().__init__(agent_id)
-        self.agent_id = agent_id
         self.waited_s = waited_s
 
 
@@ -248,9 +256,9 @@ class CapacityBoard:
         """Take a slot at ``agent_id``, waiting until the monotonic ``due`` at most: first come
         first served among ``client``'s waiters, in turn with the other clients waiting there.
 
-        Returns the seconds waited. Raises ``TimeoutError`` at ``due``; ``LookupError`` at once
-        when the agent's queue is full (and ``client`` may not take a place in it); and
-        :class:`Displaced` (a LookupError) when another client's call takes this one's place.
+        Returns the seconds waited. Raises ``TimeoutError`` at ``due``; :class:`QueueFull` at
+        once when the agent's queue is full (and ``client`` may not take a place in it); and
+        :class:`Displaced` (a QueueFull) when another client's call takes this one's place.
         Whichever way it ends without a slot, none is held.
         """
         slots = self._slots(agent_id, capacity)
@@ -258,7 +266,7 @@ class CapacityBoard:
             slots.inflight += 1
             return 0.0
         if slots.queued >= self.max_queued and not slots.displace_for(client):
-            raise LookupError(agent_id)
+            raise QueueFull(agent_id)
         started = self.clock.monotonic()
         waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         slots.join(client, waiter)

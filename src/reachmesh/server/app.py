@@ -5,7 +5,8 @@ body read, the dispatcher, one send; and, when its body came with its head, with
 the Router's HTTP/1.1 protocol (:mod:`.h1`) hands it to :meth:`RouterApp.serve_whole` and writes
 the answer, then the request's observers run. Everything else (registry, admin, health, metrics, traces,
 OpenAPI) is :class:`~reachmesh.server.admin.AdminApi`, where convenience costs nothing that
-matters. Both pass the same :mod:`guard` first, and ``/reach`` passes the load shedder.
+matters. Both pass the same :mod:`guard` first, and ``/reach`` and its polls (``GET /reach/{traceId}``)
+pass the load shedder.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from reachmesh.decision import DecisionRecord
 from reachmesh.dispatch import encoder
 from reachmesh.dispatch.dispatcher import EVERY_TASK, Grants
 from reachmesh.dispatch.results import Reply
-from reachmesh.exceptions import ConfigError, InternalError, RequestError
+from reachmesh.exceptions import ConfigError, InternalError, Overloaded, RequestError
 from reachmesh.lifecycle import Background
 from reachmesh.registry.base import Registry
 from reachmesh.server.admin import AdminApi
@@ -124,6 +125,8 @@ class RouterApp:
                 answer = await self._serve_reach(scope, headers, None, receive, send)
                 if answer is not None:
                     await send_json(send, *answer, scope)
+            elif scope["method"] == "GET" and path.startswith("/reach/"):
+                await self._serve_poll(scope, receive, send)
             elif AdminUi.serves(path):
                 await self.ui(scope, receive, send)
             else:
@@ -255,6 +258,25 @@ class RouterApp:
 
         overloaded_s = self.parts.config.limits.retry_after_seconds
         await serve_stream(_with_retry_after(send, overloaded_s), receive, run, internal_error, scope)
+
+    async def _serve_poll(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """GET /reach/{traceId}: admitted by the load shedder as POST /reach is, counted against
+        the same client (:meth:`client_key`). Each poll costs a look in the result store, and with
+        etcd one read of an id no Router holds, on the client pool that lease renewals share: one
+        client's poll flood is refused (429 OVERLOADED, Retry-After) while others are served."""
+        parts, peer = self.parts, self.client_key(scope)
+        shed = parts.shedder.admit(peer)
+        if shed is not None:
+            polled = scope["path"][len("/reach/") :]
+            trace_id = polled if polled and "/" not in polled else None
+            error = Overloaded(shed, retry_after_s=parts.config.limits.retry_after_seconds)
+            status, body = encoder.standalone(parts.clock, trace_id, error=error)
+            await send_json(send, status, body, [(b"retry-after", str(error.retry_after_s).encode())], scope)
+            return
+        try:
+            await self.admin(scope, receive, send)
+        finally:
+            parts.shedder.release(peer)
 
     def admit(self, action: Action, scope: Scope, fields: dict[bytes, bytes] | None = None) -> Denial | None:
         """The gates before any body is read: a page on another site (:mod:`.origin`), then
