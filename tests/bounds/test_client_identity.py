@@ -279,3 +279,22 @@ async def test_a_reload_that_changes_the_trusted_proxies_says_it_needs_a_restart
             assert (await http.post("/admin/reload")).status_code == 200
     said = [r.getMessage() for r in caplog.records]
     assert any("server.trusted_proxies changed" in m and "restart" in m for m in said), said
+
+
+async def test_a_long_name_on_the_reach_path_is_not_cached_either() -> None:
+    """The /reach path works the client key out in line (it runs on every call): round 50's merge
+    left it without the length guard, so a long peer name with a colon still went into the /64
+    cache there. One guard now serves both."""
+    from reachmesh.server.app import _ipv6_network
+
+    async with RouterServer(_config(), middleware=_peer_from_header) as router:
+        caller = _client(router, "127.0.0.2")
+        try:
+            cached = _ipv6_network.cache_info().currsize
+            names = [f"{n}:" + "x" * 2_000 for n in range(5)]
+            for name in names:
+                answer = await caller.post("/reach", json={"targetTask": "t"}, headers={"X-Test-Peer": name})
+                assert answer.status_code in (200, 404, 503), answer.text
+            assert _ipv6_network.cache_info().currsize == cached
+        finally:
+            await caller.aclose()

@@ -305,7 +305,7 @@ class RouterApp:
             return "-"
         host: str = client[0]
         # A name longer than any address is not one: the client as it is, and not cached.
-        return host if ":" not in host or len(host) > _LONGEST_ADDRESS else _ipv6_client(host)
+        return host if ":" not in host else _ipv6_client(host)
 
     async def _deny(self, send: Send, denial: Denial, *, reach: bool, post_reach: bool = False) -> None:
         status, body, extra = self._denied(denial, reach=reach, post_reach=post_reach)
@@ -451,11 +451,17 @@ _RETRY_AFTER_SECONDS = re.compile(rb'"retryAfterSeconds":(\d{1,9})[,}]')
 _LONGEST_ADDRESS = 64
 
 
-@lru_cache(maxsize=4096)
 def _ipv6_client(host: str) -> str:
     """The client an IPv6 peer is counted as with auth off: its /64. One host holds a whole /64
     (SLAAC, privacy addresses), so counted per address a caller could name itself a new client
-    on each call. An IPv4 peer on a dual-stack socket (``::ffff:a.b.c.d``) is its IPv4 address."""
+    on each call. An IPv4 peer on a dual-stack socket (``::ffff:a.b.c.d``) is its IPv4 address.
+    A name longer than any address is not one: it is the client as it is, and never cached."""
+    return host if len(host) > _LONGEST_ADDRESS else _ipv6_network(host)
+
+
+@lru_cache(maxsize=4096)
+def _ipv6_network(host: str) -> str:
+    """:func:`_ipv6_client` for a name short enough to be an address (cached: a peer calls often)."""
     try:
         address = ipaddress.IPv6Address(host)
     except ValueError:
