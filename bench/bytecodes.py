@@ -15,6 +15,7 @@ warm-up; ``sys.settrace`` with opcode events counts every bytecode the server ru
     .venv/bin/python bench/bytecodes.py --top 40          # the functions that run the most
     PYTHONPATH=/tmp/old/src .venv/bin/python bench/bytecodes.py   # another tree's Router
     .venv/bin/python bench/bytecodes.py --observability off   # tracing and metrics off
+    .venv/bin/python bench/bytecodes.py --auth            # auth on, calls with a caller token
 
 Tracing slows the Router about fifty-fold, so a few hundred calls are plenty.
 """
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import hashlib
 import subprocess
 import sys
 import time
@@ -49,6 +51,8 @@ CLIENT = r"""
 import socket, sys, threading
 port, count, conns, body = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4].encode()
 head = b"POST /reach HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+if len(sys.argv) > 5:
+    head += b"Authorization: Bearer " + sys.argv[5].encode() + b"\r\n"
 call = head + b"Content-Length: %d\r\n\r\n" % len(body) + body
 def run(n):
     with socket.create_connection(("127.0.0.1", port)) as sock:
@@ -85,19 +89,31 @@ class Counter:
         return self.trace
 
 
-async def client(port: int, count: int, connections: int) -> None:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", CLIENT, str(port), str(count), str(connections), REQUEST.decode()
-    )
+async def client(port: int, count: int, connections: int, token: str | None = None) -> None:
+    args = [str(port), str(count), str(connections), REQUEST.decode(), *([token] if token else [])]
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", CLIENT, *args)
     if await proc.wait() != 0:
         raise RuntimeError("the client's calls did not all succeed")
 
 
 # router_overhead.py's router-bare: the trace store and metrics not fed (trace lines still written).
 OFF = {"tracing": {"enabled": False, "store_size": 100}, "metrics": {"enabled": False}}
+# --auth: router_overhead.py's AUTH_POLICY, a caller token and an admin token (the admin registers).
+CALLER_TOKEN = "bench-caller-token"
+ADMIN_TOKEN = "bench-admin-token"
+AUTH = {
+    "auth": {
+        "tokens": [
+            {"role": "caller", "sha256": hashlib.sha256(CALLER_TOKEN.encode()).hexdigest()},
+            {"role": "admin", "sha256": hashlib.sha256(ADMIN_TOKEN.encode()).hexdigest()},
+        ]
+    }
+}
 
 
-async def measure(agent_url: str, requests: int, connections: int, observability: bool = True) -> Counter:
+async def measure(
+    agent_url: str, requests: int, connections: int, observability: bool = True, auth: bool = False
+) -> Counter:
     from reachmesh.config import RouterConfig
     from reachmesh.observability import logging as reach_logging
     from reachmesh.testing import RouterServer
@@ -107,15 +123,17 @@ async def measure(agent_url: str, requests: int, connections: int, observability
         # A store of 100 hops is full after the warm-up: each measured call then evicts one, as
         # in a Router that has run a while (the default 10,000 would need that many calls).
         policy: dict[str, Any] = {"registry": {"lease_ttl_seconds": 3600}, "tracing": {"store_size": 100}}
-        config = RouterConfig.model_validate(policy if observability else {**policy, **OFF})
+        policy = policy if observability else {**policy, **OFF}
+        config = RouterConfig.model_validate({**policy, **AUTH} if auth else policy)
+        token = CALLER_TOKEN if auth else None
         counter = Counter()
         async with RouterServer(config) as router:
-            await _register(router.url, agent_url)
+            await _register(router.url, agent_url, ADMIN_TOKEN if auth else None)
             port = int(router.url.rsplit(":", 1)[1])
-            await client(port, 100, 1)  # warm-up: connections made, caches filled
+            await client(port, 100, 1, token)  # warm-up: connections made, caches filled
             sys.settrace(counter.trace)
             try:
-                await client(port, requests, connections)
+                await client(port, requests, connections, token)
             finally:
                 sys.settrace(None)
         return counter
@@ -125,10 +143,11 @@ def _profile(agent_url: str) -> dict[str, Any]:
     return {**PROFILE, "network": {"endpoint": agent_url}}
 
 
-async def _register(router_url: str, agent_url: str) -> None:
+async def _register(router_url: str, agent_url: str, token: str | None) -> None:
     import httpx
 
-    async with httpx.AsyncClient() as http:
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    async with httpx.AsyncClient(headers=headers) as http:
         answer = await http.post(f"{router_url}/agents", json=_profile(agent_url))
         if answer.status_code != 201:
             raise RuntimeError(f"registering the agent failed: {answer.status_code} {answer.text}")
@@ -144,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--observability", choices=["on", "off"], default="on", help="off: tracing and metrics switched off"
     )
+    parser.add_argument("--auth", action="store_true", help="auth on: calls carry a caller token")
     args = parser.parse_args(argv)
     port = free_port()
     agent_url = f"http://127.0.0.1:{port}/reach"
@@ -160,14 +180,16 @@ def main(argv: list[str] | None = None) -> int:
             except OSError:
                 pass  # not listening yet
             time.sleep(0.1)
-        counter = uvloop.run(measure(agent_url, args.requests, args.connections, args.observability == "on"))
+        counter = uvloop.run(
+            measure(agent_url, args.requests, args.connections, args.observability == "on", args.auth)
+        )
     finally:
         agent.terminate()
         agent.wait()
     total = sum(counter.counts.values())
     print(
         f"Python bytecodes per /reach call: {total / args.requests:,.0f} "
-        f"({args.requests} calls, tracing and metrics {args.observability})"
+        f"({args.requests} calls, tracing and metrics {args.observability}{', auth on' if args.auth else ''})"
     )
     for (where, name), count in counter.counts.most_common(args.top):
         print(f"{count / args.requests:9.1f}  {where}:{name}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
@@ -196,3 +197,40 @@ def test_two_tokens_with_one_fingerprint_are_refused() -> None:
     # The same digest twice is one token, not two.
     guard = TokenGuard.from_policy(AuthPolicy.model_validate({"tokens": [victim, victim]}), {})
     assert guard is not None
+
+
+def test_a_token_is_compared_with_every_known_digest_whichever_it_matches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The constant-time property: no early exit at a match, and each principal's grants as before."""
+    import hmac
+
+    from reachmesh.dispatch.dispatcher import EVERY_TASK, Grants
+    from reachmesh.server.auth import Action, Principal
+
+    tokens = {"tok-a": "caller", "tok-b": "admin", "tok-c": "agent"}
+    specs: list[dict[str, Any]] = [
+        {"role": r, "sha256": hashlib.sha256(t.encode()).hexdigest()} for t, r in tokens.items()
+    ]
+    specs[2]["tasks"] = ["echo"]
+    guard = TokenGuard.from_policy(AuthPolicy.model_validate({"tokens": specs}), {})
+    assert guard is not None
+    compared: list[bytes] = []
+    real = hmac.compare_digest
+
+    def counting(a: bytes, b: bytes) -> bool:
+        compared.append(a)
+        return real(a, b)
+
+    monkeypatch.setattr(hmac, "compare_digest", counting)
+    for token, role in [*tokens.items(), ("unknown", None)]:
+        compared.clear()
+        scope: dict[str, Any] = {"headers": [(b"host", b"x"), (b"authorization", f"Bearer {token}".encode())]}
+        guard.check(Action.REACH, scope)
+        assert len(compared) == 3, token
+        principal: Principal | None = scope.get("reach.principal")
+        assert (principal.role if principal else None) == role
+        if principal is not None:
+            assert principal.grants == Grants(principal.serves, principal.reach_tasks)
+            assert (principal.grants is EVERY_TASK) == (principal.role != "agent")
+    assert guard.check(Action.REACH, {"headers": [(b"host", b"x")]}) is not None  # no token: refused

@@ -109,6 +109,10 @@ class Success(NamedTuple):
     result: Any
 
 
+# A NamedTuple made by tuple.__new__: its own __new__ is a Python frame, on every attempt.
+_new_tuple = tuple.__new__
+
+
 class AttemptRun:
     """The attempts of one request over its ranked choices."""
 
@@ -413,7 +417,8 @@ class AttemptRun:
         parts.stats.started(agent_id)
         pool_waited = POOL_WAIT_S.get()
         try:
-            result = await self._send(choice, body, headers, AttemptLimits(connect_s, read_s, total_s))
+            limits = _new_tuple(AttemptLimits, (connect_s, read_s, total_s))  # no __new__ frame
+            result = await self._send(choice, body, headers, limits)
         except AttemptError as exc:
             self._pool_waited(pool_waited)
             self.account(choice, started, span_id, exc)
@@ -433,7 +438,7 @@ class AttemptRun:
         record.handler = agent_id
         if self.request.conversation_id:
             parts.affinity.bind(self.request.conversation_id, agent_id, record.caller)
-        return Success(result)
+        return _new_tuple(Success, (result,))  # Success(result) without the NamedTuple's frame
 
     def _pool_waited(self, before_s: float) -> None:
         """Book the time the attempt just made waited for a connection of the Router's pool."""

@@ -406,8 +406,11 @@ class Dispatcher:
         parts = self.forwarding
         config = parts.config
         parts.budget.on_request()
-        if self.vectors is not None:  # without a model there is nothing to wait for
-            await self._ensure_query_vector(request, record)
+        # Without a model there is nothing to wait for; with one, only a request routed by
+        # meaning waits (asked here, so an exact task makes no coroutine to await).
+        vectors = self.vectors
+        if vectors is not None and self.pipeline.wants_semantic(request, record.caller, record.reach_tasks):
+            await self._ensure_query_vector(vectors, request.target_task)
         try:
             choices = self.pipeline.decide(request, record)
         except UnknownTask as exc:
@@ -442,15 +445,13 @@ class Dispatcher:
             raise error
         return result
 
-    async def _ensure_query_vector(self, request: ReachRequest, record: DecisionRecord) -> None:
+    @staticmethod
+    async def _ensure_query_vector(vectors: CapabilityVectors, text: str) -> None:
         """The one place a model may be called: a semantic request whose text is not cached yet."""
-        vectors = self.vectors
-        if vectors is None or not self.pipeline.wants_semantic(request, record.caller, record.reach_tasks):
-            return
-        if vectors.cached(request.target_task) is not None:
+        if vectors.cached(text) is not None:
             return
         try:
-            await vectors.query_vector(request.target_task)
+            await vectors.query_vector(text)
         except EmbeddingError as exc:
             # The caller learns what failed, not where the embedding service lives (the log has it).
             reason = _SERVICE_ADDRESS.sub("", exc.message)

@@ -307,14 +307,17 @@ class Pipeline:
         record: DecisionRecord,
         strategy: Strategy,
         task: str,
-        groups: tuple[list[AgentEntry], ...],
+        groups: tuple[list[AgentEntry], list[AgentEntry]],
         similarity: float | None,
     ) -> list[Choice]:
         """Each group in order, ranked by the strategy; a semantic route ranks by merit too."""
         if similarity is None and strategy is Strategy.EXACT_MATCH:
             # ExactMatch.rank() without its Ranking: it explains nothing, so only the order counts.
-            exact = self.exact
-            return [choice for group in groups if group for choice in exact.order(task, group)]
+            # Most calls have one group (no SUSPECT agent): its order is the answer, no list built.
+            exact, (eligible, last_resort) = self.exact, groups
+            if not last_resort or not eligible:
+                return exact.order(task, eligible or last_resort)
+            return [*exact.order(task, eligible), *exact.order(task, last_resort)]
         ranker: Ranker = self.weighted
         ranked: list[Choice] = []
         for group in groups:

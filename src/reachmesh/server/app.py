@@ -25,7 +25,6 @@ from reachmesh.clock import SYSTEM_CLOCK, Clock
 from reachmesh.config import RouterConfig
 from reachmesh.decision import DecisionRecord
 from reachmesh.dispatch import encoder
-from reachmesh.dispatch.dispatcher import EVERY_TASK, Grants
 from reachmesh.dispatch.results import Reply
 from reachmesh.exceptions import ConfigError, InternalError, Overloaded, RequestError
 from reachmesh.lifecycle import Background
@@ -47,7 +46,7 @@ from reachmesh.server.asgi import (
     read_body,
     send_json,
 )
-from reachmesh.server.auth import ANONYMOUS, OPEN, Action, Denial, Guard, action_for, principal_of
+from reachmesh.server.auth import ANONYMOUS, Action, Denial, Guard, action_for, principal_of
 from reachmesh.server.components import RouterParts
 from reachmesh.server.h1 import CALL_TASK, joined_fields
 from reachmesh.server.origin import BrowserGate
@@ -202,7 +201,7 @@ class RouterApp:
             except ClientGone:
                 return None
             owner = caller if auth_on else None
-            grants = EVERY_TASK if principal is OPEN else Grants(principal.serves, principal.reach_tasks)
+            grants = principal.grants
             if send is not None and wants_stream(headers.get(b"accept")):
                 who = {"trace_header": trace_hint, "parent": parent, "owner": owner, "caller": caller}
                 await self._stream(send, receive, body, {**who, "client": peer, "grants": grants}, scope)

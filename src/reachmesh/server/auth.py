@@ -21,12 +21,14 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from fnmatch import fnmatchcase
+from itertools import repeat
 from typing import Any, Protocol
 
 from reachmesh.config import AuthPolicy, TokenSpec
+from reachmesh.dispatch.dispatcher import EVERY_TASK, Grants
 from reachmesh.exceptions import AccessDenied, ConfigError
 from reachmesh.protocol import Status
 from reachmesh.redaction import fingerprint
@@ -61,6 +63,12 @@ class Principal:
     max_weight: float | None = None
     # The tasks its requests may reach by meaning or by a learned route (exact names: any).
     reach_tasks: tuple[str, ...] = ("*",)
+    # What its /reach calls may do beyond calling: made once here, not per call.
+    grants: Grants = field(default=EVERY_TASK, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.serves or self.reach_tasks != EVERY_TASK.reach_tasks:
+            object.__setattr__(self, "grants", Grants(self.serves, self.reach_tasks))
 
     def may_register(self, agent_id: str) -> bool:
         return self.role == "admin" or any(fnmatchcase(agent_id, glob) for glob in self.agent_ids)
@@ -114,8 +122,9 @@ class OpenGuard:
         return None
 
 
+_REACH_ROLES = frozenset({"caller", "agent", "admin"})
 _ROLES: dict[Action, frozenset[str]] = {
-    Action.REACH: frozenset({"caller", "agent", "admin"}),
+    Action.REACH: _REACH_ROLES,
     Action.REGISTER: frozenset({"agent", "admin"}),
     Action.ADMIN: frozenset({"admin"}),
     Action.METRICS: frozenset({"admin"}),
@@ -127,6 +136,8 @@ class TokenGuard:
 
     def __init__(self, principals: Mapping[bytes, Principal], *, metrics_public: bool = False) -> None:
         self._by_digest = dict(principals)
+        self._digests = tuple(self._by_digest)  # the same order: a digest's principal at its index
+        self._principals = tuple(self._by_digest.values())
         self.metrics_public = metrics_public
 
     @classmethod
@@ -155,23 +166,26 @@ class TokenGuard:
                 401, Status.UNAUTHORIZED, "a valid bearer token is required (Authorization: Bearer …)"
             )
         scope[PRINCIPAL] = principal
-        if principal.role not in _ROLES[action]:
+        # A /reach call's roles without hashing the enum (Enum.__hash__ is Python code).
+        if principal.role not in (_REACH_ROLES if action is Action.REACH else _ROLES[action]):
             return Denial(
                 403, Status.FORBIDDEN, f"the {principal.role} token {principal.label} may not {action}"
             )
         return None
 
     def _principal(self, scope: dict[str, Any]) -> Principal | None:
-        raw = next((v for k, v in scope["headers"] if k == b"authorization"), None)
+        raw = None
+        for name, value in scope["headers"]:  # the first Authorization line, as before
+            if name == b"authorization":
+                raw = value
+                break
         if raw is None or raw[:7].lower() != b"bearer ":
             return None
         digest = hashlib.sha256(raw[7:].strip()).digest()
-        found = None
-        # Every digest is compared, in constant time: how long this takes says nothing.
-        for known, principal in self._by_digest.items():
-            if hmac.compare_digest(known, digest):
-                found = principal
-        return found
+        # Every digest is compared, in constant time (list() runs map to the end: no early exit),
+        # so how long this takes says nothing; map over the C function runs no Python per token.
+        matches = list(map(hmac.compare_digest, self._digests, repeat(digest)))
+        return self._principals[matches.index(True)] if True in matches else None
 
 
 def _one_owner_per_fingerprint(principals: Iterable[Principal]) -> None:

@@ -63,6 +63,9 @@ class Answer(NamedTuple):
     retry_after: bytes | None
 
 
+_new_tuple = tuple.__new__
+
+
 class AnswerReader:
     """The answers read from one connection, one exchange at a time (``start`` each)."""
 
@@ -192,7 +195,8 @@ class AnswerReader:
         body = b"".join(self._chunks)  # a single chunk is returned as it is, not copied
         self._chunks = []
         self.started = False
-        return Answer(self.status, body, self.retry_after)
+        # tuple.__new__, not Answer(...): the NamedTuple's __new__ is a Python frame per answer.
+        return _new_tuple(Answer, (self.status, body, self.retry_after))
 
     def _parse(self, data: bytes | memoryview) -> None:
         try:
