@@ -339,7 +339,7 @@ class CapacityBoard:
     def waiting(self, agent_id: str) -> int:
         """Waiters held in ``agent_id``'s line (the ones that gave up are not kept)."""
         slots = self._agents.get(agent_id)
-        return 0 if slots is None else sum(len(line) for line in slots.lines.values())  # == queued
+        return 0 if slots is None else slots.queued  # kept as each waiter joins or leaves a line
 
     def capacity_of(self, agent_id: str) -> int | None:
         slots = self._agents.get(agent_id)

@@ -303,7 +303,6 @@ class RouterApp:
         if not client:
             return "-"
         host: str = client[0]
-        # A name longer than any address is not one: the client as it is, and not cached.
         return host if ":" not in host else _ipv6_client(host)
 
     async def _deny(self, send: Send, denial: Denial, *, reach: bool, post_reach: bool = False) -> None:

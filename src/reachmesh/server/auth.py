@@ -135,9 +135,8 @@ class TokenGuard:
     """Bearer tokens and roles."""
 
     def __init__(self, principals: Mapping[bytes, Principal], *, metrics_public: bool = False) -> None:
-        self._by_digest = dict(principals)
-        self._digests = tuple(self._by_digest)  # the same order: a digest's principal at its index
-        self._principals = tuple(self._by_digest.values())
+        self._digests = tuple(principals)  # the same order: a digest's principal at its index
+        self._principals = tuple(principals.values())
         self.metrics_public = metrics_public
 
     @classmethod
