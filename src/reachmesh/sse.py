@@ -312,11 +312,7 @@ class RawSseParser:
             return self._line(line, 0, size, after)
         # What _line does for a data line, its value already apart from its name.
         self._charge(1, after)
-        self._data_bytes += size - 3  # as SseParser counts it
-        if self._data_bytes > self._max_event:
-            raise SseError(f"an event is over {self._max_event} bytes")
-        self._add_data(line, 0, len(line))
-        self._open = True
+        self._data_line(line, 0, len(line), size - 3)
         return None
 
     def eof(self) -> None:
@@ -345,11 +341,7 @@ class RawSseParser:
             value += 1
         name_size = name_end - start
         if name_size == 4 and buf.startswith(b"data", start):
-            self._data_bytes += end - name_end + 1  # as SseParser counts it
-            if self._data_bytes > self._max_event:
-                raise SseError(f"an event is over {self._max_event} bytes")
-            self._add_data(buf, value, end)
-            self._open = True
+            self._data_line(buf, value, end, end - name_end + 1)
         elif name_size == 5 and buf.startswith(b"event", start):
             self._event = _field(buf, value, end)
             self._open = True
@@ -363,6 +355,15 @@ class RawSseParser:
         if lines == 1:
             return RawEvent(event, bytes(data))
         return RawEvent(event, bytes(data), lines)
+
+    def _data_line(self, buf: bytes | bytearray, start: int, end: int, counted: int) -> None:
+        """A data line whose value is ``buf[start:end]``, ``counted`` bytes of the event's bound
+        (as SseParser counts them: the value, its name's colon and its LF)."""
+        self._data_bytes += counted
+        if self._data_bytes > self._max_event:
+            raise SseError(f"an event is over {self._max_event} bytes")
+        self._add_data(buf, start, end)
+        self._open = True
 
     def _add_data(self, buf: bytes | bytearray, start: int, end: int) -> None:
         """Add the data line ``buf[start:end]`` to the event's data (joined with LF)."""
