@@ -183,3 +183,16 @@ def raw_post(path: str, body: bytes, headers: dict[str, str] | None = None) -> b
         f"Content-Length: {len(body)}\r\n\r\n"
     )
     return head.encode() + body
+
+
+def peer_from_header(app: Any) -> Any:
+    """``app`` behind a stand-in for the network: each request's peer address is the one its
+    ``X-Test-Peer`` header names (an IPv6 caller's, which loopback cannot give)."""
+
+    async def served(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        for name, value in scope.get("headers", ()):
+            if name == b"x-test-peer":
+                scope = {**scope, "client": (value.decode(), 40_000)}
+        await app(scope, receive, send)
+
+    return served

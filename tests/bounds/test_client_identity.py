@@ -27,7 +27,7 @@ from reachmesh.config import RouterConfig
 from reachmesh.exceptions import ConfigError
 from reachmesh.server.app import RouterApp
 from reachmesh.testing import FakeAgent, RouterServer
-from tests.helpers import scaled, until
+from tests.helpers import peer_from_header, scaled, until
 
 CALLS = 12
 HOG = "identity-hog-token-0123456789"
@@ -193,24 +193,11 @@ def test_a_trusted_proxy_is_an_address_or_a_network(entry: str) -> None:
         _config(server={"trusted_proxies": [entry]})
 
 
-def _peer_from_header(app: Any) -> Any:
-    """What is served: ``app`` behind a stand-in for the network, giving each request the peer
-    address its test header names (an IPv6 caller's, which loopback cannot give)."""
-
-    async def served(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        for name, value in scope.get("headers", ()):
-            if name == b"x-test-peer":
-                scope = {**scope, "client": (value.decode(), 40_000)}
-        await app(scope, receive, send)
-
-    return served
-
-
 async def test_an_ipv6_caller_is_one_client_for_its_whole_64() -> None:
     """Found by the probe: with auth off each IPv6 address was a client, and a caller holds a whole
     /64 (SLAAC and privacy addresses): twelve calls from twelve addresses of one /64 were twelve
     clients, each with a turn before another caller's call. The /64 is the client now."""
-    async with RouterServer(_config(), middleware=_peer_from_header) as router:
+    async with RouterServer(_config(), middleware=peer_from_header) as router:
         hog, fair = _client(router, "127.0.0.2"), _client(router, "127.0.0.3")
         try:
             calls = [(hog, {"X-Test-Peer": f"2001:db8:1:2::{n + 1:x}"}) for n in range(CALLS)]
@@ -287,7 +274,7 @@ async def test_a_long_name_on_the_reach_path_is_not_cached_either() -> None:
     cache there. One guard now serves both."""
     from reachmesh.server.app import _ipv6_network
 
-    async with RouterServer(_config(), middleware=_peer_from_header) as router:
+    async with RouterServer(_config(), middleware=peer_from_header) as router:
         caller = _client(router, "127.0.0.2")
         try:
             cached = _ipv6_network.cache_info().currsize

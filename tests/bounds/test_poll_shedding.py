@@ -10,13 +10,12 @@ loopback; an IPv6 caller's address is given by a stand-in for the network, as lo
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import httpx
 
 from reachmesh.config import RouterConfig
 from reachmesh.testing import FakeAgent, RouterServer
-from tests.helpers import scaled, until
+from tests.helpers import peer_from_header, scaled, until
 
 PER_CLIENT = 2
 
@@ -40,18 +39,6 @@ def _client(router: RouterServer, address: str) -> httpx.AsyncClient:
     return httpx.AsyncClient(
         base_url=router.url, timeout=scaled(60), transport=httpx.AsyncHTTPTransport(local_address=address)
     )
-
-
-def _peer_from_header(app: Any) -> Any:
-    """``app`` behind a stand-in for the network giving each request the peer its header names."""
-
-    async def served(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        for name, value in scope.get("headers", ()):
-            if name == b"x-test-peer":
-                scope = {**scope, "client": (value.decode(), 40_000)}
-        await app(scope, receive, send)
-
-    return served
 
 
 async def _hold_slots(
@@ -98,7 +85,7 @@ async def test_a_poll_is_counted_against_the_ipv6_callers_whole_64_as_its_calls_
     """The poll's client is the /reach calls' client: another address of the same /64 is refused,
     one of another /64 served."""
     async with (
-        RouterServer(_config(), middleware=_peer_from_header) as router,
+        RouterServer(_config(), middleware=peer_from_header) as router,
         httpx.AsyncClient(base_url=router.url, timeout=scaled(60)) as http,
     ):
         release = asyncio.Event()
