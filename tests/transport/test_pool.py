@@ -23,7 +23,7 @@ from reachmesh.outbox import Outbox, outbox
 from reachmesh.ports import free_port
 from reachmesh.transport.answer import DEFAULT_HEAD, HeadLimits
 from reachmesh.transport.base import AttemptLimits, retry_after_seconds
-from reachmesh.transport.http import HttpTransport, head_limits
+from reachmesh.transport.http import HttpTransport, _post_error, head_limits
 from reachmesh.transport.pool import _Conn, interleave
 from tests.helpers import scaled, until
 
@@ -479,3 +479,23 @@ async def test_a_request_held_on_a_connection_that_closed_meanwhile_never_leaves
         assert conn._held is None
     conn.write_held()
     assert gone.writes == []
+
+
+async def test_a_connection_the_agent_closes_while_the_request_is_held_says_nothing_was_sent() -> None:
+    loop = asyncio.get_running_loop()
+    box = outbox(loop)
+    conn = _Conn(_NoPool(), ("http", "127.0.0.1", 1), loop, DEFAULT_HEAD)  # type: ignore[arg-type]
+    conn.transport = _Closing()  # type: ignore[assignment]
+    conn.exchange(b"first", b"", 1024, 1.0, loop.time() + 1)
+    assert conn.transport.writes == [b"first"]  # type: ignore[union-attr]  # none under way: at once
+    conn._waiter = None
+    waiter = conn.exchange(b"second", b"", 1024, 1.0, loop.time() + 1)  # the first is under way
+    assert conn._held == b"second"
+    box.inflight -= 2  # the two exchanges begun here, without Pool.post to count them out
+    conn.eof_received()  # the agent's FIN, read before the turn ended
+    with pytest.raises(ConnectionResetError) as caught:
+        await waiter
+    conn.write_held()
+    assert conn.transport.writes == [b"first"]  # type: ignore[union-attr]  # the second never left
+    error = _post_error(caught.value, LIMITS)
+    assert isinstance(error, ConnectFailed) and not error.sent  # another agent may take it

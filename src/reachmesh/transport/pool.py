@@ -225,6 +225,13 @@ class _Conn(asyncio.Protocol):
     def _ended(self, exc: Exception | None) -> None:
         if self._waiter is None or self._waiter.done():
             return
+        if self._held is not None:
+            # The request was still held for the end of the turn: it never left, so it is a
+            # connection that failed before sending (another agent may take it), not a stale one.
+            self._held = None
+            cut = ConnectionResetError(f"the agent closed the connection before the request left ({exc})")
+            self._fail(cut)
+            return
         if isinstance(exc, ssl.SSLError) and not self.reader.got_bytes and self.exchanges == 1:
             # On a connection's first exchange, a TLS error before any answer byte is the end of
             # its handshake (TLS 1.3 servers refuse a client certificate only after the client's
