@@ -30,7 +30,16 @@ OVERRIDDEN = {
     "on_body": ["self", "body"],
     "on_message_complete": ["self"],
     "on_response_complete": ["self"],
+    # uvicorn's own writes and closes past the response cycle: a held answer leaves first.
+    "send_400_response": ["self", "msg"],
+    "shutdown": ["self"],
+    "timeout_keep_alive_handler": ["self"],
 }
+
+# The only methods of uvicorn's protocol that write to or close the transport itself rather than
+# through the response cycle's (GuardedHttpTools overrides each to send a held answer first;
+# connection_lost has nobody left to write to).
+DIRECT_WRITERS = {"connection_lost", "send_400_response", "shutdown", "timeout_keep_alive_handler"}
 
 # Instance attributes it reads, set by uvicorn's __init__ / connection_made / on_url.
 READ_ATTRIBUTES = ["loop", "parser", "url", "scope", "cycle", "transport"]
@@ -150,3 +159,13 @@ def test_what_the_lane_relies_on_is_still_uvicorns() -> None:
     assert "self._unset_keepalive_if_required()" in inspect.getsource(HttpToolsProtocol.data_received)
     # Tasks are made with a fresh context when asked, as _start_asgi_task does.
     assert "self.config.reset_contextvars" in inspect.getsource(HttpToolsProtocol._start_asgi_task)
+
+
+def test_uvicorns_direct_writes_and_closes_are_the_ones_h1_sends_held_answers_before() -> None:
+    direct = {
+        name
+        for name, member in vars(HttpToolsProtocol).items()
+        if callable(member)
+        and ("self.transport.write" in (text := inspect.getsource(member)) or "self.transport.close" in text)
+    }
+    assert direct == DIRECT_WRITERS, "uvicorn writes past the cycle elsewhere now: flush first there"

@@ -12,8 +12,12 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from uvicorn.config import Config
+from uvicorn.server import ServerState
 
-from reachmesh.server.h1 import _OneWrite, whole_answer
+from reachmesh.config import ServerPolicy
+from reachmesh.outbox import outbox
+from reachmesh.server.h1 import _OneWrite, bounded_protocol, whole_answer
 
 HEAD = b"content-type: application/json\r\ncontent-length: 2\r\n"
 
@@ -28,6 +32,9 @@ class Transport:
 
     def close(self) -> None:
         self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
 
 
 def cycle(**state: Any) -> SimpleNamespace:
@@ -108,3 +115,104 @@ def test_a_gone_client_gets_nothing_and_nothing_fails() -> None:
     transport, state = Transport(), cycle(disconnected=True)
     assert whole_answer(one_write(transport), state, 200, HEAD, b"{}")  # type: ignore[arg-type]
     assert transport.writes == []
+
+
+# -- under load: an answer held to the end of the loop's turn (reachmesh.outbox) -------------
+
+
+def test_while_calls_wait_on_agents_an_answer_leaves_at_the_end_of_the_turn_with_the_others() -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        first, second = Transport(), Transport()
+        writers = [_OneWrite(first, loop), _OneWrite(second, loop)]  # type: ignore[arg-type]
+        box = outbox(loop)
+        box.inflight = 1  # another call is waiting on its agent
+        states = [cycle(), cycle()]
+        for writer, state in zip(writers, states, strict=True):
+            assert whole_answer(writer, state, 200, HEAD, b"{}")  # type: ignore[arg-type]
+            assert state.response_complete and state.ended == [True]  # the cycle ends as before
+        assert first.writes == [] and second.writes == []  # held, not lost
+        loop.run_until_complete(asyncio.sleep(0))  # one turn of the loop
+        assert len(first.writes) == 1 and first.writes[0].endswith(b"\r\n\r\n{}")
+        assert len(second.writes) == 1
+    finally:
+        loop.close()
+
+
+def test_a_held_answer_leaves_before_anything_written_or_closed_after_it() -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        transport = Transport()
+        writer = _OneWrite(transport, loop)  # type: ignore[arg-type]
+        outbox(loop).inflight = 1
+        assert whole_answer(writer, cycle(), 200, HEAD, b"{}")  # type: ignore[arg-type]
+        writer.flush()  # what uvicorn's own writes and closes do first (GuardedHttpTools)
+        writer.close()
+        assert transport.writes[0].endswith(b"{}") and transport.closed
+        loop.run_until_complete(asyncio.sleep(0))
+        assert len(transport.writes) == 1  # written once, not again by the outbox
+    finally:
+        loop.close()
+
+
+def test_a_held_answer_to_a_caller_who_left_is_dropped_and_the_others_still_leave() -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        gone, staying = Transport(), Transport()
+        outbox(loop).inflight = 1
+        for transport in (gone, staying):
+            assert whole_answer(_OneWrite(transport, loop), cycle(), 200, HEAD, b"{}")  # type: ignore[arg-type]
+        gone.closed = True  # the connection closed before the turn ended
+        loop.run_until_complete(asyncio.sleep(0))
+        assert gone.writes == []
+        assert len(staying.writes) == 1
+    finally:
+        loop.close()
+
+
+def test_with_no_other_call_in_flight_the_answer_is_written_at_once() -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        transport = Transport()
+        assert outbox(loop).inflight == 0
+        assert whole_answer(_OneWrite(transport, loop), cycle(), 200, HEAD, b"{}")  # type: ignore[arg-type]
+        assert len(transport.writes) == 1  # a lone caller (c1) does not wait for the turn's end
+    finally:
+        loop.close()
+
+
+class _ConnTransport(Transport):
+    """What uvicorn's connection_made and flow control ask of a transport, besides writes."""
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default
+
+    def set_write_buffer_limits(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+async def _app(scope: Any, receive: Any, send: Any) -> None:
+    pass
+
+
+@pytest.mark.parametrize("hook", ["send_400_response", "shutdown", "timeout_keep_alive_handler"])
+async def test_uvicorns_own_writes_and_closes_come_after_a_held_answer(hook: str) -> None:
+    config = Config(app=_app, log_level="warning")
+    config.load()
+    protocol = bounded_protocol(ServerPolicy())(config, ServerState(), {}, asyncio.get_running_loop())
+    transport = _ConnTransport()
+    protocol.connection_made(transport)  # type: ignore[arg-type]
+    protocol._one_write.hold(b"the held answer")
+    if hook == "send_400_response":
+        protocol.send_400_response("Invalid HTTP request received.")
+    else:
+        getattr(protocol, hook)()
+    assert transport.writes[0] == b"the held answer"
+    assert transport.writes[1:] == [] or transport.writes[1].startswith(b"HTTP/1.1 400")
+    assert transport.closed

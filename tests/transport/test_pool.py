@@ -6,17 +6,26 @@ import asyncio
 import gzip
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import pytest
 
 from reachmesh.config import ServerPolicy
-from reachmesh.exceptions import AgentBusy, AgentRejected, AttemptTimeout, BadAgentResponse, ConnectFailed
+from reachmesh.exceptions import (
+    AgentBusy,
+    AgentRejected,
+    AttemptTimeout,
+    BadAgentResponse,
+    ConnectFailed,
+    ReachError,
+)
+from reachmesh.outbox import Outbox, outbox
 from reachmesh.ports import free_port
-from reachmesh.transport.answer import HeadLimits
+from reachmesh.transport.answer import DEFAULT_HEAD, HeadLimits
 from reachmesh.transport.base import AttemptLimits, retry_after_seconds
-from reachmesh.transport.http import HttpTransport, head_limits
-from reachmesh.transport.pool import interleave
-from tests.helpers import scaled
+from reachmesh.transport.http import HttpTransport, _post_error, head_limits
+from reachmesh.transport.pool import _Conn, interleave
+from tests.helpers import scaled, until
 
 OK = b'{"status":"SUCCESS","result":{"ok":true}}'
 # Short, so the timeout cases are quick; scaled, so a busy machine's slow answer is not one.
@@ -382,3 +391,111 @@ async def test_a_429_is_busy_with_its_retry_after(serve, transport) -> None:
     assert caught.value.retry_after_s == 12 and caught.value.reason == "busy"
     with pytest.raises(AgentBusy):
         await transport.send(url, b"{}", {}, LIMITS, protocol="a2a")
+
+
+# -- requests held to the end of the loop's turn while others are under way (reachmesh.outbox) --
+async def test_concurrent_calls_held_to_the_turns_end_each_get_their_own_answer(
+    serve, transport, monkeypatch
+) -> None:
+    held: list[Any] = []
+    hold = Outbox.hold
+
+    def spy(self: Outbox, writer: Any, loop: asyncio.AbstractEventLoop) -> None:
+        held.append(writer)
+        hold(self, writer, loop)
+
+    monkeypatch.setattr(Outbox, "hold", spy)
+
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            request = await read_request(reader)
+            body = request.split(b"\r\n\r\n", 1)[1]
+            writer.write(answer(b'{"status":"SUCCESS","result":%s}' % body))
+
+    _, url = await serve(echo)
+    results = await asyncio.gather(*(transport.send(url, b"[%d]" % i, {}, LIMITS) for i in range(24)))
+    assert results == [[i] for i in range(24)]
+    assert held, "with calls under way, some requests were held to the turn's end"
+    assert outbox(asyncio.get_running_loop()).inflight == 0
+
+
+async def test_the_count_in_flight_comes_back_to_zero_after_timeouts_hang_ups_and_cancels(
+    serve, transport
+) -> None:
+    async def ok(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await read_request(reader)
+            writer.write(answer(b'{"status":"SUCCESS","result":1}'))
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        await asyncio.sleep(scaled(5))
+
+    async def hangs_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+
+    urls = [(await serve(handler))[1] for handler in (ok, silent, hangs_up)]
+    calls = [asyncio.ensure_future(transport.send(urls[i % 3], b"{}", {}, LIMITS)) for i in range(30)]
+    box = outbox(asyncio.get_running_loop())
+    # Cancel some of the calls to the silent agent while they wait for its answer.
+    await until(lambda: box.inflight >= 10, "the silent agent's calls under way")
+    for call in calls[1:30:6]:
+        call.cancel()
+    outcomes = await asyncio.gather(*calls, return_exceptions=True)
+    assert any(isinstance(o, asyncio.CancelledError) for o in outcomes)
+    assert any(isinstance(o, ReachError) for o in outcomes)
+    assert outcomes[0] == 1
+    assert box.inflight == 0
+
+
+class _NoPool:
+    def forget(self, conn: _Conn) -> None:
+        pass
+
+
+class _Closing:
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+
+    def is_closing(self) -> bool:
+        return True
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("closed_by", ["the agent", "this side"])
+async def test_a_request_held_on_a_connection_that_closed_meanwhile_never_leaves(closed_by: str) -> None:
+    loop = asyncio.get_running_loop()
+    conn = _Conn(_NoPool(), ("http", "127.0.0.1", 1), loop, DEFAULT_HEAD)  # type: ignore[arg-type]
+    gone = _Closing()
+    conn.transport = gone  # type: ignore[assignment]
+    conn._held = b"POST /reach HTTP/1.1\r\n\r\n"
+    if closed_by == "this side":
+        conn._close()
+        assert conn._held is None
+    conn.write_held()
+    assert gone.writes == []
+
+
+async def test_a_connection_the_agent_closes_while_the_request_is_held_says_nothing_was_sent() -> None:
+    loop = asyncio.get_running_loop()
+    box = outbox(loop)
+    conn = _Conn(_NoPool(), ("http", "127.0.0.1", 1), loop, DEFAULT_HEAD)  # type: ignore[arg-type]
+    conn.transport = _Closing()  # type: ignore[assignment]
+    conn.exchange(b"first", b"", 1024, 1.0, loop.time() + 1)
+    assert conn.transport.writes == [b"first"]  # type: ignore[union-attr]  # none under way: at once
+    conn._waiter = None
+    waiter = conn.exchange(b"second", b"", 1024, 1.0, loop.time() + 1)  # the first is under way
+    assert conn._held == b"second"
+    box.inflight -= 2  # the two exchanges begun here, without Pool.post to count them out
+    conn.eof_received()  # the agent's FIN, read before the turn ended
+    with pytest.raises(ConnectionResetError) as caught:
+        await waiter
+    conn.write_held()
+    assert conn.transport.writes == [b"first"]  # type: ignore[union-attr]  # the second never left
+    error = _post_error(caught.value, LIMITS)
+    assert isinstance(error, ConnectFailed) and not error.sent  # another agent may take it

@@ -40,6 +40,7 @@ from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
 from reachmesh.config import ServerPolicy
+from reachmesh.outbox import outbox
 from reachmesh.server.asgi import BODY_COMPLETE, WHOLE_ANSWER, LaneAnswer, Scope, json_head
 
 log = logging.getLogger("uvicorn.error")
@@ -50,16 +51,18 @@ _REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
 class _OneWrite:
     """The connection's transport as uvicorn's response cycle sees it: a write is held back
     until the next write on it, or until the end of the event loop's turn, whichever comes
-    first, so a response head and its body leave in one ``write``. Nothing is reordered (a
-    held write goes out before anything else written or closed) and nothing waits longer
-    than the turn in which it was written."""
+    first, so a response head and its body leave in one ``write``. A lane answer may be held
+    to the end of the turn too, with the turn's other writes (:mod:`reachmesh.outbox`).
+    Nothing is reordered (a held write goes out before anything else written or closed) and
+    nothing waits longer than the turn in which it was written."""
 
-    __slots__ = ("_held", "_loop", "_transport")
+    __slots__ = ("_box", "_held", "_loop", "_transport")
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         self._transport = transport
         self._loop = loop
         self._held: bytes | None = None
+        self._box = outbox(loop)
 
     def write(self, data: bytes) -> None:
         held = self._held
@@ -70,15 +73,29 @@ class _OneWrite:
             self._held = None
             self._transport.write(held + data)
 
+    def hold(self, data: bytes) -> None:
+        """Write ``data`` at the end of the loop's turn, with the turn's other held writes."""
+        held = self._held
+        if held is None:
+            self._held = data
+            self._box.hold(self, self._loop)
+        else:
+            self._held = held + data  # already due to leave this turn: once, in order
+
     def write_now(self, data: bytes) -> None:
         """Write ``data`` at once (nothing may be held: :meth:`flush` first)."""
         self._transport.write(data)
 
     def flush(self) -> None:
+        """What is held leaves now, if anyone is left to read it (also the outbox's call at
+        the end of the turn)."""
         held = self._held
         if held is not None:
             self._held = None
-            self._transport.write(held)
+            if not self._transport.is_closing():
+                self._transport.write(held)
+
+    write_held = flush
 
     def close(self) -> None:
         self.flush()
@@ -104,10 +121,14 @@ def whole_answer(
     if cycle.response_started or cycle.access_log or cycle.flow.write_paused:
         return False
     block = _start_response(cycle, status, head)
-    # A response still held by the one-write wrapper (a pipelined one) leaves first.
-    if one_write._held is not None:
-        one_write.flush()
-    one_write.write_now(b"%s%s" % (block, body))
+    if one_write._box.inflight and cycle.keep_alive:
+        # Other calls wait on agents: this answer leaves with the turn's other writes.
+        one_write.hold(b"%s%s" % (block, body))
+    else:
+        # A response still held by the one-write wrapper (a pipelined one) leaves first.
+        if one_write._held is not None:
+            one_write.flush()
+        one_write.write_now(b"%s%s" % (block, body))
     _end_response(one_write, cycle)
     return True
 
@@ -359,6 +380,21 @@ class GuardedHttpTools(HttpToolsProtocol):
         if self.timeout_keep_alive_task is not None:  # a closed connection is held by no timer
             self.timeout_keep_alive_task.cancel()
             self.timeout_keep_alive_task = None
+
+    # uvicorn's own writes and closes that bypass the response cycle's transport: an answer
+    # still held for the end of the turn leaves before them.
+
+    def send_400_response(self, msg: str) -> None:
+        self._one_write.flush()
+        super().send_400_response(msg)
+
+    def shutdown(self) -> None:
+        self._one_write.flush()
+        super().shutdown()
+
+    def timeout_keep_alive_handler(self) -> None:
+        self._one_write.flush()
+        super().timeout_keep_alive_handler()
 
     def data_received(self, data: bytes) -> None:
         if self._refused:

@@ -42,6 +42,7 @@ from typing import cast
 import yarl
 
 from reachmesh.exceptions import AgentRejected, OutboundRefused
+from reachmesh.outbox import Outbox, outbox
 from reachmesh.transport import dial
 from reachmesh.transport.answer import (
     DEFAULT_HEAD,
@@ -149,8 +150,10 @@ class _Conn(asyncio.Protocol):
 
     # One per call in flight in a burst: slots, not an instance dict, keep it small.
     __slots__ = (
+        "_box",
         "_hard",
         "_head_due",
+        "_held",
         "_last_read",
         "_loop",
         "_poller",
@@ -186,6 +189,8 @@ class _Conn(asyncio.Protocol):
         self._head_due = 0.0
         self._read_s = 0.0
         self._hard = 0.0
+        self._box: Outbox = outbox(loop)
+        self._held: bytes | None = None  # a request written at the end of the loop's pass
 
     # -- asyncio.Protocol -------------------------------------------------------------------
 
@@ -219,6 +224,13 @@ class _Conn(asyncio.Protocol):
 
     def _ended(self, exc: Exception | None) -> None:
         if self._waiter is None or self._waiter.done():
+            return
+        if self._held is not None:
+            # The request was still held for the end of the turn: it never left, so it is a
+            # connection that failed before sending (another agent may take it), not a stale one.
+            self._held = None
+            cut = ConnectionResetError(f"the agent closed the connection before the request left ({exc})")
+            self._fail(cut)
             return
         if isinstance(exc, ssl.SSLError) and not self.reader.got_bytes and self.exchanges == 1:
             # On a connection's first exchange, a TLS error before any answer byte is the end of
@@ -259,12 +271,17 @@ class _Conn(asyncio.Protocol):
         self._hard = hard
         transport = self.transport
         assert transport is not None
-        if body:
-            transport.write(data + body if len(body) < _JOIN_LIMIT else data)
-            if len(body) >= _JOIN_LIMIT:
-                transport.write(body)
-        else:
+        box = self._box
+        if body and len(body) >= _JOIN_LIMIT:
             transport.write(data)
+            transport.write(body)
+        elif box.inflight:
+            # Other exchanges are under way: this request leaves with the pass's other writes.
+            self._held = data + body if body else data
+            box.hold(self, loop)
+        else:
+            transport.write(data + body if body else data)
+        box.inflight += 1  # until post's wait ends
         self._last_read = now = loop.time()
         # The whole head within read_s of the request: an agent dripping header bytes cannot
         # hold the attempt open by re-arming the read timeout with each byte.
@@ -277,6 +294,15 @@ class _Conn(asyncio.Protocol):
                 timer.cancel()
             self._arm(self._head_due)
         return waiter
+
+    def write_held(self) -> None:
+        """Write the request held for the end of the pass (the outbox's call), unless the
+        connection closed meanwhile: then it never left, and the exchange has failed."""
+        data = self._held
+        self._held = None
+        transport = self.transport
+        if data is not None and transport is not None and not transport.is_closing():
+            transport.write(data)
 
     def _arm(self, due: float) -> None:
         self._timer = self._loop.call_at(due, self._on_timer)
@@ -359,6 +385,7 @@ class _Conn(asyncio.Protocol):
 
     def _close(self) -> None:
         self._stop_timer()  # a closed connection is held by no timer
+        self._held = None  # a request still held never leaves
         if not self.closed:
             self.closed = True
             self._pool.forget(self)
@@ -445,6 +472,7 @@ class Pool:
             try:
                 return await waiter
             finally:
+                conn._box.inflight -= 1
                 if conn._waiter is waiter:
                     # Cancelled mid-exchange: the answer may still come, so the connection is done.
                     conn._reset()
