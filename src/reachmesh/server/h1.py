@@ -396,6 +396,12 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._one_write.flush()
         super().timeout_keep_alive_handler()
 
+    def eof_received(self) -> None:
+        # The caller's FIN: uvicorn's answer (None) has the transport close itself. uvloop reads
+        # it between the turn that held an answer and the outbox's write at the end of it.
+        self._one_write.flush()
+        super().eof_received()
+
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return
