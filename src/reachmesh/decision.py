@@ -8,9 +8,10 @@ pipeline.
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from reachmesh.protocol import Status
 from reachmesh.redaction import loggable
@@ -221,6 +222,14 @@ class DecisionRecord:
 Observer = Callable[[DecisionRecord], None]
 
 
+def reraise(_observer: object) -> NoReturn:
+    """The ``failed`` of an observer's ``observe_all`` called for one record by a caller that
+    wants its error: called inside the ``except`` block, it raises the error being handled."""
+    error = sys.exc_info()[1]
+    assert error is not None, "called outside an except block"
+    raise error
+
+
 class ObserveAfterTurn:
     """Records observed together at the end of the event loop's turn, each observer over all of
     them in turn (the trace line of each, then the metrics of each, then the store...).
@@ -235,13 +244,17 @@ class ObserveAfterTurn:
     (A loop closed with a turn still due, never the case under asyncio.run or uvicorn, drops
     those records, as it drops any callback it was given.)"""
 
-    __slots__ = ("_loop", "_observers", "_on_error", "_pending")
+    __slots__ = ("_loop", "_observers", "_on_error", "_pending", "_plan", "_planned")
 
     def __init__(self, observers: list[Observer], on_error: Callable[[Observer], None]) -> None:
         self._observers = observers  # the owner's list, read at each turn
         self._on_error = on_error  # called inside the ``except`` block: it may log the exception
         self._pending: list[DecisionRecord] = []
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop a run is due on
+        # The observers the plan was made for (a copy, compared at each run: the owner may add
+        # one), and each with its ``observe_all`` or None, looked up once.
+        self._planned: list[Observer] = []
+        self._plan: list[tuple[Observer, Callable[..., None] | None]] = []
 
     def __call__(self, record: DecisionRecord) -> None:
         pending = self._pending
@@ -256,23 +269,36 @@ class ObserveAfterTurn:
         self._loop.call_soon(self.run)
 
     def run(self) -> None:
-        """Observe every pending record now (the end of the turn, or a caller that must see them)."""
+        """Observe every pending record now (the end of the turn, or a caller that must see them).
+
+        An observer with an ``observe_all(records, failed)`` method (the store, the metrics, the
+        trace lines) is handed the turn's records in one call: it reads its own state once for
+        them all, and reports a record that fails to ``failed`` itself, inside its ``except``
+        block, keeping the others'. Any other observer is called once per record."""
         self._loop = None
         pending, self._pending = self._pending, []
-        if len(pending) == 1:  # the turn's only record, as under light load: no inner loop
-            record = pending[0]
-            for observer in self._observers:
+        on_error = self._on_error
+        plan = self._plan
+        if self._planned != self._observers:  # the first run, or an observer added since
+            plan = self._replan()
+        for observer, batch in plan:
+            if batch is not None:
                 try:
-                    observer(record)
-                except Exception:  # noqa: BLE001 - an observer's bug must never cost the others theirs
-                    self._on_error(observer)
-            return
-        for observer in self._observers:
+                    batch(pending, on_error)
+                except Exception:  # noqa: BLE001 - its bug must never cost the other observers theirs
+                    on_error(observer)
+                continue
             for record in pending:
                 try:
                     observer(record)
                 except Exception:  # noqa: BLE001 - an observer's bug must never cost the others theirs
-                    self._on_error(observer)
+                    on_error(observer)
+
+    def _replan(self) -> list[tuple[Observer, Callable[..., None] | None]]:
+        """Each observer with its ``observe_all`` (or None), for the owner's list as it is now."""
+        self._planned = list(self._observers)
+        self._plan = [(observer, getattr(observer, "observe_all", None)) for observer in self._planned]
+        return self._plan
 
 
 _FIELDS = frozenset(DecisionRecord.__dataclass_fields__)
