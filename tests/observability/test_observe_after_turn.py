@@ -107,7 +107,11 @@ def test_an_observer_that_takes_a_turn_at_once_is_handed_every_record_in_one_cal
         late = _TakesTurns()
         observers.append(late)  # an observer added later is planned for at the next turn
         observe(_record("t3"))
+        observe(_record("t4"))
         await _after_this_turn()
-        assert whole.calls[-1] == ["t3"] and late.calls == [["t3"]] and seen[-1] == "t3"
+        assert whole.calls[-1] == ["t3", "t4"] and late.calls == [["t3", "t4"]] and seen[-2:] == ["t3", "t4"]
+        observe(_record("t5"))  # a turn's only record: one call each, as to any observer
+        await _after_this_turn()
+        assert whole.calls[-1] == ["one", "t5"] and seen[-1] == "t5"
 
     asyncio.run(main())
