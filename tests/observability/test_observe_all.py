@@ -73,3 +73,37 @@ def test_a_record_called_alone_raises_its_error() -> None:
         TraceStore(size=2)(_broken("bad"))
     with pytest.raises(AttributeError):
         _metrics()(_broken("bad"))
+
+
+@pytest.mark.parametrize(
+    ("size", "max_bytes", "turn"),
+    [
+        (5, 1 << 20, 3),  # full after two turns: the oldest leave for the count alone
+        (5, 1 << 20, 7),  # a turn longer than the store
+        (50, 1500, 4),  # the bytes bound binds first
+        (6, 1900, 5),  # both, by turns
+    ],
+)
+def test_a_turn_keeps_what_one_call_per_record_kept(size: int, max_bytes: int, turn: int) -> None:
+    """Whichever bound binds, a turn's hops leave the store as they left it one call at a time:
+    the same hops held, the same bytes counted, the same evictions for bytes."""
+    records = [_record(f"t{i}", 1.0 + i) for i in range(23)]
+    for i in range(0, 23, 4):
+        records[i].note("retry", "n" * (40 * i))  # hops of several sizes
+    one_by_one = TraceStore(size, max_bytes=max_bytes, max_hop_bytes=4096)
+    by_turns = TraceStore(size, max_bytes=max_bytes, max_hop_bytes=4096)
+    for i in range(0, len(records), turn):
+        for record in records[i : i + turn]:
+            one_by_one(record)
+        by_turns.observe_all(records[i : i + turn], _never)
+        assert list(by_turns._hops) == list(one_by_one._hops)
+        assert (by_turns.bytes_held, by_turns.evicted_for_bytes) == (
+            one_by_one.bytes_held,
+            one_by_one.evicted_for_bytes,
+        )
+    assert by_turns.bytes_held == sum(map(len, by_turns._hops)) <= max_bytes
+    assert one_by_one.evicted_for_bytes or max_bytes > 1 << 19  # the bytes bound was reached
+
+
+def _never(observer: object) -> None:
+    raise AssertionError(f"{observer!r} failed")

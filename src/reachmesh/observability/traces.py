@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable
+from itertools import islice
 from typing import Any, NamedTuple
 
 import orjson
@@ -286,43 +287,64 @@ class TraceStore:
         """Keep each record's hop, in order, exactly as one call per record would.
 
         The end of the loop's turn hands over every record of the turn at once (about 16 under
-        load at c32, see :class:`~reachmesh.decision.ObserveAfterTurn`): the store's fields are
-        read once for them all. A record whose hop cannot be built is reported to ``failed``,
-        from inside its ``except`` block, and the others are still kept."""
-        keep = self.size
-        if keep <= 0:
+        load at c32, see :class:`~reachmesh.decision.ObserveAfterTurn`). A record whose hop cannot
+        be built is reported to ``failed``, from inside its ``except`` block, and the others are
+        still kept."""
+        if self.size <= 0:
             return  # a store that keeps nothing: no hop to build
+        built = self._built(records, failed)
+        if len(built) == 1:
+            self._keep(built[0])
+            return
         hops = self._hops
-        popleft, append, dumps = hops.popleft, hops.append, orjson.dumps
-        max_hop_bytes, max_bytes = self.max_hop_bytes, self.max_bytes
+        incoming = sum(map(len, built))
+        leaving = len(hops) + len(built) - self.size
+        if self._bytes + incoming <= self.max_bytes and leaving <= len(hops):
+            # Within the byte bound even if no hop left: one hop at a time would have dropped
+            # just the oldest ``leaving`` for the count, and none for the bytes.
+            if leaving > 0:
+                self._bytes -= sum(map(len, islice(hops, leaving)))
+                for _ in range(leaving):
+                    hops.popleft()
+            hops.extend(built)
+            self._bytes += incoming
+            return
+        for hop in built:  # near a bound: hop by hop
+            self._keep(hop)
+
+    def _built(self, records: Iterable[DecisionRecord], failed: Callable[[Any], None]) -> list[bytes]:
+        """Each record's hop as its JSON, cut to ``max_hop_bytes`` (:func:`_slim`) where over."""
+        dumps, limit = orjson.dumps, self.max_hop_bytes
+        built = []
+        for record in records:
+            try:
+                frozen = _freeze(record)
+                # Fitted (fitted(), without the call): orjson's own buffer is at least 4 KiB, and
+                # the store counts (and keeps) bytes. Anything orjson cannot write (never
+                # expected) is kept as its text rather than losing the hop.
+                hop = memoryview(dumps(frozen, str, _OPTIONS)).tobytes()
+                if len(hop) > limit:
+                    hop = _slim(frozen, len(hop), limit)
+                    self.slimmed += 1
+                built.append(hop)
+            except Exception:  # noqa: BLE001 - one record's bug must not cost the others their hops
+                failed(self)
+        return built
+
+    def _keep(self, hop: bytes) -> None:
+        """Keep ``hop``: the oldest hops leave as the bounds of count and bytes require."""
+        hops = self._hops
+        size = len(hop)
         held = self._bytes
-        try:
-            for record in records:
-                try:
-                    frozen = _freeze(record)
-                    # Fitted (fitted(), without the call): orjson's own buffer is at least 4 KiB,
-                    # and the store counts (and keeps) bytes. Anything orjson cannot write (never
-                    # expected) is kept as its text rather than losing the hop.
-                    hop = memoryview(dumps(frozen, str, _OPTIONS)).tobytes()
-                    size = len(hop)
-                    if size > max_hop_bytes:
-                        hop = _slim(frozen, size, max_hop_bytes)
-                        size = len(hop)
-                        self.slimmed += 1
-                except Exception:  # noqa: BLE001 - one record's bug must not cost the others their hops
-                    failed(self)
-                    continue
-                if len(hops) >= keep:
-                    # A full store, the steady state: the oldest hop leaves for this one.
-                    held -= len(popleft())
-                if held + size > max_bytes or len(hops) >= keep:
-                    self._bytes = held
-                    self._make_room(size)
-                    held = self._bytes
-                held += size
-                append(hop)
-        finally:
+        if len(hops) >= self.size:
+            # A full store, the steady state: the oldest hop leaves for this one.
+            held -= len(hops.popleft())
+        if held + size > self.max_bytes or len(hops) >= self.size:
             self._bytes = held
+            self._make_room(size)
+            held = self._bytes
+        self._bytes = held + size
+        hops.append(hop)
 
     def _make_room(self, incoming: int) -> None:
         """Drop the oldest hops until one more of ``incoming`` bytes fits both bounds."""
