@@ -281,7 +281,8 @@ class TraceStore:
         return self._bytes
 
     def __call__(self, record: DecisionRecord) -> None:
-        self.observe_all((record,), reraise)
+        if self.size > 0:  # else a store that keeps nothing: no hop to build
+            self._keep(self._built((record,), reraise)[0])  # reraise: a hop, or the error
 
     def observe_all(self, records: Iterable[DecisionRecord], failed: Callable[[Any], None]) -> None:
         """Keep each record's hop, in order, exactly as one call per record would.
