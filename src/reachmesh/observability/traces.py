@@ -294,8 +294,9 @@ class TraceStore:
         if self.size <= 0:
             return  # a store that keeps nothing: no hop to build
         built = self._built(records, failed)
-        if len(built) == 1:
-            self._keep(built[0])
+        if len(built) <= 1:  # the turn's only hop (or none): no bookkeeping to share
+            if built:
+                self._keep(built[0])
             return
         hops = self._hops
         incoming = sum(map(len, built))
