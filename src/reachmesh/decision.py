@@ -8,10 +8,9 @@ pipeline.
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import Any
 
 from reachmesh.protocol import Status
 from reachmesh.redaction import loggable
@@ -220,14 +219,6 @@ class DecisionRecord:
 
 
 Observer = Callable[[DecisionRecord], None]
-
-
-def reraise(_observer: object) -> NoReturn:
-    """The ``failed`` of an observer's ``observe_all`` called for one record by a caller that
-    wants its error: called inside the ``except`` block, it raises the error being handled."""
-    error = sys.exc_info()[1]
-    assert error is not None, "called outside an except block"
-    raise error
 
 
 class ObserveAfterTurn:

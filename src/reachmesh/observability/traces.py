@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from reachmesh.clock import iso_utc
-from reachmesh.decision import DecisionRecord, reraise
+from reachmesh.decision import DecisionRecord
 from reachmesh.exceptions import MAX_CANDIDATES_SHOWN
 from reachmesh.jsoncodec import fitted
 
@@ -281,8 +281,15 @@ class TraceStore:
         return self._bytes
 
     def __call__(self, record: DecisionRecord) -> None:
-        if self.size > 0:  # else a store that keeps nothing: no hop to build
-            self._keep(self._built((record,), reraise)[0])  # reraise: a hop, or the error
+        if self.size <= 0:
+            return  # a store that keeps nothing: no hop to build
+        # _built's for one record, without its list and loop (a turn's only record, light load).
+        frozen = _freeze(record)
+        hop = memoryview(orjson.dumps(frozen, str, _OPTIONS)).tobytes()
+        if len(hop) > self.max_hop_bytes:
+            hop = _slim(frozen, len(hop), self.max_hop_bytes)
+            self.slimmed += 1
+        self._keep(hop)
 
     def observe_all(self, records: Iterable[DecisionRecord], failed: Callable[[Any], None]) -> None:
         """Keep each record's hop, in order, exactly as one call per record would.
