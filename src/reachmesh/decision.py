@@ -235,13 +235,17 @@ class ObserveAfterTurn:
     (A loop closed with a turn still due, never the case under asyncio.run or uvicorn, drops
     those records, as it drops any callback it was given.)"""
 
-    __slots__ = ("_loop", "_observers", "_on_error", "_pending")
+    __slots__ = ("_loop", "_observers", "_on_error", "_pending", "_plan", "_planned")
 
     def __init__(self, observers: list[Observer], on_error: Callable[[Observer], None]) -> None:
         self._observers = observers  # the owner's list, read at each turn
         self._on_error = on_error  # called inside the ``except`` block: it may log the exception
         self._pending: list[DecisionRecord] = []
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop a run is due on
+        # The observers the plan was made for (a copy, compared at each run: the owner may add
+        # one), and each with its ``observe_all`` or None, looked up once.
+        self._planned: list[Observer] = []
+        self._plan: list[tuple[Observer, Callable[..., None] | None]] = []
 
     def __call__(self, record: DecisionRecord) -> None:
         pending = self._pending
@@ -256,23 +260,44 @@ class ObserveAfterTurn:
         self._loop.call_soon(self.run)
 
     def run(self) -> None:
-        """Observe every pending record now (the end of the turn, or a caller that must see them)."""
+        """Observe every pending record now (the end of the turn, or a caller that must see them).
+
+        An observer with an ``observe_all(records, failed)`` method (the store, the metrics, the
+        trace lines) is handed the turn's records in one call: it reads its own state once for
+        them all, and reports a record that fails to ``failed`` itself, inside its ``except``
+        block, keeping the others'. Any other observer is called once per record."""
         self._loop = None
         pending, self._pending = self._pending, []
-        if len(pending) == 1:  # the turn's only record, as under light load: no inner loop
+        on_error = self._on_error
+        if len(pending) == 1:  # the turn's only record, as under light load: one call each
             record = pending[0]
             for observer in self._observers:
                 try:
                     observer(record)
                 except Exception:  # noqa: BLE001 - an observer's bug must never cost the others theirs
-                    self._on_error(observer)
+                    on_error(observer)
             return
-        for observer in self._observers:
+        plan = self._plan
+        if self._planned != self._observers:  # the first run, or an observer added since
+            plan = self._replan()
+        for observer, batch in plan:
+            if batch is not None:
+                try:
+                    batch(pending, on_error)
+                except Exception:  # noqa: BLE001 - its bug must never cost the other observers theirs
+                    on_error(observer)
+                continue
             for record in pending:
                 try:
                     observer(record)
                 except Exception:  # noqa: BLE001 - an observer's bug must never cost the others theirs
-                    self._on_error(observer)
+                    on_error(observer)
+
+    def _replan(self) -> list[tuple[Observer, Callable[..., None] | None]]:
+        """Each observer with its ``observe_all`` (or None), for the owner's list as it is now."""
+        self._planned = list(self._observers)
+        self._plan = [(observer, getattr(observer, "observe_all", None)) for observer in self._planned]
+        return self._plan
 
 
 _FIELDS = frozenset(DecisionRecord.__dataclass_fields__)

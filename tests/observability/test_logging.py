@@ -112,3 +112,35 @@ def test_the_route_line_shows_source_and_task_as_loggable_does(source: str, task
     expected = f"[trace-demo-001] route: {loggable(source)} -> {loggable(task)}"
     assert lines[0] == (expected if expected.isprintable() else loggable(expected, 1 << 20))
     assert all(line.isprintable() for line in lines)
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_a_turn_of_records_writes_the_lines_one_call_each_wrote(configured: io.StringIO, fmt: str) -> None:
+    """The records of one turn, handed over at once, write each record's lines in order, as one
+    call per record does (one timestamp for the turn: its lines go out in one write); a record
+    whose lines fail is reported, once, and the others are written."""
+    reach_logging.configure("INFO", fmt, stream=configured)  # type: ignore[arg-type]
+    trace_log = reach_logging.TraceLog()
+    turn = [record(), record(), record()]
+    for i, r in enumerate(turn):
+        r.trace_id = f"t{i}"
+    for r in turn:
+        trace_log(r)
+    reach_logging._handler.flush()  # type: ignore[union-attr]
+    one_by_one = configured.getvalue().splitlines()
+    configured.seek(0)
+    configured.truncate()
+    broken = record()
+    broken.events = None  # type: ignore[assignment]
+    failed: list[object] = []
+    trace_log.observe_all([turn[0], broken, turn[1], turn[2]], failed.append)
+    reach_logging._handler.flush()  # type: ignore[union-attr]
+    together = configured.getvalue().splitlines()
+    assert failed == [trace_log]
+    if fmt == "text":
+        assert len({line[:24] for line in together}) == 1  # one timestamp for the turn
+        assert [line[24:] for line in together] == [line[24:] for line in one_by_one]
+    else:
+        assert [{**json.loads(line), "ts": "-"} for line in together] == [
+            {**json.loads(line), "ts": "-"} for line in one_by_one
+        ]

@@ -70,3 +70,48 @@ def test_outside_a_loop_and_across_loops_nothing_is_left_pending() -> None:
 
     asyncio.run(next_loop())  # a run is due on the new loop, not on the closed one
     assert seen == ["now", "due", "next"]
+
+
+class _TakesTurns:
+    """An observer that also takes a turn's records at once."""
+
+    def __init__(self, broken: bool = False) -> None:
+        self.calls: list[list[str]] = []
+        self.broken = broken
+
+    def __call__(self, record: DecisionRecord) -> None:
+        self.calls.append(["one", record.trace_id])
+
+    def observe_all(self, records: list[DecisionRecord], failed: object) -> None:
+        self.calls.append([record.trace_id for record in records])
+        if self.broken:
+            raise RuntimeError("a bug past its own records' handling")
+
+
+def test_an_observer_that_takes_a_turn_at_once_is_handed_every_record_in_one_call() -> None:
+    """The store and the metrics read their state once per turn, not once per record; the other
+    observers are still called once per record, and a batch's own bug costs no one else theirs."""
+    seen: list[str] = []
+    failed: list[object] = []
+    whole, broken = _TakesTurns(), _TakesTurns(broken=True)
+    observers: list[Observer] = [whole, broken, lambda r: seen.append(r.trace_id)]
+    observe = ObserveAfterTurn(observers, failed.append)
+
+    async def main() -> None:
+        observe(_record("t1"))
+        observe(_record("t2"))
+        await _after_this_turn()
+        assert whole.calls == [["t1", "t2"]]
+        assert broken.calls == [["t1", "t2"]] and failed == [broken]
+        assert seen == ["t1", "t2"]
+        late = _TakesTurns()
+        observers.append(late)  # an observer added later is planned for at the next turn
+        observe(_record("t3"))
+        observe(_record("t4"))
+        await _after_this_turn()
+        assert whole.calls[-1] == ["t3", "t4"] and late.calls == [["t3", "t4"]] and seen[-2:] == ["t3", "t4"]
+        observe(_record("t5"))  # a turn's only record: one call each, as to any observer
+        await _after_this_turn()
+        assert whole.calls[-1] == ["one", "t5"] and seen[-1] == "t5"
+
+    asyncio.run(main())

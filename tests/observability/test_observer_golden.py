@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from reachmesh.config import RegistryPolicy
-from reachmesh.decision import AttemptRecord, DecisionRecord, StreamRecord
+from reachmesh.decision import AttemptRecord, DecisionRecord, ObserveAfterTurn, StreamRecord
 from reachmesh.observability.metrics import LiveReadings, RouterMetrics
 from reachmesh.observability.traces import TraceStore
 from reachmesh.protocol import AgentProfile, Status
@@ -116,19 +116,34 @@ async def _registry() -> MemoryRegistry:
     return registry
 
 
+async def _one_turn(observe: ObserveAfterTurn) -> None:
+    for record in records():
+        observe(record)
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    loop.call_soon(done.set_result, None)  # after the run already due at the end of this turn
+    await done
+
+
 def _without_created(text: bytes) -> str:
     # _created holds wall-clock times of first use; everything else must be equal byte for byte.
     return re.sub(r"^(\w+_created(?:\{[^}]*\})?) \S+$", r"\1 T", text.decode(), flags=re.MULTILINE)
 
 
-def observe() -> dict[str, Any]:
-    """Every record through a store and the metrics; what their readers show."""
+def observe(*, in_one_turn: bool = False) -> dict[str, Any]:
+    """Every record through a store and the metrics; what their readers show. ``in_one_turn``:
+    the records finish in one turn of a loop and are observed together at its end."""
     registry = asyncio.run(_registry())
     metrics = RouterMetrics(registry, LiveReadings(lambda _a: 0, lambda _a: 0, lambda: 0))
     store = TraceStore(11, max_bytes=1 << 20, max_hop_bytes=16 * 1024)
-    for record in records():
-        metrics(record)
-        store(record)
+    if in_one_turn:
+        failed: list[object] = []
+        asyncio.run(_one_turn(ObserveAfterTurn([metrics, store], failed.append)))
+        assert failed == []
+    else:
+        for record in records():
+            metrics(record)
+            store(record)
     return {
         "traces": {trace_id: store.trace(trace_id) for trace_id in [*TRACE_IDS, "t", "unknown"]},
         "hops": {trace_id: store.hops(trace_id) for trace_id in TRACE_IDS},
@@ -140,7 +155,17 @@ def observe() -> dict[str, Any]:
 
 
 def test_the_store_and_metrics_show_what_they_showed_before() -> None:
-    got = json.loads(json.dumps(observe()))
+    _assert_golden(observe())
+
+
+def test_records_finished_in_one_turn_show_the_same_observed_together() -> None:
+    """The end of the loop's turn hands every record of the turn to the store and the metrics
+    in one call each (their ``observe_all``): what they show is what one call per record showed."""
+    _assert_golden(observe(in_one_turn=True))
+
+
+def _assert_golden(observed: dict[str, Any]) -> None:
+    got = json.loads(json.dumps(observed))
     want = json.loads(GOLDEN.read_text())
     assert got["metrics"] == want["metrics"]
     for key in ("traces", "hops", "recent", "recent_filtered", "held"):
