@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import random
-from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 from urllib.parse import quote
@@ -352,7 +351,11 @@ class AttemptRun:
             parts.stats.started(agent_id)
             pool_waited = POOL_WAIT_S.get()
             try:
-                result = await self._send(choice, body, headers, limits)
+                if self.streams:
+                    result = await self._send(choice, body, headers, limits)
+                else:  # the transport's own coroutine, awaited here: no call to make it
+                    entry = choice.entry
+                    result = await parts.transport.send(entry.endpoint, body, headers, limits, entry.protocol)
             except AttemptError as exc:
                 self._pool_waited(pool_waited)
                 self._account_failure(choice, started, span_id, exc)
@@ -441,13 +444,10 @@ class AttemptRun:
         if waited_s > 0:
             self.record.pool_wait_ms += waited_s * 1000
 
-    def _send(
-        self, choice: Choice, body: bytes, headers: dict[str, str], limits: AttemptLimits
-    ) -> Awaitable[Any]:
-        """The transport call of one attempt (a streamed request's run asks for a stream): the
-        transport's own coroutine, not one more around it."""
-        entry = choice.entry
-        return self.parts.transport.send(entry.endpoint, body, headers, limits, entry.protocol)
+    async def _send(self, choice: Choice, body: bytes, headers: dict[str, str], limits: AttemptLimits) -> Any:
+        """The transport call of a streamed request's attempt (StreamingRun's); a plain one's is
+        ``transport.send``, awaited in :meth:`_attempt` itself."""
+        raise NotImplementedError
 
     # -- accounting --------------------------------------------------------------------------
 
@@ -552,7 +552,7 @@ def _succeeded(
     if run.streams:
         run.unsettled = (agent_id, took)  # judged when the stream ends
     else:
-        parts.stats.finished(agent_id, ok=True, latency_ms=took)
+        parts.stats.succeeded(agent_id, took)
         run._judge(agent_id, True)
     record.handler = agent_id
     if run.request.conversation_id:

@@ -32,6 +32,7 @@ import re
 from collections.abc import Collection
 from dataclasses import replace
 from fnmatch import fnmatchcase
+from operator import attrgetter
 
 from reachmesh.clock import SYSTEM_CLOCK, Clock
 from reachmesh.config import RoutingPolicy
@@ -66,6 +67,8 @@ def is_identifier(text: str) -> bool:
     """True for text shaped like a task name: no spaces, no CJK, only name characters."""
     return _IDENTIFIER.fullmatch(text) is not None
 
+
+_ID = attrgetter("id")
 
 _OUT = {
     AgentStatusValue.OFFLINE: CandidateReason.OFFLINE,
@@ -186,7 +189,7 @@ class Pipeline:
             task, similarity, alternates, found = self._by_task(request, record, strategy)
             pool = list(found)
         record.matched_task = task
-        record.candidates = [e.id for e in pool]
+        record.candidates = list(map(_ID, pool))  # no comprehension's frame
         groups = self._filter(request, record, task, pool, similarity)
         ranked = self._rank(record, strategy, task, groups, similarity)
         if request.conversation_id:  # else the order stands: no conversation is bound
