@@ -276,9 +276,13 @@ class Dispatcher:
         ``asyncio.timeout`` scope around every request cost about 20 us of CPU each (measured),
         for an event that happens once, at shutdown.
         """
-        task = self._track() if tracked else None
-        if task is None and tracked:
-            return self._abandoned(record)
+        task = None
+        if tracked:  # _current_task(), without the call once the loop is known
+            loop = self._loop
+            task = (loop is not None and asyncio.current_task(loop)) or self._current_task()
+            if self._abandoning or task is None:
+                return self._abandoned(record)
+            self._running.add(task)
         try:
             try:
                 # Without a model there is nothing to wait for; with one, only a request routed
@@ -305,10 +309,9 @@ class Dispatcher:
         except asyncio.CancelledError as exc:
             return self._cancelled(exc, task, record, sink, hold)
         finally:
-            if task is not None:
-                self._running.discard(task)
-                if self._cut:  # a cut that came as the request ended: nothing is left to cut
-                    self._cut.pop(task, None)
+            self._running.discard(task)  # None (not tracked): never in it
+            if self._cut:  # a cut that came as the request ended: nothing is left to cut
+                self._cut.pop(task, None)  # type: ignore[arg-type]
 
     async def _stream(
         self, request: ReachRequest, data: dict[str, Any], record: DecisionRecord, sink: StreamSink
@@ -319,18 +322,6 @@ class Dispatcher:
             return await self._serve(request, data, record, sink)
         finally:
             self.streams_in_flight -= 1
-
-    def _track(self) -> asyncio.Task[Any] | None:
-        """The running task, now in the set of requests running (for abandon() and
-        callers_gone()); None when the Router is abandoning requests (or none runs)."""
-        loop = self._loop  # _current_task(), without the call once the loop is known
-        task = asyncio.current_task(loop) if loop is not None else None
-        if task is None:
-            task = self._current_task()
-        if self._abandoning or task is None:
-            return None
-        self._running.add(task)
-        return task
 
     def _cancelled(
         self,

@@ -43,6 +43,10 @@ def accept(record: DecisionRecord) -> None:
 def encode(record: DecisionRecord) -> Reply:
     """The HTTP status and ReachResponse body of a concluded record."""
     status = record.status or Status.INTERNAL_ERROR
+    # AttemptRecord.to_wire() of each, without a call per attempt or a comprehension's frame.
+    attempts = []
+    for a in record.attempts:
+        attempts.append({"agentId": a.agent_id, "outcome": a.outcome, "durationMs": a.duration_ms})
     body = jsoncodec.dumps(
         {
             "version": PROTOCOL_VERSION,
@@ -52,11 +56,7 @@ def encode(record: DecisionRecord) -> Reply:
             "durationMs": record.duration_ms,
             "result": record.result,
             "error": record.error,
-            # AttemptRecord.to_wire() of each, without a call per attempt.
-            "attempts": [
-                {"agentId": a.agent_id, "outcome": a.outcome, "durationMs": a.duration_ms}
-                for a in record.attempts
-            ],
+            "attempts": attempts,
             "route": route(record),
         }
     )
