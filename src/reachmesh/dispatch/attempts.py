@@ -553,7 +553,9 @@ def _succeeded(
         run.unsettled = (agent_id, took)  # judged when the stream ends
     else:
         parts.stats.succeeded(agent_id, took)
-        run._judge(agent_id, True)
+        # _judge(), written out for a success: only a half-open probe's closes a breaker.
+        if parts.breakers.record(agent_id, run.task, ok=True) is BreakerState.CLOSED:
+            record.note("circuit closed", f"agent {agent_id}")
     record.handler = agent_id
     if run.request.conversation_id:
         parts.affinity.bind(run.request.conversation_id, agent_id, record.caller)

@@ -211,12 +211,19 @@ class Dispatcher:
             request, data = _decode(body, config.server.max_json_depth, config.limits.max_error_details)
         except RequestError as exc:
             return self.refuse(exc, started=started, trace_id=exc.trace_id or hint, task=exc.task)
-        try:
-            _check_timeouts(request, config.limits.max_timeout_ms)
-        except RequestError as exc:
-            return self.refuse(
-                exc, started=started, trace_id=request.trace_id or hint, task=request.target_task
-            )
+        prefs = request.preferences
+        # Almost every request asks for no timeout of its own: nothing to check, and no call.
+        if (
+            prefs.timeout_ms is not None
+            or prefs.connect_timeout_ms is not None
+            or prefs.read_timeout_ms is not None
+        ):
+            try:
+                _check_timeouts(request, config.limits.max_timeout_ms)
+            except RequestError as exc:
+                return self.refuse(
+                    exc, started=started, trace_id=request.trace_id or hint, task=request.target_task
+                )
         data["traceId"] = trace_id = request.trace_id or hint or new_trace_id()
         record = DecisionRecord(
             trace_id=trace_id,
@@ -230,7 +237,7 @@ class Dispatcher:
             caller_serves=grants.serves,
             reach_tasks=grants.reach_tasks,
             parent_span_id=parent[1] if parent else None,
-            mode=request.preferences.mode,
+            mode=prefs.mode,
         )
         if config.logging.log_payloads:
             record.payload = request.payload
@@ -545,8 +552,13 @@ def _plan(
         data["targetTask"] = record.matched_task
         data["requestedTask"] = task
         task = record.matched_task
-    # Per-task policy follows the declared task, however the caller phrased it.
-    timeout, retries = _limits(parts, request, task)
+    # Per-task policy follows the declared task, however the caller phrased it; _limits() only
+    # the first time a policy sees a task and asks.
+    prefs = request.preferences
+    known = parts.limits.get(
+        (task, prefs.connect_timeout_ms, prefs.read_timeout_ms, prefs.timeout_ms, prefs.retry_count)
+    )
+    timeout, retries = _limits(parts, request, task) if known is None else known
     kind = AttemptRun if sink is None else StreamingRun
     return kind(parts, request, data, record, task, timeout, retries), choices
 

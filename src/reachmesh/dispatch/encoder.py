@@ -47,6 +47,13 @@ def encode(record: DecisionRecord) -> Reply:
     attempts = []
     for a in record.attempts:
         attempts.append({"agentId": a.agent_id, "outcome": a.outcome, "durationMs": a.duration_ms})
+    task, by = record.matched_task, record.route_by
+    if task is None or by is None:
+        routed = None
+    elif by == "meaning":
+        routed = route(record)
+    else:
+        routed = {"task": task, "by": by}  # route(), without the call: no score to look up
     body = jsoncodec.dumps(
         {
             "version": PROTOCOL_VERSION,
@@ -57,7 +64,7 @@ def encode(record: DecisionRecord) -> Reply:
             "result": record.result,
             "error": record.error,
             "attempts": attempts,
-            "route": route(record),
+            "route": routed,
         }
     )
     return record.http_status or HTTP_STATUS[status], body
