@@ -93,18 +93,6 @@ class Grants(NamedTuple):
 EVERY_TASK = Grants()
 
 
-class Begun(NamedTuple):
-    """A request :meth:`Dispatcher.begin` let through: decoded, checked, and its record."""
-
-    request: ReachRequest
-    data: dict[str, Any]
-    record: DecisionRecord
-
-
-# A NamedTuple made by tuple.__new__: its own __new__ is a Python frame, on every call.
-_new_tuple = tuple.__new__
-
-
 class Dispatcher:
     """Runs the request pipeline. Holds no per-request state between calls."""
 
@@ -176,54 +164,52 @@ class Dispatcher:
         With a ``hold`` list, a routed request's record goes there, not to the observers: the
         caller writes the answer first, then hands it to :meth:`observe`.
 
-        :meth:`begin`, then :meth:`proceed`: a caller on the hot path calls the two itself,
-        without this coroutine."""
-        begun = self.begin(
+        :meth:`start` and, unless it refused, an await of what it returned: a caller on the hot
+        path does the two itself, without this coroutine."""
+        started = self.start(
             body,
             trace_header=trace_header,
             parent=parent,
+            owner=owner,
             caller=caller,
             client=client,
+            sink=sink,
             grants=grants,
-            streamed=sink is not None,
+            hold=hold,
         )
-        if not isinstance(begun, Begun):
-            return begun
-        return await self.proceed(begun, owner, sink, hold)
+        return started if isinstance(started, tuple) else await started
 
-    def begin(
+    def start(  # noqa: PLR0913 - handle()'s keywords
         self,
         body: bytes,
         *,
         trace_header: str | None = None,
         parent: tuple[str, str] | None = None,
+        owner: str | None = None,
         caller: str = "-",
         client: str | None = None,
+        sink: StreamSink | None = None,
         grants: Grants = EVERY_TASK,
-        streamed: bool = False,
-    ) -> Begun | Reply:
-        """:meth:`handle`'s work before anything is awaited: the request decoded and checked,
-        with its record (:class:`Begun`); or its refusal, finished and observed."""
+        hold: list[DecisionRecord] | None = None,
+    ) -> Reply | Awaitable[Reply]:
+        """:meth:`handle` up to its first wait, in no coroutine: the request decoded, checked and
+        recorded, then the coroutine that serves it (``mode: async``: accepts it, or refuses);
+        or, refused at once, its Reply (finished and observed)."""
         started = self.clock.monotonic()
         hint = (trace_header is not None and _safe_trace_id(trace_header)) or (parent[0] if parent else None)
         config = self.forwarding.config
         try:
             request, data = _decode(body, config.server.max_json_depth, config.limits.max_error_details)
+            prefs = request.preferences
+            # Almost every request asks for no timeout of its own: nothing to check, and no call.
+            if (
+                prefs.timeout_ms is not None
+                or prefs.connect_timeout_ms is not None
+                or prefs.read_timeout_ms is not None
+            ):
+                _check_timeouts(request, config.limits.max_timeout_ms)
         except RequestError as exc:
             return self.refuse(exc, started=started, trace_id=exc.trace_id or hint, task=exc.task)
-        prefs = request.preferences
-        # Almost every request asks for no timeout of its own: nothing to check, and no call.
-        if (
-            prefs.timeout_ms is not None
-            or prefs.connect_timeout_ms is not None
-            or prefs.read_timeout_ms is not None
-        ):
-            try:
-                _check_timeouts(request, config.limits.max_timeout_ms)
-            except RequestError as exc:
-                return self.refuse(
-                    exc, started=started, trace_id=request.trace_id or hint, task=request.target_task
-                )
         data["traceId"] = trace_id = request.trace_id or hint or new_trace_id()
         record = DecisionRecord(
             trace_id=trace_id,
@@ -241,26 +227,13 @@ class Dispatcher:
         )
         if config.logging.log_payloads:
             record.payload = request.payload
-        if streamed:
+        if sink is not None:
             if record.mode == "async":
                 return self.refuse(_ASYNC_STREAM, trace_id=trace_id, task=request.target_task)
             record.stream = StreamRecord()
-        return _new_tuple(Begun, (request, data, record))  # Begun(...) without its __new__ frame
-
-    def proceed(
-        self,
-        begun: Begun,
-        owner: str | None = None,
-        sink: StreamSink | None = None,
-        hold: list[DecisionRecord] | None = None,
-    ) -> Awaitable[Reply]:
-        """The rest of :meth:`handle` for a request :meth:`begin` let through: the coroutine to
-        await for its Reply (``mode: async``: accepted, or refused, at once)."""
-        request, data, record = begun
+            return self._stream(request, data, record, sink)
         if record.mode == "async":
             return _accept(self, request, data, record, owner, record.client)
-        if sink is not None:
-            return self._stream(request, data, record, sink)
         return self._serve(request, data, record, None, hold)
 
     async def _serve(
@@ -715,4 +688,6 @@ def _check_timeouts(request: ReachRequest, cap: int) -> None:
         raise RequestError(
             f"{over[0][0]} of {over[0][1]} ms is over the Router's cap of {cap} ms",
             details=[{"field": field, "message": f"at most {cap} ms"} for field, _ in over],
+            trace_id=request.trace_id,
+            task=request.target_task,
         )

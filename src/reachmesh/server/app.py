@@ -25,7 +25,6 @@ from reachmesh.clock import SYSTEM_CLOCK, Clock
 from reachmesh.config import RouterConfig
 from reachmesh.decision import DecisionRecord
 from reachmesh.dispatch import encoder
-from reachmesh.dispatch.dispatcher import Begun
 from reachmesh.dispatch.results import Reply
 from reachmesh.exceptions import ConfigError, InternalError, Overloaded, RequestError
 from reachmesh.lifecycle import Background
@@ -184,19 +183,18 @@ class RouterApp:
                 status, payload = dispatcher.refuse(exc, trace_id=parent[0] if parent else None)
                 return (status, payload, None), None
             try:
-                begun = dispatcher.begin(
+                # Dispatcher.handle, written out: what its start() returns awaited here.
+                started = dispatcher.start(
                     body,
                     trace_header=trace_hint,
                     parent=parent,
+                    owner=caller if auth_on else None,
                     caller=caller,
                     client=peer,
                     grants=principal.grants,
+                    hold=held,
                 )
-                # Dispatcher.handle, written out: its proceed() awaited here, in no coroutine of its own.
-                owner = caller if auth_on else None
-                status, payload = (
-                    await dispatcher.proceed(begun, owner, None, held) if isinstance(begun, Begun) else begun
-                )
+                status, payload = started if isinstance(started, tuple) else await started
             except Exception:
                 log.exception("internal error while serving /reach")  # traceback here
                 status, payload = self._internal_error(trace_hint, parent)
