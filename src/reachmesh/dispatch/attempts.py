@@ -21,7 +21,7 @@ import asyncio
 import hashlib
 import random
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 from urllib.parse import quote
 
 from reachmesh import jsoncodec
@@ -101,12 +101,6 @@ class Forwarding:
     limits: dict[tuple[Any, ...], tuple[Timeout, int]] = field(
         init=False, default_factory=dict, repr=False, compare=False
     )
-
-
-class Success(NamedTuple):
-    """An attempt that succeeded, and the agent's result (one per request: kept cheap)."""
-
-    result: Any
 
 
 # A NamedTuple made by tuple.__new__: its own __new__ is a Python frame, on every attempt.
@@ -196,8 +190,8 @@ class AttemptRun:
             same_agent_left = self.parts.config.retries.same_agent
             while True:
                 outcome = await self._attempt(choice, body)
-                if isinstance(outcome, Success):
-                    return outcome.result
+                if not isinstance(outcome, AttemptError):  # the agent's result: a value, never an error
+                    return outcome
                 if not self._failed(choice, outcome, same_agent_left):
                     break
                 same_agent_left -= 1
@@ -325,8 +319,9 @@ class AttemptRun:
         self.data["targetTask"] = task
         self.data["requestedTask"] = self.request.target_task
 
-    async def _attempt(self, choice: Choice, body: bytes) -> Success | AttemptError:
-        """One attempt, accounted; its Success or its failure.
+    async def _attempt(self, choice: Choice, body: bytes) -> Any:
+        """One attempt, accounted: the agent's result, or the AttemptError it failed with (a
+        value returned, not raised, and never a result: no wrapper made per attempt).
 
         A slot at the agent is taken first (waiting while it is full, within the deadline) and
         given back when the attempt ends; the wait is the Router's own, charged to nobody. The
@@ -537,10 +532,11 @@ def _may_retry_same(run: AttemptRun, exc: AttemptError, same_agent_left: int, ch
 
 def _succeeded(
     run: AttemptRun, choice: Choice, started: float, span_id: str, pool_waited: float, result: Any
-) -> Success:
+) -> Any:
     """Book an attempt that succeeded, the common case (none of a failure's tests): its waits for
     a connection of the Router's pool (read by no one else), stats, the attempt record, the trace
-    line and the breaker; and the conversation's agent. A stream's verdict waits for its end."""
+    line and the breaker; and the conversation's agent. A stream's verdict waits for its end.
+    Returns ``result``, the agent's."""
     record, parts, agent_id = run.record, run.parts, choice.entry.id
     waited_s = POOL_WAIT_S.get() - pool_waited
     if waited_s > 0:
@@ -559,7 +555,7 @@ def _succeeded(
     record.handler = agent_id
     if run.request.conversation_id:
         parts.affinity.bind(run.request.conversation_id, agent_id, record.caller)
-    return _new_tuple(Success, (result,))  # Success(result) without the NamedTuple's frame
+    return result
 
 
 def exhausted(run: AttemptRun) -> ContextUnavailable | NoAvailableHandler | Overloaded:
