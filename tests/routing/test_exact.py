@@ -156,3 +156,21 @@ async def test_identifier_shaped_tasks_route_by_meaning_only_when_asked_or_widen
         registry, RoutingPolicy(semantic_tasks=["*"], semantic_identifiers=True), vectors=vectors
     )
     assert widened.wants_semantic(ReachRequest(target_task="update_order_address"))
+
+
+async def test_one_agents_choice_is_made_once_per_registration(registry: MemoryRegistry) -> None:
+    """An exact match of one agent made a new Choice (two Python frames) on every call; it is
+    now made once per registry entry and shared (nothing changes an exact match's Choice), and
+    an agent registered afresh, a new entry, gets a new one: its capability as it declares it now."""
+    await registry.register(agent("solo", task="alone", weight=1))
+    pipeline = Pipeline(registry)
+    first = pipeline.decide(ReachRequest(target_task="alone"), record())
+    again = pipeline.decide(ReachRequest(target_task="alone"), record())
+    assert [c.entry.id for c in first] == ["solo"] and first is not again
+    assert first[0] is again[0]
+    assert (first[0].score, first[0].on_decline) == (None, False)
+    await registry.register(agent("solo", task="alone", weight=4))
+    renewed = pipeline.decide(ReachRequest(target_task="alone"), record())
+    assert renewed[0] is not first[0]
+    assert renewed[0].entry is registry.get("solo")
+    assert renewed[0].capability.routing_weight == 4

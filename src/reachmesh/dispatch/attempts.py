@@ -1,10 +1,11 @@
 """The attempt loop of one request, as an object: admit, try, account.
 
-- :meth:`AttemptRun.admit` decides whether a candidate may be tried at all: the per-request cap,
+- :meth:`AttemptRun.run` admits each candidate (``_refusal``, ``_admit``): the per-request cap,
   its payload (for failover targets), the conversation context, its circuit breaker, and the
-  retry budget for a failover;
-- :meth:`AttemptRun.try_agent` tries it, retrying once on the same agent after a network error;
-- :meth:`AttemptRun.account` books each attempt's outcome: stats, the record, the breaker.
+  retry budget for a failover; then tries it, retrying once on the same agent after a network
+  error (``_failed`` says whether);
+- :meth:`AttemptRun._attempt` makes one attempt and books its outcome (:func:`_succeeded`,
+  ``_account_failure``): stats, the record, the breaker.
 
 A decline (the agent answered ``DECLINED``) is not a failure: the next candidate is tried with no
 retry-budget token and no retry of the request's count spent, the breaker and the success rate
@@ -19,9 +20,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import random
-from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 from urllib.parse import quote
 
 from reachmesh import jsoncodec
@@ -103,12 +103,6 @@ class Forwarding:
     )
 
 
-class Success(NamedTuple):
-    """An attempt that succeeded, and the agent's result (one per request: kept cheap)."""
-
-    result: Any
-
-
 # A NamedTuple made by tuple.__new__: its own __new__ is a Python frame, on every attempt.
 _new_tuple = tuple.__new__
 
@@ -173,11 +167,14 @@ class AttemptRun:
             self._idempotency_key = f"{trace_id}.{digest}"
 
     async def run(self, choices: list[Choice]) -> Any:
-        """The result of the first agent that succeeds; else the error that ends the request."""
+        """The result of the first agent that succeeds; else the error that ends the request.
+
+        One coroutine for the candidates and each one's same-agent retries (:meth:`_attempt`
+        is the only other, one per attempt): each level would cost every call a frame, its
+        making, and a step each time the call waits for its agent."""
         for index, choice in enumerate(choices):
             if choice.on_decline and self.declined_by is None:
                 continue  # a runner-up task by meaning is an answer to "not mine" only
-            # admit(), written out: every attempt passes here.
             reason = self._refusal(index, choice)
             if reason is _ASK_AGENT:  # only a conversation bound elsewhere asks the agent first
                 allowed = await self._admit_bound(index, choice)
@@ -185,23 +182,24 @@ class AttemptRun:
                 allowed = self._admit(choice, reason)
             if not allowed:
                 continue
-            success = await self.try_agent(choice)
-            if success is not None:
-                return success.result
+            # Try the agent, with same-agent retries: its result, or on to the next candidate.
+            if choice.capability.task != self.task:
+                self._take_task(choice)
+            self.data["targetAgent"] = choice.entry.id
+            body = jsoncodec.dumps(self.data)
+            same_agent_left = self.parts.config.retries.same_agent
+            while True:
+                outcome = await self._attempt(choice, body)
+                if not isinstance(outcome, AttemptError):  # the agent's result: a value, never an error
+                    return outcome
+                if not self._failed(choice, outcome, same_agent_left):
+                    break
+                same_agent_left -= 1
+                parts = self.parts
+                await backoff(parts.clock, parts.config.retries.backoff_ms, self.deadline.remaining_ms())
         raise exhausted(self)
 
     # -- admission ---------------------------------------------------------------------------
-
-    def admit(self, index: int, choice: Choice) -> bool | None:
-        """Whether ``choice`` may be tried; a refusal is written to the record with its reason.
-
-        None when only the agent can tell (a conversation bound to another agent):
-        :meth:`_admit_bound` asks it. A plain method, not a coroutine: every attempt passes
-        here, and almost none has to wait for anything."""
-        reason = self._refusal(index, choice)
-        if reason is _ASK_AGENT:
-            return None
-        return self._admit(choice, reason)
 
     async def _admit_bound(self, index: int, choice: Choice) -> bool:
         """:meth:`admit` for a candidate that must confirm it holds the bound conversation."""
@@ -266,43 +264,32 @@ class AttemptRun:
 
     # -- trying ------------------------------------------------------------------------------
 
-    async def try_agent(self, choice: Choice) -> Success | None:
-        """Try one agent, with same-agent retries: its Success, or None to fail over."""
-        if choice.capability.task != self.task:
-            self._take_task(choice)
-        self.data["targetAgent"] = choice.entry.id
-        body = jsoncodec.dumps(self.data)
-        same_agent_left = self.parts.config.retries.same_agent
-        while True:
-            exc = await self._attempt(choice, body)
-            if isinstance(exc, Success):
-                return exc
-            if isinstance(exc, AgentDeclined):
-                self._declined(choice, exc)
-                return None
-            if isinstance(exc, PoolTimeout):
-                # Full, and nothing was sent: the next candidate is tried without a token.
-                self.record.reject(choice.entry.id, exc.reason, choice.score, self.task)
-                self._release_probe(choice.entry.id)
-                self._check_deadline()
-                return None
-            if isinstance(exc, AgentRejected) and not exc.retryable:
-                self.record.handler = choice.entry.id
-                raise exc
-            self._check_deadline()
-            if _may_retry_same(self, exc, same_agent_left, choice):
-                same_agent_left -= 1
-                parts = self.parts
-                await backoff(parts.clock, parts.config.retries.backoff_ms, self.deadline.remaining_ms())
-                continue
+    def _failed(self, choice: Choice, exc: AttemptError, same_agent_left: int) -> bool:
+        """Book an attempt that failed: True to retry the same agent (after the backoff), False
+        to fail over; raises the error that ends the request, if it does."""
+        if isinstance(exc, AgentDeclined):
+            self._declined(choice, exc)
+            return False
+        if isinstance(exc, PoolTimeout):
+            # Full, and nothing was sent: the next candidate is tried without a token.
             self.record.reject(choice.entry.id, exc.reason, choice.score, self.task)
-            self.last_failure = (choice.entry.id, exc.reason)
-            self.declined_by = None
-            if _sent_unknown(exc) and not choice.capability.idempotent:
-                # The agent may have read (and run) it: another agent would run it a second time.
-                self.record.note("no failover", f"{choice.entry.id} may have the request ({exc.reason})")
-                self.may_hold = choice.entry.id
-            return None
+            self._release_probe(choice.entry.id)
+            self._check_deadline()
+            return False
+        if isinstance(exc, AgentRejected) and not exc.retryable:
+            self.record.handler = choice.entry.id
+            raise exc
+        self._check_deadline()
+        if _may_retry_same(self, exc, same_agent_left, choice):
+            return True
+        self.record.reject(choice.entry.id, exc.reason, choice.score, self.task)
+        self.last_failure = (choice.entry.id, exc.reason)
+        self.declined_by = None
+        if _sent_unknown(exc) and not choice.capability.idempotent:
+            # The agent may have read (and run) it: another agent would run it a second time.
+            self.record.note("no failover", f"{choice.entry.id} may have the request ({exc.reason})")
+            self.may_hold = choice.entry.id
+        return False
 
     def _release_probe(self, agent_id: str) -> None:
         if self._probing == agent_id:
@@ -312,7 +299,7 @@ class AttemptRun:
         """Book a decline, with the agent's reason: the hop is given back to the request's count
         (admit() charges the budget from the second decline on). The time it took is not given
         back: the caller's timeoutMs bounds the whole request. Instead, a later agent that times
-        out in what the decline left of the deadline is not charged for it (see account())."""
+        out in what the decline left of the deadline is not charged for it (see _account_failure())."""
         agent_id = choice.entry.id
         message = str(exc.error.get("message") or "")
         self.record.reject(agent_id, CandidateReason.DECLINED, choice.score, self.task, message=message)
@@ -332,31 +319,59 @@ class AttemptRun:
         self.data["targetTask"] = task
         self.data["requestedTask"] = self.request.target_task
 
-    async def _attempt(self, choice: Choice, body: bytes) -> Success | AttemptError:
-        """One attempt, accounted; its Success or its failure.
+    async def _attempt(self, choice: Choice, body: bytes) -> Any:
+        """One attempt, accounted: the agent's result, or the AttemptError it failed with (a
+        value returned, not raised, and never a result: no wrapper made per attempt).
 
         A slot at the agent is taken first (waiting while it is full, within the deadline) and
-        given back when the attempt ends; the wait is the Router's own, charged to nobody.
+        given back when the attempt ends; the wait is the Router's own, charged to nobody. The
+        forward itself is in this coroutine too, not in one of its own: the time the deadline
+        check reads is the attempt's time (read again only after a wait for the slot).
         """
-        if self.deadline.remaining_ms() <= MIN_ATTEMPT_MS:  # _check_deadline(), without the call
+        remaining = self.deadline.remaining_ms()
+        if remaining <= MIN_ATTEMPT_MS:  # _check_deadline(), without the call
             raise DeadlineExceeded(f"the overall budget of {self.timeout.overall_ms} ms ran out")
-        agent_id = choice.entry.id
+        parts, agent_id = self.parts, choice.entry.id
         self._waited_ms = (0.0, 0.0)
         # A free slot is taken without a coroutine of its own: the common case, every attempt.
-        if not self.parts.capacity.take_now(agent_id, choice.entry.profile.max_concurrency):
+        if not parts.capacity.take_now(agent_id, choice.entry.profile.max_concurrency):
             waited = await self._take_slot(choice)
             if isinstance(waited, PoolTimeout):
                 return waited
-            self._waited_ms = (waited * 1000, 0.0)
+            remaining = waited
         try:
-            return await self._forward(choice, body)
+            headers, limits, span_id = self._request(agent_id, remaining)
+            clock = parts.clock
+            started = clock.monotonic()
+            parts.stats.started(agent_id)
+            pool_waited = POOL_WAIT_S.get()
+            try:
+                if self.streams:
+                    result = await self._send(choice, body, headers, limits)
+                else:  # the transport's own coroutine, awaited here: no call to make it
+                    entry = choice.entry
+                    result = await parts.transport.send(entry.endpoint, body, headers, limits, entry.protocol)
+            except AttemptError as exc:
+                self._pool_waited(pool_waited)
+                self._account_failure(choice, started, span_id, exc)
+                return exc
+            except asyncio.CancelledError as exc:
+                # A caller that went away, or the Router shutting down: the attempt ends unjudged,
+                # but the agent's in-flight count and a probe it held must come back.
+                parts.stats.finished(agent_id, ok=None, latency_ms=0.0)
+                self._release_probe(agent_id)
+                record_cut(self.record, choice, (started, clock.monotonic()), span_id, cut_reason(exc))
+                raise
+            return _succeeded(self, choice, started, span_id, pool_waited, result)
         finally:
             if self.unsettled is None:  # else a stream holds the slot to its end (settle())
-                self.parts.capacity.give(agent_id)
+                parts.capacity.give(agent_id)
 
     async def _take_slot(self, choice: Choice) -> float | PoolTimeout:
-        """Seconds waited for a slot at the agent, or PoolTimeout when its queue is full. The
-        line is taken in turns between clients (the record's ``client``), FCFS within each."""
+        """Wait for a slot at the agent: then the milliseconds left of the deadline (it must
+        leave time for the attempt, or the slot goes back and the request ends), or PoolTimeout
+        when its queue is full. The line is taken in turns between clients (the record's
+        ``client``), FCFS within each."""
         capacity, agent_id = self.parts.capacity, choice.entry.id
         began = self.parts.clock.monotonic()
         due = began + (self.deadline.remaining_ms() - MIN_ATTEMPT_MS) / 1000.0
@@ -377,17 +392,19 @@ class AttemptRun:
         if waited > 0:
             self.record.queue_wait_ms += waited * 1000
             self.record.note("slot wait", f"{agent_id}, waited={waited * 1000:.0f}ms")
-        return waited
-
-    async def _forward(self, choice: Choice, body: bytes) -> Success | AttemptError:
-        """One forward to the agent, accounted."""
-        # _check_deadline, written out: the time it reads is the attempt's time too.
+        self._waited_ms = (waited * 1000, 0.0)
         remaining = self.deadline.remaining_ms()
         if remaining <= MIN_ATTEMPT_MS:
+            capacity.give(agent_id)
             raise DeadlineExceeded(f"the overall budget of {self.timeout.overall_ms} ms ran out")
+        return remaining
+
+    def _request(self, agent_id: str, remaining: float) -> tuple[dict[str, str], AttemptLimits, str]:
+        """The headers, limits and span id of an attempt with ``remaining`` ms of the deadline
+        left (more than MIN_ATTEMPT_MS); the attempt is counted."""
         self.attempts_left -= 1
-        # Timeout.attempt_limits, written out: the deadline (over MIN_ATTEMPT_MS here) cuts the
-        # policy's limits only when it comes before the attempt's whole time.
+        # Timeout.attempt_limits, written out: the deadline cuts the policy's limits only when
+        # it comes before the attempt's whole time.
         timeout = self.timeout
         connect_s, read_s, total_s = timeout.seconds
         left_s = remaining / 1000.0
@@ -398,7 +415,7 @@ class AttemptRun:
         attempt_ms = self._attempt_ms = total_s * 1000.0
         self._cut_short = attempt_ms < timeout.connect_ms + timeout.read_ms - 1.0
         span_id = new_span_id()
-        parts, record, agent_id = self.parts, self.record, choice.entry.id
+        record = self.record
         headers = {
             "Content-Type": "application/json",
             "X-Reach-Trace-Id": record.trace_id,
@@ -406,39 +423,14 @@ class AttemptRun:
             "X-Reach-Deadline-Ms": str(int(remaining)),
             "Idempotency-Key": self._idempotency_key,
         }
-        secrets = parts.agent_secrets  # for_agent() only when a glob may name another secret
+        secrets = self.parts.agent_secrets  # for_agent() only when a glob may name another secret
         secret = secrets.for_agent(agent_id) if secrets.by_glob else secrets.default
         if secret is not None:
             headers[AGENT_SECRET_HEADER] = secret
         if record.idempotency_key is not None:
             headers["X-Reach-Idempotency-Key"] = record.idempotency_key
-        clock = parts.clock
-        started = clock.monotonic()
-        parts.stats.started(agent_id)
-        pool_waited = POOL_WAIT_S.get()
-        try:
-            limits = _new_tuple(AttemptLimits, (connect_s, read_s, total_s))  # no __new__ frame
-            result = await self._send(choice, body, headers, limits)
-        except AttemptError as exc:
-            self._pool_waited(pool_waited)
-            self.account(choice, started, span_id, exc)
-            return exc
-        except asyncio.CancelledError as exc:
-            # A caller that went away, or the Router shutting down: the attempt ends unjudged,
-            # but the agent's in-flight count and a probe it held must come back.
-            parts.stats.finished(agent_id, ok=None, latency_ms=0.0)
-            self._release_probe(agent_id)
-            record_cut(record, choice, (started, clock.monotonic()), span_id, cut_reason(exc))
-            raise
-        # _pool_waited and account, written out for a success: its waits are read by no one else.
-        waited_s = POOL_WAIT_S.get() - pool_waited
-        if waited_s > 0:
-            record.pool_wait_ms += waited_s * 1000
-        _account_success(self, choice, started, span_id, round((clock.monotonic() - started) * 1000, 2))
-        record.handler = agent_id
-        if self.request.conversation_id:
-            parts.affinity.bind(self.request.conversation_id, agent_id, record.caller)
-        return _new_tuple(Success, (result,))  # Success(result) without the NamedTuple's frame
+        # A NamedTuple made by tuple.__new__: no __new__ frame.
+        return headers, _new_tuple(AttemptLimits, (connect_s, read_s, total_s)), span_id
 
     def _pool_waited(self, before_s: float) -> None:
         """Book the time the attempt just made waited for a connection of the Router's pool."""
@@ -447,23 +439,18 @@ class AttemptRun:
         if waited_s > 0:
             self.record.pool_wait_ms += waited_s * 1000
 
-    def _send(
-        self, choice: Choice, body: bytes, headers: dict[str, str], limits: AttemptLimits
-    ) -> Awaitable[Any]:
-        """The transport call of one attempt (a streamed request's run asks for a stream): the
-        transport's own coroutine, not one more around it."""
-        entry = choice.entry
-        return self.parts.transport.send(entry.endpoint, body, headers, limits, entry.protocol)
+    async def _send(self, choice: Choice, body: bytes, headers: dict[str, str], limits: AttemptLimits) -> Any:
+        """The transport call of a streamed request's attempt (StreamingRun's); a plain one's is
+        ``transport.send``, awaited in :meth:`_attempt` itself."""
+        raise NotImplementedError
 
     # -- accounting --------------------------------------------------------------------------
 
-    def account(self, choice: Choice, started: float, span_id: str, exc: AttemptError | None) -> None:
-        """Book one attempt: stats, the attempt record, the trace line and the breaker."""
+    def _account_failure(self, choice: Choice, started: float, span_id: str, exc: AttemptError) -> None:
+        """Book an attempt that failed: stats, the attempt record, the trace line and the breaker
+        (:func:`_succeeded` books a success)."""
         agent_id, record = choice.entry.id, self.record
         took = round((self.parts.clock.monotonic() - started) * 1000, 2)
-        if exc is None:
-            _account_success(self, choice, started, span_id, took)
-            return
         if isinstance(exc, AgentBusy) and exc.retry_after_s is not None:
             known = self.busy_retry_after_s
             self.busy_retry_after_s = exc.retry_after_s if known is None else min(known, exc.retry_after_s)
@@ -543,18 +530,32 @@ def _may_retry_same(run: AttemptRun, exc: AttemptError, same_agent_left: int, ch
     return True
 
 
-def _account_success(run: AttemptRun, choice: Choice, started: float, span_id: str, took: float) -> None:
-    """:meth:`AttemptRun.account` of an attempt that succeeded, the common case: none of a
-    failure's tests, the same booking."""
-    agent_id, record = choice.entry.id, run.record
+def _succeeded(
+    run: AttemptRun, choice: Choice, started: float, span_id: str, pool_waited: float, result: Any
+) -> Any:
+    """Book an attempt that succeeded, the common case (none of a failure's tests): its waits for
+    a connection of the Router's pool (read by no one else), stats, the attempt record, the trace
+    line and the breaker; and the conversation's agent. A stream's verdict waits for its end.
+    Returns ``result``, the agent's."""
+    record, parts, agent_id = run.record, run.parts, choice.entry.id
+    waited_s = POOL_WAIT_S.get() - pool_waited
+    if waited_s > 0:
+        record.pool_wait_ms += waited_s * 1000
+    took = round((parts.clock.monotonic() - started) * 1000, 2)
     offset = round((started - record.started) * 1000, 2)
     record.attempts.append(AttemptRecord(agent_id, "SUCCESS", took, span_id, offset, choice.score))
     record.note("forward", f"{agent_id}, duration={took:.0f}ms")
     if run.streams:
         run.unsettled = (agent_id, took)  # judged when the stream ends
-        return
-    run.parts.stats.finished(agent_id, ok=True, latency_ms=took)
-    run._judge(agent_id, True)
+    else:
+        parts.stats.succeeded(agent_id, took)
+        # _judge(), written out for a success: only a half-open probe's closes a breaker.
+        if parts.breakers.record(agent_id, run.task, ok=True) is BreakerState.CLOSED:
+            record.note("circuit closed", f"agent {agent_id}")
+    record.handler = agent_id
+    if run.request.conversation_id:
+        parts.affinity.bind(run.request.conversation_id, agent_id, record.caller)
+    return result
 
 
 def exhausted(run: AttemptRun) -> ContextUnavailable | NoAvailableHandler | Overloaded:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Awaitable, Coroutine, Iterable
 from dataclasses import replace
 from typing import Any, NamedTuple
 
@@ -50,6 +50,7 @@ from reachmesh.exceptions import (
 from reachmesh.protocol import ReachRequest, error_details, is_trace_id
 from reachmesh.resilience.retry import RetryBudget
 from reachmesh.resilience.timeouts import Timeout
+from reachmesh.routing.base import Choice
 from reachmesh.routing.pipeline import Pipeline
 from reachmesh.schema import PayloadValidator
 from reachmesh.semantic.vectors import CapabilityVectors
@@ -161,20 +162,54 @@ class Dispatcher:
         With a ``sink`` the caller asked for a stream (§14): chunks go to it as they come, and
         the Reply returned is the ending (the body of the ``done`` event once ``sink.opened``).
         With a ``hold`` list, a routed request's record goes there, not to the observers: the
-        caller writes the answer first, then hands it to :meth:`observe`."""
+        caller writes the answer first, then hands it to :meth:`observe`.
+
+        :meth:`start` and, unless it refused, an await of what it returned: a caller on the hot
+        path does the two itself, without this coroutine."""
+        started = self.start(
+            body,
+            trace_header=trace_header,
+            parent=parent,
+            owner=owner,
+            caller=caller,
+            client=client,
+            sink=sink,
+            grants=grants,
+            hold=hold,
+        )
+        return started if isinstance(started, tuple) else await started
+
+    def start(  # noqa: PLR0913 - handle()'s keywords
+        self,
+        body: bytes,
+        *,
+        trace_header: str | None = None,
+        parent: tuple[str, str] | None = None,
+        owner: str | None = None,
+        caller: str = "-",
+        client: str | None = None,
+        sink: StreamSink | None = None,
+        grants: Grants = EVERY_TASK,
+        hold: list[DecisionRecord] | None = None,
+    ) -> Reply | Awaitable[Reply]:
+        """:meth:`handle` up to its first wait, in no coroutine: the request decoded, checked and
+        recorded, then the coroutine that serves it (``mode: async``: accepts it, or refuses);
+        or, refused at once, its Reply (finished and observed)."""
         started = self.clock.monotonic()
         hint = (trace_header is not None and _safe_trace_id(trace_header)) or (parent[0] if parent else None)
         config = self.forwarding.config
         try:
             request, data = _decode(body, config.server.max_json_depth, config.limits.max_error_details)
+            prefs = request.preferences
+            # Almost every request asks for no timeout of its own: nothing to check, and no call.
+            if (
+                prefs.timeout_ms is not None
+                or prefs.connect_timeout_ms is not None
+                or prefs.read_timeout_ms is not None
+            ):
+                _check_timeouts(request, config.limits.max_timeout_ms)
         except RequestError as exc:
             return self.refuse(exc, started=started, trace_id=exc.trace_id or hint, task=exc.task)
-        try:
-            _check_timeouts(request, config.limits.max_timeout_ms)
-        except RequestError as exc:
-            return self.refuse(
-                exc, started=started, trace_id=request.trace_id or hint, task=request.target_task
-            )
         data["traceId"] = trace_id = request.trace_id or hint or new_trace_id()
         record = DecisionRecord(
             trace_id=trace_id,
@@ -188,7 +223,7 @@ class Dispatcher:
             caller_serves=grants.serves,
             reach_tasks=grants.reach_tasks,
             parent_span_id=parent[1] if parent else None,
-            mode=request.preferences.mode,
+            mode=prefs.mode,
         )
         if config.logging.log_payloads:
             record.payload = request.payload
@@ -196,57 +231,99 @@ class Dispatcher:
             if record.mode == "async":
                 return self.refuse(_ASYNC_STREAM, trace_id=trace_id, task=request.target_task)
             record.stream = StreamRecord()
+            return self._stream(request, data, record, sink)
         if record.mode == "async":
-            return await self._accept(request, data, record, owner, record.client)
-        return await self._dispatch_until_abandoned(request, data, record, sink, hold)
+            return _accept(self, request, data, record, owner, record.client)
+        return self._serve(request, data, record, None, hold)
 
-    async def _dispatch_until_abandoned(
+    async def _serve(
         self,
         request: ReachRequest,
         data: dict[str, Any],
         record: DecisionRecord,
         sink: StreamSink | None = None,
         hold: list[DecisionRecord] | None = None,
+        tracked: bool = True,
     ) -> Reply:
-        """:meth:`dispatch`, unless the Router is shutting down and the drain deadline comes
-        first: then the request ends TIMEOUT through the same finish path (counted, traced, and
-        logged as abandoned), rather than being cut off by the server with a bare 500.
+        """Route and forward a validated request (``data``, its decoded body, forwarded as is)
+        and finish it: the dispatcher's one coroutine on every call, as each level more costs
+        every call a frame, its making, and a step each time it waits for its agent.
 
-        Only a set entry per request: an ``asyncio.timeout`` scope around every request cost
-        about 20 us of CPU each (measured), for an event that happens once, at shutdown.
+        A ``tracked`` request (one a caller waits for) is ended by the Router when its caller
+        leaves (:meth:`callers_gone`) or the drain deadline comes first (:meth:`abandon`): it
+        then ends through the same finish path (counted, traced, and logged as abandoned), not
+        cut off by the server with a bare 500. Only a set entry per request: an
+        ``asyncio.timeout`` scope around every request cost about 20 us of CPU each (measured),
+        for an event that happens once, at shutdown.
         """
-        loop = self._loop  # _current_task(), without the call once the loop is known
-        task = asyncio.current_task(loop) if loop is not None else None
-        if task is None:
-            task = self._current_task()
-        if self._abandoning or task is None:
-            return self._abandoned(record)
-        self._running.add(task)
+        task = None
+        if tracked:  # _current_task(), without the call once the loop is known
+            loop = self._loop
+            task = (loop is not None and asyncio.current_task(loop)) or self._current_task()
+            if self._abandoning or task is None:
+                return self._abandoned(record)
+            self._running.add(task)
         try:
-            if sink is not None:
-                return await self.dispatch(request, data, record, sink)
-            # dispatch() written out for a plain answer: one coroutine fewer on every call.
             try:
-                result = await self._route_and_forward(request, data, record, None)
+                # Without a model there is nothing to wait for; with one, only a request routed
+                # by meaning waits (asked here, so an exact task makes no coroutine to await).
+                vectors = self.vectors
+                if vectors is not None and self.pipeline.wants_semantic(
+                    request, record.caller, record.reach_tasks
+                ):
+                    await _ensure_query_vector(vectors, request.target_task)
+                try:
+                    run, choices = _plan(self.forwarding, self.pipeline, request, data, record, sink)
+                except UnknownTask as exc:
+                    exc.suggest(*await self.suggester.nearest(exc.task))
+                    raise
+                try:
+                    result = await run.run(choices)
+                except AgentsBusy as busy:  # every agent busy: wait and go again (dispatch/busy.py)
+                    result = await run_past_busy(run, choices, busy)
+                if sink is not None:
+                    result = await _relayed(result, sink, record, run)
             except ReachError as exc:
                 return self._finish(record, error=exc, hold=hold)
             return self._finish(record, result=result, hold=hold)
-        except asyncio.CancelledError:
-            # Only the cancellations sent here (abandon(), callers_gone()) are answered; any
-            # other goes on (a streaming caller's watch: its caller is gone too).
-            why = self._cut.pop(task, None)
-            if why is None:
-                if sink is not None and record.status is None:
-                    self._caller_gone(record, hold)
-                raise
-            task.uncancel()
-            if why == CALLER_GONE:
-                return self._caller_gone(record, hold)
-            return self._abandoned(record)
+        except asyncio.CancelledError as exc:
+            return self._cancelled(exc, task, record, sink, hold)
         finally:
-            self._running.discard(task)
+            self._running.discard(task)  # None (not tracked): never in it
             if self._cut:  # a cut that came as the request ended: nothing is left to cut
-                self._cut.pop(task, None)
+                self._cut.pop(task, None)  # type: ignore[arg-type]
+
+    async def _stream(
+        self, request: ReachRequest, data: dict[str, Any], record: DecisionRecord, sink: StreamSink
+    ) -> Reply:
+        """:meth:`_serve` for a caller that asked for a stream, counted while it runs."""
+        self.streams_in_flight += 1
+        try:
+            return await self._serve(request, data, record, sink)
+        finally:
+            self.streams_in_flight -= 1
+
+    def _cancelled(
+        self,
+        exc: asyncio.CancelledError,
+        task: asyncio.Task[Any] | None,
+        record: DecisionRecord,
+        sink: StreamSink | None,
+        hold: list[DecisionRecord] | None,
+    ) -> Reply:
+        """The answer of a request whose task was cancelled (``exc``): only the cancellations
+        sent here (abandon(), callers_gone()) are answered; any other goes on, raised again (a
+        streaming caller's watch: its caller is gone too), as does any of a request not
+        ``tracked`` (``task`` None)."""
+        why = None if task is None else self._cut.pop(task, None)
+        if why is None or task is None:
+            if sink is not None and record.status is None:
+                self._caller_gone(record, hold)
+            raise exc
+        task.uncancel()
+        if why == CALLER_GONE:
+            return self._caller_gone(record, hold)
+        return self._abandoned(record)
 
     def _current_task(self) -> asyncio.Task[Any] | None:
         """The running task. ``asyncio.current_task()`` looks the running loop up with a
@@ -311,51 +388,6 @@ class Dispatcher:
 
     # -- async mode --------------------------------------------------------------------------
 
-    async def _accept(
-        self,
-        request: ReachRequest,
-        data: dict[str, Any],
-        record: DecisionRecord,
-        owner: str | None,
-        client: str,
-    ) -> Reply:
-        trace_id = record.trace_id
-        if self.results.known(trace_id):
-            if self.results.owner(trace_id) == owner:
-                error = TraceIdInUse(f"traceId {trace_id!r} is already in use by an async request")
-                return self.refuse(error, trace_id=trace_id, task=request.target_task)
-            # Another caller's request: refusing would tell this one that it exists. This one
-            # gets a traceId of its own instead (its answer says which).
-            trace_id = record.trace_id = data["traceId"] = new_trace_id()
-        reply_to = request.preferences.reply_to
-        if reply_to is not None:
-            try:
-                self.url_guard.check_url(reply_to)
-            except OutboundRefused as exc:
-                refused = RequestError(
-                    f"preferences.replyTo is refused: {exc.message}",
-                    details=[{"field": "preferences.replyTo", "message": exc.message}],
-                )
-                return self.refuse(refused, trace_id=trace_id, task=request.target_task)
-        limits = self.config.limits
-        if self.results.pending >= limits.max_inflight:
-            return self.shed(f"{self.results.pending} async requests pending", trace_id=trace_id)
-        mine = self.async_requests.running_for(client)
-        if mine >= limits.max_inflight_per_client:
-            return self.shed(
-                f"this client has {mine} async requests pending (limit {limits.max_inflight_per_client}, "
-                "limits.max_inflight_per_client)",
-                trace_id=trace_id,
-            )
-        unrecorded = await durable.admit(
-            self.async_requests.journal, self.config, data, record, owner, reply_to, client
-        )
-        if unrecorded is not None:
-            return self.refuse(unrecorded, trace_id=record.trace_id, task=request.target_task)
-        run = durable.runner(self, request, data, record)
-        self.async_requests.start(record.trace_id, run, request.preferences.reply_to, owner, client)
-        return encoder.standalone(self.clock, record.trace_id)
-
     async def drain(self, timeout_s: float) -> None:
         """Let accepted async requests finish within ``timeout_s``; abandon the rest, loudly."""
         await self.async_requests.drain(timeout_s)
@@ -366,24 +398,12 @@ class Dispatcher:
 
     # -- routing and attempts ----------------------------------------------------------------
 
-    async def dispatch(
-        self,
-        request: ReachRequest,
-        data: dict[str, Any],
-        record: DecisionRecord,
-        sink: StreamSink | None = None,
-    ) -> Reply:
-        """Route and forward a validated request. ``data`` is its decoded body, forwarded as is."""
-        if sink is not None:
-            self.streams_in_flight += 1
-        try:
-            result = await self._route_and_forward(request, data, record, sink)
-        except ReachError as exc:
-            return self._finish(record, error=exc)
-        finally:
-            if sink is not None:
-                self.streams_in_flight -= 1
-        return self._finish(record, result=result)
+    def dispatch(
+        self, request: ReachRequest, data: dict[str, Any], record: DecisionRecord
+    ) -> Coroutine[Any, Any, Reply]:
+        """Route, forward and finish a validated ``mode: async`` request (run in the background:
+        neither abandoned at the drain deadline nor cut when a caller leaves)."""
+        return self._serve(request, data, record, tracked=False)
 
     def _caller_gone(self, record: DecisionRecord, hold: list[DecisionRecord] | None = None) -> Reply:
         """The caller closed its connection: the request ends here, traced and counted as the
@@ -397,69 +417,6 @@ class Dispatcher:
 
     def _ms_since(self, record: DecisionRecord) -> float:
         return (self.clock.monotonic() - record.started) * 1000
-
-    async def _route_and_forward(
-        self, request: ReachRequest, data: dict[str, Any], record: DecisionRecord, sink: StreamSink | None
-    ) -> Any:
-        # The policy this request keeps to its end, whatever a reload does meanwhile (apply()
-        # replaces the Forwarding, never changes it).
-        parts = self.forwarding
-        config = parts.config
-        parts.budget.on_request()
-        # Without a model there is nothing to wait for; with one, only a request routed by
-        # meaning waits (asked here, so an exact task makes no coroutine to await).
-        vectors = self.vectors
-        if vectors is not None and self.pipeline.wants_semantic(request, record.caller, record.reach_tasks):
-            await self._ensure_query_vector(vectors, request.target_task)
-        try:
-            choices = self.pipeline.decide(request, record)
-        except UnknownTask as exc:
-            exc.suggest(*await self.suggester.nearest(exc.task))
-            raise
-        first = choices[0]
-        if first.validator is not None and not first.validator.is_valid(request.payload):
-            raise _schema_mismatch(first.validator, request, record, config.limits.max_error_details)
-        record.selected = first.entry.id
-        # Four places, as the semantic block and the rejections carry them: a similarity's
-        # seventeen digits say nothing more to anyone reading a trace.
-        record.score = None if first.score is None else round(first.score, 4)
-        task = request.target_task
-        if record.matched_task is not None and record.matched_task != task:
-            # Routed by the mapping table or by meaning: the agent gets the task it declared, and
-            # the caller's own words beside it.
-            data["targetTask"] = record.matched_task
-            data["requestedTask"] = task
-            task = record.matched_task
-        # Per-task policy follows the declared task, however the caller phrased it.
-        timeout, retries = _limits(parts, request, task)
-        kind = AttemptRun if sink is None else StreamingRun
-        run = kind(parts, request, data, record, task, timeout, retries)
-        try:
-            result = await run.run(choices)
-        except AgentsBusy as busy:  # every agent busy: wait and go again (dispatch/busy.py)
-            result = await run_past_busy(run, choices, busy)
-        if not isinstance(run, StreamingRun) or sink is None:
-            return result
-        result, error = await relay(result, sink, record, run)
-        if error is not None:
-            raise error
-        return result
-
-    @staticmethod
-    async def _ensure_query_vector(vectors: CapabilityVectors, text: str) -> None:
-        """The one place a model may be called: a semantic request whose text is not cached yet."""
-        if vectors.cached(text) is not None:
-            return
-        try:
-            await vectors.query_vector(text)
-        except EmbeddingError as exc:
-            # The caller learns what failed, not where the embedding service lives (the log has it).
-            reason = _SERVICE_ADDRESS.sub("", exc.message)
-            raise EmbeddingDown(
-                f"semantic routing is unavailable: {reason}; exact task names still work",
-                [],
-                retry_after_s=getattr(exc, "retry_after_s", None),
-            ) from exc
 
     # -- the one way out ---------------------------------------------------------------------
 
@@ -490,6 +447,119 @@ class Dispatcher:
                 observer(record)
             except Exception:  # an observer's bug must never cost the caller the answer
                 log.exception("observer %r failed", observer)
+
+
+async def _accept(
+    dispatcher: Dispatcher,
+    request: ReachRequest,
+    data: dict[str, Any],
+    record: DecisionRecord,
+    owner: str | None,
+    client: str,
+) -> Reply:
+    """``mode: async``: answer ACCEPTED at once and run the request in the background (its
+    refusals: a traceId in use, a refused replyTo, too many pending, not recorded in etcd)."""
+    trace_id = record.trace_id
+    if dispatcher.results.known(trace_id):
+        if dispatcher.results.owner(trace_id) == owner:
+            error = TraceIdInUse(f"traceId {trace_id!r} is already in use by an async request")
+            return dispatcher.refuse(error, trace_id=trace_id, task=request.target_task)
+        # Another caller's request: refusing would tell this one that it exists. This one
+        # gets a traceId of its own instead (its answer says which).
+        trace_id = record.trace_id = data["traceId"] = new_trace_id()
+    reply_to = request.preferences.reply_to
+    if reply_to is not None:
+        try:
+            dispatcher.url_guard.check_url(reply_to)
+        except OutboundRefused as exc:
+            refused = RequestError(
+                f"preferences.replyTo is refused: {exc.message}",
+                details=[{"field": "preferences.replyTo", "message": exc.message}],
+            )
+            return dispatcher.refuse(refused, trace_id=trace_id, task=request.target_task)
+    limits = dispatcher.config.limits
+    if dispatcher.results.pending >= limits.max_inflight:
+        return dispatcher.shed(f"{dispatcher.results.pending} async requests pending", trace_id=trace_id)
+    mine = dispatcher.async_requests.running_for(client)
+    if mine >= limits.max_inflight_per_client:
+        return dispatcher.shed(
+            f"this client has {mine} async requests pending (limit {limits.max_inflight_per_client}, "
+            "limits.max_inflight_per_client)",
+            trace_id=trace_id,
+        )
+    unrecorded = await durable.admit(
+        dispatcher.async_requests.journal, dispatcher.config, data, record, owner, reply_to, client
+    )
+    if unrecorded is not None:
+        return dispatcher.refuse(unrecorded, trace_id=record.trace_id, task=request.target_task)
+    run = durable.runner(dispatcher, request, data, record)
+    dispatcher.async_requests.start(record.trace_id, run, request.preferences.reply_to, owner, client)
+    return encoder.standalone(dispatcher.clock, record.trace_id)
+
+
+def _plan(
+    parts: Forwarding,
+    pipeline: Pipeline,
+    request: ReachRequest,
+    data: dict[str, Any],
+    record: DecisionRecord,
+    sink: StreamSink | None,
+) -> tuple[AttemptRun, list[Choice]]:
+    """The request's ranked choices and the run that tries them: nothing awaited (an exact
+    task's is the common case), so a plain function. ``parts`` is the policy this request keeps
+    to its end, whatever a reload does meanwhile (apply() replaces the Forwarding, never changes
+    it)."""
+    parts.budget.on_request()
+    choices = pipeline.decide(request, record)
+    first = choices[0]
+    if first.validator is not None and not first.validator.is_valid(request.payload):
+        raise _schema_mismatch(first.validator, request, record, parts.config.limits.max_error_details)
+    record.selected = first.entry.id
+    # Four places, as the semantic block and the rejections carry them: a similarity's
+    # seventeen digits say nothing more to anyone reading a trace.
+    record.score = None if first.score is None else round(first.score, 4)
+    task = request.target_task
+    if record.matched_task is not None and record.matched_task != task:
+        # Routed by the mapping table or by meaning: the agent gets the task it declared, and
+        # the caller's own words beside it.
+        data["targetTask"] = record.matched_task
+        data["requestedTask"] = task
+        task = record.matched_task
+    # Per-task policy follows the declared task, however the caller phrased it; _limits() only
+    # the first time a policy sees a task and asks.
+    prefs = request.preferences
+    known = parts.limits.get(
+        (task, prefs.connect_timeout_ms, prefs.read_timeout_ms, prefs.timeout_ms, prefs.retry_count)
+    )
+    timeout, retries = _limits(parts, request, task) if known is None else known
+    kind = AttemptRun if sink is None else StreamingRun
+    return kind(parts, request, data, record, task, timeout, retries), choices
+
+
+async def _relayed(result: Any, sink: StreamSink, record: DecisionRecord, run: AttemptRun) -> Any:
+    """A streamed request's result: its agent's chunks sent to ``sink`` (:func:`relay`); raises
+    the error that ended the stream, if one did."""
+    assert isinstance(run, StreamingRun)
+    result, error = await relay(result, sink, record, run)
+    if error is not None:
+        raise error
+    return result
+
+
+async def _ensure_query_vector(vectors: CapabilityVectors, text: str) -> None:
+    """The one place a model may be called: a semantic request whose text is not cached yet."""
+    if vectors.cached(text) is not None:
+        return
+    try:
+        await vectors.query_vector(text)
+    except EmbeddingError as exc:
+        # The caller learns what failed, not where the embedding service lives (the log has it).
+        reason = _SERVICE_ADDRESS.sub("", exc.message)
+        raise EmbeddingDown(
+            f"semantic routing is unavailable: {reason}; exact task names still work",
+            [],
+            retry_after_s=getattr(exc, "retry_after_s", None),
+        ) from exc
 
 
 def _limits(parts: Forwarding, request: ReachRequest, task: str) -> tuple[Timeout, int]:
@@ -618,4 +688,6 @@ def _check_timeouts(request: ReachRequest, cap: int) -> None:
         raise RequestError(
             f"{over[0][0]} of {over[0][1]} ms is over the Router's cap of {cap} ms",
             details=[{"field": field, "message": f"at most {cap} ms"} for field, _ in over],
+            trace_id=request.trace_id,
+            task=request.target_task,
         )

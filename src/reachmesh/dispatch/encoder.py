@@ -43,6 +43,17 @@ def accept(record: DecisionRecord) -> None:
 def encode(record: DecisionRecord) -> Reply:
     """The HTTP status and ReachResponse body of a concluded record."""
     status = record.status or Status.INTERNAL_ERROR
+    # AttemptRecord.to_wire() of each, without a call per attempt or a comprehension's frame.
+    attempts = []
+    for a in record.attempts:
+        attempts.append({"agentId": a.agent_id, "outcome": a.outcome, "durationMs": a.duration_ms})
+    task, by = record.matched_task, record.route_by
+    if task is None or by is None:
+        routed = None
+    elif by == "meaning":
+        routed = route(record)
+    else:
+        routed = {"task": task, "by": by}  # route(), without the call: no score to look up
     body = jsoncodec.dumps(
         {
             "version": PROTOCOL_VERSION,
@@ -52,12 +63,8 @@ def encode(record: DecisionRecord) -> Reply:
             "durationMs": record.duration_ms,
             "result": record.result,
             "error": record.error,
-            # AttemptRecord.to_wire() of each, without a call per attempt.
-            "attempts": [
-                {"agentId": a.agent_id, "outcome": a.outcome, "durationMs": a.duration_ms}
-                for a in record.attempts
-            ],
-            "route": route(record),
+            "attempts": attempts,
+            "route": routed,
         }
     )
     return record.http_status or HTTP_STATUS[status], body

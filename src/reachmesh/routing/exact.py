@@ -50,6 +50,10 @@ class SmoothWeighted:
             table.pop(agent_id, None)
 
 
+# Choices kept for reuse (see ExactMatch._choices): more than any registry holds agents x tasks.
+MAX_CHOICES = 8192
+
+
 class ExactMatch:
     """Rank by declared capability: a weighted rotation first, then by weight."""
 
@@ -57,6 +61,11 @@ class ExactMatch:
 
     def __init__(self) -> None:
         self.rotation = SmoothWeighted()
+        # The Choice of each (agent, task), made once per registry entry, not on every call: an
+        # exact match's has no score and is never changed after (only a choice by meaning gets
+        # ``on_decline``), so requests share it. A re-registration is a new entry, and a new
+        # Choice; the table is bounded, and emptied when full (agents churn).
+        self._choices: dict[tuple[str, str], Choice] = {}
 
     def rank(self, task: str, entries: list[AgentEntry], similarity: float | None = None) -> Ranking:
         return Ranking(self.order(task, entries))
@@ -64,7 +73,9 @@ class ExactMatch:
     def order(self, task: str, entries: list[AgentEntry]) -> list[Choice]:
         """The choices for ``entries``, best first (:meth:`rank` has no explanation to add)."""
         if len(entries) == 1:
-            return [Choice.of(entries[0], task)]
+            entry = entries[0]
+            known = self._choices.get((entry.id, task))  # _choice(), without the call
+            return [known if known is not None and known.entry is entry else self._choice(entry, task)]
         weighted = [(e.id, e.capabilities[task].routing_weight) for e in entries]
         first = self.rotation.pick(task, weighted)
         rest = sorted(
@@ -72,4 +83,14 @@ class ExactMatch:
             key=lambda e: e.capabilities[task].routing_weight,
             reverse=True,
         )
-        return [Choice.of(entries[first], task), *(Choice.of(e, task) for e in rest)]
+        return [self._choice(entries[first], task), *(self._choice(e, task) for e in rest)]
+
+    def _choice(self, entry: AgentEntry, task: str) -> Choice:
+        """The shared Choice of ``entry`` for ``task`` (see ``_choices``)."""
+        key = (entry.id, task)
+        known = self._choices.get(key)
+        if known is None or known.entry is not entry:
+            if len(self._choices) >= MAX_CHOICES:
+                self._choices.clear()
+            known = self._choices[key] = Choice.of(entry, task)
+        return known

@@ -32,6 +32,7 @@ import re
 from collections.abc import Collection
 from dataclasses import replace
 from fnmatch import fnmatchcase
+from operator import attrgetter
 
 from reachmesh.clock import SYSTEM_CLOCK, Clock
 from reachmesh.config import RoutingPolicy
@@ -66,6 +67,8 @@ def is_identifier(text: str) -> bool:
     """True for text shaped like a task name: no spaces, no CJK, only name characters."""
     return _IDENTIFIER.fullmatch(text) is not None
 
+
+_ID = attrgetter("id")
 
 _OUT = {
     AgentStatusValue.OFFLINE: CandidateReason.OFFLINE,
@@ -186,9 +189,12 @@ class Pipeline:
             task, similarity, alternates, found = self._by_task(request, record, strategy)
             pool = list(found)
         record.matched_task = task
-        record.candidates = [e.id for e in pool]
+        record.candidates = list(map(_ID, pool))  # no comprehension's frame
         groups = self._filter(request, record, task, pool, similarity)
-        ranked = self._rank(record, strategy, task, groups, similarity)
+        if similarity is None and strategy is Strategy.EXACT_MATCH and not groups[1]:
+            ranked = self.exact.order(task, groups[0])  # _rank(), without the call: no SUSPECT agent
+        else:
+            ranked = self._rank(record, strategy, task, groups, similarity)
         if request.conversation_id:  # else the order stands: no conversation is bound
             ranked = self._affinity_first(request, record, ranked)
         if len(ranked) > 1:  # one choice has no order to change
@@ -227,12 +233,12 @@ class Pipeline:
         if entry is None:
             record.reject(request.target_agent, CandidateReason.UNKNOWN_AGENT)
             message = f"targetAgent {request.target_agent!r} is not registered"
-            raise self._no_handler(record, message + self._agents_near(request.target_agent))
+            raise _no_handler(record, message + self._agents_near(request.target_agent))
         task = self.canonical(request.target_task)
         if task not in entry.capabilities:
             record.candidates.append(entry.id)
             record.reject(entry.id, CandidateReason.NO_CAPABILITY, task=task)
-            raise self._no_handler(record, f"targetAgent {entry.id!r} does not declare task {task!r}")
+            raise _no_handler(record, f"targetAgent {entry.id!r} does not declare task {task!r}")
         return task, entry
 
     def _by_task(
@@ -299,7 +305,7 @@ class Pipeline:
             else:
                 last_resort.append(entry)
         if not eligible and not last_resort:
-            raise self._no_handler(record, f"no routable agent for task {task!r}")
+            raise _no_handler(record, f"no routable agent for task {task!r}")
         return eligible, last_resort
 
     def _rank(
@@ -400,18 +406,18 @@ class Pipeline:
             for entry in self.registry.by_task(best_task):
                 record.reject(entry.id, verdict.reason, round(score, 4), best_task)
         if not verdict.best and verdict.vetoed:
-            return self._no_handler(
+            return _no_handler(
                 record,
                 f"no capability takes {text!r}: the nearest ones declare they do not handle it, "
                 "or declined it before",
             )
         if not verdict.best:
             # Nothing to compare with: saying "best score 0.000" would blame the question.
-            return self._no_handler(
+            return _no_handler(
                 record, f"no capability is ready to route by meaning yet, so {text!r} matches none"
             )
         why = _weak_match(verdict, threshold, margin)
-        return self._no_handler(record, f"no capability matches {text!r} well enough: {why}")
+        return _no_handler(record, f"no capability matches {text!r} well enough: {why}")
 
     def _veto(self, text: str, query: Vector, baseline: float, record: DecisionRecord) -> Veto | None:
         """What sets a task aside for this text: a task the caller may not reach by meaning
@@ -470,9 +476,9 @@ class Pipeline:
         near = difflib.get_close_matches(agent_id, alike, n=3, cutoff=0.75)
         return f"; did you mean {', '.join(repr(a) for a in near)}?" if near else ""
 
-    @staticmethod
-    def _no_handler(record: DecisionRecord, message: str) -> NoAvailableHandler:
-        return NoAvailableHandler(message, list(record.rejected))
+
+def _no_handler(record: DecisionRecord, message: str) -> NoAvailableHandler:
+    return NoAvailableHandler(message, list(record.rejected))
 
 
 def _applies(negative: LearnedRoute, entry: AgentEntry, now: float) -> bool:

@@ -89,6 +89,29 @@ class StatsBook:
             stats.ewma_success += alpha * ((1.0 if ok else 0.0) - stats.ewma_success)
         stats.last_sample = now
 
+    def succeeded(self, agent_id: str, latency_ms: float) -> None:
+        """:meth:`finished` of a success (``ok`` True), the common case, without its tests of
+        ``ok``: the same booking."""
+        stats = self._agents.get(agent_id)
+        if stats is None:  # forgotten mid-flight: the agent left the registry
+            return
+        stats.inflight -= 1
+        stats.declines_in_a_row = 0
+        stats.requests += 1
+        stats.latencies.append(latency_ms)
+        now = self._clock.monotonic()
+        if stats.ewma_latency_ms is None:
+            stats.ewma_latency_ms = latency_ms
+            stats.ewma_success = 1.0
+        else:
+            gap = now - stats.last_sample
+            alpha = 1.0 - math.exp(-(gap if gap > 0.0 else 0.0) / self.tau)
+            if alpha < 0.01:  # a burst of samples in one instant still counts a little
+                alpha = 0.01
+            stats.ewma_latency_ms += alpha * (latency_ms - stats.ewma_latency_ms)
+            stats.ewma_success += alpha * (1.0 - stats.ewma_success)
+        stats.last_sample = now
+
     def declined(self, agent_id: str) -> int:
         """Book a decline: the agent's declines since its last success, this one included."""
         stats = self._agents.get(agent_id)

@@ -152,7 +152,11 @@ class RouterApp:
         :meth:`_serve_reach` do, without ASGI's ``receive`` and ``send`` (the server's lane for it,
         :mod:`.h1`, writes the answer). (status, body, extra headers), and what to call once
         the answer is written: the request's observers (trace line, metrics, store), so that
-        their work is not in the caller's wait."""
+        their work is not in the caller's wait.
+
+        Written out on its own, not through :meth:`_serve_reach` and ``Dispatcher.handle``: the
+        request's one coroutine in this layer (each level more costs every call a frame, its
+        making, and a step each time it waits for its agent)."""
         # admit(), written out: it runs on every call.
         parts = self.parts
         denial = self.browser_gate.check(scope, parts.config.server, headers)
@@ -160,12 +164,48 @@ class RouterApp:
             denial = parts.guard.check(Action.REACH, scope)
         if denial is not None:
             return self._denied(denial, reach=True, post_reach=True), None
+        trace_hint, parent = _trace_of(headers)
+        principal, auth_on = principal_of(scope), parts.auth_on
+        caller, client = principal.key, scope.get("client")  # _client_key, written out:
+        peer = caller if auth_on and caller != ANONYMOUS.key else (client[0] if client else "-")
+        peer = _ipv6_client(peer) if ":" in peer and peer is not caller else peer  # by its /64
+        shed = parts.shedder.admit(peer)
+        if shed is not None:
+            return self._shed(shed, parent), None
+        dispatcher = parts.dispatcher
         held: list[DecisionRecord] = []
-        answer = await self._serve_reach(scope, headers, body, None, None, held)
-        assert answer is not None  # no stream, and no body to wait for
+        try:
+            try:
+                check_json_content_type(headers)  # the head: a JSON body, a hop count under the bound
+                count_hops(headers)
+                check_whole_body(headers, body, parts.config.server.body_limit_bytes)
+            except RequestError as exc:
+                status, payload = dispatcher.refuse(exc, trace_id=parent[0] if parent else None)
+                return (status, payload, None), None
+            try:
+                # Dispatcher.handle, written out: what its start() returns awaited here.
+                started = dispatcher.start(
+                    body,
+                    trace_header=trace_hint,
+                    parent=parent,
+                    owner=caller if auth_on else None,
+                    caller=caller,
+                    client=peer,
+                    grants=principal.grants,
+                    hold=held,
+                )
+                status, payload = started if isinstance(started, tuple) else await started
+            except Exception:
+                log.exception("internal error while serving /reach")  # traceback here
+                status, payload = self._internal_error(trace_hint, parent)
+        finally:
+            parts.shedder.release(peer)
+        extra = None
+        if status != 200:
+            extra = _retry_after_of(status, payload, parts.config.limits.retry_after_seconds)
         if not held:
-            return answer, None
-        return answer, partial(parts.observe_later, held[0])
+            return (status, payload, extra), None
+        return (status, payload, extra), partial(parts.observe_later, held[0])
 
     async def _serve_reach(
         self,
@@ -218,15 +258,19 @@ class RouterApp:
                     hold=hold,
                 )
             except Exception:
-                # A bug, not bad input: still one ReachResponse, counted and traced; traceback here.
-                log.exception("internal error while serving /reach")
-                trace_id = trace_hint or (parent[0] if parent else None)
-                status, payload = parts.dispatcher.refuse(InternalError(), trace_id=trace_id)
+                log.exception("internal error while serving /reach")  # traceback here
+                status, payload = self._internal_error(trace_hint, parent)
             if status == 200:
                 return status, payload, None
             return status, payload, _retry_after_of(status, payload, parts.config.limits.retry_after_seconds)
         finally:
             parts.shedder.release(peer)
+
+    def _internal_error(self, trace_hint: str | None, parent: tuple[str, str] | None) -> Reply:
+        """The answer to a bug, not bad input (its traceback logged already): still one
+        ReachResponse, counted and traced."""
+        trace_id = trace_hint or (parent[0] if parent else None)
+        return self.parts.dispatcher.refuse(InternalError(), trace_id=trace_id)
 
     def _shed(self, reason: str, parent: tuple[str, str] | None) -> Answer:
         """OVERLOADED at once, with the policy's Retry-After: the Router is shedding load."""

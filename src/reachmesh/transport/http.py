@@ -260,11 +260,13 @@ class HttpTransport:
             answer = await pool.post(url, body, headers, limits.connect_s, limits.read_s, limits.total_s)
         except _POST_ERRORS as exc:
             raise _post_error(exc, limits) from exc
-        if looks_like_events(answer.status, answer.body):
+        body = answer.body
+        # A JSON object is no event stream: looks_like_events() only for an answer that may be one.
+        if body[:1] != b"{" and looks_like_events(answer.status, body):
             # An agent that streams to a caller that asked for no stream: its chunks as a list,
             # within the answer limit the pool already kept to (protocol §14, mixed ends).
-            return await gather(answer.body)
-        return classify_answer(answer.status, answer.body, answer.retry_after)
+            return await gather(body)
+        return classify_answer(answer.status, body, answer.retry_after)
 
     async def stream(
         self,

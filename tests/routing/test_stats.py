@@ -1,0 +1,38 @@
+"""Per-agent request statistics (routing/stats.py)."""
+
+from __future__ import annotations
+
+from reachmesh.clock import ManualClock
+from reachmesh.routing.stats import StatsBook
+
+
+def _book() -> tuple[StatsBook, ManualClock]:
+    clock = ManualClock()
+    return StatsBook(clock=clock, tau_seconds=2.0), clock
+
+
+def test_a_success_booked_by_succeeded_is_booked_as_finished_books_it() -> None:
+    """succeeded() is finished(ok=True) without its tests of ``ok``, on every successful call:
+    the same counts, window, averages and in-flight count, a decline streak ended too."""
+    books = [_book(), _book()]
+    for book, clock in books:
+        book.started("a")
+        book.finished("a", ok=False, latency_ms=40.0)
+        book.declined("a")
+        for latency in (12.0, 30.0, 7.5):
+            clock.advance(0.7)
+            book.started("a")
+            if book is books[0][0]:
+                book.finished("a", ok=True, latency_ms=latency)
+            else:
+                book.succeeded("a", latency)
+    (fin, _), (succ, _) = books
+    assert fin.snapshot("a") == succ.snapshot("a")
+    assert fin.merit("a") == succ.merit("a")
+    assert fin.declined("a") == succ.declined("a") == 1  # the streak began again at the success
+    fresh = StatsBook(clock=ManualClock())
+    fresh.started("b")
+    fresh.succeeded("b", 5.0)
+    assert fresh.merit("b") == (1.0, 5.0) and fresh.snapshot("b")["inflight"] == 0
+    fresh.succeeded("gone", 5.0)  # an agent forgotten mid-flight: nothing to book
+    assert fresh.snapshot("gone")["requests"] == 0
