@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from reachmesh.decision import AttemptRecord, DecisionRecord
+from reachmesh.exceptions import MAX_CANDIDATES_SHOWN
 from reachmesh.observability import logging as reach_logging
 from reachmesh.protocol import Status
 from reachmesh.redaction import loggable
@@ -181,3 +182,25 @@ def test_each_written_line_is_escaped_whole(
         f"[{trace_id}] done: SUCCESS in 240.0ms",
     ]
     assert written == [line if line.isprintable() else loggable(line, 1 << 20) for line in raw]
+
+
+@pytest.mark.parametrize(
+    ("candidates", "line"),
+    [
+        ([], None),
+        (["a1"], "[trace-demo-001] candidate agents: a1"),
+        (["a1", "a2"], "[trace-demo-001] candidate agents: a1, a2"),
+        (
+            [f"a{i}" for i in range(MAX_CANDIDATES_SHOWN + 2)],
+            "[trace-demo-001] candidate agents: "
+            + ", ".join(f"a{i}" for i in range(MAX_CANDIDATES_SHOWN))
+            + " (+2 more)",
+        ),
+    ],
+)
+def test_the_candidates_line_lists_the_first_few(candidates: list[str], line: str | None) -> None:
+    """One candidate, several, more than are shown, or none (no line): one line's shape each."""
+    r = record()
+    r.candidates = candidates
+    found = [text for text in reach_logging.TraceLog()._lines(r) if "candidate agents:" in text]
+    assert found == ([] if line is None else [line])

@@ -357,9 +357,12 @@ class TraceLog:
         lines = [f"route: {source} -> {task}"]
         if record.payload is not None:
             lines.append(f"payload: {orjson.dumps(redact(record.payload, self.redact_fields)).decode()}")
-        if record.candidates:
-            shown = record.candidates[:MAX_CANDIDATES_SHOWN]
-            more = len(record.candidates) - len(shown)
+        candidates = record.candidates
+        if len(candidates) == 1:  # most requests: without the slice, the join and the count
+            lines.append(f"candidate agents: {candidates[0]}")
+        elif candidates:
+            shown = candidates[:MAX_CANDIDATES_SHOWN]
+            more = len(candidates) - len(shown)
             lines.append(f"candidate agents: {', '.join(shown)}" + (f" (+{more} more)" if more else ""))
         if record.selected is not None:
             if record.score is not None:
