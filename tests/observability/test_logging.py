@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from reachmesh.decision import AttemptRecord, DecisionRecord
+from reachmesh.exceptions import MAX_CANDIDATES_SHOWN
 from reachmesh.observability import logging as reach_logging
 from reachmesh.protocol import Status
 from reachmesh.redaction import loggable
@@ -144,3 +145,62 @@ def test_a_turn_of_records_writes_the_lines_one_call_each_wrote(configured: io.S
         assert [{**json.loads(line), "ts": "-"} for line in together] == [
             {**json.loads(line), "ts": "-"} for line in one_by_one
         ]
+
+
+@pytest.mark.parametrize(
+    ("trace_id", "kind"),
+    [
+        ("trace-demo-001", "forward"),
+        ("trace\x1b[31m-demo", "forward"),  # an escape in the traceId alone: every line carries it
+        ("trace\u2028demo", "forward"),  # a line separator in the traceId
+        ("trace-demo-001", "for\nward"),  # a line break in one note's kind alone
+    ],
+)
+@pytest.mark.parametrize("together", [False, True])
+def test_each_written_line_is_escaped_whole(
+    configured: io.StringIO, trace_id: str, kind: str, together: bool
+) -> None:
+    """Each text line is the raw line (``[traceId] ...``) as it is, or escaped whole by
+    :func:`loggable` when any character of it would not print: the traceId is checked once per
+    record, not in each line, and must still escape every line that carries it."""
+    reach_logging.configure("INFO", "text", stream=configured)
+    trace_log = reach_logging.TraceLog()
+    r = record()
+    r.trace_id = trace_id
+    r.events = [(kind, "price-query-agent, duration=238ms")]
+    if together:
+        trace_log.observe_all([r, record()], lambda _observer: None)
+    else:
+        trace_log(r)
+    reach_logging._handler.flush()  # type: ignore[union-attr]
+    written = [line[24:].removeprefix(" INFO ") for line in configured.getvalue().splitlines()][:5]
+    raw = [
+        f"[{trace_id}] route: user-proxy -> query_product_price",
+        f"[{trace_id}] candidate agents: price-query-agent",
+        f"[{trace_id}] select price-query-agent by exact_match",
+        f"[{trace_id}] {kind}: price-query-agent, duration=238ms",
+        f"[{trace_id}] done: SUCCESS in 240.0ms",
+    ]
+    assert written == [line if line.isprintable() else loggable(line, 1 << 20) for line in raw]
+
+
+@pytest.mark.parametrize(
+    ("candidates", "line"),
+    [
+        ([], None),
+        (["a1"], "[trace-demo-001] candidate agents: a1"),
+        (["a1", "a2"], "[trace-demo-001] candidate agents: a1, a2"),
+        (
+            [f"a{i}" for i in range(MAX_CANDIDATES_SHOWN + 2)],
+            "[trace-demo-001] candidate agents: "
+            + ", ".join(f"a{i}" for i in range(MAX_CANDIDATES_SHOWN))
+            + " (+2 more)",
+        ),
+    ],
+)
+def test_the_candidates_line_lists_the_first_few(candidates: list[str], line: str | None) -> None:
+    """One candidate, several, more than are shown, or none (no line): one line's shape each."""
+    r = record()
+    r.candidates = candidates
+    found = [text for text in reach_logging.TraceLog()._lines(r) if "candidate agents:" in text]
+    assert found == ([] if line is None else [line])

@@ -168,7 +168,8 @@ def _freeze(r: DecisionRecord) -> tuple[Any, ...]:
         tried = [(a.agent_id, a.outcome, a.duration_ms, a.span_id, a.offset_ms, a.score)]
     else:
         tried = [(a.agent_id, a.outcome, a.duration_ms, a.span_id, a.offset_ms, a.score) for a in attempts]
-    return (
+    # Two displays joined: CPython builds one of over 30 items as a list (appends, resizes), then a tuple.
+    stored = (
         r.trace_id,
         r.started,
         r.started_wall,
@@ -192,6 +193,8 @@ def _freeze(r: DecisionRecord) -> tuple[Any, ...]:
         r.failovers,
         r.circuit_trips,
         r.error_code,
+    )
+    made = (
         candidates if shown <= _SHOWN else candidates[:_SHOWN],
         [(c["agentId"], c["reason"], c.get("score"), c.get("message")) for c in rejected[:_SHOWN]]
         if rejected
@@ -205,6 +208,7 @@ def _freeze(r: DecisionRecord) -> tuple[Any, ...]:
         round(queue_wait, 2) if queue_wait else queue_wait,
         round(pool_wait, 2) if pool_wait else pool_wait,
     )
+    return stored + made
 
 
 # What a hop over ``max_hop_bytes`` keeps of each text field, once its notes and details are gone.
