@@ -37,6 +37,7 @@ from functools import partial
 from typing import Any
 
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
+from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
 from reachmesh.config import ServerPolicy
@@ -128,8 +129,13 @@ def whole_answer(
         # A response still held by the one-write wrapper (a pipelined one) leaves first.
         if one_write._held is not None:
             one_write.flush()
-        one_write.write_now(b"%s%s" % (block, body))
-    _end_response(one_write, cycle)
+        one_write._transport.write(b"%s%s" % (block, body))  # write_now(), without its call
+    # _end_response(), written out: once per answer.
+    cycle.response_complete = True
+    cycle.message_event.set()
+    if not cycle.keep_alive:
+        one_write.close()
+    cycle.on_response()
     return True
 
 
@@ -264,11 +270,15 @@ class _LaneCycle:
     response_started = False
     waiting_for_100_continue = False
 
-    def __init__(self, protocol: HttpToolsProtocol, keep_alive: bool) -> None:
-        self.default_headers = protocol.server_state.default_headers
-        self.flow = protocol.flow
-        self.keep_alive = keep_alive
-        self.on_response = protocol.on_response_complete
+    # Set per call by GuardedHttpTools._serve_lane on an instance made by _bare_cycle: no
+    # __init__, whose Python frame would run once per call for four stores.
+    default_headers: list[tuple[bytes, bytes]]  # the server's, as the call began
+    flow: FlowControl  # the connection's
+    keep_alive: bool
+    on_response: Callable[[], None]  # the protocol's on_response_complete
+
+
+_bare_cycle = object.__new__
 
 
 # The scope key under which the app names the task serving a call that uvicorn's cycle runs (the
@@ -592,7 +602,12 @@ class GuardedHttpTools(HttpToolsProtocol):
         body = b"".join(chunks)  # a single chunk is returned as it is, not copied
         scope = self.scope
         scope.update(_LANE_SCOPE)  # type: ignore[typeddict-item]
-        cycle = _LaneCycle(self, self.parser.should_keep_alive())
+        # The lane cycle's four parts (see _LaneCycle).
+        cycle: _LaneCycle = _bare_cycle(_LaneCycle)
+        cycle.default_headers = self.server_state.default_headers
+        cycle.flow = self.flow
+        cycle.keep_alive = self.parser.should_keep_alive()
+        cycle.on_response = self.on_response_complete
         self.cycle = cycle  # type: ignore[assignment]
         serve = self._lane_app.serve_whole  # type: ignore[union-attr]
         run = _serve_lane(serve, self._one_write, cycle, (scope, headers, body))  # type: ignore[arg-type]
