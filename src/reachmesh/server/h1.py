@@ -121,15 +121,23 @@ def whole_answer(
         return True  # uvicorn's send drops it too: nobody is left to read it
     if cycle.response_started or cycle.access_log or cycle.flow.write_paused:
         return False
-    block = _start_response(cycle, status, head)
+    # _start_response(), written out (once per answer): its block and the body in one format.
+    cycle.response_started = True
+    cycle.waiting_for_100_continue = False
+    default = cycle.default_headers
+    known, lines = _default_lines
+    if default is not known:
+        lines = _default_block(default)
+    close = b"" if cycle.keep_alive else b"connection: close\r\n"
+    data = b"%s%s%s%s\r\n%s" % (STATUS_LINE[status], lines, head, close, body)
     if one_write._box.inflight and cycle.keep_alive:
         # Other calls wait on agents: this answer leaves with the turn's other writes.
-        one_write.hold(b"%s%s" % (block, body))
+        one_write.hold(data)
     else:
         # A response still held by the one-write wrapper (a pipelined one) leaves first.
         if one_write._held is not None:
             one_write.flush()
-        one_write._transport.write(b"%s%s" % (block, body))  # write_now(), without its call
+        one_write._transport.write(data)  # write_now(), without its call
     # _end_response(), written out: once per answer.
     cycle.response_complete = True
     cycle.message_event.set()
@@ -143,17 +151,23 @@ def _start_response(cycle: RequestResponseCycle, status: int, head: bytes) -> by
     """Mark ``cycle``'s response started, as uvicorn's ``send`` would, and return its head block:
     the status line, the server's default headers, ``head``, ``connection: close`` when the
     connection ends with it, and the blank line."""
-    global _default_lines
     cycle.response_started = True
     cycle.waiting_for_100_continue = False
     default = cycle.default_headers
-    # uvicorn makes a new list of them once a second (the date): written out once per list.
     known, lines = _default_lines
     if default is not known:
-        lines = b"".join([b"%s: %s\r\n" % pair for pair in default]) if default else b""
-        _default_lines = (default, lines)
+        lines = _default_block(default)
     close = b"" if cycle.keep_alive else b"connection: close\r\n"
     return b"%s%s%s%s\r\n" % (STATUS_LINE[status], lines, head, close)
+
+
+def _default_block(default: list[tuple[bytes, bytes]]) -> bytes:
+    """The server's default header lines, written out, and kept for as long as ``default`` is the
+    server's list: uvicorn makes a new one once a second (the date)."""
+    global _default_lines
+    lines = b"".join([b"%s: %s\r\n" % pair for pair in default]) if default else b""
+    _default_lines = (default, lines)
+    return lines
 
 
 # The server's default headers last written out (the list itself, held: never another's id).
@@ -270,7 +284,7 @@ class _LaneCycle:
     response_started = False
     waiting_for_100_continue = False
 
-    # Set per call by GuardedHttpTools._serve_lane on an instance made by _bare_cycle: no
+    # Set per call by GuardedHttpTools.on_message_complete on an instance made by _bare_cycle: no
     # __init__, whose Python frame would run once per call for four stores.
     default_headers: list[tuple[bytes, bytes]]  # the server's, as the call began
     flow: FlowControl  # the connection's
@@ -498,12 +512,35 @@ class GuardedHttpTools(HttpToolsProtocol):
             super().on_body(body)
 
     def on_message_complete(self) -> None:
-        if self._lane is not None:
-            self._serve_lane()
-        elif not self._refused:
-            # The app need not arm a body timer for a body that is already here.
-            self.scope[BODY_COMPLETE] = True  # type: ignore[literal-required]
-            super().on_message_complete()
+        lane = self._lane
+        if lane is None:
+            if not self._refused:
+                # The app need not arm a body timer for a body that is already here.
+                self.scope[BODY_COMPLETE] = True  # type: ignore[literal-required]
+                super().on_message_complete()
+            return
+        # A lane request, whole: served here (a method of its own was a frame per call).
+        headers, chunks = lane
+        self._lane = None
+        body = b"".join(chunks)  # a single chunk is returned as it is, not copied
+        scope = self.scope
+        scope.update(_LANE_SCOPE)  # type: ignore[typeddict-item]
+        # The lane cycle's four parts (see _LaneCycle).
+        cycle: _LaneCycle = _bare_cycle(_LaneCycle)
+        cycle.default_headers = self.server_state.default_headers
+        cycle.flow = self.flow
+        cycle.keep_alive = self.parser.should_keep_alive()
+        cycle.on_response = self.on_response_complete
+        self.cycle = cycle  # type: ignore[assignment]
+        serve = self._lane_app.serve_whole  # type: ignore[union-attr]
+        run = _serve_lane(serve, self._one_write, cycle, (scope, headers, body))  # type: ignore[arg-type]
+        if self.config.reset_contextvars:
+            task = self.loop.create_task(run, context=contextvars.Context())
+        else:
+            task = self.loop.create_task(run)
+        task.add_done_callback(self.tasks.discard)
+        self.tasks.add(task)
+        cycle.task = task
 
     def on_response_complete(self) -> None:
         # uvicorn's own, written out but for its keep-alive timer: uvicorn makes one per response
@@ -595,29 +632,6 @@ class GuardedHttpTools(HttpToolsProtocol):
         ):
             return None  # the middleware would change the request's client: let it
         return headers
-
-    def _serve_lane(self) -> None:
-        headers, chunks = self._lane  # type: ignore[misc]  # on_message_complete saw it set
-        self._lane = None
-        body = b"".join(chunks)  # a single chunk is returned as it is, not copied
-        scope = self.scope
-        scope.update(_LANE_SCOPE)  # type: ignore[typeddict-item]
-        # The lane cycle's four parts (see _LaneCycle).
-        cycle: _LaneCycle = _bare_cycle(_LaneCycle)
-        cycle.default_headers = self.server_state.default_headers
-        cycle.flow = self.flow
-        cycle.keep_alive = self.parser.should_keep_alive()
-        cycle.on_response = self.on_response_complete
-        self.cycle = cycle  # type: ignore[assignment]
-        serve = self._lane_app.serve_whole  # type: ignore[union-attr]
-        run = _serve_lane(serve, self._one_write, cycle, (scope, headers, body))  # type: ignore[arg-type]
-        if self.config.reset_contextvars:
-            task = self.loop.create_task(run, context=contextvars.Context())
-        else:
-            task = self.loop.create_task(run)
-        task.add_done_callback(self.tasks.discard)
-        self.tasks.add(task)
-        cycle.task = task
 
     def _leave_lane(self) -> None:
         """A lane request whose body did not come whole with its head: uvicorn's way after all."""
