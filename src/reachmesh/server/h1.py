@@ -317,21 +317,24 @@ async def _serve_lane(
     serve: Callable[[Scope, dict[bytes, bytes], bytes], Awaitable[LaneAnswer]],
     one_write: _OneWrite,
     cycle: _LaneCycle,
-    request: tuple[Scope, dict[bytes, bytes], bytes],
+    scope: Scope,
+    headers: dict[bytes, bytes],
+    body: bytes,
 ) -> None:
     """Answer one lane request: the app's answer in one write, after a paused transport
     drains, then what the app does after it; a bug in the app answers 500 and closes, as
     uvicorn does."""
     after = None
     try:
-        (status, body, extra), after = await serve(*request)
-        head = json_head(body, extra)
+        # The request as three arguments, not a tuple made and unpacked per call.
+        (status, answer, extra), after = await serve(scope, headers, body)
+        head = json_head(answer, extra)
     except Exception:
         log.exception("Exception in ASGI application")
         cycle.keep_alive = False
-        status, head, body = 500, _ERROR_500, b"Internal Server Error"
+        status, head, answer = 500, _ERROR_500, b"Internal Server Error"
     try:
-        while not whole_answer(one_write, cycle, status, head, body):  # type: ignore[arg-type]
+        while not whole_answer(one_write, cycle, status, head, answer):  # type: ignore[arg-type]
             await cycle.flow.drain()
     finally:
         if after is not None:
@@ -533,7 +536,7 @@ class GuardedHttpTools(HttpToolsProtocol):
         cycle.on_response = self.on_response_complete
         self.cycle = cycle  # type: ignore[assignment]
         serve = self._lane_app.serve_whole  # type: ignore[union-attr]
-        run = _serve_lane(serve, self._one_write, cycle, (scope, headers, body))  # type: ignore[arg-type]
+        run = _serve_lane(serve, self._one_write, cycle, scope, headers, body)  # type: ignore[arg-type]
         if self.config.reset_contextvars:
             task = self.loop.create_task(run, context=contextvars.Context())
         else:
@@ -554,7 +557,9 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._head_bytes = 0
         if self.transport.is_closing():
             return
-        self.flow.resume_reading()
+        flow = self.flow
+        if flow.read_paused:  # resume_reading()'s own test: its call only when there is work
+            flow.resume_reading()
         if self.pipeline:  # a pipelined request waited behind this one: it runs now
             self._idle_since = None
             cycle, app = self.pipeline.pop()
