@@ -361,6 +361,8 @@ class GuardedHttpTools(HttpToolsProtocol):
     # Slots: uvicorn's protocol keeps its own state in an instance dict, which these seven more
     # would grow to a larger table, 1.6 KB per connection (a burst holds one per call in flight).
     __slots__ = (
+        "_cap_head_bytes",
+        "_cap_headers",
         "_gone_app",
         "_head_bytes",
         "_head_timer",
@@ -376,6 +378,10 @@ class GuardedHttpTools(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        # The class's limits, read by on_header for every header line: a slot is read at once,
+        # a class attribute through the instance is looked up past it (unspecialised in 3.11).
+        self._cap_headers = self.max_headers
+        self._cap_head_bytes = self.max_header_bytes
         self._head_bytes = 0
         self._header_bytes = 0
         self._reading_head = True
@@ -467,13 +473,13 @@ class GuardedHttpTools(HttpToolsProtocol):
         # The lines so far are the headers kept (uvicorn empties the list per request, and a
         # refused line ends the request): no counter of its own to keep per line.
         headers = self.headers
-        if len(headers) >= self.max_headers:
+        if len(headers) >= self._cap_headers:
             self._refuse(431, f"more than {self.max_headers} request headers")
             return
         # "Name: value\r\n" on the request line's size; checked per line, so a head that arrived
         # in one read is bounded too.
         size = self._header_bytes = self._header_bytes + len(name) + len(value) + 4
-        if size > self.max_header_bytes:
+        if size > self._cap_head_bytes:
             self._refuse_head_size()
             return
         # uvicorn's own on_header, written out: it runs for every header of every request.
@@ -485,7 +491,7 @@ class GuardedHttpTools(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         if self._refused:
             return
-        if self._header_bytes + 2 > self.max_header_bytes:  # and the blank line
+        if self._header_bytes + 2 > self._cap_head_bytes:  # and the blank line
             self._refuse_head_size()
             return
         self._reading_head = False
