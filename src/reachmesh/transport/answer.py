@@ -160,6 +160,8 @@ class AnswerReader:
                 self._parse_error(exc)
             if not self.head_done and not self._head_read(part):  # a head done needs no call
                 return False
+            if part is data:
+                return self.complete  # the whole read was parsed: no empty slice and test
             data = data[len(part) :]
         if data:
             self._parse(data)  # bytes after a whole answer only mark it ``trailing``
