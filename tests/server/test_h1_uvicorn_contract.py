@@ -77,6 +77,10 @@ def test_the_attributes_h1_reads_are_still_set_by_uvicorn() -> None:
     # The lean events replace these two asyncio.Events, and keep to Event's interface.
     assert "self.message_event = message_event" in inspect.getsource(RequestResponseCycle.__init__)
     assert "self._is_writable_event = asyncio.Event()" in inspect.getsource(FlowControl.__init__)
+    # on_response_complete tests read_paused itself before calling resume_reading.
+    assert "self.read_paused = False" in inspect.getsource(FlowControl.__init__)
+    resume = [line.strip() for line in inspect.getsource(FlowControl.resume_reading).splitlines()[1:]]
+    assert resume[0] == "if self.read_paused:", "uvicorn's resume_reading does more now; h1.py skips it"
 
 
 # What whole_answer reads and sets on uvicorn's response cycle, as its own send() does.

@@ -37,6 +37,7 @@ from functools import partial
 from typing import Any
 
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
+from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
 from reachmesh.config import ServerPolicy
@@ -120,16 +121,29 @@ def whole_answer(
         return True  # uvicorn's send drops it too: nobody is left to read it
     if cycle.response_started or cycle.access_log or cycle.flow.write_paused:
         return False
-    block = _start_response(cycle, status, head)
+    # _start_response(), written out (once per answer): its block and the body in one format.
+    cycle.response_started = True
+    cycle.waiting_for_100_continue = False
+    default = cycle.default_headers
+    known, lines = _default_lines
+    if default is not known:
+        lines = _default_block(default)
+    close = b"" if cycle.keep_alive else b"connection: close\r\n"
+    data = b"%s%s%s%s\r\n%s" % (STATUS_LINE[status], lines, head, close, body)
     if one_write._box.inflight and cycle.keep_alive:
         # Other calls wait on agents: this answer leaves with the turn's other writes.
-        one_write.hold(b"%s%s" % (block, body))
+        one_write.hold(data)
     else:
         # A response still held by the one-write wrapper (a pipelined one) leaves first.
         if one_write._held is not None:
             one_write.flush()
-        one_write.write_now(b"%s%s" % (block, body))
-    _end_response(one_write, cycle)
+        one_write._transport.write(data)  # write_now(), without its call
+    # _end_response(), written out: once per answer.
+    cycle.response_complete = True
+    cycle.message_event.set()
+    if not cycle.keep_alive:
+        one_write.close()
+    cycle.on_response()
     return True
 
 
@@ -137,17 +151,23 @@ def _start_response(cycle: RequestResponseCycle, status: int, head: bytes) -> by
     """Mark ``cycle``'s response started, as uvicorn's ``send`` would, and return its head block:
     the status line, the server's default headers, ``head``, ``connection: close`` when the
     connection ends with it, and the blank line."""
-    global _default_lines
     cycle.response_started = True
     cycle.waiting_for_100_continue = False
     default = cycle.default_headers
-    # uvicorn makes a new list of them once a second (the date): written out once per list.
     known, lines = _default_lines
     if default is not known:
-        lines = b"".join([b"%s: %s\r\n" % pair for pair in default]) if default else b""
-        _default_lines = (default, lines)
+        lines = _default_block(default)
     close = b"" if cycle.keep_alive else b"connection: close\r\n"
     return b"%s%s%s%s\r\n" % (STATUS_LINE[status], lines, head, close)
+
+
+def _default_block(default: list[tuple[bytes, bytes]]) -> bytes:
+    """The server's default header lines, written out, and kept for as long as ``default`` is the
+    server's list: uvicorn makes a new one once a second (the date)."""
+    global _default_lines
+    lines = b"".join([b"%s: %s\r\n" % pair for pair in default]) if default else b""
+    _default_lines = (default, lines)
+    return lines
 
 
 # The server's default headers last written out (the list itself, held: never another's id).
@@ -264,11 +284,15 @@ class _LaneCycle:
     response_started = False
     waiting_for_100_continue = False
 
-    def __init__(self, protocol: HttpToolsProtocol, keep_alive: bool) -> None:
-        self.default_headers = protocol.server_state.default_headers
-        self.flow = protocol.flow
-        self.keep_alive = keep_alive
-        self.on_response = protocol.on_response_complete
+    # Set per call by GuardedHttpTools.on_message_complete on an instance made by _bare_cycle: no
+    # __init__, whose Python frame would run once per call for four stores.
+    default_headers: list[tuple[bytes, bytes]]  # the server's, as the call began
+    flow: FlowControl  # the connection's
+    keep_alive: bool
+    on_response: Callable[[], None]  # the protocol's on_response_complete
+
+
+_bare_cycle = object.__new__
 
 
 # The scope key under which the app names the task serving a call that uvicorn's cycle runs (the
@@ -293,21 +317,24 @@ async def _serve_lane(
     serve: Callable[[Scope, dict[bytes, bytes], bytes], Awaitable[LaneAnswer]],
     one_write: _OneWrite,
     cycle: _LaneCycle,
-    request: tuple[Scope, dict[bytes, bytes], bytes],
+    scope: Scope,
+    headers: dict[bytes, bytes],
+    body: bytes,
 ) -> None:
     """Answer one lane request: the app's answer in one write, after a paused transport
     drains, then what the app does after it; a bug in the app answers 500 and closes, as
     uvicorn does."""
     after = None
     try:
-        (status, body, extra), after = await serve(*request)
-        head = json_head(body, extra)
+        # The request as three arguments, not a tuple made and unpacked per call.
+        (status, answer, extra), after = await serve(scope, headers, body)
+        head = json_head(answer, extra)
     except Exception:
         log.exception("Exception in ASGI application")
         cycle.keep_alive = False
-        status, head, body = 500, _ERROR_500, b"Internal Server Error"
+        status, head, answer = 500, _ERROR_500, b"Internal Server Error"
     try:
-        while not whole_answer(one_write, cycle, status, head, body):  # type: ignore[arg-type]
+        while not whole_answer(one_write, cycle, status, head, answer):  # type: ignore[arg-type]
             await cycle.flow.drain()
     finally:
         if after is not None:
@@ -334,6 +361,8 @@ class GuardedHttpTools(HttpToolsProtocol):
     # Slots: uvicorn's protocol keeps its own state in an instance dict, which these seven more
     # would grow to a larger table, 1.6 KB per connection (a burst holds one per call in flight).
     __slots__ = (
+        "_cap_head_bytes",
+        "_cap_headers",
         "_gone_app",
         "_head_bytes",
         "_head_timer",
@@ -349,6 +378,10 @@ class GuardedHttpTools(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        # The class's limits, read by on_header for every header line: a slot is read at once,
+        # a class attribute through the instance is looked up past it (unspecialised in 3.11).
+        self._cap_headers = self.max_headers
+        self._cap_head_bytes = self.max_header_bytes
         self._head_bytes = 0
         self._header_bytes = 0
         self._reading_head = True
@@ -440,13 +473,13 @@ class GuardedHttpTools(HttpToolsProtocol):
         # The lines so far are the headers kept (uvicorn empties the list per request, and a
         # refused line ends the request): no counter of its own to keep per line.
         headers = self.headers
-        if len(headers) >= self.max_headers:
+        if len(headers) >= self._cap_headers:
             self._refuse(431, f"more than {self.max_headers} request headers")
             return
         # "Name: value\r\n" on the request line's size; checked per line, so a head that arrived
         # in one read is bounded too.
         size = self._header_bytes = self._header_bytes + len(name) + len(value) + 4
-        if size > self.max_header_bytes:
+        if size > self._cap_head_bytes:
             self._refuse_head_size()
             return
         # uvicorn's own on_header, written out: it runs for every header of every request.
@@ -458,7 +491,7 @@ class GuardedHttpTools(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         if self._refused:
             return
-        if self._header_bytes + 2 > self.max_header_bytes:  # and the blank line
+        if self._header_bytes + 2 > self._cap_head_bytes:  # and the blank line
             self._refuse_head_size()
             return
         self._reading_head = False
@@ -488,12 +521,35 @@ class GuardedHttpTools(HttpToolsProtocol):
             super().on_body(body)
 
     def on_message_complete(self) -> None:
-        if self._lane is not None:
-            self._serve_lane()
-        elif not self._refused:
-            # The app need not arm a body timer for a body that is already here.
-            self.scope[BODY_COMPLETE] = True  # type: ignore[literal-required]
-            super().on_message_complete()
+        lane = self._lane
+        if lane is None:
+            if not self._refused:
+                # The app need not arm a body timer for a body that is already here.
+                self.scope[BODY_COMPLETE] = True  # type: ignore[literal-required]
+                super().on_message_complete()
+            return
+        # A lane request, whole: served here (a method of its own was a frame per call).
+        headers, chunks = lane
+        self._lane = None
+        body = b"".join(chunks)  # a single chunk is returned as it is, not copied
+        scope = self.scope
+        scope.update(_LANE_SCOPE)  # type: ignore[typeddict-item]
+        # The lane cycle's four parts (see _LaneCycle).
+        cycle: _LaneCycle = _bare_cycle(_LaneCycle)
+        cycle.default_headers = self.server_state.default_headers
+        cycle.flow = self.flow
+        cycle.keep_alive = self.parser.should_keep_alive()
+        cycle.on_response = self.on_response_complete
+        self.cycle = cycle  # type: ignore[assignment]
+        serve = self._lane_app.serve_whole  # type: ignore[union-attr]
+        run = _serve_lane(serve, self._one_write, cycle, scope, headers, body)  # type: ignore[arg-type]
+        if self.config.reset_contextvars:
+            task = self.loop.create_task(run, context=contextvars.Context())
+        else:
+            task = self.loop.create_task(run)
+        task.add_done_callback(self.tasks.discard)
+        self.tasks.add(task)
+        cycle.task = task
 
     def on_response_complete(self) -> None:
         # uvicorn's own, written out but for its keep-alive timer: uvicorn makes one per response
@@ -507,7 +563,9 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._head_bytes = 0
         if self.transport.is_closing():
             return
-        self.flow.resume_reading()
+        flow = self.flow
+        if flow.read_paused:  # resume_reading()'s own test: its call only when there is work
+            flow.resume_reading()
         if self.pipeline:  # a pipelined request waited behind this one: it runs now
             self._idle_since = None
             cycle, app = self.pipeline.pop()
@@ -585,24 +643,6 @@ class GuardedHttpTools(HttpToolsProtocol):
         ):
             return None  # the middleware would change the request's client: let it
         return headers
-
-    def _serve_lane(self) -> None:
-        headers, chunks = self._lane  # type: ignore[misc]  # on_message_complete saw it set
-        self._lane = None
-        body = b"".join(chunks)  # a single chunk is returned as it is, not copied
-        scope = self.scope
-        scope.update(_LANE_SCOPE)  # type: ignore[typeddict-item]
-        cycle = _LaneCycle(self, self.parser.should_keep_alive())
-        self.cycle = cycle  # type: ignore[assignment]
-        serve = self._lane_app.serve_whole  # type: ignore[union-attr]
-        run = _serve_lane(serve, self._one_write, cycle, (scope, headers, body))  # type: ignore[arg-type]
-        if self.config.reset_contextvars:
-            task = self.loop.create_task(run, context=contextvars.Context())
-        else:
-            task = self.loop.create_task(run)
-        task.add_done_callback(self.tasks.discard)
-        self.tasks.add(task)
-        cycle.task = task
 
     def _leave_lane(self) -> None:
         """A lane request whose body did not come whole with its head: uvicorn's way after all."""

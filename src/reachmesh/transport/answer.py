@@ -153,9 +153,15 @@ class AnswerReader:
             room = self._max_bytes - self._head_bytes
             part = data if len(data) <= room else data[:room]
             self._head_bytes += len(part)
-            self._parse(part)
+            # _parse(part), written out: head and body almost always come in this one read.
+            try:
+                self._parser.feed_data(part)
+            except httptools.HttpParserError as exc:
+                self._parse_error(exc)
             if not self.head_done and not self._head_read(part):  # a head done needs no call
                 return False
+            if part is data:
+                return self.complete  # the whole read was parsed: no empty slice and test
             data = data[len(part) :]
         if data:
             self._parse(data)  # bytes after a whole answer only mark it ``trailing``
@@ -202,17 +208,21 @@ class AnswerReader:
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
-            if self.complete:
-                self.trailing = True  # bytes after a whole answer: it stands, the connection goes
-                return
-            cause = exc.__context__
-            if isinstance(exc, httptools.HttpParserCallbackError) and isinstance(
-                cause, BrokenBody | AgentRejected
-            ):
-                raise cause from None
-            if isinstance(exc, httptools.HttpParserUpgrade):
-                raise BrokenBody("the agent switched protocols (HTTP 101)") from exc
-            raise BrokenBody(f"malformed answer: {exc}") from exc
+            self._parse_error(exc)
+
+    def _parse_error(self, exc: httptools.HttpParserError) -> None:
+        """What a parser error in ``feed_data`` amounts to (raised, unless the answer stands)."""
+        if self.complete:
+            self.trailing = True  # bytes after a whole answer: it stands, the connection goes
+            return
+        cause = exc.__context__
+        if isinstance(exc, httptools.HttpParserCallbackError) and isinstance(
+            cause, BrokenBody | AgentRejected
+        ):
+            raise cause from None
+        if isinstance(exc, httptools.HttpParserUpgrade):
+            raise BrokenBody("the agent switched protocols (HTTP 101)") from exc
+        raise BrokenBody(f"malformed answer: {exc}") from exc
 
     # -- httptools callbacks (a raise stops the parser; _parse re-raises it) -----------------
 
@@ -270,7 +280,8 @@ class AnswerReader:
         if not self.head_done:
             self._reset_message()  # the interim answer is skipped whole
             return
-        self._end_body()
+        if self._encoding is not None:  # only a compressed body has an end of its own to check
+            self._end_body()
         self.complete = True
 
     # -- compressed bodies -------------------------------------------------------------------
