@@ -201,51 +201,15 @@ class RouterMetrics:
         self.prom.register(_LiveState(registry, live))
 
     def __call__(self, record: DecisionRecord) -> None:
-        # Runs for a turn's only record (light load), on the event loop: a dict update per
-        # family, no locks. The common request (one attempt, no retry, no stream) touches three
-        # families and skips the rest on one test each. :meth:`observe_all` counts the same.
-        snapshot = self._registry.snapshot  # its dicts, read without a call through the registry
+        # A turn's only record (light load): what observe_all does for each, with nothing to
+        # share; a failure is raised to the caller, after the request was counted.
         attempts = record.attempts
-        agent = record.handler or (attempts[-1].agent_id if attempts else NO_AGENT)
-        # A request that ends after its agent (or its task's last agent) left the registry would
-        # bring back series :meth:`forget` dropped, for good: it counts as no agent, no known task.
-        # (NO_AGENT and UNKNOWN_TASK come out as themselves either way.)
-        if agent not in snapshot.entries:  # registry.get(agent) is None
-            agent = NO_AGENT
-        task = record.matched_task or UNKNOWN_TASK
-        if not snapshot.index.get(task):  # no registry.by_task(task)
-            task = UNKNOWN_TASK
-        status = record.status
-        # The member's value without the enum's property (a Python-level call).
-        key = (task, agent, "UNKNOWN" if status is None else status._value_)
+        tally = self._tally(record, record.handler or (attempts[-1].agent_id if attempts else NO_AGENT))
+        tally[0] = 1.0
         try:
-            self.requests.values[key] += 1.0
-        except KeyError:
-            self.requests.inc(key)
-        seconds = record.duration_ms / 1000
-        row = self.latency.series.get((task,))
-        if row is not None and seconds == seconds:  # an existing series, and not NaN
-            row[bisect_left(self._latency_bounds, seconds)] += 1.0
-            row[-1] += seconds
-        else:
-            self.latency.observe((task,), seconds)
-        outcomes = self.attempts.values
-        for attempt in attempts:
-            try:
-                outcomes[(attempt.outcome,)] += 1.0
-            except KeyError:
-                self.attempts.inc((attempt.outcome,))
-        # A score, a retry, a stream...: one test for the common request, which has none.
-        if (
-            record.score is not None
-            or record.retries
-            or record.failovers
-            or record.circuit_trips
-            or record.semantic_refused
-            or record.queue_wait_ms
-            or record.stream is not None
-        ):
-            self._more(record, task, agent)
+            self._count(record, attempts, tally)
+        finally:
+            self._flush((tally,))
 
     def observe_all(self, records: Sequence[DecisionRecord], failed: Callable[[Any], None]) -> None:
         """Count each record, in order, as one call per record would; a record that fails is
@@ -254,16 +218,7 @@ class RouterMetrics:
         Runs for every request, on the event loop, over the records finished in one turn (about
         16 under load at c32). The registry cannot change during the turn, so the records that
         name the same task, agent and status share their labels, worked out once, and their
-        latency series; their requests are added up and counted once, at the end. The common
-        request (one attempt, no retry, no stream) then costs a dictionary read, the latency
-        bucket and its attempt's count, and skips the rest on one test each."""
-        if len(records) == 1:  # the turn's only record: nothing to share
-            try:
-                self(records[0])
-            except Exception:  # noqa: BLE001 - reported as for a record of a longer turn
-                failed(self)
-            return
-        bounds, outcomes = self._latency_bounds, self.attempts.values
+        latency series; their requests are added up and counted once, at the end."""
         seen: dict[tuple[Any, ...], list[Any]] = {}  # the record's names -> a _tally
         try:
             for record in records:
@@ -274,38 +229,44 @@ class RouterMetrics:
                     if tally is None:
                         tally = seen[(record.matched_task, agent, record.status)] = self._tally(record, agent)
                     tally[0] += 1.0
-                    seconds = record.duration_ms / 1000
-                    row = tally[1]
-                    if row is not None and seconds == seconds:  # an existing series, and not NaN
-                        row[bisect_left(bounds, seconds)] += 1.0
-                        row[-1] += seconds
-                    else:
-                        self.latency.observe((tally[2],), seconds)
-                        tally[1] = self.latency.series.get((tally[2],))
-                    for attempt in attempts:
-                        try:
-                            outcomes[(attempt.outcome,)] += 1.0
-                        except KeyError:
-                            self.attempts.inc((attempt.outcome,))
-                    # A score, a retry, a stream...: one test for the common request, which has none.
-                    if (
-                        record.score is not None
-                        or record.retries
-                        or record.failovers
-                        or record.circuit_trips
-                        or record.semantic_refused
-                        or record.queue_wait_ms
-                        or record.stream is not None
-                    ):
-                        self._more(record, tally[2], tally[3])
+                    self._count(record, attempts, tally)
                 except Exception:  # noqa: BLE001 - one record's bug must not cost the others their counts
                     failed(self)
         finally:
-            self._flush(seen)
+            self._flush(seen.values())
 
-    def _flush(self, seen: dict[tuple[Any, ...], list[Any]]) -> None:
-        """Count the requests a turn's tallies added up."""
-        for count, _row, _task, _agent, key in seen.values():
+    def _count(self, record: DecisionRecord, attempts: Sequence[Any], tally: list[Any]) -> None:
+        """One record's latency, attempts and rarer parts, under its ``tally``'s labels. The
+        common request (one attempt, no retry, no stream) costs the latency bucket and its
+        attempt's count, and skips the rest on one test."""
+        seconds = record.duration_ms / 1000
+        row = tally[1]
+        if row is not None and seconds == seconds:  # an existing series, and not NaN
+            row[bisect_left(self._latency_bounds, seconds)] += 1.0
+            row[-1] += seconds
+        else:
+            self.latency.observe((tally[2],), seconds)
+            tally[1] = self.latency.series.get((tally[2],))
+        outcomes = self.attempts.values
+        for attempt in attempts:
+            try:
+                outcomes[(attempt.outcome,)] += 1.0
+            except KeyError:
+                self.attempts.inc((attempt.outcome,))
+        if (
+            record.score is not None
+            or record.retries
+            or record.failovers
+            or record.circuit_trips
+            or record.semantic_refused
+            or record.queue_wait_ms
+            or record.stream is not None
+        ):
+            self._more(record, tally[2], tally[3])
+
+    def _flush(self, tallies: Iterable[list[Any]]) -> None:
+        """Count the requests the tallies added up."""
+        for count, _row, _task, _agent, key in tallies:
             if count:
                 self.requests.inc(key, count)
 
