@@ -33,28 +33,11 @@ from typing import Any
 
 
 async def measure(turns: list[int], records: int, rounds: int) -> dict[str, float]:
-    import httpx
+    from observers import router_and_record
+    from reachmesh.decision import ObserveAfterTurn, Observer
 
-    from reachmesh.config import RouterConfig
-    from reachmesh.decision import DecisionRecord, ObserveAfterTurn, Observer
-    from reachmesh.observability import logging as reach_logging
-    from reachmesh.testing import FakeAgent, RouterServer
-
-    devnull = open(os.devnull, "w")  # noqa: SIM115, ASYNC230 - once, before any load
-    reach_logging.configure("INFO", stream=devnull)
-    config = RouterConfig.model_validate({"embedding": {"backend": "none"}, "health": {"enabled": False}})
-    got: list[DecisionRecord] = []
-    async with RouterServer(config) as router:
-        agent = await FakeAgent("a1", input_schema={"n": "integer"}).start()
-        try:
-            await agent.register(router.url)
-            parts = router.app.parts
-            parts.dispatcher.observers.append(got.append)
-            async with httpx.AsyncClient() as http:
-                await http.post(router.url + "/reach", json={"targetTask": "echo", "payload": {"n": 1}})
-        finally:
-            await agent.stop()
-    record = got[-1]
+    async with router_and_record() as (parts, record):
+        pass  # measured with the Router stopped: only the observers run
     sets: dict[str, list[Observer]] = {
         "metrics+store": [parts.metrics, parts.traces],
         "trace lines": [parts.trace_log],

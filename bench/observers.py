@@ -23,29 +23,33 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 
-async def measure(requests: int, rounds: int) -> dict[str, float]:
+@contextlib.asynccontextmanager
+async def router_and_record() -> AsyncIterator[tuple[Any, Any]]:
+    """A Router (every default on, trace lines at INFO to /dev/null) with a fake agent, in this
+    process, and the decision record of one real request through it: (the Router's parts, the
+    record). The trace lines are written at INFO, as by a Router started from the command line;
+    to /dev/null, so a figure is the Router's work, not the terminal's."""
     import httpx
 
     from reachmesh.config import RouterConfig
-    from reachmesh.decision import DecisionRecord, Observer
+    from reachmesh.decision import DecisionRecord
     from reachmesh.observability import logging as reach_logging
     from reachmesh.testing import FakeAgent, RouterServer
 
-    # The trace lines are written at INFO, as by a Router started from the command line; to
-    # /dev/null, so the figure is the Router's work, not the terminal's.
     devnull = open(os.devnull, "w")  # noqa: SIM115, ASYNC230 - once, before any load
     reach_logging.configure("INFO", stream=devnull)
-
     config = RouterConfig.model_validate({"embedding": {"backend": "none"}, "health": {"enabled": False}})
     got: list[DecisionRecord] = []
     async with RouterServer(config) as router:
@@ -56,26 +60,32 @@ async def measure(requests: int, rounds: int) -> dict[str, float]:
             parts.dispatcher.observers.append(got.append)
             async with httpx.AsyncClient() as http:
                 await http.post(router.url + "/reach", json={"targetTask": "echo", "payload": {"n": 1}})
-            record = got[-1]
-            observers: dict[str, Observer] = {
-                "metrics": parts.metrics,
-                "trace store": parts.traces,
-                "trace lines": parts.trace_log,
-                "route learning": parts.learner,
-            }
-            ids = [f"{i:032x}" for i in range(requests)]
-            runs: dict[str, list[float]] = {name: [] for name in observers}
-            for _ in range(rounds):
-                for name, observer in observers.items():
-                    started = time.perf_counter()
-                    for trace_id in ids:
-                        record.trace_id = trace_id
-                        observer(record)
-                    per = (time.perf_counter() - started) / requests * 1e6
-                    runs[name].append(per)
-            return {name: statistics.median(values) for name, values in runs.items()}
+            yield parts, got[-1]
         finally:
             await agent.stop()
+
+
+async def measure(requests: int, rounds: int) -> dict[str, float]:
+    from reachmesh.decision import Observer
+
+    async with router_and_record() as (parts, record):
+        observers: dict[str, Observer] = {
+            "metrics": parts.metrics,
+            "trace store": parts.traces,
+            "trace lines": parts.trace_log,
+            "route learning": parts.learner,
+        }
+        ids = [f"{i:032x}" for i in range(requests)]
+        runs: dict[str, list[float]] = {name: [] for name in observers}
+        for _ in range(rounds):
+            for name, observer in observers.items():
+                started = time.perf_counter()
+                for trace_id in ids:
+                    record.trace_id = trace_id
+                    observer(record)
+                per = (time.perf_counter() - started) / requests * 1e6
+                runs[name].append(per)
+        return {name: statistics.median(values) for name, values in runs.items()}
 
 
 # The Routers compared: every default on, and with tracing (the store) and/or metrics off.
