@@ -121,15 +121,7 @@ def whole_answer(
         return True  # uvicorn's send drops it too: nobody is left to read it
     if cycle.response_started or cycle.access_log or cycle.flow.write_paused:
         return False
-    # _start_response(), written out (once per answer): its block and the body in one format.
-    cycle.response_started = True
-    cycle.waiting_for_100_continue = False
-    default = cycle.default_headers
-    known, lines = _default_lines
-    if default is not known:
-        lines = _default_block(default)
-    close = b"" if cycle.keep_alive else b"connection: close\r\n"
-    data = b"%s%s%s%s\r\n%s" % (STATUS_LINE[status], lines, head, close, body)
+    data = _start_response(cycle, status, head, body)  # the head block and the body in one format
     if one_write._box.inflight and cycle.keep_alive:
         # Other calls wait on agents: this answer leaves with the turn's other writes.
         one_write.hold(data)
@@ -137,20 +129,15 @@ def whole_answer(
         # A response still held by the one-write wrapper (a pipelined one) leaves first.
         if one_write._held is not None:
             one_write.flush()
-        one_write._transport.write(data)  # write_now(), without its call
-    # _end_response(), written out: once per answer.
-    cycle.response_complete = True
-    cycle.message_event.set()
-    if not cycle.keep_alive:
-        one_write.close()
-    cycle.on_response()
+        one_write.write_now(data)
+    _end_response(one_write, cycle)
     return True
 
 
-def _start_response(cycle: RequestResponseCycle, status: int, head: bytes) -> bytes:
+def _start_response(cycle: RequestResponseCycle, status: int, head: bytes, body: bytes = b"") -> bytes:
     """Mark ``cycle``'s response started, as uvicorn's ``send`` would, and return its head block:
     the status line, the server's default headers, ``head``, ``connection: close`` when the
-    connection ends with it, and the blank line."""
+    connection ends with it, and the blank line; then ``body``, if given (one format, no copy)."""
     cycle.response_started = True
     cycle.waiting_for_100_continue = False
     default = cycle.default_headers
@@ -158,7 +145,7 @@ def _start_response(cycle: RequestResponseCycle, status: int, head: bytes) -> by
     if default is not known:
         lines = _default_block(default)
     close = b"" if cycle.keep_alive else b"connection: close\r\n"
-    return b"%s%s%s%s\r\n" % (STATUS_LINE[status], lines, head, close)
+    return b"%s%s%s%s\r\n%s" % (STATUS_LINE[status], lines, head, close, body)
 
 
 def _default_block(default: list[tuple[bytes, bytes]]) -> bytes:
