@@ -7,12 +7,14 @@ import inspect
 import os
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any, TypeVar, overload
 
+import httpx
 import pytest
 
+from reachmesh.config import RouterConfig
 from reachmesh.decision import DecisionRecord
 from reachmesh.observability.logging import TRACE_LOGGER, split_lines
 from reachmesh.testing import FakeAgent, RouterServer
@@ -196,3 +198,37 @@ def peer_from_header(app: Any) -> Any:
         await app(scope, receive, send)
 
     return served
+
+
+@asynccontextmanager
+async def one_slot_held(
+    agent_id: str,
+) -> AsyncIterator[tuple[httpx.AsyncClient, Any, asyncio.Event, asyncio.Task[httpx.Response]]]:
+    """A Router and an agent of ``max_concurrency: 1`` (task ``slow``) whose one slot a long call
+    holds until the event is set: yields the client, the Router's capacity board, the event and
+    the long call. On the way out the call is let go and the agent stopped."""
+    config = RouterConfig.model_validate(
+        {
+            "embedding": {"backend": "none"},
+            "health": {"enabled": False},
+            "limits": {"loop_lag_ms": 10_000},
+            # The long call waits at the agent for as long as the test takes, on any machine.
+            "timeouts": {"read_ms": 120_000},
+        }
+    )
+    async with RouterServer(config) as router:
+        release = asyncio.Event()
+        agent = FakeAgent(agent_id, tasks=("slow",), hold=release, max_concurrency=1)
+        await agent.start()
+        board = router.app.parts.capacity
+        async with httpx.AsyncClient(base_url=router.url, timeout=scaled(60)) as http:
+            try:
+                assert (await http.post("/agents", json=agent.profile())).status_code == 201
+                held = asyncio.create_task(
+                    http.post("/reach", json={"targetTask": "slow", "preferences": {"timeoutMs": 120_000}})
+                )
+                await until(lambda: board.inflight(agent_id) == 1, "the long call holds the slot")
+                yield http, board, release, held
+            finally:
+                release.set()
+                await agent.stop()
