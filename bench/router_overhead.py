@@ -18,7 +18,10 @@ time per request; then the Router's RSS across a long run, and PASS/MISS against
 * the Router's RSS flat (within --memory-tolerance-mib) across --memory-requests requests
 
 Both Routers and the proxy share one core (only one of them is loaded at a time); with
-``--rounds N`` the four paths are measured in turn N times and each figure is the median.
+``--rounds N`` the paths are measured in turn N times and each figure is the median. Each round
+starts the proxy and the Routers as new processes (``--same-processes`` keeps the first ones),
+because two processes of one configuration can differ by more than tracing and metrics cost;
+odd rounds measure them in reverse order. The report gives each round's c32 ratios too.
 
 Run (after ``scripts/bench-deps``, which installs wrk)::
 
@@ -58,6 +61,7 @@ from servers import CpuSnapshot, Server, answers_success, free_port, http, pinne
 from wrk_runner import WrkResult
 
 BENCH_DIR = Path(__file__).resolve().parent
+SETUP_TIMEOUT_S = 15.0
 AGENT_ID = "bench-agent"
 REQUEST = {"targetTask": "echo", "payload": {"n": 1}}
 PROFILE_CAPABILITIES = [{"task": "echo", "input_schema": {"n": "integer"}}]
@@ -193,6 +197,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="a src/ folder of another version: its Router is measured too, as router-other",
     )
     parser.add_argument("--keep-logs", action="store_true", help="keep the work dir with the server logs")
+    parser.add_argument(
+        "--same-processes",
+        action="store_true",
+        help="keep one process per forwarder across rounds (default: each round starts them afresh)",
+    )
     return parser.parse_args(argv)
 
 
@@ -226,21 +235,23 @@ class Bench:
         agent.wait_ready(lambda: answers_success(url, REQUEST))
         return agent, url
 
-    def start_proxy(self, agent_url: str) -> tuple[Server, str]:
+    def start_proxy(self, agent_url: str, tag: str = "") -> tuple[Server, str]:
         port = free_port()
         url = f"http://127.0.0.1:{port}/reach"
         argv = pinned(self.server_core, [sys.executable, str(BENCH_DIR / "passthrough_proxy.py"), str(port)])
         proxy = self._start(
-            Server("baseline proxy", argv, self.workdir / "proxy.log", env={"BENCH_AGENT_URL": agent_url})
+            Server(
+                "baseline proxy", argv, self.workdir / f"proxy{tag}.log", env={"BENCH_AGENT_URL": agent_url}
+            )
         )
         proxy.wait_ready(lambda: answers_success(url, REQUEST))
         return proxy, url
 
     def start_router(
-        self, agent_url: str, name: str = "router", policy: str = "", src: str | None = None
+        self, agent_url: str, name: str = "router", policy: str = "", src: str | None = None, tag: str = ""
     ) -> tuple[Server, str]:
         """A Router with the shared policy plus ``policy``, and the agent registered with it."""
-        config = self.workdir / f"{name}.yaml"
+        config = self.workdir / f"{name}{tag}.yaml"
         config.write_text(f"registry:\n  lease_ttl_seconds: {LEASE_TTL_S}\n{policy}")
         port = free_port()
         base = f"http://127.0.0.1:{port}"
@@ -253,17 +264,23 @@ class Bench:
         if self.args.router_log_level:
             argv += ["--log-level", self.args.router_log_level]
         env = {"PYTHONPATH": src} if src else None
-        router = self._start(Server(name, argv, self.workdir / f"{name}.log", env=env))
+        router = self._start(Server(name, argv, self.workdir / f"{name}{tag}.log", env=env))
         router.wait_ready(lambda: http("GET", f"{base}/healthz")[0] == 200)
         profile = {
             "id": AGENT_ID,
             "network": {"endpoint": agent_url},
             "capabilities": PROFILE_CAPABILITIES,
         }
-        status, answer = http("POST", f"{base}/agents", profile, headers=_bearer(ADMIN_TOKEN))
+        # A Router's first calls import and build what later calls reuse: on a busy machine
+        # (a test suite beside the bench) they can take seconds.
+        status, answer = http(
+            "POST", f"{base}/agents", profile, timeout_s=SETUP_TIMEOUT_S, headers=_bearer(ADMIN_TOKEN)
+        )
         if status != 201:
             raise RuntimeError(f"registering {AGENT_ID} failed: HTTP {status} {answer}")
-        if not answers_success(f"{base}/reach", REQUEST, headers=_bearer(CALLER_TOKEN)):
+        if not answers_success(
+            f"{base}/reach", REQUEST, headers=_bearer(CALLER_TOKEN), timeout_s=SETUP_TIMEOUT_S
+        ):
             raise RuntimeError(f"{name} does not answer SUCCESS; see {router.log_path}")
         return router, f"{base}/reach"
 
@@ -337,55 +354,96 @@ class Bench:
             result.samples.append((result.requests, router.rss_bytes()))
         return result
 
-    def run(self) -> dict[str, Any]:
-        agent, agent_url = self.start_agent()
-        proxy, proxy_url = self.start_proxy(agent_url)
-        router, router_url = self.start_router(agent_url)
-        bare, bare_url = self.start_router(agent_url, "router-bare", BARE_POLICY)
-        auth, auth_url = self.start_router(agent_url, "router-auth", AUTH_POLICY)
-        compare = self.args.compare_src
-        if compare:
-            # Another checkout's Router (e.g. `git archive OLD src`), measured in the same rounds.
-            old, old_url = self.start_router(agent_url, "router-other", "", src=compare)
-        forwarders = {
-            "direct": None,
+    def start_forwarders(self, agent_url: str, tag: str) -> tuple[dict[str, Server | None], dict[str, str]]:
+        """The proxy and every Router, each a new process; ``tag`` names this round's log files."""
+        proxy, proxy_url = self.start_proxy(agent_url, tag)
+        router, router_url = self.start_router(agent_url, tag=tag)
+        bare, bare_url = self.start_router(agent_url, "router-bare", BARE_POLICY, tag=tag)
+        auth, auth_url = self.start_router(agent_url, "router-auth", AUTH_POLICY, tag=tag)
+        forwarders: dict[str, Server | None] = {
             "baseline": proxy,
             "router": router,
             "router-bare": bare,
             "router-auth": auth,
         }
-        urls = {
-            "direct": agent_url,
-            "baseline": proxy_url,
-            "router": router_url,
-            "router-bare": bare_url,
-            "router-auth": auth_url,
-        }
+        urls = {"baseline": proxy_url, "router": router_url, "router-bare": bare_url, "router-auth": auth_url}
+        compare = self.args.compare_src
         if compare:
-            forwarders["router-other"] = old
-            urls["router-other"] = old_url
+            # Another checkout's Router (e.g. `git archive OLD src`), measured in the same rounds.
+            forwarders["router-other"], urls["router-other"] = self.start_router(
+                agent_url, "router-other", "", src=compare, tag=tag
+            )
+        return forwarders, urls
+
+    def stop_forwarders(self, forwarders: dict[str, Server | None]) -> None:
+        for server in forwarders.values():
+            if server is not None:
+                server.stop()
+                self.started.remove(server)
+
+    def run(self) -> dict[str, Any]:
+        agent, agent_url = self.start_agent()
+        forwarders: dict[str, Server | None] = {}
+        logged: dict[str, list[tuple[Path, str]]] = {"router": [], "router-bare": []}
         # Rounds interleave the paths, so a burst of outside load hits one round of each, not
-        # every run of one path; the median of each figure then drops it.
+        # every run of one path; the median of each figure then drops it. Two processes of one
+        # configuration differ by up to a tenth in CPU per request here (hash seed, heap
+        # layout), more than the cost of tracing and metrics, so each round starts every
+        # forwarder afresh (unless --same-processes) and the medians are over processes too.
+        # Odd rounds take the forwarders in reverse order, so a drift in outside load over a
+        # round does not always favour the same path.
         self.rounds: list[dict[str, PathResult]] = []
         for number in range(self.args.rounds):
             if self.args.rounds > 1:
                 progress(f"round {number + 1}/{self.args.rounds}")
-            paths = {name: PathResult(name, url) for name, url in urls.items()}
+            if number == 0 or not self.args.same_processes:
+                self.stop_forwarders(forwarders)
+                forwarders, urls = self.start_forwarders(agent_url, f"-r{number + 1}" if number else "")
+                for name, entries in logged.items():
+                    server = forwarders[name]
+                    assert server is not None
+                    entries.append((server.log_path, urls[name]))
+            order = list(urls) if number % 2 == 0 else list(reversed(urls))
+            paths = {"direct": PathResult("direct", agent_url)}
+            paths.update({name: PathResult(name, urls[name]) for name in order})
             for name, path in paths.items():
-                self.measure(path, forwarders[name], agent)
+                self.measure(path, forwarders.get(name), agent)
             self.rounds.append(paths)
+        router, router_url = forwarders["router"], urls["router"]
+        assert router is not None
+        urls = {"direct": agent_url, **urls}
         results = {name: median_path([r[name] for r in self.rounds]) for name in urls}
         memory = None
         if self.args.memory_requests > 0:
             rps = results["router"].c32.rps if results["router"].c32 else 1000.0
             memory = self.memory(router, router_url, rps)
         logs = {
-            name: RouterLog.read(server.log_path, self.sent.get(url, 0))
-            for name, server, url in (("router", router, router_url), ("router-bare", bare, bare_url))
+            name: RouterLog.read(
+                [path for path, _ in entries], sum(self.sent.get(url, 0) for _, url in entries)
+            )
+            for name, entries in logged.items()
         }
         return self.report(results, memory, logs)
 
     # -- output ------------------------------------------------------------------------------
+
+    def per_round(self) -> list[str]:
+        """Each round's own c32 ratios: their spread says how far one run's medians can be trusted."""
+        if len(self.rounds) < 2:
+            return []
+
+        def ratios(top: str, bottom: str) -> str:
+            shown = []
+            for paths in self.rounds:
+                a, b = paths[top].c32, paths[bottom].c32
+                shown.append(f"{a.rps / b.rps:.2f}" if a and b else "-")
+            return " ".join(shown)
+
+        c = self.args.connections
+        return [
+            f"per round at c{c}:              router / baseline {ratios('router', 'baseline')}; "
+            f"router / router-bare {ratios('router', 'router-bare')}",
+        ]
 
     def log_level(self) -> str:
         level = self.args.router_log_level
@@ -536,6 +594,7 @@ class Bench:
             f"(tracing+metrics cost {router.forwarder_cpu_us - bare.forwarder_cpu_us:+.0f} µs per request)",
             f"added p50 at c1 over direct:    router {added_router:+.3f} ms, "
             f"router-bare {added_bare:+.3f} ms, baseline {added_baseline:+.3f} ms",
+            *self.per_round(),
             "",
             "Targets",
             f"  Router/baseline req/s at c{c}: {ratio:.2f}  (target >= {MIN_THROUGHPUT_RATIO})"
@@ -617,11 +676,14 @@ class RouterLog:
     per_request: float
 
     @classmethod
-    def read(cls, path: Path, requests: int) -> RouterLog:
-        with path.open("rb") as fh:
-            lines = sum(1 for _ in fh)
+    def read(cls, paths: list[Path], requests: int) -> RouterLog:
+        """The lines of one configuration's log files (one per process), against its requests."""
+        lines = 0
+        for path in paths:
+            with path.open("rb") as fh:
+                lines += sum(1 for _ in fh)
         # The readiness probes add a request or two; against 100k+ that is lost in the rounding.
-        return cls(path, lines, lines / max(1, requests))
+        return cls(paths[0], lines, lines / max(1, requests))
 
     def to_json(self) -> dict[str, Any]:
         return {"file": str(self.path), "lines": self.lines, "lines_per_request": round(self.per_request, 2)}

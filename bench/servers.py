@@ -115,9 +115,11 @@ def http(
         return status, None
 
 
-def answers_success(url: str, body: Any, headers: dict[str, str] | None = None) -> bool:
+def answers_success(
+    url: str, body: Any, headers: dict[str, str] | None = None, timeout_s: float = 2.0
+) -> bool:
     """Whether a POST of ``body`` to ``url`` comes back 200 with status SUCCESS."""
-    status, answer = http("POST", url, body, headers=headers)
+    status, answer = http("POST", url, body, timeout_s=timeout_s, headers=headers)
     return status == 200 and isinstance(answer, dict) and answer.get("status") == "SUCCESS"
 
 
