@@ -147,6 +147,7 @@ _SHOWN = MAX_CANDIDATES_SHOWN
 
 # orjson's options for a hop: a numpy float (a score from the embedder) is written as a number.
 _OPTIONS = orjson.OPT_SERIALIZE_NUMPY
+_dumps = orjson.dumps
 
 
 def _freeze(r: DecisionRecord) -> tuple[Any, ...]:
@@ -285,15 +286,27 @@ class TraceStore:
         return self._bytes
 
     def __call__(self, record: DecisionRecord) -> None:
+        """Keep ``record``'s hop: :meth:`_built` and :meth:`_keep` for one record, written out (a
+        turn's only record, as under light load, costs no call to either)."""
         if self.size <= 0:
             return  # a store that keeps nothing: no hop to build
-        # _built's for one record, without its list and loop (a turn's only record, light load).
         frozen = _freeze(record)
-        hop = memoryview(orjson.dumps(frozen, str, _OPTIONS)).tobytes()
-        if len(hop) > self.max_hop_bytes:
-            hop = _slim(frozen, len(hop), self.max_hop_bytes)
+        hop = memoryview(_dumps(frozen, str, _OPTIONS)).tobytes()
+        size = len(hop)
+        if size > self.max_hop_bytes:
+            hop = _slim(frozen, size, self.max_hop_bytes)
             self.slimmed += 1
-        self._keep(hop)
+            size = len(hop)
+        hops = self._hops
+        held = self._bytes
+        if len(hops) >= self.size:  # a full store, the steady state: the oldest leaves for this one
+            held -= len(hops.popleft())
+        if held + size > self.max_bytes or len(hops) >= self.size:
+            self._bytes = held
+            self._make_room(size)
+            held = self._bytes
+        self._bytes = held + size
+        hops.append(hop)
 
     def observe_all(self, records: Iterable[DecisionRecord], failed: Callable[[Any], None]) -> None:
         """Keep each record's hop, in order, exactly as one call per record would.
@@ -327,7 +340,7 @@ class TraceStore:
 
     def _built(self, records: Iterable[DecisionRecord], failed: Callable[[Any], None]) -> list[bytes]:
         """Each record's hop as its JSON, cut to ``max_hop_bytes`` (:func:`_slim`) where over."""
-        dumps, limit = orjson.dumps, self.max_hop_bytes
+        limit = self.max_hop_bytes
         built = []
         for record in records:
             try:
@@ -335,7 +348,7 @@ class TraceStore:
                 # Fitted (fitted(), without the call): orjson's own buffer is at least 4 KiB, and
                 # the store counts (and keeps) bytes. Anything orjson cannot write (never
                 # expected) is kept as its text rather than losing the hop.
-                hop = memoryview(dumps(frozen, str, _OPTIONS)).tobytes()
+                hop = memoryview(_dumps(frozen, str, _OPTIONS)).tobytes()
                 if len(hop) > limit:
                     hop = _slim(frozen, len(hop), limit)
                     self.slimmed += 1
