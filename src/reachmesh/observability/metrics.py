@@ -30,9 +30,10 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 # Scores by meaning are background-relative, about 0.05 to 0.2 (the bundled model's threshold is
 # 0.083): fine steps there. Exact routes score 1.0, in a bucket of their own.
-# Cells kept at most (see RouterMetrics._cell); one per task, agent and status that ended requests.
-_MAX_CELLS = 4096
 _SCORE_BUCKETS = (0.025, 0.05, 0.075, 0.1, 0.125, 0.15, 0.175, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 0.99, 1.0)
+# Cells kept at most (RouterMetrics._cell): one per task, agent and status that ended requests,
+# emptied at every registry change; the bound is a backstop.
+_MAX_CELLS = 4096
 
 
 @dataclass(frozen=True, slots=True)
