@@ -148,6 +148,10 @@ _SHOWN = MAX_CANDIDATES_SHOWN
 # orjson's options for a hop: a numpy float (a score from the embedder) is written as a number.
 _OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 _dumps = orjson.dumps
+# orjson's own buffer is at least 4 KiB, and the store counts (and keeps) bytes: a hop is kept as
+# a fitted copy. Written with a newline, the slice that drops it is that copy, for less than a
+# memoryview and its tobytes() (about 0.1 us a hop).
+_FITTED = _OPTIONS | orjson.OPT_APPEND_NEWLINE
 
 
 def _freeze(r: DecisionRecord) -> tuple[Any, ...]:
@@ -291,7 +295,7 @@ class TraceStore:
         if self.size <= 0:
             return  # a store that keeps nothing: no hop to build
         frozen = _freeze(record)
-        hop = memoryview(_dumps(frozen, str, _OPTIONS)).tobytes()
+        hop = _dumps(frozen, str, _FITTED)[:-1]
         size = len(hop)
         if size > self.max_hop_bytes:
             hop = _slim(frozen, size, self.max_hop_bytes)
@@ -345,10 +349,9 @@ class TraceStore:
         for record in records:
             try:
                 frozen = _freeze(record)
-                # Fitted (fitted(), without the call): orjson's own buffer is at least 4 KiB, and
-                # the store counts (and keeps) bytes. Anything orjson cannot write (never
-                # expected) is kept as its text rather than losing the hop.
-                hop = memoryview(_dumps(frozen, str, _OPTIONS)).tobytes()
+                # Fitted (_FITTED). Anything orjson cannot write (never expected) is kept as its
+                # text rather than losing the hop.
+                hop = _dumps(frozen, str, _FITTED)[:-1]
                 if len(hop) > limit:
                     hop = _slim(frozen, len(hop), limit)
                     self.slimmed += 1
