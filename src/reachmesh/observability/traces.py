@@ -18,7 +18,7 @@ go first) and the oldest hops leave once ``max_bytes`` would be passed.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from itertools import islice
 from typing import Any, NamedTuple
 
@@ -160,17 +160,17 @@ def _freeze(r: DecisionRecord) -> tuple[Any, ...]:
 
     One tuple display of plain attribute reads: an ``attrgetter`` of the 23 stored fields took
     twice as long (it reads each name through the generic lookup; the interpreter's reads are
-    specialised), and building it first then unpacking it into the hop cost a list and a copy.
-    The record's own lists (notes, candidates) are held only until the hop is written."""
+    specialised). The record's own lists (notes, candidates) are held until the hop is written."""
     candidates = r.candidates
     shown = len(candidates)
     rejected = r.rejected
     queue_wait = r.queue_wait_ms
     pool_wait = r.pool_wait_ms
     attempts = r.attempts
-    if len(attempts) == 1:  # most requests: without a comprehension's frame
+    tried: Sequence[tuple[Any, ...]]  # the same JSON either way
+    if len(attempts) == 1:  # most requests: without a comprehension's frame, nor a list
         a = attempts[0]
-        tried = [(a.agent_id, a.outcome, a.duration_ms, a.span_id, a.offset_ms, a.score)]
+        tried = ((a.agent_id, a.outcome, a.duration_ms, a.span_id, a.offset_ms, a.score),)
     else:
         tried = [(a.agent_id, a.outcome, a.duration_ms, a.span_id, a.offset_ms, a.score) for a in attempts]
     # Two displays joined: CPython builds one of over 30 items as a list (appends, resizes), then a tuple.
