@@ -31,6 +31,9 @@ _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 
 # Scores by meaning are background-relative, about 0.05 to 0.2 (the bundled model's threshold is
 # 0.083): fine steps there. Exact routes score 1.0, in a bucket of their own.
 _SCORE_BUCKETS = (0.025, 0.05, 0.075, 0.1, 0.125, 0.15, 0.175, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 0.99, 1.0)
+# Cells kept at most (RouterMetrics._cell): one per task, agent and status that ended requests,
+# emptied at every registry change; the bound is a backstop.
+_MAX_CELLS = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,8 +163,6 @@ class RouterMetrics:
             ("task",),
             _LATENCY_BUCKETS,
         )
-        # HistogramSeries.observe, written out in __call__ for the one histogram every request feeds.
-        self._latency_bounds = self.latency.bounds
         self.retries = CounterSeries("reach_retries", "Same-agent retries by reason", ("reason",))
         self.failovers = CounterSeries("reach_failovers", "Failovers to another agent by reason", ("reason",))
         self.lease_expiries = CounterSeries(
@@ -199,55 +200,41 @@ class RouterMetrics:
         ):
             self.prom.register(family)
         self.prom.register(_LiveState(registry, live))
+        self._start_cells()
+
+    def _start_cells(self) -> None:
+        # (matched task, agent, status) -> its _cell; emptied whenever the registry changes, and
+        # whenever series are dropped, so a cell never holds labels or a row that are out of date.
+        self._cells: dict[tuple[Any, ...], tuple[tuple[str, str, str], list[float], str, str]] = {}
+        # The dicts the families count in (never rebound), read without the family each time.
+        self._requests = self.requests.values
+        self._outcomes = self.attempts.values
+        # HistogramSeries.observe, written out in __call__ for the one histogram every request feeds.
+        self._latency_bounds = self.latency.bounds
+        self._registry.subscribe(self._changed)
 
     def __call__(self, record: DecisionRecord) -> None:
-        # A turn's only record (light load): what observe_all does for each, with nothing to
-        # share; a failure is raised to the caller, after the request was counted.
+        """Count one finished request; an error is raised to the caller, after the request and
+        its latency were counted.
+
+        Runs for every request, on the event loop. Records that name the same task, agent and
+        status share a :meth:`_cell`, made once: the requests series' key, the latency series'
+        row and the labels, so the common request costs three dict lookups and four adds."""
         attempts = record.attempts
-        tally = self._tally(record, record.handler or (attempts[-1].agent_id if attempts else NO_AGENT))
-        tally[0] = 1.0
+        agent = record.handler or (attempts[-1].agent_id if attempts else NO_AGENT)
+        cell = self._cells.get((record.matched_task, agent, record.status))
+        if cell is None:
+            cell = self._cell(record, agent)
+        key, row, task, agent = cell
         try:
-            self._count(record, attempts, tally)
-        finally:
-            self._flush((tally,))
-
-    def observe_all(self, records: Sequence[DecisionRecord], failed: Callable[[Any], None]) -> None:
-        """Count each record, in order, as one call per record would; a record that fails is
-        reported to ``failed`` (inside its ``except`` block) and the others still count.
-
-        Runs for every request, on the event loop, over the records finished in one turn (about
-        16 under load at c32). The registry cannot change during the turn, so the records that
-        name the same task, agent and status share their labels, worked out once, and their
-        latency series; their requests are added up and counted once, at the end."""
-        seen: dict[tuple[Any, ...], list[Any]] = {}  # the record's names -> a _tally
-        try:
-            for record in records:
-                try:
-                    attempts = record.attempts
-                    agent = record.handler or (attempts[-1].agent_id if attempts else NO_AGENT)
-                    tally = seen.get((record.matched_task, agent, record.status))
-                    if tally is None:
-                        tally = seen[(record.matched_task, agent, record.status)] = self._tally(record, agent)
-                    tally[0] += 1.0
-                    self._count(record, attempts, tally)
-                except Exception:  # noqa: BLE001 - one record's bug must not cost the others their counts
-                    failed(self)
-        finally:
-            self._flush(seen.values())
-
-    def _count(self, record: DecisionRecord, attempts: Sequence[Any], tally: list[Any]) -> None:
-        """One record's latency, attempts and rarer parts, under its ``tally``'s labels. The
-        common request (one attempt, no retry, no stream) costs the latency bucket and its
-        attempt's count, and skips the rest on one test."""
+            self._requests[key] += 1.0
+        except KeyError:  # the first request of its series
+            self.requests.inc(key)
         seconds = record.duration_ms / 1000
-        row = tally[1]
-        if row is not None and seconds == seconds:  # an existing series, and not NaN
+        if seconds == seconds:  # not NaN: NaN is in no bucket, only in the sum (prometheus-client's way)
             row[bisect_left(self._latency_bounds, seconds)] += 1.0
-            row[-1] += seconds
-        else:
-            self.latency.observe((tally[2],), seconds)
-            tally[1] = self.latency.series.get((tally[2],))
-        outcomes = self.attempts.values
+        row[-1] += seconds
+        outcomes = self._outcomes
         for attempt in attempts:
             try:
                 outcomes[(attempt.outcome,)] += 1.0
@@ -262,31 +249,73 @@ class RouterMetrics:
             or record.queue_wait_ms
             or record.stream is not None
         ):
-            self._more(record, tally[2], tally[3])
+            self._more(record, task, agent)
 
-    def _flush(self, tallies: Iterable[list[Any]]) -> None:
-        """Count the requests the tallies added up."""
-        for count, _row, _task, _agent, key in tallies:
-            if count:
-                self.requests.inc(key, count)
+    def observe_all(self, records: Sequence[DecisionRecord], failed: Callable[[Any], None]) -> None:
+        """Count each record, in order, as one call per record would; a record that fails is
+        reported to ``failed`` (inside its ``except`` block) and the others still count.
 
-    def _tally(self, record: DecisionRecord, agent: str) -> list[Any]:
-        """``[requests, latency row or None, task, agent, requests key]`` for the labels of
-        ``record`` (handled by ``agent``) as the registry stands now.
+        The end of the loop's turn hands over every record of the turn at once (about 16 under
+        load at c32): :meth:`__call__`'s body, with what it reads of ``self`` read once."""
+        cells, requests, bounds, outcomes = self._cells, self._requests, self._latency_bounds, self._outcomes
+        for record in records:
+            try:
+                attempts = record.attempts
+                agent = record.handler or (attempts[-1].agent_id if attempts else NO_AGENT)
+                cell = cells.get((record.matched_task, agent, record.status))
+                if cell is None:
+                    cell = self._cell(record, agent)
+                key, row, task, agent = cell
+                try:
+                    requests[key] += 1.0
+                except KeyError:  # the first request of its series
+                    self.requests.inc(key)
+                seconds = record.duration_ms / 1000
+                if seconds == seconds:
+                    row[bisect_left(bounds, seconds)] += 1.0
+                row[-1] += seconds
+                for attempt in attempts:
+                    try:
+                        outcomes[(attempt.outcome,)] += 1.0
+                    except KeyError:
+                        self.attempts.inc((attempt.outcome,))
+                if (
+                    record.score is not None
+                    or record.retries
+                    or record.failovers
+                    or record.circuit_trips
+                    or record.semantic_refused
+                    or record.queue_wait_ms
+                    or record.stream is not None
+                ):
+                    self._more(record, task, agent)
+            except Exception:  # noqa: BLE001 - one record's bug must not cost the others their counts
+                failed(self)
+
+    def _cell(self, record: DecisionRecord, agent: str) -> tuple[tuple[str, str, str], list[float], str, str]:
+        """``(requests key, latency row, task, agent)`` for the labels of ``record`` (handled by
+        ``agent``) as the registry stands now, kept until the registry changes.
 
         A request that ends after its agent (or its task's last agent) left the registry would
         bring back series :meth:`forget` dropped, for good: it counts as no agent, no known task.
         (NO_AGENT and UNKNOWN_TASK come out as themselves either way.)"""
+        cells = self._cells
+        if len(cells) >= _MAX_CELLS:  # only names the registry knew; a bound all the same
+            cells.clear()
         snapshot = self._registry.snapshot  # its dicts, read without a call through the registry
-        if agent not in snapshot.entries:  # registry.get(agent) is None
-            agent = NO_AGENT
+        named = agent if agent in snapshot.entries else NO_AGENT
         task = record.matched_task or UNKNOWN_TASK
         if not snapshot.index.get(task):  # no registry.by_task(task)
             task = UNKNOWN_TASK
         status = record.status
         # The member's value without the enum's property (a Python-level call).
-        key = (task, agent, "UNKNOWN" if status is None else status._value_)
-        return [0.0, self.latency.series.get((task,)), task, agent, key]
+        key = (task, named, "UNKNOWN" if status is None else status._value_)
+        cell = cells[(record.matched_task, agent, status)] = (key, self.latency.row((task,)), task, named)
+        return cell
+
+    def _changed(self, _event: RegistryEvent, _entry: AgentEntry) -> None:
+        """The registry changed: the cells' labels are worked out again as they are next used."""
+        self._cells.clear()
 
     def _more(self, record: DecisionRecord, task: str, agent: str) -> None:
         """A score, retries, failovers, breaker trips, a refusal by meaning, a wait, a stream."""
@@ -346,6 +375,7 @@ class RouterMetrics:
             self._drop_tasks(gone)
 
     def _drop_tasks(self, gone: list[str]) -> None:
+        self._cells.clear()
         for family in (self.requests, self.latency, self.first_chunk, self.stream_bytes):
             family.drop("task", gone)
 
@@ -354,6 +384,7 @@ class RouterMetrics:
         so the series follow the registry, and register/deregister churn leaves none behind."""
         agent = (entry.id,)
         gone = [task for task in entry.capabilities if not self._registry.by_task(task)]
+        self._cells.clear()
         for family in (self.requests, self.circuit_trips, self.health_failures, self.queue_wait):
             family.drop("agent", agent)
         self._drop_tasks(gone)

@@ -95,11 +95,17 @@ class HistogramSeries(Collector):
         self.series: dict[Labels, list[float]] = {}
         self.created: dict[Labels, float] = {}
 
-    def observe(self, labels: Labels, value: float) -> None:
+    def row(self, labels: Labels) -> list[float]:
+        """The series of ``labels`` (made now if new): a count per bucket, then the sum. A caller
+        that keeps it may count into it as :meth:`observe` does, until the series is dropped."""
         row = self.series.get(labels)
         if row is None:
             row = self.series[labels] = [0.0] * (len(self.bounds) + 2)
             self.created[labels] = self._now()
+        return row
+
+    def observe(self, labels: Labels, value: float) -> None:
+        row = self.row(labels)
         if value != value:
             # NaN is in no bucket (and not counted), only in the sum, as prometheus-client has it.
             row[-1] += value

@@ -18,7 +18,7 @@ go first) and the oldest hops leave once ``max_bytes`` would be passed.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from itertools import islice
 from typing import Any, NamedTuple
 
@@ -147,6 +147,11 @@ _SHOWN = MAX_CANDIDATES_SHOWN
 
 # orjson's options for a hop: a numpy float (a score from the embedder) is written as a number.
 _OPTIONS = orjson.OPT_SERIALIZE_NUMPY
+_dumps = orjson.dumps
+# orjson's own buffer is at least 4 KiB, and the store counts (and keeps) bytes: a hop is kept as
+# a fitted copy. Written with a newline, the slice that drops it is that copy, for less than a
+# memoryview and its tobytes() (about 0.1 us a hop).
+_FITTED = _OPTIONS | orjson.OPT_APPEND_NEWLINE
 
 
 def _freeze(r: DecisionRecord) -> tuple[Any, ...]:
@@ -155,17 +160,17 @@ def _freeze(r: DecisionRecord) -> tuple[Any, ...]:
 
     One tuple display of plain attribute reads: an ``attrgetter`` of the 23 stored fields took
     twice as long (it reads each name through the generic lookup; the interpreter's reads are
-    specialised), and building it first then unpacking it into the hop cost a list and a copy.
-    The record's own lists (notes, candidates) are held only until the hop is written."""
+    specialised). The record's own lists (notes, candidates) are held until the hop is written."""
     candidates = r.candidates
     shown = len(candidates)
     rejected = r.rejected
     queue_wait = r.queue_wait_ms
     pool_wait = r.pool_wait_ms
     attempts = r.attempts
-    if len(attempts) == 1:  # most requests: without a comprehension's frame
+    tried: Sequence[tuple[Any, ...]]  # the same JSON either way
+    if len(attempts) == 1:  # most requests: without a comprehension's frame, nor a list
         a = attempts[0]
-        tried = [(a.agent_id, a.outcome, a.duration_ms, a.span_id, a.offset_ms, a.score)]
+        tried = ((a.agent_id, a.outcome, a.duration_ms, a.span_id, a.offset_ms, a.score),)
     else:
         tried = [(a.agent_id, a.outcome, a.duration_ms, a.span_id, a.offset_ms, a.score) for a in attempts]
     # Two displays joined: CPython builds one of over 30 items as a list (appends, resizes), then a tuple.
@@ -285,15 +290,27 @@ class TraceStore:
         return self._bytes
 
     def __call__(self, record: DecisionRecord) -> None:
+        """Keep ``record``'s hop: :meth:`_built` and :meth:`_keep` for one record, written out (a
+        turn's only record, as under light load, costs no call to either)."""
         if self.size <= 0:
             return  # a store that keeps nothing: no hop to build
-        # _built's for one record, without its list and loop (a turn's only record, light load).
         frozen = _freeze(record)
-        hop = memoryview(orjson.dumps(frozen, str, _OPTIONS)).tobytes()
-        if len(hop) > self.max_hop_bytes:
-            hop = _slim(frozen, len(hop), self.max_hop_bytes)
+        hop = _dumps(frozen, str, _FITTED)[:-1]
+        size = len(hop)
+        if size > self.max_hop_bytes:
+            hop = _slim(frozen, size, self.max_hop_bytes)
             self.slimmed += 1
-        self._keep(hop)
+            size = len(hop)
+        hops = self._hops
+        held = self._bytes
+        if len(hops) >= self.size:  # a full store, the steady state: the oldest leaves for this one
+            held -= len(hops.popleft())
+        if held + size > self.max_bytes or len(hops) >= self.size:
+            self._bytes = held
+            self._make_room(size)
+            held = self._bytes
+        self._bytes = held + size
+        hops.append(hop)
 
     def observe_all(self, records: Iterable[DecisionRecord], failed: Callable[[Any], None]) -> None:
         """Keep each record's hop, in order, exactly as one call per record would.
@@ -327,15 +344,14 @@ class TraceStore:
 
     def _built(self, records: Iterable[DecisionRecord], failed: Callable[[Any], None]) -> list[bytes]:
         """Each record's hop as its JSON, cut to ``max_hop_bytes`` (:func:`_slim`) where over."""
-        dumps, limit = orjson.dumps, self.max_hop_bytes
+        limit = self.max_hop_bytes
         built = []
         for record in records:
             try:
                 frozen = _freeze(record)
-                # Fitted (fitted(), without the call): orjson's own buffer is at least 4 KiB, and
-                # the store counts (and keeps) bytes. Anything orjson cannot write (never
-                # expected) is kept as its text rather than losing the hop.
-                hop = memoryview(dumps(frozen, str, _OPTIONS)).tobytes()
+                # Fitted (_FITTED). Anything orjson cannot write (never expected) is kept as its
+                # text rather than losing the hop.
+                hop = _dumps(frozen, str, _FITTED)[:-1]
                 if len(hop) > limit:
                     hop = _slim(frozen, len(hop), limit)
                     self.slimmed += 1
