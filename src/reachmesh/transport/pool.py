@@ -257,11 +257,12 @@ class _Conn(asyncio.Protocol):
     # -- one exchange -----------------------------------------------------------------------
 
     def exchange(
-        self, data: bytes, body: bytes, limit: int, read_s: float, hard: float
+        self, data: bytes, body: bytes, limit: int, read_s: float, hard: float, now: float | None = None
     ) -> asyncio.Future[Answer]:
         """Write the request; the future of its whole answer (or the first error). Not a
         coroutine of its own (one fewer per attempt): the caller awaits the future, and when
-        its wait ends before the answer (cancelled), the connection is done (see post)."""
+        its wait ends before the answer (cancelled), the connection is done (see post).
+        ``now``: the loop's time, when the caller has just read it."""
         loop = self._loop
         waiter: asyncio.Future[Answer] = loop.create_future()
         self._waiter = waiter
@@ -282,7 +283,9 @@ class _Conn(asyncio.Protocol):
         else:
             transport.write(data + body if body else data)
         box.inflight += 1  # until post's wait ends
-        self._last_read = now = loop.time()
+        if now is None:
+            now = loop.time()
+        self._last_read = now
         # The whole head within read_s of the request: an agent dripping header bytes cannot
         # hold the attempt open by re-arming the read timeout with each byte.
         self._head_due = min(now + read_s, hard)
@@ -334,7 +337,17 @@ class _Conn(asyncio.Protocol):
         if reusable:
             self._waiter = None  # its timer stays, for the next exchange (see exchange)
             waiter.set_result(answer)
-            self._pool.release(self)
+            # Pool.release(self), written out: once per exchange. With nobody waiting, for this
+            # connection or (the pool full) for any, there is no one to wake.
+            pool = self._pool
+            self.idle_since = self._loop.time()
+            idle = pool._idle.get(self.key)
+            if idle is None:
+                pool._idle[self.key] = [self]
+            else:
+                idle.append(self)
+            if pool._waiting:
+                pool.wake_for(self.key)
         else:
             self._reset()
             waiter.set_result(answer)
@@ -437,16 +450,6 @@ class Pool:
         # pool, as a pool serves one loop, whose reads never overlap.
         self.read_buffer: memoryview | None = None
 
-    def _target(self, url: str) -> _Target:
-        target = self._targets.get(url)
-        if target is None:
-            target = _Target(url)
-            if len(self._targets) >= 4096:
-                # Endpoints come from the registry; this bounds the cache if they churn.
-                self._targets.clear()
-            self._targets[url] = target
-        return target
-
     async def post(
         self,
         url: str,
@@ -461,17 +464,24 @@ class Pool:
         self._loop = loop
         now = loop.time()  # once: the loop's clock, read again below within the same call
         hard = now + total_s
-        target = self._targets.get(url) or self._target(url)  # a known one without a call
+        target = self._targets.get(url) or _target(self._targets, url)  # a known one without a call
         # Built in a function of its own: its pieces are gone before the (maybe long) wait.
         data = _request_head(target, self._ua, headers, len(body))
         # An idle connection (nobody waiting first) without _acquire's coroutine: keep-alive's case.
-        # _queue_ahead(key), written out: one call fewer per request.
-        key = target.key
-        queued = self._waiting.get(key) or self._claims.get(key)
-        conn = None if queued else self._reuse(key, now)
-        conn = await self._acquire(target, connect_s, hard) if conn is None else conn
+        # _queue_ahead(key) and _reuse(key, now) written out (the last idle one is alive).
+        key, conn = target.key, None
+        if not (self._waiting or self._claims) or not (self._waiting.get(key) or self._claims.get(key)):
+            idle = self._idle.get(key)
+            if idle:
+                conn = idle.pop()
+                if now - conn.idle_since >= IDLE_S or not conn.alive():
+                    conn._close()
+                    conn = self._reuse(key, now)
+        if conn is None:
+            conn = await self._acquire(target, connect_s, hard)
+            now = loop.time()  # after the wait: the exchange's deadlines start from here
         reused = conn.idle_since > 0.0
-        waiter = conn.exchange(data, body, self._limit, read_s, hard)
+        waiter = conn.exchange(data, body, self._limit, read_s, hard, now)
         try:
             try:
                 return await waiter
@@ -498,7 +508,7 @@ class Pool:
         answer was read whole and may be followed by another, and closes it otherwise."""
         loop = self._loop or asyncio.get_running_loop()
         self._loop = loop
-        target = self._target(url)
+        target = _target(self._targets, url)
         lines = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
         if lines.count("\r") != len(headers) or lines.count("\n") != len(headers):
             raise BadHeader(next(n for n, v in headers.items() if "\r" in n + v or "\n" in n + v))
@@ -711,8 +721,11 @@ class Pool:
     def release(self, conn: _Conn) -> None:
         """Put a connection whose answer was read whole back in the pool."""
         conn.idle_since = self._loop.time() if self._loop is not None else 1.0
-        key = conn.key  # below: _wake() only when someone waits for it
-        self._idle.setdefault(key, []).append(conn)
+        self._idle.setdefault(conn.key, []).append(conn)
+        self.wake_for(conn.key)
+
+    def wake_for(self, key: tuple[str, str, int]) -> None:
+        """A connection to ``key`` is idle again: wake its next waiter (only if one waits)."""
         if not (key in self._waiting and self._wake(key)) and len(self._all) + self._opening >= self._size:
             self._wake_any()  # the pool is full: a waiter elsewhere may close this idle one
 
@@ -793,6 +806,18 @@ class Pool:
                 if not room.done():
                     room.set_result(None)
         self._waiting.clear()
+
+
+def _target(targets: dict[str, _Target], url: str) -> _Target:
+    """The parsed ``url``, kept in ``targets``."""
+    target = targets.get(url)
+    if target is None:
+        target = _Target(url)
+        if len(targets) >= 4096:
+            # Endpoints come from the registry; this bounds the cache if they churn.
+            targets.clear()
+        targets[url] = target
+    return target
 
 
 def _request_head(target: _Target, agent_lines: bytes, headers: dict[str, str], length: int) -> bytes:
