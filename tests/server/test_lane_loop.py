@@ -64,7 +64,7 @@ async def test_observe_on_a_given_loop_runs_at_the_end_of_the_turn(monkeypatch: 
     with counted_loop_asks(monkeypatch) as asks:
         observe.on_loop(first, loop)
         observe.on_loop(second, loop)
-        assert seen == []  # not before the turn ends
-        await asyncio.sleep(0)
+    assert seen == []  # not before the turn ends
+    await until(lambda: len(seen) == 2, "both records observed at the end of the turn")
     assert seen == [first, second]
     assert asks[0] == 0
