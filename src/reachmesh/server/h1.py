@@ -383,6 +383,7 @@ class GuardedHttpTools(HttpToolsProtocol):
         "_lane",
         "_lane_app",
         "_one_write",
+        "_read_bytes",
         "_reading_head",
         "_refused",
         "_trusted",
@@ -395,6 +396,7 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._cap_headers = self.max_headers
         self._cap_head_bytes = self.max_header_bytes
         self._head_bytes = 0
+        self._read_bytes = 0
         self._reading_head = True
         self._refused = False
         self._idle_since: float | None = None  # when the last response ended, while idle since
@@ -451,6 +453,8 @@ class GuardedHttpTools(HttpToolsProtocol):
             return
         if self._reading_head:
             self._head_bytes += len(data)
+        else:
+            self._read_bytes = len(data)  # a read a head may begin in (see on_headers_complete)
         # uvicorn's own data_received, written out (a Python frame and a call fewer per read):
         # the connection is no longer idle (_unset_keepalive_if_required), then the parser.
         self._idle_since = None
@@ -517,13 +521,12 @@ class GuardedHttpTools(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         if self._refused:
             return
-        # The head's size: the request line ("METHOD URL HTTP/1.1\r\n"), each "Name: value\r\n"
-        # (lower-casing keeps a name's length), and the blank line; summed in C, not per line in
-        # Python (uvicorn's own on_url gathers the URL).
-        lines = self.headers
-        size = len(self.parser.get_method()) + len(self.url) + 14
-        size += sum(map(len, chain.from_iterable(lines))) + 4 * len(lines)
-        if size > self._cap_head_bytes:
+        # The head lies within the read it began in and those counted since (_head_bytes): a
+        # read that began with no head under way is the last one kept in _read_bytes, and one
+        # that began within this head was counted. Only when those could be over the cap is the
+        # head's own size summed.
+        cap = self._cap_head_bytes
+        if self._head_bytes + self._read_bytes > cap and self._head_size() > cap:
             self._refuse_head_size()
             return
         self._reading_head = False
@@ -535,6 +538,13 @@ class GuardedHttpTools(HttpToolsProtocol):
             self._lane = (headers, [])  # served once the whole body is here (or left)
             return
         self._asgi_head()
+
+    def _head_size(self) -> int:
+        """The whole head's size: the request line ("METHOD URL HTTP/1.1\r\n"), each "Name:
+        value\r\n" (lower-casing keeps a name's length), and the blank line."""
+        lines = self.headers
+        size = len(self.parser.get_method()) + len(self.url) + 14
+        return size + sum(map(len, chain.from_iterable(lines))) + 4 * len(lines)
 
     def _asgi_head(self) -> None:
         """uvicorn's cycle for the request, with the one-write transport and the whole answer."""
@@ -594,8 +604,10 @@ class GuardedHttpTools(HttpToolsProtocol):
         # seconds after its last response.
         self.server_state.total_requests += 1
         # The next head starts counting at its first byte (on_message_begin); until then the
-        # client may still be sending the rest of a body the app already refused.
-        self._head_bytes = 0
+        # client may still be sending the rest of a body the app already refused. A head already
+        # under way (pipelined behind this answer) keeps its count: its bound reads it.
+        if not self._reading_head:
+            self._head_bytes = 0
         if self.transport.is_closing():
             return
         flow = self.flow
