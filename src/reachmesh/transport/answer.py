@@ -236,13 +236,11 @@ class AnswerReader:
             raise BrokenBody("bytes after the answer")
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        count = self._headers = self._headers + 1
-        if count > self._max_headers or len(name) + len(value) > self._line_room:
-            raise HeadTooLarge(
-                f"the answer has over {self._max_headers} header lines"
-                if self._headers > self._max_headers
-                else f"an answer header line is over {self._max_line} bytes"
-            )
+        # Counted here, bounded once the head is whole (on_headers_complete): nothing is kept
+        # per line, and the head's bytes bound how many lines come before then.
+        self._headers += 1
+        if len(name) + len(value) > self._line_room:
+            raise HeadTooLarge(f"an answer header line is over {self._max_line} bytes")
         kind = _READ.get(name.lower())
         if kind is None:
             return  # the headers the Router does not read: one lookup each
@@ -257,6 +255,8 @@ class AnswerReader:
             self.retry_after = value[:64]
 
     def on_headers_complete(self) -> None:
+        if self._headers > self._max_headers:
+            raise HeadTooLarge(f"the answer has over {self._max_headers} header lines")
         status = self._parser.get_status_code()
         if status == 101:
             raise BrokenBody("the agent switched protocols (HTTP 101)")

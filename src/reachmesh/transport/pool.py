@@ -273,29 +273,30 @@ class _Conn(asyncio.Protocol):
         transport = self.transport
         assert transport is not None
         box = self._box
-        if body and len(body) >= _JOIN_LIMIT:
+        # (A bytes object joined with an empty one is the same object, not a copy.)
+        if len(body) >= _JOIN_LIMIT:
             transport.write(data)
             transport.write(body)
         elif box.inflight:
             # Other exchanges are under way: this request leaves with the pass's other writes.
-            self._held = data + body if body else data
+            self._held = data + body
             box.hold(self, loop)
         else:
-            transport.write(data + body if body else data)
+            transport.write(data + body)
         box.inflight += 1  # until post's wait ends
         if now is None:
             now = loop.time()
         self._last_read = now
         # The whole head within read_s of the request: an agent dripping header bytes cannot
         # hold the attempt open by re-arming the read timeout with each byte.
-        self._head_due = min(now + read_s, hard)
+        head_due = self._head_due = now + read_s if now + read_s < hard else hard
         # A timer left by an earlier exchange that fires no later serves this one too (it re-arms
         # itself up to the real deadline): no timer made and cancelled per exchange.
         timer = self._timer
-        if timer is None or self._timer_at > self._head_due:
+        if timer is None or self._timer_at > head_due:
             if timer is not None:
                 timer.cancel()
-            self._arm(self._head_due)
+            self._arm(head_due)
         return waiter
 
     def write_held(self) -> None:
@@ -824,9 +825,10 @@ def _request_head(target: _Target, agent_lines: bytes, headers: dict[str, str], 
     """The request's head, whole (``agent_lines``: the pool's own User-Agent and Accept lines);
     BadHeader for a name or value with a line break in it."""
     # The header lines in one join and one encode; each line ends in the one CR LF added
-    # here, so any other line break is counted by two scans in C instead of two per header.
+    # here, so any other line break (or another separator splitlines() knows) makes one line
+    # more, found in C instead of by two tests per header; the loop then names a CR or LF.
     lines = "".join(map(_HEADER_LINE, headers.keys(), headers.values()))
-    if lines.count("\r") != len(headers) or lines.count("\n") != len(headers):
+    if len(lines.splitlines()) != len(headers):
         for name, value in headers.items():
             if "\r" in name or "\n" in name or "\r" in value or "\n" in value:
                 raise BadHeader(name)
