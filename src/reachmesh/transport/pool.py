@@ -332,8 +332,8 @@ class _Conn(asyncio.Protocol):
         if waiter is None or waiter.done():
             return
         reader = self.reader
-        # reader.reusable, without the property's call.
-        reusable = not self.closed and reader.complete and reader.keep_alive and not reader.trailing
+        # reader.reusable, without the property's call (complete: what calls this was told so).
+        reusable = not self.closed and reader.keep_alive and not reader.trailing
         answer = reader.answer()
         if reusable:
             self._waiter = None  # its timer stays, for the next exchange (see exchange)
@@ -452,17 +452,12 @@ class Pool:
         self.read_buffer: memoryview | None = None
 
     async def post(
-        self,
-        url: str,
-        body: bytes,
-        headers: dict[str, str],
-        connect_s: float,
-        read_s: float,
-        total_s: float,
+        self, url: str, body: bytes, headers: dict[str, str], connect_s: float, read_s: float, total_s: float
     ) -> Answer:
         """POST ``body`` to ``url``: the status and the whole answer, within the limits."""
-        loop = self._loop or asyncio.get_running_loop()
-        self._loop = loop
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
         now = loop.time()  # once: the loop's clock, read again below within the same call
         hard = now + total_s
         target = self._targets.get(url) or _target(self._targets, url)  # a known one without a call
