@@ -259,6 +259,18 @@ class ObserveAfterTurn:
             return
         self._loop.call_soon(self.run)
 
+    def on_loop(self, record: DecisionRecord, loop: asyncio.AbstractEventLoop) -> None:
+        """:meth:`__call__` from code running on ``loop`` that holds it (the /reach lane): the
+        same, without asking asyncio for the running loop, which costs a getpid() system call
+        on every ask (CPython 3.11 checks for a fork)."""
+        pending = self._pending
+        pending.append(record)
+        due = self._loop
+        if len(pending) > 1 and due is not None and not due.is_closed():
+            return  # a run is already due at the end of this turn
+        self._loop = loop
+        loop.call_soon(self.run)
+
     def run(self) -> None:
         """Observe every pending record now (the end of the turn, or a caller that must see them).
 

@@ -61,7 +61,7 @@ _LITERALS: dict[bytes, Any] = {b"true": True, b"false": False, b"null": None}
 
 def loads(raw: bytes | str) -> Any:
     """The decoded document; raises :class:`JSONDecodeError` when it is not valid JSON."""
-    blob = raw.encode() if isinstance(raw, str) else raw
+    blob = raw if raw.__class__ is bytes else _as_bytes(raw)
     try:
         data = orjson.loads(blob)
     except orjson.JSONDecodeError as exc:
@@ -74,6 +74,10 @@ def loads(raw: bytes | str) -> Any:
         return data
     deep = may_nest_deeper(blob, _C_PARSER_DEPTH) and depth(data, _C_PARSER_DEPTH) > _C_PARSER_DEPTH
     return _exact_loads(blob, deep)
+
+
+def _as_bytes(raw: bytes | str) -> bytes:
+    return raw.encode() if isinstance(raw, str) else raw
 
 
 def _exact_loads(blob: bytes, deep: bool | None) -> Any:

@@ -29,10 +29,18 @@ _ID_HEX = 32
 _BATCH = 256 * _ID_HEX // 2
 _ID = re.compile(f".{{{_ID_HEX}}}", re.DOTALL)
 _ids: list[str] = []
+# Span ids likewise, 256 at a time from the fast generator (see new_span_id).
+_SPAN_HEX = 16
+_SPAN_BATCH = 256
+_SPAN = re.compile(f".{{{_SPAN_HEX}}}", re.DOTALL)
+_NO_SPAN = "0" * _SPAN_HEX  # not a valid span id (W3C): never handed out
+_span_ids: list[str] = []
 
 
 def _forget_entropy() -> None:
     _ids.clear()
+    _span_ids.clear()
+    _random.seed()  # the child's own sequence, not the parent's next span ids
 
 
 os.register_at_fork(after_in_child=_forget_entropy)
@@ -61,7 +69,15 @@ def new_span_id() -> str:
     Span ids only need to be unique, not unguessable (trace ids, which name async results,
     stay cryptographic), so they come from the fast generator: one per attempt adds up.
     """
-    return f"{_random.getrandbits(64) or 1:016x}"
+    while True:
+        try:
+            return _span_ids.pop()  # atomic: two threads are never handed the same one
+        except IndexError:
+            digits = f"{_random.getrandbits(_SPAN_HEX * 4 * _SPAN_BATCH):0{_SPAN_HEX * _SPAN_BATCH}x}"
+            batch = _SPAN.findall(digits)
+            while _NO_SPAN in batch:  # one in 2**64: looked for in C, not per id in Python
+                batch.remove(_NO_SPAN)
+            _span_ids.extend(batch)
 
 
 def parse_traceparent(header: str | None) -> tuple[str, str] | None:

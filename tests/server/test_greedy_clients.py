@@ -12,7 +12,7 @@ import pytest
 
 from reachmesh.config import RouterConfig
 from reachmesh.testing import FakeAgent, RouterServer
-from tests.helpers import scaled
+from tests.helpers import scaled, until
 
 MANY_HEADERS = (
     b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n"
@@ -222,3 +222,40 @@ async def test_keep_alive_requests_are_not_mistaken_for_long_heads() -> None:
                 assert resp.status_code == 200
         finally:
             await agent.stop()
+
+
+async def test_a_head_pipelined_behind_a_call_in_flight_is_bounded_across_its_answer() -> None:
+    """A second request's head begun behind a call still in flight, its bytes sent across the
+    moment that call is answered: over 64 KiB in all, it is 431, though no one read of it is."""
+    from tests.server.test_response_writes import Answers, post_reach
+
+    hold = asyncio.Event()
+    async with RouterServer(RouterConfig()) as router:
+        agent = await FakeAgent("held", hold=hold).start()
+        try:
+            await agent.register(router.url, vectors=False)
+            reader, writer = await asyncio.open_connection("127.0.0.1", router.port)
+            writer.write(post_reach())  # served by the agent, which holds it
+            await until(lambda: len(agent.received) == 1, "the first call at the agent")
+            writer.write(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n")
+            for i in range(4):  # 40 KB of the head while the first call is in flight
+                writer.write(b"X-Early-%d: %s\r\n" % (i, b"e" * 10_000))
+                await writer.drain()
+                await asyncio.sleep(scaled(0.02))  # pacing: separate reads, not a wait for a result
+            answers = Answers()
+            hold.set()  # the first call is answered: the head under way is still counted
+            while not answers.done:
+                chunk = await asyncio.wait_for(reader.read(65536), scaled(10))
+                assert chunk
+                answers.parser.feed_data(chunk)
+            for i in range(3):  # 30 KB more, and the end of the head
+                writer.write(b"X-Late-%d: %s\r\n" % (i, b"l" * 10_000))
+            writer.write(b"\r\n")
+            with contextlib.suppress(ConnectionError):
+                await writer.drain()
+            rest = await asyncio.wait_for(reader.read(65536), scaled(10))
+            writer.close()
+        finally:
+            await agent.stop()
+    assert answers.done[0][0] == 200
+    assert rest.startswith(b"HTTP/1.1 431")

@@ -24,7 +24,6 @@ OVERRIDDEN = {
     "connection_lost": ["self", "exc"],
     "data_received": ["self", "data"],
     "on_message_begin": ["self"],
-    "on_url": ["self", "url"],
     "on_header": ["self", "name", "value"],
     "on_headers_complete": ["self"],
     "on_body": ["self", "body"],
@@ -69,9 +68,10 @@ def test_the_attributes_h1_reads_are_still_set_by_uvicorn() -> None:
         assert f"self.{attribute} = " in source or f"self.{attribute}: " in source, (
             f"uvicorn's HttpToolsProtocol no longer sets self.{attribute}; h1.py reads it"
         )
-    # on_url is written out in h1.py (with the request line's size): uvicorn's only gathers the URL.
+    # on_url is uvicorn's own, which only gathers the URL: h1.py sizes the request line from it.
+    assert "on_url" not in vars(GuardedHttpTools)
     body = [line.strip() for line in inspect.getsource(HttpToolsProtocol.on_url).splitlines()[1:]]
-    assert body == ["self.url += url"], "uvicorn's on_url does more now; h1.py writes it out"
+    assert body == ["self.url += url"], "uvicorn's on_url does more now; re-read h1.py's head size"
     # The one-write path swaps the response cycle's transport.
     assert "self.transport = transport" in inspect.getsource(RequestResponseCycle.__init__)
     # The lean events replace these two asyncio.Events, and keep to Event's interface.
@@ -162,7 +162,22 @@ def test_what_the_lane_relies_on_is_still_uvicorns() -> None:
         "self.timeout_keep_alive, self.timeout_keep_alive_handler",
     ):
         assert step in complete, f"uvicorn's on_response_complete no longer does {step}; re-read h1.py"
-    assert "self._unset_keepalive_if_required()" in inspect.getsource(HttpToolsProtocol.data_received)
+    # data_received and on_message_begin are written out in h1.py: the same steps.
+    received = inspect.getsource(HttpToolsProtocol.data_received)
+    for step in (
+        "self._unset_keepalive_if_required()",
+        "self.parser.feed_data(data)",
+        "except httptools.HttpParserError:",
+        "self.send_400_response(msg)",
+        "except httptools.HttpParserUpgrade:",
+        "self.handle_websocket_upgrade()",
+        "self._unsupported_upgrade_warning()",
+    ):
+        assert step in received, f"uvicorn's data_received no longer does {step}; re-read h1.py"
+    begin = inspect.getsource(HttpToolsProtocol.on_message_begin)
+    assert begin.count("self.") == 11 and '"state": self.app_state.copy()' in begin, (
+        "uvicorn's on_message_begin changed; re-read h1.py's written-out copy"
+    )
     # Tasks are made with a fresh context when asked, as _start_asgi_task does.
     assert "self.config.reset_contextvars" in inspect.getsource(HttpToolsProtocol._start_asgi_task)
 

@@ -227,14 +227,14 @@ async def test_a_waiter_woken_for_a_connection_keeps_it_from_a_newcomer() -> Non
         waiter = send("waiter")
         await until(lambda: pool._waiting, "the second call waiting for the connection")
         newcomer: list[asyncio.Future[Any]] = []
-        release = pool.release
+        wake_for = pool.wake_for  # what a released connection calls when someone waits
 
-        def release_as_a_call_arrives(conn: Any) -> None:
+        def release_as_a_call_arrives(key: Any) -> None:
             if not newcomer:
                 newcomer.append(send("newcomer"))  # its first step runs before the woken waiter's
-            release(conn)
+            wake_for(key)
 
-        pool.release = release_as_a_call_arrives  # type: ignore[method-assign]
+        pool.wake_for = release_as_a_call_arrives  # type: ignore[method-assign]
         hold.set()
         await asyncio.wait_for(asyncio.gather(first, waiter), scaled(20))
         (late,) = newcomer

@@ -40,13 +40,23 @@ from reachmesh.server.asgi import (
     body_timeout,
     check_json_content_type,
     check_whole_body,
+    check_whole_request,
     count_hops,
     error_body,
     header_map,
     read_body,
     send_json,
 )
-from reachmesh.server.auth import ANONYMOUS, Action, Denial, Guard, action_for, principal_of
+from reachmesh.server.auth import (
+    ANONYMOUS,
+    PRINCIPAL,
+    Action,
+    Denial,
+    Guard,
+    Principal,
+    action_for,
+    principal_of,
+)
 from reachmesh.server.components import RouterParts
 from reachmesh.server.h1 import CALL_TASK, joined_fields
 from reachmesh.server.origin import BrowserGate
@@ -164,9 +174,11 @@ class RouterApp:
             denial = parts.guard.check(Action.REACH, scope)
         if denial is not None:
             return self._denied(denial, reach=True, post_reach=True), None
-        trace_hint, parent = _trace_of(headers)
-        principal, auth_on = principal_of(scope), parts.auth_on
-        caller, client = principal.key, scope.get("client")  # _client_key, written out:
+        has_trace = b"x-reach-trace-id" in headers or b"traceparent" in headers  # else no call
+        trace_hint, parent = _trace_of(headers) if has_trace else _NO_TRACE
+        principal = scope.get(PRINCIPAL)  # principal_of(scope), without its call once set:
+        principal = principal if principal.__class__ is Principal else principal_of(scope)
+        caller, client, auth_on = principal.key, scope.get("client"), parts.auth_on  # _client_key:
         peer = caller if auth_on and caller != ANONYMOUS.key else (client[0] if client else "-")
         peer = _ipv6_client(peer) if ":" in peer and peer is not caller else peer  # by its /64
         shed = parts.shedder.admit(peer)
@@ -176,9 +188,8 @@ class RouterApp:
         held: list[DecisionRecord] = []
         try:
             try:
-                check_json_content_type(headers)  # the head: a JSON body, a hop count under the bound
-                count_hops(headers)
-                check_whole_body(headers, body, parts.config.server.body_limit_bytes)
+                # The head (a JSON body, a hop count under the bound) and the body's size.
+                check_whole_request(headers, body, parts.config.server.body_limit_bytes)
             except RequestError as exc:
                 status, payload = dispatcher.refuse(exc, trace_id=parent[0] if parent else None)
                 return (status, payload, None), None
@@ -205,7 +216,7 @@ class RouterApp:
             extra = _retry_after_of(status, payload, parts.config.limits.retry_after_seconds)
         if not held:
             return (status, payload, extra), None
-        return (status, payload, extra), partial(parts.observe_later, held[0])
+        return (status, payload, extra), partial(parts.observe_later.on_loop, held[0])
 
     async def _serve_reach(
         self,
@@ -458,6 +469,10 @@ class RouterApp:
                 await self.shutdown()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+
+# What _trace_of says of a request with neither header.
+_NO_TRACE: tuple[str | None, tuple[str, str] | None] = (None, None)
 
 
 def _trace_of(headers: dict[bytes, bytes]) -> tuple[str | None, tuple[str, str] | None]:

@@ -23,8 +23,9 @@ Send = Any
 
 # A whole JSON answer: (status, body, extra headers or None).
 Answer = tuple[int, bytes, list[tuple[bytes, bytes]] | None]
-# The lane's (server/h1.py): the answer, and what to call once it is written (or None).
-LaneAnswer = tuple[Answer, Callable[[], None] | None]
+# The lane's (server/h1.py): the answer, and what to call once it is written (or None), given
+# the event loop the lane runs on (asking asyncio for it costs a system call per ask).
+LaneAnswer = tuple[Answer, Callable[[asyncio.AbstractEventLoop], None] | None]
 
 JSON_HEADERS = [(b"content-type", b"application/json")]
 # Set in a request's scope by the server once the whole body has been read.
@@ -99,6 +100,25 @@ def check_whole_body(headers: dict[bytes, bytes], body: bytes, limit: int) -> No
         raise PayloadTooLarge(f"body is over the {limit}-byte limit")
 
 
+def check_whole_request(headers: dict[bytes, bytes], body: bytes, limit: int) -> None:
+    """:func:`check_json_content_type`, :func:`count_hops` and :func:`check_whole_body`, in that
+    order, in one call (the /reach lane's, on every call): the common request (JSON as almost
+    every caller writes it, no hops, a Content-Length under the limit) in one frame, anything
+    else through the checks themselves, for the same refusals."""
+    if headers.get(b"content-type") != b"application/json":
+        check_json_content_type(headers)
+    if b"x-reach-hops" in headers:
+        count_hops(headers)
+    else:
+        HOPS.set(0)
+    declared = headers.get(b"content-length")
+    # bytes.isdigit() is True of ASCII digits only (_check_declared_size's isascii() is for str)
+    if declared is not None and not (declared.isdigit() and int(declared) <= limit):
+        _check_declared_size(headers, limit)
+    if len(body) > limit:
+        raise PayloadTooLarge(f"body is over the {limit}-byte limit")
+
+
 async def read_body(
     receive: Receive, headers: dict[bytes, bytes], limit: int, timeout_s: float | None = None
 ) -> bytes:
@@ -149,13 +169,13 @@ async def _read_body(receive: Receive, limit: int) -> bytes:
             return b"".join(chunks)
 
 
-_JSON_HEAD = b"content-type: application/json\r\ncontent-length: %d\r\n"
+JSON_HEAD = b"content-type: application/json\r\ncontent-length: %d\r\n"
 
 
 def json_head(body: bytes, extra: list[tuple[bytes, bytes]] | None) -> bytes:
     """The header lines of a JSON answer of ``body``, each ending in CR LF, in the order and
     case the ASGI way writes them."""
-    head = _JSON_HEAD % len(body)
+    head = JSON_HEAD % len(body)
     if extra:
         head += b"".join([b"%s: %s\r\n" % pair for pair in extra])
     return head

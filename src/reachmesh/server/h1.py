@@ -5,9 +5,11 @@ unfinished 8 MB heads would hold 400 MB), so this subclass bounds the head of ev
 before the ASGI app sees it:
 
 - at most ``max_header_bytes`` of request line and headers (431 above it), counted both as bytes
-  arrive (a head that never ends) and as the parser hands over each line (a whole head that
-  arrives in one read: the byte count alone is reset when the head completes within a read);
-- at most ``max_headers`` header lines (431);
+  arrive (a head that never ends) and, once the head is whole, from its request line and header
+  lines (a whole head that arrives in one read: the byte count alone is reset when the head
+  completes within a read);
+- at most ``max_headers`` header lines (431), counted as the parser hands over each line, so the
+  lines kept until the head is whole are bounded by their number and by the bytes read;
 - the head complete within ``header_timeout_seconds`` of its first byte, or of the connection
   (408), so a connection that trickles bytes is closed.
 
@@ -34,15 +36,17 @@ import contextvars
 import logging
 from collections.abc import Awaitable, Callable
 from functools import partial
+from itertools import chain
 from typing import Any
 
+import httptools
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
 from reachmesh.config import ServerPolicy
 from reachmesh.outbox import outbox
-from reachmesh.server.asgi import BODY_COMPLETE, WHOLE_ANSWER, LaneAnswer, Scope, json_head
+from reachmesh.server.asgi import BODY_COMPLETE, JSON_HEAD, WHOLE_ANSWER, LaneAnswer, Scope, json_head
 
 log = logging.getLogger("uvicorn.error")
 
@@ -315,17 +319,39 @@ async def _serve_lane(
     try:
         # The request as three arguments, not a tuple made and unpacked per call.
         (status, answer, extra), after = await serve(scope, headers, body)
-        head = json_head(answer, extra)
+        head = JSON_HEAD % len(answer) if extra is None else json_head(answer, extra)
     except Exception:
         log.exception("Exception in ASGI application")
         cycle.keep_alive = False
         status, head, answer = 500, _ERROR_500, b"Internal Server Error"
     try:
-        while not whole_answer(one_write, cycle, status, head, answer):  # type: ignore[arg-type]
-            await cycle.flow.drain()
+        # whole_answer(), _start_response() and _end_response() written out for the lane's own
+        # cycle, which no one else starts, never logs access and nobody waits on (no event).
+        flow = cycle.flow
+        while flow.write_paused and not cycle.disconnected:
+            await flow.drain()
+        if not cycle.disconnected:  # else nobody is left to read it, as uvicorn's send drops it
+            cycle.response_started = True
+            keep_alive = cycle.keep_alive
+            default = cycle.default_headers
+            known, lines = _default_lines
+            if default is not known:
+                lines = _default_block(default)
+            close = b"" if keep_alive else b"connection: close\r\n"
+            data = b"%s%s%s%s\r\n%s" % (STATUS_LINE[status], lines, head, close, answer)
+            if keep_alive and one_write._box.inflight:
+                one_write.hold(data)  # other calls wait on agents: it leaves with the turn's writes
+            else:
+                if one_write._held is not None:  # a held response leaves first
+                    one_write.flush()
+                one_write._transport.write(data)
+            cycle.response_complete = True
+            if not keep_alive:
+                one_write.close()
+            cycle.on_response()
     finally:
         if after is not None:
-            after()
+            after(one_write._loop)
 
 
 class _LeanEvent(asyncio.Event):
@@ -353,11 +379,11 @@ class GuardedHttpTools(HttpToolsProtocol):
         "_gone_app",
         "_head_bytes",
         "_head_timer",
-        "_header_bytes",
         "_idle_since",
         "_lane",
         "_lane_app",
         "_one_write",
+        "_read_bytes",
         "_reading_head",
         "_refused",
         "_trusted",
@@ -370,7 +396,7 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._cap_headers = self.max_headers
         self._cap_head_bytes = self.max_header_bytes
         self._head_bytes = 0
-        self._header_bytes = 0
+        self._read_bytes = 0
         self._reading_head = True
         self._refused = False
         self._idle_since: float | None = None  # when the last response ended, while idle since
@@ -427,7 +453,22 @@ class GuardedHttpTools(HttpToolsProtocol):
             return
         if self._reading_head:
             self._head_bytes += len(data)
-        super().data_received(data)
+        else:
+            self._read_bytes = len(data)  # a read a head may begin in (see on_headers_complete)
+        # uvicorn's own data_received, written out (a Python frame and a call fewer per read):
+        # the connection is no longer idle (_unset_keepalive_if_required), then the parser.
+        self._idle_since = None
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            msg = "Invalid HTTP request received."
+            self.logger.warning(msg)
+            self.send_400_response(msg)
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
         if self._lane is not None:
             self._leave_lane()  # the body is still coming: uvicorn's cycle reads the rest
         if self._reading_head and not self._refused:
@@ -442,43 +483,50 @@ class GuardedHttpTools(HttpToolsProtocol):
                 self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_too_slow)
 
     def on_message_begin(self) -> None:
-        super().on_message_begin()
+        # uvicorn's own, written out: it runs for every request.
+        self.url = b""
+        self.expect_100_continue = False  # set by _asgi_head from the headers (see on_header)
+        headers: list[tuple[bytes, bytes]] = []
+        self.headers = headers
+        self.scope = {  # type: ignore[typeddict-item]
+            "type": "http",
+            "asgi": {"version": self.asgi_version, "spec_version": "2.3"},
+            "http_version": "1.1",
+            "server": self.server,
+            "client": self.client,
+            "scheme": self.scheme,  # type: ignore[typeddict-item]
+            "root_path": self.root_path,
+            "headers": headers,
+            "state": self.app_state.copy(),
+        }
         self._lane = None
         self._reading_head = True
-        self._header_bytes = 0  # the request line's, from on_url on, then each header line's
         # The head's timer is armed by data_received if the head outlasts this read.
 
-    def on_url(self, url: bytes) -> None:
-        # uvicorn's own, and the request line's size ("METHOD URL HTTP/1.1\r\n"): the parser has
-        # the method by the URL's first piece, and calls this again for each further piece.
-        self.url = url = self.url + url
-        self._header_bytes = len(self.parser.get_method()) + len(url) + 12
-
     def on_header(self, name: bytes, value: bytes) -> None:
-        if self._refused:
-            return
-        # The lines so far are the headers kept (uvicorn empties the list per request, and a
-        # refused line ends the request): no counter of its own to keep per line.
+        # The lines so far are the headers kept (uvicorn empties the list per request): no
+        # counter of its own to keep per line. Past the cap the request is refused, and each
+        # further line is refused again (a no-op) rather than kept: the list stays bounded.
         headers = self.headers
         if len(headers) >= self._cap_headers:
             self._refuse(431, f"more than {self.max_headers} request headers")
             return
-        # "Name: value\r\n" on the request line's size; checked per line, so a head that arrived
-        # in one read is bounded too.
-        size = self._header_bytes = self._header_bytes + len(name) + len(value) + 4
-        if size > self._cap_head_bytes:
-            self._refuse_head_size()
-            return
-        # uvicorn's own on_header, written out: it runs for every header of every request.
-        name = name.lower()
-        if name == b"expect" and value.lower() == b"100-continue":
-            self.expect_100_continue = True
-        headers.append((name, value))
+        # uvicorn's own on_header, written out: it runs for every header of every request. Its
+        # 100-continue flag is set once the head is whole, from the list (_asgi_head), not
+        # tested per line here: the lane takes no request with an Expect header. The head's
+        # size is summed once it is whole (on_headers_complete): until then the lines kept are
+        # bounded by their number and by the bytes read (data_received).
+        headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
         if self._refused:
             return
-        if self._header_bytes + 2 > self._cap_head_bytes:  # and the blank line
+        # The head lies within the read it began in and those counted since (_head_bytes): a
+        # read that began with no head under way is the last one kept in _read_bytes, and one
+        # that began within this head was counted. Only when those could be over the cap is the
+        # head's own size summed.
+        cap = self._cap_head_bytes
+        if self._head_bytes + self._read_bytes > cap and self._head_size() > cap:
             self._refuse_head_size()
             return
         self._reading_head = False
@@ -491,8 +539,18 @@ class GuardedHttpTools(HttpToolsProtocol):
             return
         self._asgi_head()
 
+    def _head_size(self) -> int:
+        """The whole head's size: the request line ("METHOD URL HTTP/1.1\r\n"), each "Name:
+        value\r\n" (lower-casing keeps a name's length), and the blank line."""
+        lines = self.headers
+        size = len(self.parser.get_method()) + len(self.url) + 14
+        return size + sum(map(len, chain.from_iterable(lines))) + 4 * len(lines)
+
     def _asgi_head(self) -> None:
         """uvicorn's cycle for the request, with the one-write transport and the whole answer."""
+        for name, value in self.headers:  # uvicorn's on_header's flag (see on_header)
+            if name == b"expect" and value.lower() == b"100-continue":
+                self.expect_100_continue = True
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None:
@@ -546,8 +604,10 @@ class GuardedHttpTools(HttpToolsProtocol):
         # seconds after its last response.
         self.server_state.total_requests += 1
         # The next head starts counting at its first byte (on_message_begin); until then the
-        # client may still be sending the rest of a body the app already refused.
-        self._head_bytes = 0
+        # client may still be sending the rest of a body the app already refused. A head already
+        # under way (pipelined behind this answer) keeps its count: its bound reads it.
+        if not self._reading_head:
+            self._head_bytes = 0
         if self.transport.is_closing():
             return
         flow = self.flow
@@ -605,30 +665,29 @@ class GuardedHttpTools(HttpToolsProtocol):
 
     def _lane_headers(self) -> dict[bytes, bytes] | None:
         """The request's headers when it may take the lane, else None."""
+        app, cycle, parser = self._lane_app, self.cycle, self.parser
         if (
-            self._lane_app is None
+            app is None
             or self.url != b"/reach"
-            or self.expect_100_continue
-            or (self.cycle is not None and not self.cycle.response_complete)
-            or self.parser.get_method() != b"POST"
-            or self.parser.get_http_version() != "1.1"
-            or self.parser.should_upgrade()
+            or (cycle is not None and not cycle.response_complete)
+            or parser.get_method() != b"POST"
+            or parser.get_http_version() != "1.1"
+            or parser.should_upgrade()
         ):
             return None
-        headers = dict(self.headers)
-        if len(headers) != len(self.headers):  # a name repeated: Accept's fields are one list
-            joined_fields(self.headers, headers)
-        if not self._lane_app.takes_whole(headers):
+        pairs = self.headers
+        headers = dict(pairs)
+        if len(headers) != len(pairs):  # a name repeated: Accept's fields are one list
+            joined_fields(pairs, headers)
+        # An Expect header (100-continue: uvicorn's way answers it), or an Accept the app says
+        # asks for a stream (no Accept asks for none: the app is not asked).
+        if b"expect" in headers or (b"accept" in headers and not app.takes_whole(headers)):
             return None
-        client = self.client
         # The headers first: two dict lookups, where the trusted-host test is a Python call.
-        if (
-            (b"x-forwarded-for" in headers or b"x-forwarded-proto" in headers)
-            and self._trusted is not None
-            and client is not None
-            and client[0] in self._trusted
-        ):
-            return None  # the middleware would change the request's client: let it
+        if (b"x-forwarded-for" in headers or b"x-forwarded-proto" in headers) and self._trusted is not None:
+            client = self.client
+            if client is not None and client[0] in self._trusted:
+                return None  # the middleware would change the request's client: let it
         return headers
 
     def _leave_lane(self) -> None:

@@ -81,15 +81,15 @@ class BrowserGate:
         else:
             host, origin = _host_and_origin(scope["headers"])
         if host is not None:
-            # _on_loopback and _host_ok, each answered from its table without a call once known.
+            # _on_loopback and _host_ok, each answered from its table without a call once known
+            # (a server's address is a str or None: the table's keys are its str()).
             server = scope.get("server")
-            on_loopback = self._loopback.get(str(server[0])) if server else False
+            on_loopback = self._loopback.get(server[0]) if server else False
             if on_loopback is None:
                 on_loopback = self._on_loopback(scope)
             if on_loopback:
                 allowed = policy.allowed_hosts
-                host_ok = self._hosts.get(host) if allowed is self._hosts_policy else None
-                if host_ok is None:
+                if allowed is not self._hosts_policy or (host_ok := self._hosts.get(host)) is None:
                     host_ok = self._host_ok(host, allowed)
                 if not host_ok:
                     return _host_denial(host.decode("latin-1"))

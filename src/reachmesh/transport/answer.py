@@ -80,6 +80,7 @@ class AnswerReader:
         "_inflated",
         "_length",
         "_line",
+        "_line_room",
         "_max_bytes",
         "_max_headers",
         "_max_line",
@@ -99,6 +100,7 @@ class AnswerReader:
     def __init__(self, head: HeadLimits) -> None:
         # Plain ints, not the tuple's fields: on_header reads them for every header line.
         self._max_bytes, self._max_headers, self._max_line = head
+        self._line_room = self._max_line - 2  # a header line's name and value, without ": "
         self._parser = httptools.HttpResponseParser(self)
         self.limit = 0
         self.started = False  # an exchange is under way
@@ -127,14 +129,14 @@ class AnswerReader:
         """A new exchange: its answer may be at most ``limit`` bytes (on the wire and decoded)."""
         self.limit = limit
         self.started = True
-        self.got_bytes = self.head_done = self.complete = self.trailing = False
+        self.got_bytes = self.head_done = self.complete = self.trailing = self._chunked = False
         # _reset_message(), written out: once per exchange.
-        self.status = self._headers = 0
+        self.status = self._headers = self._head_bytes = self._line = self._wire = 0
+        if self._encoding is not None:  # only a compressed body sets the decoder's state
+            self._decoder = None
+            self._inflated = 0
         self._length = self._encoding = self.retry_after = None
-        self._chunked = False
-        self._head_bytes = self._line = self._wire = self._inflated = 0
         self._chunks = []
-        self._decoder = None
 
     @property
     def reusable(self) -> bool:
@@ -234,13 +236,11 @@ class AnswerReader:
             raise BrokenBody("bytes after the answer")
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        count = self._headers = self._headers + 1
-        if count > self._max_headers or len(name) + len(value) + 2 > self._max_line:
-            raise HeadTooLarge(
-                f"the answer has over {self._max_headers} header lines"
-                if self._headers > self._max_headers
-                else f"an answer header line is over {self._max_line} bytes"
-            )
+        # Counted here, bounded once the head is whole (on_headers_complete): nothing is kept
+        # per line, and the head's bytes bound how many lines come before then.
+        self._headers += 1
+        if len(name) + len(value) > self._line_room:
+            raise HeadTooLarge(f"an answer header line is over {self._max_line} bytes")
         kind = _READ.get(name.lower())
         if kind is None:
             return  # the headers the Router does not read: one lookup each
@@ -255,6 +255,8 @@ class AnswerReader:
             self.retry_after = value[:64]
 
     def on_headers_complete(self) -> None:
+        if self._headers > self._max_headers:
+            raise HeadTooLarge(f"the answer has over {self._max_headers} header lines")
         status = self._parser.get_status_code()
         if status == 101:
             raise BrokenBody("the agent switched protocols (HTTP 101)")

@@ -134,10 +134,9 @@ def classify_answer(status: int, raw: bytes, retry_after: bytes | None = None) -
         answer = jsoncodec.loads(raw) if raw else None
     except jsoncodec.JSONDecodeError:
         answer = None
-    if isinstance(answer, dict):
-        outcome = answer.get("status")
-        if outcome == "SUCCESS" and status < 400:  # the common answer: none of the rules below apply
-            return answer.get("result")
+    # The common answer, which none of the rules below apply to (a decoded object is a dict).
+    if status < 400 and answer.__class__ is dict and answer.get("status") == "SUCCESS":
+        return answer.get("result")
     if isinstance(answer, dict) and answer.get("status") == "DECLINED" and status < 500:
         # Read before the 4xx rule: an agent may send its decline as a 422 or as a 200.
         raise AgentDeclined(normalise_error(answer.get("error"), "the agent declined the request"))

@@ -257,11 +257,12 @@ class _Conn(asyncio.Protocol):
     # -- one exchange -----------------------------------------------------------------------
 
     def exchange(
-        self, data: bytes, body: bytes, limit: int, read_s: float, hard: float
+        self, data: bytes, body: bytes, limit: int, read_s: float, hard: float, now: float | None = None
     ) -> asyncio.Future[Answer]:
         """Write the request; the future of its whole answer (or the first error). Not a
         coroutine of its own (one fewer per attempt): the caller awaits the future, and when
-        its wait ends before the answer (cancelled), the connection is done (see post)."""
+        its wait ends before the answer (cancelled), the connection is done (see post).
+        ``now``: the loop's time, when the caller has just read it."""
         loop = self._loop
         waiter: asyncio.Future[Answer] = loop.create_future()
         self._waiter = waiter
@@ -272,27 +273,30 @@ class _Conn(asyncio.Protocol):
         transport = self.transport
         assert transport is not None
         box = self._box
-        if body and len(body) >= _JOIN_LIMIT:
+        # (A bytes object joined with an empty one is the same object, not a copy.)
+        if len(body) >= _JOIN_LIMIT:
             transport.write(data)
             transport.write(body)
         elif box.inflight:
             # Other exchanges are under way: this request leaves with the pass's other writes.
-            self._held = data + body if body else data
+            self._held = data + body
             box.hold(self, loop)
         else:
-            transport.write(data + body if body else data)
+            transport.write(data + body)
         box.inflight += 1  # until post's wait ends
-        self._last_read = now = loop.time()
+        if now is None:
+            now = loop.time()
+        self._last_read = now
         # The whole head within read_s of the request: an agent dripping header bytes cannot
         # hold the attempt open by re-arming the read timeout with each byte.
-        self._head_due = min(now + read_s, hard)
+        head_due = self._head_due = now + read_s if now + read_s < hard else hard
         # A timer left by an earlier exchange that fires no later serves this one too (it re-arms
         # itself up to the real deadline): no timer made and cancelled per exchange.
         timer = self._timer
-        if timer is None or self._timer_at > self._head_due:
+        if timer is None or self._timer_at > head_due:
             if timer is not None:
                 timer.cancel()
-            self._arm(self._head_due)
+            self._arm(head_due)
         return waiter
 
     def write_held(self) -> None:
@@ -328,13 +332,23 @@ class _Conn(asyncio.Protocol):
         if waiter is None or waiter.done():
             return
         reader = self.reader
-        # reader.reusable, without the property's call.
-        reusable = not self.closed and reader.complete and reader.keep_alive and not reader.trailing
+        # reader.reusable, without the property's call (complete: what calls this was told so).
+        reusable = not self.closed and reader.keep_alive and not reader.trailing
         answer = reader.answer()
         if reusable:
             self._waiter = None  # its timer stays, for the next exchange (see exchange)
             waiter.set_result(answer)
-            self._pool.release(self)
+            # Pool.release(self), written out: once per exchange. With nobody waiting, for this
+            # connection or (the pool full) for any, there is no one to wake.
+            pool = self._pool
+            self.idle_since = self._loop.time()
+            idle = pool._idle.get(self.key)
+            if idle is None:
+                pool._idle[self.key] = [self]
+            else:
+                idle.append(self)
+            if pool._waiting:
+                pool.wake_for(self.key)
         else:
             self._reset()
             waiter.set_result(answer)
@@ -437,41 +451,33 @@ class Pool:
         # pool, as a pool serves one loop, whose reads never overlap.
         self.read_buffer: memoryview | None = None
 
-    def _target(self, url: str) -> _Target:
-        target = self._targets.get(url)
-        if target is None:
-            target = _Target(url)
-            if len(self._targets) >= 4096:
-                # Endpoints come from the registry; this bounds the cache if they churn.
-                self._targets.clear()
-            self._targets[url] = target
-        return target
-
     async def post(
-        self,
-        url: str,
-        body: bytes,
-        headers: dict[str, str],
-        connect_s: float,
-        read_s: float,
-        total_s: float,
+        self, url: str, body: bytes, headers: dict[str, str], connect_s: float, read_s: float, total_s: float
     ) -> Answer:
         """POST ``body`` to ``url``: the status and the whole answer, within the limits."""
-        loop = self._loop or asyncio.get_running_loop()
-        self._loop = loop
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
         now = loop.time()  # once: the loop's clock, read again below within the same call
         hard = now + total_s
-        target = self._targets.get(url) or self._target(url)  # a known one without a call
+        target = self._targets.get(url) or _target(self._targets, url)  # a known one without a call
         # Built in a function of its own: its pieces are gone before the (maybe long) wait.
         data = _request_head(target, self._ua, headers, len(body))
         # An idle connection (nobody waiting first) without _acquire's coroutine: keep-alive's case.
-        # _queue_ahead(key), written out: one call fewer per request.
-        key = target.key
-        queued = self._waiting.get(key) or self._claims.get(key)
-        conn = None if queued else self._reuse(key, now)
-        conn = await self._acquire(target, connect_s, hard) if conn is None else conn
+        # _queue_ahead(key) and _reuse(key, now) written out (the last idle one is alive).
+        key, conn = target.key, None
+        if not (self._waiting or self._claims) or not (self._waiting.get(key) or self._claims.get(key)):
+            idle = self._idle.get(key)
+            if idle:
+                conn = idle.pop()
+                if now - conn.idle_since >= IDLE_S or not conn.alive():
+                    conn._close()
+                    conn = self._reuse(key, now)
+        if conn is None:
+            conn = await self._acquire(target, connect_s, hard)
+            now = loop.time()  # after the wait: the exchange's deadlines start from here
         reused = conn.idle_since > 0.0
-        waiter = conn.exchange(data, body, self._limit, read_s, hard)
+        waiter = conn.exchange(data, body, self._limit, read_s, hard, now)
         try:
             try:
                 return await waiter
@@ -498,7 +504,7 @@ class Pool:
         answer was read whole and may be followed by another, and closes it otherwise."""
         loop = self._loop or asyncio.get_running_loop()
         self._loop = loop
-        target = self._target(url)
+        target = _target(self._targets, url)
         lines = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
         if lines.count("\r") != len(headers) or lines.count("\n") != len(headers):
             raise BadHeader(next(n for n, v in headers.items() if "\r" in n + v or "\n" in n + v))
@@ -711,8 +717,11 @@ class Pool:
     def release(self, conn: _Conn) -> None:
         """Put a connection whose answer was read whole back in the pool."""
         conn.idle_since = self._loop.time() if self._loop is not None else 1.0
-        key = conn.key  # below: _wake() only when someone waits for it
-        self._idle.setdefault(key, []).append(conn)
+        self._idle.setdefault(conn.key, []).append(conn)
+        self.wake_for(conn.key)
+
+    def wake_for(self, key: tuple[str, str, int]) -> None:
+        """A connection to ``key`` is idle again: wake its next waiter (only if one waits)."""
         if not (key in self._waiting and self._wake(key)) and len(self._all) + self._opening >= self._size:
             self._wake_any()  # the pool is full: a waiter elsewhere may close this idle one
 
@@ -795,13 +804,26 @@ class Pool:
         self._waiting.clear()
 
 
+def _target(targets: dict[str, _Target], url: str) -> _Target:
+    """The parsed ``url``, kept in ``targets``."""
+    target = targets.get(url)
+    if target is None:
+        target = _Target(url)
+        if len(targets) >= 4096:
+            # Endpoints come from the registry; this bounds the cache if they churn.
+            targets.clear()
+        targets[url] = target
+    return target
+
+
 def _request_head(target: _Target, agent_lines: bytes, headers: dict[str, str], length: int) -> bytes:
     """The request's head, whole (``agent_lines``: the pool's own User-Agent and Accept lines);
     BadHeader for a name or value with a line break in it."""
     # The header lines in one join and one encode; each line ends in the one CR LF added
-    # here, so any other line break is counted by two scans in C instead of two per header.
+    # here, so any other line break (or another separator splitlines() knows) makes one line
+    # more, found in C instead of by two tests per header; the loop then names a CR or LF.
     lines = "".join(map(_HEADER_LINE, headers.keys(), headers.values()))
-    if lines.count("\r") != len(headers) or lines.count("\n") != len(headers):
+    if len(lines.splitlines()) != len(headers):
         for name, value in headers.items():
             if "\r" in name or "\n" in name or "\r" in value or "\n" in value:
                 raise BadHeader(name)
