@@ -162,22 +162,7 @@ def test_what_the_lane_relies_on_is_still_uvicorns() -> None:
         "self.timeout_keep_alive, self.timeout_keep_alive_handler",
     ):
         assert step in complete, f"uvicorn's on_response_complete no longer does {step}; re-read h1.py"
-    # data_received and on_message_begin are written out in h1.py: the same steps.
-    received = inspect.getsource(HttpToolsProtocol.data_received)
-    for step in (
-        "self._unset_keepalive_if_required()",
-        "self.parser.feed_data(data)",
-        "except httptools.HttpParserError:",
-        "self.send_400_response(msg)",
-        "except httptools.HttpParserUpgrade:",
-        "self.handle_websocket_upgrade()",
-        "self._unsupported_upgrade_warning()",
-    ):
-        assert step in received, f"uvicorn's data_received no longer does {step}; re-read h1.py"
-    begin = inspect.getsource(HttpToolsProtocol.on_message_begin)
-    assert begin.count("self.") == 11 and '"state": self.app_state.copy()' in begin, (
-        "uvicorn's on_message_begin changed; re-read h1.py's written-out copy"
-    )
+    assert "self._unset_keepalive_if_required()" in inspect.getsource(HttpToolsProtocol.data_received)
     # Tasks are made with a fresh context when asked, as _start_asgi_task does.
     assert "self.config.reset_contextvars" in inspect.getsource(HttpToolsProtocol._start_asgi_task)
 

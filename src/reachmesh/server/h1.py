@@ -39,7 +39,6 @@ from functools import partial
 from itertools import chain
 from typing import Any
 
-import httptools
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
@@ -455,20 +454,7 @@ class GuardedHttpTools(HttpToolsProtocol):
             self._head_bytes += len(data)
         else:
             self._read_bytes = len(data)  # a read a head may begin in (see on_headers_complete)
-        # uvicorn's own data_received, written out (a Python frame and a call fewer per read):
-        # the connection is no longer idle (_unset_keepalive_if_required), then the parser.
-        self._idle_since = None
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError:
-            msg = "Invalid HTTP request received."
-            self.logger.warning(msg)
-            self.send_400_response(msg)
-        except httptools.HttpParserUpgrade:
-            if self._should_upgrade():
-                self.handle_websocket_upgrade()
-            else:
-                self._unsupported_upgrade_warning()
+        super().data_received(data)
         if self._lane is not None:
             self._leave_lane()  # the body is still coming: uvicorn's cycle reads the rest
         if self._reading_head and not self._refused:
@@ -483,22 +469,7 @@ class GuardedHttpTools(HttpToolsProtocol):
                 self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_too_slow)
 
     def on_message_begin(self) -> None:
-        # uvicorn's own, written out: it runs for every request.
-        self.url = b""
-        self.expect_100_continue = False  # set by _asgi_head from the headers (see on_header)
-        headers: list[tuple[bytes, bytes]] = []
-        self.headers = headers
-        self.scope = {  # type: ignore[typeddict-item]
-            "type": "http",
-            "asgi": {"version": self.asgi_version, "spec_version": "2.3"},
-            "http_version": "1.1",
-            "server": self.server,
-            "client": self.client,
-            "scheme": self.scheme,  # type: ignore[typeddict-item]
-            "root_path": self.root_path,
-            "headers": headers,
-            "state": self.app_state.copy(),
-        }
+        super().on_message_begin()
         self._lane = None
         self._reading_head = True
         # The head's timer is armed by data_received if the head outlasts this read.
