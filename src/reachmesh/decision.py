@@ -8,12 +8,16 @@ pipeline.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from reachmesh.protocol import Status
 from reachmesh.redaction import loggable
+
+# The dispatcher's logger: the book-keeping settled here is the dispatcher's.
+log = logging.getLogger("reachmesh.dispatcher")
 
 # An agent's reason for declining, as listed among the candidates: enough for a sentence.
 DECLINE_MESSAGE_CHARS = 256
@@ -265,7 +269,10 @@ class ObserveAfterTurn:
         after = record.after_answer  # settle(), written out: on every call of the lane
         if after is not None:
             record.after_answer = None
-            after()
+            try:
+                after()
+            except Exception:  # its bug must cost neither the connection nor the observers
+                log.exception("[%s] book-keeping after the answer failed", record.trace_id)
         pending = self._pending
         pending.append(record)
         if len(pending) > 1 and self._loop is not None and not self._loop.is_closed():

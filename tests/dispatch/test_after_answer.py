@@ -4,6 +4,7 @@ in place before anything else runs; the next call sees them. Real Router, real a
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any
@@ -12,7 +13,7 @@ import httpx
 import pytest
 
 from reachmesh.config import RouterConfig
-from reachmesh.decision import DecisionRecord
+from reachmesh.decision import DecisionRecord, ObserveAfterTurn
 from reachmesh.resilience.breaker import BreakerState
 from reachmesh.testing import FakeAgent, RouterServer
 from tests.helpers import scaled
@@ -124,3 +125,31 @@ async def test_a_half_open_probe_that_succeeds_closes_the_breaker_before_the_nex
     again = (await reach(http)).json()
     assert again["status"] == "SUCCESS"
     assert breaker.state is BreakerState.CLOSED
+
+
+def test_the_record_is_settled_as_it_is_handed_over_and_observed_at_the_end_of_the_turn() -> None:
+    """ObserveAfterTurn settles a record at once (its book-keeping must precede any other call's
+    routing), and observes it later in the turn; a bug in the book-keeping is logged and costs
+    the observers nothing."""
+    order: list[str] = []
+    observe = ObserveAfterTurn([lambda r: order.append(f"observed {r.trace_id}")], lambda _o: None)
+
+    def broken() -> None:
+        order.append("settled t2")
+        raise RuntimeError("a bug in the book-keeping")
+
+    async def main() -> None:
+        first = DecisionRecord(trace_id="t1", task="echo", source="-", started=0.0)
+        first.after_answer = lambda: order.append("settled t1")
+        second = DecisionRecord(trace_id="t2", task="echo", source="-", started=0.0)
+        second.after_answer = broken
+        observe(first)
+        observe(second)
+        assert order == ["settled t1", "settled t2"]  # at once, in the caller's step
+        assert [first.after_answer, second.after_answer] == [None, None]  # settled once
+        done = asyncio.get_running_loop().create_future()
+        asyncio.get_running_loop().call_soon(done.set_result, None)
+        await done
+        assert order[2:] == ["observed t1", "observed t2"]
+
+    asyncio.run(main())
