@@ -8,16 +8,12 @@ pipeline.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from reachmesh.protocol import Status
 from reachmesh.redaction import loggable
-
-# The dispatcher's logger: the book-keeping settled here is the dispatcher's.
-log = logging.getLogger("reachmesh.dispatcher")
 
 # An agent's reason for declining, as listed among the candidates: enough for a sentence.
 DECLINE_MESSAGE_CHARS = 256
@@ -137,9 +133,6 @@ class DecisionRecord:
     queue_wait_ms: float = 0.0  # time spent waiting for a slot at a full agent (capacity)
     pool_wait_ms: float = 0.0  # time spent waiting for a connection of the Router's own pool
     stream: StreamRecord | None = None  # set when the caller asked for a stream
-    # Book-keeping that waits until the caller's answer is written (a plain success's slot,
-    # stats and breaker: dispatch.attempts._book_success); run once by settle().
-    after_answer: Callable[[], None] | None = field(default=None, repr=False, compare=False)
 
     def __init__(  # noqa: PLR0913 - the fields a request starts with, one keyword each
         self,
@@ -189,15 +182,6 @@ class DecisionRecord:
             if name not in _FIELDS:
                 raise TypeError(f"DecisionRecord has no field {name!r}")
             setattr(self, name, value)
-
-    def settle(self) -> None:
-        """Run the book-keeping left for after the answer (``after_answer``), once: whoever
-        writes the answer calls it right after the write (:class:`ObserveAfterTurn` does, as it
-        takes the record), and before any observer reads the record."""
-        after = self.after_answer
-        if after is not None:
-            self.after_answer = None
-            after()
 
     def note(self, kind: str, text: str) -> None:
         """Add an ordered event line, e.g. ``note("retry", "price-agent, attempt=2")``.
@@ -264,15 +248,6 @@ class ObserveAfterTurn:
         self._plan: list[tuple[Observer, Callable[..., None] | None]] = []
 
     def __call__(self, record: DecisionRecord) -> None:
-        # Now, not at the end of the turn: the record's answer was just written, and what it
-        # left to book (its slot, stats, breaker) must be in place before another call routes.
-        after = record.after_answer  # settle(), written out: on every call of the lane
-        if after is not None:
-            record.after_answer = None
-            try:
-                after()
-            except Exception:  # its bug must cost neither the connection nor the observers
-                log.exception("[%s] book-keeping after the answer failed", record.trace_id)
         pending = self._pending
         pending.append(record)
         if len(pending) > 1 and self._loop is not None and not self._loop.is_closed():

@@ -21,7 +21,6 @@ import asyncio
 import hashlib
 import random
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 from urllib.parse import quote
 
@@ -117,10 +116,9 @@ class AttemptRun:
     # fewer per field on every request). may_hold: the agent that may hold a request of a
     # capability that is not idempotent (sent, outcome unknown): no other candidate is tried
     # after it; _waited_ms: the attempt under way's waits (for a slot, a connection); unsettled:
-    # (agent, ms) of the answer that won, until its verdict is booked and its slot given back:
-    # a stream's when it ends (StreamingRun.settle), a plain answer's once it is written
-    # (_book_success); _cut_short: whether the deadline cut the attempt under way below the
-    # policy's connect + read time.
+    # (agent, ms to its first piece) of a streamed answer until it ends, when its verdict is
+    # booked and its slot given back (StreamingRun.settle); _cut_short: whether the deadline cut
+    # the attempt under way below the policy's connect + read time.
     budget_spent = False
     last_failure: tuple[str, str] | None = None  # (agent, reason) of the last failed agent
     may_hold: str | None = None
@@ -366,7 +364,7 @@ class AttemptRun:
                 raise
             return _succeeded(self, choice, started, span_id, pool_waited, result)
         finally:
-            if self.unsettled is None:  # else the winner holds it until settled (_book_success, settle())
+            if self.unsettled is None:  # else a stream holds the slot to its end (settle())
                 parts.capacity.give(agent_id)
 
     async def _take_slot(self, choice: Choice) -> float | PoolTimeout:
@@ -546,43 +544,18 @@ def _succeeded(
     took = round((parts.clock.monotonic() - started) * 1000, 2)
     offset = round((started - record.started) * 1000, 2)
     record.attempts.append(AttemptRecord(agent_id, "SUCCESS", took, span_id, offset, choice.score))
-    record.handler = agent_id
-    # The slot, the stats and the breaker wait for the end: a stream's (StreamingRun.settle), or
-    # a plain answer's once it is written (_book_success). _attempt gives no slot back meanwhile.
-    run.unsettled = (agent_id, took)
-    if run.streams:
-        record.note("forward", f"{agent_id}, duration={took:.0f}ms")
-        if run.request.conversation_id:
-            parts.affinity.bind(run.request.conversation_id, agent_id, record.caller)
-    else:
-        record.after_answer = partial(_book_success, run, agent_id, took)
-    return result
-
-
-def _book_success(run: AttemptRun, agent_id: str, took: float) -> None:
-    """Book a plain answer that won (:func:`_succeeded` left it unsettled), once: its slot back
-    first, then its trace line's "forward" note, stats, breaker and the conversation's agent.
-    :meth:`DecisionRecord.settle` runs it (the record's ``after_answer``) as soon as the
-    caller's answer is written.
-
-    None of it is in the answer, and a caller at c1 waits for all the Router does between
-    reading the agent's answer and writing its own: done after the write, it overlaps the
-    caller's turnaround. It still comes before any other call reads it: the answer's writer
-    settles the record in the same step of the same task as it writes (the server calls its
-    ``after`` in a ``finally``), with no await in between, so no other task runs first; and the
-    connection's next request is read in a later turn of the loop (asyncio and uvloop run a
-    callback added during a turn in a later one). A record the dispatcher observes itself (no
-    ``hold``) is settled before its observers run."""
-    run.unsettled = None
-    parts, record = run.parts, run.record
-    parts.capacity.give(agent_id)  # first: a waiter's slot never waits on the book-keeping
     record.note("forward", f"{agent_id}, duration={took:.0f}ms")
-    parts.stats.succeeded(agent_id, took)
-    # _judge(), written out for a success: only a half-open probe's closes a breaker.
-    if parts.breakers.record(agent_id, run.task, ok=True) is BreakerState.CLOSED:
-        record.note("circuit closed", f"agent {agent_id}")
+    if run.streams:
+        run.unsettled = (agent_id, took)  # judged when the stream ends
+    else:
+        parts.stats.succeeded(agent_id, took)
+        # _judge(), written out for a success: only a half-open probe's closes a breaker.
+        if parts.breakers.record(agent_id, run.task, ok=True) is BreakerState.CLOSED:
+            record.note("circuit closed", f"agent {agent_id}")
+    record.handler = agent_id
     if run.request.conversation_id:
         parts.affinity.bind(run.request.conversation_id, agent_id, record.caller)
+    return result
 
 
 def exhausted(run: AttemptRun) -> ContextUnavailable | NoAvailableHandler | Overloaded:

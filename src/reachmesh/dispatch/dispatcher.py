@@ -162,9 +162,7 @@ class Dispatcher:
         With a ``sink`` the caller asked for a stream (§14): chunks go to it as they come, and
         the Reply returned is the ending (the body of the ``done`` event once ``sink.opened``).
         With a ``hold`` list, a routed request's record goes there, not to the observers: the
-        caller writes the answer first, then hands it to :meth:`observe` (or an
-        ``ObserveAfterTurn``), which settles it: until then the winning agent's slot, stats and
-        breaker wait (``dispatch.attempts._book_success``).
+        caller writes the answer first, then hands it to :meth:`observe`.
 
         :meth:`start` and, unless it refused, an await of what it returned: a caller on the hot
         path does the two itself, without this coroutine."""
@@ -443,9 +441,7 @@ class Dispatcher:
         return encoder.encode(record)
 
     def observe(self, record: DecisionRecord) -> None:
-        """Hand a concluded record to every observer (the trace log, metrics, the store...),
-        after the book-keeping its answer left (:meth:`DecisionRecord.settle`)."""
-        record.settle()
+        """Hand a concluded record to every observer (the trace log, metrics, the store...)."""
         for observer in self.observers:
             try:
                 observer(record)

@@ -1,10 +1,10 @@
-"""A plain success is booked once its answer is written (dispatch.attempts._book_success): the
-agent's slot, its stats, its breaker and the trace's "forward" line wait for the write, then are
-in place before anything else runs; the next call sees them. Real Router, real agents on loopback."""
+"""What a plain success books (the agent's slot back, its stats, its breaker, the trace's
+"forward" line) is in place for the next call and for the record's observers: whatever moves
+that book-keeping around the answer's write must keep these. Real Router, real agents on
+loopback."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any
@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from reachmesh.config import RouterConfig
-from reachmesh.decision import DecisionRecord, ObserveAfterTurn
+from reachmesh.decision import DecisionRecord
 from reachmesh.resilience.breaker import BreakerState
 from reachmesh.testing import FakeAgent, RouterServer
 from tests.helpers import scaled
@@ -42,34 +42,7 @@ def _forwards(record: DecisionRecord) -> list[str]:
     return [text for kind, text in record.events if kind == "forward"]
 
 
-async def test_a_held_success_books_its_slot_stats_and_trace_line_when_observed(router) -> None:
-    """With ``hold`` (the lane's way), the answer is encoded with the attempt in it, but the slot
-    stays taken and the stats unbooked until the record is handed on; then all of it at once,
-    in the same step, before the end of the turn."""
-    server, _http, _agent = router
-    parts = server.app.parts
-    forwarding = parts.dispatcher.forwarding
-    held: list[DecisionRecord] = []
-    status, body = await parts.dispatcher.handle(BODY, hold=held)
-    answer = json.loads(body)
-    assert (status, answer["status"], answer["handlerAgentId"]) == (200, "SUCCESS", "one")
-    assert [a["outcome"] for a in answer["attempts"]] == ["SUCCESS"]
-    (record,) = held
-    assert forwarding.capacity.inflight("one") == 1  # the answer is not written yet
-    assert forwarding.stats.snapshot("one")["inflight"] == 1
-    assert _forwards(record) == []
-    parts.observe_later(record)  # what the server calls right after the write
-    assert forwarding.capacity.inflight("one") == 0
-    stats = forwarding.stats.snapshot("one")
-    assert (stats["requests"], stats["inflight"], stats["successRate"]) == (1, 0, 1.0)
-    (line,) = _forwards(record)
-    assert line.startswith("one, duration=")
-    parts.observe_later(record)  # settled once: a second hand-over books nothing again
-    assert forwarding.stats.snapshot("one")["requests"] == 1
-    assert forwarding.capacity.inflight("one") == 0
-
-
-async def test_without_hold_the_dispatcher_books_before_its_observers_read(router) -> None:
+async def test_the_observers_find_the_success_booked(router) -> None:
     server, _http, _agent = router
     dispatcher = server.app.parts.dispatcher
     seen: list[tuple[int, int, list[str]]] = []
@@ -108,8 +81,7 @@ async def test_each_call_through_the_lane_finds_the_last_ones_slot_free_and_book
 
 
 async def test_a_half_open_probe_that_succeeds_closes_the_breaker_before_the_next_call(router) -> None:
-    """A breaker's probe success is booked after its answer is written: the next call finds the
-    breaker closed, and the probe's trace says so."""
+    """The next call finds the breaker its probe closed, and the probe's trace says so."""
     server, http, _agent = router
     forwarding = server.app.parts.dispatcher.forwarding
     breakers = forwarding.breakers
@@ -125,31 +97,3 @@ async def test_a_half_open_probe_that_succeeds_closes_the_breaker_before_the_nex
     again = (await reach(http)).json()
     assert again["status"] == "SUCCESS"
     assert breaker.state is BreakerState.CLOSED
-
-
-def test_the_record_is_settled_as_it_is_handed_over_and_observed_at_the_end_of_the_turn() -> None:
-    """ObserveAfterTurn settles a record at once (its book-keeping must precede any other call's
-    routing), and observes it later in the turn; a bug in the book-keeping is logged and costs
-    the observers nothing."""
-    order: list[str] = []
-    observe = ObserveAfterTurn([lambda r: order.append(f"observed {r.trace_id}")], lambda _o: None)
-
-    def broken() -> None:
-        order.append("settled t2")
-        raise RuntimeError("a bug in the book-keeping")
-
-    async def main() -> None:
-        first = DecisionRecord(trace_id="t1", task="echo", source="-", started=0.0)
-        first.after_answer = lambda: order.append("settled t1")
-        second = DecisionRecord(trace_id="t2", task="echo", source="-", started=0.0)
-        second.after_answer = broken
-        observe(first)
-        observe(second)
-        assert order == ["settled t1", "settled t2"]  # at once, in the caller's step
-        assert [first.after_answer, second.after_answer] == [None, None]  # settled once
-        done = asyncio.get_running_loop().create_future()
-        asyncio.get_running_loop().call_soon(done.set_result, None)
-        await done
-        assert order[2:] == ["observed t1", "observed t2"]
-
-    asyncio.run(main())
