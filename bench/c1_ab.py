@@ -36,6 +36,7 @@ def main() -> int:
     parser.add_argument("trees", nargs="+", help="name=path/to/src, one per Router")
     parser.add_argument("--duration", type=float, default=4.0, help="seconds per measured run")
     parser.add_argument("--rounds", type=int, default=6, help="rounds; medians are reported")
+    parser.add_argument("--connections", type=int, default=1, help="wrk connections (default 1)")
     parser.add_argument(
         "--quiet-share",
         type=float,
@@ -61,18 +62,20 @@ def main() -> int:
             direct.append(bench.wrk(agent_url, 1, 1, 1.0).p50_ms)
             order = routers if round_no % 2 == 0 else list(reversed(routers))
             for name, server, url in order:
-                bench.wrk(url, 1, 1, 0.5)
-                result, spent = bench.bracketed(url, 1, 1)
+                bench.wrk(url, args.connections, 1, 0.5)
+                result, spent = bench.bracketed(url, args.connections, 1)
                 p50.setdefault(name, []).append(result.p50_ms)
                 cpu.setdefault(name, []).append(spent[server.name] / result.requests * 1e6)
                 if spent["foreign_core"] <= args.quiet_share:
                     quiet.setdefault(name, []).append((result.p50_ms, cpu[name][-1]))
                 print(
-                    f"[c1] round {round_no + 1} {name}: p50 {result.p50_ms:.3f} ms, "
+                    f"[c{args.connections}] round {round_no + 1} {name}: p50 {result.p50_ms:.3f} ms, "
+                    f"{result.rps:.0f} req/s, "
                     f"{cpu[name][-1]:.0f} us CPU/request, others {spent['foreign_core']:.0%} of a core",
                     file=sys.stderr,
                 )
-        print(f"\nc1, {args.rounds} rounds of {args.duration:g} s; direct p50 {spread(direct, 'ms', 3)}")
+        runs = f"c{args.connections}, {args.rounds} rounds of {args.duration:g} s"
+        print(f"\n{runs}; direct p50 {spread(direct, 'ms', 3)}")
         for name, _server, _url in routers:
             print(f"{name:<10} p50 {spread(p50[name], 'ms', 3)}   CPU/request {spread(cpu[name], 'us', 0)}")
         first = routers[0][0]
