@@ -21,6 +21,7 @@ import asyncio
 import hashlib
 import random
 from dataclasses import dataclass, field
+from time import perf_counter as _perf_counter
 from typing import Any
 from urllib.parse import quote
 
@@ -62,6 +63,32 @@ _jitter = random.Random()
 # No attempt starts with less time than this left: the event loop may fire a timer up to its
 # clock resolution early, and an attempt that cannot finish only delays the TIMEOUT answer.
 MIN_ATTEMPT_MS = 2.0
+
+# While an attempt waits for an agent that answers within this long (its latency's moving
+# average), the loop is kept polling for the answer for at most this long instead of sleeping:
+# at c1 the Router's core otherwise idles while the agent works, and waking it when the answer
+# lands cost 50-90 us of p50 on the bench machine (docs/benchmarks.md, "Round 54").
+POLL_AGENT_S = 0.00025
+_POLL_AGENT_MS = POLL_AGENT_S * 1000
+
+
+class _KeepPolling:
+    """A loop callback that schedules itself again until ``done`` or its time is up: while one is
+    due the loop polls its sockets with a zero timeout instead of blocking, so an answer is read
+    the moment it lands. Bounded in time: an answer that is late costs at most POLL_AGENT_S of a
+    core; under load the loop never sleeps anyway, and the callback runs once a turn."""
+
+    __slots__ = ("_loop", "_until", "done")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._until = _perf_counter() + POLL_AGENT_S
+        self.done = False
+
+    def __call__(self) -> None:
+        if not self.done and _perf_counter() < self._until:
+            self._loop.call_soon(self)
+
 
 # Declines one request may collect before it ends NO_AVAILABLE_HANDLER: each is a whole hop.
 MAX_DECLINES = 8
@@ -350,7 +377,12 @@ class AttemptRun:
                     result = await self._send(choice, body, headers, limits)
                 else:  # the transport's own coroutine, awaited here: no call to make it
                     entry = choice.entry
-                    result = await parts.transport.send(entry.endpoint, body, headers, limits, entry.protocol)
+                    poll, send = _poll_for(parts.stats, agent_id), parts.transport.send
+                    try:
+                        result = await send(entry.endpoint, body, headers, limits, entry.protocol)
+                    finally:
+                        if poll is not None:
+                            poll.done = True
             except AttemptError as exc:
                 self._pool_waited(pool_waited)
                 self._account_failure(choice, started, span_id, exc)
@@ -556,6 +588,19 @@ def _succeeded(
     if run.request.conversation_id:
         parts.affinity.bind(run.request.conversation_id, agent_id, record.caller)
     return result
+
+
+def _poll_for(stats: StatsBook, agent_id: str) -> _KeepPolling | None:
+    """Keep the loop polling while the attempt about to start waits for an agent that answers
+    within POLL_AGENT_S (its latency's moving average); None for any other. Scheduled before the
+    transport writes the request, it first runs after the write, while the agent works."""
+    latency_ms = stats.merit(agent_id)[1]
+    if latency_ms is None or latency_ms > _POLL_AGENT_MS:
+        return None
+    loop = asyncio.get_running_loop()
+    poll = _KeepPolling(loop)
+    loop.call_soon(poll)
+    return poll
 
 
 def exhausted(run: AttemptRun) -> ContextUnavailable | NoAvailableHandler | Overloaded:
