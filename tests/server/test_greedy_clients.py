@@ -259,3 +259,28 @@ async def test_a_head_pipelined_behind_a_call_in_flight_is_bounded_across_its_an
             await agent.stop()
     assert answers.done[0][0] == 200
     assert rest.startswith(b"HTTP/1.1 431")
+
+
+async def test_a_head_begun_in_the_read_that_ends_the_head_before_it_is_bounded() -> None:
+    """A first head sent in two reads, the second read carrying its end and the whole of a
+    second head over 64 KiB: the second head is 431, though it began in a read that began
+    within another head (neither that read's bytes nor the later ones counted it)."""
+    async with RouterServer(RouterConfig()) as router:
+        reader, writer = await asyncio.open_connection("127.0.0.1", router.port)
+        writer.write(b"GET /healthz HTTP/1.1\r\n")
+        await writer.drain()
+        await asyncio.sleep(scaled(0.05))  # pacing: a read of its own, not a wait for a result
+        big = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n"
+        writer.write(b"Host: localhost\r\n\r\n" + big)
+        with contextlib.suppress(ConnectionError):
+            await writer.drain()
+        # The first request's answer may or may not precede the refusal (its turn may not have
+        # come when the second head is whole); the second head is never served.
+        got = b""
+        while got.count(b"HTTP/1.1 ") < 2:
+            chunk = await asyncio.wait_for(reader.read(65536), scaled(5))
+            if not chunk:
+                break
+            got += chunk
+        writer.close()
+        assert b"HTTP/1.1 431" in got
