@@ -320,3 +320,17 @@ def test_trailer_lines_count_toward_the_header_line_bound_sent_whole_or_without_
     r = reader(limits)
     assert r.feed(_CHUNKED_HEAD + b"X-T: 1\r\n" * 9 + b"\r\n") is True  # 10 lines in all
     assert r.answer().body == b"{}"
+
+
+def test_a_streamed_answers_trailer_lines_are_bounded_too() -> None:
+    """The stream's reader takes the body's reads by feed_body: its trailers are bounded there."""
+    from reachmesh.transport.streamconn import _StreamReader
+
+    r = _StreamReader(HeadLimits(max_bytes=32 * 1024, max_headers=10, max_line=8190), LIMIT)
+    r.feed(_CHUNKED_HEAD)
+    fed = 0
+    with pytest.raises(HeadTooLarge, match="10 header"):
+        while fed < 10_000:
+            fed += 1
+            r.feed_body(memoryview(b"X-T: %d\r\n" % fed))
+    assert fed <= 11  # a line is handed over as the next begins
