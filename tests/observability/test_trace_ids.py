@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-from reachmesh.tracecontext import new_trace_id
+from reachmesh.tracecontext import new_span_id, new_trace_id
 
 _HEX32 = re.compile(r"[0-9a-f]{32}")
 
@@ -59,4 +59,35 @@ def test_a_forked_child_does_not_repeat_its_parents_next_ids() -> None:
     child_ids = {child[i : i + 32] for i in range(0, len(child), 32)}
     parent_ids = {parent[i : i + 32] for i in range(0, len(parent), 32)}
     assert len(child_ids) == 8
+    assert not child_ids & parent_ids
+
+
+def test_span_ids_are_16_hex_digits_never_zero_and_distinct_across_batches() -> None:
+    ids = [new_span_id() for _ in range(2000)]  # several batches of 256
+    assert all(re.fullmatch(r"[0-9a-f]{16}", i) and i != "0" * 16 for i in ids)
+    assert len(set(ids)) == len(ids)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_does_not_repeat_its_parents_next_span_ids() -> None:
+    """Span ids come from a seeded generator, 256 at a time: a child that kept the parent's
+    batch, or its generator's state, would hand out the parent's next span ids."""
+    new_span_id()  # a batch is held now, most of it unused
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(read_end)
+            # Past one batch too: the refill must not be the parent's next batch either.
+            os.write(write_end, "".join(new_span_id() for _ in range(300)).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        child = pipe.read().decode()
+    os.waitpid(pid, 0)
+    parent = "".join(new_span_id() for _ in range(300))
+    child_ids = {child[i : i + 16] for i in range(0, len(child), 16)}
+    parent_ids = {parent[i : i + 16] for i in range(0, len(parent), 16)}
+    assert len(child_ids) == 300
     assert not child_ids & parent_ids

@@ -259,3 +259,49 @@ async def test_a_head_pipelined_behind_a_call_in_flight_is_bounded_across_its_an
             await agent.stop()
     assert answers.done[0][0] == 200
     assert rest.startswith(b"HTTP/1.1 431")
+
+
+_FIRST = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"
+
+
+def _deliveries(big: bytes) -> dict[str, list[bytes]]:
+    """A small request, then ``big``, cut into the writes (reads, paced) named."""
+    return {
+        # The bytes of ``big`` in a read that began within the head before it: counted by
+        # neither the read count (it began within a head) nor the bytes after it.
+        "behind_a_split_head": [_FIRST[:10], _FIRST[10:] + big],
+        "behind_a_split_head_then_more": [_FIRST[:10], _FIRST[10:] + big[:30_000], big[30_000:]],
+        "behind_a_whole_request_in_one_read": [_FIRST + big],
+        "after_the_first_answer_in_two_reads": [_FIRST, big[:2000], big[2000:]],
+    }
+
+
+@pytest.mark.parametrize("delivery", sorted(_deliveries(b"")))
+@pytest.mark.parametrize(("size", "status"), [(64 * 1024, 200), (64 * 1024 + 1, 431)])
+async def test_a_second_head_is_bounded_to_the_byte_however_its_reads_fall(
+    delivery: str, size: int, status: int
+) -> None:
+    """A head after a small request on one connection: exactly 64 KiB is served, one byte more
+    is 431, however the reads that carry it begin and end."""
+    from tests.server.test_response_writes import Answers
+
+    writes = _deliveries(b"".join(exact_head(size)))[delivery]
+    async with RouterServer(RouterConfig()) as router:
+        reader, writer = await asyncio.open_connection("127.0.0.1", router.port)
+        answers = Answers()
+        for n, piece in enumerate(writes):
+            if n:
+                await asyncio.sleep(scaled(0.05))  # pacing: a read of its own, not a wait for a result
+            writer.write(piece)
+            with contextlib.suppress(ConnectionError):
+                await writer.drain()
+        while len(answers.done) < 2:
+            chunk = b""  # a reset ends the answers as a close does
+            with contextlib.suppress(ConnectionError):
+                chunk = await asyncio.wait_for(reader.read(65536), scaled(5))
+            if not chunk:
+                break
+            answers.parser.feed_data(chunk)
+        writer.close()
+    # The first request's answer may not precede a refusal (its turn may not have come).
+    assert [got for got, _, _ in answers.done][-1] == status

@@ -296,3 +296,41 @@ def test_garbage_in_a_gzip_body_is_broken() -> None:
 def test_a_malformed_status_line_is_broken() -> None:
     with pytest.raises(BrokenBody, match="malformed"):
         reader().feed(b"HTTX/1.1 200 OK\r\n\r\n")
+
+
+_CHUNKED_HEAD = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n"
+
+
+def test_trailer_lines_count_toward_the_header_line_bound_sent_whole_or_without_end() -> None:
+    """A chunked answer's trailer lines come after its head is whole, past the head's byte bound:
+    they count toward the header lines' bound, so an agent cannot send them without end (the
+    answer's byte limit counts only its body)."""
+    limits = HeadLimits(max_bytes=32 * 1024, max_headers=10, max_line=8190)
+    r = reader(limits)
+    with pytest.raises(HeadTooLarge, match="10 header"):
+        r.feed(_CHUNKED_HEAD + b"X-T: 1\r\n" * 11 + b"\r\n")
+    r = reader(limits)
+    r.feed(_CHUNKED_HEAD)
+    fed = 0
+    with pytest.raises(HeadTooLarge, match="10 header"):
+        while fed < 10_000:
+            fed += 1
+            r.feed(b"X-T: %d\r\n" % fed)
+    assert fed <= 11  # a line is handed over as the next begins
+    r = reader(limits)
+    assert r.feed(_CHUNKED_HEAD + b"X-T: 1\r\n" * 9 + b"\r\n") is True  # 10 lines in all
+    assert r.answer().body == b"{}"
+
+
+def test_a_streamed_answers_trailer_lines_are_bounded_too() -> None:
+    """The stream's reader takes the body's reads by feed_body: its trailers are bounded there."""
+    from reachmesh.transport.streamconn import _StreamReader
+
+    r = _StreamReader(HeadLimits(max_bytes=32 * 1024, max_headers=10, max_line=8190), LIMIT)
+    r.feed(_CHUNKED_HEAD)
+    fed = 0
+    with pytest.raises(HeadTooLarge, match="10 header"):
+        while fed < 10_000:
+            fed += 1
+            r.feed_body(memoryview(b"X-T: %d\r\n" % fed))
+    assert fed <= 11  # a line is handed over as the next begins

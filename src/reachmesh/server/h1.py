@@ -501,6 +501,10 @@ class GuardedHttpTools(HttpToolsProtocol):
             self._refuse_head_size()
             return
         self._reading_head = False
+        # A head that begins later in this read lies in bytes this one's count included: the
+        # read's rest is carried to the next head's bound (a read that begins between heads
+        # replaces it), so a head begun behind another within one read is not left uncounted.
+        self._read_bytes += self._head_bytes
         self._head_bytes = 0
         if self._head_timer is not None:  # _disarm(): most heads end in the read that began them
             self._disarm()

@@ -167,6 +167,8 @@ class AnswerReader:
             data = data[len(part) :]
         if data:
             self._parse(data)  # bytes after a whole answer only mark it ``trailing``
+            if self._headers > self._max_headers:  # trailer lines (see on_message_complete)
+                raise HeadTooLarge(f"the answer has over {self._max_headers} header lines")
         return self.complete
 
     def _head_read(self, part: bytes) -> bool:
@@ -237,7 +239,8 @@ class AnswerReader:
 
     def on_header(self, name: bytes, value: bytes) -> None:
         # Counted here, bounded once the head is whole (on_headers_complete): nothing is kept
-        # per line, and the head's bytes bound how many lines come before then.
+        # per line, and the head's bytes bound how many lines come before then. Trailer lines
+        # (after a chunked body) are bounded per read and at the answer's end.
         self._headers += 1
         if len(name) + len(value) > self._line_room:
             raise HeadTooLarge(f"an answer header line is over {self._max_line} bytes")
@@ -282,6 +285,11 @@ class AnswerReader:
         if not self.head_done:
             self._reset_message()  # the interim answer is skipped whole
             return
+        # A chunked body's trailer lines come after the head, past its byte bound, and count
+        # toward the header lines': checked here and after each read of the body (feed), not
+        # per line, so an agent cannot send them without end.
+        if self._headers > self._max_headers:
+            raise HeadTooLarge(f"the answer has over {self._max_headers} header lines")
         if self._encoding is not None:  # only a compressed body has an end of its own to check
             self._end_body()
         self.complete = True

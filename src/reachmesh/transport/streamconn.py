@@ -110,6 +110,8 @@ class _StreamReader(AnswerReader):
             self.trailing = True
             return True
         self._parse(data)
+        if self._headers > self._max_headers:  # trailer lines, bounded per read (see feed)
+            raise HeadTooLarge(f"the answer has over {self._max_headers} header lines")
         return self.complete
 
     def take(self) -> list[bytes]:
