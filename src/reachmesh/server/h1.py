@@ -11,7 +11,10 @@ before the ASGI app sees it:
 - at most ``max_headers`` header lines (431), counted as the parser hands over each line, so the
   lines kept until the head is whole are bounded by their number and by the bytes read;
 - the head complete within ``header_timeout_seconds`` of its first byte, or of the connection
-  (408), so a connection that trickles bytes is closed.
+  (408), so a connection that trickles bytes is closed;
+- a chunked body's framing and trailer lines (what follows the head and is not body) at most
+  ``max_header_bytes`` and ``body_limit_bytes`` together (431): httptools keeps an unfinished
+  trailer line whole, so an endless one would grow the Router's memory without a bound.
 
 The body has its own timeout in the app (:func:`reachmesh.server.asgi.read_body`), and idle
 keep-alive connections close after uvicorn's ``timeout_keep_alive``.
@@ -369,6 +372,7 @@ class GuardedHttpTools(HttpToolsProtocol):
     max_header_bytes = 64 * 1024
     max_headers = 100
     header_timeout_s = 10.0
+    body_limit_bytes = 1024 * 1024
 
     # Slots: uvicorn's protocol keeps its own state in an instance dict, which these seven more
     # would grow to a larger table, 1.6 KB per connection (a burst holds one per call in flight).
@@ -385,6 +389,8 @@ class GuardedHttpTools(HttpToolsProtocol):
         "_read_bytes",
         "_reading_head",
         "_refused",
+        "_tail",
+        "_tail_cap",
         "_trusted",
     )
 
@@ -396,6 +402,11 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._cap_head_bytes = self.max_header_bytes
         self._head_bytes = 0
         self._read_bytes = 0
+        # A message's bytes after its head that are not body: chunk framing and trailer lines.
+        # httptools keeps an unfinished trailer line whole, so they are bounded too, as a
+        # head and a body are together.
+        self._tail = 0
+        self._tail_cap = self.max_header_bytes + self.body_limit_bytes
         self._reading_head = True
         self._refused = False
         self._idle_since: float | None = None  # when the last response ended, while idle since
@@ -452,9 +463,16 @@ class GuardedHttpTools(HttpToolsProtocol):
             return
         if self._reading_head:
             self._head_bytes += len(data)
+            super().data_received(data)
         else:
             self._read_bytes = len(data)  # a read a head may begin in (see on_headers_complete)
-        super().data_received(data)
+            # Counted whole: a message that begins in it starts its count afresh, and its body
+            # is taken off (on_body).
+            self._tail += len(data)
+            super().data_received(data)
+            if self._tail > self._tail_cap and not self._refused:
+                self._refuse(431, f"the request's chunk framing and trailers are over {self._tail_cap} bytes")
+                return
         if self._lane is not None:
             self._leave_lane()  # the body is still coming: uvicorn's cycle reads the rest
         if self._reading_head and not self._refused:
@@ -472,6 +490,7 @@ class GuardedHttpTools(HttpToolsProtocol):
         super().on_message_begin()
         self._lane = None
         self._reading_head = True
+        self._tail = 0
         # The head's timer is armed by data_received if the head outlasts this read.
 
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -538,6 +557,7 @@ class GuardedHttpTools(HttpToolsProtocol):
         if self._lane is not None:
             self._lane[1].append(body)
         elif not self._refused:
+            self._tail -= len(body)
             super().on_body(body)
 
     def on_message_complete(self) -> None:
@@ -720,5 +740,6 @@ def bounded_protocol(policy: ServerPolicy) -> type[GuardedHttpTools]:
         "max_header_bytes": policy.max_header_bytes,
         "max_headers": policy.max_headers,
         "header_timeout_s": policy.header_timeout_seconds,
+        "body_limit_bytes": policy.body_limit_bytes,
     }
     return type("ReachHttpProtocol", (GuardedHttpTools,), attrs)
