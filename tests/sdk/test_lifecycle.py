@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import signal
 import subprocess
 import threading
@@ -416,7 +417,9 @@ def test_an_agent_killed_and_started_again_at_once_is_routable_again(
         took = time.monotonic() - restarted
         print(f"kill -9 and restart: routable again after {took:.2f}s (process start included)")
         text = second.text()[before:]
-        assert "registration successful" in text and "409" not in text and "refused" not in text, text
+        # A 409 as a word: the log's trace ids are hex, and one holds "409" about one time in 140.
+        assert "registration successful" in text and not re.search(r"\b409\b", text), text
+        assert "refused" not in text, text
         # Well inside the old lease: the takeover, not its expiry, let the new process in.
         assert took < 30
     finally:
