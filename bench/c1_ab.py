@@ -13,6 +13,7 @@ on the other core, as ``router_overhead.py`` places them.
 from __future__ import annotations
 
 import argparse
+import shutil
 import signal
 import statistics
 import sys
@@ -86,18 +87,20 @@ def main() -> int:
             print(f"{name} - {first}, p50 in the same round: {spread(deltas, 'us', 0)}")
         print(f"only the runs during which others took at most {args.quiet_share:.0%} of a core:")
         for name, _server, _url in routers:
-            runs = quiet.get(name, [])
-            if not runs:
+            kept = quiet.get(name, [])
+            if not kept:
                 print(f"{name:<10} none")
                 continue
-            p50s, cpus = [p for p, _ in runs], [c for _, c in runs]
+            p50s, cpus = [p for p, _ in kept], [c for _, c in kept]
             print(
-                f"{name:<10} {len(runs)} runs: p50 {spread(p50s, 'ms', 3)}   "
+                f"{name:<10} {len(kept)} runs: p50 {spread(p50s, 'ms', 3)}   "
                 f"CPU/request {spread(cpus, 'us', 0)}"
             )
         return 0
     finally:
         bench.stop_all()
+        # The Routers' INFO logs run to tens of MB a run.
+        shutil.rmtree(bench.workdir, ignore_errors=True)
 
 
 if __name__ == "__main__":
