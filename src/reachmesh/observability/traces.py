@@ -290,27 +290,16 @@ class TraceStore:
         return self._bytes
 
     def __call__(self, record: DecisionRecord) -> None:
-        """Keep ``record``'s hop: :meth:`_built` and :meth:`_keep` for one record, written out (a
-        turn's only record, as under light load, costs no call to either)."""
+        """Keep ``record``'s hop: :meth:`_built` for one record, written out (a turn's only record,
+        as under light load, builds no list), then :meth:`_keep`."""
         if self.size <= 0:
             return  # a store that keeps nothing: no hop to build
         frozen = _freeze(record)
         hop = _dumps(frozen, str, _FITTED)[:-1]
-        size = len(hop)
-        if size > self.max_hop_bytes:
-            hop = _slim(frozen, size, self.max_hop_bytes)
+        if len(hop) > self.max_hop_bytes:
+            hop = _slim(frozen, len(hop), self.max_hop_bytes)
             self.slimmed += 1
-            size = len(hop)
-        hops = self._hops
-        held = self._bytes
-        if len(hops) >= self.size:  # a full store, the steady state: the oldest leaves for this one
-            held -= len(hops.popleft())
-        if held + size > self.max_bytes or len(hops) >= self.size:
-            self._bytes = held
-            self._make_room(size)
-            held = self._bytes
-        self._bytes = held + size
-        hops.append(hop)
+        self._keep(hop)
 
     def observe_all(self, records: Iterable[DecisionRecord], failed: Callable[[Any], None]) -> None:
         """Keep each record's hop, in order, exactly as one call per record would.
