@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+from collections.abc import Callable
 
 import pytest
 
@@ -40,24 +41,33 @@ def test_threads_asking_at_once_never_share_an_id() -> None:
     assert len(set(every)) == len(every) == 12000
 
 
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
-def test_a_forked_child_does_not_repeat_its_parents_next_ids() -> None:
-    new_trace_id()  # a batch is held now, most of it unused
+def next_ids_in_child_and_parent(new_id: Callable[[], str], count: int) -> tuple[set[str], set[str]]:
+    """The next ``count`` ids a forked child hands out, and the parent's next ``count``, after the
+    parent took one (so a batch is held, most of it unused)."""
+    new_id()
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: its next ids, to the parent
         try:
             os.close(read_end)
-            os.write(write_end, "".join(new_trace_id() for _ in range(8)).encode())
+            os.write(write_end, "".join(new_id() for _ in range(count)).encode())
         finally:
             os._exit(0)
     os.close(write_end)
     with os.fdopen(read_end, "rb") as pipe:
         child = pipe.read().decode()
     os.waitpid(pid, 0)
-    parent = "".join(new_trace_id() for _ in range(8))
-    child_ids = {child[i : i + 32] for i in range(0, len(child), 32)}
-    parent_ids = {parent[i : i + 32] for i in range(0, len(parent), 32)}
+    parent = "".join(new_id() for _ in range(count))
+    width = len(parent) // count
+    return (
+        {child[i : i + width] for i in range(0, len(child), width)},
+        {parent[i : i + width] for i in range(0, len(parent), width)},
+    )
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_does_not_repeat_its_parents_next_ids() -> None:
+    child_ids, parent_ids = next_ids_in_child_and_parent(new_trace_id, 8)
     assert len(child_ids) == 8
     assert not child_ids & parent_ids
 
@@ -71,23 +81,8 @@ def test_span_ids_are_16_hex_digits_never_zero_and_distinct_across_batches() -> 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_forked_child_does_not_repeat_its_parents_next_span_ids() -> None:
     """Span ids come from a seeded generator, 256 at a time: a child that kept the parent's
-    batch, or its generator's state, would hand out the parent's next span ids."""
-    new_span_id()  # a batch is held now, most of it unused
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.close(read_end)
-            # Past one batch too: the refill must not be the parent's next batch either.
-            os.write(write_end, "".join(new_span_id() for _ in range(300)).encode())
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as pipe:
-        child = pipe.read().decode()
-    os.waitpid(pid, 0)
-    parent = "".join(new_span_id() for _ in range(300))
-    child_ids = {child[i : i + 16] for i in range(0, len(child), 16)}
-    parent_ids = {parent[i : i + 16] for i in range(0, len(parent), 16)}
+    batch, or its generator's state, would hand out the parent's next span ids. 300: past one
+    batch too, so the child's refill must not be the parent's next batch either."""
+    child_ids, parent_ids = next_ids_in_child_and_parent(new_span_id, 300)
     assert len(child_ids) == 300
     assert not child_ids & parent_ids
