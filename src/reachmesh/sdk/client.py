@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import aiohttp
@@ -38,13 +38,16 @@ SLACK_S = 2.0
 CONNECT_S = 5.0
 
 
-def router_url_from_env(url: str | None) -> str:
-    """``url``, else ``REACH_ROUTER_URL``, else the default: one URL, or several comma-separated."""
+def router_url_from_env(url: str | Sequence[str] | None) -> str:
+    """``url``, else ``REACH_ROUTER_URL``, else the default: one URL, or several comma-separated,
+    or (as ``ReachAgent(router_url=...)`` takes them) a list; an empty list is refused."""
+    if url is not None and not isinstance(url, str):
+        return ",".join(split_router_urls(",".join(url), what="the Router URL"))
     chosen = url or os.environ.get("REACH_ROUTER_URL") or DEFAULT_ROUTER_URL
     return ",".join(split_router_urls(chosen, what="the Router URL"))
 
 
-def router_urls_from_env(url: str | None) -> list[str]:
+def router_urls_from_env(url: str | Sequence[str] | None) -> list[str]:
     """:func:`router_url_from_env` as a list."""
     return router_url_from_env(url).split(",")
 
@@ -139,7 +142,7 @@ class ReachClient:
 
     def __init__(
         self,
-        router_url: str | None = None,
+        router_url: str | Sequence[str] | None = None,
         *,
         source_agent: str | None = None,
         max_connections: int | None = None,
@@ -237,7 +240,7 @@ class SyncReachClient:
 
     def __init__(
         self,
-        router_url: str | None = None,
+        router_url: str | Sequence[str] | None = None,
         *,
         source_agent: str | None = None,
         max_connections: int | None = None,
