@@ -81,6 +81,16 @@ def test_a_missing_file_is_named(tmp_path: Path) -> None:
     assert "no such file 'gone.py'" in line
 
 
+@pytest.mark.parametrize("spec", ["broken.py:agent", "broken:agent"])
+def test_a_syntax_error_in_the_app_is_one_line_naming_file_and_line(tmp_path: Path, spec: str) -> None:
+    """A typo in the agent's own file is named (file, line, what) as an import error is, not a
+    traceback box through reach's loader (the user's file was in none of its frames)."""
+    config = agent_config(tmp_path)
+    (tmp_path / "broken.py").write_text("from reachmesh import ReachAgent\n\nagent = ReachAgent(\n")
+    line = one_line_failure(reach("agent", "--config", str(config), "--app", spec, cwd=tmp_path))
+    assert "broken.py" in line and "line 3" in line, line
+
+
 def test_a_bad_agent_id_prints_its_rule_with_brackets(tmp_path: Path) -> None:
     """An invalid id names the rule in full: the brackets are not eaten as markup."""
     config = agent_config(tmp_path, agent_id="Bad Id!")
