@@ -69,6 +69,10 @@ def build_request(  # noqa: PLR0913 - one keyword per envelope field a caller ma
     """The ReachRequest envelope for one call, with only the keys that were given."""
     prefs: dict[str, Any] = {}
     if timeout_ms is not None:
+        if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int):
+            # The Router refuses it too (protocol §5), but the client's own wait is worked out
+            # from it first: say which option is wrong, not "unsupported operand type(s)".
+            raise TypeError(f"timeout_ms must be a whole number of milliseconds, got {timeout_ms!r}")
         prefs["timeoutMs"] = timeout_ms
     if filter_agent_ids is not None:
         prefs["filterAgentIds"] = filter_agent_ids
