@@ -182,3 +182,21 @@ def test_a_router_that_refuses_the_token_is_one_line(
     line = one_line_failure(result)
     assert result.returncode == 1
     assert "401" in line and "REACH_TOKEN" in line
+
+
+def test_a_light_install_is_told_how_to_add_the_router_without_asking_pypi(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`reach router` on an agent's light install names the extra to add where the package came
+    from. It said `pip install 'reachmesh[router]'`, which asks PyPI, where reachmesh is not (the
+    docs warn against exactly that line: the name there may be someone else's)."""
+    import typer
+
+    from reachmesh.cli import console
+
+    monkeypatch.setattr(console, "_ROUTER_MODULES", ("reachmesh_no_such_module",))
+    with pytest.raises(typer.Exit):
+        console.need_router("reach router")
+    line = " ".join(capsys.readouterr().err.split())
+    assert "[router]" in line and "not on PyPI" in line, line
+    assert "pip install 'reachmesh[router]'" not in line, line
