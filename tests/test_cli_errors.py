@@ -81,6 +81,16 @@ def test_a_missing_file_is_named(tmp_path: Path) -> None:
     assert "no such file 'gone.py'" in line
 
 
+@pytest.mark.parametrize("spec", ["broken.py:agent", "broken:agent"])
+def test_a_syntax_error_in_the_app_is_one_line_naming_file_and_line(tmp_path: Path, spec: str) -> None:
+    """A typo in the agent's own file is named (file, line, what) as an import error is, not a
+    traceback box through reach's loader (the user's file was in none of its frames)."""
+    config = agent_config(tmp_path)
+    (tmp_path / "broken.py").write_text("from reachmesh import ReachAgent\n\nagent = ReachAgent(\n")
+    line = one_line_failure(reach("agent", "--config", str(config), "--app", spec, cwd=tmp_path))
+    assert "broken.py" in line and "line 3" in line, line
+
+
 def test_a_bad_agent_id_prints_its_rule_with_brackets(tmp_path: Path) -> None:
     """An invalid id names the rule in full: the brackets are not eaten as markup."""
     config = agent_config(tmp_path, agent_id="Bad Id!")
@@ -172,3 +182,21 @@ def test_a_router_that_refuses_the_token_is_one_line(
     line = one_line_failure(result)
     assert result.returncode == 1
     assert "401" in line and "REACH_TOKEN" in line
+
+
+def test_a_light_install_is_told_how_to_add_the_router_without_asking_pypi(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`reach router` on an agent's light install names the extra to add where the package came
+    from. It said `pip install 'reachmesh[router]'`, which asks PyPI, where reachmesh is not (the
+    docs warn against exactly that line: the name there may be someone else's)."""
+    import typer
+
+    from reachmesh.cli import console
+
+    monkeypatch.setattr(console, "_ROUTER_MODULES", ("reachmesh_no_such_module",))
+    with pytest.raises(typer.Exit):
+        console.need_router("reach router")
+    line = " ".join(capsys.readouterr().err.split())
+    assert "[router]" in line and "not on PyPI" in line, line
+    assert "pip install 'reachmesh[router]'" not in line, line

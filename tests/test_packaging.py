@@ -241,7 +241,7 @@ def test_the_light_install_serves_agents_and_callers_and_leaves_the_router_out(i
     )
     assert refused.returncode == 2
     lines = refused.stderr.strip().splitlines()
-    assert len(lines) == 1 and "pip install 'reachmesh[router]'" in lines[0], refused.stderr
+    assert len(lines) == 1 and "pip install '/path/to/clone[router]'" in lines[0], refused.stderr
 
 
 @pytest.mark.packaging

@@ -114,7 +114,10 @@ class PayloadValidator:
     def __init__(self, schema: dict[str, Any]) -> None:
         compiler = _compiler()
         if compiler is None:
-            raise ImportError("validating payloads needs jsonschema-rs: pip install 'reachmesh[router]'")
+            raise ImportError(
+                "validating payloads needs jsonschema-rs, which the router extra brings: "
+                "pip install '/path/to/clone[router]' (reachmesh is not on PyPI)"
+            )
         self.schema = to_json_schema(schema)
         self._validator = compiler.validator_for(self.schema)
         self._required = compiler.ValidationErrorKind.Required

@@ -26,6 +26,10 @@ def test_a_list_is_comma_separated_checked_and_deduplicated() -> None:
     assert split_router_urls(A) == [A]
     with pytest.raises(ConfigError, match="'ftp://x'"):
         split_router_urls(f"{A},ftp://x")
+    # The bad entry's position is named (docs/several-routers.md), so a typo in one of several
+    # like-looking URLs is found at once.
+    with pytest.raises(ConfigError, match=r"entry 3 of 3 is 'http://:7200'"):
+        split_router_urls(f"{A},{B},http://:7200")
     with pytest.raises(ConfigError, match="empty"):
         split_router_urls(" , ")
 
@@ -39,6 +43,9 @@ def test_the_config_and_the_environment_take_a_list() -> None:
     config = AgentConfig.from_mapping({"agent": profile, "router": {"url": f"{A}, {B}/"}}, env={})
     assert config.router_url == f"{A},{B}"
     assert config.router_urls == [A, B]
+    # A YAML list is the same list (before: str() of it, refused as one URL "['http://…'").
+    listed = AgentConfig.from_mapping({"agent": profile, "router": {"url": [A, f"{B}/"]}}, env={})
+    assert listed.router_urls == [A, B]
     env = AgentConfig.from_mapping({"agent": profile}, env={"REACH_ROUTER_URL": f"{B},{C}"})
     assert env.router_urls == [B, C]
     with pytest.raises(ConfigError, match=r"router\.url"):
@@ -61,6 +68,19 @@ def test_reach_agent_takes_a_router_list_in_code() -> None:
     assert ReachAgent(config).config.router_urls == [A]
     with pytest.raises(ConfigError, match="router_url"):
         ReachAgent(config, router_url=[A, "nope"])
+
+
+@pytest.mark.parametrize("client_class", [ReachClient, SyncReachClient])
+def test_the_clients_take_a_router_list_in_code_as_the_agent_does(
+    client_class: type[ReachClient] | type[SyncReachClient],
+) -> None:
+    """ReachClient([...]) as ReachAgent(router_url=[...]): before, str() of the list was read as
+    one URL and refused with a message quoting "['http://10.0.0.1:7200'"."""
+    assert client_class([A, f"{B}/"]).routers.urls == (A, B)
+    with pytest.raises(ConfigError, match="entry 2 of 2 is 'nope'"):
+        client_class([A, "nope"])
+    with pytest.raises(ConfigError, match="empty"):
+        client_class([])
 
 
 def test_a_failed_router_is_skipped_with_growing_pauses_then_tried_again() -> None:

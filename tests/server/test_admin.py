@@ -161,6 +161,20 @@ async def test_unknown_path_and_method_are_json(http: httpx.AsyncClient) -> None
     resp = await http.delete("/admin/agents")
     assert resp.status_code == 405
     assert resp.json()["error"]["code"] == "METHOD_NOT_ALLOWED"
+    assert "GET" in resp.headers["allow"]  # RFC 9110: a 405 says which methods the path takes
+    resp = await http.post("/admin/ui")
+    assert resp.status_code == 405
+    assert "GET" in resp.headers["allow"]
+
+
+@pytest.mark.parametrize("method", ["GET", "PUT", "DELETE", "PATCH"])
+async def test_reach_with_another_method_is_405(http: httpx.AsyncClient, method: str) -> None:
+    """/reach is a known path: any method but POST is 405 naming POST in Allow, as for every
+    other endpoint (protocol §10), not 404 (which says the Router has no /reach at all)."""
+    resp = await http.request(method, "/reach")
+    assert resp.status_code == 405
+    assert resp.json()["error"]["code"] == "METHOD_NOT_ALLOWED"
+    assert resp.headers["allow"] == "POST"
 
 
 async def test_health_ready_and_openapi(http: httpx.AsyncClient) -> None:

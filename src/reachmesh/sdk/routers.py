@@ -42,13 +42,17 @@ def split_router_urls(value: str, *, what: str = "router URL") -> list[str]:
     otherwise surface as a Router that never answers.
     """
     urls: list[str] = []
-    for raw in str(value).split(","):
+    entries = str(value).split(",")
+    for position, raw in enumerate(entries, 1):
         url = raw.strip().rstrip("/")
         if not url:
             continue
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ConfigError(f"{what} must be http(s) URL(s), comma-separated; got {raw.strip()!r}")
+            raise ConfigError(
+                f"{what} must be http(s) URL(s), comma-separated; "
+                f"entry {position} of {len(entries)} is {raw.strip()!r}"
+            )
         if url not in urls:
             urls.append(url)
     if not urls:

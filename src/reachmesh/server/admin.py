@@ -154,6 +154,9 @@ class AdminApi:
             Route("/readyz", self.readyz, methods=["GET"]),
             Route("/openapi.json", self.openapi, methods=["GET"]),
             Route("/metrics", self.metrics, methods=["GET"]),
+            # POST /reach never gets here (RouterApp serves it); listed so that another method
+            # is 405 with `Allow: POST`, as on every other endpoint, not a 404 saying no /reach.
+            Route("/reach", _served_by_the_app, methods=["POST"]),
             Route("/reach/{trace_id}", self.async_result, methods=["GET"]),
             Route("/admin/traces", self.list_traces, methods=["GET"]),
             Route("/admin/traces/{trace_id}", self.get_trace, methods=["GET"]),
@@ -489,7 +492,14 @@ class AdminApi:
     async def _on_http_error(self, request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(exc.status_code, "HTTP_ERROR")
-        return json_error(exc.status_code, code, f"{request.method} {request.url.path}: {exc.detail}")
+        response = json_error(exc.status_code, code, f"{request.method} {request.url.path}: {exc.detail}")
+        response.headers.update(exc.headers or {})  # a 405's Allow (RFC 9110 §15.5.6)
+        return response
+
+
+async def _served_by_the_app(request: Request) -> Response:
+    """POST /reach, which RouterApp answers before the admin API sees a request."""
+    raise HTTPException(404)
 
 
 def _may_register(request: Request, agent_id: str, tasks: list[str] | None = None) -> None:

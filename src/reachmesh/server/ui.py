@@ -210,7 +210,7 @@ class AdminUi:
         assert isinstance(exc, HTTPException)
         code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(exc.status_code, "HTTP_ERROR")
         body = error_body(code, f"{request.method} {request.url.path}: {exc.detail}")
-        return Response(body, status_code=exc.status_code, media_type="application/json")
+        return Response(body, status_code=exc.status_code, headers=exc.headers, media_type="application/json")
 
 
 __all__ = ["CSP", "SUMMARY_PATH", "AdminUi", "policy_digest", "policy_view"]
