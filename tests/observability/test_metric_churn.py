@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import httpx
 
@@ -11,6 +10,7 @@ from reachmesh.clock import ManualClock
 from reachmesh.config import RegistryPolicy, RouterConfig
 from reachmesh.registry.memory import MemoryRegistry
 from reachmesh.testing import FakeAgent, RouterServer
+from tests.helpers import scaled, until
 
 ROUNDS = 40
 
@@ -84,15 +84,19 @@ async def test_a_call_that_ends_after_its_agent_left_brings_no_series_back() -> 
     config = RouterConfig.model_validate(
         {"embedding": {"backend": "none"}, "health": {"enabled": False}, "limits": {"loop_lag_ms": 10_000}}
     )
-    async with RouterServer(config) as router, httpx.AsyncClient(base_url=router.url, timeout=30) as http:
+    # The call is held at the agent across a DELETE: its read timeout (3 s by default, not
+    # scaled) must not end it first on a busy machine.
+    held_ms = int(scaled(20_000))
+    envelope = {"targetTask": "leavingtask", "preferences": {"timeoutMs": held_ms, "readTimeoutMs": held_ms}}
+    async with (
+        RouterServer(config) as router,
+        httpx.AsyncClient(base_url=router.url, timeout=scaled(30)) as http,
+    ):
         agent = await FakeAgent("leaving", tasks=("leavingtask",), hold=asyncio.Event()).start()
         try:
             await agent.register(router.url, vectors=False)
-            call = asyncio.create_task(http.post("/reach", json={"targetTask": "leavingtask"}))
-            deadline = time.monotonic() + 20
-            while not agent.received:
-                assert time.monotonic() < deadline, "the call never reached the agent"
-                await asyncio.sleep(0.01)
+            call = asyncio.create_task(http.post("/reach", json=envelope))
+            await until(lambda: agent.received, "the call at the agent", within=20)
             resp = await http.delete("/agents/leaving", headers={"X-Reach-Lease": agent.lease_id or ""})
             assert resp.status_code == 204
             assert agent.hold is not None

@@ -33,7 +33,14 @@ async def test_a_streamed_call_refused_overloaded_carries_retry_after(router: Ro
     agent = await FakeAgent("one", max_concurrency=1, hold=asyncio.Event()).start()
     try:
         await agent.register(router.url, vectors=False)
-        body = {"targetTask": "echo", "payload": {}, "preferences": {"timeoutMs": int(scaled(20_000))}}
+        # The first call is held at the agent while the others are made: the read timeout (3 s by
+        # default, not scaled) must not end it first on a busy machine, or its slot comes free.
+        deadline_ms = int(scaled(20_000))
+        body = {
+            "targetTask": "echo",
+            "payload": {},
+            "preferences": {"timeoutMs": deadline_ms, "readTimeoutMs": deadline_ms},
+        }
         async with httpx.AsyncClient(base_url=router.url, timeout=scaled(30)) as http:
             first = asyncio.ensure_future(http.post("/reach", json=body))
             await until(lambda: len(agent.received) == 1, "the first call at the agent")
