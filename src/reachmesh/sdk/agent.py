@@ -203,7 +203,7 @@ class ReachAgent:
         and renews through whichever answers. ``repeat_cache_bytes``: the answers kept for repeats,
         in bytes (``server.repeat_cache_bytes``: 16 MiB, 0 keeps none), the oldest forgotten first."""
         self._shared_secret = shared_secret
-        self._router_urls = None if router_url is None else _router_list(router_url)
+        self._router_urls = None if router_url is None else split_router_urls(router_url, what="router_url")
         self._max_concurrency = _concurrency(max_concurrency)
         self._repeat_cache_bytes = _cache_bytes(repeat_cache_bytes)
         self._gate: Gate | None = None
@@ -642,12 +642,6 @@ async def _run_handler(
         message = "the handler's result is not JSON-serialisable"
         return _answer_error("HANDLER_FAILED", message, retryable=False), "handler_failed"
     return web.Response(body=body, content_type="application/json"), "success"
-
-
-def _router_list(router_url: str | Sequence[str]) -> list[str]:
-    """``router_url`` as ReachAgent takes it: one URL, a comma-separated string, or a list."""
-    joined = router_url if isinstance(router_url, str) else ",".join(router_url)
-    return split_router_urls(joined, what="router_url")
 
 
 def _answer_error(code: str, message: str, *, retryable: bool, status: int = 200) -> web.Response:

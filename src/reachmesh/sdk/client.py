@@ -41,10 +41,9 @@ CONNECT_S = 5.0
 def router_url_from_env(url: str | Sequence[str] | None) -> str:
     """``url``, else ``REACH_ROUTER_URL``, else the default: one URL, or several comma-separated,
     or (as ``ReachAgent(router_url=...)`` takes them) a list; an empty list is refused."""
-    if url is not None and not isinstance(url, str):
-        return ",".join(split_router_urls(",".join(url), what="the Router URL"))
-    chosen = url or os.environ.get("REACH_ROUTER_URL") or DEFAULT_ROUTER_URL
-    return ",".join(split_router_urls(chosen, what="the Router URL"))
+    if url is None or isinstance(url, str):  # a list, even an empty one, is the caller's own
+        url = url or os.environ.get("REACH_ROUTER_URL") or DEFAULT_ROUTER_URL
+    return ",".join(split_router_urls(url, what="the Router URL"))
 
 
 def router_urls_from_env(url: str | Sequence[str] | None) -> list[str]:

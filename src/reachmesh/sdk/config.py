@@ -109,10 +109,10 @@ class AgentConfig:
         if not isinstance(router, dict) or not isinstance(server, dict):
             raise ConfigError(f"{source}: router: and server: must be mappings")
         router_url = env.get("REACH_ROUTER_URL") or router.get("url") or DEFAULT_ROUTER_URL
-        if isinstance(router_url, list):  # a YAML list: one URL an item, as a comma-separated string
-            router_url = ",".join(str(item) for item in router_url)
+        if not isinstance(router_url, list):  # a YAML list is one URL an item
+            router_url = str(router_url)
         try:
-            router_urls = split_router_urls(str(router_url), what="router.url")
+            router_urls = split_router_urls(router_url, what="router.url")
         except ConfigError as exc:
             raise ConfigError(f"{source}: {exc.message}") from exc
         endpoint = urlsplit(profile.network.endpoint)

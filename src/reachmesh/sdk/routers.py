@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import random
 import threading
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -35,14 +36,16 @@ MAX_ROUTERS = 32
 _jitter = random.Random()
 
 
-def split_router_urls(value: str, *, what: str = "router URL") -> list[str]:
-    """The URLs in ``value`` (comma-separated), each checked and without its trailing slash.
+def split_router_urls(value: str | Sequence[object], *, what: str = "router URL") -> list[str]:
+    """The URLs in ``value`` (comma-separated, or a list of them: a YAML list, ``router_url=[...]``),
+    each checked and without its trailing slash.
 
     Raises :class:`ConfigError` naming the bad entry: a typo in one of three URLs would
     otherwise surface as a Router that never answers.
     """
     urls: list[str] = []
-    entries = str(value).split(",")
+    joined = value if isinstance(value, str) else ",".join(str(item) for item in value)
+    entries = joined.split(",")
     for position, raw in enumerate(entries, 1):
         url = raw.strip().rstrip("/")
         if not url:
