@@ -59,6 +59,10 @@ class Cluster:
         wait_for(lambda: self.http.get("/healthz").status_code == 200)
         return self.router
 
+    def agents_running(self) -> bool:
+        """True, or an AssertionError with the output of an agent that exited (a poll ends at once)."""
+        return all(proc.running() for proc in self.agents.values())
+
     def start_agent(self, name: str, folder: str) -> Proc:
         config = yaml.safe_load((EXAMPLES / folder / "reach_config.yaml").read_text())
         config["agent"]["network"]["endpoint"] = f"http://127.0.0.1:{free_port()}/reach"
@@ -88,6 +92,9 @@ class Cluster:
         self.http.close()
 
 
+DEMO_AVAILABLE = {"price-query-agent": "available", "promotion-agent": "available"}
+
+
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
     """A running Router plus price-query-agent and promotion-agent, all registered."""
@@ -96,7 +103,13 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         c.start_router()
         c.start_agent("price-query-agent", "price_agent")
         c.start_agent("promotion-agent", "promotion_agent")
-        wait_for(lambda: c.statuses() == {"price-query-agent": "available", "promotion-agent": "available"})
+        try:
+            wait_for(
+                lambda: c.agents_running() and c.statuses() == DEMO_AVAILABLE, what="both agents available"
+            )
+        except AssertionError as exc:  # say why: each agent's last lines
+            tails = "".join(f"\n--- {name}:\n{proc.text()[-1500:]}" for name, proc in c.agents.items())
+            raise AssertionError(f"{exc}{tails}") from exc
         yield c
     finally:
         c.stop()
@@ -197,7 +210,7 @@ def test_agents_come_back_after_a_router_restart(cluster: Cluster) -> None:
     cluster.router.stop()
     cluster.start_router()
     wait_for(
-        lambda: cluster.statuses() == {"price-query-agent": "available", "promotion-agent": "available"},
+        lambda: cluster.statuses() == DEMO_AVAILABLE,
         timeout=20,
     )
     assert cluster.reach(PRICE_CALL)["status"] == "SUCCESS"
