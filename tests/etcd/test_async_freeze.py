@@ -17,11 +17,17 @@ import pytest
 from reachmesh.cli.etcd import EtcdCluster
 from reachmesh.testing import FakeAgent, RouterServer
 from tests.etcd.conftest import etcd_policy
-from tests.helpers import until
+from tests.helpers import scaled, until
 
 pytestmark = pytest.mark.etcd
 
-CLAIM_TTL_S = 2
+# A's claim lease must lapse during the freeze, never before it: a lease that lapses while etcd
+# answers B is one B rightly adopts. Both Routers run in this process, so a stall of the process
+# (a loaded machine) long enough to lapse a lease of 3 s or more (two thirds of it, past a
+# keepalive) also makes B's next look late by more than durable.LATE_LOOK_S, and B leaves the
+# request alone. A 2 s lease can lapse after a stall of 1.4 s, which leaves B's look on time: the
+# likeliest cause of the one CI run in which B ran the request a second time.
+CLAIM_TTL_S = max(3, round(scaled(2)))
 
 
 async def test_after_etcd_was_frozen_the_running_router_keeps_its_request(
@@ -67,9 +73,12 @@ async def test_after_etcd_was_frozen_the_running_router_keeps_its_request(
 
             async def claimed_again() -> int | None:
                 _, held = await journal.client.get(journal.claims + trace_id)
-                return held.lease if held is not None and held.lease != first_lease else None
+                if held is None or held.lease == first_lease:
+                    return None
+                assert held.value == journal.router.encode(), "claimed by B, not again by A"
+                return held.lease
 
-            await until(claimed_again, "the request claimed again", within=30)
+            await until(claimed_again, "the request claimed again by A", within=30)
             hold.set()
 
             async def finished() -> bool:
@@ -77,8 +86,8 @@ async def test_after_etcd_was_frozen_the_running_router_keeps_its_request(
                 return resp.status_code == 200 and resp.json()["status"] == "SUCCESS"
 
             await until(finished, "the result readable at B", within=30)
+            assert b.app.parts.adopter is not None and b.app.parts.adopter.adopted == 0, "B adopted it"
             assert len(agent.received) == 1, "the request ran twice at the agent"
-            assert b.app.parts.adopter is not None and b.app.parts.adopter.adopted == 0
             assert a.app.parts.adopter is not None and a.app.parts.adopter.adopted == 0
     finally:
         await agent.stop()
