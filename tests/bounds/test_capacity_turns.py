@@ -39,7 +39,9 @@ async def test_another_clients_call_is_not_served_behind_one_clients_whole_queue
         board = router.app.parts.capacity
         try:
             assert (await hog.post("/agents", json=agent.profile())).status_code == 201
-            body = {"targetTask": "slow", "preferences": {"timeoutMs": 60_000}}
+            # The call in flight is held at the agent while the others queue: its read timeout (3 s
+            # by default, not scaled) must not end it first on a busy machine.
+            body = {"targetTask": "slow", "preferences": {"timeoutMs": 60_000, "readTimeoutMs": 60_000}}
             hogs = [
                 asyncio.create_task(hog.post("/reach", json={**body, "payload": {"who": "hog"}}))
                 for _ in range(21)
@@ -85,7 +87,9 @@ async def test_one_client_standing_the_whole_queue_gives_way_to_another_clients_
         board = router.app.parts.capacity
         try:
             assert (await hog.post("/agents", json=agent.profile())).status_code == 201
-            body = {"targetTask": "slow", "preferences": {"timeoutMs": 60_000}}
+            # The call in flight is held at the agent while the others queue: its read timeout (3 s
+            # by default, not scaled) must not end it first on a busy machine.
+            body = {"targetTask": "slow", "preferences": {"timeoutMs": 60_000, "readTimeoutMs": 60_000}}
             hogs = []
             for n in range(6):  # one in flight, five waiting: the whole bound, in order
                 hogs.append(asyncio.create_task(hog.post("/reach", json={**body, "payload": {"who": n}})))
@@ -141,7 +145,9 @@ async def test_an_async_call_waiting_at_a_full_agent_gives_way_too_and_its_resul
         board = router.app.parts.capacity
         try:
             assert (await hog.post("/agents", json=agent.profile())).status_code == 201
-            prefs = {"timeoutMs": 60_000, "mode": "async"}
+            # The call in flight is held at the agent while the others queue: its read timeout (3 s
+            # by default, not scaled) must not end it first on a busy machine.
+            prefs = {"timeoutMs": 60_000, "readTimeoutMs": 60_000, "mode": "async"}
             traces = []
             for n in range(4):  # one in flight, three waiting: the whole bound
                 body = {"targetTask": "slow", "payload": {"who": n}, "preferences": prefs}

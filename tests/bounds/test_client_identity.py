@@ -79,7 +79,9 @@ async def _fair_place(
         headers = {"Authorization": f"Bearer {agent_token}"} if agent_token else {}
         async with httpx.AsyncClient(headers=headers) as http:
             assert (await http.post(f"{router.url}/agents", json=agent.profile())).status_code == 201
-        body = {"targetTask": agent_id, "preferences": {"timeoutMs": 60_000}}
+        # The first call is held at the agent while the others queue one by one: its read timeout
+        # (3 s by default, not scaled) must not end it first on a busy machine.
+        body = {"targetTask": agent_id, "preferences": {"timeoutMs": 60_000, "readTimeoutMs": 60_000}}
         calls = []
         for n, (client, extra) in enumerate(hog):
             who = {**body, "payload": {"who": n}}

@@ -372,9 +372,9 @@ def test_a_hop_that_waited_for_a_slot_shows_the_wait(mesh: Mesh, browser: Any) -
     mesh.bg.run(agent.register(mesh.url, vectors=False))
     capacity = mesh.router.app.parts.dispatcher.forwarding.capacity
     with ThreadPoolExecutor(2) as calls:
-        first = calls.submit(mesh.reach, "slow_quote", "ui-slot-first")
+        first = calls.submit(_held_reach, mesh, "slow_quote", "ui-slot-first")
         poll(lambda: len(agent.received) == 1, "the first call at the agent")
-        second = calls.submit(mesh.reach, "slow_quote", "ui-slot-second")
+        second = calls.submit(_held_reach, mesh, "slow_quote", "ui-slot-second")
         poll(lambda: capacity.queued("one-slot") == 1, "the second call waiting for the slot")
         mesh.bg.loop.call_soon_threadsafe(hold.set)
         assert first.result()["status"] == "SUCCESS"
@@ -388,6 +388,21 @@ def test_a_hop_that_waited_for_a_slot_shows_the_wait(mesh: Mesh, browser: Any) -
         until(browser, shows(hop), 2, f"the trace {trace_id}")
         assert ("waited for a slot" in browser.find_element(By.CSS_SELECTOR, hop).text) is waited
     assert console_errors(browser) == []
+
+
+def _held_reach(mesh: Mesh, task: str, trace_id: str) -> dict[str, Any]:
+    """``mesh.reach`` for a call held at its agent while the test goes on: it asks a read timeout
+    and a deadline as long as the test's (the defaults, 3 s and 5 s, are not scaled)."""
+    held_ms = int(20_000 * TIME_SCALE)
+    body = {
+        "traceId": trace_id,
+        "targetTask": task,
+        "sourceAgent": "browser-test",
+        "payload": {},
+        "preferences": {"timeoutMs": held_ms, "readTimeoutMs": held_ms},
+    }
+    answer: dict[str, Any] = httpx.post(f"{mesh.url}/reach", json=body, timeout=30 * TIME_SCALE).json()
+    return answer
 
 
 def poll(check: Callable[[], bool], what: str, seconds: float = 10) -> None:

@@ -57,7 +57,11 @@ async def test_an_agent_never_has_more_than_its_capacity_in_flight_and_the_rest_
     come, first served); when it answers, every call succeeds and its breaker stays closed."""
     server, http, make = cluster
     agent = await make("small", max_concurrency=2, hold=asyncio.Event())
-    calls = [asyncio.ensure_future(call(http)) for _ in range(6)]
+    # Two calls are held at the agent while the rest queue and the test reads the admin view and
+    # the metrics: their read timeout (3 s by default, not scaled) must not end them first on a
+    # busy machine, nor the queued ones' default deadline.
+    held_ms = int(scaled(20_000))
+    calls = [asyncio.ensure_future(call(http, timeoutMs=held_ms, readTimeoutMs=held_ms)) for _ in range(6)]
     capacity = server.app.parts.dispatcher.forwarding.capacity
     await until(lambda: capacity.queued("small") == 4 and len(agent.received) == 2, "two sent, four queued")
     assert capacity.inflight("small") == 2

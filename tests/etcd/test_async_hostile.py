@@ -16,7 +16,7 @@ from reachmesh.cli.etcd import EtcdCluster
 from reachmesh.testing import FakeAgent, RouterServer
 from tests.etcd.conftest import etcd_policy
 from tests.etcd.test_async_shares import AGENT, caller, spec
-from tests.helpers import until
+from tests.helpers import scaled, until
 
 pytestmark = pytest.mark.etcd
 
@@ -40,7 +40,12 @@ async def test_another_callers_async_result_is_unknown_to_a_hostile_caller_at_ev
     try:
         async with RouterServer(policy) as a, RouterServer(policy) as b:
             await agent.register(a.url, vectors=False, token=AGENT)
-            body = {"traceId": TRACE, "targetTask": "echo", "preferences": {"mode": "async"}}
+            # The owner's request is held at the agent across the prober's calls to both Routers
+            # and etcd: its read timeout (3 s by default, not scaled) must not end it first on a
+            # busy machine.
+            held_ms = int(scaled(20_000))
+            prefs = {"mode": "async", "timeoutMs": held_ms, "readTimeoutMs": held_ms}
+            body = {"traceId": TRACE, "targetTask": "echo", "preferences": prefs}
             accepted = await owner.post(f"{a.url}/reach", json=body)
             assert accepted.status_code == 202 and accepted.json()["traceId"] == TRACE
             await until(lambda: agent.received, "the owner's request at the agent")

@@ -274,9 +274,11 @@ async def test_a_router_whose_claim_lease_lapsed_does_not_run_its_own_request_ag
             await agent.register(a.url, vectors=False)
             journal = a.app.parts.dispatcher.async_requests.journal
             assert journal is not None
-            accepted = await client.post(
-                f"{a.url}/reach", json={"targetTask": "hold", "preferences": {"mode": "async"}}
-            )
+            # The request is held at the agent across a lease revoke and a new claim in etcd: its
+            # read timeout (3 s by default, not scaled) must not end it first on a busy machine.
+            held_ms = int(scaled(30_000))
+            prefs = {"mode": "async", "timeoutMs": held_ms, "readTimeoutMs": held_ms}
+            accepted = await client.post(f"{a.url}/reach", json={"targetTask": "hold", "preferences": prefs})
             trace_id = accepted.json()["traceId"]
             await until(lambda: agent.received, "the request held at the agent")
             lapsed = journal.lease

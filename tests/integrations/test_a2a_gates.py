@@ -20,6 +20,7 @@ from reachmesh.config import RouterConfig
 from reachmesh.decision import DecisionRecord
 from reachmesh.integrations.a2a import A2AExport
 from reachmesh.testing import FakeAgent, RouterServer, free_port
+from tests.helpers import scaled
 from tests.observability.test_log_forging import ESC, FORGED, assert_clean, flush_log, root_log_buffer
 
 __all__ = ["root_log_buffer"]  # a fixture, used by name
@@ -49,6 +50,10 @@ def policy(max_inflight_per_client: int) -> RouterConfig:
                 "max_inflight_per_client": max_inflight_per_client,
             },
             "auth": {"tokens": tokens},
+            # The calls A2A sends carry no preferences: two are held at the agent while the test
+            # makes other calls, and the default read timeout (3 s, not scaled) must not end them
+            # first on a busy machine.
+            "timeouts": {"read_ms": int(scaled(20_000))},
         }
     )
 

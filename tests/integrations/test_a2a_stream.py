@@ -412,7 +412,13 @@ async def test_a_full_agent_behind_the_export_is_a_failed_task_that_says_when_to
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    policy = {**POLICY, "limits": {"loop_lag_ms": 10_000, "max_queued_per_agent": 0}}
+    policy = {
+        **POLICY,
+        "limits": {"loop_lag_ms": 10_000, "max_queued_per_agent": 0},
+        # The first call is held at the agent while an A2A client is made and streams: the default
+        # read timeout (3 s, not scaled) must not end it first on a busy machine.
+        "timeouts": {"read_ms": int(scaled(20_000))},
+    }
     config = RouterConfig.model_validate(policy)
     agent = FakeAgent("price", tasks=("talk",), max_concurrency=1, hold=asyncio.Event())
     await agent.start()

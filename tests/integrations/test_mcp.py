@@ -324,7 +324,13 @@ async def test_a_full_agent_behind_the_bridge_is_busy_not_broken() -> None:
     """An agent with max_concurrency 1 holds its one call, and the Router queues none more: a
     second tool call is an error result with OVERLOADED and its Retry-After, in the structured
     content and in the text a model reads; the agent's breaker stays closed."""
-    policy = {**POLICY, "limits": {"loop_lag_ms": 10_000, "max_queued_per_agent": 0}}
+    policy = {
+        **POLICY,
+        "limits": {"loop_lag_ms": 10_000, "max_queued_per_agent": 0},
+        # The first call is held at the agent across a second tool call: the default read timeout
+        # (3 s, not scaled; a tool call cannot ask another) must not end it first on a busy machine.
+        "timeouts": {"read_ms": int(scaled(20_000))},
+    }
     async with RouterServer(RouterConfig.model_validate(policy)) as router:
         agent = FakeAgent("price", tasks=("query_price",))
         agent.max_concurrency = 1

@@ -133,8 +133,12 @@ async def test_a_light_load_on_a_saturated_host_is_served_and_a_storm_is_shed() 
                 assert hogs_running(hogs)
                 assert shed.sustained_lag_s >= 0.3  # the lag held all along: only the load was light
                 # The control: the same lagging Router with a storm of slow requests sheds.
-                agent.delay_s = 2.0  # under the 3 s read timeout: held in flight, then answered
-                storm = await asyncio.gather(*(http.post("/reach", json=call) for _ in range(60)))
+                agent.delay_s = 2.0  # held in flight, then answered
+                # The admitted calls are answered together after the delay, on a saturated host:
+                # the default read timeout (3 s, not scaled) must not end them first.
+                held_ms = int(scaled(20_000))
+                slow = {**call, "preferences": {"timeoutMs": held_ms, "readTimeoutMs": held_ms}}
+                storm = await asyncio.gather(*(http.post("/reach", json=slow) for _ in range(60)))
             finally:
                 await agent.stop()
     refused = [r for r in storm if r.status_code == 429]

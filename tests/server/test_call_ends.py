@@ -90,7 +90,10 @@ async def test_a_caller_that_leaves_stops_only_its_own_call(router: RouterServer
     records = _records(router)
     try:
         await agent.register(router.url)
-        body = envelope(timeoutMs=int(scaled(30_000)))
+        # The staying call is held at the agent while the other is made, left and recorded: its
+        # read timeout (3 s by default, not scaled) must not end it first on a busy machine.
+        held_ms = int(scaled(30_000))
+        body = envelope(timeoutMs=held_ms, readTimeoutMs=held_ms)
         staying = asyncio.ensure_future(_answer_of(*await _plain_call(router, body)))
         _, leaving = await _plain_call(router, body)
         await until(lambda: len(agent.conns) == 2, "both calls at the agent")

@@ -9,18 +9,26 @@ import orjson
 
 from reachmesh.config import RouterConfig
 from reachmesh.testing import FakeAgent, RouterServer
-from tests.helpers import until
+from tests.helpers import scaled, until
 
 CALL = b'{"targetTask": "echo", "payload": {"n": 1}}'
 
 
-def post_reach(extra: bytes = b"") -> bytes:
+def post_reach(extra: bytes = b"", call: bytes = CALL) -> bytes:
     return (
         b"POST /reach HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
         + extra
-        + b"Content-Length: %d\r\n\r\n" % len(CALL)
-        + CALL
+        + b"Content-Length: %d\r\n\r\n" % len(call)
+        + call
     )
+
+
+def held_call() -> bytes:
+    """CALL for a call held at its agent while the test goes on: it asks a read timeout and a
+    deadline as long as the test's (the Router's default read timeout, 3 s, is not scaled)."""
+    held_ms = int(scaled(20_000))
+    prefs = {"timeoutMs": held_ms, "readTimeoutMs": held_ms}
+    return orjson.dumps({**orjson.loads(CALL), "preferences": prefs})
 
 
 class Answers:
@@ -115,13 +123,16 @@ async def test_a_refusal_on_reach_is_one_whole_answer_with_its_extra_headers() -
     limits = {"max_inflight_per_client": 1, "retry_after_seconds": 3}
     config = RouterConfig.model_validate({"limits": limits})
     async with RouterServer(config) as router:
-        agent = await FakeAgent("a").start()
-        agent.delay_s = 3.0  # the first call stays in flight well past the second one
+        # The first call stays in flight until the second one is answered.
+        agent = await FakeAgent("a", hold=asyncio.Event()).start()
         try:
             await agent.register(router.url, vectors=False)
-            first = asyncio.ensure_future(exchange(router.port, post_reach(), 1, close_wait_s=0))
+            call = post_reach(call=held_call())
+            first = asyncio.ensure_future(exchange(router.port, call, 1, close_wait_s=0))
             await until(lambda: agent.received, "the first call to reach the agent")
             answers, closed = await exchange(router.port, post_reach(), 1, close_wait_s=1)
+            assert agent.hold is not None
+            agent.hold.set()
             await first
         finally:
             await agent.stop()
@@ -170,16 +181,18 @@ async def test_a_trusted_proxys_forwarded_client_is_still_the_client_the_limits_
     for another client is served, one for the same client is refused."""
     limits = {"max_inflight_per_client": 1, "retry_after_seconds": 3}
     async with RouterServer(RouterConfig.model_validate({"limits": limits})) as router:
-        agent = await FakeAgent("a").start()
-        agent.delay_s = 2.0  # the first call stays in flight past the two others
+        # The first call stays in flight until the two others are answered; they are not held.
+        release = asyncio.Event()
+        agent = await FakeAgent("a", hold=release).start()
         try:
             await agent.register(router.url, vectors=False)
-            first = asyncio.ensure_future(
-                exchange(router.port, post_reach(b"X-Forwarded-For: 10.0.0.1\r\n"), 1, close_wait_s=0)
-            )
+            call = post_reach(b"X-Forwarded-For: 10.0.0.1\r\n", call=held_call())
+            first = asyncio.ensure_future(exchange(router.port, call, 1, close_wait_s=0))
             await until(lambda: agent.received, "the first call to reach the agent")
+            agent.hold = None
             same, _ = await exchange(router.port, post_reach(b"X-Forwarded-For: 10.0.0.1\r\n"), 1, 0)
             other, _ = await exchange(router.port, post_reach(b"X-Forwarded-For: 10.0.0.2\r\n"), 1, 0)
+            release.set()
             await first
         finally:
             await agent.stop()
