@@ -29,6 +29,7 @@ def test_a_success_booked_by_succeeded_is_booked_as_finished_books_it() -> None:
     (fin, _), (succ, _) = books
     assert fin.snapshot("a") == succ.snapshot("a")
     assert fin.merit("a") == succ.merit("a")
+    assert fin.usual_answer_ms("a") == succ.usual_answer_ms("a")
     assert fin.declined("a") == succ.declined("a") == 1  # the streak began again at the success
     fresh = StatsBook(clock=ManualClock())
     fresh.started("b")
@@ -36,3 +37,36 @@ def test_a_success_booked_by_succeeded_is_booked_as_finished_books_it() -> None:
     assert fresh.merit("b") == (1.0, 5.0) and fresh.snapshot("b")["inflight"] == 0
     fresh.succeeded("gone", 5.0)  # an agent forgotten mid-flight: nothing to book
     assert fresh.snapshot("gone")["requests"] == 0
+
+
+def test_the_usual_answer_time_follows_answers_alone() -> None:
+    """usual_answer_ms (what a timeout after a wait in the Router is weighed against) averages the
+    latency of answers only: a failure (a charged timeout at its full time) does not stretch it,
+    an attempt booked for nobody (ok None) does not move it; the latency average takes both."""
+    book, clock = _book()
+    assert book.usual_answer_ms("a") is None
+    book.started("a")
+    book.finished("a", ok=False, latency_ms=2500.0)  # a timeout before any answer
+    assert book.usual_answer_ms("a") is None
+    for latency in (100.0, 100.0):
+        clock.advance(1.0)
+        book.started("a")
+        book.succeeded("a", latency)
+    usual = book.usual_answer_ms("a")
+    assert usual == 100.0
+    clock.advance(1.0)
+    book.started("a")
+    book.finished("a", ok=False, latency_ms=2500.0)
+    clock.advance(1.0)
+    book.started("a")
+    book.finished("a", ok=None, latency_ms=2500.0)
+    assert book.usual_answer_ms("a") == usual
+    average = book.merit("a")[1]
+    assert average is not None and average > usual  # the failure's time, for routing by merit
+    clock.advance(1.0)
+    book.started("a")
+    book.finished("a", ok=True, latency_ms=300.0)  # an answer booked by finished() counts too
+    moved = book.usual_answer_ms("a")
+    assert moved is not None and 100.0 < moved < 300.0
+    book.forget("a")
+    assert book.usual_answer_ms("a") is None

@@ -90,6 +90,13 @@ class _KeepPolling:
             self._loop.call_soon(self)
 
 
+# A timeout after a wait in the Router is the agent's once the wait left it this many times its
+# recent answer time (never less than FAIR_WINDOW_MIN_MS: a fast agent's few ms are the loop's
+# jitter): room for its usual spread, so a busy agent's queue tail is not charged, while an agent
+# that stopped answering still is (wait_cut_short).
+FAIR_WINDOW_FACTOR = 2.0
+FAIR_WINDOW_MIN_MS = 50.0
+
 # Declines one request may collect before it ends NO_AVAILABLE_HANDLER: each is a whole hop.
 MAX_DECLINES = 8
 
@@ -496,9 +503,8 @@ class AttemptRun:
             # late: the time the decline used is never charged to the agent after it.
             verdict = None
             record.note("timeout not charged", f"{agent_id} had {self._attempt_ms:.0f} ms after a decline")
-        elif isinstance(exc, AttemptTimeout) and wait_cut_short(took, *self._waited_ms, self.timeout.read_ms):
+        elif isinstance(exc, AttemptTimeout) and _timeout_cut_by_wait(self, agent_id, took):
             verdict = None  # busy is not broken: the Router's wait cut the agent's time
-            record.note("timeout not charged", f"{agent_id} timed out after waiting in the Router")
         offset = round((started - record.started) * 1000, 2)
         record.attempts.append(AttemptRecord(agent_id, outcome, took, span_id, offset, choice.score))
         # A failure says what failed (an errno, a status), so the trace alone can explain it.
@@ -543,6 +549,21 @@ def _decline_verdict(run: AttemptRun, agent_id: str, took_ms: float) -> bool | N
         run.record.note("repeated decline", f"{agent_id}, {in_a_row} in a row: a failure")
         return False
     return None
+
+
+def _timeout_cut_by_wait(run: AttemptRun, agent_id: str, took_ms: float) -> bool:
+    """:func:`wait_cut_short` for the attempt that just timed out, and its trace note when so."""
+    slot_ms, pool_ms = run._waited_ms
+    usual_ms = run.parts.stats.usual_answer_ms(agent_id)
+    if not wait_cut_short(took_ms, slot_ms, pool_ms, run.timeout.read_ms, usual_ms):
+        return False
+    usually = "" if usual_ms is None else f", usually answers in {usual_ms:.0f} ms"
+    run.record.note(
+        "timeout not charged",
+        f"{agent_id} timed out after waiting in the Router ({slot_ms + pool_ms:.0f} ms waited, "
+        f"{took_ms - pool_ms:.0f} ms left{usually})",
+    )
+    return True
 
 
 def _may_retry_same(run: AttemptRun, exc: AttemptError, same_agent_left: int, choice: Choice) -> bool:
@@ -701,13 +722,28 @@ def attempt_verdict(exc: AttemptError | None) -> bool | None:
     return False
 
 
-def wait_cut_short(took_ms: float, slot_ms: float, pool_ms: float, read_ms: float) -> bool:
+def wait_cut_short(
+    took_ms: float, slot_ms: float, pool_ms: float, read_ms: float, usual_ms: float | None = None
+) -> bool:
     """Whether the Router's own wait (``slot_ms`` before the attempt, ``pool_ms`` within its
-    ``took_ms``) took the agent's time below its read timeout: it had less than that, and would
-    have had it without the wait. Such a timeout is charged to nobody; a deadline short of the
-    read timeout anyway is the caller's, and charged as it is without a wait."""
+    ``took_ms``) is what cut the agent's time, so that its timeout is charged to nobody.
+
+    The agent had ``took_ms - pool_ms``. That is a fair window, and the timeout the agent's, once
+    it reaches the read timeout, or :data:`FAIR_WINDOW_FACTOR` times ``usual_ms`` (its recent
+    answer time, at least :data:`FAIR_WINDOW_MIN_MS`): an agent that usually answers in 1 s and
+    got 2 s had its chance, whatever the caller's deadline. A shorter window is the wait's doing
+    when, without the wait, the agent would have had what it usually needs (``usual_ms``, and the
+    read timeout before it has answered once); a deadline short of that anyway is the caller's,
+    and charged as it is without a wait."""
+    waited_ms = slot_ms + pool_ms
+    if waited_ms <= 0:
+        return False
+    fair_ms = need_ms = read_ms
+    if usual_ms is not None:
+        fair_ms = min(read_ms, max(usual_ms * FAIR_WINDOW_FACTOR, FAIR_WINDOW_MIN_MS))
+        need_ms = min(read_ms, usual_ms)
     agent_ms = took_ms - pool_ms
-    return slot_ms + pool_ms > 0 and agent_ms < read_ms - 1.0 <= agent_ms + slot_ms + pool_ms
+    return agent_ms < fair_ms - 1.0 and agent_ms + waited_ms >= need_ms - 1.0
 
 
 async def backoff(clock: Clock, base_ms: float, remaining_ms: float) -> None:

@@ -18,6 +18,7 @@ LATENCY_WINDOW = 256
 class _AgentStats:
     __slots__ = (
         "declines_in_a_row",
+        "ewma_answer_ms",
         "ewma_latency_ms",
         "ewma_success",
         "failures",
@@ -38,6 +39,9 @@ class _AgentStats:
         self.ewma_latency_ms: float | None = None
         self.ewma_success = 1.0
         self.last_sample = 0.0
+        # The same average of its answers alone: how long it usually needs when it does answer,
+        # unmoved by its timeouts (a hung agent's must not make every window look short).
+        self.ewma_answer_ms: float | None = None
 
 
 class StatsBook:
@@ -77,6 +81,7 @@ class StatsBook:
         stats.latencies.append(latency_ms)
         now = self._clock.monotonic()
         if stats.ewma_latency_ms is None:
+            alpha = 1.0
             stats.ewma_latency_ms = latency_ms
             stats.ewma_success = 1.0 if ok else 0.0
         else:
@@ -87,6 +92,9 @@ class StatsBook:
                 alpha = 0.01
             stats.ewma_latency_ms += alpha * (latency_ms - stats.ewma_latency_ms)
             stats.ewma_success += alpha * ((1.0 if ok else 0.0) - stats.ewma_success)
+        if ok:
+            answer = stats.ewma_answer_ms
+            stats.ewma_answer_ms = latency_ms if answer is None else answer + alpha * (latency_ms - answer)
         stats.last_sample = now
 
     def succeeded(self, agent_id: str, latency_ms: float) -> None:
@@ -101,7 +109,7 @@ class StatsBook:
         stats.latencies.append(latency_ms)
         now = self._clock.monotonic()
         if stats.ewma_latency_ms is None:
-            stats.ewma_latency_ms = latency_ms
+            stats.ewma_latency_ms = stats.ewma_answer_ms = latency_ms
             stats.ewma_success = 1.0
         else:
             gap = now - stats.last_sample
@@ -110,6 +118,8 @@ class StatsBook:
                 alpha = 0.01
             stats.ewma_latency_ms += alpha * (latency_ms - stats.ewma_latency_ms)
             stats.ewma_success += alpha * (1.0 - stats.ewma_success)
+            answer = stats.ewma_answer_ms
+            stats.ewma_answer_ms = latency_ms if answer is None else answer + alpha * (latency_ms - answer)
         stats.last_sample = now
 
     def declined(self, agent_id: str) -> int:
@@ -126,6 +136,13 @@ class StatsBook:
         if stats is None:
             return 1.0, None
         return stats.ewma_success, stats.ewma_latency_ms
+
+    def usual_answer_ms(self, agent_id: str) -> float | None:
+        """How long the agent usually takes to answer: the time-decayed average latency of its
+        answers alone (an uncharged timeout is booked nowhere, a charged one is a failure), or
+        None before it has answered once."""
+        stats = self._agents.get(agent_id)
+        return None if stats is None else stats.ewma_answer_ms
 
     def forget(self, agent_id: str) -> None:
         self._agents.pop(agent_id, None)
