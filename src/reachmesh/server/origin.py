@@ -7,6 +7,8 @@ loopback. Three checks close that, before the guard and before any body is read:
 - **Origin**: a browser names the page's origin on every cross-site request and on every
   ``POST``; a request whose ``Origin`` is not the Router's own (the ``Host`` it was sent to) nor in
   ``server.allowed_origins`` is refused. Programs (the SDK, curl, the bridges) send no ``Origin``.
+  A listed one is told apart (:class:`CrossOrigin`): the Router's paths serve it with CORS
+  headers (:mod:`.cors`), which the Router's own page and programs never get.
 - **Host**: on a connection to a loopback address, the ``Host`` header must be a loopback name
   (``localhost``, ``*.localhost``, ``127.0.0.0/8``, ``[::1]``) or in ``server.allowed_hosts``. A page
   whose name was made to resolve to 127.0.0.1 (DNS rebinding) is same-origin to the browser, but
