@@ -19,6 +19,7 @@ import re
 import time
 from collections.abc import Awaitable, Iterable
 from functools import lru_cache, partial
+from itertools import chain
 from typing import Any
 
 from reachmesh.clock import SYSTEM_CLOCK, Clock
@@ -31,6 +32,7 @@ from reachmesh.lifecycle import Background
 from reachmesh.registry.base import Registry
 from reachmesh.server.admin import AdminApi
 from reachmesh.server.asgi import (
+    WHOLE_ANSWER,
     Answer,
     ClientGone,
     LaneAnswer,
@@ -58,8 +60,15 @@ from reachmesh.server.auth import (
     principal_of,
 )
 from reachmesh.server.components import RouterParts
+from reachmesh.server.cors import (
+    answer_headers,
+    is_preflight,
+    methods_of,
+    preflight_headers,
+    with_answer_headers,
+)
 from reachmesh.server.h1 import CALL_TASK, joined_fields
-from reachmesh.server.origin import BrowserGate
+from reachmesh.server.origin import BrowserGate, CrossOrigin
 from reachmesh.server.reload import PolicyFile
 from reachmesh.server.stream import EventSink, serve_stream, wants_stream
 from reachmesh.server.ui import AdminUi
@@ -117,15 +126,13 @@ class RouterApp:
         kind = scope["type"]
         if kind == "http":
             path = scope["path"]
-            denial = self.admit(action_for(scope["method"], path), scope)
-            if denial is not None:
-                await self._deny(
-                    send,
-                    denial,
-                    reach=path == "/reach" or path.startswith("/reach/"),
-                    post_reach=path == "/reach" and scope["method"] == "POST",
-                )
-            elif path == "/reach" and scope["method"] == "POST":
+            # admit(), written out: an admitted page on another origin gets CORS (_refused_or_cross).
+            verdict = self.browser_gate.check(scope, self.parts.config.server)
+            if verdict is None:
+                verdict = self.guard.check(action_for(scope["method"], path), scope)
+            if verdict is not None and (send := await _refused_or_cross(self, verdict, scope, send)) is None:
+                return  # answered: refused, or a preflight
+            if path == "/reach" and scope["method"] == "POST":
                 # Served here, not in a coroutine of its own: a call waiting for its body holds
                 # each frame on the way (a burst holds one call per connection). The server's
                 # protocol stops this task's call if the caller's connection closes (callers_gone).
@@ -167,11 +174,11 @@ class RouterApp:
         Written out on its own, not through :meth:`_serve_reach` and ``Dispatcher.handle``: the
         request's one coroutine in this layer (each level more costs every call a frame, its
         making, and a step each time it waits for its agent)."""
-        # admit(), written out: it runs on every call.
-        parts = self.parts
-        denial = self.browser_gate.check(scope, parts.config.server, headers)
-        if denial is None:
-            denial = parts.guard.check(Action.REACH, scope)
+        parts = self.parts  # admit(), written out below: it runs on every call
+        verdict = self.browser_gate.check(scope, parts.config.server, headers)
+        if verdict is not None:  # an Origin not the Router's own: refused, or served with CORS
+            return await _serve_whole_cross(self, scope, headers, body, verdict)
+        denial = parts.guard.check(Action.REACH, scope)
         if denial is not None:
             return self._denied(denial, reach=True, post_reach=True), None
         has_trace = b"x-reach-trace-id" in headers or b"traceparent" in headers  # else no call
@@ -335,10 +342,11 @@ class RouterApp:
     def admit(self, action: Action, scope: Scope, fields: dict[bytes, bytes] | None = None) -> Denial | None:
         """The gates before any body is read: a page on another site (:mod:`.origin`), then
         credentials. Every way in (the Router's paths, the A2A face) passes both. ``fields``:
-        the request's headers as a dict, when the caller holds them so."""
-        denial = self.browser_gate.check(scope, self.parts.config.server, fields)
-        if denial is not None:
-            return denial
+        the request's headers as a dict, when the caller holds them so. (An admitted page on
+        another origin is admitted here; the Router's own paths add CORS headers for it.)"""
+        verdict = self.browser_gate.check(scope, self.parts.config.server, fields)
+        if verdict is not None and not isinstance(verdict, CrossOrigin):
+            return verdict
         return self.guard.check(action, scope)
 
     def client_key(self, scope: Scope) -> str:
@@ -359,10 +367,6 @@ class RouterApp:
             return "-"
         host: str = client[0]
         return host if ":" not in host else _ipv6_client(host)
-
-    async def _deny(self, send: Send, denial: Denial, *, reach: bool, post_reach: bool = False) -> None:
-        status, body, extra = self._denied(denial, reach=reach, post_reach=post_reach)
-        await send_json(send, status, body, extra)
 
     def _denied(self, denial: Denial, *, reach: bool, post_reach: bool) -> Answer:
         """A refusal in the shape of the endpoint: a ReachResponse on /reach, else an error object."""
@@ -469,6 +473,63 @@ class RouterApp:
                 await self.shutdown()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+
+async def _serve_whole_cross(
+    app: RouterApp, scope: Scope, headers: dict[bytes, bytes], body: bytes, verdict: Denial | CrossOrigin
+) -> LaneAnswer:
+    """:meth:`serve_whole` for a request whose Origin is another site's: refused as ever
+    when the policy does not admit it, else served as any call (the guard, then
+    :meth:`_serve_reach`), its answer carrying the CORS headers (:mod:`.cors`)."""
+    if not isinstance(verdict, CrossOrigin):
+        return app._denied(verdict, reach=True, post_reach=True), None
+    denial = app.guard.check(Action.REACH, scope)
+    held: list[DecisionRecord] = []
+    if denial is not None:
+        status, payload, extra = app._denied(denial, reach=True, post_reach=True)
+    else:
+        answer = await app._serve_reach(scope, headers, body, None, None, held)
+        assert answer is not None  # a whole body and no send: never a stream, nor a caller gone
+        status, payload, extra = answer
+    extra = [*(extra or ()), *answer_headers(verdict.origin)]
+    after = partial(app.parts.observe_later.on_loop, held[0]) if held else None
+    return (status, payload, extra), after
+
+
+async def _refused_or_cross(
+    app: RouterApp, verdict: Denial | CrossOrigin, scope: Scope, send: Send
+) -> Send | None:
+    """A refusal answered (None); or a request from a page on another origin that the
+    policy admits (uvicorn's way): a preflight answered here (204, before the guard: a
+    browser sends no credentials on it); the guard's refusal answered with the CORS headers;
+    else the ``send`` the request is served with, which adds them. None: answered."""
+    if not isinstance(verdict, CrossOrigin):
+        await send_json(send, *_refusal(app, verdict, scope))
+        return None
+    path, method = scope["path"], scope["method"]
+    if is_preflight(scope):
+        methods = methods_of(chain(app.admin.app.routes, app.ui.app.routes), path)
+        if methods:
+            headers = preflight_headers(verdict.origin, methods)
+            await send({"type": "http.response.start", "status": 204, "headers": headers})
+            await send({"type": "http.response.body", "body": b""})
+            return None
+    denial = app.guard.check(action_for(method, path), scope)
+    if denial is not None:
+        status, body, extra = _refusal(app, denial, scope)
+        await send_json(send, status, body, [*(extra or ()), *answer_headers(verdict.origin)])
+        return None
+    # Every answer through ``send`` now, which adds the headers: neither a whole answer nor a
+    # stream written straight to the connection (the server's own, :mod:`.h1`) would.
+    scope.pop(WHOLE_ANSWER, None)
+    return with_answer_headers(send, verdict.origin)
+
+
+def _refusal(app: RouterApp, denial: Denial, scope: Scope) -> Answer:
+    """The refusal in the shape of the endpoint ``scope`` names (:meth:`RouterApp._denied`)."""
+    path = scope["path"]
+    reach = path == "/reach" or path.startswith("/reach/")
+    return app._denied(denial, reach=reach, post_reach=path == "/reach" and scope["method"] == "POST")
 
 
 # What _trace_of says of a request with neither header.

@@ -7,6 +7,8 @@ loopback. Three checks close that, before the guard and before any body is read:
 - **Origin**: a browser names the page's origin on every cross-site request and on every
   ``POST``; a request whose ``Origin`` is not the Router's own (the ``Host`` it was sent to) nor in
   ``server.allowed_origins`` is refused. Programs (the SDK, curl, the bridges) send no ``Origin``.
+  A listed one is told apart (:class:`CrossOrigin`): the Router's paths serve it with CORS
+  headers (:mod:`.cors`), which the Router's own page and programs never get.
 - **Host**: on a connection to a loopback address, the ``Host`` header must be a loopback name
   (``localhost``, ``*.localhost``, ``127.0.0.0/8``, ``[::1]``) or in ``server.allowed_hosts``. A page
   whose name was made to resolve to 127.0.0.1 (DNS rebinding) is same-origin to the browser, but
@@ -56,6 +58,17 @@ def _loopback_address(address: str) -> bool:
         return False
 
 
+class CrossOrigin:
+    """The gate's verdict on a request from a page on another origin that
+    ``server.allowed_origins`` admits: served, with the CORS headers (:mod:`.cors`) that let the
+    browser hand the page its answer."""
+
+    __slots__ = ("origin",)
+
+    def __init__(self, origin: bytes) -> None:
+        self.origin = origin  # as the browser sent it: echoed in Access-Control-Allow-Origin
+
+
 class BrowserGate:
     """Refuses a foreign ``Origin``, and a non-loopback ``Host`` on a loopback connection."""
 
@@ -71,10 +84,11 @@ class BrowserGate:
 
     def check(
         self, scope: dict[str, Any], policy: ServerPolicy, fields: dict[bytes, bytes] | None = None
-    ) -> Denial | None:
-        """The denial for this request, if any; ``fields``: its headers as a dict, when the
-        caller has them so (the /reach lane), read by two lookups instead of a scan of the list
-        (of a repeated name, the last value either way)."""
+    ) -> Denial | CrossOrigin | None:
+        """The denial for this request, if any, or :class:`CrossOrigin` for a page on another
+        origin that the policy admits (None: no ``Origin``, or the Router's own). ``fields``: its
+        headers as a dict, when the caller has them so (the /reach lane), read by two lookups
+        instead of a scan of the list (of a repeated name, the last value either way)."""
         if fields is not None:
             host = fields.get(b"host")
             origin = fields.get(b"origin")
@@ -94,7 +108,7 @@ class BrowserGate:
                 if not host_ok:
                     return _host_denial(host.decode("latin-1"))
         if origin is not None:
-            return _origin_denial(origin.decode("latin-1"), host, policy.allowed_origins)
+            return _origin_verdict(origin, host, policy.allowed_origins)
         return None
 
     def _host_ok(self, host: bytes, allowed: list[str]) -> bool:
@@ -146,10 +160,12 @@ def _host_denial(host: str) -> Denial:
     )
 
 
-def _origin_denial(origin: str, host: bytes | None, allowed: list[str]) -> Denial | None:
-    origin = origin.strip()
-    if "*" in allowed or origin.lower() in allowed or (origin != "null" and _same_origin(origin, host)):
-        return None
+def _origin_verdict(sent: bytes, host: bytes | None, allowed: list[str]) -> Denial | CrossOrigin | None:
+    origin = sent.decode("latin-1").strip()
+    if origin != "null" and _same_origin(origin, host):
+        return None  # the Router's own page: served as ever, without CORS headers
+    if "*" in allowed or origin.lower() in allowed:
+        return CrossOrigin(origin.encode("latin-1"))
     return Denial(
         403,
         Status.FORBIDDEN,
@@ -173,4 +189,4 @@ def _same_origin(origin: str, host: bytes | None) -> bool:
     return default is not None and sent == f"{authority}:{default}"
 
 
-__all__ = ["BrowserGate", "host_name", "is_loopback_name"]
+__all__ = ["BrowserGate", "CrossOrigin", "host_name", "is_loopback_name"]
