@@ -449,6 +449,9 @@ def call(
     payload: Annotated[str, typer.Option(help="The payload as a JSON object.")] = "{}",
     agent_id: Annotated[str | None, typer.Option("--agent", help="targetAgent")] = None,
     timeout_ms: Annotated[int | None, typer.Option(help="Overall budget in ms.")] = None,
+    read_timeout_ms: Annotated[
+        int | None, typer.Option(help="How long each attempt may wait for the agent's answer, in ms.")
+    ] = None,
     only: Annotated[str | None, typer.Option("--only", help="filterAgentIds, comma-separated.")] = None,
     strategy: Annotated[
         str | None, typer.Option(help="exact_match, semantic_route or weighted_round_robin.")
@@ -482,6 +485,7 @@ def call(
     options: dict[str, Any] = {
         "target_agent": agent_id,
         "timeout_ms": timeout_ms,
+        "read_timeout_ms": read_timeout_ms,
         "filter_agent_ids": filters,
         "strategy": strategy,
         "conversation_id": conversation,

@@ -158,6 +158,7 @@ class AttemptRun:
     may_hold: str | None = None
     declined_by: str | None = None  # the agent that declined the last attempt, if one did
     busy_retry_after_s: int | None = None  # the soonest Retry-After of a busy (429) agent
+    read_timed_out: str | None = None  # an agent whose attempt its read timeout ended, not the deadline
     _attempt_ms = 0.0  # the time the attempt under way may take
     _waited_ms = (0.0, 0.0)
     _probing: str | None = None  # the agent whose half-open probe this request holds
@@ -316,7 +317,8 @@ class AttemptRun:
         self._check_deadline()
         if _may_retry_same(self, exc, same_agent_left, choice):
             return True
-        self.record.reject(choice.entry.id, exc.reason, choice.score, self.task)
+        message = _read_timeout(self, exc, choice.entry.id)
+        self.record.reject(choice.entry.id, exc.reason, choice.score, self.task, message=message)
         self.last_failure = (choice.entry.id, exc.reason)
         self.declined_by = None
         if _sent_unknown(exc) and not choice.capability.idempotent:
@@ -536,6 +538,16 @@ class AttemptRun:
             raise DeadlineExceeded(f"the overall budget of {self.timeout.overall_ms} ms ran out")
 
 
+def _read_timeout(run: AttemptRun, exc: AttemptError, agent_id: str) -> str | None:
+    """For a timeout that the attempt's own bound caused while the request had time left (the
+    deadline is checked before this), its message, noted for the error: a slow agent's caller
+    can ask for a longer read timeout (readTimeoutMs)."""
+    if type(exc) is not AttemptTimeout:
+        return None
+    run.read_timed_out = agent_id
+    return exc.message
+
+
 def _decline_verdict(run: AttemptRun, agent_id: str, took_ms: float) -> bool | None:
     """A decline is neither a success nor a failure, unless it came late (after most of the
     attempt's time) or after too many in a row: then it is a failure, for the breaker and
@@ -644,6 +656,13 @@ def exhausted(run: AttemptRun) -> ContextUnavailable | NoAvailableHandler | Over
         return Overloaded(
             f"every candidate for {run.task!r} is full, and so is its queue",
             retry_after_s=_overloaded_retry_after(run),
+        )
+    if run.read_timed_out is not None:
+        # The likeliest surprise of a slow agent: the deadline was long, each attempt was not.
+        message += (
+            f"; {run.read_timed_out!r} did not answer within the read timeout of"
+            f" {run.timeout.read_ms:.0f} ms (preferences.readTimeoutMs, timeouts.read_ms or"
+            " tasks.<task>.read_ms allows longer)"
         )
     if run.busy_retry_after_s is not None:
         message += f"; a busy agent asked to retry after {run.busy_retry_after_s} s"

@@ -57,6 +57,8 @@ def build_request(  # noqa: PLR0913 - one keyword per envelope field a caller ma
     *,
     target_agent: str | None = None,
     timeout_ms: int | None = None,
+    read_timeout_ms: int | None = None,
+    connect_timeout_ms: int | None = None,
     conversation_id: str | None = None,
     filter_agent_ids: list[str] | None = None,
     strategy: str | None = None,
@@ -67,12 +69,18 @@ def build_request(  # noqa: PLR0913 - one keyword per envelope field a caller ma
 ) -> dict[str, Any]:
     """The ReachRequest envelope for one call, with only the keys that were given."""
     prefs: dict[str, Any] = {}
-    if timeout_ms is not None:
-        if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int):
+    for name, key, millis in (
+        ("timeout_ms", "timeoutMs", timeout_ms),
+        ("read_timeout_ms", "readTimeoutMs", read_timeout_ms),
+        ("connect_timeout_ms", "connectTimeoutMs", connect_timeout_ms),
+    ):
+        if millis is None:
+            continue
+        if isinstance(millis, bool) or not isinstance(millis, int):
             # The Router refuses it too (protocol §5), but the client's own wait is worked out
-            # from it first: say which option is wrong, not "unsupported operand type(s)".
-            raise TypeError(f"timeout_ms must be a whole number of milliseconds, got {timeout_ms!r}")
-        prefs["timeoutMs"] = timeout_ms
+            # from these first: say which option is wrong, not "unsupported operand type(s)".
+            raise TypeError(f"{name} must be a whole number of milliseconds, got {millis!r}")
+        prefs[key] = millis
     if filter_agent_ids is not None:
         prefs["filterAgentIds"] = filter_agent_ids
     if strategy is not None:
@@ -109,11 +117,17 @@ def prepare(
     options.setdefault("source_agent", source_agent)
     envelope = build_request(task, payload, **options)
     sent = {"Content-Type": "application/json", **(headers or {})}
-    return jsoncodec.dumps(envelope), sent, _wait_s(options.get("timeout_ms"))
+    return jsoncodec.dumps(envelope), sent, _wait_s(options.get("timeout_ms"), options.get("read_timeout_ms"))
 
 
-def _wait_s(timeout_ms: int | None) -> float:
-    return DEFAULT_WAIT_S if timeout_ms is None else timeout_ms / 1000 + SLACK_S
+def _wait_s(timeout_ms: int | None, read_timeout_ms: int | None = None) -> float:
+    if timeout_ms is not None:
+        return timeout_ms / 1000 + SLACK_S
+    if read_timeout_ms is not None:
+        # No deadline given: the Router's default is the connect and read timeouts plus the retry
+        # allowance (a second or two at the defaults), so a long read timeout waits that long.
+        return max(DEFAULT_WAIT_S, 2 * read_timeout_ms / 1000 + SLACK_S)
+    return DEFAULT_WAIT_S
 
 
 def _connection_cap(max_connections: int | None) -> int | None:

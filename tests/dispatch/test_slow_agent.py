@@ -1,0 +1,109 @@
+"""An agent slower than the Router's read timeout, called with a long deadline.
+
+The deadline (``timeoutMs``) bounds the request; each attempt is bounded by the read timeout
+(``timeouts.read_ms``, 3 s by default). A caller who gave a slow agent a long deadline and got
+``NO_AVAILABLE_HANDLER`` with the bare reason ``timeout`` could not tell which bound it hit, and
+the SDK and the CLI could not ask for a longer read timeout at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import httpx
+from typer.testing import CliRunner
+
+from reachmesh import ReachClient
+from reachmesh.cli.main import app
+from reachmesh.config import RouterConfig
+from reachmesh.testing import BackgroundLoop, FakeAgent, RouterServer
+from tests.helpers import scaled
+
+# The policy's read timeout, kept short so the agent below is "slow" without a slow test.
+READ_MS = int(scaled(300))
+
+
+def _policy() -> RouterConfig:
+    return RouterConfig.model_validate(
+        {
+            "embedding": {"backend": "none"},
+            "health": {"enabled": False},
+            "timeouts": {"read_ms": READ_MS},
+            "retries": {"max_per_request": 0},
+        }
+    )
+
+
+async def test_a_read_timeout_is_named_with_the_setting_that_allows_longer() -> None:
+    hold = asyncio.Event()
+    agent = await FakeAgent("thinker", tasks=("think",), hold=hold).start()
+    try:
+        async with RouterServer(_policy()) as router, httpx.AsyncClient(timeout=30) as http:
+            await agent.register(router.url, vectors=False)
+            body = {"targetTask": "think", "preferences": {"timeoutMs": int(scaled(10_000))}}
+            resp = await http.post(f"{router.url}/reach", json=body)
+            hold.set()
+    finally:
+        await agent.stop()
+    assert resp.status_code == 503
+    error = resp.json()["error"]
+    assert error["code"] == "NO_AVAILABLE_HANDLER"
+    (candidate,) = error["candidates"]
+    assert candidate["reason"] == "timeout"
+    assert candidate["message"] == f"no answer within the {READ_MS} ms read timeout"
+    assert f"'thinker' did not answer within the read timeout of {READ_MS} ms" in error["message"]
+    assert "preferences.readTimeoutMs" in error["message"]
+
+
+async def test_a_timeout_at_the_deadline_says_nothing_of_the_read_timeout() -> None:
+    """When the request's own deadline ends the attempt, the read timeout was not the cause."""
+    hold = asyncio.Event()
+    agent = await FakeAgent("thinker", tasks=("think",), hold=hold).start()
+    try:
+        async with RouterServer(_policy()) as router, httpx.AsyncClient(timeout=30) as http:
+            await agent.register(router.url, vectors=False)
+            prefs = {"timeoutMs": int(scaled(300)), "readTimeoutMs": int(scaled(5_000))}
+            resp = await http.post(f"{router.url}/reach", json={"targetTask": "think", "preferences": prefs})
+            hold.set()
+    finally:
+        await agent.stop()
+    assert resp.status_code == 504
+    assert "read timeout" not in resp.text
+
+
+async def test_the_sdk_asks_for_a_longer_read_timeout() -> None:
+    agent = await FakeAgent("thinker", tasks=("think",), delay_s=3 * READ_MS / 1000).start()
+    try:
+        async with RouterServer(_policy()) as router:
+            await agent.register(router.url, vectors=False)
+            async with ReachClient(router.url) as client:
+                resp = await client.call(
+                    "think", {}, timeout_ms=int(scaled(10_000)), read_timeout_ms=int(scaled(8_000))
+                )
+    finally:
+        await agent.stop()
+    assert resp.ok, resp
+    assert agent.received[-1]["preferences"]["readTimeoutMs"] == int(scaled(8_000))
+
+
+def _router_with(agent: FakeAgent) -> Iterator[str]:
+    with BackgroundLoop() as bg:
+        server = bg.run(RouterServer(_policy()).__aenter__())
+        bg.on_close(lambda: server.__aexit__(None, None, None))
+        bg.run(agent.start())
+        bg.on_close(agent.stop)
+        bg.run(agent.register(server.url, vectors=False))
+        yield server.url
+
+
+def test_reach_call_asks_for_a_longer_read_timeout() -> None:
+    agent = FakeAgent("thinker", tasks=("think",), delay_s=3 * READ_MS / 1000)
+    for url in _router_with(agent):
+        args = ["call", "think", "--router", url, "--timeout-ms", str(int(scaled(10_000)))]
+        slow = CliRunner().invoke(app, args)
+        assert slow.exit_code == 1, slow.output
+        assert "did not answer within the read timeout" in slow.output
+        patient = CliRunner().invoke(app, [*args, "--read-timeout-ms", str(int(scaled(8_000)))])
+        assert patient.exit_code == 0, patient.output
+        assert agent.received[-1]["preferences"]["readTimeoutMs"] == int(scaled(8_000))
