@@ -107,3 +107,18 @@ def test_reach_call_asks_for_a_longer_read_timeout() -> None:
         patient = CliRunner().invoke(app, [*args, "--read-timeout-ms", str(int(scaled(8_000)))])
         assert patient.exit_code == 0, patient.output
         assert agent.received[-1]["preferences"]["readTimeoutMs"] == int(scaled(8_000))
+
+
+def test_reach_call_names_its_own_option_for_a_longer_read_timeout() -> None:
+    """The Router's message names the envelope field (preferences.readTimeoutMs); a person at
+    the command line is told the option that sends it, and nothing of it when the deadline cut
+    the call."""
+    agent = FakeAgent("thinker", tasks=("think",), delay_s=3 * READ_MS / 1000)
+    for url in _router_with(agent):
+        args = ["call", "think", "--router", url]
+        slow = CliRunner().invoke(app, [*args, "--timeout-ms", str(int(scaled(10_000)))])
+        assert slow.exit_code == 1, slow.output
+        assert "hint: --read-timeout-ms N" in slow.output
+        short = CliRunner().invoke(app, [*args, "--timeout-ms", str(READ_MS // 2)])
+        assert short.exit_code == 1, short.output
+        assert "hint:" not in short.output

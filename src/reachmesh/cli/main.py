@@ -537,6 +537,20 @@ def _print_response(response: ReachResponse) -> None:
         # The one line a person reads first: what went wrong, and any "did you mean".
         line = f"{response.status}: {response.error.message}{declines(response.error.candidates)}"
         err.print(loggable(line, 4096), markup=False, highlight=False, soft_wrap=True)
+        if any(_read_timeout(c.message) for c in response.error.candidates or ()):
+            # The Router names the envelope field; this is the option that sends it.
+            err.print(
+                "hint: --read-timeout-ms N lets each attempt wait N ms for the agent's answer "
+                "(and --timeout-ms the whole call), or --stream takes the answer as it is written",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
+            )
+
+
+def _read_timeout(message: str | None) -> bool:
+    """Whether a candidate's message says its attempt ran out of read timeout (protocol §6)."""
+    return message is not None and message.startswith("no answer within") and "read timeout" in message
 
 
 @app.command()
