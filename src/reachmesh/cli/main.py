@@ -541,7 +541,7 @@ def _print_response(response: ReachResponse) -> None:
             # The Router names the envelope field; this is the option that sends it.
             err.print(
                 "hint: --read-timeout-ms N lets each attempt wait N ms for the agent's answer "
-                "(and --timeout-ms the whole call), or --stream takes the answer as it is written",
+                "(--timeout-ms bounds the whole call)",
                 markup=False,
                 highlight=False,
                 soft_wrap=True,
@@ -549,8 +549,14 @@ def _print_response(response: ReachResponse) -> None:
 
 
 def _read_timeout(message: str | None) -> bool:
-    """Whether a candidate's message says its attempt ran out of read timeout (protocol §6)."""
-    return message is not None and message.startswith("no answer within") and "read timeout" in message
+    """Whether a candidate's message says its attempt ran out of read timeout (protocol §6), or,
+    streamed, waited its whole bound for the answer's head (a plain handler's comes with its
+    result, and the read timeout is part of that bound)."""
+    if message is None:
+        return False
+    return message.startswith("no answer head within") or (
+        message.startswith("no answer within") and "read timeout" in message
+    )
 
 
 @app.command()
