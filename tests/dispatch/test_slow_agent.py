@@ -119,10 +119,15 @@ def test_reach_call_names_its_own_option_for_a_longer_read_timeout() -> None:
         slow = CliRunner().invoke(app, [*args, "--timeout-ms", str(int(scaled(10_000)))])
         assert slow.exit_code == 1, slow.output
         assert "hint: --read-timeout-ms N" in slow.output
-        streamed = CliRunner().invoke(app, [*args, "--stream", "--timeout-ms", str(int(scaled(10_000)))])
-        assert streamed.exit_code == 1, streamed.output
-        assert "no answer head within" in streamed.output
-        assert "hint: --read-timeout-ms N" in streamed.output
         short = CliRunner().invoke(app, [*args, "--timeout-ms", str(READ_MS // 2)])
         assert short.exit_code == 1, short.output
         assert "hint:" not in short.output
+    # Streamed, a plain handler's head comes with its result; the head's bound is the connect
+    # and read timeouts together (1000 ms + READ_MS), so this agent is slower than both.
+    sleeper = FakeAgent("thinker", tasks=("think",), delay_s=1.0 + 3 * READ_MS / 1000)
+    for url in _router_with(sleeper):
+        args = ["call", "think", "--router", url, "--stream", "--timeout-ms", str(int(scaled(10_000)))]
+        streamed = CliRunner().invoke(app, args)
+        assert streamed.exit_code == 1, streamed.output
+        assert "no answer head within" in streamed.output
+        assert "hint: --read-timeout-ms N" in streamed.output
