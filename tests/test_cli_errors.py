@@ -200,3 +200,21 @@ def test_a_light_install_is_told_how_to_add_the_router_without_asking_pypi(
     line = " ".join(capsys.readouterr().err.split())
     assert "[router]" in line and "not on PyPI" in line, line
     assert "pip install 'reachmesh[router]'" not in line, line
+
+
+@pytest.mark.parametrize(("origins", "warned"), [(["*"], True), (["http://page.example"], False)])
+def test_a_router_open_to_every_page_with_auth_off_says_so(
+    tmp_path: Path, origins: list[str], warned: bool
+) -> None:
+    """allowed_origins "*" with auth off lets any page a local browser opens drive the Router,
+    loopback or not: the start says so (printed before the bind, so a taken port ends it)."""
+    policy = tmp_path / "router.yaml"
+    policy.write_text(yaml.safe_dump({"server": {"allowed_origins": origins}}))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = reach("router", "--port", str(port), "--config", str(policy), cwd=tmp_path)
+    text = result.stdout + result.stderr
+    assert "cannot bind" in text, text
+    assert ('admits every origin ("*") with auth off' in text) is warned, text

@@ -22,6 +22,8 @@ from reachmesh.yamlfile import read_yaml
 Positive = Annotated[float, Field(gt=0)]
 PositiveMs = Annotated[int, Field(gt=0, le=3_600_000)]
 EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=128)]
+# The port a browser leaves out of an Origin for each scheme.
+_DEFAULT_PORTS = {"http": "80", "https": "443"}
 
 
 class _Section(BaseModel):
@@ -106,10 +108,16 @@ class ServerPolicy(_Section):
     @field_validator("allowed_origins")
     @classmethod
     def _bare_origins(cls, value: list[str]) -> list[str]:
+        read: list[str] = []
         for origin in value:
             if origin != "*" and (origin.count("://") != 1 or origin.rstrip("/").count("/") != 2):
                 raise ValueError(f"{origin!r} is not an origin (scheme://host[:port], no path)")
-        return [origin.rstrip("/").lower() for origin in value]
+            bare = origin.rstrip("/").lower()
+            # A browser leaves the scheme's default port out of its Origin: listed with it, the
+            # page would be refused for a port it never names.
+            default = _DEFAULT_PORTS.get(bare.partition("://")[0])
+            read.append(bare.removesuffix(f":{default}") if default else bare)
+        return read
 
     @model_validator(mode="after")
     def _cert_with_key(self) -> ServerPolicy:

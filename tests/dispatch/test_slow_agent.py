@@ -107,3 +107,27 @@ def test_reach_call_asks_for_a_longer_read_timeout() -> None:
         patient = CliRunner().invoke(app, [*args, "--read-timeout-ms", str(int(scaled(8_000)))])
         assert patient.exit_code == 0, patient.output
         assert agent.received[-1]["preferences"]["readTimeoutMs"] == int(scaled(8_000))
+
+
+def test_reach_call_names_its_own_option_for_a_longer_read_timeout() -> None:
+    """The Router's message names the envelope field (preferences.readTimeoutMs); a person at
+    the command line is told the option that sends it, and nothing of it when the deadline cut
+    the call."""
+    agent = FakeAgent("thinker", tasks=("think",), delay_s=3 * READ_MS / 1000)
+    for url in _router_with(agent):
+        args = ["call", "think", "--router", url]
+        slow = CliRunner().invoke(app, [*args, "--timeout-ms", str(int(scaled(10_000)))])
+        assert slow.exit_code == 1, slow.output
+        assert "hint: --read-timeout-ms N" in slow.output
+        short = CliRunner().invoke(app, [*args, "--timeout-ms", str(READ_MS // 2)])
+        assert short.exit_code == 1, short.output
+        assert "hint:" not in short.output
+    # Streamed, a plain handler's head comes with its result; the head's bound is the connect
+    # and read timeouts together (1000 ms + READ_MS), so this agent is slower than both.
+    sleeper = FakeAgent("thinker", tasks=("think",), delay_s=1.0 + 3 * READ_MS / 1000)
+    for url in _router_with(sleeper):
+        args = ["call", "think", "--router", url, "--stream", "--timeout-ms", str(int(scaled(10_000)))]
+        streamed = CliRunner().invoke(app, args)
+        assert streamed.exit_code == 1, streamed.output
+        assert "no answer head within" in streamed.output
+        assert "hint: --read-timeout-ms N" in streamed.output

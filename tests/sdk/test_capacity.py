@@ -69,6 +69,52 @@ async def test_the_agent_refuses_the_call_past_its_max_concurrency_as_busy(route
         await agent.stop()
 
 
+async def test_a_slot_that_ends_within_the_grace_goes_to_the_waiting_call(router: RouterServer) -> None:
+    """A Router keeping capacity sends its next queued call the moment an attempt ends at its
+    deadline; the agent stops that handler a moment later. The call that arrives in between
+    waits for the slot (up to the gate's grace) instead of being answered busy, and a call
+    whose own deadline is shorter than the grace is answered busy within its deadline."""
+    agent = ReachAgent(config(router.url), max_concurrency=1)
+    release = asyncio.Event()
+    running: list[str] = []
+
+    @agent.capability("work")
+    async def work(payload: dict) -> dict:
+        running.append(str(payload.get("n")))
+        if payload.get("hold"):
+            await release.wait()
+        return {"n": payload.get("n")}
+
+    await agent.start()
+    # Wide, so a loaded machine cannot make the deadline below outlast it.
+    agent.gate.busy_grace_s = scaled(10)
+    try:
+        url = agent.config.profile.network.endpoint
+        async with httpx.AsyncClient(timeout=scaled(20)) as http:
+            first_body = {**envelope("t1"), "payload": {"n": 1, "hold": True}}
+            deadline = {"X-Reach-Deadline-Ms": str(int(scaled(400)))}
+            first = asyncio.ensure_future(http.post(url, json=first_body, headers=deadline))
+            await until(lambda: running == ["1"], "the first handler running")
+            second = asyncio.ensure_future(http.post(url, json={**envelope("t2"), "payload": {"n": 2}}))
+
+            def answered_or_waiting() -> bool:
+                return second.done() or getattr(agent.gate, "waiting", 0) == 1
+
+            await until(answered_or_waiting, "the second call answered or waiting")
+            assert not second.done(), f"answered at once: {second.result().status_code}"
+            short = await http.post(url, json=envelope("t3"), headers={"X-Reach-Deadline-Ms": "50"})
+            assert short.status_code == 429
+            assert short.json()["error"]["code"] == "AGENT_BUSY"
+            ended = await first
+            assert ended.json()["error"]["code"] == "DEADLINE_EXCEEDED"
+            served = await second
+            assert (served.status_code, served.json()["result"]) == (200, {"n": 2})
+            assert agent.gate.inflight == 0 and agent.gate.waiting == 0
+    finally:
+        release.set()
+        await agent.stop()
+
+
 async def test_the_config_file_key_declares_it(router: RouterServer) -> None:
     agent = ReachAgent(config(router.url, max_concurrency=3))
     assert agent.config.profile.max_concurrency == 3

@@ -9,6 +9,7 @@ ServerDisconnectedError(...)" for a Router it had reached, and a broken stream s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
 from collections.abc import AsyncIterator
@@ -144,3 +145,39 @@ async def test_a_stream_whose_router_dies_says_after_how_many_chunks() -> None:
     assert "the Router's stream broke after 1 chunk(s), before its done event" in message
     assert "TransferEncodingError" not in message
     assert (dying.requests, other.requests) == (1, 0)
+
+
+class SilentRouter:
+    """A loopback server that reads a request and never answers it."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self._server: asyncio.Server | None = None
+        self._held: list[asyncio.StreamWriter] = []
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._held.append(writer)
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            await reader.readuntil(b"\r\n\r\n")
+
+    async def __aenter__(self) -> SilentRouter:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        for writer in self._held:
+            writer.close()
+        self._server.close()
+
+
+async def test_a_call_the_client_stopped_waiting_for_says_whose_wait_ran_out() -> None:
+    """A call whose answer outlasts the client's own wait (a policy giving its task a long read
+    timeout, called without timeout_ms) read "sent no answer within 60 s" as if the Router had
+    hung: the message says that was this client's wait, and what sets it."""
+    async with SilentRouter() as silent, ReachClient(f"http://127.0.0.1:{silent.port}") as client:
+        with pytest.raises(RouterUnavailable) as caught:
+            await client.call("t", {}, timeout_ms=50)
+    message = caught.value.message
+    assert "sent no answer within 2.05 s, this client's own wait" in message
+    assert "timeout_ms" in message

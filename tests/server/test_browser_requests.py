@@ -108,6 +108,27 @@ async def test_allowed_origins_widen_the_origin_check() -> None:
         assert resp.json()["status"] == "FORBIDDEN"
 
 
+async def test_an_origin_listed_with_its_default_port_admits_the_page() -> None:
+    """A browser sends ``https://console.example``, never ``:443``: an origin listed with its
+    scheme's default port is that page's, not one no browser names; another port stays apart."""
+    listed = ["https://console.example:443", "http://intranet.example:80/", "http://dev.example:8080"]
+    async with (
+        RouterServer(config(allowed_origins=listed)) as router,
+        httpx.AsyncClient(base_url=router.url, timeout=10) as http,
+    ):
+        for origin, admitted in (
+            ("https://console.example", True),
+            ("http://intranet.example", True),
+            ("http://dev.example:8080", True),
+            ("http://dev.example", False),
+            ("http://console.example", False),
+        ):
+            headers = {"Origin": origin, "Content-Type": "application/json"}
+            resp = await http.post("/reach", content=b'{"targetTask":"x"}', headers=headers)
+            expected = "NO_AVAILABLE_HANDLER" if admitted else "FORBIDDEN"
+            assert resp.json()["status"] == expected, origin
+
+
 async def test_an_untyped_body_is_415_and_a_bodyless_delete_is_not() -> None:
     """POST /reach without a Content-Type: 415 with a curl hint; DELETE /agents/{id} with the
     lease in a header needs no type (it has no body)."""

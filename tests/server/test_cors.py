@@ -165,6 +165,26 @@ async def test_every_origin_listed_with_a_star_is_echoed() -> None:
         assert_cors(resp, EVIL)
 
 
+async def test_a_star_admits_no_null_origin() -> None:
+    """``Origin: null`` (a sandboxed frame, a file:// page, a data: URL: no site an operator can
+    name) is refused even under ``"*"``, as protocol §16 says; a star echoing ``null`` would hand
+    every opaque page the answers."""
+    async with (
+        RouterServer(config(["*"])) as router,
+        httpx.AsyncClient(base_url=router.url, timeout=scaled(10)) as http,
+    ):
+        resp = await http.options("/reach", headers=preflight("null"))
+        assert (resp.status_code, resp.json()["status"]) == (403, "FORBIDDEN")
+        assert_no_cors(resp)
+        resp = await http.post("/reach", json={"targetTask": "x"}, headers={"Origin": "null"})
+        assert (resp.status_code, resp.json()["status"]) == (403, "FORBIDDEN")
+        assert "opaque origin" in resp.json()["error"]["message"]
+        assert_no_cors(resp)
+        resp = await http.get("/admin/agents", headers={"Origin": "null"})
+        assert (resp.status_code, resp.json()["error"]["code"]) == (403, "FORBIDDEN")
+        assert_no_cors(resp)
+
+
 async def test_the_lane_answer_carries_cors_on_the_wire() -> None:
     """A whole POST /reach in one write (the lane): the head of the answer names the origin;
     the same bytes without an Origin get no such line."""

@@ -198,6 +198,25 @@ def _router_app(policy: RouterConfig, config_path: str | Path | None, worker: in
     return app_
 
 
+def _warn_open(app_: RouterApp, host: str) -> None:
+    """A warning for each way a Router with auth off is open to more than its operator."""
+    if app_.auth_on:
+        return
+    if not is_loopback(host):
+        _say(
+            f"[reach-router] WARNING: listening on {host} with auth off: anyone who can reach it can "
+            "register, call and administer it. Set REACH_ADMIN_TOKEN (and agent and caller tokens)."
+        )
+    if "*" in app_.parts.config.server.allowed_origins:
+        # Loopback is no shelter here: the browser on this host makes the requests.
+        _say(
+            '[reach-router] WARNING: server.allowed_origins admits every origin ("*") with auth off: '
+            "any web page a browser on this host opens can register, call and administer the Router, "
+            "and read its answers. List the pages' origins instead, or set REACH_ADMIN_TOKEN "
+            "(and agent and caller tokens)."
+        )
+
+
 def _start_router(
     app_: RouterApp, host: str, bind_port: int, endpoints: list[str], worker: int | None, a2a: str | None
 ) -> None:
@@ -205,11 +224,7 @@ def _start_router(
     from reachmesh.server.serve import serve
 
     policy = app_.parts.config
-    if not app_.auth_on and not is_loopback(host):
-        _say(
-            f"[reach-router] WARNING: listening on {host} with auth off: anyone who can reach it can "
-            "register, call and administer it. Set REACH_ADMIN_TOKEN (and agent and caller tokens)."
-        )
+    _warn_open(app_, host)
     scheme = "https" if policy.server.tls_cert_file else "http"
     registry = f"etcd {', '.join(endpoints)}" if endpoints else "memory"
     who = "listening" if worker is None else f"worker {worker} listening"
@@ -522,6 +537,26 @@ def _print_response(response: ReachResponse) -> None:
         # The one line a person reads first: what went wrong, and any "did you mean".
         line = f"{response.status}: {response.error.message}{declines(response.error.candidates)}"
         err.print(loggable(line, 4096), markup=False, highlight=False, soft_wrap=True)
+        if any(_read_timeout(c.message) for c in response.error.candidates or ()):
+            # The Router names the envelope field; this is the option that sends it.
+            err.print(
+                "hint: --read-timeout-ms N lets each attempt wait N ms for the agent's answer "
+                "(--timeout-ms bounds the whole call)",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
+            )
+
+
+def _read_timeout(message: str | None) -> bool:
+    """Whether a candidate's message says its attempt ran out of read timeout (protocol §6), or,
+    streamed, waited its whole bound for the answer's head (a plain handler's comes with its
+    result, and the read timeout is part of that bound)."""
+    if message is None:
+        return False
+    return message.startswith("no answer head within") or (
+        message.startswith("no answer within") and "read timeout" in message
+    )
 
 
 @app.command()

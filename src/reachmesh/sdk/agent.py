@@ -523,7 +523,8 @@ class ReachAgent:
             return _answer_declined(declined)
         key = request.headers.get("Idempotency-Key")
         run = lambda: self._handle(request, bound, payload, ctx)  # noqa: E731
-        return await self.gate.serve(key, run, fingerprint(task, raw_payload) if key else b"")
+        wait_s = None if deadline is None else deadline.remaining_ms() / 1000
+        return await self.gate.serve(key, run, fingerprint(task, raw_payload) if key else b"", wait_s)
 
     async def _handle(
         self,

@@ -2,7 +2,12 @@
 
 - **Busy.** The (N+1)th concurrent request is answered ``429`` with ``Retry-After`` and a
   retryable ``AGENT_BUSY`` error: the Router reads a 429 as "busy, not broken" and fails over,
-  so even a Router that does not keep capacity (PROTOCOL §15) cannot overload the agent.
+  so even a Router that does not keep capacity (PROTOCOL §15) cannot overload the agent. It is
+  answered so only once no slot came free within :data:`BUSY_GRACE_S` (or its deadline): a
+  Router that keeps capacity sends the next call from its queue the moment an attempt ends
+  there, at its deadline or read timeout, and the handler of that attempt is stopped here a
+  moment later (its own deadline, or the caller watch, :data:`.streaming.CALLER_WATCH_S`); refused
+  at once, that call lost its place after waiting its turn, for nothing.
 - **Repeats.** The Router sends an ``Idempotency-Key`` (the request's trace id and a per-request
   id), the same on every attempt of one request. A request whose key was answered in the last
   :data:`REPEAT_TTL_S` seconds gets the same answer again, and one whose first copy is still
@@ -20,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
@@ -35,6 +40,9 @@ REPEAT_CACHE_BYTES = 16 * 1024 * 1024
 # A key longer than this is not remembered (the Router's is about 50 characters).
 MAX_KEY_CHARS = 200
 BUSY_RETRY_AFTER_S = 1
+# How long a call past max_concurrency waits for a slot before it is answered busy: the caller
+# watch's period (0.25 s) and a margin, so a handler whose caller left frees its slot in time.
+BUSY_GRACE_S = 0.3
 
 _UNFINISHED = jsoncodec.dumps(
     {
@@ -81,6 +89,9 @@ class Gate:
     ) -> None:
         self.max_concurrency = max_concurrency
         self.inflight = 0
+        self.busy_grace_s = BUSY_GRACE_S
+        # Calls waiting for a slot, first come first served; a slot that ends goes to the first.
+        self._waiters: deque[asyncio.Future[None]] = deque()
         self.max_bytes = max_bytes  # of the answers kept, in all
         self.bytes_held = 0
         self._clock = clock
@@ -88,14 +99,21 @@ class Gate:
         self._answers: OrderedDict[str, tuple[float, bytes, asyncio.Future[Answer]]] = OrderedDict()
         self._sizes: dict[str, int] = {}  # key -> its answer's bytes, once it has one
 
+    @property
+    def waiting(self) -> int:
+        """Calls waiting for a slot now."""
+        return sum(1 for waiter in self._waiters if not waiter.done())
+
     async def serve(
         self,
         key: str | None,
         run: Callable[[], Awaitable[web.StreamResponse]],
         fingerprint: bytes = b"",
+        wait_s: float | None = None,
     ) -> web.StreamResponse:
         """``run()``'s answer, or a remembered one for ``key`` (of a request with the same
-        ``fingerprint``: task and payload), or busy when full."""
+        ``fingerprint``: task and payload), or busy when full and no slot came free within the
+        grace (``wait_s`` at most: what is left of the request's deadline)."""
         usable = key if key and len(key) <= MAX_KEY_CHARS else None
         if usable is not None:
             known = self._recall(usable)
@@ -106,21 +124,52 @@ class Gate:
                     status, body = await asyncio.shield(known[1])
                     return web.Response(status=status, body=body, content_type="application/json")
         limit = self.max_concurrency
-        if limit is not None and self.inflight >= limit:
-            return busy_answer(limit)
+        if limit is None or (self.inflight < limit and not self.waiting):
+            self.inflight += 1
+        else:
+            grace = self.busy_grace_s if wait_s is None else min(self.busy_grace_s, wait_s)
+            if grace <= 0 or not await self._slot_within(grace):
+                return busy_answer(limit)
         pending: asyncio.Future[Answer] | None = None
         if usable is not None:
             pending = asyncio.get_running_loop().create_future()
             self._remember(usable, fingerprint, pending)
-        self.inflight += 1
         response: web.StreamResponse | None = None
         try:
             response = await run()
             return response
         finally:
-            self.inflight -= 1
+            self._release()
             if pending is not None:
                 self._settle(usable or "", pending, response)
+
+    async def _slot_within(self, grace: float) -> bool:
+        """Wait up to ``grace`` seconds for a slot handed over by :meth:`_release`; True once
+        this call holds it (``inflight`` already counts it)."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        owned = False
+        try:
+            async with asyncio.timeout(grace):
+                await waiter
+            owned = True
+        except TimeoutError:
+            owned = waiter.done() and not waiter.cancelled()  # handed over as the time ran out
+        finally:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+            if not owned and waiter.done() and not waiter.cancelled():
+                self._release()  # handed over as this call was cancelled: pass it on
+        return owned
+
+    def _release(self) -> None:
+        """A slot ends: handed to the first call still waiting, else freed."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self.inflight -= 1
 
     def _settle(self, key: str, pending: asyncio.Future[Answer], response: web.StreamResponse | None) -> None:
         """Give waiting repeats the answer, and keep it for later ones when it is small enough (a

@@ -391,7 +391,13 @@ def lost_call(url: str, exc: Exception, wait_s: float) -> str:
     """What a caller reads when a Router took the call and no answer came back: it may have
     reached an agent, which is why it went to no other Router (the caller decides)."""
     if isinstance(exc, TimeoutError | httpx.TimeoutException | aiohttp.ServerTimeoutError):
-        what = f"sent no answer within {wait_s:g} s"
+        # The client's own bound, not the Router's: a Router whose policy gives the task a
+        # longer read timeout (tasks.<task>.read_ms) answers later than a call without a deadline
+        # is waited for.
+        what = (
+            f"sent no answer within {wait_s:g} s, this client's own wait (the call's timeout_ms "
+            f"and {SLACK_S:g} s, or {DEFAULT_WAIT_S:g} s without one: give a slow task its timeout_ms)"
+        )
     else:
         what = f"closed the connection before answering ({type(exc).__name__}: the Router stopped?)"
     return (

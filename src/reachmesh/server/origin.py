@@ -162,10 +162,26 @@ def _host_denial(host: str) -> Denial:
 
 def _origin_verdict(sent: bytes, host: bytes | None, allowed: list[str]) -> Denial | CrossOrigin | None:
     origin = sent.decode("latin-1").strip()
-    if origin != "null" and _same_origin(origin, host):
+    if origin == "null":
+        # An opaque origin (a sandboxed frame, a file:// page, a data: URL): no site an operator
+        # could list, so not one "*" admits either; echoed, it would admit every such page.
+        return _NULL_ORIGIN
+    if _same_origin(origin, host):
         return None  # the Router's own page: served as ever, without CORS headers
     if "*" in allowed or origin.lower() in allowed:
         return CrossOrigin(origin.encode("latin-1"))
+    return _origin_denial(origin)
+
+
+_NULL_ORIGIN = Denial(
+    403,
+    Status.FORBIDDEN,
+    "requests from a page of opaque origin ('null': a sandboxed frame, a file:// page) are refused, "
+    "whatever server.allowed_origins says: serve the page from an origin listed there",
+)
+
+
+def _origin_denial(origin: str) -> Denial:
     return Denial(
         403,
         Status.FORBIDDEN,
