@@ -78,7 +78,9 @@ async def test_a_queued_call_short_of_the_agents_usual_time_is_not_sent_and_says
         # A call with time enough waits and is sent when the slot comes back.
         patient = asyncio.ensure_future(call(http, LONG_MS))
         await until(lambda: server.app.parts.capacity.queued("busy") == 1, "the patient call waiting")
-        agent.hold.set()
+        release = agent.hold
+        assert release is not None
+        release.set()
         assert (await patient).json()["status"] == "SUCCESS"
         assert len(agent.received) == 3
         row = (await http.get("/admin/agents/busy")).json()
