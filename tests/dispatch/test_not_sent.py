@@ -73,6 +73,9 @@ async def test_a_queued_call_short_of_the_agents_usual_time_is_not_sent_and_says
         assert hop["attempts"] == [] and hop["slotWaitMs"] < deadline_ms - USUAL_S * 250, hop
         notes = [e["text"] for e in hop["events"] if e["kind"] == "not sent"]
         assert len(notes) == 1 and re.search(r"\d+ ms were left after waiting \d+ ms for a slot", notes[0])
+        (rejected,) = hop["decision"]["rejected"]
+        assert (rejected["agentId"], rejected["reason"]) == ("busy", "at_capacity"), rejected
+        assert rejected["message"].startswith("not sent: 'busy' usually answers in"), rejected
         metrics = (await http.get("/metrics")).text
         assert 'reach_not_sent_total{agent="busy"} 1.0' in metrics
         # A call with time enough waits and is sent when the slot comes back.
