@@ -132,6 +132,9 @@ class DecisionRecord:
     duration_ms: float = 0.0
     queue_wait_ms: float = 0.0  # time spent waiting for a slot at a full agent (capacity)
     pool_wait_ms: float = 0.0  # time spent waiting for a connection of the Router's own pool
+    # Agents a call waited for and was then not sent to: too little of its deadline was left
+    # for the agent's usual answer time (a tuple on the class: nothing made per request).
+    not_sent: tuple[str, ...] = ()
     stream: StreamRecord | None = None  # set when the caller asked for a stream
 
     def __init__(  # noqa: PLR0913 - the fields a request starts with, one keyword each

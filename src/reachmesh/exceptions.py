@@ -42,6 +42,7 @@ caller never has to know which library sat underneath.
     ├── AttemptError                 one upstream attempt failed (internal to the dispatcher)
     │   ├── ConnectFailed            refused, reset, unreachable or connect timeout
     │   ├── PoolTimeout              no slot or pool connection came free: not the agent's fault
+    │   │   └── TooLateToSend        the wait for a slot left too little time: not sent
     │   ├── AttemptTimeout           the agent did not answer in time
     │   │   └── AgentDeadline        the agent said the request's deadline passed
     │   ├── BadAgentResponse         5xx, or an answer that is not a valid agent reply
@@ -467,6 +468,13 @@ class PoolTimeout(AttemptError):
 
     code = "POOL_TIMEOUT"
     reason = "at_capacity"
+
+
+class TooLateToSend(PoolTimeout):
+    """A call that waited for a slot at a full agent and was not sent: too little of its deadline
+    was left for the agent's usual answer time. The Router's wait, not the agent's failure."""
+
+    code = "TIMEOUT"
 
 
 class AttemptTimeout(AttemptError):

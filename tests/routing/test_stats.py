@@ -70,3 +70,15 @@ def test_the_usual_answer_time_follows_answers_alone() -> None:
     assert moved is not None and 100.0 < moved < 300.0
     book.forget("a")
     assert book.usual_answer_ms("a") is None
+
+
+def test_the_quick_latency_is_that_of_the_fastest_share_of_recent_attempts() -> None:
+    """An agent that answers nine calls in 100 ms and one in 10 s "usually" takes about a second,
+    yet a tenth of its attempts took 100 ms at most."""
+    book = StatsBook(clock=ManualClock())
+    assert book.quick_latency_ms("a", 0.1) is None
+    for latency in [100.0] * 9 + [10_000.0]:
+        book.started("a")
+        book.succeeded("a", latency)
+    assert book.quick_latency_ms("a", 0.1) == 100.0
+    assert book.quick_latency_ms("a", 0.95) == 10_000.0

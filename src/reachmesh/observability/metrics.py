@@ -139,6 +139,20 @@ def _stream_series() -> tuple[HistogramSeries, CounterSeries, CounterSeries]:
     )
 
 
+def _later_series() -> tuple[HistogramSeries, CounterSeries, CounterSeries, CounterSeries]:
+    """The families added after the first ones: those of streamed answers, and the calls not sent
+    after a wait for a slot, by agent (protocol §20)."""
+    return (
+        *_stream_series(),
+        CounterSeries(
+            "reach_not_sent",
+            "Calls that waited for a slot at a full agent and were not sent to it: too little of "
+            "their deadline was left for its usual answer time",
+            ("agent",),
+        ),
+    )
+
+
 class RouterMetrics:
     """The Router's metric families, one CollectorRegistry per Router (so tests stay apart)."""
 
@@ -181,7 +195,7 @@ class RouterMetrics:
         self.semantic_refusals = CounterSeries(
             "reach_semantic_refusals", "Requests refused because no capability scored above the threshold"
         )
-        self.first_chunk, self.stream_bytes, self.streams = _stream_series()
+        self.first_chunk, self.stream_bytes, self.streams, self.not_sent = _later_series()
         for family in (
             self.requests,
             self.match_score,
@@ -197,6 +211,7 @@ class RouterMetrics:
             self.first_chunk,
             self.stream_bytes,
             self.streams,
+            self.not_sent,
         ):
             self.prom.register(family)
         self.prom.register(_LiveState(registry, live))
@@ -313,6 +328,9 @@ class RouterMetrics:
             self.semantic_refusals.inc()
         if record.queue_wait_ms:
             self.queue_wait.observe((agent,), record.queue_wait_ms / 1000)
+            for agent_id in record.not_sent:  # a call not sent always waited first
+                if self._registry.get(agent_id) is not None:
+                    self.not_sent.inc((agent_id,))
         if record.stream is not None:
             self._stream(record, task)
 
@@ -361,7 +379,8 @@ class RouterMetrics:
         agent = (entry.id,)
         gone = [task for task in entry.capabilities if not self._registry.by_task(task)]
         self._cells.clear()
-        for family in (self.requests, self.circuit_trips, self.health_failures, self.queue_wait):
+        by_agent = (self.requests, self.circuit_trips, self.health_failures, self.queue_wait, self.not_sent)
+        for family in by_agent:
             family.drop("agent", agent)
         self._drop_tasks(gone)
 

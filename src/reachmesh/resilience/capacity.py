@@ -29,6 +29,10 @@ from reachmesh.tally import Tally
 # Room is judged against this many slots when an agent declares no capacity: share = n / this.
 UNDECLARED_SHARE_BASE = 1024
 
+# A freed slot passes over a late waiter (too little of its deadline left: see take()) for the
+# first one that is not, looking at most this many waiters past the one whose turn it is.
+LOOKAHEAD = 64
+
 # The longest Retry-After an OVERLOADED estimate says (unless limits.retry_after_seconds is longer).
 MAX_ESTIMATED_RETRY_AFTER_S = 60
 
@@ -76,7 +80,7 @@ class _Slots:
     each waiter joins or leaves a line, so the client to displace is found in O(1).
     """
 
-    __slots__ = ("capacity", "inflight", "lines", "queued", "tally", "turns")
+    __slots__ = ("capacity", "inflight", "late", "lines", "queued", "tally", "turns")
 
     def __init__(self) -> None:
         self.inflight = 0
@@ -85,6 +89,9 @@ class _Slots:
         self.lines: dict[str, deque[asyncio.Future[bool]]] = {}
         self.turns: deque[str] = deque()
         self.tally = Tally()
+        # Waiters with a moment (monotonic) past which a slot is better given to one with more
+        # of its deadline left; none while the agent's answer time is unknown.
+        self.late: dict[asyncio.Future[bool], float] = {}
 
     def _resized(self, client: str, before: int) -> None:
         """``client``'s line went from ``before`` waiters to one more or one fewer."""
@@ -102,9 +109,16 @@ class _Slots:
         line.append(waiter)
         self._resized(client, len(line) - 1)
 
-    def next_waiter(self) -> asyncio.Future[bool] | None:
+    def next_waiter(self, now: float | None = None) -> asyncio.Future[bool] | None:
         """The first live waiter of the client whose turn it is, out of the line; None when
-        nobody waits. O(1) but for dead waiters skipped (leave() takes them out as they go)."""
+        nobody waits. O(1) but for dead waiters skipped (leave() takes them out as they go).
+
+        Given ``now``, a waiter that is late by then (``late``) is passed over for the first one
+        that is not (:meth:`_fresh_waiter`); when every waiter is late, the turns go as above."""
+        if now is not None and self.late:
+            fresh = self._fresh_waiter(now)
+            if fresh is not None:
+                return fresh
         lines, turns = self.lines, self.turns
         while turns:
             client = turns.popleft()
@@ -118,6 +132,38 @@ class _Slots:
                     if line:
                         turns.append(client)
                     return waiter
+        return None
+
+    def _fresh_waiter(self, now: float) -> asyncio.Future[bool] | None:
+        """When the waiter whose turn it is is late at ``now`` (too little of its deadline left
+        for the agent's usual answer time), the first waiter that is not, in the order of the
+        turns and within each line, out of its line; its client goes to the back of the turns
+        if more of its calls wait. None when the waiter whose turn it is is not late, or when
+        every waiter looked at is: the turns go on as ever. Looks at most :data:`LOOKAHEAD`
+        waiters in all, so a long line of late ones costs a bounded search per slot."""
+        late, looked = self.late, 0
+        for position, client in enumerate(self.turns):
+            line = self.lines[client]
+            for index, waiter in enumerate(line):
+                if waiter.done():
+                    continue
+                if late.get(waiter, math.inf) > now:
+                    if position == 0 and looked == 0:
+                        return None  # the waiter whose turn it is has the time: served as ever
+                    del line[index]
+                    if position:
+                        del self.turns[position]
+                    else:
+                        self.turns.popleft()
+                    if line:
+                        self.turns.append(client)
+                    else:
+                        del self.lines[client]
+                    self._resized(client, len(line) + 1)
+                    return waiter
+                looked += 1
+                if looked >= LOOKAHEAD:
+                    return None
         return None
 
     def leave(self, client: str, waiter: asyncio.Future[bool]) -> None:
@@ -196,11 +242,10 @@ class CapacityBoard:
             self._hand_out(slots)
         return slots
 
-    @staticmethod
-    def _hand_out(slots: _Slots) -> None:
+    def _hand_out(self, slots: _Slots) -> None:
         """New slots to the next waiters in turn, while the capacity has room for them."""
         while slots.capacity is None or slots.inflight < slots.capacity:
-            waiter = slots.next_waiter()
+            waiter = slots.next_waiter(self.clock.monotonic() if slots.late else None)
             if waiter is None:
                 return
             waiter.set_result(True)
@@ -252,9 +297,14 @@ class CapacityBoard:
             return True
         return False
 
-    async def take(self, agent_id: str, capacity: int | None, due: float, client: str = "-") -> float:
+    async def take(
+        self, agent_id: str, capacity: int | None, due: float, client: str = "-", late_at: float | None = None
+    ) -> float:
         """Take a slot at ``agent_id``, waiting until the monotonic ``due`` at most: first come
         first served among ``client``'s waiters, in turn with the other clients waiting there.
+        From the monotonic ``late_at`` on (if given), the call is late: too little of its
+        deadline is left to be likely answered, and a slot that comes free goes to a waiter that
+        is not late, if one waits, before it (it is served in turn only when all are late).
 
         Returns the seconds waited. Raises ``TimeoutError`` at ``due``; :class:`QueueFull` at
         once when the agent's queue is full (and ``client`` may not take a place in it); and
@@ -270,11 +320,15 @@ class CapacityBoard:
         started = self.clock.monotonic()
         waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         slots.join(client, waiter)
+        if late_at is not None:
+            slots.late[waiter] = late_at
         granted: bool | None = None
         try:
             async with asyncio.timeout(max(due - started, 0.0)):
                 granted = await waiter
         finally:
+            if late_at is not None:
+                slots.late.pop(waiter, None)
             waited = self.clock.monotonic() - started
             if granted is None:  # a timeout or a cancellation
                 self._gone(agent_id, slots, client, waiter)
@@ -319,7 +373,7 @@ class CapacityBoard:
         # Over a capacity a re-registration lowered: the slot is not handed on, so in flight
         # falls to the new capacity before a waiter is let in.
         if slots.turns and (slots.capacity is None or slots.inflight <= slots.capacity):
-            waiter = slots.next_waiter()
+            waiter = slots.next_waiter(self.clock.monotonic() if slots.late else None)
             if waiter is not None:
                 waiter.set_result(True)  # the slot changes hands: in flight stays the same
                 return

@@ -144,6 +144,16 @@ class StatsBook:
         stats = self._agents.get(agent_id)
         return None if stats is None else stats.ewma_answer_ms
 
+    def quick_latency_ms(self, agent_id: str, share: float) -> float | None:
+        """The latency that ``share`` of the agent's recent attempts (the window; failures too)
+        took at most, or None before any: how fast its quick answers are, for an agent whose
+        answer times vary. A sort of the window: for rare paths only (a wait for a slot)."""
+        stats = self._agents.get(agent_id)
+        if stats is None or not stats.latencies:
+            return None
+        window = sorted(stats.latencies)
+        return window[min(int(len(window) * share), len(window) - 1)]
+
     def forget(self, agent_id: str) -> None:
         self._agents.pop(agent_id, None)
 
