@@ -9,6 +9,7 @@ the SDK and the CLI could not ask for a longer read timeout at all.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Iterator
 
 import httpx
@@ -18,7 +19,7 @@ from reachmesh import ReachClient
 from reachmesh.cli.main import app
 from reachmesh.config import RouterConfig
 from reachmesh.testing import BackgroundLoop, FakeAgent, RouterServer
-from tests.helpers import scaled
+from tests.helpers import scaled, until
 
 # The policy's read timeout, kept short so the agent below is "slow" without a slow test.
 READ_MS = int(scaled(300))
@@ -131,3 +132,39 @@ def test_reach_call_names_its_own_option_for_a_longer_read_timeout() -> None:
         assert streamed.exit_code == 1, streamed.output
         assert "no answer head within" in streamed.output
         assert "hint: --read-timeout-ms N" in streamed.output
+        # The error's figure is the candidate's: the head's bound, not the read timeout alone.
+        assert f"no answer head within {1000 + READ_MS} ms" in streamed.output
+        assert f"did not answer within {1000 + READ_MS} ms (its connect and read timeouts)" in streamed.output
+        assert f"read timeout of {READ_MS} ms" not in streamed.output
+
+
+async def test_a_deadline_spent_mostly_in_the_queue_says_so() -> None:
+    """A caller who gave 1.5 s and waited most of it for a slot at a full agent read only "the
+    overall budget ran out", as if the agent had been slow: the time it queued is now named."""
+    hold = asyncio.Event()
+    agent = await FakeAgent("thinker", tasks=("think",), hold=hold, max_concurrency=1).start()
+    try:
+        async with RouterServer(_policy()) as router, httpx.AsyncClient(timeout=30) as http:
+            await agent.register(router.url, vectors=False)
+            # The first call holds the only slot until its own read timeout frees it.
+            first_prefs = {"timeoutMs": int(scaled(5_000)), "readTimeoutMs": int(scaled(400))}
+            first = asyncio.create_task(
+                http.post(f"{router.url}/reach", json={"targetTask": "think", "preferences": first_prefs})
+            )
+            await until(lambda: agent.received, "the first call at the agent")
+            second_prefs = {"timeoutMs": int(scaled(1_500)), "readTimeoutMs": int(scaled(5_000))}
+            second = await http.post(
+                f"{router.url}/reach", json={"targetTask": "think", "preferences": second_prefs}
+            )
+            await first
+            hold.set()
+    finally:
+        await agent.stop()
+    assert second.status_code == 504, second.text
+    assert len(agent.received) == 2  # it was sent, after its wait
+    message = second.json()["error"]["message"]
+    assert re.fullmatch(
+        rf"the overall budget of {int(scaled(1_500))} ms ran out,"
+        r" \d+ ms of it waiting for a slot at a full agent",
+        message,
+    ), message

@@ -386,7 +386,7 @@ class AttemptRun:
         """
         remaining = self.deadline.remaining_ms()
         if remaining <= MIN_ATTEMPT_MS:  # _check_deadline(), without the call
-            raise DeadlineExceeded(f"the overall budget of {self.timeout.overall_ms} ms ran out")
+            raise DeadlineExceeded(ran_out(self))
         parts, agent_id = self.parts, choice.entry.id
         self._waited_ms = (0.0, 0.0)
         # A free slot is taken without a coroutine of its own: the common case, every attempt.
@@ -523,7 +523,7 @@ class AttemptRun:
 
     def _check_deadline(self) -> None:
         if self.deadline.remaining_ms() <= MIN_ATTEMPT_MS:
-            raise DeadlineExceeded(f"the overall budget of {self.timeout.overall_ms} ms ran out")
+            raise DeadlineExceeded(ran_out(self))
 
 
 async def _take_slot(run: AttemptRun, choice: Choice) -> float | PoolTimeout:
@@ -561,7 +561,7 @@ async def _take_slot(run: AttemptRun, choice: Choice) -> float | PoolTimeout:
     remaining = run.deadline.remaining_ms()
     if remaining <= MIN_ATTEMPT_MS:
         capacity.give(agent_id)
-        raise DeadlineExceeded(f"the overall budget of {run.timeout.overall_ms} ms ran out")
+        raise DeadlineExceeded(ran_out(run))
     # Read again: answers that came in during the wait may have made it known, or longer.
     usual_ms = parts.stats.usual_answer_ms(agent_id)
     if usual_ms is not None and remaining < _too_little_ms(parts.stats, agent_id, usual_ms):
@@ -598,6 +598,17 @@ def _too_late(run: AttemptRun, agent_id: str, waited_s: float, usual_ms: float) 
     record.not_sent += (agent_id,)
     run.not_sent = reason
     return TooLateToSend(f"not sent: {reason}")
+
+
+def ran_out(run: AttemptRun) -> str:
+    """The TIMEOUT message of a request whose deadline passed, with the time it spent waiting
+    for slots at full agents: a caller who gave 2500 ms and waited 2000 of them in the Router's
+    queue should not read it as a slow agent."""
+    message = f"the overall budget of {run.timeout.overall_ms} ms ran out"
+    waited_ms = run.record.queue_wait_ms
+    if waited_ms >= 1:
+        message += f", {waited_ms:.0f} ms of it waiting for a slot at a full agent"
+    return message
 
 
 def _read_timeout(run: AttemptRun, exc: AttemptError, agent_id: str) -> str | None:
@@ -726,10 +737,14 @@ def exhausted(run: AttemptRun) -> ContextUnavailable | DeadlineExceeded | NoAvai
         )
     if run.read_timed_out is not None:
         # The likeliest surprise of a slow agent: the deadline was long, each attempt was not.
+        timeout = run.timeout
+        if run.record.stream is None:
+            within = f"the read timeout of {timeout.read_ms:.0f} ms"
+        else:  # a stream's head has the connect and read timeouts together, as its candidate says
+            within = f"{timeout.connect_ms + timeout.read_ms:.0f} ms (its connect and read timeouts)"
         message += (
-            f"; {run.read_timed_out!r} did not answer within the read timeout of"
-            f" {run.timeout.read_ms:.0f} ms (preferences.readTimeoutMs, timeouts.read_ms or"
-            " tasks.<task>.read_ms allows longer)"
+            f"; {run.read_timed_out!r} did not answer within {within} (preferences.readTimeoutMs,"
+            " timeouts.read_ms or tasks.<task>.read_ms allows longer)"
         )
     if run.busy_retry_after_s is not None:
         message += f"; a busy agent asked to retry after {run.busy_retry_after_s} s"
