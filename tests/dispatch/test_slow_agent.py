@@ -36,17 +36,23 @@ def _policy() -> RouterConfig:
     )
 
 
-async def test_a_read_timeout_is_named_with_the_setting_that_allows_longer() -> None:
+async def _held_call(preferences: dict[str, int]) -> httpx.Response:
+    """One call with these preferences to an agent that holds it until the answer is back."""
     hold = asyncio.Event()
     agent = await FakeAgent("thinker", tasks=("think",), hold=hold).start()
     try:
         async with RouterServer(_policy()) as router, httpx.AsyncClient(timeout=30) as http:
             await agent.register(router.url, vectors=False)
-            body = {"targetTask": "think", "preferences": {"timeoutMs": int(scaled(10_000))}}
+            body = {"targetTask": "think", "preferences": preferences}
             resp = await http.post(f"{router.url}/reach", json=body)
             hold.set()
     finally:
         await agent.stop()
+    return resp
+
+
+async def test_a_read_timeout_is_named_with_the_setting_that_allows_longer() -> None:
+    resp = await _held_call({"timeoutMs": int(scaled(10_000))})
     assert resp.status_code == 503
     error = resp.json()["error"]
     assert error["code"] == "NO_AVAILABLE_HANDLER"
@@ -59,16 +65,7 @@ async def test_a_read_timeout_is_named_with_the_setting_that_allows_longer() -> 
 
 async def test_a_timeout_at_the_deadline_says_nothing_of_the_read_timeout() -> None:
     """When the request's own deadline ends the attempt, the read timeout was not the cause."""
-    hold = asyncio.Event()
-    agent = await FakeAgent("thinker", tasks=("think",), hold=hold).start()
-    try:
-        async with RouterServer(_policy()) as router, httpx.AsyncClient(timeout=30) as http:
-            await agent.register(router.url, vectors=False)
-            prefs = {"timeoutMs": int(scaled(300)), "readTimeoutMs": int(scaled(5_000))}
-            resp = await http.post(f"{router.url}/reach", json={"targetTask": "think", "preferences": prefs})
-            hold.set()
-    finally:
-        await agent.stop()
+    resp = await _held_call({"timeoutMs": int(scaled(300)), "readTimeoutMs": int(scaled(5_000))})
     assert resp.status_code == 504
     assert "read timeout" not in resp.text
 
