@@ -677,6 +677,10 @@ class MetricsPolicy(_Section):
     """Prometheus metrics (``GET /metrics``)."""
 
     enabled: bool = True
+    # The series a scrape renders, on the event loop: a task past max_tasks, and a request
+    # series past max_request_series, count under "_other" (observability/metrics.py).
+    max_tasks: Annotated[int, Field(ge=1, le=1_000_000)] = 500
+    max_request_series: Annotated[int, Field(ge=1, le=10_000_000)] = 5000
 
 
 class LoggingPolicy(_Section):

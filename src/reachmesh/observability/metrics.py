@@ -6,6 +6,14 @@ id (``_none`` when no agent was involved), ``status`` and the reasons are closed
 agent's series, and those of the tasks only it declared, are dropped when it leaves the registry
 (deregistered or swept); a request that ends after that counts under ``_none`` and
 ``_unknown``. So the series grow with the registry, never with the traffic.
+
+The registry alone is not bound enough: one agent token may hold 1000 agents of 64 tasks each,
+and a scrape is rendered on the event loop, about 13 µs a line: 64,000 tasks called once made a
+69 MB scrape that held the Router 15 s. So the ``task`` label takes at most
+``metrics.max_tasks`` values besides ``_unknown`` and ``_other``, and ``reach_requests_total``
+at most ``metrics.max_request_series`` label sets (and one ``_other`` one a status): past either, a
+request whose labels have no series yet counts under ``task="_other"`` (and, past the second,
+``agent="_other"``), until series are dropped and make room.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from reachmesh.config import MetricsPolicy
 from reachmesh.decision import DecisionRecord
 from reachmesh.observability.series import CounterSeries, HistogramSeries
 from reachmesh.protocol import AgentStatusValue
@@ -26,6 +35,7 @@ from reachmesh.registry.base import AgentEntry, Registry, RegistryEvent
 
 UNKNOWN_TASK = "_unknown"
 NO_AGENT = "_none"
+OTHER = "_other"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 # Scores by meaning are background-relative, about 0.05 to 0.2 (the bundled model's threshold is
@@ -218,6 +228,7 @@ class RouterMetrics:
         self._start_cells()
 
     def _start_cells(self) -> None:
+        self.policy = MetricsPolicy()  # the bounds of the series (see _bounded); apply() sets them
         # (matched task, agent, status) -> its _cell; emptied whenever the registry changes, and
         # whenever series are dropped, so a cell never holds labels or a row that are out of date.
         self._cells: dict[tuple[Any, ...], tuple[tuple[str, str, str], list[float], str, str]] = {}
@@ -300,9 +311,28 @@ class RouterMetrics:
             task = UNKNOWN_TASK
         status = record.status
         # The member's value without the enum's property (a Python-level call).
-        key = (task, named, "UNKNOWN" if status is None else status._value_)
+        task, key = self._bounded(task, named, "UNKNOWN" if status is None else status._value_)
         cell = cells[(record.matched_task, agent, status)] = (key, self.latency.row((task,)), task, named)
         return cell
+
+    def _bounded(self, task: str, agent: str, status: str) -> tuple[str, tuple[str, str, str]]:
+        """The task label and the requests key of a request, within ``metrics.max_tasks`` and
+        ``metrics.max_request_series`` (see the module's docstring). Per cell, not per request."""
+        policy, tasks = self.policy, self.latency.series
+        if task != UNKNOWN_TASK and (task,) not in tasks:
+            special = ((UNKNOWN_TASK,) in tasks) + ((OTHER,) in tasks)
+            if len(tasks) - special >= policy.max_tasks:
+                task = OTHER
+        key = (task, agent, status)
+        requests = self._requests
+        if key not in requests and len(requests) >= policy.max_request_series:
+            key = (OTHER, OTHER, status)  # at most one more series a status
+        return task, key
+
+    def apply(self, policy: MetricsPolicy) -> None:
+        """Take reloaded bounds: series already kept stay, new ones are judged by them."""
+        self.policy = policy
+        self._cells.clear()
 
     def _changed(self, _event: RegistryEvent, _entry: AgentEntry) -> None:
         """The registry changed: the cells' labels are worked out again as they are next used."""

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from reachmesh.clock import SYSTEM_CLOCK, Clock
-from reachmesh.config import RouterConfig
+from reachmesh.config import MetricsPolicy, RouterConfig
 from reachmesh.decision import ObserveAfterTurn, Observer
 from reachmesh.dispatch import durable
 from reachmesh.dispatch.agentsecret import AgentSecrets
@@ -207,7 +207,7 @@ class RouterParts:
             vectors=vectors,
             pipeline=pipeline,
             traces=_trace_store(config),
-            metrics=_metrics(registry, breakers, stats, shedder, vectors, capacity),
+            metrics=_metrics(registry, breakers, stats, shedder, vectors, capacity, config.metrics),
             trace_log=TraceLog(redact_fields=config.logging.redact),
             url_guard=url_guard,
             learner=RouteLearner(registry, config.routing.learning, clock=clock),
@@ -375,6 +375,7 @@ class RouterParts:
         self.dispatcher.apply(config, self.budget)
         self.pipeline.apply(config.routing)
         self.capacity.apply(config.limits)
+        self.metrics.apply(config.metrics)
         self.stats.apply(config.routing.merit.ewma_tau_seconds)
         self.learner.apply(config.routing.learning)
         if self.vectors is not None:
@@ -545,9 +546,10 @@ def _metrics(
     shedder: LoadShedder,
     vectors: CapabilityVectors | None,
     capacity: CapacityBoard,
+    policy: MetricsPolicy,
 ) -> RouterMetrics:
     """The metrics, reading the breakers and the stats book through plain readings."""
-    return RouterMetrics(
+    metrics = RouterMetrics(
         registry,
         LiveReadings(
             circuit=lambda agent_id: _CIRCUIT_VALUE[breakers.state(agent_id)],
@@ -557,3 +559,5 @@ def _metrics(
             embedding_up=lambda: None if vectors is None else vectors.up,
         ),
     )
+    metrics.apply(policy)
+    return metrics
