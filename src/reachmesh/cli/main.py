@@ -540,6 +540,9 @@ def _print_response(response: ReachResponse) -> None:
         # The one line a person reads first: what went wrong, and any "did you mean".
         line = f"{response.status}: {response.error.message}{declines(response.error.candidates)}"
         err.print(loggable(line, 4096), markup=False, highlight=False, soft_wrap=True)
+        if "the request gave no preferences.timeoutMs" in response.error.message:
+            # The Router's default budget cut it; the caller may not know it had one.
+            _say("hint: --timeout-ms N gives the whole call N ms (the Router's default budget without it)")
         if any(_read_timeout(c.message) for c in response.error.candidates or ()):
             # The Router names the envelope field; this is the option that sends it.
             err.print(
