@@ -198,6 +198,24 @@ def test_trace_unknown_id(router_url: str) -> None:
     assert "no trace 'never-seen'" in result.output
 
 
+def test_trace_asks_every_router_of_the_list(router_url: str) -> None:
+    """Each Router keeps the traces of the calls it served: `reach trace` given a list finds one
+    the second Router served, though the first answers (before: "no trace" from the first), and
+    when none has it, names every Router it asked and why a trace may be elsewhere."""
+    with BackgroundLoop() as bg:
+        other = bg.run(RouterServer().__aenter__())
+        bg.on_close(lambda: other.__aexit__(None, None, None))
+        runner.invoke(app, ["call", "nothing-here", "--router", other.url, "--trace-id", "served-by-b"])
+        both = f"{router_url},{other.url}"
+        found = runner.invoke(app, ["trace", "served-by-b", "--router", both], env={"COLUMNS": "160"})
+        assert found.exit_code == 0, found.output
+        assert "trace served-by-b" in found.output
+        missing = runner.invoke(app, ["trace", "never-seen", "--router", both], env={"COLUMNS": "200"})
+    assert missing.exit_code == 1
+    assert router_url in missing.output and other.url in missing.output
+    assert "keeps only the traces of the calls it served" in missing.output
+
+
 def test_calibrate_reports_k_fold_figures() -> None:
     """`reach calibrate` prints the k-fold held-out line (no wrong route on the labelled set) before
     the fitted proposal."""

@@ -25,12 +25,12 @@ from tests.helpers import scaled, until
 READ_MS = int(scaled(300))
 
 
-def _policy() -> RouterConfig:
+def _policy(**timeouts: int) -> RouterConfig:
     return RouterConfig.model_validate(
         {
             "embedding": {"backend": "none"},
             "health": {"enabled": False},
-            "timeouts": {"read_ms": READ_MS},
+            "timeouts": {"read_ms": READ_MS, **timeouts},
             "retries": {"max_per_request": 0},
         }
     )
@@ -85,9 +85,9 @@ async def test_the_sdk_asks_for_a_longer_read_timeout() -> None:
     assert agent.received[-1]["preferences"]["readTimeoutMs"] == int(scaled(8_000))
 
 
-def _router_with(agent: FakeAgent) -> Iterator[str]:
+def _router_with(agent: FakeAgent, policy: RouterConfig | None = None) -> Iterator[str]:
     with BackgroundLoop() as bg:
-        server = bg.run(RouterServer(_policy()).__aenter__())
+        server = bg.run(RouterServer(policy or _policy()).__aenter__())
         bg.on_close(lambda: server.__aexit__(None, None, None))
         bg.run(agent.start())
         bg.on_close(agent.stop)
@@ -133,6 +133,24 @@ def test_reach_call_names_its_own_option_for_a_longer_read_timeout() -> None:
         assert f"no answer head within {1000 + READ_MS} ms" in streamed.output
         assert f"did not answer within {1000 + READ_MS} ms (its connect and read timeouts)" in streamed.output
         assert f"read timeout of {READ_MS} ms" not in streamed.output
+
+
+def test_a_call_cut_by_the_default_budget_names_what_sets_it() -> None:
+    """A caller that gave no timeoutMs has the Router's default budget; its TIMEOUT said "the
+    overall budget of N ms ran out" as if the caller had chosen N. The message says it is the
+    default and the envelope field that sets it, and `reach call` names its own option."""
+    budget_ms = int(scaled(300))
+    agent = FakeAgent("thinker", tasks=("think",), delay_s=3 * budget_ms / 1000)
+    for url in _router_with(agent, _policy(read_ms=int(scaled(5_000)), overall_ms=budget_ms)):
+        cut = CliRunner().invoke(app, ["call", "think", "--router", url])
+        assert cut.exit_code == 1, cut.output
+        assert '"status": "TIMEOUT"' in cut.output
+        default = f"the overall budget of {budget_ms} ms (the Router's default: the request gave no "
+        assert default in cut.output
+        assert "hint: --timeout-ms N" in cut.output
+        chosen = CliRunner().invoke(app, ["call", "think", "--router", url, "--timeout-ms", str(budget_ms)])
+        assert chosen.exit_code == 1, chosen.output
+        assert "default" not in chosen.output and "hint:" not in chosen.output
 
 
 async def test_a_deadline_spent_mostly_in_the_queue_says_so() -> None:

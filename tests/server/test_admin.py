@@ -7,6 +7,8 @@ import re
 import httpx
 import pytest
 
+from reachmesh.testing import RouterServer
+
 PROFILE = {
     "id": "price-query-agent",
     "display_name": "价格查询Agent",
@@ -222,3 +224,17 @@ async def test_a_trace_filter_by_an_unknown_status_is_a_400_naming_it(
         rows = (await http.get("/admin/traces", params={"status": spelled})).json()
         assert len(rows) == 1 and rows[0]["status"] == "SUCCESS"
     assert (await http.get("/admin/traces", params={"status": "TIMEOUT"})).json() == []
+
+
+async def test_an_unknown_trace_at_a_worker_says_the_other_workers_keep_theirs(
+    router: RouterServer, http: httpx.AsyncClient
+) -> None:
+    """Under `reach router --workers N` each worker keeps only the traces of the calls it served,
+    and a new connection may reach any of them: its 404 says which worker answered, so a trace
+    the other worker holds does not read as lost."""
+    assert "worker" not in (await http.get("/admin/traces/elsewhere")).json()["error"]["message"]
+    router.app.parts.worker = 1
+    resp = await http.get("/admin/traces/elsewhere")
+    assert resp.status_code == 404
+    message = resp.json()["error"]["message"]
+    assert "worker 1" in message and "traces of the calls it served" in message

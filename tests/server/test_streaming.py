@@ -326,6 +326,29 @@ async def test_the_deadline_mid_stream_is_a_timeout(router_with, agents) -> None
     done = done_of(events)
     assert done["status"] == "TIMEOUT"
     assert chunks_of(events) == ["first"]
+    assert "default" not in done["error"]["message"]  # the caller chose this budget
+
+
+async def test_a_stream_cut_by_the_default_budget_says_that_timeoutMs_sets_it(router_with, agents) -> None:
+    """A caller that gave no timeoutMs has the Router's default budget (5 s unless the policy
+    says otherwise), short for a stream: the TIMEOUT said only "the overall budget of 5000 ms ran
+    out mid-stream", as if the caller had chosen it. It says where the figure came from."""
+    budget_ms = int(scaled(0.5) * 1000)
+    router = await router_with({"timeouts": {"overall_ms": budget_ms}})
+
+    async def script(conn: Conn) -> None:
+        await conn.sse_head()
+        await conn.chunk("first")
+        await conn.closed_by_router()
+
+    await agents("talker", script, router)
+    async with streamed(router, envelope()) as stream:
+        events = await stream.rest()
+    done = done_of(events)
+    assert done["status"] == "TIMEOUT"
+    message = done["error"]["message"]
+    assert f"the overall budget of {budget_ms} ms (the Router's default: " in message
+    assert "preferences.timeoutMs" in message
 
 
 async def test_a_malformed_event_after_the_first_chunk_ends_the_stream(router_with, agents) -> None:

@@ -23,9 +23,12 @@ from reachmesh.version import __version__
 if TYPE_CHECKING:
     import ssl
 
+    import httpx
+
     from reachmesh.config import RouterConfig
     from reachmesh.protocol import ReachResponse
     from reachmesh.sdk.client import SyncReachClient
+    from reachmesh.sdk.routers import RouterList
     from reachmesh.server import RouterApp
 
 __all__ = ["app", "main"]
@@ -537,6 +540,9 @@ def _print_response(response: ReachResponse) -> None:
         # The one line a person reads first: what went wrong, and any "did you mean".
         line = f"{response.status}: {response.error.message}{declines(response.error.candidates)}"
         err.print(loggable(line, 4096), markup=False, highlight=False, soft_wrap=True)
+        if "the request gave no preferences.timeoutMs" in response.error.message:
+            # The Router's default budget cut it; the caller may not know it had one.
+            _say("hint: --timeout-ms N gives the whole call N ms (the Router's default budget without it)")
         if any(_read_timeout(c.message) for c in response.error.candidates or ()):
             # The Router names the envelope field; this is the option that sends it.
             err.print(
@@ -575,14 +581,25 @@ def trace(
     from reachmesh.sdk.auth import auth_headers
     from reachmesh.sdk.routers import RouterList, request_any_sync
 
-    url = _router_list(router_url)
+    urls = RouterList(_router_list(router_url))
+    asked: list[str] = []
     try:
         with httpx.Client(timeout=5, headers=auth_headers(), verify=_router_verify()) as http:
-            url, resp = request_any_sync(http, RouterList(url), "GET", f"/admin/traces/{trace_id}")
+            url, resp = request_any_sync(http, urls, "GET", f"/admin/traces/{trace_id}")
+            # Each Router keeps the traces of the calls it served, so a 404 from one is no answer
+            # for the list: the call may have gone to another (the first was down, say).
+            while resp.status_code == 404 and url not in asked:
+                asked.append(url)
+                url, resp = _trace_elsewhere(http, urls, asked, trace_id) or (url, resp)
     except httpx.HTTPError as exc:
-        _fail(f"cannot reach {url}: {exc}", code=1)
+        _fail(f"cannot reach {urls.describe()}: {exc}", code=1)
     if resp.status_code == 404:
-        _fail(f"no trace {trace_id!r} at {url} (unknown, or evicted from the trace store)", code=1)
+        _fail(
+            f"no trace {trace_id!r} at {', '.join(asked)} (unknown, or evicted from the trace store; "
+            "each Router, and each worker of `reach router --workers N`, keeps only the traces of "
+            "the calls it served)",
+            code=1,
+        )
     if resp.status_code != 200:
         _fail(_refusal(resp, "/admin/traces"), code=1)
     try:
@@ -593,6 +610,22 @@ def trace(
         out.print_json(data=data)
         return
     out.print(render_trace(data))
+
+
+def _trace_elsewhere(
+    http: httpx.Client, urls: RouterList, asked: list[str], trace_id: str
+) -> tuple[str, httpx.Response] | None:
+    """The next Router of the list not asked yet that takes the connection, and its answer."""
+    import httpx
+
+    for url in urls.order():
+        if url in asked:
+            continue
+        try:
+            return url, http.get(f"{url}/admin/traces/{trace_id}")
+        except (httpx.ConnectError, httpx.ConnectTimeout):
+            urls.failed(url)
+    return None
 
 
 @app.command()

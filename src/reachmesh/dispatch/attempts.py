@@ -555,9 +555,7 @@ async def _take_slot(run: AttemptRun, choice: Choice) -> float | PoolTimeout:
         run.record.queue_wait_ms += (parts.clock.monotonic() - began) * 1000
         waited_ms = run.deadline.remaining_ms()
         run.record.note("slot wait", f"{agent_id}, gave up at the deadline ({waited_ms:.0f} ms left)")
-        raise DeadlineExceeded(
-            f"the overall budget of {run.timeout.overall_ms} ms ran out waiting for a slot at {agent_id}"
-        ) from exc
+        raise DeadlineExceeded(f"{budget(run)} ran out waiting for a slot at {agent_id}") from exc
     remaining = run.deadline.remaining_ms()
     if remaining <= MIN_ATTEMPT_MS:
         capacity.give(agent_id)
@@ -600,11 +598,20 @@ def _too_late(run: AttemptRun, agent_id: str, waited_s: float, usual_ms: float) 
     return TooLateToSend(f"not sent: {reason}")
 
 
+def budget(run: AttemptRun) -> str:
+    """ "the overall budget of N ms", saying where N came from when the caller gave none: a
+    caller who never chose 5000 ms (a stream, say, cut at 5 s) must learn what sets it."""
+    words = f"the overall budget of {run.timeout.overall_ms} ms"
+    if run.request.preferences.timeout_ms is None:
+        words += " (the Router's default: the request gave no preferences.timeoutMs)"
+    return words
+
+
 def ran_out(run: AttemptRun) -> str:
     """The TIMEOUT message of a request whose deadline passed, with the time it spent waiting
     for slots at full agents: a caller who gave 2500 ms and waited 2000 of them in the Router's
     queue should not read it as a slow agent."""
-    message = f"the overall budget of {run.timeout.overall_ms} ms ran out"
+    message = f"{budget(run)} ran out"
     waited_ms = run.record.queue_wait_ms
     if waited_ms >= 1:
         message += f", {waited_ms:.0f} ms of it waiting for a slot at a full agent"
@@ -726,8 +733,7 @@ def exhausted(run: AttemptRun) -> ContextUnavailable | DeadlineExceeded | NoAvai
         )
     if run.not_sent is not None:
         return DeadlineExceeded(
-            f"the overall budget of {run.timeout.overall_ms} ms would run out before an answer: "
-            f"{run.not_sent}, so the call was not sent"
+            f"{budget(run)} would run out before an answer: {run.not_sent}, so the call was not sent"
         )
     message = f"every candidate for {run.task!r} failed or was skipped"
     if record.rejected and all(c.get("reason") == CandidateReason.AT_CAPACITY for c in record.rejected):

@@ -454,9 +454,14 @@ class AdminApi:
         trace_id = request.path_params["trace_id"]
         trace = self.parts.traces.trace(trace_id)
         if trace is None:
-            return json_error(
-                404, "TRACE_NOT_FOUND", f"no trace {trace_id!r} (unknown, or evicted from the store)"
-            )
+            message = f"no trace {trace_id!r} (unknown, or evicted from the store)"
+            if self.parts.worker is not None:
+                # A new connection may reach another worker of the port, which may hold it.
+                message += (
+                    f"; this is worker {self.parts.worker} of `reach router --workers`, and each "
+                    "worker keeps only the traces of the calls it served: ask again"
+                )
+            return json_error(404, "TRACE_NOT_FOUND", message)
         return JsonResponse(trace)
 
     async def list_traces(self, request: Request) -> Response:
