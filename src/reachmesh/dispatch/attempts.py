@@ -177,7 +177,9 @@ class AttemptRun:
     declined_by: str | None = None  # the agent that declined the last attempt, if one did
     busy_retry_after_s: int | None = None  # the soonest Retry-After of a busy (429) agent
     read_timed_out: str | None = None  # an agent whose attempt its read timeout ended, not the deadline
-    not_sent: str | None = None  # why the last call not sent after a wait for a slot was not (TooLateToSend)
+    # Why the last call not sent after a wait for a slot was not (TooLateToSend), and how many
+    # attempts the request had made by then: one made after it ended the request, not the wait.
+    not_sent: tuple[str, int] | None = None
     _attempt_ms = 0.0  # the time the attempt under way may take
     _waited_ms = (0.0, 0.0)
     _probing: str | None = None  # the agent whose half-open probe this request holds
@@ -585,7 +587,7 @@ def _too_little_ms(stats: StatsBook, agent_id: str, usual_ms: float) -> float:
 def _too_late(run: AttemptRun, agent_id: str, waited_s: float, usual_ms: float) -> TooLateToSend:
     """A call that waited ``waited_s`` for a slot at ``agent_id`` and now has too little of its
     deadline left for the agent's usual answer time: not sent, charged to nobody (the caller
-    books it as a PoolTimeout: the next candidate, or TIMEOUT with this reason)."""
+    books it as a PoolTimeout: the next candidate; see :func:`_not_sent_ending` for the end)."""
     waited_ms = waited_s * 1000
     record = run.record
     record.queue_wait_ms += waited_ms
@@ -596,7 +598,7 @@ def _too_late(run: AttemptRun, agent_id: str, waited_s: float, usual_ms: float) 
     )
     record.note("not sent", reason)
     record.not_sent += (agent_id,)
-    run.not_sent = reason
+    run.not_sent = (reason, len(record.attempts))
     return TooLateToSend(f"not sent: {reason}")
 
 
@@ -724,12 +726,12 @@ def exhausted(run: AttemptRun) -> ContextUnavailable | DeadlineExceeded | NoAvai
         return NoAvailableHandler(
             f"every candidate for {run.request.target_task!r} declined it", list(record.rejected)
         )
-    if run.not_sent is not None:
-        return DeadlineExceeded(
-            f"the overall budget of {run.timeout.overall_ms} ms would run out before an answer: "
-            f"{run.not_sent}, so the call was not sent"
-        )
     message = f"every candidate for {run.task!r} failed or was skipped"
+    if run.not_sent is not None:
+        ending = _not_sent_ending(run, run.not_sent)
+        if isinstance(ending, DeadlineExceeded):
+            return ending
+        message += ending
     if record.rejected and all(c.get("reason") == CandidateReason.AT_CAPACITY for c in record.rejected):
         return Overloaded(
             f"every candidate for {run.task!r} is full, and so is its queue",
@@ -750,6 +752,26 @@ def exhausted(run: AttemptRun) -> ContextUnavailable | DeadlineExceeded | NoAvai
         message += f"; a busy agent asked to retry after {run.busy_retry_after_s} s"
         return AgentsBusy(message, list(record.rejected), retry_after_s=run.busy_retry_after_s)
     return NoAvailableHandler(message, list(record.rejected))
+
+
+def _not_sent_ending(run: AttemptRun, not_sent: tuple[str, int]) -> DeadlineExceeded | str:
+    """How a run with a call not sent (too late, after a wait for a slot) ends: TIMEOUT with why,
+    when no attempt came after it (time is what ended the request); else what the failover's
+    failure says (the caller of :func:`exhausted` goes on), with the not-sent reason beside it:
+    an agent that answered 500 after the failover is the end, not the first agent's queue."""
+    reason, attempts_before = not_sent
+    failed = run.last_failure
+    if len(run.record.attempts) == attempts_before:
+        message = (
+            f"the overall budget of {run.timeout.overall_ms} ms would run out before an answer: "
+            f"{reason}, so the call was not sent"
+        )
+        if failed is not None:  # a failure before the wait: the caller learns of it too
+            message += f" (after {failed[0]!r} failed: {failed[1]})"
+        return DeadlineExceeded(message)
+    if failed is None:  # a decline after it: in the candidates with its reason
+        return f"; the call was not sent: {reason}"
+    return f"; {failed[0]!r} failed ({failed[1]}) after the call was not sent: {reason}"
 
 
 def record_cut(
