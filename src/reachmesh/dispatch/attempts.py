@@ -557,9 +557,7 @@ async def _take_slot(run: AttemptRun, choice: Choice) -> float | PoolTimeout:
         run.record.queue_wait_ms += (parts.clock.monotonic() - began) * 1000
         waited_ms = run.deadline.remaining_ms()
         run.record.note("slot wait", f"{agent_id}, gave up at the deadline ({waited_ms:.0f} ms left)")
-        raise DeadlineExceeded(
-            f"the overall budget of {run.timeout.overall_ms} ms ran out waiting for a slot at {agent_id}"
-        ) from exc
+        raise DeadlineExceeded(overall_budget(run, f"ran out waiting for a slot at {agent_id}")) from exc
     remaining = run.deadline.remaining_ms()
     if remaining <= MIN_ATTEMPT_MS:
         capacity.give(agent_id)
@@ -602,11 +600,16 @@ def _too_late(run: AttemptRun, agent_id: str, waited_s: float, usual_ms: float) 
     return TooLateToSend(f"not sent: {reason}")
 
 
+def overall_budget(run: AttemptRun, ending: str) -> str:
+    """A TIMEOUT message: the request's overall budget, and ``ending``, what became of it."""
+    return f"the overall budget of {run.timeout.overall_ms} ms {ending}"
+
+
 def ran_out(run: AttemptRun) -> str:
     """The TIMEOUT message of a request whose deadline passed, with the time it spent waiting
     for slots at full agents: a caller who gave 2500 ms and waited 2000 of them in the Router's
     queue should not read it as a slow agent."""
-    message = f"the overall budget of {run.timeout.overall_ms} ms ran out"
+    message = overall_budget(run, "ran out")
     waited_ms = run.record.queue_wait_ms
     if waited_ms >= 1:
         message += f", {waited_ms:.0f} ms of it waiting for a slot at a full agent"
@@ -762,10 +765,7 @@ def _not_sent_ending(run: AttemptRun, not_sent: tuple[str, int]) -> DeadlineExce
     reason, attempts_before = not_sent
     failed = run.last_failure
     if len(run.record.attempts) == attempts_before:
-        message = (
-            f"the overall budget of {run.timeout.overall_ms} ms would run out before an answer: "
-            f"{reason}, so the call was not sent"
-        )
+        message = overall_budget(run, f"would run out before an answer: {reason}, so the call was not sent")
         if failed is not None:  # a failure before the wait: the caller learns of it too
             message += f" (after {failed[0]!r} failed: {failed[1]})"
         return DeadlineExceeded(message)
