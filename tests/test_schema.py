@@ -51,3 +51,25 @@ def test_local_refs_are_allowed() -> None:
     check_schema(
         {"type": "object", "$defs": {"id": {"type": "string"}}, "properties": {"a": {"$ref": "#/$defs/id"}}}
     )
+
+
+def test_a_light_install_is_told_how_to_add_the_router_extra_as_the_cli_tells_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Validating a payload without jsonschema-rs names the router extra with the same hint as
+    `reach router` on a light install (it once gave a shorter copy, without the wheel's way)."""
+    import typer
+
+    from reachmesh import schema
+    from reachmesh.cli import console
+
+    monkeypatch.setattr(schema, "_compiler", lambda: None)
+    with pytest.raises(ImportError) as refused:
+        PayloadValidator({"a": "string"})
+    monkeypatch.setattr(console, "_ROUTER_MODULES", ("reachmesh_no_such_module",))
+    with pytest.raises(typer.Exit):
+        console.need_router("reach router")
+    said = " ".join(capsys.readouterr().err.split())
+    assert "the wheel's path with [router]" in schema.ROUTER_EXTRA_HINT
+    assert schema.ROUTER_EXTRA_HINT in str(refused.value), refused.value
+    assert schema.ROUTER_EXTRA_HINT in said, said

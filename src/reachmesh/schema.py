@@ -24,6 +24,15 @@ from collections.abc import Iterator, Mapping
 from types import ModuleType
 from typing import Any, NamedTuple
 
+# How to add the `router` extra, for every message that needs it (here, and `reach router` on a
+# light install: cli/console.py). Not `pip install 'reachmesh[router]'`: that asks PyPI, where
+# reachmesh is not published (and where the name could be anyone's).
+ROUTER_EXTRA_HINT = (
+    "install it again with the router extra, from the clone or the wheel it came from: "
+    "pip install '/path/to/clone[router]' (or the wheel's path with [router] after it; "
+    "reachmesh is not on PyPI)"
+)
+
 
 @functools.cache
 def _compiler() -> ModuleType | None:
@@ -115,8 +124,7 @@ class PayloadValidator:
         compiler = _compiler()
         if compiler is None:
             raise ImportError(
-                "validating payloads needs jsonschema-rs, which the router extra brings: "
-                "pip install '/path/to/clone[router]' (reachmesh is not on PyPI)"
+                f"validating payloads needs jsonschema-rs, which this install leaves out: {ROUTER_EXTRA_HINT}"
             )
         self.schema = to_json_schema(schema)
         self._validator = compiler.validator_for(self.schema)

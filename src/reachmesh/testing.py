@@ -375,6 +375,21 @@ async def wait_vectors(
     raise TimeoutError(f"{url}: capability vectors still pending after {timeout_s:g} s")
 
 
+# How long BackgroundLoop.close waits for the tasks it cancelled: one that swallows its
+# cancellation must not hang the test's teardown.
+_CANCEL_WAIT_S = 5.0
+
+
+async def _cancel_pending() -> None:
+    """Cancel every task of the running loop but the caller's, and wait for them to end."""
+    current = asyncio.current_task()
+    pending = [task for task in asyncio.all_tasks() if task is not current and not task.done()]
+    for task in pending:
+        task.cancel()
+    if pending:
+        await asyncio.wait(pending, timeout=_CANCEL_WAIT_S)
+
+
 class BackgroundLoop:
     """An event loop on its own thread, for driving async servers from synchronous tests.
 
@@ -408,6 +423,11 @@ class BackgroundLoop:
     def close(self) -> None:
         for closer in reversed(self._closers):
             self.run(closer())
+        # What the closers left running (a slow agent's handler that aiohttp's shutdown timeout
+        # gave up on) is cancelled and awaited here: a loop closed with it pending destroys the
+        # task later, printing "Task was destroyed but it is pending" into the test's output.
+        self.run(_cancel_pending(), timeout=_CANCEL_WAIT_S + 5)
+        self.run(self.loop.shutdown_asyncgens())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(5)
         self.loop.close()

@@ -143,6 +143,30 @@ async def test_an_untyped_body_is_415_and_a_bodyless_delete_is_not() -> None:
         assert (await http.delete("/agents/a1", headers={"X-Reach-Lease": lease})).status_code == 204
 
 
+async def test_a_browser_pages_untyped_call_is_told_to_type_its_fetch_not_to_use_curl() -> None:
+    """A page whose origin is admitted (listed, or the Router's own) that forgets the type was
+    told to add curl's -H: its author writes fetch, so the 415 says what to send from there. A
+    program (no Origin) keeps the curl hint. On the lane, and on uvicorn's way (Expect)."""
+    page = "http://page.example"
+    async with (
+        RouterServer(config(allowed_origins=[page])) as router,
+        httpx.AsyncClient(base_url=router.url, timeout=10) as http,
+    ):
+        for origin in (page, router.url, None):
+            for ctype in ("text/plain", None):
+                for expect in ({}, {"Expect": "100-continue"}):
+                    headers = {"Origin": origin} if origin else {}
+                    headers |= {"Content-Type": ctype} if ctype else {}
+                    resp = await http.post("/reach", content=b'{"targetTask":"x"}', headers=headers | expect)
+                    assert resp.status_code == 415, (origin, ctype, resp.text)
+                    message = resp.json()["error"]["message"]
+                    if origin is None:
+                        assert "-H 'Content-Type: application/json'" in message, message
+                    else:
+                        assert "curl" not in message, message
+                        assert "from fetch" in message and "'Content-Type': 'application/json'" in message
+
+
 @pytest.mark.parametrize(
     ("authority", "name", "loopback"),
     [

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import socket
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
 import pytest
+import yaml
 
 from reachmesh.config import RouterConfig
 from reachmesh.server.cors import ALLOW_HEADERS, EXPOSE_HEADERS, MAX_AGE_SECONDS
@@ -294,3 +297,36 @@ async def test_with_auth_the_preflight_needs_no_token_and_a_401_carries_cors(
         served = await http.post("/reach", json={"targetTask": "x"}, headers=token)
         assert (served.status_code, served.json()["status"]) == (503, "NO_AVAILABLE_HANDLER")
         assert_cors(served)
+
+
+def test_a_reload_that_opens_the_router_to_every_page_warns_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`reach router` warns at start when allowed_origins is "*" with auth off; the same policy
+    reached by a reload said nothing. A reload into that state warns now, once per change into
+    it: not again while it lasts, again after it was left, and not with a token configured."""
+    from reachmesh.server.components import RouterParts
+    from reachmesh.testing import FakeTransport, ManualClock
+
+    for name in ("REACH_ADMIN_TOKEN", "REACH_AGENT_TOKEN", "REACH_CALLER_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    caplog.set_level(logging.WARNING, logger="reachmesh")
+    path = tmp_path / "router.yaml"
+    base: dict[str, Any] = {"embedding": {"backend": "none"}, "health": {"enabled": False}}
+    path.write_text(yaml.safe_dump(base))
+    clock = ManualClock()
+    parts = RouterParts.build(
+        RouterConfig.load(path), transport=FakeTransport(clock), clock=clock, config_path=path
+    )
+    token = {"role": "admin", "sha256": hashlib.sha256(b"t").hexdigest()}
+    warned = []
+    for origins, tokens in ((["*"], []), (["*"], []), ([PAGE], []), (["*"], []), (["*"], [token])):
+        caplog.clear()
+        path.write_text(
+            yaml.safe_dump({**base, "server": {"allowed_origins": origins}, "auth": {"tokens": tokens}})
+        )
+        assert parts.policy_file.reload(), parts.policy_file.last_error
+        warned.append(
+            any('admits every origin ("*") with auth off' in r.getMessage() for r in caplog.records)
+        )
+    assert warned == [True, False, False, True, False], warned

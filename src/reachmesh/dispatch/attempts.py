@@ -177,7 +177,9 @@ class AttemptRun:
     declined_by: str | None = None  # the agent that declined the last attempt, if one did
     busy_retry_after_s: int | None = None  # the soonest Retry-After of a busy (429) agent
     read_timed_out: str | None = None  # an agent whose attempt its read timeout ended, not the deadline
-    not_sent: str | None = None  # why the last call not sent after a wait for a slot was not (TooLateToSend)
+    # Why the last call not sent after a wait for a slot was not (TooLateToSend), and how many
+    # attempts the request had made by then: one made after it ended the request, not the wait.
+    not_sent: tuple[str, int] | None = None
     _attempt_ms = 0.0  # the time the attempt under way may take
     _waited_ms = (0.0, 0.0)
     _probing: str | None = None  # the agent whose half-open probe this request holds
@@ -555,7 +557,7 @@ async def _take_slot(run: AttemptRun, choice: Choice) -> float | PoolTimeout:
         run.record.queue_wait_ms += (parts.clock.monotonic() - began) * 1000
         waited_ms = run.deadline.remaining_ms()
         run.record.note("slot wait", f"{agent_id}, gave up at the deadline ({waited_ms:.0f} ms left)")
-        raise DeadlineExceeded(f"{budget(run)} ran out waiting for a slot at {agent_id}") from exc
+        raise DeadlineExceeded(overall_budget(run, f"ran out waiting for a slot at {agent_id}")) from exc
     remaining = run.deadline.remaining_ms()
     if remaining <= MIN_ATTEMPT_MS:
         capacity.give(agent_id)
@@ -583,7 +585,7 @@ def _too_little_ms(stats: StatsBook, agent_id: str, usual_ms: float) -> float:
 def _too_late(run: AttemptRun, agent_id: str, waited_s: float, usual_ms: float) -> TooLateToSend:
     """A call that waited ``waited_s`` for a slot at ``agent_id`` and now has too little of its
     deadline left for the agent's usual answer time: not sent, charged to nobody (the caller
-    books it as a PoolTimeout: the next candidate, or TIMEOUT with this reason)."""
+    books it as a PoolTimeout: the next candidate; see :func:`_not_sent_ending` for the end)."""
     waited_ms = waited_s * 1000
     record = run.record
     record.queue_wait_ms += waited_ms
@@ -594,24 +596,27 @@ def _too_late(run: AttemptRun, agent_id: str, waited_s: float, usual_ms: float) 
     )
     record.note("not sent", reason)
     record.not_sent += (agent_id,)
-    run.not_sent = reason
+    run.not_sent = (reason, len(record.attempts))
     return TooLateToSend(f"not sent: {reason}")
 
 
-def budget(run: AttemptRun) -> str:
-    """ "the overall budget of N ms", saying where N came from when the caller gave none: a
-    caller who never chose 5000 ms (a stream, say, cut at 5 s) must learn what sets it."""
-    words = f"the overall budget of {run.timeout.overall_ms} ms"
+def overall_budget(run: AttemptRun, ending: str) -> str:
+    """A TIMEOUT message: the request's overall budget, where it came from when the caller gave
+    none (a caller who never chose 5000 ms, a stream cut at 5 s say, must learn what sets it),
+    and ``ending``, what became of it."""
     if run.request.preferences.timeout_ms is None:
-        words += " (the Router's default: the request gave no preferences.timeoutMs)"
-    return words
+        return (
+            f"the overall budget of {run.timeout.overall_ms} ms (the Router's default: the request "
+            f"gave no preferences.timeoutMs) {ending}"
+        )
+    return f"the overall budget of {run.timeout.overall_ms} ms {ending}"
 
 
 def ran_out(run: AttemptRun) -> str:
     """The TIMEOUT message of a request whose deadline passed, with the time it spent waiting
     for slots at full agents: a caller who gave 2500 ms and waited 2000 of them in the Router's
     queue should not read it as a slow agent."""
-    message = f"{budget(run)} ran out"
+    message = overall_budget(run, "ran out")
     waited_ms = run.record.queue_wait_ms
     if waited_ms >= 1:
         message += f", {waited_ms:.0f} ms of it waiting for a slot at a full agent"
@@ -731,11 +736,12 @@ def exhausted(run: AttemptRun) -> ContextUnavailable | DeadlineExceeded | NoAvai
         return NoAvailableHandler(
             f"every candidate for {run.request.target_task!r} declined it", list(record.rejected)
         )
-    if run.not_sent is not None:
-        return DeadlineExceeded(
-            f"{budget(run)} would run out before an answer: {run.not_sent}, so the call was not sent"
-        )
     message = f"every candidate for {run.task!r} failed or was skipped"
+    if run.not_sent is not None:
+        ending = _not_sent_ending(run, run.not_sent)
+        if isinstance(ending, DeadlineExceeded):
+            return ending
+        message += ending
     if record.rejected and all(c.get("reason") == CandidateReason.AT_CAPACITY for c in record.rejected):
         return Overloaded(
             f"every candidate for {run.task!r} is full, and so is its queue",
@@ -756,6 +762,23 @@ def exhausted(run: AttemptRun) -> ContextUnavailable | DeadlineExceeded | NoAvai
         message += f"; a busy agent asked to retry after {run.busy_retry_after_s} s"
         return AgentsBusy(message, list(record.rejected), retry_after_s=run.busy_retry_after_s)
     return NoAvailableHandler(message, list(record.rejected))
+
+
+def _not_sent_ending(run: AttemptRun, not_sent: tuple[str, int]) -> DeadlineExceeded | str:
+    """How a run with a call not sent (too late, after a wait for a slot) ends: TIMEOUT with why,
+    when no attempt came after it (time is what ended the request); else what the failover's
+    failure says (the caller of :func:`exhausted` goes on), with the not-sent reason beside it:
+    an agent that answered 500 after the failover is the end, not the first agent's queue."""
+    reason, attempts_before = not_sent
+    failed = run.last_failure
+    if len(run.record.attempts) == attempts_before:
+        message = overall_budget(run, f"would run out before an answer: {reason}, so the call was not sent")
+        if failed is not None:  # a failure before the wait: the caller learns of it too
+            message += f" (after {failed[0]!r} failed: {failed[1]})"
+        return DeadlineExceeded(message)
+    if failed is None:  # a decline after it: in the candidates with its reason
+        return f"; the call was not sent: {reason}"
+    return f"; {failed[0]!r} failed ({failed[1]}) after the call was not sent: {reason}"
 
 
 def record_cut(

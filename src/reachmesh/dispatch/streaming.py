@@ -21,7 +21,7 @@ from reachmesh import jsoncodec
 from reachmesh.clock import Clock
 from reachmesh.config import StreamingPolicy
 from reachmesh.decision import MAX_CHUNK_MARKS, DecisionRecord, StreamRecord
-from reachmesh.dispatch.attempts import CALLER_GONE, AttemptRun, attempt_verdict, budget, cut_reason
+from reachmesh.dispatch.attempts import CALLER_GONE, AttemptRun, attempt_verdict, cut_reason, overall_budget
 from reachmesh.exceptions import (
     AgentDeadline,
     AgentRejected,
@@ -142,7 +142,7 @@ async def relay(
         return (final.result if final.has_result else None), None
     except TimeoutError:
         stats.ended = "timeout"  # the caller's budget, spent writing to a caller that is behind
-        late = DeadlineExceeded(f"{budget(run)} ran out mid-stream")
+        late = DeadlineExceeded(overall_budget(run, "ran out mid-stream"))
         record.note("stream ended", f"{opened.agent_id} after {stats.chunks} chunks: {late.message}")
         return None, late
     except AttemptError as exc:
@@ -200,7 +200,7 @@ def _ending(exc: AttemptError, agent_id: str, run: StreamingRun) -> ReachError:
         # whatever the request's own clock (read a moment apart from the loop's) says is left.
         type(exc) is AttemptTimeout and asyncio.get_running_loop().time() >= run.stream_deadline
     ):
-        return DeadlineExceeded(f"{budget(run)} ran out mid-stream")
+        return DeadlineExceeded(overall_budget(run, "ran out mid-stream"))
     if isinstance(exc, AgentDeadline):
         return DeadlineExceeded(f"agent {agent_id} ended its stream at the deadline: {exc.message}")
     if isinstance(exc, AgentRejected):

@@ -62,22 +62,26 @@ def check_json_content_type(headers: dict[bytes, bytes]) -> None:
 
     A missing Content-Type is refused too: a page on another site can send a body without a
     CORS preflight only untyped, as form data or as text, and with auth off that body would
-    drive the Router. ``curl -d`` without ``-H`` sends form encoding: the refusal says what to add.
+    drive the Router. ``curl -d`` without ``-H`` sends form encoding: the refusal says what to add,
+    and to a browser page (an ``Origin``, which the gate admitted before this) what to send from
+    ``fetch`` instead, since curl is not what its author wrote.
     """
     ctype = headers.get(b"content-type")
     if ctype == b"application/json":
         return  # as almost every caller writes it: no split, strip or lower
+    hint = _FETCH_HINT if b"origin" in headers else _CURL_HINT
     if ctype is None:
-        raise UnsupportedMediaType(
-            "Content-Type: application/json is required (with curl, add -H 'Content-Type: application/json')"
-        )
+        raise UnsupportedMediaType(f"Content-Type: application/json is required ({hint})")
     media = ctype.split(b";", 1)[0].strip().lower()
     if media == b"application/json" or (media.startswith(b"application/") and media.endswith(b"+json")):
         return
     raise UnsupportedMediaType(
-        f"Content-Type must be application/json, got {media.decode('latin-1')[:64]!r} "
-        "(with curl, add -H 'Content-Type: application/json')"
+        f"Content-Type must be application/json, got {media.decode('latin-1')[:64]!r} ({hint})"
     )
+
+
+_CURL_HINT = "with curl, add -H 'Content-Type: application/json'"
+_FETCH_HINT = "from fetch, send headers: {'Content-Type': 'application/json'} with a JSON.stringify body"
 
 
 def _check_declared_size(headers: dict[bytes, bytes], limit: int) -> None:

@@ -50,6 +50,7 @@ from reachmesh.routing.stats import StatsBook
 from reachmesh.semantic.embedders.factory import build_embedder
 from reachmesh.semantic.vectors import CapabilityVectors
 from reachmesh.server.auth import Guard, OpenGuard, TokenGuard
+from reachmesh.server.origin import OPEN_TO_EVERY_PAGE, open_to_every_page
 from reachmesh.server.reload import PolicyFile
 from reachmesh.transport.base import Transport
 from reachmesh.transport.http import HttpTransport, head_limits
@@ -368,8 +369,12 @@ class RouterParts:
         AgentSecrets.from_policy(config.outbound)  # an unset secret variable: refused before any change
         guard = _guard_for(config) if self.own_guard else self.guard
         _warn_restart_only_changes(self.config, config)
+        was_open = open_to_every_page(self.config.server, self.auth_on)
         self.config = config
         self.guard = guard
+        if not was_open and open_to_every_page(config.server, self.auth_on):
+            # As `reach router` says at start; once per change into it, not on every reload.
+            router_log.warning("%s", OPEN_TO_EVERY_PAGE)
         self.url_guard.apply(config.outbound)
         self.budget.apply(config.retry_budget)
         self.dispatcher.apply(config, self.budget)

@@ -27,6 +27,21 @@ from reachmesh.protocol import Status
 from reachmesh.server.auth import Denial
 
 _DEFAULT_PORTS = {"http": "80", "https": "443"}
+
+# Said by `reach router` at start, and by a reload into the state, when every page may drive a
+# Router with auth off. Loopback is no shelter here: the browser on this host makes the requests.
+OPEN_TO_EVERY_PAGE = (
+    'server.allowed_origins admits every origin ("*") with auth off: any web page a browser on '
+    "this host opens can register, call and administer the Router, and read its answers. List the "
+    "pages' origins instead, or set REACH_ADMIN_TOKEN (and agent and caller tokens)."
+)
+
+
+def open_to_every_page(policy: ServerPolicy, auth_on: bool) -> bool:
+    """Whether ``policy`` admits every page's origin while no credentials are asked for."""
+    return not auth_on and "*" in policy.allowed_origins
+
+
 # How much of a refused header the refusal quotes.
 _QUOTE = 80
 
