@@ -132,7 +132,7 @@ async def test_a_stranger_cannot_hold_the_agents_port_with_silent_or_slow_connec
             slow = await asyncio.open_connection("127.0.0.1", agent.port)
             slow[1].write(
                 b"POST /reach HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                b"Content-Length: 100\r\n\r\n{\"targetTask\""
+                b'Content-Length: 100\r\n\r\n{"targetTask"'
             )
             bound = scaled(10)
             assert await asyncio.wait_for(silent[0].read(), bound) == b""

@@ -447,11 +447,11 @@ class TraceStore:
             for i in kids:
                 rendered[i]["parentHop"] = parent
         nodes = [
-            {"hop": i, "task": h["task"], "handler": h["handlerAgentId"], "status": h["status"], "children": []}
+            {"hop": i, "task": h["task"], "handler": h["handlerAgentId"], "status": h["status"]}
             for i, h in enumerate(rendered)
         ]
-        for parent, kids in children.items():
-            nodes[parent]["children"] = [nodes[i] for i in kids]
+        for i, node in enumerate(nodes):
+            node["children"] = [nodes[kid] for kid in children.get(i, [])]
         return {"traceId": trace_id, "hops": rendered, "tree": [nodes[r] for r in roots]}
 
     def recent(

@@ -502,17 +502,9 @@ class ReachAgent:
         refused = self._caller_refused(request)
         if refused is not None:
             return refused
-        try:
-            raw = await asyncio.wait_for(request.read(), BODY_TIMEOUT_S)
-        except TimeoutError:
-            message = f"the request's body did not arrive within {BODY_TIMEOUT_S:g} s"
-            return _answer_error("BODY_TIMEOUT", message, retryable=False, status=408)
-        try:
-            data = jsoncodec.loads(raw)
-        except jsoncodec.JSONDecodeError:
-            return _answer_error("INVALID_REQUEST", "body is not JSON", retryable=False, status=400)
-        if not isinstance(data, dict) or not isinstance(data.get("targetTask"), str):
-            return _answer_error("INVALID_REQUEST", "body is not a ReachRequest", retryable=False, status=400)
+        data = await _read_request(request)
+        if isinstance(data, web.Response):
+            return data
         task = data["targetTask"]
         trace_id = str(data.get("traceId") or request.headers.get("X-Reach-Trace-Id") or new_trace_id())
         bound = self._handlers.get(task)
@@ -659,6 +651,22 @@ async def _run_handler(
         message = "the handler's result is not JSON-serialisable"
         return _answer_error("HANDLER_FAILED", message, retryable=False), "handler_failed"
     return web.Response(body=body, content_type="application/json"), "success"
+
+
+async def _read_request(request: web.Request) -> dict[str, Any] | web.Response:
+    """The ReachRequest of a call, or the answer refusing it (a body too slow, not JSON, not one)."""
+    try:
+        raw = await asyncio.wait_for(request.read(), BODY_TIMEOUT_S)
+    except TimeoutError:
+        message = f"the request's body did not arrive within {BODY_TIMEOUT_S:g} s"
+        return _answer_error("BODY_TIMEOUT", message, retryable=False, status=408)
+    try:
+        data = jsoncodec.loads(raw)
+    except jsoncodec.JSONDecodeError:
+        return _answer_error("INVALID_REQUEST", "body is not JSON", retryable=False, status=400)
+    if not isinstance(data, dict) or not isinstance(data.get("targetTask"), str):
+        return _answer_error("INVALID_REQUEST", "body is not a ReachRequest", retryable=False, status=400)
+    return data
 
 
 def _answer_error(code: str, message: str, *, retryable: bool, status: int = 200) -> web.Response:
