@@ -100,3 +100,25 @@ async def test_big_answers_through_the_export_stay_within_the_policy() -> None:
             assert f"reach_a2a_task_bytes {float(export[0].tasks.bytes_held)}" in metrics
         finally:
             await agent.stop()
+
+
+async def test_one_owner_filling_the_store_drops_its_own_tasks_first() -> None:
+    """Past a2a.max_tasks (or max_store_bytes) the oldest task of the owner holding the most goes:
+    a stranger's thousand SendMessage calls once dropped every other caller's task, each call
+    leaving one (a refused skill too), so their GetTask answered task-not-found."""
+    store = BoundedTaskStore(10, max_bytes=200 * KIB, max_task_bytes=100 * KIB)
+    alice, mallory = owner_context("alice"), owner_context("mallory")
+    kept = task(1 * KIB)
+    await store.save(kept, alice)
+    flood = []
+    for _ in range(50):
+        t = task(1 * KIB)
+        await store.save(t, mallory)
+        flood.append(t.id)
+    assert await store.get(kept.id, alice) is not None
+    assert await store.get(flood[-1], mallory) is not None
+    assert await store.get(flood[0], mallory) is None
+    for _ in range(10):  # by bytes too
+        await store.save(task(60 * KIB), mallory)
+        assert store.bytes_held <= 200 * KIB
+    assert await store.get(kept.id, alice) is not None

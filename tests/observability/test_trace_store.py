@@ -5,11 +5,13 @@ from __future__ import annotations
 import sys
 import tracemalloc
 from decimal import Decimal
+from typing import Any
 
 import numpy as np
+import orjson
 
 from reachmesh.decision import AttemptRecord, DecisionRecord
-from reachmesh.observability.traces import TraceStore
+from reachmesh.observability.traces import MAX_TREE_DEPTH, TraceStore
 from reachmesh.protocol import Status
 
 
@@ -106,3 +108,46 @@ def test_a_store_of_no_hops_builds_none() -> None:
     store = TraceStore(size=0)
     store(_record("t1", 1.0))
     assert len(store) == 0 and store.bytes_held == 0 and store.trace("t1") is None
+
+
+def _depth(nodes: list[dict[str, Any]]) -> int:
+    deepest, level = 0, nodes
+    while level:
+        deepest += 1
+        level = [child for node in level for child in node["children"]]
+    return deepest
+
+
+def _hop_ids(nodes: list[dict[str, Any]]) -> list[int]:
+    found, level = [], nodes
+    while level:
+        found += [node["hop"] for node in level]
+        level = [child for node in level for child in node["children"]]
+    return sorted(found)
+
+
+def test_a_chain_of_hundreds_of_nested_hops_still_answers() -> None:
+    """A caller that names the last attempt's span as the parent of each next call chains hops
+    without end under one traceId: the tree stops nesting at MAX_TREE_DEPTH, every hop is in it
+    once, and the trace still encodes (it passed orjson's recursion limit: a bare 500)."""
+    store = TraceStore()
+    for i in range(300):
+        store(_record("deep", float(i + 1), parent=f"{i:016x}" if i else None, span=f"{i + 1:016x}"))
+    trace = store.trace("deep")
+    assert trace is not None
+    assert _depth(trace["tree"]) == MAX_TREE_DEPTH
+    assert _hop_ids(trace["tree"]) == list(range(300))
+    assert orjson.loads(orjson.dumps(trace))["hops"][299]["parentSpanId"] == f"{299:016x}"
+    cut = trace["hops"][MAX_TREE_DEPTH]
+    assert "parentHop" not in cut and cut["parentSpanId"] == f"{MAX_TREE_DEPTH:016x}"
+    assert trace["hops"][MAX_TREE_DEPTH + 1]["parentHop"] == MAX_TREE_DEPTH
+
+
+def test_hops_that_name_each_other_as_parents_are_each_shown_once() -> None:
+    store = TraceStore()
+    store(_record("loop", 1.0, parent="000000000000000b", span="000000000000000a"))
+    store(_record("loop", 2.0, parent="000000000000000a", span="000000000000000b"))
+    trace = store.trace("loop")
+    assert trace is not None
+    assert _hop_ids(trace["tree"]) == [0, 1]
+    assert len(trace["tree"]) == 1

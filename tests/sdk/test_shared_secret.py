@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import pytest
 
@@ -9,7 +11,9 @@ from reachmesh import AgentConfig, ReachAgent
 from reachmesh.config import RouterConfig
 from reachmesh.dispatch.agentsecret import AgentSecrets
 from reachmesh.exceptions import ConfigError
+from reachmesh.sdk import agent as agent_module
 from reachmesh.testing import RouterServer, free_port
+from tests.helpers import scaled
 
 SECRET = "agent-shared-secret-0123456789"
 
@@ -107,3 +111,36 @@ def test_a_named_secret_variable_that_is_unset_is_a_config_error() -> None:
         config("http://127.0.0.1:7200", "a", shared_secret_env="NOT_SET_ANYWHERE")
     with pytest.raises(ConfigError, match=r"outbound\.agent_secret_env"):
         AgentSecrets.from_policy(router_policy(agent_secret_env="NOT_SET_ANYWHERE").outbound, {})
+
+
+async def test_a_stranger_cannot_hold_the_agents_port_with_silent_or_slow_connections(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A connection that sends no whole request is closed after IDLE_CONNECTION_S (aiohttp's
+    default held it an hour, secret or not), and a body trickled after its headers is answered
+    408 after BODY_TIMEOUT_S (the handler waited for it without end)."""
+    monkeypatch.setattr(agent_module, "IDLE_CONNECTION_S", scaled(0.5))
+    monkeypatch.setattr(agent_module, "BODY_TIMEOUT_S", scaled(0.5))
+    async with RouterServer(router_policy()) as router:
+        agent = ReachAgent(config(router.url, "held-open"))
+        agent.capability("echo")(lambda payload: payload)
+        await agent.start()
+        try:
+            silent = await asyncio.open_connection("127.0.0.1", agent.port)
+            partial = await asyncio.open_connection("127.0.0.1", agent.port)
+            partial[1].write(b"POST /reach HTTP/1.1\r\nHost: x\r\n")
+            slow = await asyncio.open_connection("127.0.0.1", agent.port)
+            slow[1].write(
+                b"POST /reach HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b'Content-Length: 100\r\n\r\n{"targetTask"'
+            )
+            bound = scaled(10)
+            assert await asyncio.wait_for(silent[0].read(), bound) == b""
+            assert await asyncio.wait_for(partial[0].read(), bound) == b""
+            answer = await asyncio.wait_for(slow[0].read(4096), bound)
+            assert answer.startswith(b"HTTP/1.1 408")
+            assert b'"code":"BODY_TIMEOUT"' in answer
+            for _, writer in (silent, partial, slow):
+                writer.close()
+        finally:
+            await agent.stop()

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Awaitable, Callable
 
 import httpx
 import pytest
 
-from reachmesh.testing import RouterServer
+from reachmesh.testing import FakeAgent, RouterServer
 
 PROFILE = {
     "id": "price-query-agent",
@@ -238,3 +239,23 @@ async def test_an_unknown_trace_at_a_worker_says_the_other_workers_keep_theirs(
     assert resp.status_code == 404
     message = resp.json()["error"]["message"]
     assert "worker 1" in message and "traces of the calls it served" in message
+
+
+async def test_a_trace_chained_without_end_by_its_caller_still_answers(
+    http: httpx.AsyncClient, make_agent: Callable[..., Awaitable[FakeAgent]]
+) -> None:
+    """A caller that names the span its agent was sent as the parent of its next call nests one
+    traceId's hops as deep as it likes (X-Reach-Hops does not see it): 130 such calls once made
+    GET /admin/traces/{traceId} a bare 500, orjson's recursion limit passed."""
+    agent = await make_agent("chained")
+    parent: str | None = None
+    for _ in range(130):
+        headers = {"traceparent": parent} if parent else {}
+        body = {"targetTask": "echo", "payload": {}, "traceId": "chained-trace"}
+        assert (await http.post("/reach", json=body, headers=headers)).status_code == 200
+        parent = agent.headers[-1]["traceparent"]
+    resp = await http.get("/admin/traces/chained-trace")
+    assert resp.status_code == 200
+    trace = resp.json()
+    assert len(trace["hops"]) == 130
+    assert sum(1 for hop in trace["hops"] if "parentHop" not in hop) == 5  # 130 hops, 32 to a level

@@ -46,6 +46,7 @@ from reachmesh.server.asgi import (
 from reachmesh.server.auth import Action, principal_of
 from reachmesh.server.catalog import catalog
 from reachmesh.server.h1 import CALL_TASK
+from reachmesh.tally import Tally
 from reachmesh.transport.a2a import result_of, whole_numbers
 from reachmesh.version import __version__
 
@@ -477,9 +478,13 @@ def owner_context(key: str) -> ServerCallContext:
 
 
 class BoundedTaskStore(InMemoryTaskStore):
-    """An in-memory task store, kept per owner, that forgets the oldest tasks past ``limit`` or
-    past ``max_bytes``: a Router runs for months, every A2A call leaves a task behind, and a task
-    holds what an agent answered (30 answers of 4 MB once grew the Router by 165 MiB)."""
+    """An in-memory task store, kept per owner, that forgets tasks past ``limit`` or past
+    ``max_bytes``: a Router runs for months, every A2A call leaves a task behind, and a task
+    holds what an agent answered (30 answers of 4 MB once grew the Router by 165 MiB).
+
+    What goes is the oldest task of the owner holding the most (tasks past ``limit``, bytes past
+    ``max_bytes``), as the async result store does: oldest of all once let one caller's thousand
+    calls drop every other caller's tasks."""
 
     def __init__(
         self,
@@ -489,7 +494,11 @@ class BoundedTaskStore(InMemoryTaskStore):
         max_task_bytes: int = 1024 * 1024,
     ) -> None:
         super().__init__()
-        self._sizes: dict[tuple[str, str], int] = {}  # insertion order is age
+        # Each owner's tasks and their sizes, oldest first; and who holds how many, and how much.
+        self._owned: dict[str, dict[str, int]] = {}
+        self._owner_bytes: dict[str, int] = {}
+        self._counts = Tally()
+        self._held = 0
         self._limit = limit
         self.max_bytes = max_bytes
         self.max_task_bytes = max_task_bytes
@@ -513,18 +522,39 @@ class BoundedTaskStore(InMemoryTaskStore):
         return slim
 
     async def save(self, task: Task, context: ServerCallContext) -> None:
-        key = (context.user.user_name, task.id)
+        owner = context.user.user_name
         size = task.ByteSize()
         if size > self.max_task_bytes:
             task = self._slim(task, size)
             size = task.ByteSize()
-        self.bytes_held += size - self._sizes.pop(key, 0)
-        self._sizes[key] = size
+        owned = self._owned.setdefault(owner, {})
+        before = owned.pop(task.id, None)
+        if before is None:
+            self._counts.moved(owner, len(owned), len(owned) + 1)
+            self._held += 1
+        owned[task.id] = size  # saved again: newest again, as before
+        grown = size - (before or 0)
+        self.bytes_held += grown
+        self._owner_bytes[owner] = self._owner_bytes.get(owner, 0) + grown
         await super().save(task, context)
-        while len(self._sizes) > 1 and (len(self._sizes) > self._limit or self.bytes_held > self.max_bytes):
-            owner, task_id = oldest = next(iter(self._sizes))
-            self.bytes_held -= self._sizes.pop(oldest)
-            await self.delete(task_id, owner_context(owner))
+        while self._held > 1 and (self._held > self._limit or self.bytes_held > self.max_bytes):
+            if self._held > self._limit:
+                most = self._counts.first_of_most()
+            else:  # rare, and at most a2a.max_tasks owners to look at
+                most = max(self._owner_bytes, key=self._owner_bytes.__getitem__)
+            await self._drop_oldest(most)
+
+    async def _drop_oldest(self, owner: str) -> None:
+        owned = self._owned[owner]
+        task_id = next(iter(owned))
+        gone = owned.pop(task_id)
+        self._counts.moved(owner, len(owned) + 1, len(owned))
+        self._held -= 1
+        self.bytes_held -= gone
+        self._owner_bytes[owner] -= gone
+        if not owned:
+            del self._owned[owner], self._owner_bytes[owner]
+        await self.delete(task_id, owner_context(owner))
 
 
 class A2AExport:

@@ -259,6 +259,53 @@ def _slim(frozen: tuple[Any, ...], size: int, limit: int) -> bytes:
     return fitted(orjson.dumps(tuple(fields), default=str, option=orjson.OPT_SERIALIZE_NUMPY))
 
 
+# Levels of nesting a trace's tree shows. A caller who learns an attempt's span (an agent is sent
+# it in ``traceparent``) can name it as the parent of its next call, whatever X-Reach-Hops says,
+# and so chain thousands of hops under one traceId: nested that deep, the answer passed orjson's
+# recursion limit and ``GET /admin/traces/{traceId}`` failed with a bare 500. Calls through
+# Routers nest at most MAX_HOPS (8) deep, so real traces are far inside this.
+MAX_TREE_DEPTH = 32
+
+
+def _forest(stored: Sequence[_Hop]) -> tuple[list[int], dict[int, list[int]]]:
+    """The roots and each hop's children: a hop is the child of the hop whose attempt its
+    ``traceparent`` names; one that would sit deeper than ``MAX_TREE_DEPTH`` (or in a loop of
+    parents) is a root, its ``parentSpanId`` still saying whose it is."""
+    owner: dict[str, int] = {}  # attempt span id -> hop index
+    for i, hop in enumerate(stored):
+        for span_id in hop.span_ids:
+            owner[span_id] = i
+    parent_of: dict[int, int] = {}
+    below: dict[int, list[int]] = {}
+    for i, hop in enumerate(stored):
+        parent = owner.get(hop.parent_span_id or "")
+        if parent is not None and parent != i:
+            parent_of[i] = parent
+            below.setdefault(parent, []).append(i)
+    roots = [i for i in range(len(stored)) if i not in parent_of]
+    children: dict[int, list[int]] = {}
+    placed: set[int] = set()
+    queue = [(r, 0) for r in roots]
+    while queue or len(placed) < len(stored):
+        if not queue:  # only hops in a loop of parents are left: the first of them is a root
+            loose = next(i for i in range(len(stored)) if i not in placed)
+            roots.append(loose)
+            queue.append((loose, 0))
+        i, depth = queue.pop()
+        placed.add(i)
+        for kid in below.get(i, []):
+            if kid in placed:  # a loop of parents, entered at another of its hops
+                continue
+            if depth + 1 >= MAX_TREE_DEPTH:
+                roots.append(kid)
+                queue.append((kid, 0))
+            else:
+                children.setdefault(i, []).append(kid)
+                queue.append((kid, depth + 1))
+    roots.sort()
+    return roots, children
+
+
 class TraceStore:
     """Keeps the last ``size`` hops, in at most ``max_bytes``; memory is fixed whatever the traffic."""
 
@@ -395,31 +442,17 @@ class TraceStore:
             body = hop.to_dict()
             body["hop"] = i
             rendered.append(body)
-        owner: dict[str, int] = {}  # attempt span id -> hop index
-        for i, hop in enumerate(stored):
-            for span_id in hop.span_ids:
-                owner[span_id] = i
-        children: dict[int, list[int]] = {}
-        roots: list[int] = []
-        for i, hop in enumerate(stored):
-            parent = owner.get(hop.parent_span_id or "")
-            if parent is None or parent == i:
-                roots.append(i)
-            else:
-                children.setdefault(parent, []).append(i)
+        roots, children = _forest(stored)
+        for parent, kids in children.items():
+            for i in kids:
                 rendered[i]["parentHop"] = parent
-
-        def node(i: int) -> dict[str, Any]:
-            hop = rendered[i]
-            return {
-                "hop": i,
-                "task": hop["task"],
-                "handler": hop["handlerAgentId"],
-                "status": hop["status"],
-                "children": [node(c) for c in children.get(i, [])],
-            }
-
-        return {"traceId": trace_id, "hops": rendered, "tree": [node(r) for r in roots]}
+        nodes = [
+            {"hop": i, "task": h["task"], "handler": h["handlerAgentId"], "status": h["status"]}
+            for i, h in enumerate(rendered)
+        ]
+        for i, node in enumerate(nodes):
+            node["children"] = [nodes[kid] for kid in children.get(i, [])]
+        return {"traceId": trace_id, "hops": rendered, "tree": [nodes[r] for r in roots]}
 
     def recent(
         self, *, task: str | None = None, status: str | None = None, limit: int = 50

@@ -62,6 +62,14 @@ Handler = Callable[..., Any]
 # Stopping within 2 s of a signal: handlers in flight get HANDLER_DRAIN_TIMEOUT_S, the Router gets
 # DEREGISTER_BUDGET_S to take the lease back (each one only when it is the slow part).
 HANDLER_DRAIN_TIMEOUT_S = 0.5
+# A connection that has not sent a whole request within this is closed. aiohttp's default is
+# an hour: anyone who reaches the port, with or without the shared secret, held a connection
+# (and a file descriptor) that long with a few header bytes or none. Well over the 4 s the
+# Router keeps an idle connection to an agent, and aiohttp clients' 15 s (probes, holds).
+IDLE_CONNECTION_S = 30.0
+# A callback's body must arrive within this once its headers have: the Router sends it at once,
+# and a sender trickling it held the handler without end.
+BODY_TIMEOUT_S = 30.0
 DEREGISTER_BUDGET_S = 0.8
 ConversationHook = Callable[[str], Any]
 
@@ -336,7 +344,11 @@ class ReachAgent:
         # A stopping agent gives handlers in flight a moment, not aiohttp's default minute: it must
         # be gone within 2 s of SIGTERM or Ctrl-C.
         self._runner = web.AppRunner(
-            app, access_log=None, handle_signals=False, shutdown_timeout=HANDLER_DRAIN_TIMEOUT_S
+            app,
+            access_log=None,
+            handle_signals=False,
+            shutdown_timeout=HANDLER_DRAIN_TIMEOUT_S,
+            keepalive_timeout=IDLE_CONNECTION_S,
         )
         await self._runner.setup()
         tls = None
@@ -490,13 +502,9 @@ class ReachAgent:
         refused = self._caller_refused(request)
         if refused is not None:
             return refused
-        raw = await request.read()
-        try:
-            data = jsoncodec.loads(raw)
-        except jsoncodec.JSONDecodeError:
-            return _answer_error("INVALID_REQUEST", "body is not JSON", retryable=False, status=400)
-        if not isinstance(data, dict) or not isinstance(data.get("targetTask"), str):
-            return _answer_error("INVALID_REQUEST", "body is not a ReachRequest", retryable=False, status=400)
+        data = await _read_request(request)
+        if isinstance(data, web.Response):
+            return data
         task = data["targetTask"]
         trace_id = str(data.get("traceId") or request.headers.get("X-Reach-Trace-Id") or new_trace_id())
         bound = self._handlers.get(task)
@@ -643,6 +651,22 @@ async def _run_handler(
         message = "the handler's result is not JSON-serialisable"
         return _answer_error("HANDLER_FAILED", message, retryable=False), "handler_failed"
     return web.Response(body=body, content_type="application/json"), "success"
+
+
+async def _read_request(request: web.Request) -> dict[str, Any] | web.Response:
+    """The ReachRequest of a call, or the answer refusing it (a body too slow, not JSON, not one)."""
+    try:
+        raw = await asyncio.wait_for(request.read(), BODY_TIMEOUT_S)
+    except TimeoutError:
+        message = f"the request's body did not arrive within {BODY_TIMEOUT_S:g} s"
+        return _answer_error("BODY_TIMEOUT", message, retryable=False, status=408)
+    try:
+        data = jsoncodec.loads(raw)
+    except jsoncodec.JSONDecodeError:
+        return _answer_error("INVALID_REQUEST", "body is not JSON", retryable=False, status=400)
+    if not isinstance(data, dict) or not isinstance(data.get("targetTask"), str):
+        return _answer_error("INVALID_REQUEST", "body is not a ReachRequest", retryable=False, status=400)
+    return data
 
 
 def _answer_error(code: str, message: str, *, retryable: bool, status: int = 200) -> web.Response:
