@@ -23,6 +23,7 @@ from reachmesh.registry.base import AgentEntry, LearnedRoute, Registry, Registry
 from reachmesh.semantic.blocks import decode_block, encode_block
 from reachmesh.semantic.duplicates import NearDuplicate, near_duplicate
 from reachmesh.semantic.embedders.base import (
+    DaemonWorker,
     Embedder,
     calibrated_head_confidence,
     calibrated_head_margin,
@@ -45,6 +46,10 @@ from reachmesh.semantic.index import (
 from reachmesh.semantic.queue import EmbeddingQueue, Job, VectorState
 
 log = logging.getLogger("reachmesh.semantic")
+
+# The head is trained on a daemon thread of its own: a retrain under way (up to
+# embedding.head_budget_ms) does not hold up the process's exit, as asyncio.to_thread's did.
+_HEAD_WORKER = DaemonWorker("reach-head")
 
 
 def entry_groups(entry: AgentEntry) -> list[tuple[str, list[str]]]:
@@ -172,7 +177,7 @@ class CapabilityVectors:
             if rows is None:
                 continue  # query rows on the way: their arrival wakes this loop again
             budget_s = self.policy.head_budget_ms / 1000
-            head = await asyncio.to_thread(self.trainer, rows, generation[0], budget_s)
+            head = await _trained(self.trainer, rows, generation[0], budget_s)
             self._head_seen = generation
             self.head = head
             self.retrains += 1
@@ -483,6 +488,15 @@ async def _warm_up(vectors: CapabilityVectors) -> None:
     finally:
         vectors.loading = False
     describe(embedder.model, vectors.thresholds(), sorted(vectors.policy.calibrations))
+
+
+async def _trained(
+    trainer: Callable[[Mapping[str, Vector], int, float], Head | None],
+    rows: Mapping[str, Vector],
+    generation: int,
+    budget_s: float,
+) -> Head | None:
+    return await asyncio.get_running_loop().run_in_executor(_HEAD_WORKER, trainer, rows, generation, budget_s)
 
 
 def describe(model: str, point: tuple[float, float] | None, calibrated: list[str]) -> None:
