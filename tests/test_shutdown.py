@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -180,3 +182,45 @@ def test_sigterm_answers_every_running_sync_call_timeout(tmp_path: Path) -> None
         assert (resp.json()["status"], resp.json()["traceId"]) == ("TIMEOUT", f"sync-{i}")
         assert f"[sync-{i}] request abandoned at shutdown: answered TIMEOUT" in log
     assert "Exception in ASGI application" not in log and "Traceback" not in log, log[-2000:]
+
+
+@pytest.mark.e2e
+def test_a_router_its_sigterm_does_not_end_exits_without_waiting_for_the_embedder(tmp_path: Path) -> None:
+    """As PID 1 in a container (the Dockerfile's CMD) the SIGTERM uvicorn raises again once the
+    Router has stopped ends nothing, and the process ends when its main thread returns: that end
+    waited for the embedder's batch under way (here a big registration's), 4.4 s after "stopped"
+    on a busy 2-core host. A parent that ignores SIGTERM gives its child the same."""
+    from tests.semantic.test_registration_load import big_profile
+
+    port = free_port()
+    policy = tmp_path / "router.yaml"
+    policy.write_text(
+        yaml.safe_dump({"server": {"drain_timeout_seconds": DRAIN_S}, "health": {"enabled": False}})
+    )
+    log_path = tmp_path / "router.log"
+    url = f"http://127.0.0.1:{port}"
+    with log_path.open("wb") as out:
+        router = subprocess.Popen(
+            [sys.executable, "-m", "reachmesh", "router", "--port", str(port), "--config", str(policy)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_IGN),
+        )
+        try:
+            wait_for(lambda: httpx.get(f"{url}/readyz").status_code == 200, timeout=30)
+            wait_for(lambda: "semantic routing: embedder" in log_path.read_text(), timeout=30)
+            assert httpx.post(f"{url}/agents", json=big_profile("big", 16, 200, 480)).status_code == 201
+            assert httpx.get(f"{url}/admin/agents/big").json()["vectors"] == "pending"
+            started = time.monotonic()
+            router.send_signal(signal.SIGTERM)
+            code = router.wait(DRAIN_S + scaled(30))
+            took = time.monotonic() - started
+        finally:
+            if router.poll() is None:
+                router.kill()
+                router.wait()
+    log = log_path.read_text()
+    print(f"\nSIGTERM to exit, SIGTERM not ending the process, while embedding: {took:.2f} s")
+    assert code == 0, log[-2000:]
+    assert "[router] stopped" in log, log[-2000:]
+    assert took < scaled(2), log[-2000:]

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -46,6 +47,16 @@ Sleep = Callable[[float], Awaitable[None]]
 # Jitter from a private generator: it must not share or disturb the process-wide `random`.
 _jitter = random.Random()
 
+# A poll of a running request says when to look again (Retry-After, whole seconds): the time its
+# task's async runs have lately taken here, less what this one has run, within these bounds; the
+# lower one while there is nothing to go on. A 202 alone left callers to guess, and poll in a loop.
+POLL_AFTER_MIN_S = 1
+POLL_AFTER_MAX_S = 5
+# Tasks whose usual run time is kept (the least recently finished forgotten first): a task is the
+# caller's word, so a caller naming a new one each time must not grow the Router.
+_USUAL_TASKS = 256
+_USUAL_WEIGHT = 0.3  # how far one finished run moves its task's usual time
+
 
 @dataclass(eq=False)
 class _Accepted:
@@ -53,6 +64,8 @@ class _Accepted:
     reply_to: str | None
     client: str = "-"
     task: asyncio.Task[None] | None = None
+    target: str = ""  # the task the caller named: whose usual run time a poll is told
+    started: float = 0.0  # monotonic
 
 
 class AsyncRequests:
@@ -86,6 +99,8 @@ class AsyncRequests:
         # held a place in etcd_max_pending, and the request ran again when this Router stopped.
         self._unwritten: dict[str, str] = {}
         self._unreleased: set[str] = set()
+        # Seconds an async run of each task has lately taken here, least recently finished first.
+        self._usual: dict[str, float] = {}
 
     def apply(self, policy: AsyncPolicy) -> None:
         """Take a reloaded policy, and hand it to the journal in etcd if there is one."""
@@ -105,15 +120,22 @@ class AsyncRequests:
         return trace_id in self._running or any(t == trace_id for t, _ in self._deliveries.values())
 
     def start(
-        self, trace_id: str, run: Run, reply_to: str | None, owner: str | None = None, client: str = "-"
+        self,
+        trace_id: str,
+        run: Run,
+        reply_to: str | None,
+        owner: str | None = None,
+        client: str = "-",
+        target: str = "",
     ) -> None:
         """Run ``run()`` in the background; its answer is stored, then delivered to ``reply_to``.
 
         ``owner`` (a token's fingerprint) is the only caller besides an admin who may fetch it;
-        ``client`` is who is counted for it (:meth:`running_for`).
+        ``client`` is who is counted for it (:meth:`running_for`); ``target`` is the task the
+        caller named (:meth:`poll_after`).
         """
         self.results.start(trace_id, owner, client)
-        accepted = _Accepted(trace_id, reply_to, client)
+        accepted = _Accepted(trace_id, reply_to, client, target=target, started=self._clock.monotonic())
         self._running[trace_id] = accepted
         self._by_client[client] = self._by_client.get(client, 0) + 1
         accepted.task = asyncio.create_task(self._serve(accepted, run), name=f"reach-async-{trace_id}")
@@ -128,10 +150,28 @@ class AsyncRequests:
                 self._by_client[accepted.client] = left
             else:
                 self._by_client.pop(accepted.client, None)
+        self._learn(accepted.target, self._clock.monotonic() - accepted.started)
         self.results.finish(accepted.trace_id, reply)
         if not await self._journal_result(accepted.trace_id, reply, accepted.client):
             return
         self.hand_over(accepted.trace_id, accepted.reply_to)
+
+    def _learn(self, target: str, took_s: float) -> None:
+        usual = self._usual.pop(target, None)
+        self._usual[target] = took_s if usual is None else usual + _USUAL_WEIGHT * (took_s - usual)
+        if len(self._usual) > _USUAL_TASKS:
+            del self._usual[next(iter(self._usual))]
+
+    def poll_after(self, trace_id: str) -> int:
+        """Whole seconds a poll of ``trace_id``, still running, is told to wait (Retry-After):
+        its task's usual run time here less what it has run, from ``POLL_AFTER_MIN_S`` to
+        ``POLL_AFTER_MAX_S``; the least for a request run elsewhere or a task not seen finish."""
+        accepted = self._running.get(trace_id)
+        usual = None if accepted is None else self._usual.get(accepted.target)
+        if accepted is None or usual is None:
+            return POLL_AFTER_MIN_S
+        left = usual - (self._clock.monotonic() - accepted.started)
+        return min(POLL_AFTER_MAX_S, max(POLL_AFTER_MIN_S, math.ceil(left)))
 
     def hand_over(self, trace_id: str, reply_to: str | None, body: bytes | None = None) -> None:
         """Deliver the answer to ``reply_to`` (if any): ``body``, else the stored result; then

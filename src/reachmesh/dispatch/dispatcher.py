@@ -493,7 +493,9 @@ async def _accept(
     if unrecorded is not None:
         return dispatcher.refuse(unrecorded, trace_id=record.trace_id, task=request.target_task)
     run = durable.runner(dispatcher, request, data, record)
-    dispatcher.async_requests.start(record.trace_id, run, request.preferences.reply_to, owner, client)
+    dispatcher.async_requests.start(
+        record.trace_id, run, request.preferences.reply_to, owner, client, request.target_task
+    )
     return encoder.standalone(dispatcher.clock, record.trace_id)
 
 

@@ -162,7 +162,9 @@ def start_adopted(dispatching: Dispatching, job: Job) -> None:
     )
     run = runner(dispatching, request, data, record)
     reply_to = request.preferences.reply_to
-    dispatching.async_requests.start(record.trace_id, run, reply_to, job.owner, job.client)
+    dispatching.async_requests.start(
+        record.trace_id, run, reply_to, job.owner, job.client, request.target_task
+    )
 
 
 async def admit(

@@ -23,6 +23,7 @@ from reachmesh.registry.base import AgentEntry, LearnedRoute, Registry, Registry
 from reachmesh.semantic.blocks import decode_block, encode_block
 from reachmesh.semantic.duplicates import NearDuplicate, near_duplicate
 from reachmesh.semantic.embedders.base import (
+    DaemonWorker,
     Embedder,
     calibrated_head_confidence,
     calibrated_head_margin,
@@ -45,6 +46,10 @@ from reachmesh.semantic.index import (
 from reachmesh.semantic.queue import EmbeddingQueue, Job, VectorState
 
 log = logging.getLogger("reachmesh.semantic")
+
+# The head is trained on a daemon thread of its own: a retrain under way (up to
+# embedding.head_budget_ms) does not hold up the process's exit, as asyncio.to_thread's did.
+_HEAD_WORKER = DaemonWorker("reach-head")
 
 
 def entry_groups(entry: AgentEntry) -> list[tuple[str, list[str]]]:
@@ -77,6 +82,9 @@ class CapabilityVectors:
         # (cache_size 0 means no reuse between requests, not no vector at all).
         self.cache = QueryCache(max(self.policy.cache_size, 1))
         self.up = True  # False after the embedder failed, until it answers again
+        # From start() until the model is loaded, failed or abandoned (/admin/summary shows it).
+        self.loading = False
+        self._warming: asyncio.Task[None] | None = None
         self.last_error: str | None = None
         self._pending: dict[str, AgentEntry] = {}
         self._ready: set[str] = set()
@@ -169,7 +177,7 @@ class CapabilityVectors:
             if rows is None:
                 continue  # query rows on the way: their arrival wakes this loop again
             budget_s = self.policy.head_budget_ms / 1000
-            head = await asyncio.to_thread(self.trainer, rows, generation[0], budget_s)
+            head = await _trained(self.trainer, rows, generation[0], budget_s)
             self._head_seen = generation
             self.head = head
             self.retrains += 1
@@ -426,21 +434,19 @@ class CapabilityVectors:
     async def start(self) -> None:
         if not self._background:
             self._background.every(lambda: self.policy.retry_seconds, self._retry_pending, "retry")
-            self._background.spawn(self._warm_up(), "warm-up")
+            self.loading = True
+            self._warming = self._background.spawn(_warm_up(self), "warm-up")
             self._background.spawn(self.queue.run(self._job_done, self._job_failed), "queue")
             self._background.spawn(self._learn_loop(), "learned")
             self._background.spawn(self._head_loop(), "head")
             self._background.spawn(self.head_rows.run(), "head-rows")
 
-    async def _warm_up(self) -> None:
-        # Load the model and embed the background texts before the first semantic request needs them.
-        try:
-            await self.ensure_background()
-            await self.embedder.embed(["warm-up"], "query")  # loads the query lane's model too
-        except EmbeddingError as exc:
-            self._failed(exc)
-            return
-        describe(self.embedder.model, self.thresholds(), sorted(self.policy.calibrations))
+    def stop_loading(self) -> None:
+        """The Router is stopping: a load still under way is abandoned, not finished while it drains."""
+        if self._warming is not None and not self._warming.done():
+            self._warming.cancel()
+            self.loading = False
+            log.info("semantic routing: the embedder's load is abandoned, the Router is stopping")
 
     async def close(self) -> None:
         if self._background_job is not None and not self._background_job.done():
@@ -461,6 +467,36 @@ class CapabilityVectors:
             if self.registry.get(agent_id) is entry:
                 log.debug("retrying the capability vectors of %s", agent_id)
                 self.schedule(entry)
+
+
+async def _warm_up(vectors: CapabilityVectors) -> None:
+    """Load the model and embed the background texts before the first semantic request needs
+    them. Loading takes seconds on a busy host while the Router already listens: said at once,
+    or the log is silent until the "semantic routing:" line."""
+    embedder = vectors.embedder
+    log.info(
+        "semantic routing: loading embedder %s; routes by meaning wait for it, exact task names "
+        "and the rest of routing work meanwhile",
+        embedder.model,
+    )
+    try:
+        await vectors.ensure_background()
+        await embedder.embed(["warm-up"], "query")  # loads the query lane's model too
+    except EmbeddingError as exc:
+        vectors._failed(exc)
+        return
+    finally:
+        vectors.loading = False
+    describe(embedder.model, vectors.thresholds(), sorted(vectors.policy.calibrations))
+
+
+async def _trained(
+    trainer: Callable[[Mapping[str, Vector], int, float], Head | None],
+    rows: Mapping[str, Vector],
+    generation: int,
+    budget_s: float,
+) -> Head | None:
+    return await asyncio.get_running_loop().run_in_executor(_HEAD_WORKER, trainer, rows, generation, budget_s)
 
 
 def describe(model: str, point: tuple[float, float] | None, calibrated: list[str]) -> None:

@@ -23,7 +23,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from reachmesh.clock import Clock
 from reachmesh.dispatch import encoder
+from reachmesh.dispatch.asyncmode import POLL_AFTER_MIN_S
 from reachmesh.exceptions import (
     Forbidden,
     InvalidProfile,
@@ -416,10 +418,10 @@ class AdminApi:
         reply = results.get(trace_id)
         if reply is not None:
             return JsonResponse(reply[1], status_code=reply[0])
+        running = self.parts.dispatcher.async_requests
         if results.is_pending(trace_id):
-            status, body = encoder.standalone(self.parts.clock, trace_id)
-            return JsonResponse(body, status_code=status)
-        journal = self.parts.dispatcher.async_requests.journal
+            return _still_running(self.parts.clock, trace_id, running.poll_after(trace_id))
+        journal = running.journal
         if journal is not None:
             return await self._shared_result(journal, trace_id, principal)
         return json_error(
@@ -446,8 +448,8 @@ class AdminApi:
                 )
             return JsonResponse(stored.body, status_code=stored.status)
         if job is not None:
-            status, body = encoder.standalone(self.parts.clock, trace_id)
-            return JsonResponse(body, status_code=status)
+            # Run by another Router: how long it has run is not known here.
+            return _still_running(self.parts.clock, trace_id, POLL_AFTER_MIN_S)
         return json_error(404, "NOT_FOUND", unknown)
 
     async def get_trace(self, request: Request) -> Response:
@@ -536,3 +538,9 @@ __all__ = ["AdminApi", "whole_number"]
 def _seconds(value: float) -> float | int:
     """``ttlSeconds`` as the policy wrote it: 60, not 60.0, whichever backend stored it."""
     return int(value) if float(value).is_integer() else value
+
+
+def _still_running(clock: Clock, trace_id: str, poll_after_s: int) -> Response:
+    """The 202 ACCEPTED of a poll while the request runs, saying when to look again."""
+    status, body = encoder.standalone(clock, trace_id)
+    return JsonResponse(body, status_code=status, headers={"Retry-After": str(poll_after_s)})

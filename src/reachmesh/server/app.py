@@ -427,9 +427,13 @@ class RouterApp:
         margin = min(1.0, budget / 10)
         dispatcher = self.parts.dispatcher
 
+        vectors = self.parts.vectors
+
         def arm() -> None:
             left = budget - margin - (time.monotonic() - at_monotonic)
             loop.call_later(max(left, 0.0), dispatcher.abandon)
+            if vectors is not None:
+                vectors.stop_loading()
 
         loop.call_soon_threadsafe(arm)
 

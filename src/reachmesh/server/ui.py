@@ -172,7 +172,10 @@ class AdminUi:
                 "windowSeconds": config.retry_budget.window_seconds,
             },
             "shedding": self._shedding(totals),
-            "embedding": {"up": None if parts.vectors is None else parts.vectors.up},
+            "embedding": {
+                "up": None if parts.vectors is None else parts.vectors.up,
+                "loading": parts.vectors is not None and parts.vectors.loading,
+            },
             "policy": self._policy(),
         }
 

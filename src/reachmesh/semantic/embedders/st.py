@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import os
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from reachmesh.exceptions import EmbeddingUnavailable
-from reachmesh.semantic.embedders.base import Kind, Vectors, calibrated_thresholds, normalise
+from reachmesh.semantic.embedders.base import (
+    DaemonWorker,
+    Kind,
+    Vectors,
+    calibrated_thresholds,
+    normalise,
+)
 
 
 class SentenceTransformerEmbedder:
@@ -22,7 +27,7 @@ class SentenceTransformerEmbedder:
         self._prefixes = {"query": query_prefix, "passage": passage_prefix}
         self._model: Any = None
         self.dim = 0
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reach-embed")
+        self._pool = DaemonWorker("reach-embed")
 
     def _load(self) -> Any:
         if self._model is None:

@@ -574,6 +574,7 @@
     if (summary.registry.degraded) pills.push(pill("degraded: " + summary.registry.degraded, "bad"));
     if (summary.shedding.active) pills.push(pill("shedding load", "warn"));
     if (summary.embedding.up === false) pills.push(pill("embedder down", "bad"));
+    if (summary.embedding.loading) pills.push(pill("embedder loading: routes by meaning wait", "warn"));
     pills.push(pill(summary.auth ? "auth on" : "auth off", summary.auth ? "ok" : "warn"));
     if (summary.worker !== null && summary.worker !== undefined) pills.push(pill("worker " + summary.worker, ""));
     pills.push(pill("v" + summary.version, "off"));
