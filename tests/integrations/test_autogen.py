@@ -136,7 +136,11 @@ async def test_an_autogen_agent_declares_one_run_at_a_time_so_the_router_queues(
         try:
             async with ReachClient(router.url) as client:
                 calls = [asyncio.ensure_future(client.call("chat", {"text": str(n)})) for n in range(2)]
-                row = await poll(lambda: _agent_row(router.url, "held"), lambda r: r.get("queued") == 1)
+                # The Router counts the first call in flight when it sends it; the run begins a
+                # moment later at the agent, so both are waited for.
+                row = await poll(
+                    lambda: _agent_row(router.url, "held"), lambda r: r.get("queued") == 1 and held.runs == 1
+                )
                 assert row["capacity"] == 1 and row["inflight"] == 1 and held.runs == 1
                 held.release.set()
                 replies = await asyncio.wait_for(asyncio.gather(*calls), scaled(20))
