@@ -132,7 +132,8 @@ def test_the_next_line_counts_the_refusals_left_out(caplog: pytest.LogCaptureFix
     refusals = RefusalLog(logging.getLogger("aiohttp.server"), every_s=5.0, clock=lambda: now[0])
     caplog.set_level(logging.INFO)
     for _ in range(4):
-        refusals.exception("Error handling request from %s", "10.0.0.9", exc_info=LineTooLong("x" * 9000, "8190"))
+        refused = LineTooLong("x" * 9000, "8190")
+        refusals.exception("Error handling request from %s", "10.0.0.9", exc_info=refused)
     now[0] += 5.0
     refusals.exception("Error handling request from %s", "10.0.0.9", exc_info=LineTooLong("line", "8190"))
     lines = [r.getMessage() for r in caplog.records]
