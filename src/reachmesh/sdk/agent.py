@@ -47,6 +47,7 @@ from reachmesh.sdk.config import MAX_REPEAT_CACHE_BYTES, AgentConfig, find_confi
 from reachmesh.sdk.healthport import HealthServer
 from reachmesh.sdk.lease import LeaseKeeper
 from reachmesh.sdk.routers import split_router_urls
+from reachmesh.sdk.serverlog import agent_runner
 from reachmesh.sdk.streaming import ReachStream, gather_values, send_stream, unless_caller_left, wants_stream
 from reachmesh.sdk.tls import server_context
 from reachmesh.tracecontext import make_traceparent, new_trace_id, parse_traceparent
@@ -343,13 +344,7 @@ class ReachAgent:
             app.router.add_get("/metrics", self._on_metrics)
         # A stopping agent gives handlers in flight a moment, not aiohttp's default minute: it must
         # be gone within 2 s of SIGTERM or Ctrl-C.
-        self._runner = web.AppRunner(
-            app,
-            access_log=None,
-            handle_signals=False,
-            shutdown_timeout=HANDLER_DRAIN_TIMEOUT_S,
-            keepalive_timeout=IDLE_CONNECTION_S,
-        )
+        self._runner = agent_runner(app, HANDLER_DRAIN_TIMEOUT_S, IDLE_CONNECTION_S)
         await self._runner.setup()
         tls = None
         if config.tls_cert_file is not None and config.tls_key_file is not None:

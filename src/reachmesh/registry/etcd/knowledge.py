@@ -39,6 +39,10 @@ class SharedKnowledge:
         self._negative_keys: dict[str, tuple[tuple[str, str, str], int]] = {}
         # etcd key -> the bytes its value takes, for the byte bound and /metrics.
         self._sizes: dict[str, int] = {}
+        # etcd key -> the lease a learned negative was written with (each has its own), revoked
+        # when the key is deleted or written again: a deleted key's lease lived on in etcd to the
+        # end of its TTL, so one caller token's declines grew etcd's leases past every bound.
+        self._leases: dict[str, int] = {}
 
     # -- from etcd ---------------------------------------------------------------------------
 
@@ -86,6 +90,7 @@ class SharedKnowledge:
             return  # this Router wrote it already
         if deleted:
             self._sizes.pop(kv.key, None)
+            self._leases.pop(kv.key, None)
             if known is not None:
                 del self._negative_keys[kv.key]
                 self._shared.snapshot.drop_negative(known[0])
@@ -94,6 +99,7 @@ class SharedKnowledge:
         if route is not None:
             self._negative_keys[kv.key] = (self._shared.snapshot.keep_negative(route), kv.mod_revision)
             self._sizes[kv.key] = len(kv.value)
+            self._leases[kv.key] = kv.lease
 
     def forget_missing(self, present: set[str], revision: int) -> None:
         """After a full read: drop what was forgotten while this Router was not watching."""
@@ -162,6 +168,8 @@ class SharedKnowledge:
         """Write ``route`` under ``key`` and delete the ``victims`` past the bound, then apply both."""
         client, deadline = self._shared.client, self._health.deadline()
         value = route_value(route, self._shared.router)
+        # The leases of what this write replaces or deletes, taken before applying it drops them.
+        stale = [self._leases.get(k, 0) for k in (key, *victims)]
         try:
             lease = 0
             if route.expires is not None:
@@ -171,12 +179,20 @@ class SharedKnowledge:
             revision = await client.put(key, value, lease=lease, deadline=deadline)
             for old in victims:
                 await client.delete(old, deadline=deadline)
+            await self._revoke(stale, keep=lease)
         except EtcdRejected as exc:
             raise self._health.refused_call(exc, "the write", write=True) from exc
-        apply(KeyValue(key, value, 0, revision, 0), deleted=False)
+        apply(KeyValue(key, value, 0, revision, lease), deleted=False)
         for old in victims:
             apply(_gone(old, revision), deleted=True)
         return route
+
+    async def _revoke(self, leases: list[int], *, keep: int = 0) -> None:
+        """Revoke the leases of keys written again or deleted (their keys are gone or on a new
+        lease, so revoking removes nothing that lives)."""
+        for lease in dict.fromkeys(leases):
+            if lease and lease != keep:
+                await self._shared.client.revoke(lease, deadline=self._health.deadline())
 
     async def forget(self, phrase: str, owner: str | None = None) -> bool:
         key = self._shared.keys.learned_route(learned_key(phrase, owner))
@@ -199,8 +215,10 @@ class SharedKnowledge:
 
     async def _delete(self, key: str, known_keys: Mapping[str, object], apply: Callable[..., None]) -> bool:
         """Delete ``key`` and apply that; whether it was there (in etcd, or known here)."""
+        lease = self._leases.get(key, 0)  # before the delete: its watch event drops it
         try:
             deleted = await self._shared.client.delete(key, deadline=self._health.deadline())
+            await self._revoke([lease])
         except EtcdRejected as exc:
             raise self._health.refused_call(exc, "the write", write=True) from exc
         known = key in known_keys
