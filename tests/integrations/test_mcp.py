@@ -363,3 +363,39 @@ async def test_a_full_agent_behind_the_bridge_is_busy_not_broken() -> None:
             agent.hold.set()
             await server.aclose()
             await agent.stop()
+
+
+async def test_a_body_over_the_bound_is_refused_before_it_is_read(bridge) -> None:
+    """The SDK reads each POST whole: the bridge answers 413 to a declared size over its bound
+    without waiting for a byte of the body, and to a chunked body once it passes the bound,
+    and still serves calls within it."""
+    _, url, server = bridge
+    async with AsgiServer(server.http_app(max_body_bytes=4096)) as http:
+        parts = urlsplit(f"{http.url}/mcp")
+        head = (
+            f"POST /mcp HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json\r\n"
+            "Accept: application/json, text/event-stream\r\n"
+        )
+        # Declared at 3 GB and never sent: the answer comes from the headers alone.
+        declared = await _exchange(parts, (head + "Content-Length: 3000000000\r\n\r\n").encode())
+        assert declared.startswith(b"HTTP/1.1 413"), declared[:200]
+        assert b"PAYLOAD_TOO_LARGE" in declared and b"4096 bytes" in declared
+        # Chunked, no length: refused once 4096 bytes have come, though more would follow.
+        chunk = b"%x\r\n%s\r\n" % (1000, b" " * 1000)
+        streamed = await _exchange(parts, (head + "Transfer-Encoding: chunked\r\n\r\n").encode() + chunk * 5)
+        assert streamed.startswith(b"HTTP/1.1 413"), streamed[:200]
+    # The fixture's bridge (the default bound) still calls through.
+    async with Client(url) as client:
+        result = await client.call_tool("query_price", {"sku": "SKU-1"})
+    assert not result.is_error
+
+
+async def _exchange(parts: Any, request: bytes) -> bytes:
+    """Send ``request`` and read what comes back until the server closes (bounded)."""
+    reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+    try:
+        writer.write(request)
+        await writer.drain()
+        return await asyncio.wait_for(reader.read(), timeout=scaled(10))
+    finally:
+        writer.close()

@@ -83,6 +83,10 @@ def mcp(
     host: Annotated[str, typer.Option(help="Address to bind with --http.")] = "127.0.0.1",
     poll_interval: Annotated[float, typer.Option(help="Seconds between reads of the registry.")] = 1.0,
     timeout_ms: Annotated[int | None, typer.Option(help="Budget of each tool call, in ms.")] = None,
+    max_body_bytes: Annotated[
+        int,
+        typer.Option(min=1024, help="With --http, the largest request body taken; larger is refused 413."),
+    ] = 2 * 1024 * 1024,
 ) -> None:
     """Serve the Router's capabilities as MCP tools (stdio, or streamable HTTP with --http)."""
     try:
@@ -109,6 +113,6 @@ def mcp(
                     highlight=False,
                 )
             err.print(f"[reach-mcp] http://{host}:{http}/mcp", markup=False, highlight=False)
-            asyncio.run(server.serve_http(host, http, tokens=tokens))
+            asyncio.run(server.serve_http(host, http, tokens=tokens, max_body_bytes=max_body_bytes))
     except (RouterUnavailable, ConfigError) as exc:
         _fail(exc.message, 1)

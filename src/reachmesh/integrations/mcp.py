@@ -13,7 +13,8 @@
   error result with the ReachResponse's status and error. A tool that is not listed is a
   protocol error (-32602, invalid params), as the schema lists for an unknown tool.
 - Over HTTP, header values lose their surrounding whitespace before the SDK reads them
-  (RFC 9110 §5.5), and with ``tokens`` every request needs a bearer token (:meth:`http_app`).
+  (RFC 9110 §5.5), with ``tokens`` every request needs a bearer token, and a request body over
+  ``max_body_bytes`` is refused 413 before the SDK reads it whole (:meth:`http_app`).
 """
 
 from __future__ import annotations
@@ -57,6 +58,12 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 log = logging.getLogger("reachmesh.mcp")
 
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
+
+# The request body the HTTP bridge takes at most. The SDK reads each POST whole before parsing
+# it, and nothing else bounded it: one POST of any size was held in the bridge's memory. Twice
+# the Router's default body limit (server.body_limit_bytes, 1 MiB): room for the JSON-RPC
+# envelope around arguments the Router would take (``reach mcp --max-body-bytes`` for more).
+MAX_BODY_BYTES = 2 * 1024 * 1024
 
 
 def tools_from(rows: list[dict[str, Any]]) -> dict[str, MCPTool]:
@@ -284,7 +291,13 @@ class ReachMCP(MCPServer):
         await self.aclose()
 
     async def serve_http(
-        self, host: str, port: int, path: str = "/mcp", *, tokens: Sequence[str] = ()
+        self,
+        host: str,
+        port: int,
+        path: str = "/mcp",
+        *,
+        tokens: Sequence[str] = (),
+        max_body_bytes: int = MAX_BODY_BYTES,
     ) -> None:
         """Serve MCP over streamable HTTP at ``http://host:port{path}`` (``reach mcp --http``).
 
@@ -294,7 +307,7 @@ class ReachMCP(MCPServer):
         import uvicorn
 
         await self._first_list()
-        app = self.http_app(path, host=host, tokens=tokens)
+        app = self.http_app(path, host=host, tokens=tokens, max_body_bytes=max_body_bytes)
         server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
         watcher = asyncio.create_task(self.watch())
         try:
@@ -303,10 +316,19 @@ class ReachMCP(MCPServer):
             watcher.cancel()
             await self.aclose()
 
-    def http_app(self, path: str = "/mcp", *, host: str = "127.0.0.1", tokens: Sequence[str] = ()) -> Any:
+    def http_app(
+        self,
+        path: str = "/mcp",
+        *,
+        host: str = "127.0.0.1",
+        tokens: Sequence[str] = (),
+        max_body_bytes: int = MAX_BODY_BYTES,
+    ) -> Any:
         """The streamable-HTTP ASGI app ``serve_http`` serves: the SDK's, with header values
-        stripped of surrounding whitespace, behind a bearer-token check when ``tokens`` is set."""
+        stripped of surrounding whitespace, its request bodies bounded by ``max_body_bytes``, behind
+        a bearer-token check when ``tokens`` is set (so a stranger's body is not even read)."""
         app: Any = _StrippedHeaders(self.streamable_http_app(streamable_http_path=path, host=host))
+        app = _BoundedBody(app, max_body_bytes)
         return _BearerOnly(app, tokens) if tokens else app
 
     async def _first_list(self) -> None:
@@ -334,6 +356,64 @@ class _StrippedHeaders:
             headers = [(name, value.strip(b" \t")) for name, value in scope.get("headers", ())]
             scope = {**scope, "headers": headers}
         await self.app(scope, receive, send)
+
+
+class _BoundedBody:
+    """ASGI: a request body over ``limit`` bytes is answered 413 before the app sees it: at once
+    from its Content-Length, else once the bytes read pass the limit. A body within it is read
+    here and handed on whole; later ``receive`` calls (a disconnect) go to the server's."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if _content_length(scope) > self.limit:
+            await self._too_large(send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client left before its body was whole: nobody to answer
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.limit:
+                await self._too_large(send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        whole: dict[str, Any] | None = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+
+        async def replay() -> dict[str, Any]:
+            nonlocal whole
+            if whole is None:
+                return await receive()  # type: ignore[no-any-return]
+            message, whole = whole, None
+            return message
+
+        await self.app(scope, replay, send)
+
+    async def _too_large(self, send: Any) -> None:
+        message = f"the request body is over the bridge's {self.limit} bytes (reach mcp --max-body-bytes)"
+        body = orjson.dumps({"error": {"code": "PAYLOAD_TOO_LARGE", "message": message}})
+        headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
+        await send({"type": "http.response.start", "status": 413, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+def _content_length(scope: dict[str, Any]) -> int:
+    """The request's declared Content-Length, 0 when it gives none (the HTTP server has refused
+    one that is not a number)."""
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            return int(value) if value.isdigit() else 0
+    return 0
 
 
 class _BearerOnly:
