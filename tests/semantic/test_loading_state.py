@@ -84,6 +84,25 @@ async def test_a_load_is_abandoned_when_the_router_stops(caplog: pytest.LogCaptu
         await vectors.close()
 
 
+async def test_a_caller_waiting_on_the_load_is_answered_when_the_load_is_abandoned() -> None:
+    """The warm-up and a semantic caller wait on one background job: abandoning the warm-up at
+    SIGTERM must not cancel the caller's wait (it got CancelledError, so no ReachResponse)."""
+    embedder = HeldLoad()
+    vectors = CapabilityVectors(embedder, MemoryRegistry(), EmbeddingPolicy(timeout_ms=60_000))
+    await vectors.start()
+    try:
+        await until(lambda: vectors._background_job is not None, "the background job started")
+        caller = asyncio.ensure_future(vectors.query_vector("where is my parcel"))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        vectors.stop_loading()
+        embedder.release.set()
+        vector = await asyncio.wait_for(caller, scaled(5))
+        assert vector.shape == (3,)
+    finally:
+        await vectors.close()
+
+
 async def test_the_summary_says_loading_and_readyz_is_ready_meanwhile(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -384,7 +384,9 @@ class CapabilityVectors:
     async def ensure_background(self) -> None:
         """Embed the background texts once (they calibrate every score)."""
         if self.background is None:
-            await self._background_embedding()
+            # Shielded: the warm-up that waits here is cancelled at SIGTERM (stop_loading), and
+            # the job is shared with callers waiting for it, who must not get its cancellation.
+            await asyncio.shield(self._background_embedding())
 
     async def _background_for_query(self) -> None:
         """The background, waited for at most ``embedding.timeout_ms``: a caller is waiting. The
@@ -399,6 +401,12 @@ class CapabilityVectors:
                 "the embedder has not yet embedded the background texts every score is measured "
                 "against (no answer within embedding.timeout_ms)"
             ) from None
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not job.cancelled() or (task is not None and task.cancelling()):
+                raise  # this caller's own cancellation
+            # The job was stopped (the Router is closing): the caller still gets an answer.
+            raise EmbeddingUnavailable("the embedder's load was stopped: the Router is stopping") from None
 
     async def query_vector(self, text: str) -> Vector:
         """The query vector for ``text``: from the cache, else from the embedder (then cached)."""
