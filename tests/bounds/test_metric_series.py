@@ -75,3 +75,25 @@ async def test_request_series_past_their_bound_count_under_other() -> None:
     other = [float(v) for labels, v in series if 'task="_other"' in labels]
     assert other == [len(tasks) - 100]
     assert 'agent="_other"' in exposition
+
+
+async def test_an_agent_registering_again_keeps_the_overflow_counts() -> None:
+    """A registration in place drops the series of tasks no agent declares any more: `_other` is
+    declared by none, and its counts (Prometheus's counters) must not be reset by it."""
+    parts, tasks = await router_with_many_tasks({})
+    await call_each(parts, tasks)
+    before: str = await until(lambda: scrape_with_other(parts), "requests counted under _other")
+    counted = _other_requests(before)
+    assert counted > 0
+    again = {
+        "id": "a0",
+        "network": {"endpoint": "http://a0.test:80/reach"},
+        "capabilities": [{"task": "task-0-0"}],
+    }
+    await parts.registry.register(AgentProfile.model_validate(again))  # in place: REPLACED
+    assert _other_requests(parts.metrics.exposition().decode()) == counted
+
+
+def _other_requests(exposition: str) -> float:
+    found = re.findall(r'^reach_requests_total\{[^}]*task="_other"[^}]*\} (\S+)$', exposition, re.M)
+    return sum(float(v) for v in found)

@@ -36,6 +36,9 @@ from reachmesh.registry.base import AgentEntry, Registry, RegistryEvent
 UNKNOWN_TASK = "_unknown"
 NO_AGENT = "_none"
 OTHER = "_other"
+# Task labels of the metrics' own, never dropped with a registry's task: no agent declares them
+# (one that names a task so shares its series), and their counts must not be reset.
+_OWN_TASK_LABELS = (UNKNOWN_TASK, OTHER)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 # Scores by meaning are background-relative, about 0.05 to 0.2 (the bundled model's threshold is
@@ -394,7 +397,7 @@ class RouterMetrics:
             gone = [
                 labels[0]
                 for labels in self.latency.series
-                if labels[0] != UNKNOWN_TASK and not declared(labels[0])
+                if labels[0] not in _OWN_TASK_LABELS and not declared(labels[0])
             ]
             self._drop_tasks(gone)
 
@@ -407,7 +410,11 @@ class RouterMetrics:
         """Drop the series of an agent that left the registry, and of the tasks only it declared:
         so the series follow the registry, and register/deregister churn leaves none behind."""
         agent = (entry.id,)
-        gone = [task for task in entry.capabilities if not self._registry.by_task(task)]
+        gone = [
+            task
+            for task in entry.capabilities
+            if task not in _OWN_TASK_LABELS and not self._registry.by_task(task)
+        ]
         self._cells.clear()
         by_agent = (self.requests, self.circuit_trips, self.health_failures, self.queue_wait, self.not_sent)
         for family in by_agent:
