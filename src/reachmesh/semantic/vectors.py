@@ -393,20 +393,7 @@ class CapabilityVectors:
         embedding goes on (as a batch, with ``batch_timeout_ms``) for the callers after it."""
         if self.background is not None:
             return
-        job = self._background_embedding()
-        try:
-            await asyncio.wait_for(asyncio.shield(job), self.policy.timeout_ms / 1000)
-        except TimeoutError:
-            raise EmbeddingUnavailable(
-                "the embedder has not yet embedded the background texts every score is measured "
-                "against (no answer within embedding.timeout_ms)"
-            ) from None
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if not job.cancelled() or (task is not None and task.cancelling()):
-                raise  # this caller's own cancellation
-            # The job was stopped (the Router is closing): the caller still gets an answer.
-            raise EmbeddingUnavailable("the embedder's load was stopped: the Router is stopping") from None
+        await _wait_for_background(self._background_embedding(), self.policy.timeout_ms / 1000)
 
     async def query_vector(self, text: str) -> Vector:
         """The query vector for ``text``: from the cache, else from the embedder (then cached)."""
@@ -475,6 +462,23 @@ class CapabilityVectors:
             if self.registry.get(agent_id) is entry:
                 log.debug("retrying the capability vectors of %s", agent_id)
                 self.schedule(entry)
+
+
+async def _wait_for_background(job: asyncio.Future[None], limit_s: float) -> None:
+    """Wait for the shared background job for at most ``limit_s``, as a caller does: its end
+    (a timeout, or the job stopped with the Router) is EmbeddingUnavailable, an answer."""
+    try:
+        await asyncio.wait_for(asyncio.shield(job), limit_s)
+    except TimeoutError:
+        raise EmbeddingUnavailable(
+            "the embedder has not yet embedded the background texts every score is measured "
+            "against (no answer within embedding.timeout_ms)"
+        ) from None
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if not job.cancelled() or (task is not None and task.cancelling()):
+            raise  # this caller's own cancellation
+        raise EmbeddingUnavailable("the embedder's load was stopped: the Router is stopping") from None
 
 
 async def _warm_up(vectors: CapabilityVectors) -> None:
