@@ -179,20 +179,25 @@ class SharedKnowledge:
             revision = await client.put(key, value, lease=lease, deadline=deadline)
             for old in victims:
                 await client.delete(old, deadline=deadline)
-            await self._revoke(stale, keep=lease)
         except EtcdRejected as exc:
             raise self._health.refused_call(exc, "the write", write=True) from exc
         apply(KeyValue(key, value, 0, revision, lease), deleted=False)
         for old in victims:
             apply(_gone(old, revision), deleted=True)
+        await self._revoke(stale, keep=lease)
         return route
 
     async def _revoke(self, leases: list[int], *, keep: int = 0) -> None:
         """Revoke the leases of keys written again or deleted (their keys are gone or on a new
-        lease, so revoking removes nothing that lives)."""
+        lease, so revoking removes nothing that lives). After the write is applied, and best
+        effort: a lease left behind ends with its TTL, and the write did happen."""
         for lease in dict.fromkeys(leases):
             if lease and lease != keep:
-                await self._shared.client.revoke(lease, deadline=self._health.deadline())
+                try:
+                    await self._shared.client.revoke(lease, deadline=self._health.deadline())
+                except (EtcdRejected, RegistryUnavailable) as exc:
+                    log.warning("a learned negative's lease was not revoked (its TTL ends it): %s", exc)
+                    return
 
     async def forget(self, phrase: str, owner: str | None = None) -> bool:
         key = self._shared.keys.learned_route(learned_key(phrase, owner))
@@ -218,11 +223,11 @@ class SharedKnowledge:
         lease = self._leases.get(key, 0)  # before the delete: its watch event drops it
         try:
             deleted = await self._shared.client.delete(key, deadline=self._health.deadline())
-            await self._revoke([lease])
         except EtcdRejected as exc:
             raise self._health.refused_call(exc, "the write", write=True) from exc
         known = key in known_keys
         apply(_gone(key, self._shared.revision), deleted=True)
+        await self._revoke([lease])
         return bool(deleted) or known
 
     # -- failure reports ---------------------------------------------------------------------
