@@ -611,7 +611,8 @@ def trace(
 def _trace_elsewhere(
     http: httpx.Client, urls: RouterList, asked: list[str], trace_id: str
 ) -> tuple[str, httpx.Response] | None:
-    """The next Router of the list not asked yet that takes the connection, and its answer."""
+    """The next Router of the list not asked yet that answers, and its answer. One that does not
+    (refused, timed out, broke off) is passed over: the others' "no trace" still stands."""
     import httpx
 
     for url in urls.order():
@@ -619,7 +620,7 @@ def _trace_elsewhere(
             continue
         try:
             return url, http.get(f"{url}/admin/traces/{trace_id}")
-        except (httpx.ConnectError, httpx.ConnectTimeout):
+        except httpx.HTTPError:
             urls.failed(url)
     return None
 
