@@ -323,7 +323,7 @@ class RouterMetrics:
         ``metrics.max_request_series`` (see the module's docstring). Per cell, not per request."""
         policy, tasks = self.policy, self.latency.series
         if task != UNKNOWN_TASK and (task,) not in tasks:
-            special = ((UNKNOWN_TASK,) in tasks) + ((OTHER,) in tasks)
+            special = sum((own,) in tasks for own in _OWN_TASK_LABELS)
             if len(tasks) - special >= policy.max_tasks:
                 task = OTHER
         key = (task, agent, status)
